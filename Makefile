@@ -1,0 +1,43 @@
+# `make demo` and `make test` set up everything they need on a machine with Python 3.11+, make and apt.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager
+
+.PHONY: demo test lint format system-deps bench clean
+
+$(BIN)/inference-cost-exporter: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(BIN)/inference-cost-exporter
+	$(BIN)/inference-cost-exporter simulate
+
+# Installs the Prometheus binaries the integration tests run, when we may (root with apt-get).
+system-deps:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; \
+	else \
+		echo "note: not root or no apt-get; integration tests need $(DEBIAN_PACKAGES) (skipped unless CI is set)"; \
+	fi
+
+lint: $(BIN)/inference-cost-exporter
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(BIN)/inference-cost-exporter system-deps lint
+	$(BIN)/pytest
+
+bench: $(BIN)/inference-cost-exporter
+	$(BIN)/python -m bench
+
+format: $(BIN)/inference-cost-exporter
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

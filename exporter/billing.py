@@ -1,0 +1,450 @@
+"""HTTP client for the billing API's two endpoints: daily bills and per-request usage.
+
+Pages are fetched with a bounded number in flight and handed out in page order. Every attempt
+is signed anew (a retried request must not reuse its nonce). Amounts parse to Decimal and a
+malformed record raises `RecordError` naming the field, never a silent zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from exporter.clock import Clock
+from exporter.config import BillingConfig
+from exporter.signing import BillingSigner
+
+log = logging.getLogger(__name__)
+
+BILLS_PATH = "/api/v1/bills/details"
+USAGES_PATH = "/api/v1/usages/details"
+GROUP_PERIOD_DAILY = "GROUP_PERIOD_DAILY"
+GROUP_TERM_INSTANCE = "GROUP_TERM_INSTANCE"
+GROUP_TERM_ITEM = "GROUP_TERM_ITEM"
+BILLS_PAGE_SIZE = 100
+MAX_USAGE_PAGE_SIZE = 500
+MAX_RETRY_AFTER = 120.0
+
+
+class BillingError(Exception):
+    """Anything that stops a billing call from giving a trustworthy answer."""
+
+
+class BillingAPIError(BillingError):
+    """The API answered with a non-zero `code` (or an HTTP error status)."""
+
+    def __init__(self, summary: str, *, status: int, code: int | None, message: str) -> None:
+        super().__init__(summary)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class SignatureRejected(BillingAPIError):
+    """The API refused our credentials or signature (wrong key, skewed clock, ...)."""
+
+
+class BillingUnavailable(BillingError):
+    """No usable answer after every retry: timeouts, connection errors, 429 or 5xx."""
+
+
+class RecordError(BillingError):
+    """A response or record that does not have the documented shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class BillRecord:
+    period: str
+    day: dt.date
+    instance_id: str
+    item: str
+    product: str
+    project_id: str
+    payable_amount: Decimal
+    usage_value: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    request_id: str
+    request_time: dt.datetime
+    model: str
+    endpoint: str
+    apikey: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class UsagePage:
+    page_num: int
+    records: tuple[UsageRecord, ...]
+    total: int
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 4
+    backoff: float = 0.5
+    max_backoff: float = 20.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, MAX_RETRY_AFTER)
+        ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+        return random.uniform(ceiling / 2, ceiling)
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+# --- record parsing -----------------------------------------------------------------------
+
+
+def _field(record: dict[str, Any], name: str, where: str) -> Any:
+    if name not in record:
+        raise RecordError(f"{where}: missing field {name!r}")
+    return record[name]
+
+
+def _text(record: dict[str, Any], name: str, where: str, *, optional: bool = False) -> str:
+    if optional and record.get(name) is None:
+        return ""
+    value = _field(record, name, where)
+    if not isinstance(value, str):
+        raise RecordError(f"{where}: field {name!r} is not a string")
+    return value
+
+
+def _decimal(record: dict[str, Any], name: str, where: str) -> Decimal:
+    value = _field(record, name, where)
+    if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
+        raise RecordError(f"{where}: field {name!r} is not a decimal")
+    try:
+        amount = Decimal(value.strip() if isinstance(value, str) else value)
+    except InvalidOperation:
+        raise RecordError(f"{where}: field {name!r} is not a decimal: {str(value)[:40]!r}") from None
+    if not amount.is_finite():
+        raise RecordError(f"{where}: field {name!r} is not a finite decimal")
+    return amount
+
+
+def _count(record: dict[str, Any], name: str, where: str) -> int:
+    value = _field(record, name, where)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RecordError(f"{where}: field {name!r} is not a non-negative integer")
+    return value
+
+
+def _instant(record: dict[str, Any], name: str, where: str) -> dt.datetime:
+    value = _text(record, name, where)
+    try:
+        instant = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise RecordError(f"{where}: field {name!r} is not an RFC 3339 time: {value[:40]!r}") from None
+    if instant.tzinfo is None:
+        raise RecordError(f"{where}: field {name!r} has no UTC offset")
+    return instant
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecordError(f"{where}: not a JSON object")
+    return value
+
+
+def parse_bill(raw: Any, where: str, tz: dt.tzinfo) -> BillRecord:
+    record = _object(raw, where)
+    return BillRecord(
+        period=_text(record, "period", where),
+        day=_instant(record, "startTime", where).astimezone(tz).date(),
+        instance_id=_text(record, "instanceId", where, optional=True),
+        item=_text(record, "item", where, optional=True),
+        product=_text(record, "product", where, optional=True),
+        project_id=_text(record, "projectId", where, optional=True),
+        payable_amount=_decimal(record, "payableAmount", where),
+        usage_value=_decimal(record, "usageValue", where),
+    )
+
+
+def parse_usage(raw: Any, where: str) -> UsageRecord:
+    record = _object(raw, where)
+    return UsageRecord(
+        request_id=_text(record, "requestId", where),
+        request_time=_instant(record, "requestTime", where),
+        model=_text(record, "model", where),
+        endpoint=_text(record, "endpoint", where),
+        apikey=_text(record, "apikey", where, optional=True),
+        prompt_tokens=_count(record, "promptTokens", where),
+        completion_tokens=_count(record, "completionTokens", where),
+        cached_prompt_tokens=_count(record, "promptCachedTokens", where),
+    )
+
+
+def parse_envelope(status: int, body: bytes, what: str) -> dict[str, Any]:
+    """The `data` object of a successful envelope; raises for every other answer."""
+    try:
+        envelope = json.loads(body, parse_float=Decimal)
+    except (ValueError, UnicodeDecodeError):
+        if status >= 400:
+            raise BillingAPIError(f"{what}: HTTP {status}", status=status, code=None, message="") from None
+        raise RecordError(f"{what}: response is not JSON") from None
+    if not isinstance(envelope, dict) or "code" not in envelope:
+        raise RecordError(f"{what}: response has no envelope (`code` missing)")
+    code = envelope["code"]
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise RecordError(f"{what}: envelope `code` is not an integer")
+    message = str(envelope.get("message") or envelope.get("reason") or "")[:300]
+    if status in (401, 403):
+        raise SignatureRejected(
+            f"{what}: signature rejected (HTTP {status}, code {code}): {message}",
+            status=status,
+            code=code,
+            message=message,
+        )
+    if code != 0 or status >= 400:
+        raise BillingAPIError(
+            f"{what}: API error (HTTP {status}, code {code}): {message}",
+            status=status,
+            code=code,
+            message=message,
+        )
+    return _object(envelope.get("data"), f"{what}: envelope `data`")
+
+
+def _list(data: dict[str, Any], what: str) -> list[Any]:
+    records = data.get("list")
+    if records is None:
+        return []
+    if not isinstance(records, list):
+        raise RecordError(f"{what}: `data.list` is not a list")
+    return records
+
+
+def _total(data: dict[str, Any], what: str) -> int:
+    total = data.get("total")
+    if isinstance(total, str) and total.isascii() and total.isdigit():
+        return int(total)
+    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
+        return total
+    raise RecordError(f"{what}: `data.total` is not a non-negative integer")
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+
+
+# --- the client ---------------------------------------------------------------------------
+
+
+class BillingClient:
+    def __init__(
+        self,
+        base_url: str,
+        auth: requests.auth.AuthBase,
+        *,
+        tz: dt.tzinfo,
+        project_id: str = "",
+        page_size: int = MAX_USAGE_PAGE_SIZE,
+        concurrency: int = 4,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        on_response: Callable[[str, str], None] | None = None,
+    ) -> None:
+        if not 1 <= page_size <= MAX_USAGE_PAGE_SIZE:
+            raise ValueError(f"page_size must be 1..{MAX_USAGE_PAGE_SIZE}")
+        self.base_url = base_url.rstrip("/")
+        self.tz = tz
+        self.project_id = project_id
+        self.page_size = page_size
+        self.concurrency = max(1, concurrency)
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._on_response = on_response or (lambda api, code: None)
+        self._session = requests.Session()
+        self._session.auth = auth
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=self.concurrency + 1)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="billing-page")
+        self._closed = threading.Event()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: BillingConfig,
+        clock: Clock,
+        on_response: Callable[[str, str], None] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> BillingClient:
+        """A client signing with `clock`'s time (so a test's frozen clock signs as the simulator expects)."""
+        signer = BillingSigner(
+            config.access_key_id,
+            config.secret_access_key.get_secret_value(),
+            label=config.signature_label,
+            lifetime=int(config.signature_lifetime),
+            time_fn=lambda: clock.now().timestamp(),
+        )
+        return cls(
+            config.url,
+            signer,
+            tz=config.zone,
+            project_id=config.project_id,
+            page_size=config.page_size,
+            concurrency=config.concurrency,
+            timeout=config.timeout,
+            retry=retry,
+            on_response=on_response,
+        )
+
+    def close(self) -> None:
+        self._closed.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._session.close()
+
+    def __enter__(self) -> BillingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- one call, with retries --
+
+    def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
+        what = f"GET {path}"
+        for attempt in range(1, self.retry.attempts + 1):
+            try:
+                return self._attempt(api, path, params, what)
+            except _Retryable as failure:
+                if attempt == self.retry.attempts or self._closed.is_set():
+                    raise BillingUnavailable(f"{what}: {failure} (gave up after {attempt} attempts)") from None
+                pause = self.retry.delay(attempt, failure.retry_after)
+                log.debug("retrying api=%s attempt=%d reason=%r in=%.2fs", api, attempt, str(failure), pause)
+                self.retry.sleep(pause)
+        raise AssertionError("unreachable")
+
+    def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> dict[str, Any]:
+        try:
+            response = self._session.get(self.base_url + path, params=params, timeout=self.timeout)
+            body = response.content
+        except requests.Timeout:
+            self._on_response(api, "timeout")
+            raise _Retryable("timed out") from None
+        except requests.RequestException as error:
+            self._on_response(api, "error")
+            raise _Retryable(f"connection failed ({type(error).__name__})") from None
+        self._on_response(api, str(response.status_code))
+        if response.status_code == 429:
+            raise _Retryable("HTTP 429 (rate limited)", _retry_after(response))
+        if response.status_code >= 500:
+            raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
+        return parse_envelope(response.status_code, body, what)
+
+    # -- paging --
+
+    def _pages(
+        self, fetch: Callable[[int], tuple[list[Any], int]], first_page: int, page_size: int
+    ) -> Iterator[tuple[int, list[Any], int]]:
+        """Yield (page_num, raw records, total) in order, with `concurrency` pages in flight.
+
+        The first page tells `total`; the pages it implies are fetched in parallel; after them,
+        pages continue one at a time while they come back full (records added meanwhile).
+        """
+        records, total = fetch(first_page)
+        yield first_page, records, total
+        if len(records) < page_size:
+            return
+        last = max(first_page, math.ceil(total / page_size))
+        window: list[tuple[int, Future[tuple[list[Any], int]]]] = []
+        following = first_page + 1
+        while following <= last or window:
+            while following <= last and len(window) < self.concurrency:
+                window.append((following, self._pool.submit(fetch, following)))
+                following += 1
+            page_num, future = window.pop(0)
+            try:
+                records, total = future.result()
+            except BaseException:
+                for _, pending in window:
+                    pending.cancel()
+                raise
+            yield page_num, records, total
+        page_num = last
+        while len(records) >= page_size:
+            page_num += 1
+            records, total = fetch(page_num)
+            yield page_num, records, total
+
+    def bills(self, period: str, group_term: str, *, product: str = "", instance_id: str = "") -> list[BillRecord]:
+        """Every daily bill record of a month for one grouping, all pages."""
+        what = f"bills {period} {group_term}"
+        params: dict[str, str | int] = {"period": period, "group_period": GROUP_PERIOD_DAILY, "group_term": group_term}
+        for name, value in (("project_id", self.project_id), ("product", product), ("instance_id", instance_id)):
+            if value:
+                params[name] = value
+
+        def fetch(page_num: int) -> tuple[list[Any], int]:
+            data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": BILLS_PAGE_SIZE})
+            return _list(data, what), _total(data, what)
+
+        bills: list[BillRecord] = []
+        total = 0
+        for page_num, records, page_total in self._pages(fetch, 1, BILLS_PAGE_SIZE):
+            total = page_total
+            offset = (page_num - 1) * BILLS_PAGE_SIZE
+            bills.extend(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
+        if len(bills) != total:
+            raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
+        return bills
+
+    def usage_pages(self, day: dt.date, first_page: int = 1) -> Iterator[UsagePage]:
+        """The pages of one day's usage records, in order, from `first_page` to the end."""
+        what = f"usage {day.isoformat()}"
+        params: dict[str, str | int] = {"date": day.isoformat(), "page_size": self.page_size}
+        if self.project_id:
+            params["project_id"] = self.project_id
+
+        def fetch(page_num: int) -> tuple[list[Any], int]:
+            data = self._get("usages", USAGES_PATH, params | {"page_num": page_num})
+            echoed = data.get("date")
+            if echoed is not None and echoed != day.isoformat():
+                raise RecordError(f"{what}: response is for date {str(echoed)[:20]!r}")
+            return _list(data, what), _total(data, what)
+
+        for page_num, records, total in self._pages(fetch, first_page, self.page_size):
+            offset = (page_num - 1) * self.page_size
+            yield UsagePage(
+                page_num=page_num,
+                records=tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records)),
+                total=total,
+            )

@@ -1,0 +1,102 @@
+"""The month's daily bills → a bills snapshot with month-to-date and a month-end forecast.
+
+Bills get revised, so every refresh re-fetches the whole month and replaces the snapshot.
+During the first `grace_days` of a month the previous month is fetched too, so its last
+days settle.
+
+Forecast (current month) = the complete days' sum + max(today so far, average) + average ×
+days after today, where average is that of the trailing 7 complete days (fewer at the start
+of a month when the previous month is not at hand; with no complete day at all, today so
+far stands for the average). Today's forecast is max(today so far, average). A past month's
+forecast is its total.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from decimal import Decimal
+
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
+from exporter.clock import Clock, days_in_period, previous_period
+from exporter.snapshots import BillsSnapshot, DailyAmount, MonthBills
+
+TRAILING_DAYS = 7
+
+
+def daily_amounts(records: Iterable[BillRecord], key: str) -> tuple[DailyAmount, ...]:
+    """Sum records that share (day, key, product, project): one series per label set."""
+    sums: dict[tuple[str, dt.date, str, str, str], tuple[Decimal, Decimal]] = {}
+    for r in records:
+        label = r.instance_id if key == "instance" else r.item
+        k = (r.period, r.day, label, r.product, r.project_id)
+        payable, usage = sums.get(k, (Decimal(0), Decimal(0)))
+        sums[k] = (payable + r.payable_amount, usage + r.usage_value)
+    return tuple(
+        DailyAmount(period, day, label, product, project, payable, usage)
+        for (period, day, label, product, project), (payable, usage) in sorted(sums.items())
+    )
+
+
+def per_day(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
+    days: dict[dt.date, Decimal] = {}
+    for a in amounts:
+        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return days
+
+
+def forecast(
+    period: str, today: dt.date, days: dict[dt.date, Decimal], previous: dict[dt.date, Decimal] | None
+) -> tuple[Decimal, Decimal]:
+    """Projected month-end and today's totals (see the module's docstring).
+
+    `previous` is last month's days, when fetched.
+    """
+    month_to_date = sum(days.values(), Decimal(0))
+    if period != f"{today:%Y-%m}":
+        return month_to_date, Decimal(0)
+    first_known = today.replace(day=1)
+    if previous is not None:
+        first_known = (first_known - dt.timedelta(days=1)).replace(day=1)
+    known = {**(previous or {}), **days}
+    window = [today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)]
+    window = [d for d in window if d >= first_known]
+    so_far = days.get(today, Decimal(0))
+    average = sum((known.get(d, Decimal(0)) for d in window), Decimal(0)) / len(window) if window else so_far
+    complete = month_to_date - so_far
+    return complete + max(so_far, average) + average * (days_in_period(period) - today.day), max(so_far, average)
+
+
+class BillsSource:
+    def __init__(self, client: BillingClient, clock: Clock, grace_days: int) -> None:
+        self.client = client
+        self.clock = clock
+        self.grace_days = grace_days
+
+    def periods(self, today: dt.date) -> list[str]:
+        current = self.clock.period(today)
+        return [current, previous_period(current)] if today.day <= self.grace_days else [current]
+
+    def refresh(self) -> BillsSnapshot:
+        today = self.clock.today()
+        fetched = [
+            (period, self.client.bills(period, GROUP_TERM_INSTANCE), self.client.bills(period, GROUP_TERM_ITEM))
+            for period in self.periods(today)
+        ]
+        item_days = [per_day(daily_amounts(items, "item")) for _, _, items in fetched]
+        months = []
+        for index, (period, instances, items) in enumerate(fetched):
+            by_item = daily_amounts(items, "item")
+            previous = item_days[1] if index == 0 and len(item_days) > 1 else None
+            month_end, today_end = forecast(period, today, item_days[index], previous)
+            months.append(
+                MonthBills(
+                    period=period,
+                    by_endpoint=daily_amounts(instances, "instance"),
+                    by_item=by_item,
+                    month_to_date=sum((a.payable for a in by_item), Decimal(0)),
+                    forecast=month_end,
+                    today_forecast=today_end,
+                )
+            )
+        return BillsSnapshot(months=tuple(months), today=today)

@@ -1,0 +1,73 @@
+"""The billing time zone's calendar: today, the month `period`, and day boundaries.
+
+Every notion of "day" in the exporter comes from here, never from the host's zone.
+`now` is injectable so tests can cross midnight or a month end without sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from zoneinfo import ZoneInfo
+
+DEFAULT_TIMEZONE = "Asia/Shanghai"
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Clock:
+    tz: ZoneInfo = field(default_factory=lambda: ZoneInfo(DEFAULT_TIMEZONE))
+    now_fn: Callable[[], dt.datetime] = _utc_now
+
+    def now(self) -> dt.datetime:
+        """The current instant, aware, in the billing time zone."""
+        return self.now_fn().astimezone(self.tz)
+
+    def today(self) -> dt.date:
+        return self.now().date()
+
+    def period(self, day: dt.date | None = None) -> str:
+        """The billing month `YYYY-MM` that holds `day` (today by default)."""
+        day = day or self.today()
+        return f"{day.year:04d}-{day.month:02d}"
+
+    def day_start(self, day: dt.date) -> dt.datetime:
+        return dt.datetime.combine(day, dt.time(), self.tz)
+
+    def day_of(self, instant: dt.datetime) -> dt.date:
+        """The natural day in the billing zone that holds an aware instant."""
+        return instant.astimezone(self.tz).date()
+
+
+def previous_period(period: str) -> str:
+    year, month = (int(part) for part in period.split("-"))
+    year, month = (year - 1, 12) if month == 1 else (year, month - 1)
+    return f"{year:04d}-{month:02d}"
+
+
+def days_in_period(period: str) -> int:
+    year, month = (int(part) for part in period.split("-"))
+    following = dt.date(year + month // 12, month % 12 + 1, 1)
+    return (following - dt.timedelta(days=1)).day
+
+
+class FrozenClock:
+    """A settable `now_fn` for tests, demos and benchmarks."""
+
+    def __init__(self, start: dt.datetime) -> None:
+        if start.tzinfo is None:
+            raise ValueError("FrozenClock needs an aware datetime")
+        self._now = start
+
+    def __call__(self) -> dt.datetime:
+        return self._now
+
+    def set(self, instant: dt.datetime) -> None:
+        self._now = instant
+
+    def advance(self, delta: dt.timedelta) -> None:
+        self._now += delta

@@ -1,0 +1,169 @@
+"""Snapshots → Prometheus metric families. Read-only: a scrape never calls the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.clock import Clock
+from exporter.config import BudgetConfig
+from exporter.snapshots import Latest, UsageTotals
+
+CACHED = "Cached from the last successful refresh; a scrape never calls the API."
+
+
+class BillsCollector(Collector):
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        endpoint = GaugeMetricFamily(
+            "inference_bill_endpoint_daily_payable_amount",
+            f"One natural day's payable amount per endpoint (bills grouped by instance). {CACHED}",
+            labels=["period", "day", "endpoint_id", "product", "project_id"],
+        )
+        item = GaugeMetricFamily(
+            "inference_bill_item_daily_payable_amount",
+            f"One natural day's payable amount per billing item. {CACHED}",
+            labels=["period", "day", "item", "product", "project_id"],
+        )
+        usage = GaugeMetricFamily(
+            "inference_bill_item_daily_usage",
+            f"One natural day's usage value per billing item, as billed. {CACHED}",
+            labels=["period", "day", "item", "product", "project_id"],
+        )
+        month_to_date = GaugeMetricFamily(
+            "inference_bill_month_to_date_payable_amount",
+            f"Payable amount of the month so far, summed over every billing item. {CACHED}",
+            labels=["period"],
+        )
+        month_forecast = GaugeMetricFamily(
+            "inference_bill_month_forecast_payable_amount",
+            "Projected month-end payable amount: complete days + trailing 7-day average for the rest. " + CACHED,
+            labels=["period"],
+        )
+        snapshot = self.latest.bills
+        for month in snapshot.months if snapshot else ():
+            for a in month.by_endpoint:
+                endpoint.add_metric([a.period, a.day.isoformat(), a.key, a.product, a.project_id], float(a.payable))
+            for a in month.by_item:
+                labels = [a.period, a.day.isoformat(), a.key, a.product, a.project_id]
+                item.add_metric(labels, float(a.payable))
+                usage.add_metric(labels, float(a.usage))
+            month_to_date.add_metric([month.period], float(month.month_to_date))
+            month_forecast.add_metric([month.period], float(month.forecast))
+        yield from (endpoint, item, usage, month_to_date, month_forecast)
+
+
+class UsageCollector(Collector):
+    def __init__(self, latest: Latest, clock: Clock, per_api_key: bool) -> None:
+        self.latest = latest
+        self.clock = clock
+        self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
+
+    def collect(self) -> Iterator[Metric]:
+        day_note = f"today in the billing time zone, reset at the day's start. {CACHED}"
+        fields: list[tuple[str, str]] = [
+            ("inference_usage_requests", "Requests"),
+            ("inference_usage_prompt_tokens", "Prompt tokens"),
+            ("inference_usage_completion_tokens", "Completion tokens"),
+            ("inference_usage_cached_prompt_tokens", "Prompt tokens served from cache"),
+            ("inference_usage_estimated_payable_amount", "Estimated payable amount (tokens × configured prices)"),
+        ]
+        families = [CounterMetricFamily(name, f"{text} {day_note}", labels=self.labels) for name, text in fields]
+        snapshot = self.latest.usage
+        if snapshot is not None:
+            created = self.clock.day_start(snapshot.day).timestamp()
+            for key, totals in snapshot.totals.items():
+                labels = [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
+                for family, value in zip(families, _usage_values(totals), strict=True):
+                    if value is not None:
+                        family.add_metric(labels, float(value), created=created)
+        yield from families
+
+
+def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
+    return t.requests, t.prompt_tokens, t.completion_tokens, t.cached_prompt_tokens, t.estimated_payable
+
+
+class BudgetCollector(Collector):
+    def __init__(self, latest: Latest, budgets: Iterable[BudgetConfig]) -> None:
+        self.latest = latest
+        self.budgets = tuple(budgets)
+
+    def collect(self) -> Iterator[Metric]:
+        amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
+        used = GaugeMetricFamily(
+            "inference_budget_used_ratio",
+            f"Payable amount of the budget's period ÷ the budget. {CACHED}",
+            labels=["budget"],
+        )
+        forecast = GaugeMetricFamily(
+            "inference_budget_forecast_ratio",
+            f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
+            labels=["budget"],
+        )
+        snapshot = self.latest.bills
+        for budget in self.budgets:
+            amount.add_metric([budget.name], float(budget.amount))
+            if snapshot is None:
+                continue
+            month = snapshot.current
+            if budget.period == "month":
+                spent, projected = month.month_to_date, month.forecast
+            else:
+                spent, projected = month.spend_on(snapshot.today), month.today_forecast
+            used.add_metric([budget.name], float(spent / budget.amount))
+            forecast.add_metric([budget.name], float(projected / budget.amount))
+        yield from (amount, used, forecast)
+
+
+class ExporterCollector(Collector):
+    """The exporter's own health: per-source refresh status, API calls, build, billing calendar."""
+
+    def __init__(self, latest: Latest, clock: Clock) -> None:
+        self.latest = latest
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        success = GaugeMetricFamily(
+            "inference_exporter_refresh_success",
+            "1 if the last refresh of the source succeeded, else 0 (its figures are then the last good ones).",
+            labels=["source"],
+        )
+        last_success = GaugeMetricFamily(
+            "inference_exporter_last_refresh_success_timestamp_seconds",
+            "Unix time of the source's last successful refresh; now minus this is the data's age.",
+            labels=["source"],
+        )
+        duration = GaugeMetricFamily(
+            "inference_exporter_refresh_duration_seconds", "Duration of the source's last refresh.", labels=["source"]
+        )
+        for source, health in sorted(self.latest.health.items()):
+            success.add_metric([source], 1.0 if health.success else 0.0)
+            if health.last_success is not None:
+                last_success.add_metric([source], health.last_success)
+            duration.add_metric([source], health.duration)
+        calls = CounterMetricFamily(
+            "inference_exporter_api_requests",
+            "HTTP calls made to the service, by API and status code (timeout or error when no answer came).",
+            labels=["api", "code"],
+        )
+        for (api, code), count in sorted(self.latest.api_calls().items()):
+            calls.add_metric([api, code], count)
+        build = GaugeMetricFamily(
+            "inference_exporter_build_info", "Always 1; the exporter's version.", labels=["version"]
+        )
+        build.add_metric([__version__], 1.0)
+        today = self.clock.today()
+        calendar = GaugeMetricFamily(
+            "inference_billing_today_info",
+            "Always 1; today's date and month in the billing time zone, for `and on(day)` in PromQL.",
+            labels=["day", "period"],
+        )
+        calendar.add_metric([today.isoformat(), self.clock.period(today)], 1.0)
+        yield from (success, last_success, duration, calls, build, calendar)

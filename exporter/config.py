@@ -1,0 +1,450 @@
+"""YAML configuration → validated, frozen, typed objects.
+
+`${VAR}` anywhere in a string is replaced from the environment. Every problem is reported at
+once with its location (`billing.page_size: must be ≤ 500`); secrets are `SecretStr` and never
+appear in a message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+SIGNALS = ("spend", "estimated_spend", "tokens", "requests", "probe_latency", "probe_success", "data_age")
+WINDOWS = ("today", "month", "month_forecast")
+OPERATORS = (">", ">=", "<", "<=", "==", "!=")
+MAX_TIER = 10
+
+
+class ConfigError(Exception):
+    """Every problem found in a config, each as `location: message`."""
+
+    def __init__(self, details: list[str]) -> None:
+        super().__init__("\n".join(details))
+        self.details = details
+
+
+def parse_duration(value: Any) -> float:
+    """`30s`, `5m`, `1h30m`, `500ms` or a number of seconds → seconds."""
+    if isinstance(value, bool):
+        raise ValueError("not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value and DURATION.sub("", value) == "":
+        seconds = sum(float(n) * DURATION_UNITS[unit] for n, unit in DURATION.findall(value))
+    else:
+        raise ValueError("not a duration (use e.g. 30s, 5m, 1h)")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return seconds
+
+
+def parse_amount(value: Any) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        raise ValueError("not a number")
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError("not a number") from None
+    if not amount.is_finite():
+        raise ValueError("not a finite number")
+    return amount
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than zero")
+    return seconds
+
+
+def _non_negative(amount: Decimal) -> Decimal:
+    if amount < 0:
+        raise ValueError("must not be negative")
+    return amount
+
+
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"not a valid regular expression ({error})") from None
+    return pattern
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Interval = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
+Amount = Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_non_negative)]
+Name = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Text = Annotated[str, Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _http_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError("must be an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class BillingConfig(Strict):
+    url: HttpUrl
+    access_key_id: Text
+    secret_access_key: SecretStr
+    signature_label: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")] = "svc"
+    signature_lifetime: Duration = 300.0
+    timezone: str = "Asia/Shanghai"
+    project_id: str = ""
+    bills_interval: Interval = 900.0
+    usage_interval: Interval = 300.0
+    page_size: Annotated[int, Field(ge=1, le=500)] = 500
+    concurrency: Annotated[int, Field(ge=1, le=32)] = 4
+    timeout: Interval = 30.0
+    previous_month_grace_days: Annotated[int, Field(ge=0, le=27)] = 3
+    per_api_key: bool = False
+
+    @field_validator("secret_access_key")
+    @classmethod
+    def _secret_present(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+class InferenceConfig(Strict):
+    url: HttpUrl
+    api_key: SecretStr
+
+
+class ProbeConfig(Strict):
+    name: Name
+    model: Text
+    scenario: Literal["chat", "json", "tools", "thinking"] = "chat"
+    stream: bool = True
+    interval: Interval = 60.0
+    timeout: Interval = 30.0
+    max_tokens: Annotated[int, Field(ge=1, le=65536)] = 16
+    expect_content: Annotated[str, AfterValidator(_regex)] | None = None
+    expect_keys: tuple[Text, ...] = ()
+
+
+class PriceConfig(Strict):
+    model: Text
+    prompt_per_million: Amount
+    cached_prompt_per_million: Amount | None = None
+    completion_per_million: Amount
+
+
+def _above_zero(amount: Decimal) -> Decimal:
+    if amount <= 0:
+        raise ValueError("must be greater than zero")
+    return amount
+
+
+class BudgetConfig(Strict):
+    name: Name
+    amount: Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_above_zero)]
+    period: Literal["month", "day"] = "month"
+
+
+class RuleConfig(Strict):
+    alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    signal: Literal[SIGNALS] | None = None  # type: ignore[valid-type]
+    window: Literal[WINDOWS] = "today"  # type: ignore[valid-type]
+    by: tuple[Name, ...] = ()
+    where: dict[str, str] = Field(default_factory=dict)
+    op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
+    threshold: Amount | None = None
+    for_: Duration = Field(0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+    budget: Name | None = None
+    tiers: tuple[float, ...] = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, tiers: tuple[float, ...]) -> tuple[float, ...]:
+        for tier in tiers:
+            if not 0 < tier <= MAX_TIER:
+                raise ValueError(f"tier {tier} is outside (0, {MAX_TIER}]")
+        if list(tiers) != sorted(set(tiers)):
+            raise ValueError("tiers must be increasing and distinct")
+        return tiers
+
+    @model_validator(mode="after")
+    def _shape(self) -> RuleConfig:
+        if (self.signal is None) == (self.budget is None):
+            raise ValueError("a rule has either `signal` (with `threshold`) or `budget` (with `tiers`)")
+        if self.signal is not None and self.threshold is None:
+            raise ValueError("a `signal` rule needs `threshold`")
+        if self.budget is not None and not self.tiers:
+            raise ValueError("a `budget` rule needs `tiers`")
+        fields = {"value", "threshold", *self.by, *self.where}
+        if self.budget is not None:
+            fields |= {"budget", "tier", "amount", "period"}
+        for name, template in self.annotations.items():
+            for field in re.findall(r"\{([^{}]*)\}", template):
+                if field not in fields:
+                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
+        return self
+
+
+class _Notifier(Strict):
+    name: Name
+
+
+class AlertmanagerNotifier(_Notifier):
+    type: Literal["alertmanager"]
+    urls: Annotated[tuple[HttpUrl, ...], Field(min_length=1)]
+
+
+class WebhookNotifier(_Notifier):
+    type: Literal["webhook"]
+    url: HttpUrl
+
+
+class SlackNotifier(_Notifier):
+    type: Literal["slack"]
+    url: SecretStr
+
+
+class PagerDutyNotifier(_Notifier):
+    type: Literal["pagerduty"]
+    routing_key: SecretStr
+    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
+
+
+Notifier = Annotated[
+    AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier, Field(discriminator="type")
+]
+
+
+class AlertsConfig(Strict):
+    evaluation_interval: Interval = 60.0
+    repeat_interval: Interval = 4 * 3600.0
+    rules: tuple[RuleConfig, ...] = ()
+    notifiers: tuple[Notifier, ...] = ()
+
+
+class ServerConfig(Strict):
+    listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")] = ":9877"
+
+
+class StateConfig(Strict):
+    path: Text = "./inference-cost-exporter.db"
+
+
+class LogConfig(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+def _unique(items: tuple[Any, ...], attribute: str, what: str) -> None:
+    seen: set[str] = set()
+    for item in items:
+        name = getattr(item, attribute)
+        if name in seen:
+            raise ValueError(f"{what} {name!r} is defined twice")
+        seen.add(name)
+
+
+class Config(Strict):
+    billing: BillingConfig
+    inference: InferenceConfig | None = None
+    probes: tuple[ProbeConfig, ...] = ()
+    prices: tuple[PriceConfig, ...] = ()
+    budgets: tuple[BudgetConfig, ...] = ()
+    alerts: AlertsConfig = AlertsConfig()
+    server: ServerConfig = ServerConfig()
+    state: StateConfig = StateConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        if self.probes and self.inference is None:
+            raise ValueError("`probes` need the `inference` section (url and api_key)")
+        _unique(self.probes, "name", "probe")
+        _unique(self.prices, "model", "price for model")
+        _unique(self.budgets, "name", "budget")
+        _unique(self.alerts.notifiers, "name", "notifier")
+        budgets = {b.name for b in self.budgets}
+        for index, rule in enumerate(self.alerts.rules):
+            if rule.budget is not None and rule.budget not in budgets:
+                raise ValueError(f"alerts.rules[{index}] ({rule.alert}): unknown budget {rule.budget!r}")
+        return self
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def location(path: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def substitute(
+    node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
+) -> Any:
+    """Replace `${VAR}` in every string; note in `missing` each path whose variable is unset."""
+    if isinstance(node, dict):
+        return {key: substitute(value, environ, (*path, key), missing) for key, value in node.items()}
+    if isinstance(node, list):
+        return [substitute(value, environ, (*path, i), missing) for i, value in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def replace(match: re.Match[str]) -> str:
+        if match[1] not in environ:
+            missing.setdefault(path, match[1])
+            return match[0]
+        return environ[match[1]]
+
+    return ENV_REFERENCE.sub(replace, node)
+
+
+_MESSAGES = {
+    "missing": "required key is missing",
+    "extra_forbidden": "unknown key",
+    "int_type": "not an integer",
+    "int_parsing": "not an integer",
+    "int_from_float": "not an integer",
+    "bool_type": "not true or false",
+    "bool_parsing": "not true or false",
+    "string_type": "not a string",
+    "dict_type": "not a mapping",
+    "model_type": "not a mapping",
+    "tuple_type": "not a list",
+    "string_too_short": "must not be empty",
+    "too_short": "must not be empty",
+    "float_type": "not a number",
+    "float_parsing": "not a number",
+}
+
+
+def _message(error: Any) -> str:
+    kind = error["type"]
+    context = error.get("ctx") or {}
+    if kind in _MESSAGES:
+        return _MESSAGES[kind]
+    if kind == "less_than_equal":
+        return f"must be ≤ {context['le']}"
+    if kind == "greater_than_equal":
+        return f"must be ≥ {context['ge']}"
+    if kind == "literal_error":
+        return f"must be one of {context['expected']}"
+    if kind == "union_tag_invalid":
+        return f"unknown type {context['tag']!r} (expected one of {context['expected_tags']})"
+    if kind == "union_tag_not_found":
+        return "missing `type`"
+    if kind == "string_pattern_mismatch":
+        return "contains characters that are not allowed"
+    if kind == "value_error":
+        return str(context.get("error", error["msg"]))
+    return error["msg"]
+
+
+def _rule_name(document: dict[str, Any], path: tuple[int | str, ...]) -> str:
+    """` (alert NAME)` for a location inside `alerts.rules[i]`, so a message names its rule."""
+    if len(path) < 3 or path[:2] != ("alerts", "rules") or not isinstance(path[2], int):
+        return ""
+    try:
+        name = document["alerts"]["rules"][path[2]]["alert"]
+    except (KeyError, IndexError, TypeError):
+        return ""
+    return f" (alert {name})" if isinstance(name, str) else ""
+
+
+def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if environ is None else environ
+    missing: dict[tuple[int | str, ...], str] = {}
+    document = substitute(raw if raw is not None else {}, environ, (), missing)
+    if not isinstance(document, dict):
+        raise ConfigError(["(top level): the config must be a mapping"])
+    errors = [f"{location(path)}: environment variable {name} is not set" for path, name in missing.items()]
+    try:
+        config = Config.model_validate(document)
+    except ValidationError as invalid:
+        for error in invalid.errors():
+            path = tuple(
+                "for" if p == "for_" else p for p in error["loc"] if not (isinstance(p, str) and p.endswith("Notifier"))
+            )
+            if path not in missing:
+                errors.append(f"{location(path)}{_rule_name(document, path)}: {_message(error)}")
+        raise ConfigError(errors) from None
+    if errors:
+        raise ConfigError(errors)
+    return config
+
+
+def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError([f"{where}: invalid YAML: {problem}"]) from None
+    return validate(raw, environ)

@@ -1,0 +1,113 @@
+"""Immutable snapshots shared between the refresh threads and the scrape thread.
+
+A refresh builds a new snapshot and swaps it in whole; a scrape reads whatever is current.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class DailyAmount:
+    """One day's bill for one key (an endpoint id or a billing item)."""
+
+    period: str
+    day: dt.date
+    key: str
+    product: str
+    project_id: str
+    payable: Decimal
+    usage: Decimal
+
+
+@dataclass(frozen=True)
+class MonthBills:
+    period: str
+    by_endpoint: tuple[DailyAmount, ...]
+    by_item: tuple[DailyAmount, ...]
+    month_to_date: Decimal
+    forecast: Decimal
+    today_forecast: Decimal
+
+    def spend_on(self, day: dt.date) -> Decimal:
+        return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))
+
+
+@dataclass(frozen=True)
+class BillsSnapshot:
+    months: tuple[MonthBills, ...]
+    """The current month first, then the previous one while it is in its grace days."""
+    today: dt.date
+
+    @property
+    def current(self) -> MonthBills:
+        return self.months[0]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageKey:
+    endpoint_id: str
+    model: str
+    api_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    estimated_payable: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    day: dt.date
+    totals: Mapping[UsageKey, UsageTotals]
+    records: int
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    source: str
+    success: bool
+    last_attempt: float
+    last_success: float | None
+    duration: float
+    error: str = ""
+
+
+@dataclass
+class Latest:
+    """The current snapshot of each source, plus per-source health and API call counts."""
+
+    bills: BillsSnapshot | None = None
+    usage: UsageSnapshot | None = None
+    _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
+    _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def health(self) -> Mapping[str, SourceHealth]:
+        return self._health
+
+    def record(self, source: str, *, success: bool, started: float, finished: float, error: str = "") -> None:
+        with self._lock:
+            previous = self._health.get(source)
+            last_success = finished if success else (previous.last_success if previous else None)
+            entry = SourceHealth(source, success, finished, last_success, finished - started, "" if success else error)
+            self._health = MappingProxyType({**self._health, source: entry})
+
+    def count_api_call(self, api: str, code: str) -> None:
+        with self._lock:
+            self._api_calls[(api, code)] = self._api_calls.get((api, code), 0) + 1
+
+    def api_calls(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._api_calls)

@@ -1,0 +1,85 @@
+"""Shared fixtures: a frozen billing clock, the simulator on loopback, configs that point at it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from exporter.billing import BillingClient, RetryPolicy
+from exporter.clock import Clock, FrozenClock
+from exporter.config import Config, validate
+from exporter.simulator import Simulator, SimulatorServer
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def frozen() -> FrozenClock:
+    """10:00 on 2026-11-22 in Shanghai (02:00 UTC)."""
+    return FrozenClock(dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI))
+
+
+@pytest.fixture
+def clock(frozen: FrozenClock) -> Clock:
+    return Clock(SHANGHAI, frozen)
+
+
+@pytest.fixture
+def sim(clock: Clock) -> Simulator:
+    return Simulator(clock=clock)
+
+
+@pytest.fixture
+def server(sim: Simulator) -> Iterator[SimulatorServer]:
+    server = sim.serve()
+    yield server
+    server.stop()
+
+
+def billing_section(sim: Simulator, server: SimulatorServer, **overrides: object) -> dict[str, object]:
+    return {
+        "url": server.url,
+        "access_key_id": sim.access_key_id,
+        "secret_access_key": sim.secret_access_key,
+        "timeout": "5s",
+    } | overrides
+
+
+@pytest.fixture
+def config(sim: Simulator, server: SimulatorServer) -> Config:
+    return validate({"billing": billing_section(sim, server)}, {})
+
+
+class Sleeps(list[float]):
+    """Stands in for time.sleep in a RetryPolicy: records the pauses instead of waiting."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture
+def client(config: Config, clock: Clock, sleeps: Sleeps) -> Iterator[BillingClient]:
+    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=sleeps)) as client:
+        yield client
+
+
+def require_binary(name: str) -> str:
+    """The path of a real binary; skipped when absent, unless CI is set (then it must be there)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed; CI must install it (make system-deps)")
+    pytest.skip(f"{name} is not installed (make test installs it as root; CI requires it)")

@@ -1,0 +1,216 @@
+"""The billing client against the simulator: paging, concurrency, retries, errors, parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from exporter.billing import (
+    GROUP_TERM_INSTANCE,
+    GROUP_TERM_ITEM,
+    BillingAPIError,
+    BillingClient,
+    BillingUnavailable,
+    RecordError,
+    RetryPolicy,
+    SignatureRejected,
+    parse_bill,
+    parse_usage,
+)
+from exporter.clock import Clock
+from exporter.config import Config, validate
+from exporter.simulator import Endpoint, Fault, Simulator, SimulatorServer
+from tests.conftest import SHANGHAI, Sleeps, billing_section
+
+
+def test_bills_fetch_every_page_and_sum_exactly(sim: Simulator, client: BillingClient) -> None:
+    sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(10))
+    records = client.bills("2026-11", GROUP_TERM_INSTANCE)
+    assert len(records) == 22 * 10  # three pages of 100
+    assert sim.requests_served["/api/v1/bills/details"] == 3
+    totals = sim.bill_totals("2026-11")
+    for endpoint in sim.endpoints:
+        got = sum(r.payable_amount for r in records if r.instance_id == endpoint.endpoint_id)
+        assert got == totals[endpoint.endpoint_id]
+    items = client.bills("2026-11", GROUP_TERM_ITEM)
+    assert sum(r.payable_amount for r in items) == totals["total"]
+    assert all(isinstance(r.payable_amount, Decimal) for r in items)
+    assert {r.day.isoformat() for r in items} == {f"2026-11-{d:02d}" for d in range(1, 23)}
+
+
+def test_usage_pages_until_a_short_page(sim: Simulator, client: BillingClient) -> None:
+    sim.add_usage(1234)
+    pages = list(client.usage_pages(sim.clock.today()))
+    assert [p.page_num for p in pages] == [1, 2, 3]
+    assert [len(p.records) for p in pages] == [500, 500, 234]
+    assert {p.total for p in pages} == {1234}
+    assert len({r.request_id for p in pages for r in p.records}) == 1234
+
+
+def test_usage_with_an_exact_multiple_stops_at_the_empty_page(sim: Simulator, client: BillingClient) -> None:
+    sim.add_usage(1000)
+    pages = list(client.usage_pages(sim.clock.today()))
+    assert [len(p.records) for p in pages] == [500, 500, 0]
+
+
+def test_pages_in_flight_are_bounded_by_concurrency(
+    sim: Simulator, server: SimulatorServer, clock: Clock, sleeps: Sleeps
+) -> None:
+    sim.add_usage(5000)
+    sim.latency = 0.05
+    config = validate({"billing": billing_section(sim, server, concurrency=3, page_size=100)}, {})
+    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=sleeps)) as client:
+        records = sum(len(p.records) for p in client.usage_pages(clock.today()))
+    assert records == 5000
+    assert sim.max_in_flight == 3
+
+
+def test_retries_5xx_and_dropped_connections_then_succeeds(
+    sim: Simulator, client: BillingClient, sleeps: Sleeps
+) -> None:
+    sim.inject(Fault("status", status=503, times=1))
+    sim.inject(Fault("drop", times=1))
+    records = client.bills("2026-11", GROUP_TERM_ITEM)
+    assert len(records) == 22 * 3
+    assert len(sleeps) == 2
+    assert all(0 < pause <= 1.0 for pause in sleeps)  # jittered exponential backoff from 0.5 s
+
+
+def test_429_honours_retry_after(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
+    sim.inject(Fault("status", status=429, retry_after=7))
+    client.bills("2026-11", GROUP_TERM_ITEM)
+    assert sleeps == [7.0]
+
+
+def test_gives_up_after_the_last_attempt(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
+    sim.inject(Fault("status", status=502, times=10))
+    with pytest.raises(BillingUnavailable, match=r"HTTP 502.*4 attempts"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert len(sleeps) == 3
+
+
+def test_other_4xx_and_envelope_errors_are_not_retried(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
+    sim.inject(Fault("status", status=400))
+    with pytest.raises(BillingAPIError, match="HTTP 400"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    sim.inject(Fault("code"))
+    with pytest.raises(BillingAPIError, match="service is busy") as raised:
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert raised.value.code == 100503
+    assert sleeps == []
+
+
+def test_malformed_json_and_bad_records_name_the_problem(sim: Simulator, client: BillingClient) -> None:
+    sim.inject(Fault("malformed"))
+    with pytest.raises(RecordError, match="not JSON"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    sim.inject(Fault("bad_amount"))
+    with pytest.raises(RecordError, match=r"record 0: field 'payableAmount' is not a decimal: '12,5'"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+
+
+def test_total_disagreeing_with_the_pages_is_an_error(sim: Simulator, client: BillingClient) -> None:
+    sim.inject(Fault("total_mismatch"))
+    with pytest.raises(RecordError, match="`total` says 67"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+
+
+def test_a_wrong_secret_is_signature_rejected_without_the_secret(
+    sim: Simulator, server: SimulatorServer, clock: Clock, sleeps: Sleeps
+) -> None:
+    config = validate({"billing": billing_section(sim, server, secret_access_key="wrong-secret-123")}, {})
+    client = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=sleeps))
+    with client, pytest.raises(SignatureRejected, match="signature rejected") as raised:
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert "wrong-secret-123" not in str(raised.value)
+    assert sleeps == []
+
+
+def test_a_skewed_clock_is_signature_rejected(config: Config, sim: Simulator, sleeps: Sleeps) -> None:
+    skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=10))
+    client = BillingClient.from_config(config.billing, skewed, retry=RetryPolicy(sleep=sleeps))
+    with client, pytest.raises(SignatureRejected, match="clock window"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+
+
+def test_project_filter_is_sent_snake_case(sim: Simulator, server: SimulatorServer, clock: Clock) -> None:
+    config = validate({"billing": billing_section(sim, server, project_id="proj-lab")}, {})
+    sim.add_usage(300)
+    with BillingClient.from_config(config.billing, clock) as client:
+        bills = client.bills("2026-11", GROUP_TERM_INSTANCE)
+        usage = [r for p in client.usage_pages(clock.today()) for r in p.records]
+    assert {b.instance_id for b in bills} == {"ep-20261102-gamma"}
+    assert usage
+    assert {r.endpoint for r in usage} == {"ep-20261102-gamma"}
+
+
+def test_api_calls_are_reported_by_status(
+    sim: Simulator, server: SimulatorServer, config: Config, clock: Clock
+) -> None:
+    seen: list[tuple[str, str]] = []
+    sim.inject(Fault("status", status=503))
+    retry = RetryPolicy(sleep=lambda seconds: None)
+    with BillingClient.from_config(config.billing, clock, lambda *call: seen.append(call), retry=retry) as client:
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert seen == [("bills", "503"), ("bills", "200")]
+
+
+GOOD_BILL = {
+    "tenantId": "t", "projectId": "p", "period": "2026-11", "instanceId": "ep-1",
+    "product": "PRODUCT_INFERENCE_ENDPOINT",
+    "startTime": "2026-11-21T16:00:00Z", "endTime": "2026-11-22T16:00:00Z", "payableAmount": "1.23456789",
+    "usageValue": "100", "item": "ITEM_PROMPT_TOKEN",
+}  # fmt: skip
+GOOD_USAGE = {
+    "requestId": "r1", "requestTime": "2026-11-22T01:00:00Z", "tenantId": "t", "model": "m", "endpoint": "ep-1",
+    "apikey": "sk-ab****", "promptTokens": 10, "completionTokens": 5, "promptCachedTokens": 2,
+}  # fmt: skip
+
+
+def test_bill_day_is_the_shanghai_day_of_start_time() -> None:
+    bill = parse_bill(GOOD_BILL, "bill", SHANGHAI)
+    assert bill.day.isoformat() == "2026-11-22"
+    assert bill.payable_amount == Decimal("1.23456789")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"payableAmount": "abc"}, "'payableAmount' is not a decimal"),
+        ({"payableAmount": "NaN"}, "'payableAmount' is not a finite decimal"),
+        ({"payableAmount": None}, "'payableAmount' is not a decimal"),
+        ({"usageValue": True}, "'usageValue' is not a decimal"),
+        ({"startTime": "yesterday"}, "'startTime' is not an RFC 3339 time"),
+        ({"startTime": "2026-11-21T16:00:00"}, "'startTime' has no UTC offset"),
+        ({"period": 202611}, "'period' is not a string"),
+    ],
+)
+def test_malformed_bill_records_name_the_field(change: dict, message: str) -> None:
+    with pytest.raises(RecordError, match=message):
+        parse_bill(GOOD_BILL | change, "bill", SHANGHAI)
+    broken = dict(GOOD_BILL)
+    del broken["payableAmount"]
+    with pytest.raises(RecordError, match="missing field 'payableAmount'"):
+        parse_bill(broken, "bill", SHANGHAI)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"promptTokens": -1}, "'promptTokens' is not a non-negative integer"),
+        ({"completionTokens": 1.5}, "'completionTokens' is not a non-negative integer"),
+        ({"promptCachedTokens": "many"}, "'promptCachedTokens' is not a non-negative integer"),
+        ({"requestId": None}, "'requestId' is not a string"),
+    ],
+)
+def test_malformed_usage_records_name_the_field(change: dict, message: str) -> None:
+    with pytest.raises(RecordError, match=message):
+        parse_usage(GOOD_USAGE | change, "usage")
+
+
+def test_usage_record_parses() -> None:
+    record = parse_usage(GOOD_USAGE | {"promptTokens": "10"}, "usage")
+    assert dataclasses.astuple(record)[4:] == ("sk-ab****", 10, 5, 2)

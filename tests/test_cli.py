@@ -1,0 +1,174 @@
+"""The command line, run as a real process against the simulator on loopback."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.simulator import Fault, Simulator, SimulatorServer
+
+ROOT = Path(__file__).parent.parent
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+
+
+@pytest.fixture
+def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    """A simulator on the real clock, since the command signs with the real time."""
+    sim = Simulator()
+    server = sim.serve()
+    yield sim, server
+    server.stop()
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+def write_config(
+    tmp_path: Path, sim: Simulator, server: SimulatorServer, log_level: str = "info", **billing: object
+) -> Path:
+    document = {
+        "billing": {
+            "url": server.url,
+            "access_key_id": sim.access_key_id,
+            "secret_access_key": "${TEST_BILLING_SECRET}",
+            "page_size": 100,
+            "timeout": "5s",
+        }
+        | billing,
+        "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
+        "budgets": [{"name": "monthly", "amount": "20000"}],
+        "log": {"level": log_level},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def samples(exposition: str, name: str) -> list[tuple[dict[str, str], Decimal]]:
+    found = []
+    for line in exposition.splitlines():
+        match = SAMPLE.match(line)
+        if match and match["name"] == name:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            found.append((labels, Decimal(match["value"])))
+    return found
+
+
+def test_check_accepts_the_example_and_exits_zero() -> None:
+    env = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
+    result = run("check", "--config", "config.example.yaml", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout
+
+
+def test_check_prints_every_error_and_exits_one(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "billing:\n  url: ftp://x\n  access_key_id: AK\n  secret_access_key: ${UNSET_VAR_XYZ}\n  page_size: 501\n"
+    )
+    result = run("check", "--config", str(path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"{path}: billing.secret_access_key: environment variable UNSET_VAR_XYZ is not set",
+        f"{path}: billing.url: must be an http:// or https:// URL",
+        f"{path}: billing.page_size: must be ≤ 500",
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_once_prints_amounts_that_sum_to_the_simulators_totals(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    sim.add_usage(1234)
+    result = run(
+        "once",
+        "--config",
+        str(write_config(tmp_path, sim, server, log_level="debug")),
+        env={"TEST_BILLING_SECRET": sim.secret_access_key},
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    period = sim.clock.period()
+    truth = sim.bill_totals(period)
+
+    by_endpoint: dict[str, Decimal] = {}
+    for labels, value in samples(out, "inference_bill_endpoint_daily_payable_amount"):
+        assert labels["period"] == period
+        by_endpoint[labels["endpoint_id"]] = by_endpoint.get(labels["endpoint_id"], Decimal(0)) + value
+    assert by_endpoint == {e.endpoint_id: truth[e.endpoint_id] for e in sim.endpoints}
+
+    by_item: dict[str, Decimal] = {}
+    for labels, value in samples(out, "inference_bill_item_daily_payable_amount"):
+        by_item[labels["item"]] = by_item.get(labels["item"], Decimal(0)) + value
+    assert by_item == {item: truth[item] for item in by_item}
+    assert sum(by_item.values()) == truth["total"]
+    assert samples(out, "inference_bill_month_to_date_payable_amount")[0] == ({"period": period}, truth["total"])
+
+    usage = sim.usage_totals()
+    for metric, field in [
+        ("inference_usage_requests_total", "requests"),
+        ("inference_usage_prompt_tokens_total", "prompt"),
+        ("inference_usage_completion_tokens_total", "completion"),
+        ("inference_usage_cached_prompt_tokens_total", "cached"),
+    ]:
+        got = {(lb["endpoint_id"], lb["model"]): int(v) for lb, v in samples(out, metric)}
+        assert got == {key: sums[field] for key, sums in usage.items()}, metric
+
+    estimated = {
+        (lb["endpoint_id"], lb["model"]): v for lb, v in samples(out, "inference_usage_estimated_payable_amount_total")
+    }
+    assert set(estimated) == {key for key in usage if key[1] == "model-a"}
+    for key, value in estimated.items():
+        expected = (Decimal(usage[key]["prompt"]) * 4 + Decimal(usage[key]["completion"]) * 16) / 1_000_000
+        assert abs(value - expected) < Decimal("1e-9")
+    assert samples(out, "inference_exporter_refresh_success") == [({"source": "bills"}, 1), ({"source": "usage"}, 1)]
+    assert "component=urllib3" in result.stderr  # debug logging was on, and still no secret in it
+    assert sim.secret_access_key not in out + result.stderr
+
+
+def test_once_with_a_wrong_secret_says_signature_rejected(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    result = run(
+        "once", "--config", str(write_config(tmp_path, sim, server)), env={"TEST_BILLING_SECRET": "wrong-s3cret-value"}
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert "signature rejected" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "wrong-s3cret-value" not in result.stderr
+
+
+def test_once_when_the_api_is_unreachable_or_refuses(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    sim.inject(Fault("code", times=1))
+    refused = run("once", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
+    assert refused.returncode == 2
+    assert "API error" in refused.stderr
+    assert "service is busy" in refused.stderr
+    server.stop()
+    unreachable = run("once", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
+    assert unreachable.returncode == 2
+    assert "connection failed" in unreachable.stderr
+    assert "Traceback" not in unreachable.stderr

@@ -1,0 +1,138 @@
+"""Config loading: every error at once, with its location; `${VAR}` substitution; frozen objects."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pydantic
+import pytest
+
+from exporter.config import ConfigError, load, parse_duration, validate
+
+ROOT = Path(__file__).parent.parent
+BILLING = {"url": "https://openapi.example.com", "access_key_id": "AK1", "secret_access_key": "${SECRET}"}
+ENV = {"SECRET": "top-secret-value"}
+
+
+def errors_of(document: dict, environ: dict | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        validate(document, ENV if environ is None else environ)
+    return raised.value.details
+
+
+def test_minimal_config_gets_the_documented_defaults() -> None:
+    config = validate({"billing": BILLING}, ENV)
+    billing = config.billing
+    assert billing.secret_access_key.get_secret_value() == "top-secret-value"
+    assert (billing.bills_interval, billing.usage_interval, billing.timeout) == (900.0, 300.0, 30.0)
+    assert (billing.page_size, billing.concurrency, billing.previous_month_grace_days) == (500, 4, 3)
+    assert (billing.timezone, billing.signature_label, billing.signature_lifetime) == ("Asia/Shanghai", "svc", 300.0)
+    assert config.server.listen == ":9877"
+    assert config.alerts.repeat_interval == 4 * 3600
+
+
+def test_config_is_frozen() -> None:
+    config = validate({"billing": BILLING}, ENV)
+    with pytest.raises(pydantic.ValidationError):
+        config.billing.page_size = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({}, "billing: required key is missing"),
+        ({"billing": {k: v for k, v in BILLING.items() if k != "url"}}, "billing.url: required key is missing"),
+        ({"billing": BILLING | {"page_size": "many"}}, "billing.page_size: not an integer"),
+        ({"billing": BILLING | {"page_size": 501}}, "billing.page_size: must be ≤ 500"),
+        ({"billing": BILLING | {"page_size": 0}}, "billing.page_size: must be ≥ 1"),
+        ({"billing": BILLING | {"timeout": "5 minutes"}}, "billing.timeout: not a duration (use e.g. 30s, 5m, 1h)"),
+        ({"billing": BILLING | {"usage_interval": "0s"}}, "billing.usage_interval: must be greater than zero"),
+        ({"billing": BILLING | {"timezone": "Mars/Olympus"}}, "billing.timezone: unknown time zone 'Mars/Olympus'"),
+        ({"billing": BILLING | {"url": "openapi.example.com"}}, "billing.url: must be an http:// or https:// URL"),
+        ({"billing": BILLING | {"pagesize": 10}}, "billing.pagesize: unknown key"),
+        ({"billing": BILLING, "extra": 1}, "extra: unknown key"),
+        ({"billing": BILLING | {"secret_access_key": "${NOT_SET}"}},
+         "billing.secret_access_key: environment variable NOT_SET is not set"),
+        ({"billing": BILLING, "budgets": [{"name": "m", "amount": "lots"}]}, "budgets[0].amount: not a number"),
+        ({"billing": BILLING, "budgets": [{"name": "m", "amount": 0}]}, "budgets[0].amount: must be greater than zero"),
+        ({"billing": BILLING, "probes": [{"name": "p", "model": "ep"}]},
+         "(top level): `probes` need the `inference` section (url and api_key)"),
+        ({"billing": BILLING, "inference": {"url": "http://x", "api_key": "k"},
+          "probes": [{"name": "p", "model": "ep", "expect_content": "("}]},
+         "probes[0].expect_content: not a valid regular expression (missing ), unterminated subpattern at position 0)"),
+        ({"billing": BILLING, "alerts": {"rules": [{"alert": "A", "signal": "cost", "threshold": 1}]}},
+         "alerts.rules[0].signal (alert A): must be one of 'spend', 'estimated_spend', 'tokens', 'requests', "
+         "'probe_latency', 'probe_success' or 'data_age'"),
+        ({"billing": BILLING, "alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": "x"}]}},
+         "alerts.rules[0].threshold (alert A): not a number"),
+        ({"billing": BILLING, "budgets": [{"name": "m", "amount": 1}],
+          "alerts": {"rules": [{"alert": "B", "budget": "m", "tiers": [0.5, 11]}]}},
+         "alerts.rules[0].tiers (alert B): tier 11.0 is outside (0, 10]"),
+        ({"billing": BILLING, "alerts": {"rules": [{"alert": "C", "signal": "spend", "threshold": 1,
+                                                    "annotations": {"summary": "{endpoint_id} high"}}]}},
+         "alerts.rules[0] (alert C): annotation 'summary' names unknown field {endpoint_id}"),
+        ({"billing": BILLING, "alerts": {"notifiers": [{"name": "n", "type": "email"}]}},
+         "alerts.notifiers[0]: unknown type 'email' (expected one of 'alertmanager', 'webhook', 'slack', 'pagerduty')"),
+    ],
+)  # fmt: skip
+def test_each_bad_config_gets_its_own_clear_message(document: dict, expected: str) -> None:
+    assert expected in errors_of(document)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    details = errors_of(
+        {"billing": BILLING | {"page_size": 501, "timeout": "soon", "bogus": 1, "secret_access_key": "${NOPE}"}}, {}
+    )
+    assert details == [
+        "billing.secret_access_key: environment variable NOPE is not set",
+        "billing.page_size: must be ≤ 500",
+        "billing.timeout: not a duration (use e.g. 30s, 5m, 1h)",
+        "billing.bogus: unknown key",
+    ]
+
+
+def test_messages_never_carry_secret_values() -> None:
+    details = errors_of({"billing": BILLING | {"page_size": "top-secret-value"}}, ENV)
+    assert not any("top-secret-value" in d for d in details)
+    assert "top-secret-value" not in repr(validate({"billing": BILLING}, ENV))
+
+
+def test_substitution_inside_strings() -> None:
+    config = validate({"billing": BILLING | {"url": "https://${HOST}:8443/"}}, ENV | {"HOST": "billing.internal"})
+    assert config.billing.url == "https://billing.internal:8443"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30), ("5m", 300), ("1h30m", 5400), ("500ms", 0.5), (15, 15), ("1d", 86400)]
+)
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_amounts_stay_decimal() -> None:
+    config = validate(
+        {"billing": BILLING, "prices": [{"model": "m", "prompt_per_million": 0.1, "completion_per_million": "0.3"}]},
+        ENV,
+    )
+    assert config.prices[0].prompt_per_million == Decimal("0.1")
+    assert config.prices[0].completion_per_million == Decimal("0.3")
+
+
+def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("billing:\n  url: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:3:1: invalid YAML"):
+        load(bad)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("billing:\n  url: http://a\n  url: http://b\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml:3:3: invalid YAML: key 'url' is given twice"):
+        load(twice)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.yaml")
+
+
+def test_the_example_config_is_valid() -> None:
+    environ = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
+    config = load(ROOT / "config.example.yaml", environ)
+    assert [r.alert for r in config.alerts.rules] == ["EndpointDailySpendHigh", "MonthlyBudget"]
