@@ -13,7 +13,7 @@ $(BIN)/inference-cost-exporter: pyproject.toml
 	touch $@
 
 demo: $(BIN)/inference-cost-exporter
-	$(BIN)/inference-cost-exporter simulate
+	$(BIN)/inference-cost-exporter demo
 
 # Installs the Prometheus binaries the integration tests run, when we may (root with apt-get).
 system-deps:

@@ -15,6 +15,7 @@ import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -377,21 +378,25 @@ class BillingClient:
     ) -> Iterator[tuple[int, list[Any], int]]:
         """Yield (page_num, raw records, total) in order, with `concurrency` pages in flight.
 
-        The first page tells `total`; the pages it implies are fetched in parallel; after them,
-        pages continue one at a time while they come back full (records added meanwhile).
+        The first page tells `total`; the pages it implies are fetched in parallel. After them,
+        pages continue one at a time while they come back full and the latest `total` says
+        more records exist (records added meanwhile). A short or empty page always ends it.
         """
         records, total = fetch(first_page)
         yield first_page, records, total
         if len(records) < page_size:
             return
         last = max(first_page, math.ceil(total / page_size))
-        window: list[tuple[int, Future[tuple[list[Any], int]]]] = []
-        following = first_page + 1
-        while following <= last or window:
-            while following <= last and len(window) < self.concurrency:
-                window.append((following, self._pool.submit(fetch, following)))
+        window: deque[tuple[int, Future[tuple[list[Any], int]]]] = deque()
+        page_num = following = first_page
+        while following < last or window:
+            while following < last and len(window) < self.concurrency:
                 following += 1
-            page_num, future = window.pop(0)
+                try:
+                    window.append((following, self._pool.submit(fetch, following)))
+                except RuntimeError:  # the pool is shut down: the client was closed mid-refresh
+                    raise BillingUnavailable("the client was closed during the refresh") from None
+            page_num, future = window.popleft()
             try:
                 records, total = future.result()
             except BaseException:
@@ -399,8 +404,11 @@ class BillingClient:
                     pending.cancel()
                 raise
             yield page_num, records, total
-        page_num = last
-        while len(records) >= page_size:
+            if len(records) < page_size:
+                for _, pending in window:
+                    pending.cancel()
+                return
+        while len(records) >= page_size and page_num * page_size < total:
             page_num += 1
             records, total = fetch(page_num)
             yield page_num, records, total

@@ -5,22 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import queue
+import random
 import signal
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from exporter import __version__
 from exporter.billing import BillingClient, BillingError
 from exporter.bills import BillsSource
 from exporter.clock import Clock
-from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, UsageCollector
-from exporter.config import Config, ConfigError, load
+from exporter.config import Config, ConfigError, load, validate
+from exporter.daemon import Daemon, build_registry, parse_listen
 from exporter.snapshots import Latest
-from exporter.usage_sync import UsageSource
+from exporter.state import StateStore
+from exporter.usage_sync import UsageSync
+
+if TYPE_CHECKING:
+    from exporter.simulator import Simulator
 
 log = logging.getLogger("exporter")
 
@@ -51,23 +61,7 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-
-
-def parse_listen(address: str) -> tuple[str, int]:
-    """`:9877`, `127.0.0.1:9877` or `[::1]:9877` → (host, port); an empty host means every address."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
-def registry_for(config: Config, latest: Latest, clock: Clock) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    registry.register(BillsCollector(latest))
-    registry.register(UsageCollector(latest, clock, config.billing.per_api_key))
-    registry.register(BudgetCollector(latest, config.budgets))
-    registry.register(ExporterCollector(latest, clock))
-    return registry
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
 
 
 def _load(path: str) -> Config:
@@ -96,7 +90,9 @@ def cmd_once(args: argparse.Namespace) -> int:
     with BillingClient.from_config(config.billing, clock, latest.count_api_call) as client:
         sources = {
             "bills": BillsSource(client, clock, config.billing.previous_month_grace_days),
-            "usage": UsageSource(client, clock, per_api_key=config.billing.per_api_key, prices=config.prices),
+            "usage": UsageSync(
+                client, clock, StateStore(":memory:"), per_api_key=config.billing.per_api_key, prices=config.prices
+            ),
         }
         for name, source in sources.items():
             started = time.time()
@@ -106,15 +102,97 @@ def cmd_once(args: argparse.Namespace) -> int:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
             latest.record(name, success=True, started=started, finished=time.time())
-    sys.stdout.write(generate_latest(registry_for(config, latest, clock)).decode())
+    sys.stdout.write(generate_latest(build_registry(config, latest, clock)).decode())
     return 0
 
 
-def _wait_for_signal() -> None:
+def _serve_until_signalled(daemon: Daemon) -> int:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the config."""
+    events: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda signum, frame: events.put(signum))
+    while (signum := events.get()) == signal.SIGHUP:
+        daemon.reload()
+    log.info("shutting down signal=%s", signal.Signals(signum).name)
+    if not daemon.stop():
+        os._exit(0)  # a refresh is stuck in a network call; the state store is transactional, so leave now
+    return 0
+
+
+def _start(daemon_factory: Callable[[], Daemon]) -> Daemon:
+    try:
+        daemon = daemon_factory()
+    except OSError as error:
+        print(f"inference-cost-exporter: cannot listen: {error.strerror or error}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    daemon.start()
+    return daemon
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    setup_logging(config.log.level, config.log.format)
+    daemon = _start(lambda: Daemon(config, config_path=args.config, listen=args.listen))
+    return _serve_until_signalled(daemon)
+
+
+def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
+    """Keep today's usage growing, so the counters move while you watch."""
+    rng = random.Random(7)
+    while not stop.wait(2.0):
+        sim.add_usage(rng.randint(5, 60))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.simulator import Simulator
+
+    setup_logging("info")
+    sim = Simulator(time_to_first_token=0.05, chunk_delay=0.01)
+    sim.add_usage(20_000)
+    sim_server = sim.serve("127.0.0.1", 0)
+    workdir = tempfile.mkdtemp(prefix="inference-cost-exporter-demo-")
+    config = validate(
+        {
+            "billing": {
+                "url": sim_server.url,
+                "access_key_id": sim.access_key_id,
+                "secret_access_key": sim.secret_access_key,
+                "bills_interval": "1m",
+                "usage_interval": "10s",
+            },
+            "prices": [
+                {
+                    "model": "model-a",
+                    "prompt_per_million": "4",
+                    "cached_prompt_per_million": "1",
+                    "completion_per_million": "16",
+                },
+                {"model": "model-b", "prompt_per_million": "2", "completion_per_million": "8"},
+            ],
+            "budgets": [{"name": "monthly", "amount": "15000"}, {"name": "daily", "amount": "500", "period": "day"}],
+            "state": {"path": str(Path(workdir) / "state.db")},
+        },
+        {},
+    )
+    daemon = _start(lambda: Daemon(config, listen=args.listen))
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+    threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
+    url = daemon.server.url
+    print(
+        f"""
+inference-cost-exporter demo (Ctrl-C stops it)
+  landing page  {url}/
+  metrics       {url}/metrics
+  readiness     {url}/readyz
+  simulator     {sim_server.url}  (billing and chat API; state in {workdir})
+""",
+        flush=True,
+    )
+    try:
+        return _serve_until_signalled(daemon)
+    finally:
+        stop.set()
+        sim_server.stop()
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -125,16 +203,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sim.add_usage(args.records)
     server = sim.serve(host or "127.0.0.1", port)
     print(f"simulator at {server.url}", flush=True)
-    print(
-        f"  billing:   url {server.url}  access_key_id {sim.access_key_id}  secret_access_key {sim.secret_access_key}"
-    )
-    endpoints = ", ".join(e.endpoint_id for e in sim.endpoints)
-    print(f"  inference: url {server.url}  api_key {sim.api_key}  endpoints {endpoints}")
+    print(f"  billing:   access_key_id {sim.access_key_id}  secret_access_key {sim.secret_access_key}")
+    print(f"  inference: api_key {sim.api_key}  endpoints {', '.join(e.endpoint_id for e in sim.endpoints)}")
     print('  control:   POST /_sim/usage {"count": N}, /_sim/fault {"kind": ...}, /_sim/clear', flush=True)
-    try:
-        _wait_for_signal()
-    finally:
-        server.stop()
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
     return 0
 
 
@@ -153,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     once = commands.add_parser("once", help="refresh every source once and print the exposition on stdout")
     once.add_argument("--config", required=True, metavar="FILE")
     once.set_defaults(func=cmd_once)
+
+    run = commands.add_parser("run", help="the daemon: scheduled refreshes, /metrics, alerts")
+    run.add_argument("--config", required=True, metavar="FILE")
+    run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
+    run.set_defaults(func=cmd_run)
+
+    demo = commands.add_parser("demo", help="the embedded simulator and the daemon, no credentials needed")
+    demo.add_argument("--listen", default=":9877", metavar="ADDR")
+    demo.set_defaults(func=cmd_demo)
 
     simulate = commands.add_parser("simulate", help="run the stand-in service alone")
     simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR")

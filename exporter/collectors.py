@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.clock import Clock
 from exporter.config import BudgetConfig
-from exporter.snapshots import Latest, UsageTotals
+from exporter.snapshots import Latest, UsageKey, UsageTotals
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
 
@@ -59,31 +59,53 @@ class BillsCollector(Collector):
         yield from (endpoint, item, usage, month_to_date, month_forecast)
 
 
+USAGE_FIELDS = (
+    ("inference_usage_requests", "Requests"),
+    ("inference_usage_prompt_tokens", "Prompt tokens"),
+    ("inference_usage_completion_tokens", "Completion tokens"),
+    ("inference_usage_cached_prompt_tokens", "Prompt tokens served from cache"),
+    ("inference_usage_estimated_payable_amount", "Estimated payable amount (tokens × configured prices)"),
+)
+
+
 class UsageCollector(Collector):
-    def __init__(self, latest: Latest, clock: Clock, per_api_key: bool) -> None:
+    def __init__(self, latest: Latest, per_api_key: bool) -> None:
         self.latest = latest
-        self.clock = clock
         self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
 
+    def _labels(self, key: UsageKey) -> list[str]:
+        return [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
+
     def collect(self) -> Iterator[Metric]:
-        day_note = f"today in the billing time zone, reset at the day's start. {CACHED}"
-        fields: list[tuple[str, str]] = [
-            ("inference_usage_requests", "Requests"),
-            ("inference_usage_prompt_tokens", "Prompt tokens"),
-            ("inference_usage_completion_tokens", "Completion tokens"),
-            ("inference_usage_cached_prompt_tokens", "Prompt tokens served from cache"),
-            ("inference_usage_estimated_payable_amount", "Estimated payable amount (tokens × configured prices)"),
+        today_note = f"today in the billing time zone, reset at the day's start. {CACHED}"
+        today = [CounterMetricFamily(name, f"{text} {today_note}", labels=self.labels) for name, text in USAGE_FIELDS]
+        previous = [
+            GaugeMetricFamily(
+                name.replace("inference_usage_", "inference_usage_previous_day_"),
+                f"{text} of the previous billing day, final after its last full pull at the rollover.",
+                labels=["day", *self.labels],
+            )
+            for name, text in USAGE_FIELDS
         ]
-        families = [CounterMetricFamily(name, f"{text} {day_note}", labels=self.labels) for name, text in fields]
+        resyncs = CounterMetricFamily(
+            "inference_exporter_usage_resyncs",
+            "Full re-reads of the day because the incremental view no longer matched the API's.",
+        )
         snapshot = self.latest.usage
         if snapshot is not None:
-            created = self.clock.day_start(snapshot.day).timestamp()
             for key, totals in snapshot.totals.items():
-                labels = [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
-                for family, value in zip(families, _usage_values(totals), strict=True):
+                for family, value in zip(today, _usage_values(totals), strict=True):
                     if value is not None:
-                        family.add_metric(labels, float(value), created=created)
-        yield from families
+                        family.add_metric(self._labels(key), float(value), created=snapshot.created)
+            done = snapshot.previous_day
+            for key, totals in done.totals.items() if done else ():
+                for family, value in zip(previous, _usage_values(totals), strict=True):
+                    if value is not None:
+                        family.add_metric([done.day.isoformat(), *self._labels(key)], float(value))
+            resyncs.add_metric([], snapshot.resyncs)
+        yield from today
+        yield from previous
+        yield resyncs
 
 
 def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
@@ -166,4 +188,13 @@ class ExporterCollector(Collector):
             labels=["day", "period"],
         )
         calendar.add_metric([today.isoformat(), self.clock.period(today)], 1.0)
-        yield from (success, last_success, duration, calls, build, calendar)
+        reload_ok = GaugeMetricFamily(
+            "inference_exporter_config_last_reload_successful", "1 if the last config (re)load succeeded, else 0."
+        )
+        reload_ok.add_metric([], 1.0 if self.latest.config_reload_success else 0.0)
+        reload_time = GaugeMetricFamily(
+            "inference_exporter_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful config (re)load.",
+        )
+        reload_time.add_metric([], self.latest.config_reload_timestamp)
+        yield from (success, last_success, duration, calls, build, calendar, reload_ok, reload_time)

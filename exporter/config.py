@@ -265,8 +265,27 @@ class AlertsConfig(Strict):
     notifiers: tuple[Notifier, ...] = ()
 
 
+class TlsConfig(Strict):
+    cert_file: Text
+    key_file: Text
+
+    @model_validator(mode="after")
+    def _readable(self) -> TlsConfig:
+        for path in (self.cert_file, self.key_file):
+            if not Path(path).is_file():
+                raise ValueError(f"file {path!r} does not exist")
+        return self
+
+
+class BasicAuthConfig(Strict):
+    username: Text
+    password: SecretStr
+
+
 class ServerConfig(Strict):
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")] = ":9877"
+    tls: TlsConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
 
 
 class StateConfig(Strict):

@@ -377,15 +377,16 @@ class Simulator:
         if day > self.clock.today():
             raise SimulatorError(400, 100400, "InvalidParameter", "date must not be in the future")
         page_num, page_size = self._paging(params, 100)
-        records = self.usage_records(day)
-        project = params.get("project_id")
-        if project:
-            ids = {e.endpoint_id for e in self.endpoints if e.project_id == project}
-            records = (r for r in records if r["endpoint"] in ids)
-        if params.get("model"):
-            records = (r for r in records if r["model"] == params["model"])
-        matching = list(records)
         start = (page_num - 1) * page_size
+        project, model = params.get("project_id"), params.get("model")
+        with self._lock:
+            indices = list(self._usage.get(day, UsageDay()).indices())
+        if not (project or model):
+            page = [self.usage_record(day, i) for i in indices[start : start + page_size]]
+            return {"list": page, "total": str(len(indices)), "date": day.isoformat()}
+        ids = {e.endpoint_id for e in self.endpoints if not project or e.project_id == project}
+        records = (self.usage_record(day, i) for i in indices)
+        matching = [r for r in records if r["endpoint"] in ids and (not model or r["model"] == model)]
         return {"list": matching[start : start + page_size], "total": str(len(matching)), "date": day.isoformat()}
 
     # -- chat API -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -71,6 +72,11 @@ class UsageSnapshot:
     day: dt.date
     totals: Mapping[UsageKey, UsageTotals]
     records: int
+    created: float
+    """When these counters started: the day's start, or a later reset when records vanished upstream."""
+    resyncs: int = 0
+    previous_day: UsageSnapshot | None = None
+    """The day before, finalised by its last full pull at the rollover."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class Latest:
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    config_reload_success: bool = True
+    config_reload_timestamp: float = field(default_factory=time.time)
 
     @property
     def health(self) -> Mapping[str, SourceHealth]:
@@ -103,6 +111,11 @@ class Latest:
             last_success = finished if success else (previous.last_success if previous else None)
             entry = SourceHealth(source, success, finished, last_success, finished - started, "" if success else error)
             self._health = MappingProxyType({**self._health, source: entry})
+
+    def reloaded(self, *, success: bool) -> None:
+        self.config_reload_success = success
+        if success:
+            self.config_reload_timestamp = time.time()
 
     def count_api_call(self, api: str, code: str) -> None:
         with self._lock:

@@ -1,19 +1,32 @@
-"""One billing day's per-request usage → per (endpoint, model) totals.
+"""One billing day's per-request usage → per (endpoint, model) totals, synced incrementally.
 
 Records stream into running sums page by page, so memory does not grow with the day's volume.
+Records come in no documented order, so an incremental poll verifies itself: it re-reads the
+page holding the last record it saw, checks that record (and the ids before it on that page)
+are where they were, reads only what follows, and checks that the aggregated count equals the
+server's `total`. Any mismatch falls back to a full resync of the day.
+
+At the billing day's rollover the old day gets one last full pull (late records) and is kept
+as the finalised previous day; today's counters start from zero. Cursor and totals live in the
+state store, so a restart resumes without downloading the day again.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+import hashlib
+import logging
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.billing import BillingClient, RecordError, UsageRecord
+from exporter.billing import BillingClient, RecordError, UsagePage, UsageRecord
 from exporter.clock import Clock
 from exporter.config import PriceConfig
 from exporter.snapshots import UsageKey, UsageSnapshot, UsageTotals
+from exporter.state import StateStore, UsageCursor, UsageRow
+
+log = logging.getLogger(__name__)
 
 MILLION = Decimal(1_000_000)
 
@@ -21,10 +34,13 @@ MILLION = Decimal(1_000_000)
 class Aggregate:
     """Running sums per key: [requests, prompt, completion, cached]."""
 
-    def __init__(self, per_api_key: bool) -> None:
+    def __init__(self, per_api_key: bool, sums: dict[UsageKey, list[int]] | None = None) -> None:
         self.per_api_key = per_api_key
-        self.sums: dict[UsageKey, list[int]] = {}
-        self.records = 0
+        self.sums: dict[UsageKey, list[int]] = sums or {}
+        self.records = sum(s[0] for s in self.sums.values())
+
+    def copy(self) -> Aggregate:
+        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()})
 
     def add(self, records: Iterable[UsageRecord]) -> None:
         for r in records:
@@ -37,6 +53,13 @@ class Aggregate:
             sums[2] += r.completion_tokens
             sums[3] += r.cached_prompt_tokens
             self.records += 1
+
+    def rows(self) -> list[UsageRow]:
+        return [(k.endpoint_id, k.model, k.api_key, *v) for k, v in self.sums.items()]  # type: ignore[misc]
+
+    @classmethod
+    def from_rows(cls, per_api_key: bool, rows: Iterable[UsageRow]) -> Aggregate:
+        return cls(per_api_key, {UsageKey(e, m, a): [r, p, c, k] for e, m, a, r, p, c, k in rows})
 
 
 def estimate(price: PriceConfig | None, prompt: int, completion: int, cached: int) -> Decimal | None:
@@ -51,41 +74,172 @@ def estimate(price: PriceConfig | None, prompt: int, completion: int, cached: in
     ) / MILLION
 
 
-def snapshot(day: dt.date, aggregate: Aggregate, prices: Mapping[str, PriceConfig]) -> UsageSnapshot:
-    totals = {
-        key: UsageTotals(
-            requests=r,
-            prompt_tokens=p,
-            completion_tokens=c,
-            cached_prompt_tokens=k,
-            estimated_payable=estimate(prices.get(key.model), p, c, k),
-        )
-        for key, (r, p, c, k) in aggregate.sums.items()
-    }
-    return UsageSnapshot(day=day, totals=MappingProxyType(totals), records=aggregate.records)
+def fingerprint(ids: Iterable[str]) -> str:
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
 
 
-def pull_day(client: BillingClient, day: dt.date, per_api_key: bool) -> Aggregate:
-    """Every record of `day`, aggregated; the count must match the server's `total`."""
-    aggregate = Aggregate(per_api_key)
-    total = 0
-    for page in client.usage_pages(day):
-        aggregate.add(page.records)
-        total = page.total
-    if aggregate.records != total:
-        raise RecordError(f"usage {day}: pages held {aggregate.records} records, `total` says {total}")
-    return aggregate
+class ResyncNeeded(Exception):
+    """The incremental view no longer matches the server's; the day must be read again."""
 
 
-class UsageSource:
+class UsageSync:
     def __init__(
-        self, client: BillingClient, clock: Clock, *, per_api_key: bool, prices: Iterable[PriceConfig] = ()
+        self,
+        client: BillingClient,
+        clock: Clock,
+        state: StateStore,
+        *,
+        per_api_key: bool,
+        prices: Iterable[PriceConfig] = (),
     ) -> None:
         self.client = client
         self.clock = clock
+        self.state = state
         self.per_api_key = per_api_key
         self.prices = {p.model: p for p in prices}
+        self.settings = f"page_size={client.page_size};per_api_key={per_api_key};project_id={client.project_id}"
+        self.resyncs = 0
+        self._day: dt.date | None = None
+        self._aggregate = Aggregate(per_api_key)
+        self._cursor: UsageCursor | None = None
+        self._created = 0.0
+        self._previous: UsageSnapshot | None = None
+
+    # -- snapshots --
+
+    def _snapshot(self, day: dt.date, aggregate: Aggregate, created: float) -> UsageSnapshot:
+        totals = {
+            key: UsageTotals(r, p, c, k, estimate(self.prices.get(key.model), p, c, k))
+            for key, (r, p, c, k) in aggregate.sums.items()
+        }
+        return UsageSnapshot(
+            day=day,
+            totals=MappingProxyType(totals),
+            records=aggregate.records,
+            created=created,
+            resyncs=self.resyncs,
+            previous_day=self._previous,
+        )
+
+    # -- paging --
+
+    def _read(
+        self,
+        day: dt.date,
+        aggregate: Aggregate,
+        first_page: int = 1,
+        skip: int = 0,
+        verify: Callable[[UsagePage], None] | None = None,
+    ) -> UsagePage:
+        """Add every record from `first_page` on (the first `skip` of it excepted) to `aggregate`.
+
+        Returns the last page that held records (the first page if none did).
+        """
+        boundary: UsagePage | None = None
+        total = 0
+        for page in self.client.usage_pages(day, first_page):
+            if boundary is None:
+                if verify is not None:
+                    verify(page)
+                aggregate.add(page.records[skip:])
+            else:
+                aggregate.add(page.records)
+            if boundary is None or page.records:
+                boundary = page
+            total = page.total
+        assert boundary is not None  # usage_pages yields at least one page
+        if aggregate.records != total:
+            raise ResyncNeeded(f"aggregated {aggregate.records} records, `total` says {total}")
+        return boundary
+
+    def _full(self, day: dt.date) -> tuple[Aggregate, UsagePage]:
+        aggregate = Aggregate(self.per_api_key)
+        try:
+            return aggregate, self._read(day, aggregate)
+        except ResyncNeeded as mismatch:
+            raise RecordError(f"usage {day}: {mismatch}") from None
+
+    def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsagePage]:
+        position = cursor.records - 1
+        offset = position % self.client.page_size
+
+        def verify(page: UsagePage) -> None:
+            ids = [r.request_id for r in page.records[: offset + 1]]
+            if len(ids) <= offset or ids[offset] != cursor.boundary_id or fingerprint(ids) != cursor.page_fingerprint:
+                raise ResyncNeeded("the last record seen is no longer where it was")
+
+        aggregate = self._aggregate.copy()
+        first_page = position // self.client.page_size + 1
+        return aggregate, self._read(cursor.day, aggregate, first_page, offset + 1, verify)
+
+    def _cursor_after(
+        self, day: dt.date, aggregate: Aggregate, boundary: UsagePage, finalised: bool = False
+    ) -> UsageCursor:
+        ids = [r.request_id for r in boundary.records]
+        return UsageCursor(
+            day=day,
+            settings=self.settings,
+            records=aggregate.records,
+            boundary_id=ids[-1] if ids else "",
+            page_fingerprint=fingerprint(ids),
+            finalised=finalised,
+        )
+
+    def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
+        keep_from = self.clock.today() - dt.timedelta(days=1)
+        self.state.save_usage(cursor, aggregate.rows(), self.clock.now().timestamp(), keep_from)
+
+    # -- the refresh --
+
+    def _restore(self, today: dt.date) -> None:
+        for day in (today - dt.timedelta(days=1), today):
+            saved = self.state.load_usage(day)
+            if saved is None or saved[0].settings != self.settings:
+                continue
+            self._day, self._cursor = day, saved[0]
+            self._aggregate = Aggregate.from_rows(self.per_api_key, saved[1])
+            self._created = self.clock.day_start(day).timestamp()
+            if day < today and self._cursor.finalised:
+                self._previous = self._snapshot(day, self._aggregate, self._created)
+        if self._day == today:
+            log.info("resuming usage sync day=%s records=%d", today, self._aggregate.records)
+
+    def _finalise(self, day: dt.date) -> None:
+        """The old day's last full pull, for records that arrived late."""
+        aggregate, boundary = self._full(day)
+        self._save(self._cursor_after(day, aggregate, boundary, finalised=True), aggregate)
+        self._previous = self._snapshot(day, aggregate, self.clock.day_start(day).timestamp())
+        log.info("finalised usage day=%s records=%d", day, aggregate.records)
 
     def refresh(self) -> UsageSnapshot:
-        day = self.clock.today()
-        return snapshot(day, pull_day(self.client, day, self.per_api_key), self.prices)
+        today = self.clock.today()
+        if self._day is None:
+            self._restore(today)
+        if self._day is not None and self._day < today:
+            if not (self._cursor and self._cursor.finalised):
+                self._finalise(self._day)
+            self._day = None
+        if self._day is None:
+            self._day, self._cursor, self._aggregate = today, None, Aggregate(self.per_api_key)
+            self._created = self.clock.day_start(today).timestamp()
+
+        try:
+            if self._cursor is None or self._cursor.records == 0:
+                raise ResyncNeeded("no cursor")
+            aggregate, boundary = self._incremental(self._cursor)
+        except ResyncNeeded as reason:
+            if self._cursor is not None and self._cursor.records:
+                self.resyncs += 1
+                log.warning("usage resync day=%s reason=%r", today, str(reason))
+            aggregate, boundary = self._full(today)
+        if any(
+            new < old
+            for key, sums in self._aggregate.sums.items()
+            for new, old in zip(aggregate.sums.get(key, (0, 0, 0, 0)), sums, strict=True)
+        ):
+            # Records were removed upstream: the counters reset here, and `created` says when.
+            self._created = self.clock.now().timestamp()
+        self._cursor = self._cursor_after(today, aggregate, boundary)
+        self._save(self._cursor, aggregate)
+        self._aggregate = aggregate
+        return self._snapshot(today, aggregate, self._created)

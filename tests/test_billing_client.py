@@ -50,10 +50,21 @@ def test_usage_pages_until_a_short_page(sim: Simulator, client: BillingClient) -
     assert len({r.request_id for p in pages for r in p.records}) == 1234
 
 
-def test_usage_with_an_exact_multiple_stops_at_the_empty_page(sim: Simulator, client: BillingClient) -> None:
+def test_usage_with_an_exact_multiple_stops_when_total_is_reached(sim: Simulator, client: BillingClient) -> None:
     sim.add_usage(1000)
     pages = list(client.usage_pages(sim.clock.today()))
-    assert [len(p.records) for p in pages] == [500, 500, 0]
+    assert [len(p.records) for p in pages] == [500, 500]
+
+
+def test_usage_pages_go_on_while_records_arrive(sim: Simulator, client: BillingClient) -> None:
+    sim.add_usage(1000)
+    pages = client.usage_pages(sim.clock.today())
+    first = next(pages)
+    sim.add_usage(700)  # arrives after the first page told total=1000
+    rest = list(pages)
+    assert first.total == 1000
+    assert [len(p.records) for p in [first, *rest]] == [500, 500, 500, 200]
+    assert rest[-1].total == 1700
 
 
 def test_pages_in_flight_are_bounded_by_concurrency(

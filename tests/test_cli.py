@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from exporter.simulator import Fault, Simulator, SimulatorServer
+from tests.helpers import scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
@@ -110,14 +115,14 @@ def test_once_prints_amounts_that_sum_to_the_simulators_totals(
     truth = sim.bill_totals(period)
 
     by_endpoint: dict[str, Decimal] = {}
-    for labels, value in samples(out, "inference_bill_endpoint_daily_payable_amount"):
+    for labels, amount in samples(out, "inference_bill_endpoint_daily_payable_amount"):
         assert labels["period"] == period
-        by_endpoint[labels["endpoint_id"]] = by_endpoint.get(labels["endpoint_id"], Decimal(0)) + value
+        by_endpoint[labels["endpoint_id"]] = by_endpoint.get(labels["endpoint_id"], Decimal(0)) + amount
     assert by_endpoint == {e.endpoint_id: truth[e.endpoint_id] for e in sim.endpoints}
 
     by_item: dict[str, Decimal] = {}
-    for labels, value in samples(out, "inference_bill_item_daily_payable_amount"):
-        by_item[labels["item"]] = by_item.get(labels["item"], Decimal(0)) + value
+    for labels, amount in samples(out, "inference_bill_item_daily_payable_amount"):
+        by_item[labels["item"]] = by_item.get(labels["item"], Decimal(0)) + amount
     assert by_item == {item: truth[item] for item in by_item}
     assert sum(by_item.values()) == truth["total"]
     assert samples(out, "inference_bill_month_to_date_payable_amount")[0] == ({"period": period}, truth["total"])
@@ -136,9 +141,9 @@ def test_once_prints_amounts_that_sum_to_the_simulators_totals(
         (lb["endpoint_id"], lb["model"]): v for lb, v in samples(out, "inference_usage_estimated_payable_amount_total")
     }
     assert set(estimated) == {key for key in usage if key[1] == "model-a"}
-    for key, value in estimated.items():
+    for key, amount in estimated.items():
         expected = (Decimal(usage[key]["prompt"]) * 4 + Decimal(usage[key]["completion"]) * 16) / 1_000_000
-        assert abs(value - expected) < Decimal("1e-9")
+        assert abs(amount - expected) < Decimal("1e-9")
     assert samples(out, "inference_exporter_refresh_success") == [({"source": "bills"}, 1), ({"source": "usage"}, 1)]
     assert "component=urllib3" in result.stderr  # debug logging was on, and still no secret in it
     assert sim.secret_access_key not in out + result.stderr
@@ -172,3 +177,53 @@ def test_once_when_the_api_is_unreachable_or_refuses(tmp_path: Path, live: tuple
     assert unreachable.returncode == 2
     assert "connection failed" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
+
+
+def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    sim.add_usage(100)
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["state"] = {"path": str(tmp_path / "state.db")}
+    config.write_text(yaml.safe_dump(document))
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, "TEST_BILLING_SECRET": sim.secret_access_key},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        config.write_text("billing: {page_size: 501}\n")
+        process.send_signal(signal.SIGHUP)
+        wait_for(lambda: value(scrape(url), "inference_exporter_config_last_reload_successful") == 0)
+        assert ready(url)
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        process.kill()
+        _, stderr = process.communicate()
+    assert "config reload refused" in stderr
+    assert "billing.page_size: must be ≤ 500" in stderr
+    assert sim.secret_access_key not in stderr
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ready(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/readyz", timeout=2).status_code == 200
+    except requests.ConnectionError:
+        return False

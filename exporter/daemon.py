@@ -1,0 +1,203 @@
+"""The long-running exporter: scheduled refreshes, the HTTP server, reload and shutdown."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client import CollectorRegistry
+
+from exporter.billing import BillingClient, BillingError, RetryPolicy
+from exporter.bills import BillsSource
+from exporter.clock import Clock
+from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, UsageCollector
+from exporter.config import Config, ConfigError, load
+from exporter.server import ExporterServer, View
+from exporter.snapshots import Latest
+from exporter.state import StateStore
+from exporter.usage_sync import UsageSync
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE = 10.0
+JITTER_FRACTION = 0.1
+MAX_JITTER = 30.0
+
+
+def parse_listen(address: str) -> tuple[str, int]:
+    """`:9877`, `127.0.0.1:9877` or `[::1]:9877` → (host, port); an empty host means every address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def build_registry(config: Config, latest: Latest, clock: Clock) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(BillsCollector(latest))
+    registry.register(UsageCollector(latest, config.billing.per_api_key))
+    registry.register(BudgetCollector(latest, config.budgets))
+    registry.register(ExporterCollector(latest, clock))
+    return registry
+
+
+class Sources:
+    """Everything built from one config: the client, the sources and the registry."""
+
+    def __init__(
+        self, config: Config, latest: Latest, clock: Clock, state: StateStore, retry: RetryPolicy | None = None
+    ) -> None:
+        self.config = config
+        self.client = BillingClient.from_config(config.billing, clock, latest.count_api_call, retry)
+        self.refreshers: dict[str, Callable[[], Any]] = {
+            "bills": BillsSource(self.client, clock, config.billing.previous_month_grace_days).refresh,
+            "usage": UsageSync(
+                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
+            ).refresh,
+        }
+        self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
+        self.registry = build_registry(config, latest, clock)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: str | Path | None = None,
+        clock: Clock | None = None,
+        listen: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.config_path = config_path
+        self.retry = retry
+        self.clock = clock or Clock(config.billing.zone)
+        self.latest = Latest()
+        self.state = StateStore(config.state.path)
+        self.sources = Sources(config, self.latest, self.clock, self.state, self.retry)
+        self._locks: dict[str, threading.Lock] = {}
+        self._active = 0
+        self._idle = threading.Condition()
+        self._failing: dict[str, str] = {}
+        self.scheduler = BackgroundScheduler(
+            timezone=self.clock.tz,
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        view = View(self.latest, lambda: self.sources.registry, lambda: list(self.sources.refreshers))
+        host, port = parse_listen(listen or config.server.listen)
+        self.server = ExporterServer((host, port), view, config.server)
+
+    @property
+    def config(self) -> Config:
+        return self.sources.config
+
+    # -- refreshing --
+
+    def refresh(self, source: str) -> bool:
+        """Refresh one source now; a failure keeps the last good snapshot. False if it failed or was busy."""
+        refresher = self.sources.refreshers[source]
+        lock = self._locks.setdefault(source, threading.Lock())
+        if not lock.acquire(blocking=False):
+            log.debug("refresh skipped source=%s reason=busy", source)
+            return False
+        with self._idle:
+            self._active += 1
+        started = time.time()
+        try:
+            snapshot = refresher()
+        except BillingError as error:
+            self._failed(source, started, str(error))
+            return False
+        except Exception as error:  # a bug must not stop the schedule; it is logged with its traceback
+            log.exception("refresh crashed source=%s", source)
+            self._failed(source, started, f"internal error ({type(error).__name__})")
+            return False
+        else:
+            setattr(self.latest, source, snapshot)
+            self.latest.record(source, success=True, started=started, finished=time.time())
+            if self._failing.pop(source, None) is not None:
+                log.info("refresh recovered source=%s", source)
+            return True
+        finally:
+            lock.release()
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _failed(self, source: str, started: float, error: str) -> None:
+        self.latest.record(source, success=False, started=started, finished=time.time(), error=error)
+        if self._failing.get(source) != error:
+            log.error("refresh failed source=%s error=%r (serving the last good data)", source, error)
+        else:
+            log.debug("refresh still failing source=%s", source)
+        self._failing[source] = error
+
+    def _schedule(self) -> None:
+        for job in self.scheduler.get_jobs():
+            job.remove()
+        now = self.clock.now()
+        for source, interval in self.sources.intervals.items():
+            self.scheduler.add_job(
+                self.refresh,
+                IntervalTrigger(seconds=interval, jitter=min(MAX_JITTER, interval * JITTER_FRACTION)),
+                args=[source],
+                id=source,
+                next_run_time=now,
+            )
+        # Roll the usage day over right after the billing zone's midnight, not up to an interval later.
+        self.scheduler.add_job(
+            self.refresh, CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz), args=["usage"], id="rollover"
+        )
+
+    # -- lifecycle --
+
+    def start(self) -> None:
+        self.server.start()
+        self._schedule()
+        self.scheduler.start()
+        log.info("listening url=%s sources=%s", self.server.url, ",".join(self.sources.refreshers))
+
+    def reload(self) -> bool:
+        """Load the config file again; a bad one is refused and the running one kept."""
+        if self.config_path is None:
+            return False
+        try:
+            config = load(self.config_path)
+        except ConfigError as error:
+            log.error("config reload refused (keeping the running config): %s", "; ".join(error.details))
+            self.latest.reloaded(success=False)
+            return False
+        if config.server != self.config.server:
+            log.warning("config reload: server settings change only on restart")
+        if config.state != self.config.state:
+            log.warning("config reload: state.path changes only on restart")
+        old = self.sources
+        self.sources = Sources(config, self.latest, self.clock, self.state, self.retry)
+        threading.Thread(target=old.client.close, name="close-old-client", daemon=True).start()
+        self._schedule()
+        self.latest.reloaded(success=True)
+        log.info("config reloaded path=%s", self.config_path)
+        return True
+
+    def stop(self, grace: float = SHUTDOWN_GRACE) -> bool:
+        """Stop scheduling, close the server; wait up to `grace` for refreshes in flight. True if none is left."""
+        self.scheduler.shutdown(wait=False)
+        self.server.stop()
+        self.sources.client.close()
+        deadline = time.monotonic() + grace
+        with self._idle:
+            while self._active and time.monotonic() < deadline:
+                self._idle.wait(deadline - time.monotonic())
+            finished = self._active == 0
+        if finished:
+            self.state.close()
+        else:
+            log.warning("abandoning a refresh still in flight after %.0fs", grace)
+        return finished

@@ -1,0 +1,193 @@
+"""HTTP: landing page, /metrics, /healthz, /readyz; optional TLS and basic auth.
+
+A threaded server: a slow client never holds up a scrape, and a scrape only renders the
+current snapshots (it never waits on the API).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hmac
+import html
+import json
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from exporter import __version__
+from exporter.config import ServerConfig
+from exporter.snapshots import Latest
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+"""Liveness and readiness stay reachable without credentials, for orchestrators' probes."""
+
+
+@dataclass(frozen=True)
+class View:
+    """What the server shows; callables, so a config reload is seen at once."""
+
+    latest: Latest
+    registry: Callable[[], CollectorRegistry]
+    sources: Callable[[], Sequence[str]]
+
+
+class ExporterServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], view: View, config: ServerConfig) -> None:
+        super().__init__(address, _Handler)
+        self.view = view
+        self.auth: tuple[str, str] | None = None
+        if config.basic_auth is not None:
+            self.auth = (config.basic_auth.username, config.basic_auth.password.get_secret_value())
+        self.scheme = "http"
+        if config.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
+            self.scheme = "https"
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # noqa: S104 - display only
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"{self.scheme}://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.1,), name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def ready(view: View) -> tuple[bool, dict[str, str]]:
+    """Each configured source has refreshed successfully at least once."""
+    health = view.latest.health
+    states = {}
+    for source in view.sources():
+        entry = health.get(source)
+        if entry is None:
+            states[source] = "not refreshed yet"
+        elif entry.last_success is None:
+            states[source] = "never succeeded"
+        else:
+            states[source] = "ok" if entry.success else "failing (serving last good data)"
+    return all(s != "not refreshed yet" and s != "never succeeded" for s in states.values()), states
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def landing_page(view: View) -> str:
+    now = time.time()
+    rows = []
+    health = view.latest.health
+    for source in view.sources():
+        entry = health.get(source)
+        if entry is None:
+            rows.append(f"<tr><td>{html.escape(source)}</td><td class=wait>pending</td><td>—</td><td></td></tr>")
+            continue
+        state, css = ("ok", "ok") if entry.success else ("failing", "bad")
+        age = _age(now - entry.last_success) + " ago" if entry.last_success else "never"
+        rows.append(
+            f"<tr><td>{html.escape(source)}</td><td class={css}>{state}</td><td>{age}</td>"
+            f"<td>{html.escape(entry.error)}</td></tr>"
+        )
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
+<style>
+body {{ font: 15px/1.5 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem; color: #1d2330; }}
+table {{ border-collapse: collapse; width: 100%; margin-bottom: 2rem; }}
+td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde2ea; }}
+.ok {{ color: #1a7f37; font-weight: 600; }} .bad {{ color: #c62828; font-weight: 600; }} .wait {{ color: #8a6d00; }}
+</style></head><body>
+<h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
+<p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
+<h2>Sources</h2>
+<table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>
+{"".join(rows)}
+</table>
+</body></html>
+"""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExporterServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("http %s", format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, **headers: str) -> None:
+        if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:
+            body = gzip.compress(body, compresslevel=5)
+            headers["Content-Encoding"] = "gzip"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _authorised(self) -> bool:
+        if self.server.auth is None:
+            return True
+        scheme, _, encoded = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            username, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        expected_user, expected_password = self.server.auth
+        user_ok = hmac.compare_digest(username.encode(), expected_user.encode())
+        return hmac.compare_digest(password.encode(), expected_password.encode()) and user_ok
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        view = self.server.view
+        if path not in OPEN_PATHS and not self._authorised():
+            self._send(401, b"unauthorised\n", "text/plain", **{"WWW-Authenticate": 'Basic realm="exporter"'})
+            return
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(view.registry()), content_type)
+        elif path == "/healthz":
+            self._send(200, b"ok\n", "text/plain; charset=utf-8")
+        elif path == "/readyz":
+            is_ready, states = ready(view)
+            body = json.dumps({"ready": is_ready, "sources": states}).encode()
+            self._send(200 if is_ready else 503, body, "application/json")
+        elif path == "/":
+            self._send(200, landing_page(view).encode(), "text/html; charset=utf-8")
+        else:
+            self._send(404, b"not found\n", "text/plain")

@@ -1,0 +1,163 @@
+"""The daemon with its real scheduler and HTTP server, against the simulator on loopback."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from exporter.billing import RetryPolicy
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.simulator import Fault, Simulator, SimulatorServer
+from tests.conftest import billing_section
+from tests.helpers import named, scrape, value, wait_for
+
+FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
+
+
+def daemon_config(sim: Simulator, server: SimulatorServer, tmp_path: Path, **billing: object) -> dict:
+    return {
+        "billing": billing_section(sim, server, bills_interval="300ms", usage_interval="200ms", page_size=100)
+        | billing,
+        "budgets": [{"name": "monthly", "amount": "20000"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+
+
+@pytest.fixture
+def daemon(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> Iterator[Daemon]:
+    sim.add_usage(750)
+    daemon = Daemon(validate(daemon_config(sim, server, tmp_path), {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start()
+    yield daemon
+    daemon.stop(grace=5)
+
+
+def is_ready(url: str) -> bool:
+    return requests.get(f"{url}/readyz", timeout=5).status_code == 200
+
+
+def test_ready_after_each_source_refreshed_once(daemon: Daemon, sim: Simulator) -> None:
+    url = daemon.server.url
+    wait_for(lambda: is_ready(url))
+    body = requests.get(f"{url}/readyz", timeout=5).json()
+    assert body == {"ready": True, "sources": {"bills": "ok", "usage": "ok"}}
+    assert requests.get(f"{url}/healthz", timeout=5).text == "ok\n"
+    page = requests.get(f"{url}/", timeout=5).text
+    assert '<a href="/metrics">' in page
+    assert "<td>bills</td><td class=ok>ok</td>" in page
+    series = scrape(url)
+    assert value(series, "inference_bill_month_to_date_payable_amount", period="2026-11") == float(
+        sim.bill_totals("2026-11")["total"]
+    )
+    requests_total = named(series, "inference_usage_requests_total")
+    assert sum(requests_total.values()) == 750
+
+
+def test_not_ready_until_the_first_refresh(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    sim.inject(Fault("status", status=503, times=1000))
+    daemon = Daemon(validate(daemon_config(sim, server, tmp_path), {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start()
+    try:
+        url = daemon.server.url
+        wait_for(lambda: value(scrape(url), "inference_exporter_refresh_success", source="usage") == 0)
+        response = requests.get(f"{url}/readyz", timeout=5)
+        assert response.status_code == 503
+        assert response.json()["sources"]["usage"] == "never succeeded"
+        sim.clear_faults()
+        wait_for(lambda: is_ready(url))
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_outage_keeps_the_last_values_and_recovers(
+    daemon: Daemon, sim: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = daemon.server.url
+    wait_for(lambda: is_ready(url))
+    before = scrape(url)
+    counters_before = named(before, "inference_usage_requests_total")
+
+    caplog.set_level(logging.DEBUG, logger="exporter.daemon")
+    sim.inject(Fault("status", status=503, times=10_000))
+    first = wait_for(
+        lambda: (
+            (s := scrape(url))
+            and value(s, "inference_exporter_refresh_success", source="usage") == 0
+            and value(s, "inference_exporter_refresh_success", source="bills") == 0
+            and s
+        )
+    )
+    failed = daemon.latest.api_calls().get(("usages", "503"), 0)
+    wait_for(lambda: daemon.latest.api_calls().get(("usages", "503"), 0) >= failed + 10)  # more failed refreshes
+    later = scrape(url)
+    for name in (
+        "inference_usage_requests_total",
+        "inference_bill_month_to_date_payable_amount",
+        "inference_exporter_last_refresh_success_timestamp_seconds",
+    ):
+        assert named(later, name) == named(first, name)
+    assert named(later, "inference_usage_requests_total") == counters_before
+    assert value(later, "inference_exporter_refresh_success", source="usage") == 0
+    failures = [r for r in caplog.records if r.levelno == logging.ERROR and "source=usage" in r.getMessage()]
+    assert len(failures) == 1  # once per state change, not once per refresh
+
+    sim.clear_faults()
+    sim.add_usage(40)
+    after = wait_for(
+        lambda: (
+            (s := scrape(url))
+            and value(s, "inference_exporter_refresh_success", source="usage") == 1
+            and sum(named(s, "inference_usage_requests_total").values()) == 790
+            and s
+        )
+    )
+    for labels, count in counters_before.items():
+        assert named(after, "inference_usage_requests_total")[labels] >= count
+    assert any("refresh recovered source=usage" in r.getMessage() for r in caplog.records)
+
+
+def test_reload_refuses_a_bad_config_and_keeps_running(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    document = daemon_config(sim, server, tmp_path)
+    path.write_text(yaml.safe_dump(document))
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start()
+    try:
+        url = daemon.server.url
+        wait_for(lambda: is_ready(url))
+        path.write_text("billing:\n  page_size: 501\n")
+        assert daemon.reload() is False
+        series = scrape(url)
+        assert value(series, "inference_exporter_config_last_reload_successful") == 0
+        assert value(series, "inference_exporter_refresh_success", source="bills") == 1
+
+        document["budgets"] = [{"name": "monthly", "amount": "40000"}]
+        path.write_text(yaml.safe_dump(document))
+        assert daemon.reload() is True
+        series = scrape(url)
+        assert value(series, "inference_exporter_config_last_reload_successful") == 1
+        assert value(series, "inference_budget_amount", budget="monthly") == 40000
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_scrape_never_calls_the_api(daemon: Daemon, sim: Simulator) -> None:
+    url = daemon.server.url
+    wait_for(lambda: is_ready(url))
+    daemon.scheduler.pause()
+    wait_for(lambda: daemon._active == 0)
+    served = dict(sim.requests_served)
+    for _ in range(5):
+        scrape(url)
+    assert sim.requests_served == served

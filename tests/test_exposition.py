@@ -1,0 +1,77 @@
+"""The exposition: a golden file pins names, types and label names; the real promtool checks it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.billing import BillingClient
+from exporter.bills import BillsSource
+from exporter.clock import Clock, FrozenClock
+from exporter.config import validate
+from exporter.daemon import build_registry
+from exporter.simulator import Simulator, SimulatorServer
+from exporter.snapshots import Latest
+from exporter.state import StateStore
+from exporter.usage_sync import UsageSync
+from tests.conftest import DATA, billing_section, require_binary
+
+GOLDEN = DATA / "exposition.golden"
+
+
+def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> bytes:
+    """Every metric family with samples: two days of usage (so the previous day is final), bills, budgets."""
+    config = validate(
+        {
+            "billing": billing_section(sim, server),
+            "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
+            "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"}],
+        },
+        {},
+    )
+    latest = Latest()
+    with BillingClient.from_config(config.billing, clock, latest.count_api_call) as client:
+        usage = UsageSync(client, clock, StateStore(":memory:"), per_api_key=False, prices=config.prices)
+        sim.add_usage(300)
+        usage.refresh()
+        frozen.advance(dt.timedelta(days=1))
+        sim.add_usage(120)
+        latest.usage = usage.refresh()
+        latest.record("usage", success=True, started=0.0, finished=1.0)
+        latest.bills = BillsSource(client, clock, 3).refresh()
+        latest.record("bills", success=False, started=0.0, finished=1.0, error="x")
+    return generate_latest(build_registry(config, latest, clock))
+
+
+def shape(exposition: bytes) -> str:
+    """Name, type, and the label names of each sample: what dashboards and rules depend on."""
+    lines = []
+    for family in text_string_to_metric_families(exposition.decode()):
+        lines.append(f"# TYPE {family.name} {family.type}")
+        lines.extend(sorted({f"{s.name}{{{','.join(sorted(s.labels))}}}" for s in family.samples}))
+    return "\n".join(lines) + "\n"
+
+
+def test_exposition_matches_the_golden_shape(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
+) -> None:
+    got = shape(full_exposition(sim, server, clock, frozen))
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text(), "exposition changed; if intended, rerun with UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_promtool_check_metrics_passes(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    promtool = require_binary("promtool")
+    exposition = full_exposition(sim, server, clock, frozen)
+    result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert result.stdout.decode().strip() == ""
+    assert result.stderr.decode().strip() == ""

@@ -1,0 +1,95 @@
+"""The HTTP server's optional TLS and basic auth, with real clients."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import build_registry
+from exporter.server import ExporterServer, View
+from exporter.snapshots import Latest
+from tests.conftest import require_binary
+
+BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
+
+
+def start(server_section: dict, clock: Clock) -> ExporterServer:
+    config = validate({"billing": BILLING, "server": server_section}, {})
+    latest = Latest()
+    view = View(latest, lambda: build_registry(config, latest, clock), lambda: ["bills", "usage"])
+    server = ExporterServer(("127.0.0.1", 0), view, config.server)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    openssl = require_binary("openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def auth_server(clock: Clock) -> Iterator[ExporterServer]:
+    server = start({"basic_auth": {"username": "prometheus", "password": "scrape-pass"}}, clock)
+    yield server
+    server.stop()
+
+
+def test_basic_auth_guards_metrics_but_not_health(auth_server: ExporterServer) -> None:
+    url = auth_server.url
+    assert requests.get(f"{url}/metrics", timeout=5).status_code == 401
+    assert requests.get(f"{url}/metrics", auth=("prometheus", "wrong"), timeout=5).status_code == 401
+    assert requests.get(f"{url}/metrics", auth=("other", "scrape-pass"), timeout=5).status_code == 401
+    good = requests.get(f"{url}/metrics", auth=("prometheus", "scrape-pass"), timeout=5)
+    assert good.status_code == 200
+    assert "inference_exporter_build_info" in good.text
+    assert requests.get(f"{url}/", timeout=5).status_code == 401
+    assert requests.get(f"{url}/healthz", timeout=5).status_code == 200
+    assert requests.get(f"{url}/readyz", timeout=5).status_code == 503
+
+
+def test_tls_serves_metrics_to_a_verifying_client(certificate: tuple[Path, Path], clock: Clock) -> None:
+    cert, key = certificate
+    server = start({"tls": {"cert_file": str(cert), "key_file": str(key)}}, clock)
+    try:
+        assert server.url.startswith("https://")
+        response = requests.get(f"{server.url}/metrics", verify=str(cert), timeout=5)
+        assert response.status_code == 200
+        assert "inference_billing_today_info" in response.text
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(f"{server.url}/metrics", timeout=5)  # an unknown CA is refused
+    finally:
+        server.stop()
+
+
+def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
+    server = start({}, clock)
+    try:
+        gz = requests.get(f"{server.url}/metrics", headers={"Accept-Encoding": "gzip"}, timeout=5)
+        assert gz.headers["Content-Encoding"] == "gzip"
+        assert "inference_exporter_build_info" in gz.text
+        om = requests.get(f"{server.url}/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=5)
+        assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+        assert om.text.endswith("# EOF\n")
+        assert requests.get(f"{server.url}/nope", timeout=5).status_code == 404
+    finally:
+        server.stop()
+
+
+def test_tls_files_must_exist() -> None:
+    from exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"server\.tls: file '/nonexistent\.pem' does not exist"):
+        validate({"billing": BILLING, "server": {"tls": {"cert_file": "/nonexistent.pem", "key_file": "/x"}}}, {})

@@ -1,0 +1,214 @@
+"""Incremental usage sync against the simulator, with a frozen clock in the billing zone."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.billing import BillingClient, RetryPolicy
+from exporter.clock import Clock, FrozenClock
+from exporter.config import validate
+from exporter.simulator import Simulator, SimulatorServer
+from exporter.snapshots import UsageSnapshot
+from exporter.state import StateStore
+from exporter.usage_sync import UsageSync
+from tests.conftest import billing_section
+
+PAGE = 100
+USAGES = "/api/v1/usages/details"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StateStore]:
+    store = StateStore(tmp_path / "state.db")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def small_pages(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterator[BillingClient]:
+    config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
+    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
+        yield client
+
+
+def make_sync(client: BillingClient, clock: Clock, store: StateStore) -> UsageSync:
+    return UsageSync(client, clock, store, per_api_key=False)
+
+
+def as_truth(snapshot: UsageSnapshot) -> dict[tuple[str, str], dict[str, int]]:
+    return {
+        (k.endpoint_id, k.model): {
+            "requests": t.requests,
+            "prompt": t.prompt_tokens,
+            "completion": t.completion_tokens,
+            "cached": t.cached_prompt_tokens,
+        }
+        for k, t in snapshot.totals.items()
+    }
+
+
+class PageCounter:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.mark()
+
+    def mark(self) -> None:
+        self.start = self.sim.requests_served.get(USAGES, 0)
+
+    @property
+    def pages(self) -> int:
+        return self.sim.requests_served.get(USAGES, 0) - self.start
+
+
+def test_first_sync_reads_the_whole_day(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(1234)
+    counter = PageCounter(sim)
+    snapshot = make_sync(small_pages, clock, store).refresh()
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.records == 1234
+    assert counter.pages == math.ceil(1234 / PAGE)
+
+
+@pytest.mark.parametrize(("existing", "new"), [(1234, 1), (1234, 66), (1200, 1000), (1234, 1000), (1299, 250), (1, 0)])
+def test_a_poll_reads_only_pages_that_can_hold_new_records(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, existing: int, new: int
+) -> None:
+    sim.add_usage(existing)
+    sync = make_sync(small_pages, clock, store)
+    sync.refresh()
+    sim.add_usage(new)
+    counter = PageCounter(sim)
+    snapshot = sync.refresh()
+    assert counter.pages <= math.ceil(new / PAGE) + 1
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.resyncs == 0
+
+
+def test_reordered_records_trigger_a_full_resync_with_correct_totals(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(950)
+    sync = make_sync(small_pages, clock, store)
+    first = sync.refresh()
+    sim.reorder_usage()
+    sim.add_usage(30)
+    snapshot = sync.refresh()
+    assert snapshot.resyncs == 1
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.created == first.created  # nothing went down: no reset
+
+
+def test_removed_records_trigger_a_resync_and_a_documented_reset(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    sim.add_usage(950)
+    sync = make_sync(small_pages, clock, store)
+    first = sync.refresh()
+    sim.remove_usage([10, 500])
+    frozen.advance(dt.timedelta(minutes=5))
+    snapshot = sync.refresh()
+    assert snapshot.resyncs == 1
+    assert snapshot.records == 948
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.created == frozen().timestamp() > first.created
+
+
+def test_removing_the_boundary_page_tail_is_caught(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(950)
+    sync = make_sync(small_pages, clock, store)
+    sync.refresh()
+    sim.remove_usage([949])
+    sim.add_usage(1)  # same total as before, different last record
+    snapshot = sync.refresh()
+    assert snapshot.resyncs == 1
+    assert as_truth(snapshot) == sim.usage_totals()
+
+
+def test_day_rollover_at_shanghai_midnight_finalises_yesterday_and_resets(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 22, 15, 55, tzinfo=dt.UTC))  # 23:55 in Shanghai
+    sim.add_usage(400)
+    sync = make_sync(small_pages, clock, store)
+    assert sync.refresh().records == 400
+    sim.add_usage(25)  # late records of the 22nd, seen only by the final pull
+    frozen.set(dt.datetime(2026, 11, 22, 16, 0, 5, tzinfo=dt.UTC))  # 00:00:05 on the 23rd in Shanghai
+    yesterday, today = dt.date(2026, 11, 22), dt.date(2026, 11, 23)
+    assert clock.today() == today
+    sim.add_usage(7, today)
+    snapshot = sync.refresh()
+    assert snapshot.day == today
+    assert snapshot.records == 7
+    assert as_truth(snapshot) == sim.usage_totals(today)
+    assert snapshot.created == dt.datetime(2026, 11, 22, 16, 0, tzinfo=dt.UTC).timestamp()
+    assert snapshot.previous_day is not None
+    assert snapshot.previous_day.day == yesterday
+    assert snapshot.previous_day.records == 425
+    assert as_truth(snapshot.previous_day) == sim.usage_totals(yesterday)
+
+
+def test_a_restart_resumes_from_sqlite_without_a_full_pull(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path
+) -> None:
+    sim.add_usage(2345)
+    store = StateStore(tmp_path / "state.db")
+    make_sync(small_pages, clock, store).refresh()
+    store.close()
+
+    sim.add_usage(150)
+    reopened = StateStore(tmp_path / "state.db")
+    counter = PageCounter(sim)
+    snapshot = make_sync(small_pages, clock, reopened).refresh()
+    reopened.close()
+    assert counter.pages <= math.ceil(150 / PAGE) + 1
+    assert snapshot.records == 2495
+    assert as_truth(snapshot) == sim.usage_totals()
+
+
+def test_a_restart_after_midnight_finalises_the_day_it_missed(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    sim.add_usage(300)
+    make_sync(small_pages, clock, store).refresh()
+    sim.add_usage(12)
+    frozen.advance(dt.timedelta(days=1))
+    snapshot = make_sync(small_pages, clock, store).refresh()  # a new process the next day
+    assert snapshot.day == dt.date(2026, 11, 23)
+    assert snapshot.records == 0
+    assert snapshot.previous_day is not None
+    assert snapshot.previous_day.records == 312
+    again = make_sync(small_pages, clock, store).refresh()  # and once more: yesterday is not pulled again
+    assert again.previous_day is not None
+    assert again.previous_day.records == 312
+
+
+def test_changed_settings_start_the_day_afresh(
+    sim: Simulator, server: SimulatorServer, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(500)
+    make_sync(small_pages, clock, store).refresh()
+    config = validate({"billing": billing_section(sim, server, page_size=250)}, {})
+    with BillingClient.from_config(config.billing, clock) as client:
+        counter = PageCounter(sim)
+        snapshot = make_sync(client, clock, store).refresh()
+    assert counter.pages == 2
+    assert snapshot.records == 500
+
+
+def test_per_api_key_splits_the_totals(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(200)
+    snapshot = UsageSync(small_pages, clock, store, per_api_key=True).refresh()
+    keys = {k.api_key for k in snapshot.totals}
+    assert keys == {"sk-7f3a********", "sk-19cc********"}
+    assert sum(t.requests for t in snapshot.totals.values()) == 200
