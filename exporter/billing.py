@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -39,6 +39,8 @@ GROUP_TERM_ITEM = "GROUP_TERM_ITEM"
 BILLS_PAGE_SIZE = 100
 MAX_USAGE_PAGE_SIZE = 500
 MAX_RETRY_AFTER = 120.0
+
+R = TypeVar("R")
 
 
 class BillingError(Exception):
@@ -67,8 +69,7 @@ class RecordError(BillingError):
     """A response or record that does not have the documented shape."""
 
 
-@dataclass(frozen=True, slots=True)
-class BillRecord:
+class BillRecord(NamedTuple):
     period: str
     day: dt.date
     instance_id: str
@@ -79,8 +80,7 @@ class BillRecord:
     usage_value: Decimal
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+class UsageRecord(NamedTuple):
     request_id: str
     request_time: dt.datetime
     model: str
@@ -190,6 +190,34 @@ def parse_bill(raw: Any, where: str, tz: dt.tzinfo) -> BillRecord:
 
 
 def parse_usage(raw: Any, where: str) -> UsageRecord:
+    """One usage record. The common, well-formed case takes a fast path; anything else goes
+    through the field-by-field checks, which name the field that is wrong."""
+    try:
+        request_id, model, endpoint = raw["requestId"], raw["model"], raw["endpoint"]
+        apikey = raw.get("apikey") or ""
+        prompt, completion, cached = raw["promptTokens"], raw["completionTokens"], raw["promptCachedTokens"]
+        request_time = dt.datetime.fromisoformat(raw["requestTime"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass
+    else:
+        if (
+            type(request_id) is str
+            and type(model) is str
+            and type(endpoint) is str
+            and type(apikey) is str
+            and type(prompt) is int
+            and type(completion) is int
+            and type(cached) is int
+            and prompt >= 0
+            and completion >= 0
+            and cached >= 0
+            and request_time.tzinfo is not None
+        ):
+            return UsageRecord(request_id, request_time, model, endpoint, apikey, prompt, completion, cached)
+    return _parse_usage_checked(raw, where)
+
+
+def _parse_usage_checked(raw: Any, where: str) -> UsageRecord:
     record = _object(raw, where)
     return UsageRecord(
         request_id=_text(record, "requestId", where),
@@ -374,40 +402,38 @@ class BillingClient:
     # -- paging --
 
     def _pages(
-        self, fetch: Callable[[int], tuple[list[Any], int]], first_page: int, page_size: int
-    ) -> Iterator[tuple[int, list[Any], int]]:
-        """Yield (page_num, raw records, total) in order, with `concurrency` pages in flight.
+        self, fetch: Callable[[int], tuple[tuple[R, ...], int]], first_page: int, page_size: int
+    ) -> Iterator[tuple[int, tuple[R, ...], int]]:
+        """Yield (page_num, records, total) in page order, with at most `concurrency` requests in flight.
 
-        The first page tells `total`; the pages it implies are fetched in parallel. After them,
-        pages continue one at a time while they come back full and the latest `total` says
-        more records exist (records added meanwhile). A short or empty page always ends it.
+        The first page tells `total`; the pages it implies are fetched in parallel (up to twice
+        `concurrency` fetched ahead of the reader, so memory stays bounded). After them, pages
+        continue one at a time while they come back full and the latest `total` says more records
+        exist (records added meanwhile). A short or empty page always ends it.
         """
         records, total = fetch(first_page)
         yield first_page, records, total
         if len(records) < page_size:
             return
         last = max(first_page, math.ceil(total / page_size))
-        window: deque[tuple[int, Future[tuple[list[Any], int]]]] = deque()
+        window: deque[tuple[int, Future[tuple[tuple[R, ...], int]]]] = deque()
         page_num = following = first_page
-        while following < last or window:
-            while following < last and len(window) < self.concurrency:
-                following += 1
-                try:
-                    window.append((following, self._pool.submit(fetch, following)))
-                except RuntimeError:  # the pool is shut down: the client was closed mid-refresh
-                    raise BillingUnavailable("the client was closed during the refresh") from None
-            page_num, future = window.popleft()
-            try:
+        try:
+            while following < last or window:
+                while following < last and len(window) < 2 * self.concurrency:
+                    following += 1
+                    try:
+                        window.append((following, self._pool.submit(fetch, following)))
+                    except RuntimeError:  # the pool is shut down: the client was closed mid-refresh
+                        raise BillingUnavailable("the client was closed during the refresh") from None
+                page_num, future = window.popleft()
                 records, total = future.result()
-            except BaseException:
-                for _, pending in window:
-                    pending.cancel()
-                raise
-            yield page_num, records, total
-            if len(records) < page_size:
-                for _, pending in window:
-                    pending.cancel()
-                return
+                yield page_num, records, total
+                if len(records) < page_size:
+                    return
+        finally:
+            for _, pending in window:
+                pending.cancel()
         while len(records) >= page_size and page_num * page_size < total:
             page_num += 1
             records, total = fetch(page_num)
@@ -421,16 +447,18 @@ class BillingClient:
             if value:
                 params[name] = value
 
-        def fetch(page_num: int) -> tuple[list[Any], int]:
+        def fetch(page_num: int) -> tuple[tuple[BillRecord, ...], int]:
             data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": BILLS_PAGE_SIZE})
-            return _list(data, what), _total(data, what)
+            offset = (page_num - 1) * BILLS_PAGE_SIZE
+            records = _list(data, what)
+            bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
+            return bills, _total(data, what)
 
         bills: list[BillRecord] = []
         total = 0
-        for page_num, records, page_total in self._pages(fetch, 1, BILLS_PAGE_SIZE):
+        for _, records, page_total in self._pages(fetch, 1, BILLS_PAGE_SIZE):
             total = page_total
-            offset = (page_num - 1) * BILLS_PAGE_SIZE
-            bills.extend(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
+            bills.extend(records)
         if len(bills) != total:
             raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
         return bills
@@ -442,17 +470,15 @@ class BillingClient:
         if self.project_id:
             params["project_id"] = self.project_id
 
-        def fetch(page_num: int) -> tuple[list[Any], int]:
+        def fetch(page_num: int) -> tuple[tuple[UsageRecord, ...], int]:
             data = self._get("usages", USAGES_PATH, params | {"page_num": page_num})
             echoed = data.get("date")
             if echoed is not None and echoed != day.isoformat():
                 raise RecordError(f"{what}: response is for date {str(echoed)[:20]!r}")
-            return _list(data, what), _total(data, what)
+            offset = (page_num - 1) * self.page_size
+            records = _list(data, what)
+            usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
+            return usage, _total(data, what)
 
         for page_num, records, total in self._pages(fetch, first_page, self.page_size):
-            offset = (page_num - 1) * self.page_size
-            yield UsagePage(
-                page_num=page_num,
-                records=tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records)),
-                total=total,
-            )
+            yield UsagePage(page_num=page_num, records=records, total=total)

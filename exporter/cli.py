@@ -17,14 +17,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import generate_latest
-
 from exporter import __version__
 from exporter.billing import BillingClient, BillingError
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.config import Config, ConfigError, load, validate
-from exporter.daemon import Daemon, build_registry, parse_listen
+from exporter.daemon import Daemon, build_exposition, parse_listen
 from exporter.snapshots import Latest
 from exporter.state import StateStore
 from exporter.usage_sync import UsageSync
@@ -102,7 +100,7 @@ def cmd_once(args: argparse.Namespace) -> int:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
             latest.record(name, success=True, started=started, finished=time.time())
-    sys.stdout.write(generate_latest(build_registry(config, latest, clock)).decode())
+    sys.stdout.write(build_exposition(config, latest, clock).render()[0].decode())
     return 0
 
 

@@ -20,6 +20,10 @@ class BillsCollector(Collector):
     def __init__(self, latest: Latest) -> None:
         self.latest = latest
 
+    def version(self) -> object:
+        """What this collector's output depends on; the same object means the same text."""
+        return self.latest.bills
+
     def collect(self) -> Iterator[Metric]:
         endpoint = GaugeMetricFamily(
             "inference_bill_endpoint_daily_payable_amount",
@@ -73,6 +77,9 @@ class UsageCollector(Collector):
         self.latest = latest
         self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
 
+    def version(self) -> object:
+        return self.latest.usage
+
     def _labels(self, key: UsageKey) -> list[str]:
         return [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
 
@@ -116,6 +123,9 @@ class BudgetCollector(Collector):
     def __init__(self, latest: Latest, budgets: Iterable[BudgetConfig]) -> None:
         self.latest = latest
         self.budgets = tuple(budgets)
+
+    def version(self) -> object:
+        return self.latest.bills
 
     def collect(self) -> Iterator[Metric]:
         amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])

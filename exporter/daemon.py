@@ -12,13 +12,13 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
-from prometheus_client import CollectorRegistry
 
 from exporter.billing import BillingClient, BillingError, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, UsageCollector
 from exporter.config import Config, ConfigError, load
+from exporter.exposition import Exposition
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -39,13 +39,15 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_registry(config: Config, latest: Latest, clock: Clock) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    registry.register(BillsCollector(latest))
-    registry.register(UsageCollector(latest, config.billing.per_api_key))
-    registry.register(BudgetCollector(latest, config.budgets))
-    registry.register(ExporterCollector(latest, clock))
-    return registry
+def build_exposition(config: Config, latest: Latest, clock: Clock) -> Exposition:
+    return Exposition(
+        [
+            BillsCollector(latest),
+            UsageCollector(latest, config.billing.per_api_key),
+            BudgetCollector(latest, config.budgets),
+            ExporterCollector(latest, clock),
+        ]
+    )
 
 
 class Sources:
@@ -63,7 +65,7 @@ class Sources:
             ).refresh,
         }
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
-        self.registry = build_registry(config, latest, clock)
+        self.exposition = build_exposition(config, latest, clock)
 
 
 class Daemon:
@@ -90,7 +92,9 @@ class Daemon:
             timezone=self.clock.tz,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        view = View(self.latest, lambda: self.sources.registry, lambda: list(self.sources.refreshers))
+        view = View(
+            self.latest, lambda accept: self.sources.exposition.render(accept), lambda: list(self.sources.refreshers)
+        )
         host, port = parse_listen(listen or config.server.listen)
         self.server = ExporterServer((host, port), view, config.server)
 
@@ -122,6 +126,7 @@ class Daemon:
         else:
             setattr(self.latest, source, snapshot)
             self.latest.record(source, success=True, started=started, finished=time.time())
+            self.sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered source=%s", source)
             return True

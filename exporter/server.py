@@ -21,9 +21,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from exporter import __version__
 from exporter.config import ServerConfig
 from exporter.snapshots import Latest
@@ -39,7 +36,8 @@ class View:
     """What the server shows; callables, so a config reload is seen at once."""
 
     latest: Latest
-    registry: Callable[[], CollectorRegistry]
+    render: Callable[[str], tuple[bytes, str]]
+    """The exposition for an `Accept` header, and its content type."""
     sources: Callable[[], Sequence[str]]
 
 
@@ -179,8 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(401, b"unauthorised\n", "text/plain", **{"WWW-Authenticate": 'Basic realm="exporter"'})
             return
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._send(200, encoder(view.registry()), content_type)
+            body, content_type = view.render(self.headers.get("Accept", ""))
+            self._send(200, body, content_type)
         elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/readyz":

@@ -102,6 +102,30 @@ class SimulatorError(Exception):
         self.message = message
 
 
+class _RawList(list[str]):
+    """A list whose items are already JSON text; `_encode` splices them in as they are."""
+
+
+_SPLICE = "\u0000raw-list\u0000"
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    data = payload.get("data")
+    raw = data.get("list") if isinstance(data, dict) else None
+    if not isinstance(raw, _RawList):
+        return json.dumps(payload).encode()
+    text = json.dumps(payload | {"data": data | {"list": _SPLICE}})
+    return text.replace(json.dumps(_SPLICE), "[" + ", ".join(raw) + "]", 1).encode()
+
+
+def _mix(x: int) -> int:
+    """A cheap, well-spread 64-bit hash of an integer (splitmix64's finaliser)."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 def _unit(*parts: object) -> int:
     digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big")
@@ -129,6 +153,9 @@ class Simulator:
         self._nonce_expiry: deque[tuple[float, str]] = deque()
         self._faults: list[Fault] = []
         self._bill_overrides: dict[tuple[str, dt.date, str, str], Decimal] = {}
+        self._bill_cache: dict[tuple[Any, ...], list[dict[str, str]]] = {}
+        self._day_prefixes: dict[dt.date, tuple[str, dt.datetime]] = {}
+        self._fragments: dict[Endpoint, str] = {}
         self.requests_served: dict[str, int] = {}
         self.in_flight = 0
         self.max_in_flight = 0
@@ -160,6 +187,7 @@ class Simulator:
     def revise_bill(self, day: dt.date, endpoint_id: str, item: str, amount: Decimal) -> None:
         with self._lock:
             self._bill_overrides[(self.clock.period(day), day, endpoint_id, item)] = amount
+            self._bill_cache.clear()
 
     def inject(self, fault: Fault) -> None:
         with self._lock:
@@ -196,6 +224,17 @@ class Simulator:
         return Decimal(_unit(self.seed, "amount", day, endpoint.endpoint_id, item) % 9_000_000_000).scaleb(-8), tokens
 
     def bill_rows(self, period: str, group_term: str, project_id: str = "") -> list[dict[str, str]]:
+        """A month's rows for one grouping; cached, since every page of a request needs them."""
+        key = (period, group_term, project_id, self.clock.today(), self.endpoints)
+        with self._lock:
+            rows = self._bill_cache.get(key)
+        if rows is None:
+            rows = self._bill_rows(period, group_term, project_id)
+            with self._lock:
+                self._bill_cache = {key: rows} | dict(list(self._bill_cache.items())[:7])
+        return rows
+
+    def _bill_rows(self, period: str, group_term: str, project_id: str) -> list[dict[str, str]]:
         rows = []
         for day in self._billed_days(period):
             start = self.clock.day_start(day).astimezone(dt.UTC)
@@ -250,22 +289,31 @@ class Simulator:
                     sums["total"] += amount
         return sums
 
-    def usage_record(self, day: dt.date, index: int) -> dict[str, Any]:
-        h = _unit(self.seed, "usage", day, index)
+    def usage_record_json(self, day: dt.date, index: int) -> str:
+        """Record `index` of `day` as JSON text: written directly, since serving pages of them is
+        the simulator's hottest path (`usage_record` parses this same text, so both agree)."""
+        h = _mix(self.seed * 1_000_003 + day.toordinal() * 100_000_007 + index)
         endpoint = self.endpoints[h % len(self.endpoints)]
+        fragment = self._fragments.get(endpoint)
+        if fragment is None:
+            fragment = self._fragments[endpoint] = json.dumps(
+                {"model": endpoint.model, "endpoint": endpoint.endpoint_id}
+            )[1:-1]
+        day_prefix = self._day_prefixes.get(day)
+        if day_prefix is None:
+            start = self.clock.day_start(day).astimezone(dt.UTC).replace(tzinfo=None)
+            day_prefix = self._day_prefixes[day] = (f"req-{day:%Y%m%d}-", start)
         prompt = 50 + h % 2000
-        instant = self.clock.day_start(day) + dt.timedelta(seconds=(index * 37) % 86400)
-        return {
-            "requestId": f"req-{day:%Y%m%d}-{index:09d}",
-            "requestTime": instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "tenantId": TENANT,
-            "model": endpoint.model,
-            "endpoint": endpoint.endpoint_id,
-            "apikey": API_KEYS[(h >> 20) % len(API_KEYS)],
-            "promptTokens": prompt,
-            "completionTokens": 1 + (h >> 8) % 800,
-            "promptCachedTokens": (h >> 16) % (prompt + 1),
-        }
+        instant = day_prefix[1] + dt.timedelta(seconds=(index * 37) % 86400)
+        return (
+            f'{{"requestId": "{day_prefix[0]}{index:09d}", "requestTime": "{instant.isoformat()}Z", '
+            f'"tenantId": "{TENANT}", {fragment}, "apikey": "{API_KEYS[(h >> 20) % len(API_KEYS)]}", '
+            f'"promptTokens": {prompt}, "completionTokens": {1 + (h >> 8) % 800}, '
+            f'"promptCachedTokens": {(h >> 16) % (prompt + 1)}}}'
+        )
+
+    def usage_record(self, day: dt.date, index: int) -> dict[str, Any]:
+        return json.loads(self.usage_record_json(day, index))
 
     def usage_records(self, day: dt.date) -> Iterator[dict[str, Any]]:
         with self._lock:
@@ -380,10 +428,12 @@ class Simulator:
         start = (page_num - 1) * page_size
         project, model = params.get("project_id"), params.get("model")
         with self._lock:
-            indices = list(self._usage.get(day, UsageDay()).indices())
+            indices = self._usage.get(day, UsageDay()).indices()
+            indices = indices[start : start + page_size] if not (project or model) else list(indices)
+            total = len(self._usage.get(day, UsageDay()).indices())
         if not (project or model):
-            page = [self.usage_record(day, i) for i in indices[start : start + page_size]]
-            return {"list": page, "total": str(len(indices)), "date": day.isoformat()}
+            page = _RawList(self.usage_record_json(day, i) for i in indices)
+            return {"list": page, "total": str(total), "date": day.isoformat()}
         ids = {e.endpoint_id for e in self.endpoints if not project or e.project_id == project}
         records = (self.usage_record(day, i) for i in indices)
         matching = [r for r in records if r["endpoint"] in ids and (not model or r["model"] == model)]
@@ -477,7 +527,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = {"code": code, "reason": reason, "message": message}
         if data is not None:
             body["data"] = data
-        self._send(status, json.dumps(body).encode(), **headers)
+        self._send(status, _encode(body), **headers)
 
     def date_time_string(self, timestamp: float | None = None) -> str:
         return super().date_time_string(self.sim.clock.now().timestamp() if timestamp is None else timestamp)
@@ -498,12 +548,12 @@ class _Handler(BaseHTTPRequestHandler):
                 sim.in_flight -= 1
 
     def _billing(self) -> None:
+        """`latency` is the whole response time: the simulator's own work counts toward it."""
+        received = time.monotonic()
         url = urlsplit(self.path)
         body = self._body()
         with self.sim._lock:
             self.sim.requests_served[url.path] = self.sim.requests_served.get(url.path, 0) + 1
-        if self.sim.latency:
-            time.sleep(self.sim.latency)
         handlers = {
             "/api/v1/bills/details": self.sim.bills_response,
             "/api/v1/usages/details": self.sim.usages_response,
@@ -533,11 +583,15 @@ class _Handler(BaseHTTPRequestHandler):
         except SimulatorError as error:
             self._envelope(error.http_status, error.code, error.reason, error.message)
             return
-        if fault and fault.kind == "bad_amount" and data["list"] and "payableAmount" in data["list"][0]:
+        if fault and fault.kind == "bad_amount" and data["list"] and "payableAmount" in data["list"][0]:  # bills only
             data["list"][0] = data["list"][0] | {"payableAmount": "12,5"}
         if fault and fault.kind == "total_mismatch":
             data["total"] = type(data["total"])(int(data["total"]) + 1)
-        self._envelope(200, 0, "OK", "success", data)
+        payload = _encode({"code": 0, "reason": "OK", "message": "success", "data": data})
+        remaining = self.sim.latency - (time.monotonic() - received)
+        if remaining > 0:
+            time.sleep(remaining)
+        self._send(200, payload)
 
     def do_POST(self) -> None:
         url = urlsplit(self.path)
@@ -550,9 +604,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b'{"error": {"message": "not found"}}')
 
     def _control(self, path: str, body: bytes) -> None:
-        """Out-of-process control: /_sim/usage {"count": N}, /_sim/fault {Fault fields}, /_sim/clear."""
+        """Out-of-process control: /_sim/usage {"count": N}, /_sim/fault {Fault fields}, /_sim/clear,
+        /_sim/stats (requests served per path)."""
         try:
             request = json.loads(body or b"{}")
+            if path == "/_sim/stats":
+                with self.sim._lock:
+                    self._send(200, json.dumps(self.sim.requests_served).encode())
+                return
             if path == "/_sim/usage":
                 day = request.get("date")
                 self.sim.add_usage(int(request["count"]), dt.date.fromisoformat(day) if day else None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from decimal import Decimal
 
@@ -224,4 +223,4 @@ def test_malformed_usage_records_name_the_field(change: dict, message: str) -> N
 
 def test_usage_record_parses() -> None:
     record = parse_usage(GOOD_USAGE | {"promptTokens": "10"}, "usage")
-    assert dataclasses.astuple(record)[4:] == ("sk-ab****", 10, 5, 2)
+    assert tuple(record)[4:] == ("sk-ab****", 10, 5, 2)

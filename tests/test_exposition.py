@@ -7,14 +7,14 @@ import os
 import subprocess
 from pathlib import Path
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.daemon import build_registry
+from exporter.config import Config, validate
+from exporter.daemon import build_exposition
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -24,7 +24,7 @@ from tests.conftest import DATA, billing_section, require_binary
 GOLDEN = DATA / "exposition.golden"
 
 
-def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> bytes:
+def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> tuple[Config, Latest]:
     """Every metric family with samples: two days of usage (so the previous day is final), bills, budgets."""
     config = validate(
         {
@@ -45,7 +45,12 @@ def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, froze
         latest.record("usage", success=True, started=0.0, finished=1.0)
         latest.bills = BillsSource(client, clock, 3).refresh()
         latest.record("bills", success=False, started=0.0, finished=1.0, error="x")
-    return generate_latest(build_registry(config, latest, clock))
+    return config, latest
+
+
+def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> bytes:
+    config, latest = full_latest(sim, server, clock, frozen)
+    return build_exposition(config, latest, clock).render()[0]
 
 
 def shape(exposition: bytes) -> str:
@@ -75,3 +80,33 @@ def test_promtool_check_metrics_passes(
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.decode().strip() == ""
     assert result.stderr.decode().strip() == ""
+
+
+def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
+) -> None:
+    config, latest = full_latest(sim, server, clock, frozen)
+    exposition = build_exposition(config, latest, clock)
+
+    def fresh() -> bytes:
+        registry = CollectorRegistry()
+        for collector in exposition.collectors:
+            registry.register(collector)
+        return generate_latest(registry)
+
+    first, content_type = exposition.render()
+    assert content_type.startswith("text/plain")
+    assert exposition.render()[0] == first == fresh()
+
+    previous_bills = latest.bills
+    sim.add_usage(5)
+    with BillingClient.from_config(config.billing, clock) as client:
+        latest.bills = BillsSource(client, clock, 3).refresh()
+    assert latest.bills is not previous_bills
+    assert exposition.render()[0] == fresh()
+
+    openmetrics, om_type = exposition.render("application/openmetrics-text; version=1.0.0")
+    assert om_type.startswith("application/openmetrics-text")
+    assert openmetrics.count(b"# EOF") == 1
+    assert openmetrics.endswith(b"# EOF\n")
+    assert exposition.render("application/openmetrics-text; version=1.0.0")[0] == openmetrics

@@ -11,7 +11,7 @@ import requests
 
 from exporter.clock import Clock
 from exporter.config import validate
-from exporter.daemon import build_registry
+from exporter.daemon import build_exposition
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from tests.conftest import require_binary
@@ -22,7 +22,7 @@ BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_ke
 def start(server_section: dict, clock: Clock) -> ExporterServer:
     config = validate({"billing": BILLING, "server": server_section}, {})
     latest = Latest()
-    view = View(latest, lambda: build_registry(config, latest, clock), lambda: ["bills", "usage"])
+    view = View(latest, build_exposition(config, latest, clock).render, lambda: ["bills", "usage"])
     server = ExporterServer(("127.0.0.1", 0), view, config.server)
     server.start()
     return server

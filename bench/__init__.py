@@ -1,0 +1,1 @@
+"""Benchmarks: each prints ratios measured in one run (never absolute targets in tests)."""

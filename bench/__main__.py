@@ -1,0 +1,7 @@
+"""Run every benchmark: `make bench` or `python -m bench`."""
+
+from bench import render, sync
+
+if __name__ == "__main__":
+    sync.main([])
+    render.main([])

@@ -1,0 +1,74 @@
+"""A simulator in its own process (so its CPU does not share our GIL) and a client for it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import requests
+
+from exporter.billing import BillingClient
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.simulator import Endpoint, Simulator
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    records: int = 0
+    latency: float = 0.0
+    endpoints: int = 0
+
+
+def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    sim = Simulator(latency=settings.latency)
+    if settings.endpoints:
+        sim.endpoints = tuple(
+            Endpoint(f"ep-{n:04d}", f"model-{n % 7}", f"proj-{n % 3}") for n in range(settings.endpoints)
+        )
+    sim.add_usage(settings.records)
+    server = sim.serve()
+    urls.put(server.url)
+    while True:
+        time.sleep(3600)
+
+
+@contextmanager
+def simulator(settings: SimSettings) -> Iterator[str]:
+    context = multiprocessing.get_context("spawn")
+    urls: multiprocessing.Queue = context.Queue()  # type: ignore[type-arg]
+    process = context.Process(target=_serve, args=(settings, urls), daemon=True)
+    process.start()
+    try:
+        yield urls.get(timeout=60)
+    finally:
+        process.terminate()
+        process.join(10)
+
+
+def client_for(url: str, **billing: object) -> BillingClient:
+    config = validate(
+        {
+            "billing": {
+                "url": url,
+                "access_key_id": Simulator.access_key_id,
+                "secret_access_key": Simulator.secret_access_key,
+                "timeout": "60s",
+            }
+            | billing
+        },
+        {},
+    )
+    return BillingClient.from_config(config.billing, Clock())
+
+
+def add_usage(url: str, count: int) -> None:
+    requests.post(f"{url}/_sim/usage", json={"count": count}, timeout=60).raise_for_status()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,87 @@
+"""Usage sync: full-day time vs the ideal parallel time, pages of an incremental poll, memory.
+
+python -m bench.sync [--records 200000] [--latency 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+
+from bench.common import SimSettings, add_usage, client_for, peak_rss_mb, simulator
+from exporter.clock import Clock
+from exporter.state import StateStore
+from exporter.usage_sync import UsageSync
+
+PAGE_SIZE = 500
+CONCURRENCY = 4
+
+
+def full_day(records: int, latency: float) -> None:
+    calls: list[str] = []
+    with simulator(SimSettings(records=records, latency=latency)) as url:
+        client = client_for(url, page_size=PAGE_SIZE, concurrency=CONCURRENCY)
+        client._on_response = lambda api, code: calls.append(api)
+        sync = UsageSync(client, Clock(), StateStore(":memory:"), per_api_key=False)
+        started = time.perf_counter()
+        snapshot = sync.refresh()
+        elapsed = time.perf_counter() - started
+        assert snapshot.records == records, snapshot.records
+        pages = math.ceil(records / PAGE_SIZE)
+        ideal = pages / CONCURRENCY * latency
+        print(f"full-day sync: {records} records, {len(calls)} pages, {elapsed:.2f}s; ideal {ideal:.2f}s")
+        print(f"  ratio full-day sync ÷ ideal parallel time: {elapsed / ideal:.2f}  (target ≤ 1.3)")
+
+        add_usage(url, 1000)
+        calls.clear()
+        snapshot = sync.refresh()
+        assert snapshot.records == records + 1000, snapshot.records
+        print(f"  pages fetched by an incremental poll after 1,000 new records: {len(calls)}  (target ≤ 4)")
+        client.close()
+
+
+def _child(records: int) -> None:
+    """Run in a fresh process: one full sync, then report peak RSS."""
+    with simulator(SimSettings(records=records)) as url:
+        client = client_for(url, page_size=PAGE_SIZE, concurrency=CONCURRENCY)
+        baseline = peak_rss_mb()
+        snapshot = UsageSync(client, Clock(), StateStore(":memory:"), per_api_key=False).refresh()
+        assert snapshot.records == records
+        print(json.dumps({"records": records, "baseline_mb": baseline, "peak_mb": peak_rss_mb()}))
+
+
+def memory(small: int, large: int) -> None:
+    results = {}
+    for records in (small, large):
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.sync", "--child", str(records)], capture_output=True, text=True, check=True
+        )
+        results[records] = json.loads(out.stdout.strip().splitlines()[-1])
+    growth = results[large]["peak_mb"] - results[small]["peak_mb"]
+    print(
+        f"peak RSS: {results[small]['peak_mb']:.1f} MB at {small} records, "
+        f"{results[large]['peak_mb']:.1f} MB at {large} records"
+    )
+    print(f"  peak RSS at {large} minus at {small}: {growth:.1f} MB  (target ≤ 30 MB)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--memory", type=int, nargs=2, default=[100_000, 1_000_000], metavar=("SMALL", "LARGE"))
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return
+    full_day(args.records, args.latency)
+    memory(*args.memory)
+
+
+if __name__ == "__main__":
+    main()

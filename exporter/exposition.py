@@ -1,0 +1,50 @@
+"""/metrics rendering with a cache per collector.
+
+Bills alone can be tens of thousands of series, and they change only when a refresh replaces
+the snapshot. Each collector's block of text is rendered once per snapshot (and per format) and
+reused by every scrape until its snapshot changes; the exporter's own health block, whose
+figures move every refresh, is rendered on each scrape.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+OPENMETRICS_EOF = b"# EOF\n"
+
+
+class Exposition:
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self.collectors = tuple(collectors)
+        self._registries = []
+        for collector in self.collectors:
+            registry = CollectorRegistry()
+            registry.register(collector)
+            self._registries.append(registry)
+        self._cache: dict[tuple[int, str], tuple[object, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition in the format the `Accept` header asks for, and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        blocks = []
+        for index, (collector, registry) in enumerate(zip(self.collectors, self._registries, strict=True)):
+            version = getattr(collector, "version", lambda: None)()
+            with self._lock:
+                cached = self._cache.get((index, content_type))
+            if version is not None and cached is not None and cached[0] is version:
+                blocks.append(cached[1])
+                continue
+            block = encoder(registry).removesuffix(OPENMETRICS_EOF)
+            if version is not None:
+                with self._lock:
+                    self._cache[(index, content_type)] = (version, block)
+            blocks.append(block)
+        if content_type.startswith("application/openmetrics-text"):
+            blocks.append(OPENMETRICS_EOF)
+        return b"".join(blocks), content_type
