@@ -227,3 +227,26 @@ def ready(url: str) -> bool:
         return requests.get(f"{url}/readyz", timeout=2).status_code == 200
     except requests.ConnectionError:
         return False
+
+
+def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        series = scrape(url)
+        assert sum(v for (name, _), v in series.items() if name == "inference_usage_requests_total") >= 20_000
+        assert value(series, "inference_budget_amount", budget="monthly") == 15000
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        stdout, _ = process.communicate()
+    assert f"metrics       {url}/metrics" in stdout
