@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http import HTTPStatus
@@ -519,18 +519,33 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
         for name, value in headers.items():
-            self.send_header(name.replace("_", "-"), value)
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
 
-    def _envelope(self, status: int, code: int, reason: str, message: str, data: Any = None, **headers: str) -> None:
+    def _envelope(self, status: int, code: int, reason: str, message: str, data: Any = None) -> None:
         body = {"code": code, "reason": reason, "message": message}
         if data is not None:
             body["data"] = data
-        self._send(status, _encode(body), **headers)
+        self._send(status, _encode(body))
 
     def date_time_string(self, timestamp: float | None = None) -> str:
         return super().date_time_string(self.sim.clock.now().timestamp() if timestamp is None else timestamp)
+
+    def _transport_fault(self, fault: Fault | None, error_body: Callable[[int], bytes]) -> bool:
+        """Apply a fault both APIs share (delay, drop, HTTP status); True when it ended the request."""
+        if fault is None:
+            return False
+        if fault.kind == "delay":
+            time.sleep(fault.seconds)
+        elif fault.kind == "drop":
+            self._drop()
+            return True
+        elif fault.kind == "status":
+            extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+            self._send(fault.status, error_body(fault.status), **extra)
+            return True
+        return False
 
     def _drop(self) -> None:
         self.close_connection = True
@@ -562,14 +577,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._envelope(404, 100404, "NotFound", "no such API")
             return
         fault = self.sim._take_fault(url.path)
-        if fault and fault.kind == "delay":
-            time.sleep(fault.seconds)
-        if fault and fault.kind == "drop":
-            self._drop()
-            return
-        if fault and fault.kind == "status":
-            extra = {"Retry_After": str(fault.retry_after)} if fault.retry_after is not None else {}
-            self._envelope(fault.status, 100500, "Fault", HTTPStatus(fault.status).phrase, **extra)
+
+        def envelope(status: int) -> bytes:
+            return _encode({"code": 100500, "reason": "Fault", "message": HTTPStatus(status).phrase})
+
+        if self._transport_fault(fault, envelope):
             return
         if fault and fault.kind == "malformed":
             self._send(200, b'{"code": 0, "data": {"list": [')
@@ -634,16 +646,9 @@ class _Handler(BaseHTTPRequestHandler):
         fault = sim._take_fault("/v1/chat/completions")
         if sim.latency:
             time.sleep(sim.latency)
-        if fault and fault.kind == "delay":
-            time.sleep(fault.seconds)
-        if fault and fault.kind == "drop":
-            self._drop()
-            return
-        if fault and fault.kind == "status":
-            extra = {"Retry_After": str(fault.retry_after)} if fault.retry_after is not None else {}
-            self._send(
-                fault.status, json.dumps({"error": {"message": HTTPStatus(fault.status).phrase}}).encode(), **extra
-            )
+        if self._transport_fault(
+            fault, lambda status: json.dumps({"error": {"message": HTTPStatus(status).phrase}}).encode()
+        ):
             return
         if self.headers.get("Authorization") != f"Bearer {sim.api_key}":
             self._chat_error(401, "authentication_error", "invalid API key")

@@ -188,16 +188,7 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
     document = yaml.safe_load(config.read_text())
     document["state"] = {"path": str(tmp_path / "state.db")}
     config.write_text(yaml.safe_dump(document))
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "run", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "TEST_BILLING_SECRET": sim.secret_access_key},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
     try:
         wait_for(lambda: ready(url), timeout=30)
         config.write_text("billing: {page_size: 501}\n")
@@ -216,6 +207,20 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
     assert sim.secret_access_key not in stderr
 
 
+def spawn(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """Start the command in the background, listening on a free loopback port; returns it and its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", *args, "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    return process, f"http://127.0.0.1:{port}"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -230,15 +235,7 @@ def ready(url: str) -> bool:
 
 
 def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "demo", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    process, url = spawn("demo")
     try:
         wait_for(lambda: ready(url), timeout=30)
         series = scrape(url)
