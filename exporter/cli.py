@@ -93,13 +93,13 @@ def cmd_once(args: argparse.Namespace) -> int:
             ),
         }
         for name, source in sources.items():
-            started = time.time()
+            started = time.perf_counter()
             try:
                 setattr(latest, name, source.refresh())
             except BillingError as error:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
-            latest.record(name, success=True, started=started, finished=time.time())
+            latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
     sys.stdout.write(build_exposition(config, latest, clock).render()[0].decode())
     return 0
 

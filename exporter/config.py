@@ -35,6 +35,18 @@ SIGNALS = ("spend", "estimated_spend", "tokens", "requests", "probe_latency", "p
 WINDOWS = ("today", "month", "month_forecast")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 MAX_TIER = 10
+SIGNAL_LABELS = {
+    "spend": ("endpoint_id", "item", "product", "project_id"),
+    "estimated_spend": ("endpoint_id", "model", "api_key"),
+    "tokens": ("endpoint_id", "model", "api_key"),
+    "requests": ("endpoint_id", "model", "api_key"),
+    "probe_latency": ("probe", "endpoint_id", "scenario"),
+    "probe_success": ("probe", "endpoint_id", "scenario"),
+    "data_age": ("source",),
+}
+"""The labels a signal's groups carry: what `by` and `where` may name."""
+LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_LABELS = ("alertname", "alertstate")
 
 
 class ConfigError(Exception):
@@ -218,6 +230,24 @@ class RuleConfig(Strict):
             raise ValueError("a `signal` rule needs `threshold`")
         if self.budget is not None and not self.tiers:
             raise ValueError("a `budget` rule needs `tiers`")
+        if self.budget is not None and (self.for_ or self.keep_firing_for or self.by or self.where):
+            raise ValueError(
+                "a `budget` rule fires once per tier per period: `for`, `keep_firing_for`, `by` and "
+                "`where` do not apply"
+            )
+        if self.signal is not None:
+            known = SIGNAL_LABELS[self.signal]
+            for name in (*self.by, *self.where):
+                if name not in known:
+                    raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(known)})")
+            named = {*self.by, *self.where}
+            if self.signal == "spend" and {"endpoint_id", "item"} <= named:
+                raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+            if self.window != "today" and self.signal != "spend":
+                raise ValueError(f"signal {self.signal!r} has only the `today` window")
+        for name in self.labels:
+            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
+                raise ValueError(f"label {name!r} is not a valid alert label name")
         fields = {"value", "threshold", *self.by, *self.where}
         if self.budget is not None:
             fields |= {"budget", "tier", "amount", "period"}
@@ -286,6 +316,8 @@ class ServerConfig(Strict):
     listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")] = ":9877"
     tls: TlsConfig | None = None
     basic_auth: BasicAuthConfig | None = None
+    external_url: HttpUrl | None = None
+    """How receivers reach this exporter (links in notifications); the listen address by default."""
 
 
 class StateConfig(Strict):
@@ -325,6 +357,8 @@ class Config(Strict):
         _unique(self.prices, "model", "price for model")
         _unique(self.budgets, "name", "budget")
         _unique(self.alerts.notifiers, "name", "notifier")
+        if any(rule.signal == "estimated_spend" for rule in self.alerts.rules) and not self.prices:
+            raise ValueError("`estimated_spend` rules need a `prices` table")
         budgets = {b.name for b in self.budgets}
         for index, rule in enumerate(self.alerts.rules):
             if rule.budget is not None and rule.budget not in budgets:

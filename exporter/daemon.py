@@ -12,12 +12,16 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client.registry import Collector
 
+from exporter.alerts.collector import AlertsCollector
+from exporter.alerts.engine import Engine
+from exporter.alerts.notifiers import RESEND, Dispatcher
 from exporter.billing import BillingClient, BillingError, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, UsageCollector
-from exporter.config import Config, ConfigError, load
+from exporter.config import AlertmanagerNotifier, Config, ConfigError, load
 from exporter.exposition import Exposition
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
@@ -27,6 +31,7 @@ from exporter.usage_sync import UsageSync
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 10.0
+DELIVERY_INTERVAL = 5.0
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -39,22 +44,29 @@ def parse_listen(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_exposition(config: Config, latest: Latest, clock: Clock) -> Exposition:
+def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collector) -> Exposition:
     return Exposition(
         [
             BillsCollector(latest),
             UsageCollector(latest, config.billing.per_api_key),
             BudgetCollector(latest, config.budgets),
             ExporterCollector(latest, clock),
+            *more,
         ]
     )
 
 
 class Sources:
-    """Everything built from one config: the client, the sources and the registry."""
+    """Everything built from one config: the client, the sources, the alert engine, the exposition."""
 
     def __init__(
-        self, config: Config, latest: Latest, clock: Clock, state: StateStore, retry: RetryPolicy | None = None
+        self,
+        config: Config,
+        latest: Latest,
+        clock: Clock,
+        state: StateStore,
+        external_url: str,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.config = config
         self.client = BillingClient.from_config(config.billing, clock, latest.count_api_call, retry)
@@ -65,7 +77,22 @@ class Sources:
             ).refresh,
         }
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
-        self.exposition = build_exposition(config, latest, clock)
+        notifiers = config.alerts.notifiers
+        self.engine = Engine(
+            config.alerts,
+            config.budgets,
+            state,
+            clock,
+            latest,
+            sources=lambda: list(self.refreshers),
+            notifiers=[n.name for n in notifiers if not isinstance(n, AlertmanagerNotifier)],
+        )
+        self.dispatcher = Dispatcher(notifiers, self.engine.db, clock, self.engine.current, external_url)
+        self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, self.dispatcher))
+
+    def close(self) -> None:
+        self.client.close()
+        self.dispatcher.close()
 
 
 class Daemon:
@@ -83,7 +110,6 @@ class Daemon:
         self.clock = clock or Clock(config.billing.zone)
         self.latest = Latest()
         self.state = StateStore(config.state.path)
-        self.sources = Sources(config, self.latest, self.clock, self.state, self.retry)
         self._locks: dict[str, threading.Lock] = {}
         self._active = 0
         self._idle = threading.Condition()
@@ -93,10 +119,18 @@ class Daemon:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         view = View(
-            self.latest, lambda accept: self.sources.exposition.render(accept), lambda: list(self.sources.refreshers)
+            self.latest,
+            render=lambda accept: self.sources.exposition.render(accept),
+            sources=lambda: list(self.sources.refreshers),
+            alerts=lambda: self.sources.engine.current(),
         )
         host, port = parse_listen(listen or config.server.listen)
         self.server = ExporterServer((host, port), view, config.server)
+        self.sources = self._sources(config)
+
+    def _sources(self, config: Config) -> Sources:
+        external_url = config.server.external_url or self.server.url
+        return Sources(config, self.latest, self.clock, self.state, external_url, self.retry)
 
     @property
     def config(self) -> Config:
@@ -113,7 +147,7 @@ class Daemon:
             return False
         with self._idle:
             self._active += 1
-        started = time.time()
+        started = time.perf_counter()
         try:
             snapshot = refresher()
         except BillingError as error:
@@ -125,10 +159,11 @@ class Daemon:
             return False
         else:
             setattr(self.latest, source, snapshot)
-            self.latest.record(source, success=True, started=started, finished=time.time())
+            self._record(source, started, success=True)
             self.sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered source=%s", source)
+            self.alert_cycle()
             return True
         finally:
             lock.release()
@@ -136,13 +171,37 @@ class Daemon:
                 self._active -= 1
                 self._idle.notify_all()
 
+    def _record(self, source: str, started: float, *, success: bool, error: str = "") -> None:
+        at = self.clock.now().timestamp()
+        self.latest.record(source, success=success, at=at, duration=time.perf_counter() - started, error=error)
+
     def _failed(self, source: str, started: float, error: str) -> None:
-        self.latest.record(source, success=False, started=started, finished=time.time(), error=error)
+        self._record(source, started, success=False, error=error)
         if self._failing.get(source) != error:
             log.error("refresh failed source=%s error=%r (serving the last good data)", source, error)
         else:
             log.debug("refresh still failing source=%s", source)
         self._failing[source] = error
+
+    # -- alerts --
+
+    def alert_cycle(self) -> None:
+        """Evaluate the rules, deliver what is due, and tell Alertmanager at once about any change."""
+        sources = self.sources
+        try:
+            changes = sources.engine.evaluate()
+        except Exception:  # a bug must not stop the schedule; it is logged with its traceback
+            log.exception("alert evaluation crashed")
+            return
+        self.deliver()
+        if changes:
+            sources.dispatcher.resend_alertmanager()
+
+    def deliver(self) -> None:
+        try:
+            self.sources.dispatcher.deliver()
+        except Exception:
+            log.exception("notification delivery crashed")
 
     def _schedule(self) -> None:
         for job in self.scheduler.get_jobs():
@@ -160,13 +219,22 @@ class Daemon:
         self.scheduler.add_job(
             self.refresh, CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz), args=["usage"], id="rollover"
         )
+        self.scheduler.add_job(
+            self.alert_cycle, IntervalTrigger(seconds=self.config.alerts.evaluation_interval), id="evaluate"
+        )
+        self.scheduler.add_job(self.deliver, IntervalTrigger(seconds=DELIVERY_INTERVAL), id="deliver")
+        self.scheduler.add_job(
+            lambda: self.sources.dispatcher.resend_alertmanager(), IntervalTrigger(seconds=RESEND), id="alertmanager"
+        )
 
     # -- lifecycle --
 
-    def start(self) -> None:
+    def start(self, schedule: bool = True) -> None:
+        """Serve HTTP and, unless `schedule` is False (tests drive it by hand then), run the jobs."""
         self.server.start()
-        self._schedule()
-        self.scheduler.start()
+        if schedule:
+            self._schedule()
+            self.scheduler.start()
         log.info("listening url=%s sources=%s", self.server.url, ",".join(self.sources.refreshers))
 
     def reload(self) -> bool:
@@ -184,18 +252,20 @@ class Daemon:
         if config.state != self.config.state:
             log.warning("config reload: state.path changes only on restart")
         old = self.sources
-        self.sources = Sources(config, self.latest, self.clock, self.state, self.retry)
-        threading.Thread(target=old.client.close, name="close-old-client", daemon=True).start()
-        self._schedule()
+        self.sources = self._sources(config)
+        threading.Thread(target=old.close, name="close-old-sources", daemon=True).start()
+        if self.scheduler.running:
+            self._schedule()
         self.latest.reloaded(success=True)
         log.info("config reloaded path=%s", self.config_path)
         return True
 
     def stop(self, grace: float = SHUTDOWN_GRACE) -> bool:
         """Stop scheduling, close the server; wait up to `grace` for refreshes in flight. True if none is left."""
-        self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
         self.server.stop()
-        self.sources.client.close()
+        self.sources.close()
         deadline = time.monotonic() + grace
         with self._idle:
             while self._active and time.monotonic() < deadline:

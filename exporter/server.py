@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import __version__
+from exporter.alerts.engine import Alert, iso
 from exporter.config import ServerConfig
 from exporter.snapshots import Latest
 
@@ -39,6 +40,7 @@ class View:
     render: Callable[[str], tuple[bytes, str]]
     """The exposition for an `Accept` header, and its content type."""
     sources: Callable[[], Sequence[str]]
+    alerts: Callable[[], Sequence[Alert]] = list
 
 
 class ExporterServer(ThreadingHTTPServer):
@@ -92,6 +94,23 @@ def ready(view: View) -> tuple[bool, dict[str, str]]:
     return all(s != "not refreshed yet" and s != "never succeeded" for s in states.values()), states
 
 
+def alerts_document(view: View) -> dict[str, object]:
+    """/api/v1/alerts, shaped like Prometheus' own: pending, firing and recently resolved alerts."""
+    alerts = [
+        {
+            "labels": alert.labels,
+            "annotations": alert.annotations,
+            "state": alert.state,
+            "activeAt": iso(alert.active_since),
+            "firedAt": iso(alert.fired_at) if alert.fired_at else None,
+            "resolvedAt": iso(alert.resolved_at) if alert.resolved_at else None,
+            "value": alert.value,
+        }
+        for alert in view.alerts()
+    ]
+    return {"status": "success", "data": {"alerts": alerts}}
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -115,6 +134,18 @@ def landing_page(view: View) -> str:
             f"<tr><td>{html.escape(source)}</td><td class={css}>{state}</td><td>{age}</td>"
             f"<td>{html.escape(entry.error)}</td></tr>"
         )
+    firing = [a for a in view.alerts() if a.state == "firing"]
+    alert_rows = "".join(
+        f"<tr><td class=bad>{html.escape(a.labels['alertname'])}</td>"
+        f"<td>{html.escape(', '.join(f'{k}={v}' for k, v in sorted(a.labels.items()) if k != 'alertname'))}</td>"
+        f"<td>{html.escape(a.annotations.get('summary', ''))}</td><td>{_age(now - (a.fired_at or now))}</td></tr>"
+        for a in firing
+    )
+    alerts = (
+        "<table><tr><th>alert</th><th>labels</th><th>summary</th><th>firing for</th></tr>" + alert_rows + "</table>"
+        if firing
+        else "<p>No alert is firing.</p>"
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
 <style>
@@ -124,11 +155,14 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 .ok {{ color: #1a7f37; font-weight: 600; }} .bad {{ color: #c62828; font-weight: 600; }} .wait {{ color: #8a6d00; }}
 </style></head><body>
 <h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
-<p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
+<p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a>
+ · <a href="/api/v1/alerts">Alerts (JSON)</a></p>
 <h2>Sources</h2>
 <table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>
 {"".join(rows)}
 </table>
+<h2>Firing alerts</h2>
+{alerts}
 </body></html>
 """
 
@@ -185,6 +219,8 @@ class _Handler(BaseHTTPRequestHandler):
             is_ready, states = ready(view)
             body = json.dumps({"ready": is_ready, "sources": states}).encode()
             self._send(200 if is_ready else 503, body, "application/json")
+        elif path == "/api/v1/alerts":
+            self._send(200, json.dumps(alerts_document(view)).encode(), "application/json")
         elif path == "/":
             self._send(200, landing_page(view).encode(), "text/html; charset=utf-8")
         else:

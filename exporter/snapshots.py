@@ -98,6 +98,7 @@ class Latest:
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    started: float = field(default_factory=time.time)
     config_reload_success: bool = True
     config_reload_timestamp: float = field(default_factory=time.time)
 
@@ -105,11 +106,12 @@ class Latest:
     def health(self) -> Mapping[str, SourceHealth]:
         return self._health
 
-    def record(self, source: str, *, success: bool, started: float, finished: float, error: str = "") -> None:
+    def record(self, source: str, *, success: bool, at: float, duration: float, error: str = "") -> None:
+        """A refresh of `source` ended at `at` (the billing clock's time) after `duration` seconds."""
         with self._lock:
             previous = self._health.get(source)
-            last_success = finished if success else (previous.last_success if previous else None)
-            entry = SourceHealth(source, success, finished, last_success, finished - started, "" if success else error)
+            last_success = at if success else (previous.last_success if previous else None)
+            entry = SourceHealth(source, success, at, last_success, duration, "" if success else error)
             self._health = MappingProxyType({**self._health, source: entry})
 
     def reloaded(self, *, success: bool) -> None:

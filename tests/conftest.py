@@ -83,3 +83,12 @@ def require_binary(name: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{name} is not installed; CI must install it (make system-deps)")
     pytest.skip(f"{name} is not installed (make test installs it as root; CI requires it)")
+
+
+@pytest.fixture
+def receiver() -> Iterator[object]:
+    from tests.helpers import Receiver
+
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()

@@ -45,3 +45,49 @@ def wait_for(condition: Callable[[], T], timeout: float = 20.0, interval: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class Receiver:
+    """A webhook receiver on loopback: records every POST, and can refuse the next few."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        receiver = self
+        self.received: list[dict] = []
+        self.attempts = 0
+        self.refuse = 0
+        self._lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with receiver._lock:
+                    receiver.attempts += 1
+                    refused = receiver.refuse > 0
+                    if refused:
+                        receiver.refuse -= 1
+                    else:
+                        receiver.received.append({"path": self.path, "body": json.loads(body)})
+                self.send_response(503 if refused else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def bodies(self, path: str | None = None) -> list[dict]:
+        with self._lock:
+            return [r["body"] for r in self.received if path is None or r["path"] == path]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

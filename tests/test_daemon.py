@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +17,17 @@ from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import Daemon
 from exporter.simulator import Fault, Simulator, SimulatorServer
-from tests.conftest import billing_section
+from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import named, scrape, value, wait_for
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """The billing clock moves here (from 10:00 on 2026-11-22 in Shanghai), so refresh times differ."""
+    start, origin = dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI), time.monotonic()
+    return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
 
 
 def daemon_config(sim: Simulator, server: SimulatorServer, tmp_path: Path, **billing: object) -> dict:

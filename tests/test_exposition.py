@@ -42,9 +42,9 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         frozen.advance(dt.timedelta(days=1))
         sim.add_usage(120)
         latest.usage = usage.refresh()
-        latest.record("usage", success=True, started=0.0, finished=1.0)
+        latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
         latest.bills = BillsSource(client, clock, 3).refresh()
-        latest.record("bills", success=False, started=0.0, finished=1.0, error="x")
+        latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     return config, latest
 
 

@@ -1,0 +1,1 @@
+"""Budget and threshold alerts: rules over snapshots, a durable state machine, notifiers."""

@@ -1,0 +1,48 @@
+"""Alert state and notification delivery as metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.alerts.engine import Engine
+from exporter.alerts.notifiers import Dispatcher
+
+
+class AlertsCollector(Collector):
+    def __init__(self, engine: Engine, dispatcher: Dispatcher) -> None:
+        self.engine = engine
+        self.dispatcher = dispatcher
+
+    def collect(self) -> Iterator[Metric]:
+        alerts = Metric(
+            "inference_alerts",
+            "1 per pending or firing alert, with the rule's and the group's labels (like Prometheus' ALERTS).",
+            "gauge",
+        )
+        for alert in self.engine.current():
+            if alert.state in ("pending", "firing"):
+                alerts.add_sample("inference_alerts", {**alert.labels, "alertstate": alert.state}, 1.0)
+        yield alerts
+        sent = CounterMetricFamily(
+            "inference_alert_notifications", "Notifications delivered (the receiver answered 2xx).", labels=["notifier"]
+        )
+        failed = CounterMetricFamily(
+            "inference_alert_notifications_failed",
+            "Failed delivery attempts (each is retried; see ..._pending).",
+            labels=["notifier"],
+        )
+        for name in sorted(self.dispatcher.sent):
+            sent.add_metric([name], self.dispatcher.sent[name])
+            failed.add_metric([name], self.dispatcher.failed[name])
+        pending = GaugeMetricFamily(
+            "inference_alert_notifications_pending",
+            "Notifications in the outbox waiting for delivery.",
+            labels=["notifier"],
+        )
+        backlog = self.dispatcher.pending()
+        for notifier in self.dispatcher.outbox_notifiers:
+            pending.add_metric([notifier.name], backlog.get(notifier.name, 0))
+        yield from (sent, failed, pending)

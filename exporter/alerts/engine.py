@@ -1,0 +1,262 @@
+"""The alert state machine: pending → firing → resolved, per rule and `by` group, durable.
+
+Every evaluation commits its state changes and the notifications they cause in one SQLite
+transaction, so a crash neither loses a pending `for` timer nor re-pages what was already
+queued. Budget tiers fire once per tier per period; a higher tier supersedes (inhibits) the
+lower ones without a notification of its own; a new period starts clean.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from decimal import Decimal
+from typing import Literal
+
+from exporter.alerts import rules
+from exporter.clock import Clock
+from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
+from exporter.snapshots import Latest
+from exporter.state import AlertStore, StateStore
+
+log = logging.getLogger(__name__)
+
+RESOLVED_KEEP = 15 * 60.0
+"""How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
+
+State = Literal["pending", "firing", "resolved"]
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str
+    rule: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    state: State
+    active_since: float
+    value: str
+    last_true: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    inhibited: bool = False
+    """Resolved because a higher budget tier took over: no resolve notice of its own."""
+    period: str = ""
+
+    def event(self, status: str) -> dict[str, object]:
+        """What the notifiers format: one alert's state change. `dedup_key` is the same for every
+        tier of one budget in one period, so an incident is escalated rather than duplicated."""
+        stable = {k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period}
+        return {
+            "key": self.key,
+            "dedup_key": fingerprint(stable) if self.period else self.key,
+            "status": status,
+            "labels": self.labels,
+            "annotations": self.annotations,
+            "starts_at": self.fired_at or self.active_since,
+            "ends_at": self.resolved_at,
+            "value": self.value,
+        }
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
+
+
+def rule_id(rule: RuleConfig) -> str:
+    """Stable across restarts and reloads while the rule means the same thing."""
+    identity = [rule.alert, rule.signal, rule.window, rule.by, sorted(rule.where.items()), rule.budget]
+    return hashlib.sha256(json.dumps([identity, sorted(rule.labels.items())]).encode()).hexdigest()[:16]
+
+
+def fmt(value: Decimal) -> str:
+    """A figure for people: 2 decimals from 1 up, 4 below, no exponent."""
+    quantum = Decimal("0.01") if abs(value) >= 1 else Decimal("0.0001")
+    return f"{value.quantize(quantum):f}"
+
+
+def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
+    """Fill `{field}` templates (the names were checked when the config was loaded)."""
+    return {name: template.format_map(fields) for name, template in templates.items()}
+
+
+@dataclass
+class Engine:
+    config: AlertsConfig
+    budgets: Sequence[BudgetConfig]
+    store: StateStore
+    clock: Clock
+    latest: Latest
+    sources: Callable[[], Iterable[str]]
+    notifiers: Sequence[str] = ()
+    """Names of the notifiers that get one notification per state change (not Alertmanager)."""
+    alerts: dict[str, Alert] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.db = AlertStore(self.store)
+        self._lock = threading.Lock()
+        self._transitions = 0
+        self._sent = self.db.load_sent()
+        for key, (_, body) in self.db.load_states().items():
+            self.alerts[key] = Alert(**json.loads(body))
+
+    # -- evaluation --
+
+    def evaluate(self) -> int:
+        """Evaluate every rule now; returns how many alerts changed state (fired, resolved, inhibited)."""
+        with self._lock, self.store.transaction() as db:
+            now = self.clock.now().timestamp()
+            before = self._transitions
+            queued = 0
+            rule_ids = set()
+            for rule in self.config.rules:
+                rule_ids.add(rule_id(rule))
+                if rule.budget is not None:
+                    queued += self._budget(db, rule, now)
+                else:
+                    queued += self._signal(db, rule, now)
+            for key, alert in list(self.alerts.items()):
+                gone = alert.rule not in rule_ids  # its rule was removed by a reload
+                expired = alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
+                if gone and alert.state != "resolved":
+                    queued += self._resolve(db, alert, now)
+                elif expired or gone:
+                    del self.alerts[key]
+                    self.db.delete_state(db, key)
+            self._repeat(db, now)
+        return self._transitions - before
+
+    def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> int:
+        values = rules.evaluate(rule, self.latest, self.clock, self.sources())
+        if values is None:
+            return 0  # no trustworthy data: every alert of this rule keeps its state
+        assert rule.threshold is not None
+        rid = rule_id(rule)
+        queued = 0
+        active: set[str] = set()
+        for group, value in values.items():
+            if not rules.COMPARE[rule.op](value, rule.threshold):
+                continue
+            labels = {"alertname": rule.alert, **rule.labels, **dict(group)}
+            fields = {**dict(group), "value": fmt(value), "threshold": fmt(rule.threshold)}
+            default = f"{rule.alert}: {rule.signal} {fmt(value)} {rule.op} {fmt(rule.threshold)}"
+            annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(value)}
+            key = fingerprint(labels)
+            active.add(key)
+            queued += self._active(db, rid, key, labels, annotations, fmt(value), rule.for_, now)
+        for alert in list(self.alerts.values()):
+            if alert.rule != rid or alert.key in active or alert.state == "resolved":
+                continue
+            if alert.state == "pending":
+                del self.alerts[alert.key]
+                self.db.delete_state(db, alert.key)
+            elif now - alert.last_true >= rule.keep_firing_for:
+                queued += self._resolve(db, alert, now)
+        return queued
+
+    def _active(
+        self,
+        db: sqlite3.Connection,
+        rid: str,
+        key: str,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        value: str,
+        hold: float,
+        now: float,
+        period: str = "",
+    ) -> int:
+        alert = self.alerts.get(key)
+        if alert is None or alert.state == "resolved":
+            alert = Alert(key, rid, labels, annotations, "pending", now, value, now, period=period)
+        alert = replace(alert, annotations=annotations, value=value, last_true=now)
+        queued = 0
+        if alert.state == "pending" and now - alert.active_since >= hold:
+            alert = replace(alert, state="firing", fired_at=now)
+            self._transitions += 1
+            log.info("alert firing alertname=%s key=%s value=%s", labels["alertname"], key, value)
+            queued = self._notify(db, alert, "firing", now)
+        self._save(db, alert)
+        return queued
+
+    def _resolve(self, db: sqlite3.Connection, alert: Alert, now: float, inhibited: bool = False) -> int:
+        resolved = replace(alert, state="resolved", resolved_at=now, inhibited=inhibited)
+        self._transitions += 1
+        self._save(db, resolved)
+        how = "inhibited" if inhibited else "resolved"
+        log.info("alert %s alertname=%s key=%s", how, alert.labels["alertname"], alert.key)
+        return 0 if inhibited else self._notify(db, resolved, "resolved", now)
+
+    def _budget(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> int:
+        budget = next(b for b in self.budgets if b.name == rule.budget)
+        measured = rules.budget_ratio(budget, self.latest, self.clock)
+        if measured is None:
+            return 0
+        period, ratio = measured
+        rid = rule_id(rule)
+        queued = 0
+        for alert in list(self.alerts.values()):
+            if alert.rule == rid and alert.state == "firing" and alert.period != period:
+                queued += self._resolve(db, alert, now)  # a new period starts clean
+        crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
+        fired = self.db.tiers_fired(rid, period)
+        if not crossed or max(crossed) in fired:
+            return queued
+        tier = max(crossed)
+        for alert in list(self.alerts.values()):
+            if alert.rule == rid and alert.state == "firing":
+                queued += self._resolve(db, alert, now, inhibited=True)
+        labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
+        fields = {
+            "budget": budget.name,
+            "tier": f"{tier:g}",
+            "amount": fmt(budget.amount),
+            "period": period,
+            "value": fmt(ratio),
+        }
+        default = f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
+        annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
+        self.db.mark_tiers(db, rid, period, crossed)
+        key = fingerprint(labels | {"period": period})
+        return queued + self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
+
+    def _repeat(self, db: sqlite3.Connection, now: float) -> int:
+        queued = 0
+        for alert in self.alerts.values():
+            if alert.state != "firing":
+                continue
+            for notifier in self.notifiers:
+                if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
+                    queued += self._notify(db, alert, "firing", now, only=notifier)
+        return queued
+
+    def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> int:
+        event = json.dumps(alert.event(status))
+        targets = [only] if only else list(self.notifiers)
+        for notifier in targets:
+            self.db.enqueue(db, notifier, event, now)
+            self.db.mark_sent(db, alert.key, notifier, now)
+            self._sent[(alert.key, notifier)] = now
+        return len(targets)
+
+    def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
+        self.alerts[alert.key] = alert
+        self.db.save_state(db, alert.key, alert.rule, json.dumps(asdict(alert)))
+
+    # -- views --
+
+    def current(self) -> list[Alert]:
+        with self._lock:
+            return sorted(self.alerts.values(), key=lambda a: (a.labels["alertname"], a.key))
+
+
+def iso(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "0001-01-01T00:00:00Z"
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,221 @@
+"""Alerts end to end: the daemon against the simulator, a webhook receiver on loopback, a frozen clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import requests
+
+from exporter.clock import Clock, FrozenClock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.simulator import ITEMS, Simulator, SimulatorServer
+from tests.conftest import billing_section
+from tests.helpers import Receiver, named, scrape
+
+TODAY = dt.date(2026, 11, 22)
+
+
+def today_by_endpoint(sim: Simulator) -> dict[str, Decimal]:
+    return {
+        e.endpoint_id: sum((sim.charge("2026-11", TODAY, e, item)[0] for item in ITEMS), Decimal(0))
+        for e in sim.endpoints
+    }
+
+
+def make_daemon(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, alerts: dict, **extra: object
+) -> Daemon:
+    document = {
+        "billing": billing_section(sim, server),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": alerts,
+    } | extra
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    return daemon
+
+
+@pytest.fixture
+def spend_rule(sim: Simulator) -> dict:
+    amounts = today_by_endpoint(sim)
+    top = max(amounts, key=lambda e: amounts[e])
+    threshold = (sorted(amounts.values())[-2] + amounts[top]) / 2  # only the top endpoint is over it
+    return {
+        "alert": "EndpointDailySpendHigh",
+        "signal": "spend",
+        "window": "today",
+        "by": ["endpoint_id"],
+        "op": ">",
+        "threshold": str(threshold),
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {"summary": "{endpoint_id} spent {value} today (over {threshold})"},
+    }
+
+
+def statuses(receiver: Receiver) -> list[str]:
+    return [body["status"] for body in receiver.bodies()]
+
+
+def test_spend_rule_pends_fires_repeats_and_resolves_once_each(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    receiver: Receiver, spend_rule: dict,
+) -> None:  # fmt: skip
+    alerts = {
+        "repeat_interval": "1h",
+        "rules": [spend_rule],
+        "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+    }
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        amounts = today_by_endpoint(sim)
+        top = max(amounts, key=lambda e: amounts[e])
+        assert daemon.refresh("bills")
+        series = scrape(daemon.server.url)
+        pending = named(series, "inference_alerts")
+        assert [dict(labels)["alertstate"] for labels in pending] == ["pending"]
+        assert dict(next(iter(pending)))["endpoint_id"] == top
+        assert statuses(receiver) == []
+
+        frozen.advance(dt.timedelta(minutes=9))
+        daemon.alert_cycle()
+        assert statuses(receiver) == []
+        frozen.advance(dt.timedelta(minutes=1))
+        daemon.alert_cycle()
+        assert statuses(receiver) == ["firing"]
+        body = receiver.bodies()[0]
+        assert body["version"] == "4"
+        alert = body["alerts"][0]
+        assert alert["labels"] == {"alertname": "EndpointDailySpendHigh", "severity": "warning", "endpoint_id": top}
+        assert alert["annotations"]["summary"].startswith(f"{top} spent {amounts[top].quantize(Decimal('0.01'))} today")
+        assert alert["endsAt"] == "0001-01-01T00:00:00Z"
+
+        for _ in range(3):
+            daemon.alert_cycle()
+            daemon.refresh("bills")
+        assert statuses(receiver) == ["firing"]
+        frozen.advance(dt.timedelta(hours=1))
+        daemon.alert_cycle()
+        assert statuses(receiver) == ["firing", "firing"]
+
+        for item in ITEMS:
+            sim.revise_bill(TODAY, top, item, Decimal("0.01"))
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        assert statuses(receiver) == ["firing", "firing", "resolved"]
+        assert receiver.bodies()[-1]["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+        assert named(scrape(daemon.server.url), "inference_alerts") == {}
+        api = requests.get(f"{daemon.server.url}/api/v1/alerts", timeout=5).json()
+        assert [a["state"] for a in api["data"]["alerts"]] == ["resolved"]
+    finally:
+        daemon.stop()
+
+
+def test_tier_ladder_notifies_three_times_across_a_month(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    rule = {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.8, 1.0], "labels": {"severity": "critical"}}
+    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts, budgets=[{"name": "monthly", "amount": "20000"}])
+    endpoint = sim.endpoints[0].endpoint_id
+    try:
+        daemon.refresh("bills")
+        assert statuses(receiver) == []  # about 41% used
+        tiers = []
+        for day, extra in ((3, "2000"), (4, "6000"), (5, "4000")):
+            sim.revise_bill(dt.date(2026, 11, day), endpoint, ITEMS[0], Decimal(extra))
+            frozen.advance(dt.timedelta(hours=1))
+            daemon.refresh("bills")
+            daemon.refresh("bills")  # the next refresh sends nothing new
+            tiers.append([b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()])
+        assert tiers == [["0.5"], ["0.5", "0.8"], ["0.5", "0.8", "1"]]
+        assert statuses(receiver) == ["firing"] * 3
+        firing = named(scrape(daemon.server.url), "inference_alerts")
+        assert [dict(labels)["tier"] for labels in firing] == ["1"]  # the lower tiers are inhibited
+
+        frozen.set(dt.datetime(2026, 12, 1, 9, 0, tzinfo=clock.tz))  # a new month starts clean
+        daemon.refresh("bills")
+        assert statuses(receiver) == ["firing"] * 3 + ["resolved"]
+        assert receiver.bodies()[-1]["alerts"][0]["labels"]["tier"] == "1"
+    finally:
+        daemon.stop()
+
+
+def test_a_receiver_down_for_three_attempts_gets_everything_once(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    receiver: Receiver, spend_rule: dict,
+) -> None:  # fmt: skip
+    spend_rule["for"] = "0s"
+    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    receiver.refuse = 3
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        daemon.refresh("bills")  # fires, and the first delivery attempt is refused
+        assert receiver.attempts == 1
+        for attempt in (2, 3):
+            daemon.deliver()
+            assert receiver.attempts == attempt - 1  # not before its backoff
+            frozen.advance(dt.timedelta(minutes=5))
+            daemon.deliver()
+            assert receiver.attempts == attempt
+        series = scrape(daemon.server.url)
+        assert named(series, "inference_alert_notifications_failed_total") == {frozenset({("notifier", "hook")}): 3}
+        assert named(series, "inference_alert_notifications_pending") == {frozenset({("notifier", "hook")}): 1}
+    finally:
+        daemon.stop()
+
+    restarted = make_daemon(sim, server, clock, tmp_path, alerts)  # the outbox survives a restart
+    try:
+        frozen.advance(dt.timedelta(minutes=5))
+        restarted.deliver()
+        restarted.alert_cycle()
+        restarted.deliver()
+        assert statuses(receiver) == ["firing"]
+        assert receiver.attempts == 4
+    finally:
+        restarted.stop()
+
+
+def test_a_failing_source_never_reads_as_zero_spend(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    receiver: Receiver, spend_rule: dict,
+) -> None:  # fmt: skip
+    from exporter.simulator import Fault
+
+    spend_rule["for"] = "0s"
+    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        daemon.refresh("bills")
+        assert statuses(receiver) == ["firing"]
+        sim.inject(Fault("status", status=503, times=100))
+        frozen.advance(dt.timedelta(minutes=5))
+        assert not daemon.refresh("bills")
+        daemon.alert_cycle()
+        assert statuses(receiver) == ["firing"]  # kept, not resolved by missing data
+    finally:
+        daemon.stop()
+
+
+def test_data_age_signal_fires_on_stale_data(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    from exporter.simulator import Fault
+
+    rule = {"alert": "BillsStale", "signal": "data_age", "where": {"source": "bills"}, "op": ">", "threshold": 1800}
+    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        daemon.refresh("bills")
+        sim.inject(Fault("status", status=503, times=1000))
+        frozen.advance(dt.timedelta(minutes=31))
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        assert statuses(receiver) == ["firing"]
+        assert receiver.bodies()[0]["alerts"][0]["labels"] == {"alertname": "BillsStale"}
+    finally:
+        daemon.stop()
