@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter import __version__
+from exporter.alerts.promrules import rule_file
 from exporter.billing import BillingClient, BillingError
 from exporter.bills import BillsSource
 from exporter.clock import Clock
@@ -101,6 +102,15 @@ def cmd_once(args: argparse.Namespace) -> int:
                 return EXIT_SOURCE
             latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
     sys.stdout.write(build_exposition(config, latest, clock).render()[0].decode())
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    text, skipped = rule_file(config.alerts, config.budgets)
+    for note in skipped:
+        print(f"{args.config}: {note}", file=sys.stderr)
+    sys.stdout.write(text)
     return 0
 
 
@@ -232,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", required=True, metavar="FILE")
     run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
     run.set_defaults(func=cmd_run)
+
+    rules = commands.add_parser("rules", help="the YAML alert rules as a Prometheus alerting-rule file")
+    rules.add_argument("--config", required=True, metavar="FILE")
+    rules.set_defaults(func=cmd_rules)
 
     demo = commands.add_parser("demo", help="the embedded simulator and the daemon, no credentials needed")
     demo.add_argument("--listen", default=":9877", metavar="ADDR")

@@ -219,3 +219,56 @@ def test_data_age_signal_fires_on_stale_data(
         assert receiver.bodies()[0]["alerts"][0]["labels"] == {"alertname": "BillsStale"}
     finally:
         daemon.stop()
+
+
+def test_slack_and_pagerduty_payloads(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    receiver: Receiver, spend_rule: dict,
+) -> None:  # fmt: skip
+    spend_rule["for"] = "0s"
+    alerts = {
+        "rules": [spend_rule],
+        "notifiers": [
+            {"name": "chat", "type": "slack", "url": f"{receiver.url}/slack/T000/B000/secret-token"},
+            {"name": "pager", "type": "pagerduty", "routing_key": "R0UTINGKEY", "url": f"{receiver.url}/pd"},
+        ],
+    }
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    top = max(today_by_endpoint(sim).items(), key=lambda kv: kv[1])[0]
+    try:
+        daemon.refresh("bills")
+        for item in ITEMS:
+            sim.revise_bill(TODAY, top, item, Decimal("0.01"))
+        daemon.refresh("bills")
+    finally:
+        daemon.stop()
+    slack = receiver.bodies("/slack/T000/B000/secret-token")
+    assert [m["text"].split("]")[0] for m in slack] == ["[FIRING", "[RESOLVED"]
+    assert slack[0]["text"].startswith(f"[FIRING] EndpointDailySpendHigh: {top} spent")
+    assert slack[0]["blocks"][0]["type"] == "section"
+    pager = receiver.bodies("/pd")
+    assert [(p["event_action"], p["routing_key"]) for p in pager] == [
+        ("trigger", "R0UTINGKEY"),
+        ("resolve", "R0UTINGKEY"),
+    ]
+    assert pager[0]["dedup_key"] == pager[1]["dedup_key"]
+    assert pager[0]["payload"]["severity"] == "warning"
+    assert pager[0]["payload"]["source"] == "inference-cost-exporter"
+    assert pager[0]["payload"]["custom_details"]["labels"]["endpoint_id"] == top
+
+
+def test_a_restart_keeps_the_pending_for_timer(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    receiver: Receiver, spend_rule: dict,
+) -> None:  # fmt: skip
+    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    first = make_daemon(sim, server, clock, tmp_path, alerts)
+    first.refresh("bills")  # pending from now; `for` is 10 minutes
+    first.stop()
+    frozen.advance(dt.timedelta(minutes=10))
+    second = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        second.refresh("bills")  # a fresh timer would still be pending here
+        assert statuses(receiver) == ["firing"]
+    finally:
+        second.stop()

@@ -18,7 +18,7 @@ import requests
 import yaml
 
 from exporter.simulator import Fault, Simulator, SimulatorServer
-from tests.helpers import scrape, value, wait_for
+from tests.helpers import Receiver, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
@@ -247,3 +247,49 @@ def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
         process.kill()
         stdout, _ = process.communicate()
     assert f"metrics       {url}/metrics" in stdout
+
+
+def test_kill_9_and_restart_mid_firing_sends_no_duplicate(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer], receiver: Receiver
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["state"] = {"path": str(tmp_path / "state.db")}
+    document["alerts"] = {
+        "evaluation_interval": "200ms",
+        "rules": [{"alert": "AnySpend", "signal": "spend", "by": ["endpoint_id"], "threshold": 0}],
+        "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+    }
+    config.write_text(yaml.safe_dump(document))
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+
+    def delivered(url: str) -> bool:
+        series = scrape(url)
+        return value(series, "inference_alert_notifications_pending", notifier="hook") == 0 and bool(
+            value(series, "inference_alert_notifications_total", notifier="hook")
+        )
+
+    first, url = spawn("run", "--config", str(config), env=env)
+    try:
+        wait_for(lambda: ready(url) and delivered(url), timeout=30)
+    finally:
+        first.kill()  # SIGKILL: no clean shutdown
+        first.communicate()
+    assert len(receiver.bodies()) == len(sim.endpoints)
+
+    second, url = spawn("run", "--config", str(config), env=env)
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        evaluations = wait_for(lambda: len(firing_alerts(url)) == len(sim.endpoints) and firing_alerts(url))
+        assert {a["labels"]["endpoint_id"] for a in evaluations} == {e.endpoint_id for e in sim.endpoints}
+        time.sleep(1.0)  # five more evaluation intervals: a duplicate would have been queued and sent by now
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=15)
+    assert [body["status"] for body in receiver.bodies()] == ["firing"] * len(sim.endpoints)
+
+
+def firing_alerts(url: str) -> list[dict]:
+    alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    return [a for a in alerts if a["state"] == "firing"]

@@ -10,6 +10,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.alerts.collector import AlertsCollector
+from exporter.alerts.engine import Engine
+from exporter.alerts.notifiers import Dispatcher
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
@@ -31,9 +34,14 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
             "billing": billing_section(sim, server),
             "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
             "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"}],
+            "alerts": {
+                "rules": [{"alert": "UsageHigh", "signal": "requests", "by": ["model"], "threshold": 1,
+                           "labels": {"severity": "warning"}}],
+                "notifiers": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:1/hook"}],
+            },
         },
         {},
-    )
+    )  # fmt: skip
     latest = Latest()
     with BillingClient.from_config(config.billing, clock, latest.count_api_call) as client:
         usage = UsageSync(client, clock, StateStore(":memory:"), per_api_key=False, prices=config.prices)
@@ -49,8 +57,13 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
 
 
 def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> bytes:
+    """With an alert firing, so the alert families have samples too."""
     config, latest = full_latest(sim, server, clock, frozen)
-    return build_exposition(config, latest, clock).render()[0]
+    store = StateStore(":memory:")
+    engine = Engine(config.alerts, config.budgets, store, clock, latest, lambda: ["bills", "usage"], ["hook"])
+    engine.evaluate()
+    dispatcher = Dispatcher(config.alerts.notifiers, engine.db, clock, engine.current, "http://exporter:9877")
+    return build_exposition(config, latest, clock, AlertsCollector(engine, dispatcher)).render()[0]
 
 
 def shape(exposition: bytes) -> str:

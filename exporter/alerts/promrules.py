@@ -1,0 +1,140 @@
+"""The YAML alert rules as a Prometheus alerting-rule file over this exporter's metrics.
+
+For teams that evaluate in Prometheus. No date or month is baked into an expression: the
+current day and period come from `inference_billing_today_info`, so the file stays right on
+every later day. Budget tiers become one rule per tier, each true only up to the next tier,
+which is how the lower tiers are inhibited.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
+
+TODAY = "inference_billing_today_info"
+
+
+class NotExpressible(Exception):
+    """A rule that only the exporter can evaluate."""
+
+
+def _matchers(where: dict[str, str]) -> str:
+    """`{name="value",...}`; JSON's string escapes are valid PromQL ones."""
+    if not where:
+        return ""
+    return "{" + ",".join(f"{name}={json.dumps(value)}" for name, value in sorted(where.items())) + "}"
+
+
+def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
+    return f"{op} by ({', '.join(by)}) ({expression})" if by else f"{op}({expression})"
+
+
+def expression(rule: RuleConfig) -> str:
+    """PromQL whose value is the rule's signal, per `by` group."""
+    selector = _matchers(rule.where)
+    signal, window = rule.signal, rule.window
+    if signal == "spend":
+        by_endpoint = "endpoint_id" in {*rule.by, *rule.where}
+        metric = (
+            "inference_bill_endpoint_daily_payable_amount"
+            if by_endpoint
+            else "inference_bill_item_daily_payable_amount"
+        )
+        if window == "today":
+            return _aggregate(f"{metric}{selector} and on(day) {TODAY}", rule.by)
+        if window == "month":
+            return _aggregate(f"{metric}{selector} and on(period) {TODAY}", rule.by)
+        if rule.by or rule.where:
+            raise NotExpressible("a per-group month forecast is computed by the exporter only")
+        return f"sum(inference_bill_month_forecast_payable_amount and on(period) {TODAY})"
+    if signal == "estimated_spend":
+        return _aggregate(f"inference_usage_estimated_payable_amount_total{selector}", rule.by)
+    if signal == "requests":
+        return _aggregate(f"inference_usage_requests_total{selector}", rule.by)
+    if signal == "tokens":
+        prompt = _aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
+        completion = _aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
+        return f"{prompt} + {completion}"
+    if signal == "probe_latency":
+        return _aggregate(f"inference_probe_duration_seconds{selector}", rule.by, "max")
+    if signal == "probe_success":
+        return _aggregate(f"inference_probe_success{selector}", rule.by, "min")
+    age = f"time() - inference_exporter_last_refresh_success_timestamp_seconds{selector}"
+    return _aggregate(age, rule.by, "max")
+
+
+def _template(text: str) -> str:
+    """`{value}` → `{{ $value }}`, `{label}` → `{{ $labels.label }}`; `{threshold}` etc. are filled in."""
+    return re.sub(r"\{(\w+)\}", lambda m: "{{ $value }}" if m[1] == "value" else f"{{{{ $labels.{m[1]} }}}}", text)
+
+
+def _duration(seconds: float) -> str:
+    return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(seconds * 1000)}ms"
+
+
+def signal_rule(rule: RuleConfig) -> dict[str, Any]:
+    assert rule.threshold is not None
+    threshold = f"{rule.threshold.normalize():f}"
+    entry: dict[str, Any] = {"alert": rule.alert, "expr": f"{expression(rule)} {rule.op} {threshold}"}
+    if rule.for_:
+        entry["for"] = _duration(rule.for_)
+    if rule.keep_firing_for:
+        entry["keep_firing_for"] = _duration(rule.keep_firing_for)
+    if rule.labels:
+        entry["labels"] = dict(rule.labels)
+    default = f"{rule.alert}: {rule.signal} {{{{ $value }}}} {rule.op} {threshold}"
+    annotations = {"summary": default} | {
+        name: _template(template.replace("{threshold}", threshold)) for name, template in rule.annotations.items()
+    }
+    entry["annotations"] = annotations
+    return entry
+
+
+def budget_rules(rule: RuleConfig, budget: BudgetConfig) -> list[dict[str, Any]]:
+    entries = []
+    tiers = list(rule.tiers)
+    for index, tier in enumerate(tiers):
+        ratio = f'inference_budget_used_ratio{{budget="{budget.name}"}}'
+        expr = f"{ratio} >= {tier:g}"
+        if index + 1 < len(tiers):
+            expr += f" < {tiers[index + 1]:g}"
+        fields = {"budget": budget.name, "tier": f"{tier:g}", "amount": f"{budget.amount:f}", "period": budget.period}
+        annotations = {
+            "summary": f"Budget {budget.name} is at {{{{ $value | humanizePercentage }}}}: tier {tier:g} crossed"
+        }
+        for name, template in rule.annotations.items():
+            filled = template
+            for field, value in fields.items():
+                filled = filled.replace(f"{{{field}}}", value)
+            annotations[name] = _template(filled)
+        entries.append(
+            {
+                "alert": rule.alert,
+                "expr": expr,
+                "labels": {**rule.labels, "budget": budget.name, "tier": f"{tier:g}"},
+                "annotations": annotations,
+            }
+        )
+    return entries
+
+
+def rule_file(alerts: AlertsConfig, budgets: tuple[BudgetConfig, ...]) -> tuple[str, list[str]]:
+    """The rule file's YAML, and a note for each rule that could not be expressed."""
+    entries: list[dict[str, Any]] = []
+    skipped = []
+    for index, rule in enumerate(alerts.rules):
+        if rule.budget is not None:
+            budget = next(b for b in budgets if b.name == rule.budget)
+            entries.extend(budget_rules(rule, budget))
+            continue
+        try:
+            entries.append(signal_rule(rule))
+        except NotExpressible as reason:
+            skipped.append(f"alerts.rules[{index}] ({rule.alert}): skipped: {reason}")
+    group = {"name": "inference-cost-exporter", "interval": _duration(alerts.evaluation_interval), "rules": entries}
+    return yaml.safe_dump({"groups": [group]}, sort_keys=False, allow_unicode=True), skipped

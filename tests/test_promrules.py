@@ -1,0 +1,110 @@
+"""`rules`: the YAML alert rules as a Prometheus rule file, checked and unit-tested by the real promtool."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from exporter.alerts.promrules import rule_file
+from exporter.config import validate
+from tests.conftest import require_binary
+
+BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
+RULES = [
+    {"alert": "EndpointDailySpendHigh", "signal": "spend", "window": "today", "by": ["endpoint_id"], "op": ">",
+     "threshold": "50", "for": "5m", "labels": {"severity": "warning"},
+     "annotations": {"summary": "{endpoint_id} spent {value} today (over {threshold})"}},
+    {"alert": "ItemMonthSpend", "signal": "spend", "window": "month", "by": ["item"], "threshold": 1000},
+    {"alert": "MonthForecast", "signal": "spend", "window": "month_forecast", "threshold": 9000,
+     "keep_firing_for": "10m"},
+    {"alert": "ForecastPerEndpoint", "signal": "spend", "window": "month_forecast", "by": ["endpoint_id"],
+     "threshold": 1},
+    {"alert": "EstimatedSpend", "signal": "estimated_spend", "by": ["model"], "threshold": 5},
+    {"alert": "Tokens", "signal": "tokens", "where": {"model": 'we"ird\\name'}, "threshold": 1e6},
+    {"alert": "Requests", "signal": "requests", "by": ["endpoint_id", "model"], "op": ">=", "threshold": 100000},
+    {"alert": "ProbeSlow", "signal": "probe_latency", "by": ["probe"], "threshold": "2.5"},
+    {"alert": "ProbeDown", "signal": "probe_success", "by": ["probe"], "op": "<", "threshold": 1, "for": "3m"},
+    {"alert": "StaleData", "signal": "data_age", "by": ["source"], "threshold": 1800},
+    {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.8, 1.0], "labels": {"severity": "critical"}},
+]  # fmt: skip
+
+
+def generated(tmp_path: Path) -> tuple[Path, list[str]]:
+    config = validate(
+        {
+            "billing": BILLING,
+            "prices": [{"model": "m", "prompt_per_million": 1, "completion_per_million": 2}],
+            "budgets": [{"name": "monthly", "amount": "5000"}],
+            "alerts": {"rules": RULES},
+        },
+        {},
+    )
+    text, skipped = rule_file(config.alerts, config.budgets)
+    path = tmp_path / "rules.yml"
+    path.write_text(text)
+    return path, skipped
+
+
+def test_every_signal_becomes_a_rule_promtool_accepts(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    path, skipped = generated(tmp_path)
+    assert skipped == [
+        "alerts.rules[3] (ForecastPerEndpoint): skipped: a per-group month forecast is computed by the exporter only"
+    ]
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 12 rules found" in result.stdout
+    rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
+    assert all("2026" not in rule["expr"] for rule in rules)  # no date or month baked in
+    tokens = next(rule for rule in rules if rule["alert"] == "Tokens")
+    assert tokens["expr"] == 'sum(inference_usage_prompt_tokens_total{model="we\\"ird\\\\name"}) + ' + (
+        'sum(inference_usage_completion_tokens_total{model="we\\"ird\\\\name"}) > 1000000'
+    )
+
+
+def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    path, _ = generated(tmp_path)
+    labels = 'product="PRODUCT_INFERENCE_ENDPOINT",project_id="p",period="2026-11"'
+
+    def bill(day: str, endpoint: str, values: str) -> dict[str, str]:
+        name = "inference_bill_endpoint_daily_payable_amount"
+        return {"series": f'{name}{{day="{day}",endpoint_id="{endpoint}",{labels}}}', "values": values}
+
+    tests = {
+        "rule_files": [path.name],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'inference_budget_used_ratio{budget="monthly"}', "values": "0.3 0.4 0.6 0.85 0.9 1.2"},
+                    {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x10"},
+                    bill("2026-11-21", "a", "100x10"),
+                    bill("2026-11-22", "a", "60x10"),
+                    bill("2026-11-21", "b", "100x10"),  # yesterday's spend must not count today
+                    bill("2026-11-22", "b", "10x10"),
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "1m", "alertname": "MonthlyBudget", "exp_alerts": []},
+                    {"eval_time": "2m", "alertname": "MonthlyBudget", "exp_alerts": [
+                        {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.5"},
+                         "exp_annotations": {"summary": "Budget monthly is at 60%: tier 0.5 crossed"}}]},
+                    {"eval_time": "4m", "alertname": "MonthlyBudget", "exp_alerts": [
+                        {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8"},
+                         "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
+                    {"eval_time": "4m", "alertname": "EndpointDailySpendHigh", "exp_alerts": []},
+                    {"eval_time": "5m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
+                        {"exp_labels": {"severity": "warning", "endpoint_id": "a"},
+                         "exp_annotations": {"summary": "a spent 60 today (over 50)"}}]},
+                ],
+            }
+        ],
+    }  # fmt: skip
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
