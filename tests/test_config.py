@@ -135,4 +135,4 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
 def test_the_example_config_is_valid() -> None:
     environ = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
     config = load(ROOT / "config.example.yaml", environ)
-    assert [r.alert for r in config.alerts.rules] == ["EndpointDailySpendHigh", "MonthlyBudget"]
+    assert [r.alert for r in config.alerts.rules] == ["EndpointDailySpendHigh", "MonthlyBudget", "BillsStale"]
