@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.alerts.promrules import rule_file
-from exporter.billing import BillingClient, BillingError
-from exporter.bills import BillsSource
+from exporter.billing import BillingError
 from exporter.clock import Clock
 from exporter.config import Config, ConfigError, load, validate
-from exporter.daemon import Daemon, build_exposition, parse_listen
+from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.snapshots import Latest
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
 
 if TYPE_CHECKING:
     from exporter.simulator import Simulator
@@ -86,22 +84,19 @@ def cmd_once(args: argparse.Namespace) -> int:
     setup_logging(config.log.level, config.log.format)
     clock = Clock(config.billing.zone)
     latest = Latest()
-    with BillingClient.from_config(config.billing, clock, latest.count_api_call) as client:
-        sources = {
-            "bills": BillsSource(client, clock, config.billing.previous_month_grace_days),
-            "usage": UsageSync(
-                client, clock, StateStore(":memory:"), per_api_key=config.billing.per_api_key, prices=config.prices
-            ),
-        }
-        for name, source in sources.items():
+    sources = Sources(config, latest, clock, StateStore(":memory:"), external_url="")
+    try:
+        for name, refresh in sources.refreshers.items():
             started = time.perf_counter()
             try:
-                setattr(latest, name, source.refresh())
+                refresh()
             except BillingError as error:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
             latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
-    sys.stdout.write(build_exposition(config, latest, clock).render()[0].decode())
+        sys.stdout.write(sources.exposition.render()[0].decode())
+    finally:
+        sources.close()
     return 0
 
 
@@ -178,6 +173,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 {"model": "model-b", "prompt_per_million": "2", "completion_per_million": "8"},
             ],
             "budgets": [{"name": "monthly", "amount": "15000"}, {"name": "daily", "amount": "500", "period": "day"}],
+            "inference": {"url": sim_server.url, "api_key": sim.api_key},
+            "probes": [
+                {
+                    "name": "chat-stream",
+                    "model": sim.endpoints[0].endpoint_id,
+                    "interval": "15s",
+                    "expect_content": "(?i)pong",
+                },
+                {
+                    "name": "json-mode",
+                    "model": sim.endpoints[1].endpoint_id,
+                    "scenario": "json",
+                    "stream": False,
+                    "interval": "30s",
+                    "expect_keys": ["status"],
+                },
+                {"name": "tools", "model": sim.endpoints[1].endpoint_id, "scenario": "tools", "interval": "30s"},
+                {"name": "thinking", "model": sim.endpoints[2].endpoint_id, "scenario": "thinking", "interval": "30s"},
+            ],
             "state": {"path": str(Path(workdir) / "state.db")},
         },
         {},

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.clock import Clock
 from exporter.config import BudgetConfig
-from exporter.snapshots import Latest, UsageKey, UsageTotals
+from exporter.snapshots import Histogram, Latest, UsageKey, UsageTotals
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
 
@@ -208,3 +208,85 @@ class ExporterCollector(Collector):
         )
         reload_time.add_metric([], self.latest.config_reload_timestamp)
         yield from (success, last_success, duration, calls, build, calendar, reload_ok, reload_time)
+
+
+PROBE_LABELS = ["probe", "endpoint_id", "scenario"]
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [
+        ("+Inf" if b == float("inf") else repr(b), c) for b, c in zip(histogram.bounds, histogram.counts, strict=True)
+    ]
+
+
+class ProbeCollector(Collector):
+    """The synthetic probes: the last run of each, and running totals since start-up."""
+
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def version(self) -> object:
+        return self.latest.probes
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=PROBE_LABELS + (extra or []))
+
+        success = gauge("inference_probe_success", "1 if the probe's last run passed every check, else 0.")
+        duration = gauge("inference_probe_duration_seconds", "The probe's last run, whole request.")
+        headers = gauge("inference_probe_time_to_headers_seconds", "The probe's last run: until response headers.")
+        reasoning = gauge(
+            "inference_probe_time_to_first_reasoning_token_seconds",
+            "The last thinking run: until the first reasoning text.",
+        )
+        answer = gauge(
+            "inference_probe_time_to_first_answer_token_seconds", "The last streamed run: until the first answer text."
+        )
+        gap = gauge(
+            "inference_probe_max_chunk_gap_seconds", "The last streamed run: the longest silence between chunks."
+        )
+        rate = gauge(
+            "inference_probe_output_tokens_per_second", "The last run: completion tokens ÷ time after the first token."
+        )
+        check = gauge("inference_probe_check_success", "The last run's checks, 1 passed, 0 failed.", ["check"])
+        ttft = HistogramMetricFamily(
+            "inference_probe_time_to_first_token_seconds",
+            "Time to the first non-empty delta of streamed probe runs (vLLM's buckets, plus 2 s).",
+            labels=PROBE_LABELS,
+        )
+        e2e = HistogramMetricFamily(
+            "inference_probe_e2e_latency_seconds",
+            "Whole-request latency of successful probe runs.",
+            labels=PROBE_LABELS,
+        )
+        runs = CounterMetricFamily("inference_probe_runs", "Probe runs since start-up.", labels=PROBE_LABELS)
+        failures = CounterMetricFamily(
+            "inference_probe_failures", "Failed probe runs, by reason (a fixed list).", labels=[*PROBE_LABELS, "reason"]
+        )
+        tokens = CounterMetricFamily(
+            "inference_probe_tokens", "Tokens the probes used (their own cost).", labels=[*PROBE_LABELS, "token_type"]
+        )
+        for name, snapshot in sorted(self.latest.probes.items()):
+            labels = [name, snapshot.endpoint_id, snapshot.scenario]
+            last = snapshot.last
+            success.add_metric(labels, 1.0 if last.success else 0.0)
+            duration.add_metric(labels, last.duration)
+            for family, value in (
+                (headers, last.time_to_headers),
+                (reasoning, last.time_to_first_reasoning_token),
+                (answer, last.time_to_first_answer_token),
+                (gap, last.max_chunk_gap),
+                (rate, last.output_tokens_per_second),
+            ):
+                if value is not None:
+                    family.add_metric(labels, value)
+            for check_name, passed in sorted(last.checks.items()):
+                check.add_metric([*labels, check_name], 1.0 if passed else 0.0)
+            for family, histogram in ((ttft, snapshot.time_to_first_token), (e2e, snapshot.e2e_latency)):
+                family.add_metric(labels, _buckets(histogram), histogram.total)
+            runs.add_metric(labels, snapshot.runs)
+            for reason, count in sorted(snapshot.failures.items()):
+                failures.add_metric([*labels, reason], count)
+            for token_type, count in sorted(snapshot.tokens.items()):
+                tokens.add_metric([*labels, token_type], count)
+        yield from (success, duration, headers, reasoning, answer, gap, rate, check, ttft, e2e, runs, failures, tokens)

@@ -176,6 +176,18 @@ class ProbeConfig(Strict):
     max_tokens: Annotated[int, Field(ge=1, le=65536)] = 16
     expect_content: Annotated[str, AfterValidator(_regex)] | None = None
     expect_keys: tuple[Text, ...] = ()
+    first_token_timeout: Interval | None = None
+    """Deadline for the first token (streaming); `timeout` when unset."""
+    stall_timeout: Interval | None = None
+    """Longest silence allowed between two chunks (streaming); `timeout` when unset."""
+
+    @model_validator(mode="after")
+    def _scenario_keys(self) -> ProbeConfig:
+        if self.expect_keys and self.scenario != "json":
+            raise ValueError("`expect_keys` applies to the `json` scenario only")
+        if self.expect_content and self.scenario not in ("chat", "thinking"):
+            raise ValueError("`expect_content` applies to the `chat` and `thinking` scenarios only")
+        return self
 
 
 class PriceConfig(Strict):

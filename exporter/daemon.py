@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -20,9 +20,10 @@ from exporter.alerts.notifiers import RESEND, Dispatcher
 from exporter.billing import BillingClient, BillingError, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
-from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, UsageCollector
-from exporter.config import AlertmanagerNotifier, Config, ConfigError, load
+from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
+from exporter.config import AlertmanagerNotifier, Config, ConfigError, ProbeConfig, load
 from exporter.exposition import Exposition
+from exporter.probe import ProbeRunner
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -50,6 +51,7 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
             BillsCollector(latest),
             UsageCollector(latest, config.billing.per_api_key),
             BudgetCollector(latest, config.budgets),
+            ProbeCollector(latest),
             ExporterCollector(latest, clock),
             *more,
         ]
@@ -67,16 +69,19 @@ class Sources:
         state: StateStore,
         external_url: str,
         retry: RetryPolicy | None = None,
+        previous: Sources | None = None,
     ) -> None:
         self.config = config
+        self.latest = latest
         self.client = BillingClient.from_config(config.billing, clock, latest.count_api_call, retry)
-        self.refreshers: dict[str, Callable[[], Any]] = {
-            "bills": BillsSource(self.client, clock, config.billing.previous_month_grace_days).refresh,
-            "usage": UsageSync(
-                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
-            ).refresh,
-        }
+        self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
+        self.usage = UsageSync(self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices)
+        self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
+        self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
+        for probe in config.probes:
+            self.refreshers[f"probe:{probe.name}"] = partial(self._probe, self.probes[probe.name])
+            self.intervals[f"probe:{probe.name}"] = probe.interval
         notifiers = config.alerts.notifiers
         self.engine = Engine(
             config.alerts,
@@ -90,9 +95,31 @@ class Sources:
         self.dispatcher = Dispatcher(notifiers, self.engine.db, clock, self.engine.current, external_url)
         self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, self.dispatcher))
 
-    def close(self) -> None:
+    def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
+        """The same probe keeps its runner (and its histograms and counters) across a reload."""
+        assert self.config.inference is not None  # the config requires it when there are probes
+        kept = previous.probes.get(probe.name) if previous else None
+        if kept is not None and kept.probe == probe and previous and previous.config.inference == self.config.inference:
+            return kept
+        return ProbeRunner(probe, self.config.inference)
+
+    def _bills(self) -> None:
+        self.latest.bills = self.bills.refresh()
+
+    def _usage(self) -> None:
+        self.latest.usage = self.usage.refresh()
+
+    def _probe(self, runner: ProbeRunner) -> None:
+        self.latest.publish_probe(runner.run())
+
+    def close(self, keep: Sources | None = None) -> None:
+        """Release connections; runners that `keep` took over stay open."""
         self.client.close()
         self.dispatcher.close()
+        kept = set(map(id, keep.probes.values())) if keep else set()
+        for runner in self.probes.values():
+            if id(runner) not in kept:
+                runner.close()
 
 
 class Daemon:
@@ -128,9 +155,9 @@ class Daemon:
         self.server = ExporterServer((host, port), view, config.server)
         self.sources = self._sources(config)
 
-    def _sources(self, config: Config) -> Sources:
+    def _sources(self, config: Config, previous: Sources | None = None) -> Sources:
         external_url = config.server.external_url or self.server.url
-        return Sources(config, self.latest, self.clock, self.state, external_url, self.retry)
+        return Sources(config, self.latest, self.clock, self.state, external_url, self.retry, previous)
 
     @property
     def config(self) -> Config:
@@ -149,7 +176,7 @@ class Daemon:
             self._active += 1
         started = time.perf_counter()
         try:
-            snapshot = refresher()
+            refresher()
         except BillingError as error:
             self._failed(source, started, str(error))
             return False
@@ -158,7 +185,6 @@ class Daemon:
             self._failed(source, started, f"internal error ({type(error).__name__})")
             return False
         else:
-            setattr(self.latest, source, snapshot)
             self._record(source, started, success=True)
             self.sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
@@ -252,8 +278,8 @@ class Daemon:
         if config.state != self.config.state:
             log.warning("config reload: state.path changes only on restart")
         old = self.sources
-        self.sources = self._sources(config)
-        threading.Thread(target=old.close, name="close-old-sources", daemon=True).start()
+        self.sources = self._sources(config, old)
+        threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()
         self.latest.reloaded(success=True)

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import re
+import sys
 import threading
 import time
 from collections import deque
@@ -72,7 +73,8 @@ class Fault:
     kind: status (HTTP `status`, envelope body), code (HTTP 200, non-zero `code`), malformed
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then
     the normal answer), bad_amount (one bill's payableAmount not a number), total_mismatch
-    (`total` one higher than the records), stream_error / truncate / no_usage / stall (chat
+    (`total` one higher than the records), plain_answer (tools ignored) / bad_tool_args (arguments
+    not JSON) / stream_error / truncate / no_usage / stall (chat
     streams only).
     """
 
@@ -488,6 +490,11 @@ class SimulatorServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (a probe's deadline, a killed process) is normal here, not an error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, args=(0.05,), name="simulator", daemon=True)
         self._thread.start()
@@ -665,7 +672,11 @@ class _Handler(BaseHTTPRequestHandler):
         if fault and fault.kind == "malformed":
             self._send(200, b'{"id": "chatcmpl-sim", "choices": [')
             return
+        if fault and fault.kind == "plain_answer":
+            request = {k: v for k, v in request.items() if k != "tools"}
         reasoning, content, tool_calls, prompt_tokens = sim.chat_answer(request)
+        if fault and fault.kind == "bad_tool_args":
+            tool_calls = [call | {"function": call["function"] | {"arguments": '{"service": '}} for call in tool_calls]
         max_tokens = request.get("max_tokens")
         finish = "tool_calls" if tool_calls else "stop"
         if isinstance(max_tokens, int) and len(reasoning) + len(content) > max_tokens:

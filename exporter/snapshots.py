@@ -80,6 +80,56 @@ class UsageSnapshot:
 
 
 @dataclass(frozen=True)
+class ProbeRun:
+    """One probe request: its outcome, its checks and its timings (seconds)."""
+
+    success: bool
+    reason: str | None
+    checks: Mapping[str, bool]
+    duration: float
+    time_to_headers: float | None = None
+    time_to_first_token: float | None = None
+    time_to_first_reasoning_token: float | None = None
+    time_to_first_answer_token: float | None = None
+    max_chunk_gap: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    output_tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts, Prometheus style."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float = 0.0
+
+    def observe(self, value: float) -> Histogram:
+        counts = tuple(c + (value <= bound) for c, bound in zip(self.counts, self.bounds, strict=True))
+        return Histogram(self.bounds, counts, self.total + value)
+
+    @property
+    def count(self) -> int:
+        return self.counts[-1]
+
+
+@dataclass(frozen=True)
+class ProbeSnapshot:
+    """A probe's last run and its running totals since start-up."""
+
+    probe: str
+    endpoint_id: str
+    scenario: str
+    last: ProbeRun
+    runs: int
+    failures: Mapping[str, int]
+    tokens: Mapping[str, int]
+    time_to_first_token: Histogram
+    e2e_latency: Histogram
+
+
+@dataclass(frozen=True)
 class SourceHealth:
     source: str
     success: bool
@@ -95,6 +145,7 @@ class Latest:
 
     bills: BillsSnapshot | None = None
     usage: UsageSnapshot | None = None
+    probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,6 +164,10 @@ class Latest:
             last_success = at if success else (previous.last_success if previous else None)
             entry = SourceHealth(source, success, at, last_success, duration, "" if success else error)
             self._health = MappingProxyType({**self._health, source: entry})
+
+    def publish_probe(self, snapshot: ProbeSnapshot) -> None:
+        with self._lock:
+            self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
 
     def reloaded(self, *, success: bool) -> None:
         self.config_reload_success = success

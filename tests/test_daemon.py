@@ -18,7 +18,7 @@ from exporter.config import validate
 from exporter.daemon import Daemon
 from exporter.simulator import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
-from tests.helpers import named, scrape, value, wait_for
+from tests.helpers import Receiver, named, scrape, value, wait_for
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
 
@@ -170,3 +170,34 @@ def test_a_scrape_never_calls_the_api(daemon: Daemon, sim: Simulator) -> None:
     for _ in range(5):
         scrape(url)
     assert sim.requests_served == served
+
+
+def test_probes_run_as_sources_and_feed_probe_alerts(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    document = daemon_config(sim, server, tmp_path) | {
+        "inference": {"url": server.url, "api_key": sim.api_key},
+        "probes": [{"name": "chat-stream", "model": sim.endpoints[1].endpoint_id, "interval": "200ms"}],
+        "alerts": {
+            "rules": [{"alert": "ProbeFailing", "signal": "probe_success", "by": ["probe"], "op": "<", "threshold": 1}],
+            "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+        },
+    }
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start()
+    try:
+        url = daemon.server.url
+        wait_for(lambda: is_ready(url))
+        assert "probe:chat-stream" in requests.get(f"{url}/readyz", timeout=5).json()["sources"]
+        labels = {"probe": "chat-stream", "endpoint_id": sim.endpoints[1].endpoint_id, "scenario": "chat"}
+        assert value(scrape(url), "inference_probe_success", **labels) == 1
+        sim.inject(Fault("status", "/v1/chat/completions", status=503, times=10_000))
+        wait_for(lambda: [b["status"] for b in receiver.bodies()] == ["firing"])
+        series = scrape(url)
+        assert value(series, "inference_probe_success", **labels) == 0
+        assert value(series, "inference_exporter_refresh_success", source="probe:chat-stream") == 1
+        assert value(series, "inference_probe_failures_total", **labels, reason="http_5xx") >= 1
+        sim.clear_faults()
+        wait_for(lambda: [b["status"] for b in receiver.bodies()] == ["firing", "resolved"])
+    finally:
+        daemon.stop(grace=5)

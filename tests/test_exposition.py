@@ -18,6 +18,7 @@ from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
 from exporter.config import Config, validate
 from exporter.daemon import build_exposition
+from exporter.probe import ProbeRunner
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -34,6 +35,8 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
             "billing": billing_section(sim, server),
             "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
             "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"}],
+            "inference": {"url": server.url, "api_key": sim.api_key},
+            "probes": [{"name": "chat-prod", "model": sim.endpoints[0].endpoint_id, "scenario": "thinking"}],
             "alerts": {
                 "rules": [{"alert": "UsageHigh", "signal": "requests", "by": ["model"], "threshold": 1,
                            "labels": {"severity": "warning"}}],
@@ -53,6 +56,10 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
         latest.bills = BillsSource(client, clock, 3).refresh()
         latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
+    assert config.inference is not None
+    runner = ProbeRunner(config.probes[0], config.inference)
+    latest.publish_probe(runner.run())
+    runner.close()
     return config, latest
 
 

@@ -130,7 +130,23 @@ def evaluate(rule: RuleConfig, latest: Latest, clock: Clock, sources: Iterable[s
         return usage(rule, latest, today)
     if rule.signal == "data_age":
         return data_age(rule, latest, clock.now().timestamp(), sources)
-    return None  # probe signals: no probe has reported
+    return probe(rule, latest)
+
+
+def probe(rule: RuleConfig, latest: Latest) -> dict[Labels, Decimal] | None:
+    """The probes' last runs: latency (seconds, the worst in a group) or success (1/0, the worst in a group)."""
+    if not latest.probes:
+        return None
+    groups: dict[Labels, Decimal] = {}
+    latency = rule.signal == "probe_latency"
+    for name, snapshot in latest.probes.items():
+        group = _group({"probe": name, "endpoint_id": snapshot.endpoint_id, "scenario": snapshot.scenario}, rule)
+        if group is None:
+            continue
+        value = Decimal(str(round(snapshot.last.duration, 6))) if latency else Decimal(int(snapshot.last.success))
+        worst = max if latency else min
+        groups[group] = worst(groups[group], value) if group in groups else value
+    return groups
 
 
 def budget_ratio(budget: BudgetConfig, latest: Latest, clock: Clock) -> tuple[str, Decimal] | None:

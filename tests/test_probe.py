@@ -1,0 +1,197 @@
+"""The synthetic probe against the simulator's chat endpoint: scenarios, timings, failure reasons."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.config import validate
+from exporter.probe import REASONS, ProbeRunner, sse_events
+from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.snapshots import ProbeSnapshot
+
+BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
+CHAT = "/v1/chat/completions"
+
+
+def runner(sim: Simulator, server: SimulatorServer, url: str | None = None, api_key: str | None = None,
+           **probe: object) -> ProbeRunner:  # fmt: skip
+    document = {
+        "billing": BILLING,
+        "inference": {"url": url or server.url, "api_key": api_key or sim.api_key},
+        "probes": [{"name": "p", "model": sim.endpoints[0].endpoint_id, "timeout": "5s"} | probe],
+    }
+    config = validate(document, {})
+    assert config.inference is not None
+    return ProbeRunner(config.probes[0], config.inference)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(
+    ("scenario", "extra", "checks"),
+    [
+        ("chat", {"expect_content": "(?i)pong"}, {"http", "content", "usage"}),
+        ("json", {"expect_keys": ["status", "detail"]}, {"http", "json", "usage"}),
+        ("tools", {}, {"http", "tool_call", "usage"}),
+        ("thinking", {}, {"http", "content", "reasoning", "usage"}),
+    ],
+)
+def test_each_scenario_passes(
+    sim: Simulator, server: SimulatorServer, scenario: str, extra: dict, checks: set[str], stream: bool
+) -> None:
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.01
+    snapshot = runner(sim, server, scenario=scenario, stream=stream, **extra).run()
+    last = snapshot.last
+    assert (last.success, last.reason) == (True, None)
+    expected = checks | ({"stream_complete"} if stream else set())
+    assert dict(last.checks) == dict.fromkeys(expected, True)
+    assert last.completion_tokens > 0
+    assert last.prompt_tokens > 0
+    assert snapshot.tokens == {"prompt": last.prompt_tokens, "completion": last.completion_tokens}
+    assert last.duration >= 0.05
+    if stream:
+        assert last.time_to_first_token is not None
+        assert last.time_to_first_token >= 0.05
+        assert last.time_to_first_token <= last.duration
+        assert snapshot.time_to_first_token.count == 1
+    else:
+        assert last.time_to_first_token is None
+    assert snapshot.e2e_latency.count == 1
+
+
+def test_thinking_times_reasoning_and_answer_apart(sim: Simulator, server: SimulatorServer) -> None:
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.02
+    last = runner(sim, server, scenario="thinking").run().last
+    assert last.time_to_first_reasoning_token is not None
+    assert last.time_to_first_answer_token is not None
+    assert last.time_to_first_token == last.time_to_first_reasoning_token
+    assert last.time_to_first_answer_token - last.time_to_first_reasoning_token >= 5 * 0.02  # six reasoning chunks
+    assert last.max_chunk_gap is not None
+    assert last.max_chunk_gap >= 0.02
+
+
+def overfull_listener() -> Iterator[str]:
+    """A loopback port whose accept queue is full: a new connection's handshake is never answered."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+FAULTS = [
+    ("http_401", {}, None, {"api_key": "wrong-key"}),
+    ("http_403", {}, Fault("status", CHAT, status=403), {}),
+    ("http_404", {}, None, {"model": "ep-does-not-exist"}),
+    ("http_429", {}, Fault("status", CHAT, status=429, retry_after=1), {}),
+    ("http_4xx", {}, Fault("status", CHAT, status=400), {}),
+    ("http_5xx", {}, Fault("status", CHAT, status=502), {}),
+    ("timeout_first_token", {"time_to_first_token": 1.0}, None, {"first_token_timeout": "300ms"}),
+    ("stall", {}, Fault("stall", CHAT, seconds=1.0), {"stall_timeout": "300ms"}),
+    ("timeout_total", {"chunk_delay": 0.15}, None, {"scenario": "thinking", "timeout": "600ms"}),
+    ("stream_error", {}, Fault("stream_error", CHAT), {}),
+    ("truncated", {}, Fault("truncate", CHAT), {}),
+    ("invalid_json", {}, Fault("malformed", CHAT), {"stream": False}),
+    ("tool_call_missing", {}, Fault("plain_answer", CHAT), {"scenario": "tools"}),
+    ("tool_args_invalid", {}, Fault("bad_tool_args", CHAT), {"scenario": "tools"}),
+    ("usage_missing", {}, Fault("no_usage", CHAT), {}),
+    ("content_mismatch", {}, None, {"expect_content": "^hello$"}),
+    ("connection", {}, Fault("drop", CHAT), {}),
+]
+
+
+@pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_failure_reason_is_produced_and_counted_once(
+    sim: Simulator, server: SimulatorServer, reason: str, sim_settings: dict, fault: Fault | None, probe: dict
+) -> None:
+    for name, value in sim_settings.items():
+        setattr(sim, name, value)
+    if fault:
+        sim.inject(fault)
+    probe = dict(probe)
+    api_key = probe.pop("api_key", None)
+    probe_runner = runner(sim, server, api_key=api_key, **probe)
+    snapshot = probe_runner.run()
+    assert_failed_once(snapshot, reason)
+    sim.clear_faults()
+    for name in sim_settings:
+        setattr(sim, name, 0.0)
+    if not (api_key or "model" in probe or "expect_content" in probe):
+        recovered = probe_runner.run()  # the fault was for one request only
+        assert recovered.last.success, recovered.last.reason
+        assert recovered.failures[reason] == 1
+
+
+def test_timeout_connect(sim: Simulator, server: SimulatorServer) -> None:
+    for url in overfull_listener():
+        snapshot = runner(sim, server, url=url, timeout="500ms").run()
+        assert_failed_once(snapshot, "timeout_connect")
+
+
+def assert_failed_once(snapshot: ProbeSnapshot, reason: str) -> None:
+    assert snapshot.last.success is False
+    assert snapshot.last.reason == reason
+    assert snapshot.runs == 1
+    assert snapshot.failures == {r: int(r == reason) for r in REASONS}
+    assert snapshot.e2e_latency.count == 0
+
+
+def test_sse_parser_joins_split_lines_and_multi_line_data() -> None:
+    chunks = [b'data: {"a"', b": 1}\n\n: a comment\n\ndata: line one\n", b"data: line two\r\n\r\n", b"data: [DONE]"]
+    assert list(sse_events(chunks)) == ['{"a": 1}', "line one\nline two", "[DONE]"]
+
+
+def test_the_openai_client_speaks_to_the_simulator(sim: Simulator, server: SimulatorServer) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=sim.api_key)
+    model = sim.endpoints[0].endpoint_id
+
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ping"}], stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "pong"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 2
+
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": 'Reply with the keys "status" and "region".'},
+                  {"role": "user", "content": "All good."}],
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    import json
+
+    assert set(json.loads(reply.choices[0].message.content or "")) == {"status", "region"}
+
+    from exporter.probe import TOOL
+
+    called = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "status?"}],
+        tools=[TOOL],  # type: ignore[list-item]
+    )
+    assert called.choices[0].finish_reason == "tool_calls"
+    call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "lookup_service_status"
+    assert json.loads(call.function.arguments) == {"service": "probe", "window_minutes": 1}
+
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "ping"}]
+        )
