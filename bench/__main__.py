@@ -1,7 +1,8 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import render, sync
+from bench import probe, render, sync
 
 if __name__ == "__main__":
     sync.main([])
     render.main([])
+    probe.main([])

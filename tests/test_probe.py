@@ -195,3 +195,20 @@ def test_the_openai_client_speaks_to_the_simulator(sim: Simulator, server: Simul
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
             model=model, messages=[{"role": "user", "content": "ping"}]
         )
+
+
+def test_the_api_key_never_reaches_the_log(
+    sim: Simulator, server: SimulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    sim.inject(Fault("stream_error", CHAT))
+    probe_runner = runner(sim, server)
+    failed = probe_runner.run()
+    assert failed.last.reason == "stream_error"
+    wrong = runner(sim, server, api_key="sk-live-very-secret").run()
+    assert wrong.last.reason == "http_401"
+    assert "probe failed" in caplog.text
+    assert sim.api_key not in caplog.text
+    assert "sk-live-very-secret" not in caplog.text
