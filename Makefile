@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium
 
 .PHONY: demo test lint format system-deps bench clean
 
@@ -17,7 +17,8 @@ demo: $(BIN)/inference-cost-exporter
 
 # Installs the Prometheus binaries the integration tests run, when we may (root with apt-get).
 system-deps:
-	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null; then \
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null \
+		&& command -v chromium >/dev/null; then \
 		true; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; \

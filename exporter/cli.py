@@ -140,10 +140,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
-    """Keep today's usage growing, so the counters move while you watch."""
+    """Keep today's usage growing, so the counters move while you watch; now and then a chat
+    request fails, so the probe failure panels have something to show."""
+    from exporter.simulator import Fault
+
     rng = random.Random(7)
+    tick = 0
     while not stop.wait(2.0):
+        tick += 1
         sim.add_usage(rng.randint(5, 60))
+        if tick % 8 == 0:
+            sim.inject(Fault("status", "/v1/chat/completions", status=rng.choice((429, 502, 503))))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -161,7 +168,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 "access_key_id": sim.access_key_id,
                 "secret_access_key": sim.secret_access_key,
                 "bills_interval": "1m",
-                "usage_interval": "10s",
+                "usage_interval": "5s",
             },
             "prices": [
                 {
@@ -178,7 +185,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 {
                     "name": "chat-stream",
                     "model": sim.endpoints[0].endpoint_id,
-                    "interval": "15s",
+                    "interval": "5s",
                     "expect_content": "(?i)pong",
                 },
                 {
@@ -186,12 +193,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     "model": sim.endpoints[1].endpoint_id,
                     "scenario": "json",
                     "stream": False,
-                    "interval": "30s",
+                    "interval": "5s",
                     "expect_keys": ["status"],
                 },
-                {"name": "tools", "model": sim.endpoints[1].endpoint_id, "scenario": "tools", "interval": "30s"},
-                {"name": "thinking", "model": sim.endpoints[2].endpoint_id, "scenario": "thinking", "interval": "30s"},
+                {"name": "tools", "model": sim.endpoints[1].endpoint_id, "scenario": "tools", "interval": "5s"},
+                {"name": "thinking", "model": sim.endpoints[2].endpoint_id, "scenario": "thinking", "interval": "5s"},
             ],
+            "alerts": {
+                "evaluation_interval": "15s",
+                "rules": [
+                    {
+                        "alert": "EndpointDailySpendHigh",
+                        "signal": "spend",
+                        "by": ["endpoint_id"],
+                        "threshold": "100",
+                        "labels": {"severity": "warning"},
+                        "annotations": {"summary": "{endpoint_id} spent {value} today (over {threshold})"},
+                    },
+                    {
+                        "alert": "MonthlyBudget",
+                        "budget": "monthly",
+                        "tiers": [0.5, 0.8, 1.0],
+                        "labels": {"severity": "critical"},
+                    },
+                ],
+            },
             "state": {"path": str(Path(workdir) / "state.db")},
         },
         {},

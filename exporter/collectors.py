@@ -139,19 +139,31 @@ class BudgetCollector(Collector):
             f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
             labels=["budget"],
         )
-        snapshot = self.latest.bills
-        for budget in self.budgets:
+        for budget, ratios in budget_status(self.latest, self.budgets):
             amount.add_metric([budget.name], float(budget.amount))
-            if snapshot is None:
-                continue
-            month = snapshot.current
-            if budget.period == "month":
-                spent, projected = month.month_to_date, month.forecast
-            else:
-                spent, projected = month.spend_on(snapshot.today), month.today_forecast
-            used.add_metric([budget.name], float(spent / budget.amount))
-            forecast.add_metric([budget.name], float(projected / budget.amount))
+            if ratios is not None:
+                used.add_metric([budget.name], float(ratios[0]))
+                forecast.add_metric([budget.name], float(ratios[1]))
         yield from (amount, used, forecast)
+
+
+def budget_status(
+    latest: Latest, budgets: Iterable[BudgetConfig]
+) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
+    """Each budget with its used and forecast ratios (None before the first bills)."""
+    snapshot = latest.bills
+    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
+    for budget in budgets:
+        if snapshot is None:
+            status.append((budget, None))
+            continue
+        month = snapshot.current
+        if budget.period == "month":
+            spent, projected = month.month_to_date, month.forecast
+        else:
+            spent, projected = month.spend_on(snapshot.today), month.today_forecast
+        status.append((budget, (spent / budget.amount, projected / budget.amount)))
+    return status
 
 
 class ExporterCollector(Collector):

@@ -150,6 +150,8 @@ class Daemon:
             render=lambda accept: self.sources.exposition.render(accept),
             sources=lambda: list(self.sources.refreshers),
             alerts=lambda: self.sources.engine.current(),
+            budgets=lambda: self.sources.config.budgets,
+            now=lambda: self.clock.now().timestamp(),
         )
         host, port = parse_listen(listen or config.server.listen)
         self.server = ExporterServer((host, port), view, config.server)

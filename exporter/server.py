@@ -17,13 +17,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import __version__
 from exporter.alerts.engine import Alert, iso
-from exporter.config import ServerConfig
+from exporter.collectors import budget_status
+from exporter.config import BudgetConfig, ServerConfig
 from exporter.snapshots import Latest
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,9 @@ class View:
     """The exposition for an `Accept` header, and its content type."""
     sources: Callable[[], Sequence[str]]
     alerts: Callable[[], Sequence[Alert]] = list
+    budgets: Callable[[], Sequence[BudgetConfig]] = tuple
+    now: Callable[[], float] = time.time
+    """The billing clock's time, which the sources' timestamps are in."""
 
 
 class ExporterServer(ThreadingHTTPServer):
@@ -119,8 +124,12 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _level(ratio: Decimal) -> str:
+    return "bad" if ratio >= 1 else "wait" if ratio >= Decimal("0.8") else "ok"
+
+
 def landing_page(view: View) -> str:
-    now = time.time()
+    now = view.now()
     rows = []
     health = view.latest.health
     for source in view.sources():
@@ -146,6 +155,36 @@ def landing_page(view: View) -> str:
         if firing
         else "<p>No alert is firing.</p>"
     )
+    budget_rows = "".join(
+        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(b.period)}</td><td>{b.amount:f}</td>"
+        + (
+            f"<td class={_level(r[0])}>{r[0]:.1%}</td><td class={_level(r[1])}>{r[1]:.1%}</td>"
+            if r
+            else "<td class=wait>—</td><td class=wait>—</td>"
+        )
+        + "</tr>"
+        for b, r in budget_status(view.latest, view.budgets())
+    )
+    budgets = (
+        "<table><tr><th>budget</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"
+        + budget_rows
+        + "</table>"
+        if budget_rows
+        else "<p>No budget is configured.</p>"
+    )
+    probe_rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(p.endpoint_id)}</td><td>{html.escape(p.scenario)}</td>"
+        f"<td class={'ok' if p.last.success else 'bad'}>{'ok' if p.last.success else html.escape(p.last.reason or '')}"
+        f"</td><td>{p.last.duration * 1000:.0f} ms</td>"
+        f"<td>{'' if p.last.time_to_first_token is None else f'{p.last.time_to_first_token * 1000:.0f} ms'}</td></tr>"
+        for name, p in sorted(view.latest.probes.items())
+    )
+    probes = (
+        "<table><tr><th>probe</th><th>endpoint</th><th>scenario</th><th>last run</th><th>duration</th>"
+        "<th>first token</th></tr>" + probe_rows + "</table>"
+        if probe_rows
+        else "<p>No probe has run.</p>"
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
 <style>
@@ -161,6 +200,10 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 <table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>
 {"".join(rows)}
 </table>
+<h2>Budgets</h2>
+{budgets}
+<h2>Probes</h2>
+{probes}
 <h2>Firing alerts</h2>
 {alerts}
 </body></html>
