@@ -39,6 +39,7 @@ GROUP_TERM_ITEM = "GROUP_TERM_ITEM"
 BILLS_PAGE_SIZE = 100
 MAX_USAGE_PAGE_SIZE = 500
 MAX_RETRY_AFTER = 120.0
+MAX_CLOCK_SKEW = 60.0
 
 R = TypeVar("R")
 
@@ -309,6 +310,7 @@ class BillingClient:
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         on_response: Callable[[str, str], None] | None = None,
+        on_skew: Callable[[float], None] | None = None,
     ) -> None:
         if not 1 <= page_size <= MAX_USAGE_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_USAGE_PAGE_SIZE}")
@@ -320,12 +322,15 @@ class BillingClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._on_response = on_response or (lambda api, code: None)
+        self._on_skew = on_skew or (lambda skew: None)
         self._session = requests.Session()
         self._session.auth = auth
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=self.concurrency + 1)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="billing-page")
+        self.clock_skew: float | None = None
+        """The server's clock minus ours, from its last `Date` header."""
         self._closed = threading.Event()
 
     @classmethod
@@ -335,6 +340,7 @@ class BillingClient:
         clock: Clock,
         on_response: Callable[[str, str], None] | None = None,
         retry: RetryPolicy | None = None,
+        on_skew: Callable[[float], None] | None = None,
     ) -> BillingClient:
         """A client signing with `clock`'s time (so a test's frozen clock signs as the simulator expects)."""
         signer = BillingSigner(
@@ -354,6 +360,7 @@ class BillingClient:
             timeout=config.timeout,
             retry=retry,
             on_response=on_response,
+            on_skew=on_skew,
         )
 
     def close(self) -> None:
@@ -371,8 +378,15 @@ class BillingClient:
 
     def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
         what = f"GET {path}"
+        corrected = False
         for attempt in range(1, self.retry.attempts + 1):
             try:
+                return self._attempt(api, path, params, what)
+            except SignatureRejected:
+                # Refused, and the server's clock is far from ours: sign with its time, once.
+                if corrected or not self._correct_clock():
+                    raise
+                corrected = True
                 return self._attempt(api, path, params, what)
             except _Retryable as failure:
                 if attempt == self.retry.attempts or self._closed.is_set():
@@ -393,11 +407,47 @@ class BillingClient:
             self._on_response(api, "error")
             raise _Retryable(f"connection failed ({type(error).__name__})") from None
         self._on_response(api, str(response.status_code))
+        self._observe_clock(response.headers.get("Date"))
         if response.status_code == 429:
             raise _Retryable("HTTP 429 (rate limited)", _retry_after(response))
         if response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
         return parse_envelope(response.status_code, body, what)
+
+    # -- the server's clock --
+
+    def _observe_clock(self, date_header: str | None) -> None:
+        """Skew = the server's `Date` minus our signing clock (1 s resolution)."""
+        if not date_header:
+            return
+        try:
+            server = email.utils.parsedate_to_datetime(date_header).timestamp()
+        except (TypeError, ValueError):
+            return
+        skew = server - self._local_time()
+        previous, self.clock_skew = self.clock_skew, skew
+        self._on_skew(skew)
+        far, was_far = abs(skew) > MAX_CLOCK_SKEW, previous is not None and abs(previous) > MAX_CLOCK_SKEW
+        if far and not was_far:
+            log.warning("clock skew: the billing API's clock is %+.0fs from ours; fix this host's time (NTP)", skew)
+        elif was_far and not far:
+            log.info("clock skew back within %.0fs (now %+.0fs)", MAX_CLOCK_SKEW, skew)
+
+    def _local_time(self) -> float:
+        signer = self._session.auth
+        return signer.local_time() if isinstance(signer, BillingSigner) else time.time()
+
+    def _correct_clock(self) -> bool:
+        """After a refusal: adopt the server's time for signing if it is far from ours."""
+        signer = self._session.auth
+        skew = self.clock_skew
+        if not isinstance(signer, BillingSigner) or skew is None or abs(skew) <= MAX_CLOCK_SKEW:
+            return False
+        if signer.clock_offset == skew:
+            return False
+        signer.clock_offset = skew
+        log.warning("signature refused with the clock %+.0fs off: signing with the server's time from now on", skew)
+        return True
 
     # -- paging --
 

@@ -219,7 +219,13 @@ class ExporterCollector(Collector):
             "Unix time of the last successful config (re)load.",
         )
         reload_time.add_metric([], self.latest.config_reload_timestamp)
-        yield from (success, last_success, duration, calls, build, calendar, reload_ok, reload_time)
+        skew = GaugeMetricFamily(
+            "inference_exporter_clock_skew_seconds",
+            "The billing API's clock (its Date header) minus this host's; over a minute off, signatures get refused.",
+        )
+        if self.latest.clock_skew is not None:
+            skew.add_metric([], self.latest.clock_skew)
+        yield from (success, last_success, duration, calls, build, calendar, reload_ok, reload_time, skew)
 
 
 PROBE_LABELS = ["probe", "endpoint_id", "scenario"]

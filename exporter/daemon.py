@@ -73,7 +73,9 @@ class Sources:
     ) -> None:
         self.config = config
         self.latest = latest
-        self.client = BillingClient.from_config(config.billing, clock, latest.count_api_call, retry)
+        self.client = BillingClient.from_config(
+            config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
+        )
         self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
         self.usage = UsageSync(self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices)
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}

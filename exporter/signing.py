@@ -128,6 +128,10 @@ class BillingSigner(requests.auth.AuthBase):
     def __repr__(self) -> str:
         return f"BillingSigner(keyid={self._key_id!r}, label={self._label!r})"
 
+    def local_time(self) -> float:
+        """Our clock, before any correction."""
+        return self._time()
+
     def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
         url = urlsplit(request.url or "")
         body = request.body or b""

@@ -150,6 +150,7 @@ class Latest:
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.time)
+    clock_skew: float | None = None
     config_reload_success: bool = True
     config_reload_timestamp: float = field(default_factory=time.time)
 
@@ -168,6 +169,9 @@ class Latest:
     def publish_probe(self, snapshot: ProbeSnapshot) -> None:
         with self._lock:
             self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
+
+    def observe_clock_skew(self, skew: float) -> None:
+        self.clock_skew = skew
 
     def reloaded(self, *, success: bool) -> None:
         self.config_reload_success = success

@@ -139,11 +139,37 @@ def test_a_wrong_secret_is_signature_rejected_without_the_secret(
     assert sleeps == []
 
 
-def test_a_skewed_clock_is_signature_rejected(config: Config, sim: Simulator, sleeps: Sleeps) -> None:
-    skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=10))
-    client = BillingClient.from_config(config.billing, skewed, retry=RetryPolicy(sleep=sleeps))
-    with client, pytest.raises(SignatureRejected, match="clock window"):
+@pytest.mark.parametrize("minutes", [10, -7])
+def test_a_skewed_clock_is_corrected_from_the_servers_date(
+    config: Config, sim: Simulator, sleeps: Sleeps, minutes: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=minutes))
+    seen: list[tuple[str, str]] = []
+    skews: list[float] = []
+    client = BillingClient.from_config(
+        config.billing, skewed, lambda *call: seen.append(call), RetryPolicy(sleep=sleeps), on_skew=skews.append
+    )
+    with client:
+        assert len(client.bills("2026-11", GROUP_TERM_ITEM)) == 66
+        assert len(client.bills("2026-11", GROUP_TERM_INSTANCE)) == 66
+    assert seen == [("bills", "401"), ("bills", "200"), ("bills", "200")]  # refused once, then signed right
+    assert client.clock_skew == -minutes * 60
+    assert skews == [-minutes * 60] * 3
+    assert sum("clock skew" in r.getMessage() for r in caplog.records) == 1  # logged once, not per request
+
+
+def test_a_wrong_secret_is_not_retried_when_the_clocks_agree(
+    sim: Simulator, server: SimulatorServer, clock: Clock, sleeps: Sleeps
+) -> None:
+    seen: list[tuple[str, str]] = []
+    config = validate({"billing": billing_section(sim, server, secret_access_key="nope")}, {})
+    client = BillingClient.from_config(
+        config.billing, clock, lambda *call: seen.append(call), RetryPolicy(sleep=sleeps)
+    )
+    with client, pytest.raises(SignatureRejected):
         client.bills("2026-11", GROUP_TERM_ITEM)
+    assert seen == [("bills", "401")]
+    assert client.clock_skew == 0
 
 
 def test_project_filter_is_sent_snake_case(sim: Simulator, server: SimulatorServer, clock: Clock) -> None:

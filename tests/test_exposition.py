@@ -46,7 +46,9 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         {},
     )  # fmt: skip
     latest = Latest()
-    with BillingClient.from_config(config.billing, clock, latest.count_api_call) as client:
+    with BillingClient.from_config(
+        config.billing, clock, latest.count_api_call, on_skew=latest.observe_clock_skew
+    ) as client:
         usage = UsageSync(client, clock, StateStore(":memory:"), per_api_key=False, prices=config.prices)
         sim.add_usage(300)
         usage.refresh()
