@@ -21,7 +21,7 @@ from exporter import __version__
 from exporter.alerts.promrules import rule_file
 from exporter.billing import BillingError
 from exporter.clock import Clock
-from exporter.config import Config, ConfigError, load, validate
+from exporter.config import Config, ConfigError, load_checked, validate
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -63,11 +63,14 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
 
 def _load(path: str) -> Config:
     try:
-        return load(path)
+        config, warnings = load_checked(path)
     except ConfigError as error:
         for detail in error.details:
             print(f"{path}: {detail}" if not detail.startswith(path) else detail, file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
+    for warning in warnings:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+    return config
 
 
 def cmd_check(args: argparse.Namespace) -> int:

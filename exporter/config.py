@@ -7,9 +7,11 @@ appear in a message.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,7 +30,15 @@ from pydantic import (
     model_validator,
 )
 
-ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
+"""`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
+SECRET_KEYS = (
+    ("billing", "secret_access_key"),
+    ("inference", "api_key"),
+    ("server", "basic_auth", "password"),
+    ("alerts", "notifiers", "*", "routing_key"),
+    ("alerts", "notifiers", "*", "url"),  # a Slack webhook URL carries its token
+)
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 SIGNALS = ("spend", "estimated_spend", "tokens", "requests", "probe_latency", "probe_success", "data_age")
@@ -47,6 +57,9 @@ SIGNAL_LABELS = {
 """The labels a signal's groups carry: what `by` and `where` may name."""
 LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -409,7 +422,7 @@ def location(path: tuple[int | str, ...]) -> str:
 def substitute(
     node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
 ) -> Any:
-    """Replace `${VAR}` in every string; note in `missing` each path whose variable is unset."""
+    """Replace `${VAR}` and `${file:PATH}` in every string; note in `missing` why a path could not be filled."""
     if isinstance(node, dict):
         return {key: substitute(value, environ, (*path, key), missing) for key, value in node.items()}
     if isinstance(node, list):
@@ -418,12 +431,55 @@ def substitute(
         return node
 
     def replace(match: re.Match[str]) -> str:
-        if match[1] not in environ:
-            missing.setdefault(path, match[1])
+        if match[1] is not None:
+            try:
+                return Path(match[1]).read_text(encoding="utf-8").strip()
+            except OSError as error:
+                missing.setdefault(path, f"cannot read secret file {match[1]} ({error.strerror})")
+                return match[0]
+        if match[2] not in environ:
+            missing.setdefault(path, f"environment variable {match[2]} is not set")
             return match[0]
-        return environ[match[1]]
+        return environ[match[2]]
 
-    return ENV_REFERENCE.sub(replace, node)
+    return REFERENCE.sub(replace, node)
+
+
+def _at(node: Any, keys: tuple[str, ...]) -> Iterator[tuple[tuple[int | str, ...], Any]]:
+    """The values at a key path (`*` = every item of a list)."""
+    if not keys:
+        yield (), node
+        return
+    head, rest = keys[0], keys[1:]
+    if head == "*" and isinstance(node, list):
+        for index, item in enumerate(node):
+            for path, value in _at(item, rest):
+                yield (index, *path), value
+    elif isinstance(node, dict) and head in node:
+        for path, value in _at(node[head], rest):
+            yield (head, *path), value
+
+
+def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:
+    for part in path:
+        node = node[part]
+    return node
+
+
+def secret_warnings(raw: Any, path: Path) -> list[str]:
+    """Secrets written into the config file itself rather than taken from the environment or a file."""
+    warnings = []
+    for keys in SECRET_KEYS:
+        for where, value in _at(raw, keys):
+            if isinstance(value, str) and value and not REFERENCE.search(value):
+                if keys[-1] == "url" and "hooks.slack.com" not in value and not value.startswith("https://hooks."):
+                    continue  # a webhook URL is a secret only when it carries a token (Slack's do)
+                warnings.append(
+                    f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"
+                )
+    if warnings and path.stat().st_mode & stat.S_IROTH:
+        warnings.append(f"{path}: the file is world-readable and holds secrets (chmod o-r)")
+    return warnings
 
 
 _MESSAGES = {
@@ -484,7 +540,7 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     document = substitute(raw if raw is not None else {}, environ, (), missing)
     if not isinstance(document, dict):
         raise ConfigError(["(top level): the config must be a mapping"])
-    errors = [f"{location(path)}: environment variable {name} is not set" for path, name in missing.items()]
+    errors = [f"{location(path)}: {problem}" for path, problem in missing.items()]
     try:
         config = Config.model_validate(document)
     except ValidationError as invalid:
@@ -501,6 +557,15 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
 
 
 def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Load and validate a config file; warnings about secrets written in it go to the log."""
+    config, warnings = load_checked(path, environ)
+    for warning in warnings:
+        log.warning("config: %s", warning)
+    return config
+
+
+def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> tuple[Config, list[str]]:
+    """The validated config and the warnings about it (secrets written in the file)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -512,4 +577,4 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError([f"{where}: invalid YAML: {problem}"]) from None
-    return validate(raw, environ)
+    return validate(raw, environ), secret_warnings(raw, Path(path))

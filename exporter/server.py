@@ -210,9 +210,14 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 """
 
 
+MAX_URL = 8192
+MAX_HEADER_BYTES = 16384
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stalls mid-request is dropped, not waited on forever
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http %s", format % args)
@@ -247,7 +252,25 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def _refuse(self, status: int, reason: str, **headers: str) -> None:
+        self.close_connection = True
+        self._send(status, f"{reason}\n".encode(), "text/plain", Connection="close", **headers)
+
+    def do_POST(self) -> None:
+        self._refuse(405, "method not allowed", Allow="GET, HEAD")
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST  # noqa: N815 - the stdlib names handlers so
+
     def do_GET(self) -> None:
+        if len(self.path) > MAX_URL:
+            self._refuse(414, "URI too long")
+            return
+        if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
+            self._refuse(431, "request header fields too large")
+            return
+        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+            self._refuse(413, "this server takes no request body")
+            return
         path = urlsplit(self.path).path
         view = self.server.view
         if path not in OPEN_PATHS and not self._authorised():

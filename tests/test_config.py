@@ -136,3 +136,39 @@ def test_the_example_config_is_valid() -> None:
     environ = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
     config = load(ROOT / "config.example.yaml", environ)
     assert [r.alert for r in config.alerts.rules] == ["EndpointDailySpendHigh", "MonthlyBudget", "BillsStale"]
+
+
+def test_secrets_from_files(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-file\n")
+    config = validate({"billing": BILLING | {"secret_access_key": f"${{file:{secret}}}"}}, {})
+    assert config.billing.secret_access_key.get_secret_value() == "from-a-file"
+    missing = errors_of({"billing": BILLING | {"secret_access_key": "${file:/nonexistent/secret}"}}, {})
+    assert missing == [
+        "billing.secret_access_key: cannot read secret file /nonexistent/secret (No such file or directory)"
+    ]
+
+
+def test_secrets_written_in_the_file_get_a_warning(tmp_path: Path) -> None:
+    from exporter.config import load_checked
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "billing: {url: 'https://b', access_key_id: AK, secret_access_key: literal-secret}\n"
+        "alerts:\n  notifiers:\n"
+        "    - {name: chat, type: slack, url: 'https://hooks.example/T/B/token'}\n"
+        "    - {name: hook, type: webhook, url: 'http://receiver/hook'}\n"
+        "    - {name: pd, type: pagerduty, routing_key: '${PD_KEY}'}\n"
+    )
+    path.chmod(0o600)
+    _, warnings = load_checked(path, {"PD_KEY": "k"})
+    assert warnings == [
+        "billing.secret_access_key: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+        "alerts.notifiers[0].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+    ]
+    assert not any("literal-secret" in w for w in warnings)
+    path.chmod(0o644)
+    _, warnings = load_checked(path, {"PD_KEY": "k"})
+    assert warnings[-1] == f"{path}: the file is world-readable and holds secrets (chmod o-r)"
+    environ = {"BILLING_ACCESS_KEY_ID": "a", "BILLING_SECRET_ACCESS_KEY": "b", "INFERENCE_API_KEY": "c"}
+    assert load_checked(ROOT / "config.example.yaml", environ)[1] == []

@@ -93,3 +93,29 @@ def test_tls_files_must_exist() -> None:
 
     with pytest.raises(ConfigError, match=r"server\.tls: file '/nonexistent\.pem' does not exist"):
         validate({"billing": BILLING, "server": {"tls": {"cert_file": "/nonexistent.pem", "key_file": "/x"}}}, {})
+
+
+def test_request_limits(clock: Clock) -> None:
+    import http.client
+
+    server = start({}, clock)
+    try:
+        host, port = server.server_address[:2]
+
+        def send(method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None) -> int:
+            connection = http.client.HTTPConnection(host, port, timeout=5)
+            connection.request(method, path, body=body, headers=headers or {})
+            status = connection.getresponse().status
+            connection.close()
+            return status
+
+        assert send("GET", "/metrics") == 200
+        assert send("POST", "/metrics", body=b"x" * 10) == 405
+        assert send("DELETE", "/") == 405
+        assert send("GET", "/metrics?" + "a" * 9000) == 414
+        assert send("GET", "/metrics", {f"X-Filler-{i}": "v" * 200 for i in range(90)}) == 431
+        assert send("GET", "/metrics", {f"X-{i}": "v" for i in range(120)}) == 431  # over 100 header lines
+        assert send("GET", "/metrics", body=b"unexpected") == 413
+        assert send("GET", "/healthz") == 200  # and the server still answers
+    finally:
+        server.stop()

@@ -100,3 +100,13 @@ def test_signer_repr_hides_the_secret() -> None:
     signer = BillingSigner("AK1", "very-secret-value")
     assert "very-secret-value" not in repr(signer)
     assert "AK1" in repr(signer)
+
+
+def test_no_nonce_repeats_over_100k_signatures() -> None:
+    signer = BillingSigner("AK1", "secret", time_fn=lambda: 1763776800.0)
+    request = requests.Request("GET", "http://127.0.0.1/api/v1/usages/details?date=2026-11-22").prepare()
+    seen = set()
+    for _ in range(100_000):
+        header = signer(request).headers["Signature-Input"]
+        seen.add(header[header.index('nonce="') + 7 : header.index('";keyid')])
+    assert len(seen) == 100_000
