@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import queue
@@ -23,6 +22,7 @@ from exporter.billing import BillingError
 from exporter.clock import Clock
 from exporter.config import Config, ConfigError, load_checked, validate
 from exporter.daemon import Daemon, Sources, parse_listen
+from exporter.logs import setup_logging
 from exporter.snapshots import Latest
 from exporter.state import StateStore
 
@@ -33,32 +33,6 @@ log = logging.getLogger("exporter")
 
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "component": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def setup_logging(level: str = "info", fmt: str = "text") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        JsonFormatter()
-        if fmt == "json"
-        else logging.Formatter("ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)s")
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
 
 
 def _load(path: str) -> Config:
@@ -84,7 +58,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_once(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    setup_logging(config.log.level, config.log.format)
+    setup_logging(config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     latest = Latest()
     sources = Sources(config, latest, clock, StateStore(":memory:"), external_url="")
@@ -137,7 +111,7 @@ def _start(daemon_factory: Callable[[], Daemon]) -> Daemon:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    setup_logging(config.log.level, config.log.format)
+    setup_logging(config.log.level, config.log.format, config.secret_values())
     daemon = _start(lambda: Daemon(config, config_path=args.config, listen=args.listen))
     return _serve_until_signalled(daemon)
 

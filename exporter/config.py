@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -373,6 +374,27 @@ class Config(Strict):
     server: ServerConfig = ServerConfig()
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
+
+    def secret_values(self) -> list[str]:
+        """Every secret in the config, and the path of each secret URL (what a library may log of it)."""
+        found: list[str] = []
+
+        def walk(node: object) -> None:
+            if isinstance(node, SecretStr):
+                value = node.get_secret_value()
+                found.append(value)
+                path = urlsplit(value).path
+                if value.startswith(("http://", "https://")) and len(path) > 1:
+                    found.append(path)
+            elif isinstance(node, BaseModel):
+                for name in type(node).model_fields:
+                    walk(getattr(node, name))
+            elif isinstance(node, tuple):
+                for item in node:
+                    walk(item)
+
+        walk(self)
+        return [value for value in found if value]
 
     @model_validator(mode="after")
     def _references(self) -> Config:

@@ -23,6 +23,7 @@ from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
 from exporter.config import AlertmanagerNotifier, Config, ConfigError, ProbeConfig, load
 from exporter.exposition import Exposition
+from exporter.logs import mask_more
 from exporter.probe import ProbeRunner
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
@@ -281,6 +282,7 @@ class Daemon:
             log.warning("config reload: server settings change only on restart")
         if config.state != self.config.state:
             log.warning("config reload: state.path changes only on restart")
+        mask_more(config.secret_values())
         old = self.sources
         self.sources = self._sources(config, old)
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
