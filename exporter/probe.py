@@ -140,6 +140,53 @@ class Answer:
             self.tool_calls[index] = {"name": function.get("name") or "", "arguments": function.get("arguments") or ""}
 
 
+def apply_event(data: str, answer: Answer) -> tuple[bool, bool]:
+    """Merge one stream event into `answer`; returns (has reasoning text, has answer text or tool call).
+
+    Anything that is not the documented shape is a ProbeFailure, never a crash.
+    """
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise ProbeFailure("invalid_json", f"a stream event is not JSON: {data[:80]!r}") from None
+    if not isinstance(event, dict):
+        raise ProbeFailure("invalid_json", "a stream event is not a JSON object")
+    if "error" in event:
+        raise ProbeFailure("stream_error", f"error inside the stream: {str(event['error'])[:120]}")
+    reasoning = text = False
+    try:
+        if event.get("usage"):
+            answer.usage = dict(event["usage"])
+        for choice in event.get("choices") or []:
+            has_reasoning, has_text = answer.add_delta(choice.get("delta") or {})
+            reasoning, text = reasoning or has_reasoning, text or has_text
+            if choice.get("finish_reason"):
+                answer.finish_reason = str(choice["finish_reason"])
+    except (TypeError, ValueError, AttributeError):
+        raise ProbeFailure("invalid_json", f"a stream event has an unexpected shape: {data[:80]!r}") from None
+    return reasoning, text
+
+
+def apply_response(text: str, answer: Answer) -> None:
+    """A whole (non-streamed) chat completion into `answer`; the wrong shape is a ProbeFailure."""
+    document = _json_object(text, "the response")
+    if "error" in document:
+        raise ProbeFailure("stream_error", f"error in the response: {str(document['error'])[:120]}")
+    try:
+        choice = (document.get("choices") or [{}])[0]
+        answer.add_message(choice.get("message") or {})
+        answer.finish_reason = str(choice["finish_reason"]) if choice.get("finish_reason") else None
+        if document.get("usage"):
+            answer.usage = dict(document["usage"])
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+        raise ProbeFailure("invalid_json", f"the response has an unexpected shape: {text[:80]!r}") from None
+
+
+def _tokens(usage: dict[str, Any] | None, name: str) -> int:
+    value = (usage or {}).get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -265,7 +312,7 @@ class ProbeRunner:
         try:
             self._request(answer, checks, timing, started)
             check_answer(probe, answer, checks)
-            checks["usage"] = answer.usage is not None and "completion_tokens" in answer.usage
+            checks["usage"] = answer.usage is not None and _tokens(answer.usage, "completion_tokens") > 0
             if not checks["usage"]:
                 raise ProbeFailure("usage_missing", "the response carries no usage")
             reason = None
@@ -277,8 +324,7 @@ class ProbeRunner:
             log.info("probe recovered probe=%s", probe.name)
         self._last_reason = reason
         duration = time.perf_counter() - started
-        usage = answer.usage or {}
-        completion = int(usage.get("completion_tokens") or 0)
+        completion = _tokens(answer.usage, "completion_tokens")
         first = timing.get("first_token")
         decode = duration - first if first is not None and probe.stream else duration
         return ProbeRun(
@@ -291,7 +337,7 @@ class ProbeRunner:
             time_to_first_reasoning_token=timing.get("first_reasoning"),
             time_to_first_answer_token=timing.get("first_answer"),
             max_chunk_gap=timing.get("max_gap"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=_tokens(answer.usage, "prompt_tokens"),
             completion_tokens=completion,
             output_tokens_per_second=completion / decode if completion and decode > 0 else None,
         )
@@ -325,13 +371,7 @@ class ProbeRunner:
                 if probe.stream:
                     self._read_stream(response, answer, checks, timing, started, first_deadline)
                 else:
-                    document = _json_object(response.content.decode("utf-8", errors="replace"), "the response")
-                    if "error" in document:
-                        raise ProbeFailure("stream_error", f"error in the response: {str(document['error'])[:120]}")
-                    choice = (document.get("choices") or [{}])[0]
-                    answer.add_message(choice.get("message") or {})
-                    answer.finish_reason = choice.get("finish_reason")
-                    answer.usage = document.get("usage")
+                    apply_response(response.content.decode("utf-8", errors="replace"), answer)
             except requests.RequestException as error:
                 if _timed_out(error):
                     waited = "timeout_first_token" if timing.get("first_token") is None else "stall"
@@ -365,27 +405,14 @@ class ProbeRunner:
             if data == "[DONE]":
                 answer.done = True
                 break
-            try:
-                event = json.loads(data)
-            except ValueError:
-                raise ProbeFailure("invalid_json", f"a stream event is not JSON: {data[:80]!r}") from None
-            if not isinstance(event, dict):
-                raise ProbeFailure("invalid_json", "a stream event is not a JSON object")
-            if "error" in event:
-                raise ProbeFailure("stream_error", f"error inside the stream: {str(event['error'])[:120]}")
-            if event.get("usage"):
-                answer.usage = event["usage"]
-            for choice in event.get("choices") or []:
-                reasoning, text = answer.add_delta(choice.get("delta") or {})
-                elapsed = now - started
-                if (reasoning or text) and timing.get("first_token") is None:
-                    timing["first_token"] = elapsed
-                if reasoning and timing.get("first_reasoning") is None:
-                    timing["first_reasoning"] = elapsed
-                if text and timing.get("first_answer") is None:
-                    timing["first_answer"] = elapsed
-                if choice.get("finish_reason"):
-                    answer.finish_reason = choice["finish_reason"]
+            reasoning, text = apply_event(data, answer)
+            elapsed = now - started
+            if (reasoning or text) and timing.get("first_token") is None:
+                timing["first_token"] = elapsed
+            if reasoning and timing.get("first_reasoning") is None:
+                timing["first_reasoning"] = elapsed
+            if text and timing.get("first_answer") is None:
+                timing["first_answer"] = elapsed
         if not answer.done or answer.finish_reason is None:
             what = "[DONE]" if not answer.done else "a finish reason"
             raise ProbeFailure("truncated", f"the stream ended without {what}")
