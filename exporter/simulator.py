@@ -14,6 +14,8 @@ import hashlib
 import hmac
 import json
 import re
+import socket
+import struct
 import sys
 import threading
 import time
@@ -70,7 +72,8 @@ API_KEYS = ("sk-7f3a********", "sk-19cc********")
 class Fault:
     """One injected fault, applied to the next `times` requests whose path starts with `path`.
 
-    kind: status (HTTP `status`, envelope body), code (HTTP 200, non-zero `code`), malformed
+    kind: status (HTTP `status`, envelope body), code (HTTP 200, non-zero `code`), reset (the
+    connection reset in the middle of the body), malformed
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then
     the normal answer), bad_amount (one bill's payableAmount not a number), total_mismatch
     (`total` one higher than the records), plain_answer (tools ignored) / bad_tool_args (arguments
@@ -552,6 +555,16 @@ class _Handler(BaseHTTPRequestHandler):
             extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
             self._send(fault.status, error_body(fault.status), **extra)
             return True
+        elif fault.kind == "reset":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"code": 0, "data": {"list": [{"requestId": "')
+            self.wfile.flush()
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self._drop()  # with SO_LINGER 0 the close is a reset, mid-body
+            return True
         return False
 
     def _drop(self) -> None:
@@ -602,8 +615,12 @@ class _Handler(BaseHTTPRequestHandler):
         except SimulatorError as error:
             self._envelope(error.http_status, error.code, error.reason, error.message)
             return
-        if fault and fault.kind == "bad_amount" and data["list"] and "payableAmount" in data["list"][0]:  # bills only
-            data["list"][0] = data["list"][0] | {"payableAmount": "12,5"}
+        if fault and fault.kind == "bad_amount" and data["list"]:
+            first = data["list"][0]
+            if isinstance(first, str):  # a usage record, as JSON text
+                data["list"] = _RawList([json.dumps(json.loads(first) | {"promptTokens": "12,5"}), *data["list"][1:]])
+            else:
+                data["list"][0] = first | {"payableAmount": "12,5"}
         if fault and fault.kind == "total_mismatch":
             data["total"] = type(data["total"])(int(data["total"]) + 1)
         payload = _encode({"code": 0, "reason": "OK", "message": "success", "data": data})

@@ -1,0 +1,152 @@
+"""The fault matrix: every fault the simulator can inject, against every source.
+
+Whatever the API or the network does, the daemon keeps serving the last good figures with the
+source's success gauge at 0, counters never go down, the error is logged once per change of
+state (not once per retry), and the first refresh after the fault clears is right again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.billing import RetryPolicy
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.simulator import Fault, Simulator, SimulatorServer
+from tests.conftest import SHANGHAI, billing_section
+from tests.helpers import Series, named, scrape, value
+
+FAST = RetryPolicy(attempts=3, backoff=0.001, sleep=lambda s: None)
+BILLING_PATHS = {"bills": "/api/v1/bills/details", "usage": "/api/v1/usages/details"}
+CHAT = "/v1/chat/completions"
+PROBE = "probe:chat"
+
+FAULTS = {
+    "http_500": Fault("status", status=500),
+    "http_502": Fault("status", status=502),
+    "http_503": Fault("status", status=503),
+    "http_429_retry_after": Fault("status", status=429, retry_after=1),
+    "timeout": Fault("delay", seconds=0.8),
+    "reset_mid_body": Fault("reset"),
+    "malformed_json": Fault("malformed"),
+    "nonzero_code": Fault("code"),
+    "total_mismatch": Fault("total_mismatch"),
+    "non_numeric_amount": Fault("bad_amount"),
+}
+PROBE_FAULTS = (
+    "http_500",
+    "http_502",
+    "http_503",
+    "http_429_retry_after",
+    "timeout",
+    "reset_mid_body",
+    "malformed_json",
+)
+CASES = [(fault, source) for fault in FAULTS for source in ("bills", "usage")] + [
+    (fault, PROBE) for fault in PROBE_FAULTS
+]
+
+
+@pytest.fixture
+def daemon(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> Iterator[Daemon]:
+    sim.add_usage(1234)
+    document = {
+        "billing": billing_section(sim, server, timeout="400ms", page_size=200),
+        "inference": {"url": server.url, "api_key": sim.api_key},
+        "probes": [{"name": "chat", "model": sim.endpoints[0].endpoint_id, "timeout": "400ms"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start(schedule=False)
+    yield daemon
+    daemon.stop(grace=5)
+
+
+def figures(series: Series) -> dict[str, object]:
+    """The figures a fault must not disturb."""
+    return {
+        name: named(series, name)
+        for name in (
+            "inference_bill_month_to_date_payable_amount",
+            "inference_bill_endpoint_daily_payable_amount",
+            "inference_usage_requests_total",
+            "inference_usage_prompt_tokens_total",
+        )
+    }
+
+
+def refresh_all(daemon: Daemon) -> None:
+    for source in ("bills", "usage", PROBE):
+        assert daemon.refresh(source), source
+
+
+@pytest.mark.parametrize(("fault_name", "source"), CASES, ids=[f"{f}-{s}" for f, s in CASES])
+def test_fault(daemon: Daemon, sim: Simulator, fault_name: str, source: str, caplog: pytest.LogCaptureFixture) -> None:
+    url = daemon.server.url
+    refresh_all(daemon)
+    before = scrape(url)
+    fault = FAULTS[fault_name]
+    path = CHAT if source == PROBE else BILLING_PATHS[source]
+    sim.inject(Fault(fault.kind, path, times=10_000, status=fault.status, retry_after=fault.retry_after,
+                     seconds=fault.seconds))  # fmt: skip
+    caplog.set_level(logging.DEBUG)
+    sim.add_usage(50)  # new records the failing source cannot see yet
+
+    for _ in range(3):
+        refreshed = daemon.refresh(source)
+        assert refreshed == (source == PROBE)  # a probe run that finds the endpoint failing is still a run
+    during = scrape(url)
+    assert figures(during) == figures(before)  # the last good figures, unchanged
+    if source == PROBE:
+        assert value(during, "inference_probe_success", probe="chat", endpoint_id=sim.endpoints[0].endpoint_id,
+                     scenario="chat") == 0  # fmt: skip
+        logged = [r for r in caplog.records if r.levelno >= logging.WARNING and "probe failed" in r.getMessage()]
+    else:
+        assert value(during, "inference_exporter_refresh_success", source=source) == 0
+        stamp = "inference_exporter_last_refresh_success_timestamp_seconds"
+        assert value(during, stamp, source=source) == value(before, stamp, source=source)
+        logged = [r for r in caplog.records if r.levelno >= logging.ERROR and f"source={source}" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+
+    sim.clear_faults()
+    assert daemon.refresh(source)
+    after = scrape(url)
+    if source == PROBE:
+        assert value(after, "inference_probe_success", probe="chat", endpoint_id=sim.endpoints[0].endpoint_id,
+                     scenario="chat") == 1  # fmt: skip
+        return
+    assert value(after, "inference_exporter_refresh_success", source=source) == 1
+    for labels, count in named(before, "inference_usage_requests_total").items():
+        assert named(after, "inference_usage_requests_total")[labels] >= count  # never down within a day
+    if source == "bills":
+        assert value(after, "inference_bill_month_to_date_payable_amount", period="2026-11") == float(
+            sim.bill_totals("2026-11")["total"]
+        )
+    else:
+        truth = sim.usage_totals()
+        got = {
+            (dict(k)["endpoint_id"], dict(k)["model"]): v
+            for k, v in named(after, "inference_usage_requests_total").items()
+        }
+        assert got == {key: sums["requests"] for key, sums in truth.items()}
+
+
+def test_clock_skew_is_corrected_and_exposed(sim: Simulator, server: SimulatorServer, tmp_path: Path) -> None:
+    skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=-9))
+    document = {"billing": billing_section(sim, server), "state": {"path": str(tmp_path / "state.db")}}
+    daemon = Daemon(validate(document, {}), clock=skewed, listen="127.0.0.1:0", retry=FAST)
+    daemon.start(schedule=False)
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        series = scrape(daemon.server.url)
+        assert value(series, "inference_exporter_clock_skew_seconds") == 540
+        assert value(series, "inference_exporter_api_requests_total", api="bills", code="401") == 1
+    finally:
+        daemon.stop()
