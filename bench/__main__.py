@@ -1,8 +1,9 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import probe, render, sync
+from bench import faults, probe, render, sync
 
 if __name__ == "__main__":
     sync.main([])
     render.main([])
     probe.main([])
+    faults.main([])

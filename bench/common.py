@@ -24,10 +24,16 @@ class SimSettings:
     endpoints: int = 0
     ttft: float = 0.0
     chunk_delay: float = 0.0
+    failure_rate: float = 0.0
 
 
 def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    sim = Simulator(latency=settings.latency, time_to_first_token=settings.ttft, chunk_delay=settings.chunk_delay)
+    sim = Simulator(
+        latency=settings.latency,
+        time_to_first_token=settings.ttft,
+        chunk_delay=settings.chunk_delay,
+        failure_rate=settings.failure_rate,
+    )
     if settings.endpoints:
         sim.endpoints = tuple(
             Endpoint(f"ep-{n:04d}", f"model-{n % 7}", f"proj-{n % 3}") for n in range(settings.endpoints)

@@ -15,9 +15,8 @@ import math
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, NamedTuple, TypeVar
@@ -40,6 +39,7 @@ BILLS_PAGE_SIZE = 100
 MAX_USAGE_PAGE_SIZE = 500
 MAX_RETRY_AFTER = 120.0
 MAX_CLOCK_SKEW = 60.0
+LOOKAHEAD = 4
 
 R = TypeVar("R")
 
@@ -325,10 +325,13 @@ class BillingClient:
         self._on_skew = on_skew or (lambda skew: None)
         self._session = requests.Session()
         self._session.auth = auth
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=self.concurrency + 1)
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=2 * self.concurrency + 1)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="billing-page")
+        # More workers than requests in flight: a page waiting out its retry backoff holds a worker,
+        # not one of the `concurrency` request slots, so the other pages keep flowing meanwhile.
+        self._pool = ThreadPoolExecutor(2 * self.concurrency, thread_name_prefix="billing-page")
+        self._slots = threading.BoundedSemaphore(self.concurrency)
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
         self._closed = threading.Event()
@@ -398,8 +401,9 @@ class BillingClient:
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> dict[str, Any]:
         try:
-            response = self._session.get(self.base_url + path, params=params, timeout=self.timeout)
-            body = response.content
+            with self._slots:
+                response = self._session.get(self.base_url + path, params=params, timeout=self.timeout)
+                body = response.content
         except requests.Timeout:
             self._on_response(api, "timeout")
             raise _Retryable("timed out") from None
@@ -454,39 +458,45 @@ class BillingClient:
     def _pages(
         self, fetch: Callable[[int], tuple[tuple[R, ...], int]], first_page: int, page_size: int
     ) -> Iterator[tuple[int, tuple[R, ...], int]]:
-        """Yield (page_num, records, total) in page order, with at most `concurrency` requests in flight.
+        """Yield (page_num, records, total) for every page, with at most `concurrency` requests in flight.
 
-        The first page tells `total`; the pages it implies are fetched in parallel (up to twice
-        `concurrency` fetched ahead of the reader, so memory stays bounded). After them, pages
-        continue one at a time while they come back full and the latest `total` says more records
-        exist (records added meanwhile). A short or empty page always ends it.
+        `first_page` comes first and tells `total`; the pages it implies are fetched in parallel
+        and yielded as they arrive (at most LOOKAHEAD × `concurrency` at a time, so memory stays
+        bounded; a page waiting out a retry holds nothing else up). After them, pages continue one
+        at a time from the last one while it is full and the latest `total` says more records
+        exist (records added meanwhile).
         """
         records, total = fetch(first_page)
         yield first_page, records, total
         if len(records) < page_size:
             return
         last = max(first_page, math.ceil(total / page_size))
-        window: deque[tuple[int, Future[tuple[tuple[R, ...], int]]]] = deque()
-        page_num = following = first_page
+        following = first_page
+        tail = (first_page, len(records))
+        pending: dict[Future[tuple[tuple[R, ...], int]], int] = {}
         try:
-            while following < last or window:
-                while following < last and len(window) < 2 * self.concurrency:
+            while following < last or pending:
+                while following < last and len(pending) < LOOKAHEAD * self.concurrency:
                     following += 1
                     try:
-                        window.append((following, self._pool.submit(fetch, following)))
+                        pending[self._pool.submit(fetch, following)] = following
                     except RuntimeError:  # the pool is shut down: the client was closed mid-refresh
                         raise BillingUnavailable("the client was closed during the refresh") from None
-                page_num, future = window.popleft()
-                records, total = future.result()
-                yield page_num, records, total
-                if len(records) < page_size:
-                    return
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    page_num = pending.pop(future)
+                    records, page_total = future.result()
+                    total = max(total, page_total)
+                    tail = max(tail, (page_num, len(records)))
+                    yield page_num, records, page_total
         finally:
-            for _, pending in window:
-                pending.cancel()
-        while len(records) >= page_size and page_num * page_size < total:
+            for future in pending:
+                future.cancel()
+        page_num, size = tail
+        while size >= page_size and page_num * page_size < total:
             page_num += 1
             records, total = fetch(page_num)
+            size = len(records)
             yield page_num, records, total
 
     def bills(self, period: str, group_term: str, *, product: str = "", instance_id: str = "") -> list[BillRecord]:
@@ -507,7 +517,7 @@ class BillingClient:
         bills: list[BillRecord] = []
         total = 0
         for _, records, page_total in self._pages(fetch, 1, BILLS_PAGE_SIZE):
-            total = page_total
+            total = max(total, page_total)
             bills.extend(records)
         if len(bills) != total:
             raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")

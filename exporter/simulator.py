@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import random
 import re
 import socket
 import struct
@@ -150,6 +151,8 @@ class Simulator:
     latency: float = 0.0
     time_to_first_token: float = 0.0
     chunk_delay: float = 0.0
+    failure_rate: float = 0.0
+    """The share of billing requests answered with a random 500, 502, 503 or 429."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -164,6 +167,7 @@ class Simulator:
         self.requests_served: dict[str, int] = {}
         self.in_flight = 0
         self.max_in_flight = 0
+        self._random = random.Random(self.seed)
 
     # -- control --------------------------------------------------------------------------
 
@@ -201,6 +205,11 @@ class Simulator:
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+
+    def _random_failure(self) -> Fault | None:
+        if self.failure_rate and self._random.random() < self.failure_rate:
+            return Fault("status", status=self._random.choice((500, 502, 503, 429)), retry_after=None)
+        return None
 
     def _take_fault(self, path: str) -> Fault | None:
         with self._lock:
@@ -596,7 +605,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path not in handlers:
             self._envelope(404, 100404, "NotFound", "no such API")
             return
-        fault = self.sim._take_fault(url.path)
+        fault = self.sim._take_fault(url.path) or self.sim._random_failure()
 
         def envelope(status: int) -> bytes:
             return _encode({"code": 100500, "reason": "Fault", "message": HTTPStatus(status).phrase})

@@ -133,7 +133,8 @@ class UsageSync:
     ) -> UsagePage:
         """Add every record from `first_page` on (the first `skip` of it excepted) to `aggregate`.
 
-        Returns the last page that held records (the first page if none did).
+        Pages arrive in any order after the first; returns the highest page that held records (the
+        first page if none did), where the next poll picks up.
         """
         boundary: UsagePage | None = None
         total = 0
@@ -142,11 +143,12 @@ class UsageSync:
                 if verify is not None:
                     verify(page)
                 aggregate.add(page.records[skip:])
+                boundary = page
             else:
                 aggregate.add(page.records)
-            if boundary is None or page.records:
-                boundary = page
-            total = page.total
+                if page.records and page.page_num > boundary.page_num:
+                    boundary = page
+            total = max(total, page.total)
         assert boundary is not None  # usage_pages yields at least one page
         if aggregate.records != total:
             raise ResyncNeeded(f"aggregated {aggregate.records} records, `total` says {total}")
