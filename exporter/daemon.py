@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -237,7 +238,7 @@ class Daemon:
     def _schedule(self) -> None:
         for job in self.scheduler.get_jobs():
             job.remove()
-        now = self.clock.now()
+        now = dt.datetime.now(self.clock.tz)  # the scheduler runs on real time; the billing clock may not
         for source, interval in self.sources.intervals.items():
             self.scheduler.add_job(
                 self.refresh,

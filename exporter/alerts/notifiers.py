@@ -37,8 +37,9 @@ PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier
 
 
-def webhook_payload(event: dict[str, Any], receiver: str, external_url: str) -> dict[str, Any]:
-    """Alertmanager's webhook format, version 4, for one alert."""
+def webhook_payload(event: dict[str, Any], receiver: str, external_url: str, notification: str) -> dict[str, Any]:
+    """Alertmanager's webhook format, version 4, for one alert, plus `notificationId`: the same on
+    every delivery attempt of one notification, so a receiver can drop a repeat delivery."""
     labels = event["labels"]
     alert = {
         "status": event["status"],
@@ -60,6 +61,7 @@ def webhook_payload(event: dict[str, Any], receiver: str, external_url: str) -> 
         "commonAnnotations": event["annotations"],
         "externalURL": external_url,
         "alerts": [alert],
+        "notificationId": notification,
     }
 
 
@@ -148,9 +150,10 @@ class Dispatcher:
             log.error("notification failed notifier=%s reason=%r (will retry)", notifier, reason)
         return reason
 
-    def _format(self, notifier: OutboxNotifier, event: dict[str, Any]) -> tuple[str, object]:
+    def _format(self, notifier: OutboxNotifier, event: dict[str, Any], entry: int) -> tuple[str, object]:
         if isinstance(notifier, WebhookNotifier):
-            return notifier.url, webhook_payload(event, notifier.name, self.external_url)
+            notification = f"{event['key']}-{entry}"
+            return notifier.url, webhook_payload(event, notifier.name, self.external_url, notification)
         if isinstance(notifier, SlackNotifier):
             return notifier.url.get_secret_value(), slack_payload(event, self.external_url)
         routing_key = notifier.routing_key.get_secret_value()
@@ -165,7 +168,7 @@ class Dispatcher:
                     now = self.clock.now().timestamp()
                     if entry.next_attempt > now:
                         break
-                    url, body = self._format(notifier, json.loads(entry.event))
+                    url, body = self._format(notifier, json.loads(entry.event), entry.id)
                     reason = self._post(notifier.name, url, body)
                     if reason is not None:
                         pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)

@@ -1,0 +1,213 @@
+"""Soak: the daemon against the simulator with random faults, appends and day and month
+rollovers on a fast clock, then every figure checked against the simulator's truth.
+
+    python -m bench.soak [--minutes 10] [--speed 600]
+
+Prints the checks and two ratios: alerts delivered ÷ alerts due (must be exactly 1), and the
+RSS growth between the first quarter and the end. `tests/test_soak.py` runs a short one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import random
+import resource
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from exporter.billing import RetryPolicy
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.simulator import Fault, Simulator
+from tests.helpers import Receiver, named, scrape
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+PATHS = ("/api/v1/bills/details", "/api/v1/usages/details", "/v1/chat/completions")
+KINDS = ("status", "status", "drop", "reset", "malformed", "code")
+
+
+def fast_clock(start: dt.datetime, speed: float) -> Clock:
+    origin = time.monotonic()
+    return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=(time.monotonic() - origin) * speed))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class Report:
+    checks: dict[str, bool] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    faults: int = 0
+    appended: int = 0
+    days: set[str] = field(default_factory=set)
+    delivered: int = 0
+    due: int = 0
+    rss_start: float = 0.0
+    rss_end: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(self.checks.values())
+
+
+def _repeat(stop: threading.Event, every: float, action: Callable[[], None]) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(every):
+            action()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: float = 0.05) -> Report:
+    """Run for `duration` real seconds from 22:00 on 30 November (Shanghai), `speed` × real time."""
+    rng = random.Random(seed)
+    clock = fast_clock(dt.datetime(2026, 11, 30, 22, 0, tzinfo=SHANGHAI), speed)
+    sim = Simulator(clock=clock, time_to_first_token=0.005)
+    sim.add_usage(3000)
+    server = sim.serve()
+    receiver = Receiver()
+    report = Report()
+    workdir = Path(tempfile.mkdtemp(prefix="soak-"))
+    config = validate(
+        {
+            "billing": {"url": server.url, "access_key_id": sim.access_key_id,
+                        "secret_access_key": sim.secret_access_key, "bills_interval": "700ms",
+                        "usage_interval": "300ms", "page_size": 200, "timeout": "2s"},
+            "inference": {"url": server.url, "api_key": sim.api_key},
+            "probes": [{"name": "chat", "model": sim.endpoints[0].endpoint_id, "interval": "400ms", "timeout": "2s"}],
+            "budgets": [{"name": "daily", "amount": "400", "period": "day"}],
+            "alerts": {
+                "evaluation_interval": "300ms",
+                "repeat_interval": "2h",  # in billing-clock time: about 12 s at 600×
+                "rules": [
+                    {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": 120},
+                    {"alert": "DailyBudget", "budget": "daily", "tiers": [0.5, 0.9]},
+                    {"alert": "ProbeDown", "signal": "probe_success", "op": "<", "threshold": 1},
+                ],
+                "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+            },
+            "state": {"path": str(workdir / "state.db")},
+        },
+        {},
+    )  # fmt: skip
+    daemon = Daemon(config, clock=clock, listen="127.0.0.1:0", retry=RetryPolicy(attempts=3, backoff=0.05))
+    stop = threading.Event()
+    monotonic_ok = True
+    last_counts: dict[tuple[object, float], float] = {}
+
+    def inject() -> None:
+        if rng.random() < fault_rate * 4:
+            sim.inject(Fault(rng.choice(KINDS), rng.choice(PATHS), status=rng.choice((500, 502, 503, 429))))
+            report.faults += 1
+
+    def append() -> None:
+        count = rng.randint(1, 25)
+        sim.add_usage(count)
+        report.appended += count
+
+    def refuse() -> None:
+        if rng.random() < fault_rate:
+            receiver.refuse += 1
+
+    def watch() -> None:
+        """Counters never go down while their `_created` stays the same."""
+        nonlocal monotonic_ok
+        series = scrape(daemon.server.url)
+        created = named(series, "inference_usage_requests_created")
+        for labels, count in named(series, "inference_usage_requests_total").items():
+            key = (labels, created.get(labels, 0.0))
+            if count < last_counts.get(key, 0.0):
+                monotonic_ok = False
+            last_counts[key] = count
+        report.days.update(dict(labels)["day"] for labels in named(series, "inference_billing_today_info"))
+
+    daemon.start()
+    threads = [_repeat(stop, 0.05, inject), _repeat(stop, 0.05, append), _repeat(stop, 0.1, refuse),
+               _repeat(stop, 0.25, watch)]  # fmt: skip
+    time.sleep(duration / 4)
+    report.rss_start = rss_mb()
+    time.sleep(duration * 3 / 4)
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    daemon.scheduler.pause()
+    sim.clear_faults()
+    receiver.refuse = 0
+
+    # Settle: every source once more without faults, then drain the outbox.
+    for source in daemon.sources.refreshers:
+        for _ in range(5):
+            if daemon.refresh(source):
+                break
+    deadline = time.monotonic() + 30
+    while daemon.sources.dispatcher.pending().get("hook", 0) and time.monotonic() < deadline:
+        daemon.deliver()
+        time.sleep(0.05)
+    report.rss_end = rss_mb()
+
+    latest = daemon.latest
+    today = clock.today()
+    usage = latest.usage
+    assert usage is not None
+    got = {(k.endpoint_id, k.model): t.requests for k, t in usage.totals.items()}
+    report.checks["usage today equals the simulator's"] = usage.day == today and got == {
+        key: sums["requests"] for key, sums in sim.usage_totals(today).items()
+    }
+    previous = usage.previous_day
+    if previous is not None:
+        truth = sum(sums["requests"] for sums in sim.usage_totals(previous.day).values())
+        late = truth - previous.records
+        report.checks["previous day finalised"] = 0 <= late <= 25  # at most one append racing the midnight pull
+        report.notes.append(f"previous day {previous.day}: {previous.records} records finalised, {late} after")
+    bills = latest.bills
+    assert bills is not None
+    report.checks["bills equal the simulator's"] = (
+        bills.current.month_to_date == sim.bill_totals(bills.current.period)["total"]
+    )
+    report.checks["counters never went down within a day"] = monotonic_ok
+
+    with sqlite3.connect(workdir / "state.db") as db:
+        report.due = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+    bodies = receiver.bodies()
+    report.delivered = len(bodies)
+    identities = [body["notificationId"] for body in bodies]
+    report.checks["no notification delivered twice"] = len(set(identities)) == len(identities)
+    report.checks["every alert due was delivered"] = report.delivered == report.due > 0
+    daemon.stop(grace=5)
+    server.stop()
+    receiver.stop()
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--speed", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    report = run_soak(args.minutes * 60, args.speed)
+    simulated = dt.timedelta(seconds=args.minutes * 60 * args.speed)
+    print(f"soak: {args.minutes:g} min real, {simulated} on the billing clock, days seen {sorted(report.days)}")
+    print(f"  {report.faults} faults injected, {report.appended} usage records appended")
+    for check, passed in report.checks.items():
+        print(f"  {'ok  ' if passed else 'FAIL'} {check}")
+    for note in report.notes:
+        print(f"  {note}")
+    print(f"  alerts delivered ÷ alerts due: {report.delivered}/{report.due} = "
+          f"{report.delivered / report.due if report.due else float('nan'):.2f}  (must be exactly 1)")  # fmt: skip
+    print(f"  peak RSS {report.rss_start:.1f} MB after the first quarter, {report.rss_end:.1f} MB at the end")
+
+
+if __name__ == "__main__":
+    main()
