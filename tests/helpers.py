@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import requests
@@ -91,3 +91,33 @@ class Receiver:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_binary(command: list[str], port: int, timeout: float = 60.0) -> Iterator[str]:
+    """Run a Prometheus-family binary listening on 127.0.0.1:`port` until its /-/ready answers;
+    yields its URL and stops it afterwards (use with `yield from` in a fixture)."""
+    import subprocess
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_for(ready, timeout=timeout)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=15)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -13,9 +12,8 @@ import requests
 from exporter.clock import Clock
 from exporter.simulator import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
-from tests.helpers import wait_for
+from tests.helpers import free_port, serve_binary, wait_for
 from tests.test_alerts import make_daemon, today_by_endpoint
-from tests.test_cli import free_port
 
 
 @pytest.fixture
@@ -30,25 +28,11 @@ def alertmanager(tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "alertmanager.yml"
     config.write_text("route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n")
     port = free_port()
-    process = subprocess.Popen(
+    yield from serve_binary(
         [binary, f"--config.file={config}", f"--storage.path={tmp_path / 'am-data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        port,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _up(url), timeout=30)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def _up(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except requests.ConnectionError:
-        return False
 
 
 def am_alerts(url: str) -> list[dict]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import requests
 import yaml
 
 from exporter.simulator import Fault, Simulator, SimulatorServer
-from tests.helpers import Receiver, scrape, value, wait_for
+from tests.helpers import Receiver, free_port, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
@@ -219,12 +218,6 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Pop
         cwd=ROOT,
     )
     return process, f"http://127.0.0.1:{port}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def ready(url: str) -> bool:

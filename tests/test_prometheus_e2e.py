@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.conftest import require_binary
-from tests.helpers import wait_for
+from tests.helpers import free_port, serve_binary, wait_for
 from tests.test_cli import ready, spawn
 
 ROOT = Path(__file__).parent.parent
@@ -48,28 +48,12 @@ def prometheus(demo: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"scrape_configs:\n  - job_name: demo\n    static_configs:\n      - targets: ['{target}']\n"
     )
-    from tests.test_cli import free_port
-
     port = free_port()
-    process = subprocess.Popen(
+    yield from serve_binary(
         [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        port,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _prometheus_ready(url), timeout=60)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=15)
-
-
-def _prometheus_ready(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except requests.ConnectionError:
-        return False
 
 
 def query(prometheus: str, expr: str) -> list[dict]:
