@@ -146,11 +146,12 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     sim.clear_faults()
     receiver.refuse = 0
 
-    # Settle: every source once more without faults, then drain the outbox.
+    # Settle: every source once more without faults (waiting out a job still in flight), then drain.
     for source in daemon.sources.refreshers:
-        for _ in range(5):
+        for _ in range(100):
             if daemon.refresh(source):
                 break
+            time.sleep(0.1)
     deadline = time.monotonic() + 30
     while daemon.sources.dispatcher.pending().get("hook", 0) and time.monotonic() < deadline:
         daemon.deliver()

@@ -104,7 +104,8 @@ class RetryPolicy:
     attempts: int = 4
     backoff: float = 0.5
     max_backoff: float = 20.0
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], object] | None = None
+    """How to wait before a retry; by default the client waits so that closing it cuts the wait short."""
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -367,8 +368,9 @@ class BillingClient:
         )
 
     def close(self) -> None:
+        """Stop: pending pages are cancelled, waits before retries end now; nothing here blocks."""
         self._closed.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
 
     def __enter__(self) -> BillingClient:
@@ -381,23 +383,22 @@ class BillingClient:
 
     def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
         what = f"GET {path}"
-        corrected = False
-        for attempt in range(1, self.retry.attempts + 1):
+        attempt = corrected = 0
+        while True:
             try:
                 return self._attempt(api, path, params, what)
             except SignatureRejected:
-                # Refused, and the server's clock is far from ours: sign with its time, once.
+                # Refused while our signing clock is far from the server's: sign with its time, once.
                 if corrected or not self._correct_clock():
                     raise
-                corrected = True
-                return self._attempt(api, path, params, what)
+                corrected = 1
             except _Retryable as failure:
-                if attempt == self.retry.attempts or self._closed.is_set():
+                attempt += 1
+                if attempt >= self.retry.attempts or self._closed.is_set():
                     raise BillingUnavailable(f"{what}: {failure} (gave up after {attempt} attempts)") from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying api=%s attempt=%d reason=%r in=%.2fs", api, attempt, str(failure), pause)
-                self.retry.sleep(pause)
-        raise AssertionError("unreachable")
+                (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> dict[str, Any]:
         try:
@@ -442,15 +443,14 @@ class BillingClient:
         return signer.local_time() if isinstance(signer, BillingSigner) else time.time()
 
     def _correct_clock(self) -> bool:
-        """After a refusal: adopt the server's time for signing if it is far from ours."""
+        """After a refusal: if the time we sign with is far from the server's, adopt the server's
+        (and drop an old correction once our own clock is right again)."""
         signer = self._session.auth
         skew = self.clock_skew
-        if not isinstance(signer, BillingSigner) or skew is None or abs(skew) <= MAX_CLOCK_SKEW:
+        if not isinstance(signer, BillingSigner) or skew is None or abs(skew - signer.clock_offset) <= MAX_CLOCK_SKEW:
             return False
-        if signer.clock_offset == skew:
-            return False
-        signer.clock_offset = skew
-        log.warning("signature refused with the clock %+.0fs off: signing with the server's time from now on", skew)
+        signer.clock_offset = skew if abs(skew) > MAX_CLOCK_SKEW else 0.0
+        log.warning("signature refused, signing %+.0fs off the server's time: now signing with its time", skew)
         return True
 
     # -- paging --
@@ -499,13 +499,12 @@ class BillingClient:
             size = len(records)
             yield page_num, records, total
 
-    def bills(self, period: str, group_term: str, *, product: str = "", instance_id: str = "") -> list[BillRecord]:
+    def bills(self, period: str, group_term: str) -> list[BillRecord]:
         """Every daily bill record of a month for one grouping, all pages."""
         what = f"bills {period} {group_term}"
         params: dict[str, str | int] = {"period": period, "group_period": GROUP_PERIOD_DAILY, "group_term": group_term}
-        for name, value in (("project_id", self.project_id), ("product", product), ("instance_id", instance_id)):
-            if value:
-                params[name] = value
+        if self.project_id:
+            params["project_id"] = self.project_id
 
         def fetch(page_num: int) -> tuple[tuple[BillRecord, ...], int]:
             data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": BILLS_PAGE_SIZE})

@@ -83,10 +83,11 @@ class BillsSource:
             (period, self.client.bills(period, GROUP_TERM_INSTANCE), self.client.bills(period, GROUP_TERM_ITEM))
             for period in self.periods(today)
         ]
-        item_days = [per_day(daily_amounts(items, "item")) for _, _, items in fetched]
+        by_items = [daily_amounts(items, "item") for _, _, items in fetched]
+        item_days = [per_day(by_item) for by_item in by_items]
         months = []
-        for index, (period, instances, items) in enumerate(fetched):
-            by_item = daily_amounts(items, "item")
+        for index, (period, instances, _) in enumerate(fetched):
+            by_item = by_items[index]
             previous = item_days[1] if index == 0 and len(item_days) > 1 else None
             month_end, today_end = forecast(period, today, item_days[index], previous)
             months.append(

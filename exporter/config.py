@@ -394,6 +394,9 @@ class Config(Strict):
                     walk(item)
 
         walk(self)
+        for notifier in self.alerts.notifiers:  # a token in a plain webhook URL's query is a secret too
+            if isinstance(notifier, WebhookNotifier) and urlsplit(notifier.url).query:
+                found.append(urlsplit(notifier.url).query)
         return [value for value in found if value]
 
     @model_validator(mode="after")

@@ -6,7 +6,8 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -80,6 +81,8 @@ class Sources:
         )
         self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
         self.usage = UsageSync(self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices)
+        if previous is not None:
+            self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
@@ -96,7 +99,14 @@ class Sources:
             sources=lambda: list(self.refreshers),
             notifiers=[n.name for n in notifiers if not isinstance(n, AlertmanagerNotifier)],
         )
-        self.dispatcher = Dispatcher(notifiers, self.engine.db, clock, self.engine.current, external_url)
+        self.dispatcher = Dispatcher(
+            notifiers,
+            self.engine.db,
+            clock,
+            self.engine.current,
+            external_url,
+            previous.dispatcher if previous else None,
+        )
         self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, self.dispatcher))
 
     def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
@@ -145,6 +155,7 @@ class Daemon:
         self._active = 0
         self._idle = threading.Condition()
         self._failing: dict[str, str] = {}
+        self._alerts_lock = threading.Lock()
         self.scheduler = BackgroundScheduler(
             timezone=self.clock.tz,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -178,11 +189,10 @@ class Daemon:
         if not lock.acquire(blocking=False):
             log.debug("refresh skipped source=%s reason=busy", source)
             return False
-        with self._idle:
-            self._active += 1
         started = time.perf_counter()
         try:
-            refresher()
+            with self._busy():
+                refresher()
         except BillingError as error:
             self._failed(source, started, str(error))
             return False
@@ -199,9 +209,6 @@ class Daemon:
             return True
         finally:
             lock.release()
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
 
     def _record(self, source: str, started: float, *, success: bool, error: str = "") -> None:
         at = self.clock.now().timestamp()
@@ -217,22 +224,43 @@ class Daemon:
 
     # -- alerts --
 
-    def alert_cycle(self) -> None:
-        """Evaluate the rules, deliver what is due, and tell Alertmanager at once about any change."""
-        sources = self.sources
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Counts work in flight, so that `stop` waits for it (and closes the state file after it)."""
+        with self._idle:
+            self._active += 1
         try:
-            changes = sources.engine.evaluate()
-        except Exception:  # a bug must not stop the schedule; it is logged with its traceback
-            log.exception("alert evaluation crashed")
-            return
-        self.deliver()
-        if changes:
-            sources.dispatcher.resend_alertmanager()
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def alert_cycle(self) -> None:
+        """Evaluate the rules, deliver what is due, and tell Alertmanager at once about any change.
+
+        One cycle at a time, across reloads too: two engines must never work on one state file.
+        """
+        with self._busy(), self._alerts_lock:
+            sources = self.sources
+            try:
+                changes = sources.engine.evaluate()
+            except Exception:  # a bug must not stop the schedule; it is logged with its traceback
+                log.exception("alert evaluation crashed")
+                return
+            self._deliver(sources)
+            if changes:
+                sources.dispatcher.resend_alertmanager()
 
     def deliver(self) -> None:
+        with self._busy(), self._alerts_lock:
+            self._deliver(self.sources)
+
+    @staticmethod
+    def _deliver(sources: Sources) -> None:
         try:
-            self.sources.dispatcher.deliver()
-        except Exception:
+            sources.dispatcher.deliver()
+        except Exception:  # a bug must not stop the schedule; it is logged with its traceback
             log.exception("notification delivery crashed")
 
     def _schedule(self) -> None:
@@ -283,9 +311,15 @@ class Daemon:
             log.warning("config reload: server settings change only on restart")
         if config.state != self.config.state:
             log.warning("config reload: state.path changes only on restart")
+        if config.billing.timezone != self.config.billing.timezone:
+            log.error("config reload refused: billing.timezone changes only on restart (the days would disagree)")
+            self.latest.reloaded(success=False)
+            return False
         mask_more(config.secret_values())
-        old = self.sources
-        self.sources = self._sources(config, old)
+        with self._alerts_lock:  # the new engine loads the alert state no evaluation is writing
+            old = self.sources
+            self.sources = self._sources(config, old)
+        self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()

@@ -368,19 +368,33 @@ class ProbeRunner:
                 raise ProbeFailure(_http_reason(response.status_code), f"HTTP {response.status_code}")
             checks["http"] = True
             try:
+                chunks = self._within_deadlines(response, timing, started, first_deadline)
                 if probe.stream:
-                    self._read_stream(response, answer, checks, timing, started, first_deadline)
+                    self._read_stream(chunks, answer, checks, timing, started, first_deadline)
                 else:
-                    apply_response(response.content.decode("utf-8", errors="replace"), answer)
+                    apply_response(b"".join(chunks).decode("utf-8", errors="replace"), answer)
             except requests.RequestException as error:
                 if _timed_out(error):
                     waited = "timeout_first_token" if timing.get("first_token") is None else "stall"
                     raise ProbeFailure(waited, "the stream went silent") from None
                 raise ProbeFailure("truncated", f"the connection broke mid-answer ({type(error).__name__})") from None
 
+    def _within_deadlines(
+        self, response: requests.Response, timing: dict[str, float | None], started: float, first_deadline: float
+    ) -> Iterator[bytes]:
+        """The body as it arrives; the first-token and whole-request deadlines are checked on every
+        chunk, so a server trickling keep-alive bytes cannot hold the probe past them."""
+        for chunk in response.iter_content(chunk_size=None):
+            elapsed = time.perf_counter() - started
+            if self.probe.stream and timing.get("first_token") is None and elapsed > first_deadline:
+                raise ProbeFailure("timeout_first_token", f"no token after {elapsed:.1f}s")
+            if elapsed > self.probe.timeout:
+                raise ProbeFailure("timeout_total", f"the answer took over {self.probe.timeout:.0f}s")
+            yield chunk
+
     def _read_stream(
         self,
-        response: requests.Response,
+        chunks: Iterator[bytes],
         answer: Answer,
         checks: dict[str, bool],
         timing: dict[str, float | None],
@@ -391,7 +405,7 @@ class ProbeRunner:
         stall = probe.stall_timeout or probe.timeout
         last = time.perf_counter()
         checks["stream_complete"] = False
-        for data in sse_events(response.iter_content(chunk_size=None)):
+        for data in sse_events(chunks):
             now = time.perf_counter()
             gap, last = now - last, now
             if timing.get("first_token") is not None:

@@ -13,6 +13,7 @@ import html
 import json
 import logging
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,7 +65,9 @@ class ExporterServer(ThreadingHTTPServer):
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
-            self.socket = context.wrap_socket(self.socket, server_side=True)
+            # The handshake happens in the request's own thread (see _Handler.setup), so a client
+            # that connects and says nothing cannot hold up the accept loop.
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
             self.scheme = "https"
         self._thread: threading.Thread | None = None
 
@@ -74,6 +77,14 @@ class ExporterServer(ThreadingHTTPServer):
         host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # noqa: S104 - display only
         host = f"[{host}]" if ":" in str(host) else host
         return f"{self.scheme}://{host}:{port}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up or fails the TLS handshake is its own problem, not a server error."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | ssl.SSLError | TimeoutError):
+            log.debug("http client dropped address=%s error=%r", client_address[0], str(error))
+            return
+        super().handle_error(request, client_address)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, args=(0.1,), name="http", daemon=True)
@@ -218,6 +229,12 @@ class _Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.1"
     timeout = 30  # a client that stalls mid-request is dropped, not waited on forever
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(self.timeout)
+            self.request.do_handshake()
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http %s", format % args)

@@ -133,7 +133,6 @@ class ProbeSnapshot:
 class SourceHealth:
     source: str
     success: bool
-    last_attempt: float
     last_success: float | None
     duration: float
     error: str = ""
@@ -163,12 +162,18 @@ class Latest:
         with self._lock:
             previous = self._health.get(source)
             last_success = at if success else (previous.last_success if previous else None)
-            entry = SourceHealth(source, success, at, last_success, duration, "" if success else error)
+            entry = SourceHealth(source, success, last_success, duration, "" if success else error)
             self._health = MappingProxyType({**self._health, source: entry})
 
     def publish_probe(self, snapshot: ProbeSnapshot) -> None:
         with self._lock:
             self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
+
+    def forget(self, sources: set[str]) -> None:
+        """Drop what removed sources left behind (a probe taken out of the config)."""
+        with self._lock:
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
+            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if f"probe:{k}" not in sources})
 
     def observe_clock_skew(self, skew: float) -> None:
         self.clock_skew = skew

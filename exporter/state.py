@@ -1,7 +1,8 @@
-"""The one SQLite file that survives a restart: usage sync cursors with their day's totals.
+"""The one SQLite file that survives a restart: usage sync cursors with their day's totals, alert
+state, budget tiers fired and the notification outbox. (Bills and probes are rebuilt from the API.)
 
-(Everything else is rebuilt from the API.) One connection, serialised by a lock, WAL journal;
-each save is one transaction, so a crash leaves the previous complete state.
+One connection, serialised by a lock, WAL journal; each save is one transaction, so a crash leaves
+the previous complete state.
 """
 
 from __future__ import annotations
@@ -209,9 +210,13 @@ class AlertStore:
             ).fetchone()
         return OutboxEntry(*row) if row else None
 
-    def delivered(self, entry_id: int, now: float) -> None:
+    def delivered(self, entry_id: int, now: float, dropped: str = "") -> None:
+        """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
         with self.store.transaction() as db:
-            db.execute("UPDATE outbox SET delivered = ?, attempts = attempts + 1 WHERE id = ?", (now, entry_id))
+            db.execute(
+                "UPDATE outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
+                (now, dropped, entry_id),
+            )
             db.execute("DELETE FROM outbox WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))
 
     def failed(self, entry_id: int, next_attempt: float, error: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.billing import BillingClient, RecordError, UsagePage, UsageRecord
+from exporter.billing import BillingClient, BillingError, RecordError, UsagePage, UsageRecord
 from exporter.clock import Clock
 from exporter.config import PriceConfig
 from exporter.snapshots import UsageKey, UsageSnapshot, UsageTotals
@@ -29,6 +29,8 @@ from exporter.state import StateStore, UsageCursor, UsageRow
 log = logging.getLogger(__name__)
 
 MILLION = Decimal(1_000_000)
+FINALISE_ATTEMPTS = 10
+"""Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it."""
 
 
 class Aggregate:
@@ -104,6 +106,7 @@ class UsageSync:
         self._cursor: UsageCursor | None = None
         self._created = 0.0
         self._previous: UsageSnapshot | None = None
+        self._finalise_failures = 0
 
     # -- snapshots --
 
@@ -155,11 +158,16 @@ class UsageSync:
         return boundary
 
     def _full(self, day: dt.date) -> tuple[Aggregate, UsagePage]:
-        aggregate = Aggregate(self.per_api_key)
-        try:
-            return aggregate, self._read(day, aggregate)
-        except ResyncNeeded as mismatch:
-            raise RecordError(f"usage {day}: {mismatch}") from None
+        """Every record of the day. Records that arrive while pages are read in parallel can make the
+        count miss `total` by a few; one more pass settles that, a second miss is an error."""
+        for attempt in (1, 2):
+            aggregate = Aggregate(self.per_api_key)
+            try:
+                return aggregate, self._read(day, aggregate)
+            except ResyncNeeded as mismatch:
+                if attempt == 2:
+                    raise RecordError(f"usage {day}: {mismatch}") from None
+        raise AssertionError("unreachable")
 
     def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsagePage]:
         position = cursor.records - 1
@@ -219,8 +227,15 @@ class UsageSync:
             self._restore(today)
         if self._day is not None and self._day < today:
             if not (self._cursor and self._cursor.finalised):
-                self._finalise(self._day)
-            self._day = None
+                try:
+                    self._finalise(self._day)
+                except BillingError:
+                    self._finalise_failures += 1
+                    if self._finalise_failures < FINALISE_ATTEMPTS:
+                        raise
+                    log.error("usage day=%s could not be finalised after %d tries; moving on to today",
+                              self._day, self._finalise_failures)  # fmt: skip
+            self._day, self._finalise_failures = None, 0
         if self._day is None:
             self._day, self._cursor, self._aggregate = today, None, Aggregate(self.per_api_key)
             self._created = self.clock.day_start(today).timestamp()

@@ -250,3 +250,20 @@ def test_malformed_usage_records_name_the_field(change: dict, message: str) -> N
 def test_usage_record_parses() -> None:
     record = parse_usage(GOOD_USAGE | {"promptTokens": "10"}, "usage")
     assert tuple(record)[4:] == ("sk-ab****", 10, 5, 2)
+
+
+def test_a_clock_correction_is_dropped_once_our_clock_is_right_again(
+    config: Config, sim: Simulator, sleeps: Sleeps
+) -> None:
+    offset = [dt.timedelta(minutes=6)]
+    drifting = Clock(SHANGHAI, lambda: sim.clock.now() + offset[0])
+    seen: list[tuple[str, str]] = []
+    with BillingClient.from_config(
+        config.billing, drifting, lambda *c: seen.append(c), RetryPolicy(sleep=sleeps)
+    ) as client:
+        client.bills("2026-11", GROUP_TERM_ITEM)
+        offset[0] = dt.timedelta(0)  # NTP fixed the host clock: the old correction is now 6 minutes off
+        client.bills("2026-11", GROUP_TERM_ITEM)
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert [code for _, code in seen] == ["401", "200", "401", "200", "200"]
+    assert client.clock_skew == 0

@@ -212,3 +212,48 @@ def test_the_api_key_never_reaches_the_log(
     assert "probe failed" in caplog.text
     assert sim.api_key not in caplog.text
     assert "sk-live-very-secret" not in caplog.text
+
+
+def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline() -> None:
+    """A server that sends SSE comments for ever, never a token."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Trickle(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"e\r\n: keep-alive\n\n\r\n")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = validate(
+            {"billing": BILLING, "inference": {"url": f"http://127.0.0.1:{server.server_address[1]}", "api_key": "k"},
+             "probes": [{"name": "p", "model": "ep", "timeout": "2s", "first_token_timeout": "300ms"}]},
+            {},
+        )  # fmt: skip
+        assert config.inference is not None
+        started = time.monotonic()
+        snapshot = ProbeRunner(config.probes[0], config.inference).run()
+        assert snapshot.last.reason == "timeout_first_token"
+        assert time.monotonic() - started < 2
+    finally:
+        server.shutdown()
+        server.server_close()

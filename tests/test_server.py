@@ -119,3 +119,17 @@ def test_request_limits(clock: Clock) -> None:
         assert send("GET", "/healthz") == 200  # and the server still answers
     finally:
         server.stop()
+
+
+def test_a_silent_tls_client_does_not_block_the_server(certificate: tuple[Path, Path], clock: Clock) -> None:
+    import socket
+
+    cert, key = certificate
+    server = start({"tls": {"cert_file": str(cert), "key_file": str(key)}}, clock)
+    silent = socket.create_connection(server.server_address[:2])  # connects, never says hello
+    try:
+        response = requests.get(f"{server.url}/healthz", verify=str(cert), timeout=5)
+        assert response.status_code == 200
+    finally:
+        silent.close()
+        server.stop()

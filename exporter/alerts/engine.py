@@ -70,9 +70,10 @@ def fingerprint(labels: dict[str, str]) -> str:
 
 
 def rule_id(rule: RuleConfig) -> str:
-    """Stable across restarts and reloads while the rule means the same thing."""
+    """Stable across restarts and reloads while the rule watches the same thing (editing its labels,
+    annotations, threshold or `for` keeps it, so budget tiers already paged are not paged again)."""
     identity = [rule.alert, rule.signal, rule.window, rule.by, sorted(rule.where.items()), rule.budget]
-    return hashlib.sha256(json.dumps([identity, sorted(rule.labels.items())]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
 def fmt(value: Decimal) -> str:
@@ -113,32 +114,30 @@ class Engine:
         with self._lock, self.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
-            queued = 0
             rule_ids = set()
             for rule in self.config.rules:
                 rule_ids.add(rule_id(rule))
                 if rule.budget is not None:
-                    queued += self._budget(db, rule, now)
+                    self._budget(db, rule, now)
                 else:
-                    queued += self._signal(db, rule, now)
+                    self._signal(db, rule, now)
             for key, alert in list(self.alerts.items()):
                 gone = alert.rule not in rule_ids  # its rule was removed by a reload
                 expired = alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
                 if gone and alert.state != "resolved":
-                    queued += self._resolve(db, alert, now)
+                    self._resolve(db, alert, now)
                 elif expired or gone:
                     del self.alerts[key]
                     self.db.delete_state(db, key)
             self._repeat(db, now)
         return self._transitions - before
 
-    def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> int:
+    def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
         values = rules.evaluate(rule, self.latest, self.clock, self.sources())
         if values is None:
-            return 0  # no trustworthy data: every alert of this rule keeps its state
+            return  # no trustworthy data: every alert of this rule keeps its state
         assert rule.threshold is not None
         rid = rule_id(rule)
-        queued = 0
         active: set[str] = set()
         for group, value in values.items():
             if not rules.COMPARE[rule.op](value, rule.threshold):
@@ -147,9 +146,9 @@ class Engine:
             fields = {**dict(group), "value": fmt(value), "threshold": fmt(rule.threshold)}
             default = f"{rule.alert}: {rule.signal} {fmt(value)} {rule.op} {fmt(rule.threshold)}"
             annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(value)}
-            key = fingerprint(labels)
+            key = fingerprint(labels | {"__rule__": rid})
             active.add(key)
-            queued += self._active(db, rid, key, labels, annotations, fmt(value), rule.for_, now)
+            self._active(db, rid, key, labels, annotations, fmt(value), rule.for_, now)
         for alert in list(self.alerts.values()):
             if alert.rule != rid or alert.key in active or alert.state == "resolved":
                 continue
@@ -157,8 +156,7 @@ class Engine:
                 del self.alerts[alert.key]
                 self.db.delete_state(db, alert.key)
             elif now - alert.last_true >= rule.keep_firing_for:
-                queued += self._resolve(db, alert, now)
-        return queued
+                self._resolve(db, alert, now)
 
     def _active(
         self,
@@ -171,47 +169,45 @@ class Engine:
         hold: float,
         now: float,
         period: str = "",
-    ) -> int:
+    ) -> None:
         alert = self.alerts.get(key)
         if alert is None or alert.state == "resolved":
             alert = Alert(key, rid, labels, annotations, "pending", now, value, now, period=period)
         alert = replace(alert, annotations=annotations, value=value, last_true=now)
-        queued = 0
         if alert.state == "pending" and now - alert.active_since >= hold:
             alert = replace(alert, state="firing", fired_at=now)
             self._transitions += 1
             log.info("alert firing alertname=%s key=%s value=%s", labels["alertname"], key, value)
-            queued = self._notify(db, alert, "firing", now)
+            self._notify(db, alert, "firing", now)
         self._save(db, alert)
-        return queued
 
-    def _resolve(self, db: sqlite3.Connection, alert: Alert, now: float, inhibited: bool = False) -> int:
+    def _resolve(self, db: sqlite3.Connection, alert: Alert, now: float, inhibited: bool = False) -> None:
         resolved = replace(alert, state="resolved", resolved_at=now, inhibited=inhibited)
         self._transitions += 1
         self._save(db, resolved)
         how = "inhibited" if inhibited else "resolved"
         log.info("alert %s alertname=%s key=%s", how, alert.labels["alertname"], alert.key)
-        return 0 if inhibited else self._notify(db, resolved, "resolved", now)
+        if not inhibited:
+            self._notify(db, resolved, "resolved", now)
 
-    def _budget(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> int:
+    def _budget(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
         measured = rules.budget_ratio(budget, self.latest, self.clock)
         if measured is None:
-            return 0
+            return
         period, ratio = measured
         rid = rule_id(rule)
-        queued = 0
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing" and alert.period != period:
-                queued += self._resolve(db, alert, now)  # a new period starts clean
+                self._resolve(db, alert, now)  # a new period starts clean
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
         fired = self.db.tiers_fired(rid, period)
         if not crossed or max(crossed) in fired:
-            return queued
+            return
         tier = max(crossed)
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing":
-                queued += self._resolve(db, alert, now, inhibited=True)
+                self._resolve(db, alert, now, inhibited=True)
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         fields = {
             "budget": budget.name,
@@ -223,27 +219,24 @@ class Engine:
         default = f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         self.db.mark_tiers(db, rid, period, crossed)
-        key = fingerprint(labels | {"period": period})
-        return queued + self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
+        key = fingerprint(labels | {"period": period, "__rule__": rid})
+        self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
-    def _repeat(self, db: sqlite3.Connection, now: float) -> int:
-        queued = 0
+    def _repeat(self, db: sqlite3.Connection, now: float) -> None:
         for alert in self.alerts.values():
             if alert.state != "firing":
                 continue
             for notifier in self.notifiers:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
-                    queued += self._notify(db, alert, "firing", now, only=notifier)
-        return queued
+                    self._notify(db, alert, "firing", now, only=notifier)
 
-    def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> int:
+    def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
         event = json.dumps(alert.event(status))
         targets = [only] if only else list(self.notifiers)
         for notifier in targets:
             self.db.enqueue(db, notifier, event, now)
             self.db.mark_sent(db, alert.key, notifier, now)
             self._sent[(alert.key, notifier)] = now
-        return len(targets)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
         self.alerts[alert.key] = alert

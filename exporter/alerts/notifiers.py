@@ -32,6 +32,9 @@ RESEND = 60.0
 TIMEOUT = 10.0
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
+GIVE_UP_AFTER = 5
+"""Attempts after which a notification the receiver refuses outright (4xx but 408/429) is dropped,
+so one bad message cannot block its notifier's queue for ever."""
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 
 OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier
@@ -105,6 +108,11 @@ def pagerduty_payload(event: dict[str, Any], routing_key: str, external_url: str
     return body
 
 
+def _refused(reason: str) -> bool:
+    """A 4xx other than 408 and 429: the receiver will not take this message, however often it comes."""
+    return reason.startswith("HTTP 4") and reason not in ("HTTP 408", "HTTP 429")
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -113,6 +121,7 @@ class Dispatcher:
         clock: Clock,
         alerts: Callable[[], list[Alert]],
         external_url: str,
+        previous: Dispatcher | None = None,
     ) -> None:
         self.alertmanagers = [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
         self.outbox_notifiers = [n for n in notifiers if not isinstance(n, AlertmanagerNotifier)]
@@ -120,11 +129,13 @@ class Dispatcher:
         self.clock = clock
         self.alerts = alerts
         self.external_url = external_url
-        self.sent: dict[str, int] = {n.name: 0 for n in notifiers}
-        self.failed: dict[str, int] = {n.name: 0 for n in notifiers}
+        # Counters go on across a reload for the notifiers it keeps.
+        self.sent: dict[str, int] = {n.name: previous.sent.get(n.name, 0) if previous else 0 for n in notifiers}
+        self.failed: dict[str, int] = {n.name: previous.failed.get(n.name, 0) if previous else 0 for n in notifiers}
         self._session = requests.Session()
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
         self._lock = threading.Lock()
+        self._counts = threading.Lock()
         self._failing: set[str] = set()
 
     def close(self) -> None:
@@ -138,13 +149,15 @@ class Dispatcher:
             reason = f"connection failed ({type(error).__name__})"
         else:
             if 200 <= response.status_code < 300:
-                self.sent[notifier] += 1
+                with self._counts:
+                    self.sent[notifier] += 1
                 if notifier in self._failing:
                     self._failing.discard(notifier)
                     log.info("notifier recovered notifier=%s", notifier)
                 return None
             reason = f"HTTP {response.status_code}"
-        self.failed[notifier] += 1
+        with self._counts:
+            self.failed[notifier] += 1
         if notifier not in self._failing:
             self._failing.add(notifier)
             log.error("notification failed notifier=%s reason=%r (will retry)", notifier, reason)
@@ -170,6 +183,11 @@ class Dispatcher:
                         break
                     url, body = self._format(notifier, json.loads(entry.event), entry.id)
                     reason = self._post(notifier.name, url, body)
+                    if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
+                        log.error("notification dropped notifier=%s reason=%r after %d attempts", notifier.name,
+                                  reason, entry.attempts + 1)  # fmt: skip
+                        self.store.delivered(entry.id, now, dropped=reason)
+                        continue
                     if reason is not None:
                         pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
                         self.store.failed(entry.id, now + pause, reason)

@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from exporter.bills import forecast, per_day
 from exporter.clock import Clock
+from exporter.collectors import budget_status
 from exporter.config import BudgetConfig, RuleConfig
 from exporter.snapshots import DailyAmount, Latest, UsageTotals
 
@@ -150,11 +151,12 @@ def probe(rule: RuleConfig, latest: Latest) -> dict[Labels, Decimal] | None:
 
 
 def budget_ratio(budget: BudgetConfig, latest: Latest, clock: Clock) -> tuple[str, Decimal] | None:
-    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used."""
+    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used, from fresh bills
+    of today only (what the metrics show may be older)."""
     bills = latest.bills
     today = clock.today()
     if bills is None or not _fresh(latest, "bills") or bills.today != today:
         return None
-    if budget.period == "month":
-        return bills.current.period, bills.current.month_to_date / budget.amount
-    return today.isoformat(), bills.current.spend_on(today) / budget.amount
+    ((_, ratios),) = budget_status(latest, [budget])
+    assert ratios is not None
+    return (bills.current.period if budget.period == "month" else today.isoformat()), ratios[0]
