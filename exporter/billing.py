@@ -1,7 +1,7 @@
 """HTTP client for the billing API's two endpoints: daily bills and per-request usage.
 
-Pages are fetched with a bounded number in flight and handed out in page order. Every attempt
-is signed anew (a retried request must not reuse its nonce). Amounts parse to Decimal and a
+Pages are fetched with a bounded number of requests in flight and handed out as they arrive. Every
+attempt is signed anew (a retried request must not reuse its nonce). Amounts parse to Decimal and a
 malformed record raises `RecordError` naming the field, never a silent zero.
 """
 

@@ -38,10 +38,6 @@ class Clock:
     def day_start(self, day: dt.date) -> dt.datetime:
         return dt.datetime.combine(day, dt.time(), self.tz)
 
-    def day_of(self, instant: dt.datetime) -> dt.date:
-        """The natural day in the billing zone that holds an aware instant."""
-        return instant.astimezone(self.tz).date()
-
 
 def previous_period(period: str) -> str:
     year, month = (int(part) for part in period.split("-"))
