@@ -20,7 +20,7 @@ from exporter import __version__
 from exporter.alerts.promrules import rule_file
 from exporter.billing import BillingError
 from exporter.clock import Clock
-from exporter.config import Config, ConfigError, load_checked, validate
+from exporter.config import Config, ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.logs import setup_logging
 from exporter.snapshots import Latest
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
+DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
 
@@ -138,66 +139,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sim.add_usage(20_000)
     sim_server = sim.serve("127.0.0.1", 0)
     workdir = tempfile.mkdtemp(prefix="inference-cost-exporter-demo-")
-    config = validate(
+    config = load(
+        DEMO_CONFIG,
         {
-            "billing": {
-                "url": sim_server.url,
-                "access_key_id": sim.access_key_id,
-                "secret_access_key": sim.secret_access_key,
-                "bills_interval": "1m",
-                "usage_interval": "5s",
-            },
-            "prices": [
-                {
-                    "model": "model-a",
-                    "prompt_per_million": "4",
-                    "cached_prompt_per_million": "1",
-                    "completion_per_million": "16",
-                },
-                {"model": "model-b", "prompt_per_million": "2", "completion_per_million": "8"},
-            ],
-            "budgets": [{"name": "monthly", "amount": "15000"}, {"name": "daily", "amount": "500", "period": "day"}],
-            "inference": {"url": sim_server.url, "api_key": sim.api_key},
-            "probes": [
-                {
-                    "name": "chat-stream",
-                    "model": sim.endpoints[0].endpoint_id,
-                    "interval": "5s",
-                    "expect_content": "(?i)pong",
-                },
-                {
-                    "name": "json-mode",
-                    "model": sim.endpoints[1].endpoint_id,
-                    "scenario": "json",
-                    "stream": False,
-                    "interval": "5s",
-                    "expect_keys": ["status"],
-                },
-                {"name": "tools", "model": sim.endpoints[1].endpoint_id, "scenario": "tools", "interval": "5s"},
-                {"name": "thinking", "model": sim.endpoints[2].endpoint_id, "scenario": "thinking", "interval": "5s"},
-            ],
-            "alerts": {
-                "evaluation_interval": "15s",
-                "rules": [
-                    {
-                        "alert": "EndpointDailySpendHigh",
-                        "signal": "spend",
-                        "by": ["endpoint_id"],
-                        "threshold": "100",
-                        "labels": {"severity": "warning"},
-                        "annotations": {"summary": "{endpoint_id} spent {value} today (over {threshold})"},
-                    },
-                    {
-                        "alert": "MonthlyBudget",
-                        "budget": "monthly",
-                        "tiers": [0.5, 0.8, 1.0],
-                        "labels": {"severity": "critical"},
-                    },
-                ],
-            },
-            "state": {"path": str(Path(workdir) / "state.db")},
+            "SIM_URL": sim_server.url,
+            "SIM_ACCESS_KEY_ID": sim.access_key_id,
+            "SIM_SECRET_ACCESS_KEY": sim.secret_access_key,
+            "SIM_API_KEY": sim.api_key,
+            "STATE_DIR": workdir,
         },
-        {},
     )
     daemon = _start(lambda: Daemon(config, listen=args.listen))
     stop = threading.Event()

@@ -92,5 +92,5 @@ def test_the_wheel_holds_every_module(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     (wheel,) = tmp_path.glob("inference_cost_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    sources = {str(p.relative_to(ROOT)) for p in (ROOT / "exporter").rglob("*.py")}
+    sources = {str(p.relative_to(ROOT)) for pattern in ("*.py", "*.yaml") for p in (ROOT / "exporter").rglob(pattern)}
     assert sources <= names, sorted(sources - names)
