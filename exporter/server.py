@@ -107,7 +107,8 @@ def ready(view: View) -> tuple[bool, dict[str, str]]:
             states[source] = "never succeeded"
         else:
             states[source] = "ok" if entry.success else "failing (serving last good data)"
-    return all(s != "not refreshed yet" and s != "never succeeded" for s in states.values()), states
+    is_ready = all(source in health and health[source].last_success is not None for source in states)
+    return is_ready, states
 
 
 def alerts_document(view: View) -> dict[str, object]:

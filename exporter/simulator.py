@@ -149,6 +149,8 @@ class Simulator:
     seed: int = 1
     endpoints: tuple[Endpoint, ...] = DEFAULT_ENDPOINTS
     latency: float = 0.0
+    """Billing: the whole response time (the simulator's own work counts toward it).
+    Chat: added before the answer starts, so `time_to_first_token` comes on top of it."""
     time_to_first_token: float = 0.0
     chunk_delay: float = 0.0
     failure_rate: float = 0.0

@@ -57,6 +57,11 @@ def spend_rule(sim: Simulator) -> dict:
     }
 
 
+def to_hook(receiver: Receiver, *rules: dict) -> dict:
+    """An `alerts` section: these rules, notifying the webhook receiver."""
+    return {"rules": list(rules), "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+
+
 def statuses(receiver: Receiver) -> list[str]:
     return [body["status"] for body in receiver.bodies()]
 
@@ -65,11 +70,7 @@ def test_spend_rule_pends_fires_repeats_and_resolves_once_each(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     receiver: Receiver, spend_rule: dict,
 ) -> None:  # fmt: skip
-    alerts = {
-        "repeat_interval": "1h",
-        "rules": [spend_rule],
-        "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
-    }
+    alerts = to_hook(receiver, spend_rule) | {"repeat_interval": "1h"}
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
         amounts = today_by_endpoint(sim)
@@ -119,7 +120,7 @@ def test_tier_ladder_notifies_three_times_across_a_month(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
     rule = {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.8, 1.0], "labels": {"severity": "critical"}}
-    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    alerts = to_hook(receiver, rule)
     daemon = make_daemon(sim, server, clock, tmp_path, alerts, budgets=[{"name": "monthly", "amount": "20000"}])
     endpoint = sim.endpoints[0].endpoint_id
     try:
@@ -150,7 +151,7 @@ def test_a_receiver_down_for_three_attempts_gets_everything_once(
     receiver: Receiver, spend_rule: dict,
 ) -> None:  # fmt: skip
     spend_rule["for"] = "0s"
-    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    alerts = to_hook(receiver, spend_rule)
     receiver.refuse = 3
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
@@ -187,7 +188,7 @@ def test_a_failing_source_never_reads_as_zero_spend(
     from exporter.simulator import Fault
 
     spend_rule["for"] = "0s"
-    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    alerts = to_hook(receiver, spend_rule)
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
         daemon.refresh("bills")
@@ -207,7 +208,7 @@ def test_data_age_signal_fires_on_stale_data(
     from exporter.simulator import Fault
 
     rule = {"alert": "BillsStale", "signal": "data_age", "where": {"source": "bills"}, "op": ">", "threshold": 1800}
-    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    alerts = to_hook(receiver, rule)
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
         daemon.refresh("bills")
@@ -261,7 +262,7 @@ def test_a_restart_keeps_the_pending_for_timer(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     receiver: Receiver, spend_rule: dict,
 ) -> None:  # fmt: skip
-    alerts = {"rules": [spend_rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    alerts = to_hook(receiver, spend_rule)
     first = make_daemon(sim, server, clock, tmp_path, alerts)
     first.refresh("bills")  # pending from now; `for` is 10 minutes
     first.stop()
