@@ -1,5 +1,7 @@
-"""Soak: the daemon against the simulator with random faults, appends and day and month
-rollovers on a fast clock, then every figure checked against the simulator's truth.
+"""Soak: the daemon against the simulator with random faults, appends (some while a day's pages
+are being read), config reloads (half of them replacing the billing client mid-refresh), a
+receiver that drips its answers beside a healthy one, and day and month rollovers on a fast
+clock; then every figure checked against the simulator's truth.
 
     python -m bench.soak [--minutes 10] [--speed 600]
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import random
 import resource
 import sqlite3
@@ -24,10 +27,10 @@ from zoneinfo import ZoneInfo
 
 from exporter.billing import RetryPolicy
 from exporter.clock import Clock
-from exporter.config import validate
+from exporter.config import load
 from exporter.daemon import Daemon
 from exporter.simulator import Fault, Simulator
-from tests.helpers import Receiver, named, scrape
+from tests.helpers import DripReceiver, Receiver, named, scrape, value
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 PATHS = ("/api/v1/bills/details", "/api/v1/usages/details", "/v1/chat/completions")
@@ -49,6 +52,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     faults: int = 0
     appended: int = 0
+    reloads: int = 0
+    oldest: float = 0.0
+    """The oldest usage data seen (real seconds) while its refresh_success said 1."""
     days: set[str] = field(default_factory=set)
     delivered: int = 0
     due: int = 0
@@ -78,9 +84,10 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     sim.add_usage(3000)
     server = sim.serve()
     receiver = Receiver()
+    drip = DripReceiver(interval=0.5)
     report = Report()
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    config = validate(
+    document = (
         {
             "billing": {"url": server.url, "access_key_id": sim.access_key_id,
                         "secret_access_key": sim.secret_access_key, "bills_interval": "700ms",
@@ -96,13 +103,18 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
                     {"alert": "DailyBudget", "budget": "daily", "tiers": [0.5, 0.9]},
                     {"alert": "ProbeDown", "signal": "probe_success", "op": "<", "threshold": 1},
                 ],
-                "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+                "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url},
+                              {"name": "slow", "type": "webhook", "url": drip.url}],
             },
             "state": {"path": str(workdir / "state.db")},
-        },
-        {},
+        }
     )  # fmt: skip
-    daemon = Daemon(config, clock=clock, listen="127.0.0.1:0", retry=RetryPolicy(attempts=3, backoff=0.05))
+    path = workdir / "config.yaml"
+    path.write_text(json.dumps(document))
+    daemon = Daemon(
+        load(path), config_path=path, clock=clock, listen="127.0.0.1:0", retry=RetryPolicy(attempts=3, backoff=0.05)
+    )
+    daemon.dispatcher.deadline = 1.0
     stop = threading.Event()
     monotonic_ok = True
     last_counts: dict[tuple[object, float], float] = {}
@@ -116,6 +128,18 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
         count = rng.randint(1, 25)
         sim.add_usage(count)
         report.appended += count
+
+    def append_mid_read(page_num: int) -> None:
+        if page_num > 1 and rng.random() < 0.2:
+            append()
+
+    def reload() -> None:
+        """Every other reload changes `billing` (a new client, abandoning a refresh in flight)."""
+        report.reloads += 1
+        document["billing"]["concurrency"] = 3 if report.reloads % 2 else 4
+        document["budgets"][0]["amount"] = str(400 + report.reloads % 3)
+        path.write_text(json.dumps(document))
+        daemon.reload()
 
     def refuse() -> None:
         if rng.random() < fault_rate:
@@ -132,10 +156,14 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
                 monotonic_ok = False
             last_counts[key] = count
         report.days.update(dict(labels)["day"] for labels in named(series, "inference_billing_today_info"))
+        at = value(series, "inference_exporter_last_refresh_success_timestamp_seconds", source="usage")
+        if value(series, "inference_exporter_refresh_success", source="usage") == 1 and at is not None:
+            report.oldest = max(report.oldest, (clock.now().timestamp() - at) / speed)
 
+    sim.before_usage_page = append_mid_read
     daemon.start()
     threads = [_repeat(stop, 0.05, inject), _repeat(stop, 0.05, append), _repeat(stop, 0.1, refuse),
-               _repeat(stop, 0.25, watch)]  # fmt: skip
+               _repeat(stop, 0.25, watch), _repeat(stop, 1.3, reload)]  # fmt: skip
     time.sleep(duration / 4)
     report.rss_start = rss_mb()
     time.sleep(duration * 3 / 4)
@@ -144,6 +172,7 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
         thread.join(5)
     daemon.scheduler.pause()
     sim.clear_faults()
+    sim.before_usage_page = None
     receiver.refuse = 0
 
     # Settle: every source once more without faults (waiting out a job still in flight), then drain.
@@ -152,9 +181,19 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
             if daemon.refresh(source):
                 break
             time.sleep(0.1)
+    # The alert worker goes on evaluating (the fast clock keeps reminders coming), so the check is
+    # against a moment when the outbox held nothing undelivered: every entry up to `settled` is due.
+    settled = 0
     deadline = time.monotonic() + 30
-    while daemon.sources.dispatcher.pending().get("hook", 0) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         daemon.deliver()
+        with sqlite3.connect(workdir / "state.db") as db:
+            last, undelivered = db.execute(
+                "SELECT MAX(id), COUNT(*) - COUNT(delivered) FROM outbox WHERE notifier = 'hook'"
+            ).fetchone()
+        if last and not undelivered:
+            settled = last
+            break
         time.sleep(0.05)
     report.rss_end = rss_mb()
 
@@ -180,15 +219,22 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     report.checks["counters never went down within a day"] = monotonic_ok
 
     with sqlite3.connect(workdir / "state.db") as db:
-        report.due = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
-    bodies = receiver.bodies()
+        report.due = db.execute(
+            "SELECT COUNT(*) FROM outbox WHERE notifier = 'hook' AND id <= ?", (settled,)
+        ).fetchone()[0]
+    bodies = [body for body in receiver.bodies() if int(body["notificationId"].rsplit("-", 1)[1]) <= settled]
     report.delivered = len(bodies)
     identities = [body["notificationId"] for body in bodies]
     report.checks["no notification delivered twice"] = len(set(identities)) == len(identities)
     report.checks["every alert due was delivered"] = report.delivered == report.due > 0
+    report.checks["usage stayed fresh beside the dripping receiver"] = report.oldest < 5.0
+    report.checks["the dripping receiver was tried, and never counted delivered"] = (
+        drip.connections > 0 and daemon.dispatcher.sent["slow"] == 0
+    )
     daemon.stop(grace=5)
     server.stop()
     receiver.stop()
+    drip.stop()
     return report
 
 
@@ -200,13 +246,14 @@ def main(argv: list[str] | None = None) -> None:
     report = run_soak(args.minutes * 60, args.speed)
     simulated = dt.timedelta(seconds=args.minutes * 60 * args.speed)
     print(f"soak: {args.minutes:g} min real, {simulated} on the billing clock, days seen {sorted(report.days)}")
-    print(f"  {report.faults} faults injected, {report.appended} usage records appended")
+    print(f"  {report.faults} faults injected, {report.appended} usage records appended, {report.reloads} reloads")
     for check, passed in report.checks.items():
         print(f"  {'ok  ' if passed else 'FAIL'} {check}")
     for note in report.notes:
         print(f"  {note}")
     print(f"  alerts delivered ÷ alerts due: {report.delivered}/{report.due} = "
           f"{report.delivered / report.due if report.due else float('nan'):.2f}  (must be exactly 1)")  # fmt: skip
+    print(f"  oldest usage data while its refresh_success said 1: {report.oldest:.1f} s real")
     print(f"  peak RSS {report.rss_start:.1f} MB after the first quarter, {report.rss_end:.1f} MB at the end")
 
 

@@ -15,10 +15,10 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, NamedTuple, TypeVar
 
 import requests
@@ -26,6 +26,7 @@ from requests.adapters import HTTPAdapter
 
 from exporter.clock import Clock
 from exporter.config import BillingConfig
+from exporter.decimals import parse_decimal
 from exporter.signing import BillingSigner
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,10 @@ MAX_USAGE_PAGE_SIZE = 500
 MAX_RETRY_AFTER = 120.0
 MAX_CLOCK_SKEW = 60.0
 LOOKAHEAD = 4
-
+MAX_COUNT = 10**12
+"""Tokens of one request beyond this are refused: a day's sums must fit SQLite's 64-bit integers."""
+MAX_TOTAL = 10**10
+"""A `total` beyond this is refused: it would mean reading more pages than any day holds."""
 R = TypeVar("R")
 
 
@@ -64,6 +68,10 @@ class SignatureRejected(BillingAPIError):
 
 class BillingUnavailable(BillingError):
     """No usable answer after every retry: timeouts, connection errors, 429 or 5xx."""
+
+
+class ClientClosed(BillingUnavailable):
+    """The client was closed (a config reload replaced it) while a call was under way."""
 
 
 class RecordError(BillingError):
@@ -135,28 +143,29 @@ def _text(record: dict[str, Any], name: str, where: str, *, optional: bool = Fal
     value = _field(record, name, where)
     if not isinstance(value, str):
         raise RecordError(f"{where}: field {name!r} is not a string")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: valid JSON, but no text a label or SQLite can hold
+            raise RecordError(f"{where}: field {name!r} is not valid Unicode text") from None
     return value
 
 
 def _decimal(record: dict[str, Any], name: str, where: str) -> Decimal:
-    value = _field(record, name, where)
-    if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
-        raise RecordError(f"{where}: field {name!r} is not a decimal")
     try:
-        amount = Decimal(value.strip() if isinstance(value, str) else value)
-    except InvalidOperation:
-        raise RecordError(f"{where}: field {name!r} is not a decimal: {str(value)[:40]!r}") from None
-    if not amount.is_finite():
-        raise RecordError(f"{where}: field {name!r} is not a finite decimal")
-    return amount
+        return parse_decimal(_field(record, name, where))
+    except ValueError as error:
+        raise RecordError(f"{where}: field {name!r} is {error}") from None
 
 
 def _count(record: dict[str, Any], name: str, where: str) -> int:
     value = _field(record, name, where)
     if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise RecordError(f"{where}: field {name!r} is not a non-negative integer")
+    if value > MAX_COUNT:
+        raise RecordError(f"{where}: field {name!r} is out of range (over {MAX_COUNT:,})")
     return value
 
 
@@ -207,12 +216,16 @@ def parse_usage(raw: Any, where: str) -> UsageRecord:
             and type(model) is str
             and type(endpoint) is str
             and type(apikey) is str
+            and request_id.isascii()
+            and model.isascii()
+            and endpoint.isascii()
+            and apikey.isascii()
             and type(prompt) is int
             and type(completion) is int
             and type(cached) is int
-            and prompt >= 0
-            and completion >= 0
-            and cached >= 0
+            and 0 <= prompt <= MAX_COUNT
+            and 0 <= completion <= MAX_COUNT
+            and 0 <= cached <= MAX_COUNT
             and request_time.tzinfo is not None
         ):
             return UsageRecord(request_id, request_time, model, endpoint, apikey, prompt, completion, cached)
@@ -276,10 +289,12 @@ def _list(data: dict[str, Any], what: str) -> list[Any]:
 def _total(data: dict[str, Any], what: str) -> int:
     total = data.get("total")
     if isinstance(total, str) and total.isascii() and total.isdigit():
-        return int(total)
-    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
-        return total
-    raise RecordError(f"{what}: `data.total` is not a non-negative integer")
+        total = int(total)
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise RecordError(f"{what}: `data.total` is not a non-negative integer")
+    if total > MAX_TOTAL:
+        raise RecordError(f"{what}: `data.total` is out of range (over {MAX_TOTAL:,})")
+    return total
 
 
 def _retry_after(response: requests.Response) -> float | None:
@@ -336,6 +351,8 @@ class BillingClient:
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
         self._closed = threading.Event()
+        self._closing: Future[None] = Future()
+        """Done when the client closes: waits on pages watch it too, so a close wakes them at once."""
 
     @classmethod
     def from_config(
@@ -368,10 +385,17 @@ class BillingClient:
         )
 
     def close(self) -> None:
-        """Stop: pending pages are cancelled, waits before retries end now; nothing here blocks."""
+        """Stop: pending pages are cancelled, waits before retries end now, and a refresh waiting on
+        pages fails at once with `ClientClosed`; nothing here blocks."""
         self._closed.set()
+        if self._closing.set_running_or_notify_cancel():
+            self._closing.set_result(None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def __enter__(self) -> BillingClient:
         return self
@@ -394,7 +418,9 @@ class BillingClient:
                 corrected = 1
             except _Retryable as failure:
                 attempt += 1
-                if attempt >= self.retry.attempts or self._closed.is_set():
+                if self._closed.is_set():
+                    raise ClientClosed(f"{what}: the client was closed (config reload)") from None
+                if attempt >= self.retry.attempts:
                     raise BillingUnavailable(f"{what}: {failure} (gave up after {attempt} attempts)") from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying api=%s attempt=%d reason=%r in=%.2fs", api, attempt, str(failure), pause)
@@ -455,6 +481,29 @@ class BillingClient:
 
     # -- paging --
 
+    def _submit(self, fetch: Callable[[int], R], page_num: int) -> Future[R]:
+        try:
+            return self._pool.submit(fetch, page_num)
+        except RuntimeError:  # the pool is shut down: the client was closed
+            raise ClientClosed("the client was closed (config reload)") from None
+
+    def _wait(self, pending: Iterable[Future[R]]) -> set[Future[R]]:
+        """The futures among `pending` that are done, once one is; `ClientClosed` if the client
+        closes first (cancelled futures never wake a `wait`, so the close itself must)."""
+        done, _ = wait([*pending, self._closing], return_when=FIRST_COMPLETED)
+        if self._closing in done:
+            raise ClientClosed("the client was closed during the refresh (config reload)")
+        return done  # type: ignore[return-value]
+
+    def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
+        """One page, fetched in the pool so that closing the client ends the wait at once."""
+        future = self._submit(fetch, page_num)
+        try:
+            self._wait([future])
+        finally:
+            future.cancel()
+        return future.result()
+
     def _pages(
         self, fetch: Callable[[int], tuple[tuple[R, ...], int]], first_page: int, page_size: int
     ) -> Iterator[tuple[int, tuple[R, ...], int]]:
@@ -464,9 +513,9 @@ class BillingClient:
         and yielded as they arrive (at most LOOKAHEAD × `concurrency` at a time, so memory stays
         bounded; a page waiting out a retry holds nothing else up). After them, pages continue one
         at a time from the last one while it is full and the latest `total` says more records
-        exist (records added meanwhile).
+        exist (records added meanwhile). Closing the client ends every wait with `ClientClosed`.
         """
-        records, total = fetch(first_page)
+        records, total = self._one(fetch, first_page)
         yield first_page, records, total
         if len(records) < page_size:
             return
@@ -478,12 +527,8 @@ class BillingClient:
             while following < last or pending:
                 while following < last and len(pending) < LOOKAHEAD * self.concurrency:
                     following += 1
-                    try:
-                        pending[self._pool.submit(fetch, following)] = following
-                    except RuntimeError:  # the pool is shut down: the client was closed mid-refresh
-                        raise BillingUnavailable("the client was closed during the refresh") from None
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
+                    pending[self._submit(fetch, following)] = following
+                for future in self._wait(pending):
                     page_num = pending.pop(future)
                     records, page_total = future.result()
                     total = max(total, page_total)
@@ -495,7 +540,7 @@ class BillingClient:
         page_num, size = tail
         while size >= page_size and page_num * page_size < total:
             page_num += 1
-            records, total = fetch(page_num)
+            records, total = self._one(fetch, page_num)
             size = len(records)
             yield page_num, records, total
 
@@ -522,8 +567,7 @@ class BillingClient:
             raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
         return bills
 
-    def usage_pages(self, day: dt.date, first_page: int = 1) -> Iterator[UsagePage]:
-        """The pages of one day's usage records, in order, from `first_page` to the end."""
+    def _usage_fetch(self, day: dt.date) -> Callable[[int], tuple[tuple[UsageRecord, ...], int]]:
         what = f"usage {day.isoformat()}"
         params: dict[str, str | int] = {"date": day.isoformat(), "page_size": self.page_size}
         if self.project_id:
@@ -539,5 +583,15 @@ class BillingClient:
             usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
             return usage, _total(data, what)
 
-        for page_num, records, total in self._pages(fetch, first_page, self.page_size):
+        return fetch
+
+    def usage_pages(self, day: dt.date, first_page: int = 1) -> Iterator[UsagePage]:
+        """The pages of one day's usage records, from `first_page` to the end (the first one first,
+        the others as they arrive)."""
+        for page_num, records, total in self._pages(self._usage_fetch(day), first_page, self.page_size):
             yield UsagePage(page_num=page_num, records=records, total=total)
+
+    def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
+        """One page of a day's usage records."""
+        records, total = self._one(self._usage_fetch(day), page_num)
+        return UsagePage(page_num=page_num, records=records, total=total)

@@ -24,7 +24,7 @@ from exporter.config import Config, ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.logs import setup_logging
 from exporter.snapshots import Latest
-from exporter.state import StateStore
+from exporter.state import StateError, StateStore
 
 if TYPE_CHECKING:
     from exporter.simulator import Simulator
@@ -100,9 +100,17 @@ def _serve_until_signalled(daemon: Daemon) -> int:
     return 0
 
 
+def _state_problem(error: StateError) -> SystemExit:
+    """The state file cannot be used (corrupt, read-only, in use by another exporter): one line, exit 1."""
+    print(f"inference-cost-exporter: {error}", file=sys.stderr)
+    return SystemExit(EXIT_CONFIG)
+
+
 def _start(daemon_factory: Callable[[], Daemon]) -> Daemon:
     try:
         daemon = daemon_factory()
+    except StateError as error:
+        raise _state_problem(error) from None
     except OSError as error:
         print(f"inference-cost-exporter: cannot listen: {error.strerror or error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
@@ -110,9 +118,19 @@ def _start(daemon_factory: Callable[[], Daemon]) -> Daemon:
     return daemon
 
 
+def _reset_state(path: str) -> None:
+    """`--reset-state`: move a corrupt state file aside now (the daemon then opens the fresh one)."""
+    try:
+        StateStore(path, reset=True).close()
+    except StateError as error:
+        raise _state_problem(error) from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
+    if args.reset_state:
+        _reset_state(config.state.path)
     daemon = _start(lambda: Daemon(config, config_path=args.config, listen=args.listen))
     return _serve_until_signalled(daemon)
 
@@ -208,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="the daemon: scheduled refreshes, /metrics, alerts")
     run.add_argument("--config", required=True, metavar="FILE")
     run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
+    run.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="if the state file is corrupt, keep it as <path>.corrupt-TIMESTAMP and start with a fresh one",
+    )
     run.set_defaults(func=cmd_run)
 
     rules = commands.add_parser("rules", help="the YAML alert rules as a Prometheus alerting-rule file")

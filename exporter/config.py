@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -30,6 +30,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from exporter.decimals import parse_decimal
+from exporter.snapshots import probe_source
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
@@ -87,15 +90,11 @@ def parse_duration(value: Any) -> float:
 
 
 def parse_amount(value: Any) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
-        raise ValueError("not a number")
+    """An amount or price: decimal text or a number, as the billing API would write it."""
     try:
-        amount = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValueError("not a number") from None
-    if not amount.is_finite():
-        raise ValueError("not a finite number")
-    return amount
+        return parse_decimal(value)
+    except ValueError as error:
+        raise ValueError("not a number" if str(error).startswith("not a decimal") else str(error)) from None
 
 
 def _positive(seconds: float) -> float:
@@ -413,7 +412,27 @@ class Config(Strict):
         for index, rule in enumerate(self.alerts.rules):
             if rule.budget is not None and rule.budget not in budgets:
                 raise ValueError(f"alerts.rules[{index}] ({rule.alert}): unknown budget {rule.budget!r}")
+            problem = self._unmatchable(rule)
+            if problem:
+                raise ValueError(f"alerts.rules[{index}] ({rule.alert}): {problem}")
         return self
+
+    def _unmatchable(self, rule: RuleConfig) -> str:
+        """Why a rule can never match anything in this config ("" if it can): probe signals with
+        no probe, and `where` values outside the sets the config itself defines (probe names,
+        scenarios, sources). Values the API defines (endpoints, models, items) are not known here."""
+        if rule.signal in ("probe_latency", "probe_success") and not self.probes:
+            return f"signal {rule.signal!r} needs a probe, and `probes` is empty"
+        known = {
+            "probe": {p.name for p in self.probes},
+            "scenario": {p.scenario for p in self.probes},
+            "source": {"bills", "usage", *(probe_source(p.name) for p in self.probes)},
+        }
+        for label, wanted in rule.where.items():
+            if label in known and wanted not in known[label]:
+                choices = ", ".join(sorted(known[label])) or "none"
+                return f"where {label}={wanted!r} matches nothing (known: {choices})"
+        return ""
 
 
 # --- loading --------------------------------------------------------------------------------

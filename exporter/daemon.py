@@ -18,8 +18,8 @@ from prometheus_client.registry import Collector
 
 from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Engine
-from exporter.alerts.notifiers import RESEND, Dispatcher
-from exporter.billing import BillingClient, BillingError, RetryPolicy
+from exporter.alerts.notifiers import Dispatcher
+from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
@@ -28,14 +28,13 @@ from exporter.exposition import Exposition
 from exporter.logs import mask_more
 from exporter.probe import ProbeRunner
 from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
-from exporter.state import StateStore
+from exporter.snapshots import Latest, probe_source
+from exporter.state import AlertStore, StateError, StateStore
 from exporter.usage_sync import UsageSync
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 10.0
-DELIVERY_INTERVAL = 5.0
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -62,7 +61,12 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
 
 
 class Sources:
-    """Everything built from one config: the client, the sources, the alert engine, the exposition."""
+    """Everything built from one config: the client, the sources, the alert engine, the exposition.
+
+    Built again on each reload; what the reload does not change is carried over from `previous`
+    (the billing client and its sources when `billing` is unchanged, so refreshes in flight go
+    on undisturbed; a probe whose config is unchanged, with its histograms and counters).
+    """
 
     def __init__(
         self,
@@ -70,26 +74,16 @@ class Sources:
         latest: Latest,
         clock: Clock,
         state: StateStore,
-        external_url: str,
+        external_url: str = "",
         retry: RetryPolicy | None = None,
         previous: Sources | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
+        """`dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that
+        delivers only when asked."""
         self.config = config
         self.latest = latest
-        self.client = BillingClient.from_config(
-            config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
-        )
-        self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
-        self.usage = UsageSync(self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices)
-        if previous is not None:
-            self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
-        self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
-        self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
-        self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
-        for probe in config.probes:
-            self.refreshers[f"probe:{probe.name}"] = partial(self._probe, self.probes[probe.name])
-            self.intervals[f"probe:{probe.name}"] = probe.interval
-        notifiers = config.alerts.notifiers
+        # First, since it reads the state file (which may fail): nothing else is built in vain then.
         self.engine = Engine(
             config.alerts,
             config.budgets,
@@ -97,17 +91,31 @@ class Sources:
             clock,
             latest,
             sources=lambda: list(self.refreshers),
-            notifiers=[n.name for n in notifiers if not isinstance(n, AlertmanagerNotifier)],
+            notifiers=[n.name for n in config.alerts.notifiers if not isinstance(n, AlertmanagerNotifier)],
         )
-        self.dispatcher = Dispatcher(
-            notifiers,
-            self.engine.db,
-            clock,
-            self.engine.current,
-            external_url,
-            previous.dispatcher if previous else None,
-        )
-        self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, self.dispatcher))
+        if previous is not None and previous.config.billing == config.billing:
+            self.client, self.bills, self.usage = previous.client, previous.bills, previous.usage
+            self.usage.prices = {p.model: p for p in config.prices}
+        else:
+            self.client = BillingClient.from_config(
+                config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
+            )
+            self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
+            self.usage = UsageSync(
+                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
+            )
+            if previous is not None:
+                self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
+        self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
+        self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
+        self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
+        for probe in config.probes:
+            self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
+            self.intervals[probe_source(probe.name)] = probe.interval
+        if dispatcher is None:
+            dispatcher = Dispatcher(config.alerts.notifiers, self.engine.db, clock, self.engine.current, external_url)
+        self.dispatcher = dispatcher
+        self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, dispatcher))
 
     def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
         """The same probe keeps its runner (and its histograms and counters) across a reload."""
@@ -126,10 +134,18 @@ class Sources:
     def _probe(self, runner: ProbeRunner) -> None:
         self.latest.publish_probe(runner.run())
 
+    def changed(self, previous: Sources) -> set[str]:
+        """The sources whose way of refreshing this config changed (they run again at once)."""
+        changed = {name for name in self.refreshers if name not in previous.refreshers}
+        if self.client is not previous.client:
+            changed |= {"bills", "usage"}
+        changed |= {probe_source(n) for n, r in self.probes.items() if previous.probes.get(n) is not r}
+        return changed
+
     def close(self, keep: Sources | None = None) -> None:
-        """Release connections; runners that `keep` took over stay open."""
-        self.client.close()
-        self.dispatcher.close()
+        """Release connections; what `keep` took over stays open."""
+        if keep is None or keep.client is not self.client:
+            self.client.close()
         kept = set(map(id, keep.probes.values())) if keep else set()
         for runner in self.probes.values():
             if id(runner) not in kept:
@@ -137,6 +153,12 @@ class Sources:
 
 
 class Daemon:
+    """The scheduler's refreshes, the alert worker, the notifiers' workers and the HTTP server.
+
+    Nothing here waits on anything slower than itself: a refresh only wakes the alert worker,
+    the alert worker only queues notifications, and each notifier delivers on its own thread.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -156,6 +178,10 @@ class Daemon:
         self._idle = threading.Condition()
         self._failing: dict[str, str] = {}
         self._alerts_lock = threading.Lock()
+        self._alerts_due = threading.Event()
+        self._alerts_error = ""
+        self._stopping = threading.Event()
+        self._intervals: dict[str, float] = {}
         self.scheduler = BackgroundScheduler(
             timezone=self.clock.tz,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
@@ -170,11 +196,18 @@ class Daemon:
         )
         host, port = parse_listen(listen or config.server.listen)
         self.server = ExporterServer((host, port), view, config.server)
-        self.sources = self._sources(config)
+        self.dispatcher = Dispatcher(
+            config.alerts.notifiers,
+            AlertStore(self.state),
+            self.clock,
+            lambda: self.sources.engine.current(),
+            self._external_url(config),
+        )
+        self.sources = Sources(config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher)
+        self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
 
-    def _sources(self, config: Config, previous: Sources | None = None) -> Sources:
-        external_url = config.server.external_url or self.server.url
-        return Sources(config, self.latest, self.clock, self.state, external_url, self.retry, previous)
+    def _external_url(self, config: Config) -> str:
+        return config.server.external_url or self.server.url
 
     @property
     def config(self) -> Config:
@@ -184,16 +217,26 @@ class Daemon:
 
     def refresh(self, source: str) -> bool:
         """Refresh one source now; a failure keeps the last good snapshot. False if it failed or was busy."""
-        refresher = self.sources.refreshers[source]
+        sources = self.sources
+        refresher = sources.refreshers.get(source)
+        if refresher is None:
+            return False  # a reload removed it
         lock = self._locks.setdefault(source, threading.Lock())
         if not lock.acquire(blocking=False):
             log.debug("refresh skipped source=%s reason=busy", source)
             return False
         started = time.perf_counter()
+        abandoned = False
         try:
             with self._busy():
                 refresher()
-        except BillingError as error:
+        except ClientClosed:
+            # A reload replaced the client mid-refresh: nothing wrong with the source, so its health
+            # stays as it was (its age keeps growing) and it runs again at once with the new client.
+            abandoned = True
+            log.info("refresh abandoned source=%s reason=config reloaded (runs again now)", source)
+            return False
+        except (BillingError, StateError) as error:
             self._failed(source, started, str(error))
             return False
         except Exception as error:  # a bug must not stop the schedule; it is logged with its traceback
@@ -202,13 +245,15 @@ class Daemon:
             return False
         else:
             self._record(source, started, success=True)
-            self.sources.exposition.render()  # render the new snapshot's text here, not in a scrape
+            sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered source=%s", source)
-            self.alert_cycle()
+            self._alerts_due.set()
             return True
         finally:
             lock.release()
+            if abandoned:
+                self._run_soon(source)
 
     def _record(self, source: str, started: float, *, success: bool, error: str = "") -> None:
         at = self.clock.now().timestamp()
@@ -217,12 +262,11 @@ class Daemon:
     def _failed(self, source: str, started: float, error: str) -> None:
         self._record(source, started, success=False, error=error)
         if self._failing.get(source) != error:
-            log.error("refresh failed source=%s error=%r (serving the last good data)", source, error)
+            served = "serving the last good data" if self.latest.health[source].last_success else "no data yet"
+            log.error("refresh failed source=%s error=%r (%s)", source, error, served)
         else:
             log.debug("refresh still failing source=%s", source)
         self._failing[source] = error
-
-    # -- alerts --
 
     @contextmanager
     def _busy(self) -> Iterator[None]:
@@ -236,64 +280,84 @@ class Daemon:
                 self._active -= 1
                 self._idle.notify_all()
 
+    # -- alerts --
+
+    def _alert_loop(self) -> None:
+        """Evaluates after each successful refresh and every `evaluation_interval`."""
+        while not self._stopping.is_set():
+            self._alerts_due.wait(self.config.alerts.evaluation_interval)
+            self._alerts_due.clear()
+            if not self._stopping.is_set():
+                self.alert_cycle()
+
     def alert_cycle(self) -> None:
-        """Evaluate the rules, deliver what is due, and tell Alertmanager at once about any change.
+        """Evaluate the rules now and hand what changed to the notifiers' workers (never waits on them).
 
         One cycle at a time, across reloads too: two engines must never work on one state file.
         """
         with self._busy(), self._alerts_lock:
-            sources = self.sources
             try:
-                changes = sources.engine.evaluate()
+                changes = self.sources.engine.evaluate()
+            except StateError as error:
+                if self._alerts_error != str(error):
+                    log.error("alert evaluation failed (alert states unchanged): %s", error)
+                self._alerts_error = str(error)
+                return
             except Exception:  # a bug must not stop the schedule; it is logged with its traceback
                 log.exception("alert evaluation crashed")
                 return
-            self._deliver(sources)
-            if changes:
-                sources.dispatcher.resend_alertmanager()
+            if self._alerts_error:
+                log.info("alert evaluation recovered")
+                self._alerts_error = ""
+        self.dispatcher.poke()
+        if changes:
+            self.dispatcher.resend_alertmanager()
 
     def deliver(self) -> None:
-        with self._busy(), self._alerts_lock:
-            self._deliver(self.sources)
+        """Deliver what is due here and now (the workers do it by themselves; tests and the soak
+        call this to know delivery has happened)."""
+        with self._busy():
+            self.dispatcher.deliver()
 
-    @staticmethod
-    def _deliver(sources: Sources) -> None:
-        try:
-            sources.dispatcher.deliver()
-        except Exception:  # a bug must not stop the schedule; it is logged with its traceback
-            log.exception("notification delivery crashed")
+    # -- scheduling --
 
     def _schedule(self) -> None:
-        for job in self.scheduler.get_jobs():
-            job.remove()
+        """Bring the jobs in line with the config: a source whose interval is unchanged keeps its
+        schedule (a reload does not make every source run at once); new sources run now."""
         now = dt.datetime.now(self.clock.tz)  # the scheduler runs on real time; the billing clock may not
-        for source, interval in self.sources.intervals.items():
-            self.scheduler.add_job(
-                self.refresh,
-                IntervalTrigger(seconds=interval, jitter=min(MAX_JITTER, interval * JITTER_FRACTION)),
-                args=[source],
-                id=source,
-                next_run_time=now,
-            )
-        # Roll the usage day over right after the billing zone's midnight, not up to an interval later.
-        self.scheduler.add_job(
-            self.refresh, CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz), args=["usage"], id="rollover"
-        )
-        self.scheduler.add_job(
-            self.alert_cycle, IntervalTrigger(seconds=self.config.alerts.evaluation_interval), id="evaluate"
-        )
-        self.scheduler.add_job(self.deliver, IntervalTrigger(seconds=DELIVERY_INTERVAL), id="deliver")
-        self.scheduler.add_job(
-            lambda: self.sources.dispatcher.resend_alertmanager(), IntervalTrigger(seconds=RESEND), id="alertmanager"
-        )
+        wanted = self.sources.intervals
+        for source in set(self._intervals) - set(wanted):
+            self.scheduler.remove_job(source)
+            del self._intervals[source]
+        for source, interval in wanted.items():
+            trigger = IntervalTrigger(seconds=interval, jitter=min(MAX_JITTER, interval * JITTER_FRACTION))
+            if source not in self._intervals:
+                self.scheduler.add_job(self.refresh, trigger, args=[source], id=source, next_run_time=now)
+            elif self._intervals[source] != interval:
+                self.scheduler.reschedule_job(source, trigger=trigger)
+            self._intervals[source] = interval
+
+    def _run_soon(self, source: str) -> None:
+        if self.scheduler.running and source in self._intervals:
+            self.scheduler.modify_job(source, next_run_time=dt.datetime.now(self.clock.tz))
 
     # -- lifecycle --
 
     def start(self, schedule: bool = True) -> None:
-        """Serve HTTP and, unless `schedule` is False (tests drive it by hand then), run the jobs."""
+        """Serve HTTP, evaluate alerts and deliver; unless `schedule` is False (tests refresh by
+        hand then), run the refresh jobs."""
         self.server.start()
+        self.dispatcher.start()
+        self._alert_worker.start()
         if schedule:
             self._schedule()
+            # Roll the usage day over right after the billing zone's midnight, not up to an interval later.
+            self.scheduler.add_job(
+                self.refresh,
+                CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz),
+                args=["usage"],
+                id="rollover",
+            )
             self.scheduler.start()
         log.info("listening url=%s sources=%s", self.server.url, ",".join(self.sources.refreshers))
 
@@ -318,28 +382,44 @@ class Daemon:
         mask_more(config.secret_values())
         with self._alerts_lock:  # the new engine loads the alert state no evaluation is writing
             old = self.sources
-            self.sources = self._sources(config, old)
+            try:
+                self.sources = Sources(
+                    config, self.latest, self.clock, self.state, retry=self.retry, previous=old,
+                    dispatcher=self.dispatcher,
+                )  # fmt: skip
+            except StateError as error:
+                log.error("config reload refused (keeping the running config): %s", error)
+                self.latest.reloaded(success=False)
+                return False
+            self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
         self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()
+            for source in self.sources.changed(old):
+                self._run_soon(source)
+        self._alerts_due.set()
         self.latest.reloaded(success=True)
         log.info("config reloaded path=%s", self.config_path)
         return True
 
     def stop(self, grace: float = SHUTDOWN_GRACE) -> bool:
-        """Stop scheduling, close the server; wait up to `grace` for refreshes in flight. True if none is left."""
+        """Stop scheduling, close the server; wait up to `grace` for work in flight. True if none is left."""
+        deadline = time.monotonic() + grace
+        self._stopping.set()
+        self._alerts_due.set()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.server.stop()
+        self.dispatcher.close()
         self.sources.close()
-        deadline = time.monotonic() + grace
+        finished = self.dispatcher.join(deadline - time.monotonic())
         with self._idle:
             while self._active and time.monotonic() < deadline:
                 self._idle.wait(deadline - time.monotonic())
-            finished = self._active == 0
+            finished = finished and self._active == 0
         if finished:
             self.state.close()
         else:
-            log.warning("abandoning a refresh still in flight after %.0fs", grace)
+            log.warning("abandoning work still in flight after %.0fs", grace)
         return finished

@@ -3,17 +3,21 @@
 Bills alone can be tens of thousands of series, and they change only when a refresh replaces
 the snapshot. Each collector's block of text is rendered once per snapshot (and per format) and
 reused by every scrape until its snapshot changes; the exporter's own health block, whose
-figures move every refresh, is rendered on each scrape.
+figures move every refresh, is rendered on each scrape. A block that cannot be rendered is left
+out (and logged once), so one bad value never takes the whole exposition down.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 OPENMETRICS_EOF = b"# EOF\n"
 
@@ -28,6 +32,8 @@ class Exposition:
             self._registries.append(registry)
         self._cache: dict[tuple[int, str], tuple[object, bytes]] = {}
         self._lock = threading.Lock()
+        self._broken: dict[int, str] = {}
+        """Collectors whose last render failed, with the error (logged once per new error)."""
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition in the format the `Accept` header asks for, and its content type."""
@@ -40,7 +46,13 @@ class Exposition:
             if version is not None and cached is not None and cached[0] is version:
                 blocks.append(cached[1])
                 continue
-            block = encoder(registry).removesuffix(OPENMETRICS_EOF)
+            try:
+                block = encoder(registry).removesuffix(OPENMETRICS_EOF)
+            except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
+                self._failed(index, collector, error)
+                block = b""
+            else:
+                self._broken.pop(index, None)
             if version is not None:
                 with self._lock:
                     self._cache[(index, content_type)] = (version, block)
@@ -48,3 +60,9 @@ class Exposition:
         if content_type.startswith("application/openmetrics-text"):
             blocks.append(OPENMETRICS_EOF)
         return b"".join(blocks), content_type
+
+    def _failed(self, index: int, collector: Collector, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {error}"[:300]
+        if self._broken.get(index) != reason:
+            log.error("metrics left out of /metrics collector=%s error=%r", type(collector).__name__, reason)
+        self._broken[index] = reason

@@ -1,17 +1,23 @@
 """HTTP: landing page, /metrics, /healthz, /readyz; optional TLS and basic auth.
 
 A threaded server: a slow client never holds up a scrape, and a scrape only renders the
-current snapshots (it never waits on the API).
+current snapshots (it never waits on the API). Slow clients cannot exhaust it either: connections
+are capped, and a request's line and headers (TLS handshake included) have one overall deadline.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import enum
+import errno
 import gzip
 import hmac
 import html
 import json
 import logging
+import resource
+import socket
 import ssl
 import sys
 import threading
@@ -49,12 +55,81 @@ class View:
     """The billing clock's time, which the sources' timestamps are in."""
 
 
+HEADER_DEADLINE = 10.0
+"""Seconds a connection gets for its TLS handshake, request line and headers, however steadily it sends; for a later
+request on a kept-alive connection, counted from that request's first byte."""
+IDLE_DEADLINE = 20.0
+"""Seconds a kept-alive connection may wait for its next request: over a 15 s scrape interval, so Prometheus keeps
+its connection, and under the per-read timeout."""
+MAX_CONNECTIONS = 200
+"""Connections open at once; lowered to a quarter of the open-file limit when that is smaller (connection_cap)."""
+REAP_INTERVAL = 0.25
+"""How often the deadlines are checked, so how late past its deadline a connection may be cut."""
+ACCEPT_BACKOFF = 0.1
+"""Pause after accept() fails for want of descriptors or memory: the pending connection keeps the listening socket
+readable, so retrying at once would spin."""
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def connection_cap(wanted: int) -> int:
+    """`wanted`, but at most a quarter of the open-file limit: each connection holds a descriptor, and the rest of
+    the process (the listening socket, the billing API's connections, the state database) needs its own."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft // 4))
+
+
+class Phase(enum.Enum):
+    """Where a connection is; the server may cut it only while it waits on its client (HEADERS, IDLE)."""
+
+    HEADERS = "waiting for the TLS handshake, request line and headers"
+    BUSY = "producing the response"
+    IDLE = "kept alive, waiting for the next request"
+    CLOSING = "cut by the server; its own thread is about to close it"
+
+
+_WAITING = frozenset({Phase.HEADERS, Phase.IDLE})
+
+
+@dataclass(slots=True)
+class _Connection:
+    """An open connection as the accept loop and the reaper see it."""
+
+    address: str
+    phase: Phase
+    since: float
+    """When it entered its phase (monotonic): the longest waiting is evicted first."""
+    deadline: float
+
+
 class ExporterServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, address: tuple[str, int], view: View, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        view: View,
+        config: ServerConfig,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        header_deadline: float = HEADER_DEADLINE,
+        idle_deadline: float = IDLE_DEADLINE,
+    ) -> None:
+        self.max_connections = connection_cap(max_connections)
+        self.header_deadline = header_deadline
+        self.idle_deadline = idle_deadline
+        self.evicted = 0
+        """Connections cut to make room for a new one at the cap."""
+        self.timed_out = 0
+        """Connections cut at their header or idle deadline."""
+        self._connections: dict[socket.socket, _Connection] = {}
+        self._slots = threading.Condition()
+        """Guards _connections and the counters; notified whenever a slot may have come free."""
+        self._stopping = threading.Event()
+        self._accept_failing = False
         super().__init__(address, _Handler)
         self.view = view
         self.auth: tuple[str, str] | None = None
@@ -93,6 +168,110 @@ class ExporterServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve, with the reaper thread holding the deadlines meanwhile."""
+        self._stopping.clear()
+        reaper = threading.Thread(target=self._reap_forever, name="http-reaper", daemon=True)
+        reaper.start()
+        try:
+            super().serve_forever(poll_interval)
+        finally:
+            self._stop_waiting()
+            reaper.join()
+
+    def shutdown(self) -> None:
+        self._stop_waiting()  # the accept loop may be waiting for a slot
+        super().shutdown()
+
+    def _stop_waiting(self) -> None:
+        with self._slots:
+            self._stopping.set()
+            self._slots.notify_all()
+
+    def get_request(self) -> tuple[Any, Any]:
+        """Accept once there is a slot, registering the connection in its header phase (the TLS handshake counts).
+
+        When accept() fails for want of descriptors, pause before the serve loop retries, and say so once.
+        """
+        self._wait_for_slot()
+        try:
+            request, address = super().get_request()
+        except OSError as error:
+            if error.errno in _OUT_OF_RESOURCES:
+                if not self._accept_failing:
+                    log.warning(
+                        "http accept failing, backing off error=%r connections=%d", str(error), self.open_connections
+                    )
+                    self._accept_failing = True
+                self._stopping.wait(ACCEPT_BACKOFF)
+            raise
+        if self._accept_failing:
+            log.info("http accepting again connections=%d", self.open_connections)
+            self._accept_failing = False
+        now = time.monotonic()
+        with self._slots:
+            self._connections[request] = _Connection(str(address[0]), Phase.HEADERS, now, now + self.header_deadline)
+        return request, address
+
+    def _wait_for_slot(self) -> None:
+        """At the cap, evict the connection that has waited longest on its client, so a prompt client (a scrape, a
+        probe) is always served; while every connection is busy responding, wait rather than go over the cap."""
+        with self._slots:
+            while len(self._connections) >= self.max_connections and not self._stopping.is_set():
+                if not any(c.phase is Phase.CLOSING for c in self._connections.values()):
+                    waiting = [(s, c) for s, c in self._connections.items() if c.phase in _WAITING]
+                    if waiting:
+                        self._cut(*min(waiting, key=lambda item: item[1].since), reason="evicted")
+                        self.evicted += 1
+                self._slots.wait(REAP_INTERVAL)
+            if self._stopping.is_set():
+                raise OSError("server shutting down")
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now."""
+        with self._slots:
+            return len(self._connections)
+
+    def enter(self, request: socket.socket, phase: Phase) -> bool:
+        """Move a connection to `phase`, starting that phase's deadline; False if the server has cut it."""
+        now = time.monotonic()
+        deadline = {Phase.HEADERS: self.header_deadline, Phase.IDLE: self.idle_deadline}.get(phase, float("inf"))
+        with self._slots:
+            connection = self._connections.get(request)
+            if connection is None or connection.phase is Phase.CLOSING:
+                return False
+            connection.phase, connection.since, connection.deadline = phase, now, now + deadline
+            self._slots.notify_all()  # an idle connection can now be evicted
+            return True
+
+    def _reap_forever(self) -> None:
+        while not self._stopping.wait(REAP_INTERVAL):
+            now = time.monotonic()
+            with self._slots:
+                for request, connection in self._connections.items():
+                    if connection.phase in _WAITING and connection.deadline <= now:
+                        self._cut(request, connection, reason="deadline")
+                        self.timed_out += 1
+
+    def _cut(self, request: socket.socket, connection: _Connection, reason: str) -> None:
+        """Shut the connection down, which wakes its thread from recv(); that thread closes it. Closing it here
+        instead could free its descriptor for reuse while the thread still reads from it."""
+        log.debug(
+            "http connection cut reason=%s phase=%s address=%s", reason, connection.phase.name, connection.address
+        )
+        connection.phase = Phase.CLOSING
+        with contextlib.suppress(OSError):  # the client may have gone already
+            # The plain socket's shutdown: SSLSocket's also drops the SSL object the request's thread is using.
+            socket.socket.shutdown(request, socket.SHUT_RDWR)
+
+    def shutdown_request(self, request: Any) -> None:
+        """Free the slot; deregistered before it is closed, so _cut never meets a descriptor reused elsewhere."""
+        with self._slots:
+            self._connections.pop(request, None)
+            self._slots.notify_all()
+        super().shutdown_request(request)
 
 
 def ready(view: View) -> tuple[bool, dict[str, str]]:
@@ -236,6 +415,32 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.settimeout(self.timeout)
             self.request.do_handshake()
         super().setup()
+
+    def handle(self) -> None:
+        """The stdlib's keep-alive loop, with the connection idle between requests (see ExporterServer.enter)."""
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection and self._next_request():
+            self.handle_one_request()
+
+    def _next_request(self) -> bool:
+        """Wait, idle, for the next request's first byte; its header deadline starts there."""
+        if not self.server.enter(self.request, Phase.IDLE):
+            return False
+        try:
+            arrived = bool(self.rfile.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
+        except OSError:  # timed out, reset, or a TLS error
+            return False
+        return arrived and self.server.enter(self.request, Phase.HEADERS)
+
+    def parse_request(self) -> bool:
+        """Reads the headers; from then on the header deadline no longer applies. A connection cut meanwhile saw
+        its headers end early: that truncated request gets no answer."""
+        parsed = super().parse_request()
+        if not self.server.enter(self.request, Phase.BUSY):
+            self.close_connection = True
+            return False
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http %s", format % args)

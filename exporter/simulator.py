@@ -77,7 +77,8 @@ class Fault:
     connection reset in the middle of the body), malformed
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then
     the normal answer), bad_amount (one bill's payableAmount not a number), total_mismatch
-    (`total` one higher than the records), plain_answer (tools ignored) / bad_tool_args (arguments
+    (`total` one higher than the records), bad_value (the first record's `field` set to `value`,
+    any JSON value), plain_answer (tools ignored) / bad_tool_args (arguments
     not JSON) / stream_error / truncate / no_usage / stall (chat
     streams only).
     """
@@ -88,15 +89,21 @@ class Fault:
     status: int = 500
     retry_after: int | None = None
     seconds: float = 0.0
+    field: str = ""
+    value: Any = None
 
 
 @dataclass
 class UsageDay:
     count: int = 0
     order: list[int] | None = None
+    newest_first: bool = False
+    """List the newest record first (new records arrive at the head), as consoles often do."""
 
     def indices(self) -> list[int] | range:
-        return range(self.count) if self.order is None else self.order
+        if self.order is not None:
+            return self.order
+        return range(self.count - 1, -1, -1) if self.newest_first else range(self.count)
 
 
 class SimulatorError(Exception):
@@ -122,6 +129,10 @@ def _encode(payload: dict[str, Any]) -> bytes:
         return json.dumps(payload).encode()
     text = json.dumps(payload | {"data": data | {"list": _SPLICE}})
     return text.replace(json.dumps(_SPLICE), "[" + ", ".join(raw) + "]", 1).encode()
+
+
+def _json(item: str | dict[str, Any]) -> str:
+    return item if isinstance(item, str) else json.dumps(item)
 
 
 def _mix(x: int) -> int:
@@ -155,6 +166,8 @@ class Simulator:
     chunk_delay: float = 0.0
     failure_rate: float = 0.0
     """The share of billing requests answered with a random 500, 502, 503 or 429."""
+    before_usage_page: Callable[[int], None] | None = None
+    """Called with the page number before a usage page is served (tests change the list mid-read)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -178,8 +191,24 @@ class Simulator:
             usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
             first = usage.count
             usage.count += count
-            if usage.order is not None:
+            if usage.order is not None and usage.newest_first:
+                usage.order[:0] = range(usage.count - 1, first - 1, -1)
+            elif usage.order is not None:
                 usage.order.extend(range(first, usage.count))
+
+    def list_newest_first(self, day: dt.date | None = None) -> None:
+        """From now on list the day's records newest first: new records arrive at the head."""
+        with self._lock:
+            self._usage.setdefault(day or self.clock.today(), UsageDay()).newest_first = True
+
+    def repeat_usage(self, position: int, at: int, day: dt.date | None = None) -> None:
+        """List the record at `position` a second time, at `at` (`total` counts it twice), as an
+        API may that repeats a request across pages."""
+        with self._lock:
+            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            order = list(usage.indices())
+            order.insert(at, order[position])
+            usage.order = order
 
     def reorder_usage(self, day: dt.date | None = None) -> None:
         """Serve the day's records in a different order (as the API is free to)."""
@@ -441,6 +470,8 @@ class Simulator:
         if day > self.clock.today():
             raise SimulatorError(400, 100400, "InvalidParameter", "date must not be in the future")
         page_num, page_size = self._paging(params, 100)
+        if self.before_usage_page is not None:
+            self.before_usage_page(page_num)
         start = (page_num - 1) * page_size
         project, model = params.get("project_id"), params.get("model")
         with self._lock:
@@ -632,6 +663,10 @@ class _Handler(BaseHTTPRequestHandler):
                 data["list"] = _RawList([json.dumps(json.loads(first) | {"promptTokens": "12,5"}), *data["list"][1:]])
             else:
                 data["list"][0] = first | {"payableAmount": "12,5"}
+        if fault and fault.kind == "bad_value" and data["list"]:
+            first = data["list"][0]
+            record = json.loads(first) if isinstance(first, str) else first
+            data["list"] = _RawList([json.dumps(record | {fault.field: fault.value}), *map(_json, data["list"][1:])])
         if fault and fault.kind == "total_mismatch":
             data["total"] = type(data["total"])(int(data["total"]) + 1)
         payload = _encode({"code": 0, "reason": "OK", "message": "success", "data": data})

@@ -129,6 +129,14 @@ class ProbeSnapshot:
     e2e_latency: Histogram
 
 
+PROBE_PREFIX = "probe:"
+
+
+def probe_source(name: str) -> str:
+    """The source name a probe refreshes as (`probe:NAME`): health, scheduling and alert rules use it."""
+    return PROBE_PREFIX + name
+
+
 @dataclass(frozen=True)
 class SourceHealth:
     source: str
@@ -173,7 +181,7 @@ class Latest:
         """Drop what removed sources left behind (a probe taken out of the config)."""
         with self._lock:
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
-            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if f"probe:{k}" not in sources})
+            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) not in sources})
 
     def observe_clock_skew(self, skew: float) -> None:
         self.clock_skew = skew

@@ -2,18 +2,29 @@
 state, budget tiers fired and the notification outbox. (Bills and probes are rebuilt from the API.)
 
 One connection, serialised by a lock, WAL journal; each save is one transaction, so a crash leaves
-the previous complete state.
+the previous complete state. One exporter per file: `<path>.lock` is held (flock) while it is open.
+Every fault of the file (corrupt, read-only, full, deleted, replaced, in use) is a `StateError`
+whose message names the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
+import fcntl
+import logging
+import os
 import sqlite3
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage_cursor (
@@ -35,6 +46,10 @@ CREATE TABLE IF NOT EXISTS usage_totals (
     completion INTEGER NOT NULL,
     cached INTEGER NOT NULL,
     PRIMARY KEY (day, endpoint, model, api_key)
+);
+CREATE TABLE IF NOT EXISTS usage_ids (
+    day TEXT PRIMARY KEY,
+    ids BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS alert_state (
     key TEXT PRIMARY KEY,
@@ -84,51 +99,411 @@ UsageRow = tuple[str, str, str, int, int, int, int]
 """endpoint, model, api_key, requests, prompt, completion, cached"""
 
 
+class StateError(Exception):
+    """The state file cannot be used; the message names the file and the fault in plain words."""
+
+    def __init__(self, path: str, message: str, *, corrupt: bool = False, fault: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.fault = fault or message
+        """The fault alone, e.g. "is corrupt (database disk image is malformed)"."""
+        self.corrupt = corrupt
+        """True when the file holds something that is not a sound SQLite database
+        (`StateStore(path, reset=True)` moves such a file aside)."""
+
+
+def _fault(error: sqlite3.Error) -> tuple[str, bool]:
+    """What an SQLite error means for the file, in words to follow "state file X", and whether it
+    is corrupt."""
+    name = getattr(error, "sqlite_errorname", "") or ""
+    detail = str(error)
+    if name == "SQLITE_NOTADB":
+        return f"is not a SQLite database ({detail})", True
+    if name.startswith("SQLITE_CORRUPT"):
+        return f"is corrupt ({detail})", True
+    if name.startswith("SQLITE_READONLY"):
+        return f"is read-only ({detail})", False
+    if name == "SQLITE_FULL":
+        return f"cannot be written: the disk is full ({detail})", False
+    if name.startswith("SQLITE_IOERR"):
+        return f"cannot be read or written ({detail})", False
+    if name.startswith("SQLITE_CANTOPEN"):
+        return f"cannot be opened ({detail})", False
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return f"is locked by another connection ({detail})", False
+    return f"failed ({detail})", False
+
+
+def _directory_writable(directory: Path) -> bool:
+    """Whether a file can be created in `directory` (tried, since root ignores the permission bits)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def move_aside(path: str | Path) -> str:
+    """Rename a state file (and its -wal and -shm journal files, which belong to it) to
+    `<path>.corrupt-YYYYmmddTHHMMSS`; returns the new name of the file."""
+    path = str(path)
+    target = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+    n = 0
+    while any(os.path.lexists(target + suffix) for suffix in ("", "-wal", "-shm")):
+        n += 1
+        target = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{n}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.lexists(path + suffix):
+            os.rename(path + suffix, target + suffix)
+    return target
+
+
 class StateStore:
-    def __init__(self, path: str | Path) -> None:
+    """The state file, opened by one exporter at a time.
+
+    An exclusive lock on `<path>.lock` (holding the owner's pid) keeps a second exporter, or a
+    second store in this process, off the file. At start-up the file is checked (`quick_check`)
+    and written once, so a corrupt or read-only file is refused then rather than at the first
+    evaluation. Every write transaction first checks that the file at the path is still the one
+    opened: a deleted file is recreated from the open connection, a replaced one is refused.
+
+    Every SQLite error comes out as a `StateError` naming the file and the fault.
+    """
+
+    def __init__(self, path: str | Path, *, reset: bool = False) -> None:
+        """Open (or create) the state file. With `reset`, a corrupt file is moved aside (see
+        `move_aside`) and a fresh one started; without, it is refused with a `StateError`."""
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.RLock()
-        with self._lock:
+        self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._wal = False
+        self._closed = False
+        self.write_error = ""
+        """How the last write transaction failed ("" if it was committed)."""
+        self.moved_aside: str | None = None
+        """Where a corrupt file was moved by `reset`, if it was."""
+        if self.path == ":memory:":
+            self._db = self._connect(self.path)
+            return
+        directory = Path(self.path).parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StateError(
+                self.path,
+                f"state file {self.path}: cannot create its directory {directory} ({error.strerror or error})",
+            ) from None
+        self._lock_fd = self._take_lock()
+        try:
+            try:
+                self._db = self._open()
+            except StateError as error:
+                if not (reset and error.corrupt):
+                    raise
+                self.moved_aside = self._move_aside()
+                log.warning(
+                    "state file %s %s: moved it aside to %s and started a fresh state file",
+                    self.path, error.fault, self.moved_aside,
+                )  # fmt: skip
+                self._db = self._open()
+        except BaseException:
+            self._release_lock()
+            raise
+
+    # -- opening --
+
+    def _connect(self, path: str) -> sqlite3.Connection:
+        """A connection in WAL mode with the tables; raises sqlite3.Error."""
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._wal = mode == "wal"
+            db.execute("PRAGMA synchronous=NORMAL")
+            if path != ":memory:":
+                (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+                if verdict != "ok":
+                    corrupt = sqlite3.DatabaseError(f"quick_check: {verdict[:200]}")
+                    corrupt.sqlite_errorname = "SQLITE_CORRUPT"
+                    raise corrupt
+            db.executescript(SCHEMA)
+            # Write once now: a read-only file opens (read-only) without complaint.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                (version,) = db.execute("PRAGMA user_version").fetchone()
+                db.execute(f"PRAGMA user_version = {int(version)}")
+                db.execute("COMMIT")
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            db = self._connect(self.path)
+        except sqlite3.Error as error:
+            name = getattr(error, "sqlite_errorname", "") or ""
+            directory = Path(self.path).parent
+            if name.startswith("SQLITE_CANTOPEN") and not _directory_writable(directory):
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} cannot be opened: its directory {directory} is read-only ({error})",
+                ) from None
+            raise self._error(error) from error
+        self._identity = self._stat_identity()
+        return db
+
+    def _stat_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise StateError(self.path, f"state file {self.path} cannot be examined ({error.strerror})") from None
+        return st.st_dev, st.st_ino
+
+    def _move_aside(self) -> str:
+        try:
+            return move_aside(self.path)
+        except OSError as error:
+            raise StateError(
+                self.path, f"state file {self.path} is corrupt and cannot be moved aside ({error.strerror or error})"
+            ) from None
+
+    def _error(self, error: sqlite3.Error) -> StateError:
+        fault, corrupt = _fault(error)
+        remedy = "; move it aside or start with --reset-state" if corrupt else ""
+        return StateError(self.path, f"state file {self.path} {fault}{remedy}", corrupt=corrupt, fault=fault)
+
+    # -- the lock --
+
+    @property
+    def lock_path(self) -> str:
+        return f"{self.path}.lock"
+
+    def _take_lock(self) -> int:
+        """Open and lock `<path>.lock`, write our pid into it; refuse if another holds it."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StateError(
+                    self.path,
+                    f"state file {self.path}: cannot create its lock file {self.lock_path}: the directory is "
+                    f"read-only or not writable ({error.strerror})",
+                ) from None
+            raise StateError(
+                self.path, f"state file {self.path}: cannot open its lock file {self.lock_path} ({error.strerror})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            finally:
+                os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    self.path, f"state file {self.path}: cannot lock {self.lock_path} ({error.strerror})"
+                ) from None
+            pid = holder if holder.isdigit() else "unknown"
+            raise StateError(
+                self.path,
+                f"state file {self.path} is in use by another exporter (pid {pid}); "
+                "each exporter needs its own state.path",
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # the lock holds without the pid; only the message to a second exporter is poorer
+        return fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _check_lock(self) -> None:
+        """Take the lock again if `<path>.lock` was deleted or replaced while running."""
+        if self._lock_fd is None:
+            return
+        mine = os.fstat(self._lock_fd)
+        try:
+            there = os.stat(self.lock_path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return
+        fd = self._take_lock()  # refused if another exporter took the new lock file meanwhile
+        os.close(self._lock_fd)
+        self._lock_fd = fd
+        log.warning("state lock file %s was deleted while running; locked it again", self.lock_path)
+
+    # -- the file under the connection --
+
+    def _check_file(self) -> None:
+        """Before a write: the path must still hold the file opened. Recreate a deleted one from the
+        open connection; refuse to write over a replaced one."""
+        if self._identity is None:
+            return
+        try:
+            identity = self._stat_identity()
+            if identity is not None and identity != self._identity:
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} was replaced while running (another file is now at that path); "
+                    "not writing over it: restart the exporter to use it, or remove it to have this one recreated",
+                )
+            if identity is None:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)  # the whole directory may be gone
+            self._check_lock()
+            if identity is None:
+                self._recreate(f"state file {self.path} was deleted while running")
+            elif self._wal and not os.path.exists(self.path + "-wal"):
+                self._recreate(f"the -wal journal of state file {self.path} was deleted while running")
+        except OSError as error:
+            raise StateError(self.path, f"state file {self.path}: {error.strerror or error}") from None
+
+    def _recreate(self, event: str) -> None:
+        """Write the open connection's database to a new file at the path and switch to it."""
+        staging = f"{self.path}.recreating"
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staging + suffix)
+        try:
+            copy = sqlite3.connect(staging, isolation_level=None)
+            try:
+                self._db.backup(copy)
+            finally:
+                copy.close()
+        except sqlite3.Error as error:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staging)
+            fault, _ = _fault(error)
+            raise StateError(self.path, f"{event}, and it cannot be recreated ({fault})") from None
+        # The old connection must be gone before the new file is opened: its -wal and -shm, if still
+        # there, belong to the deleted file and would be taken for the new one's.
+        self._db.close()
+        try:
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path + suffix)
+            if self._stat_identity() == self._identity:  # our own file, its -wal gone: replace it
+                os.replace(staging, self.path)
+            else:
+                _install(staging, self.path)
+        except (OSError, StateError) as error:
+            # Keep working on the copy: the next write tries again to put it at the path.
+            self._db = sqlite3.connect(staging, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(SCHEMA)
+            raise StateError(
+                self.path,
+                f"{event}, and it cannot be recreated ({getattr(error, 'strerror', None) or error})",
+            ) from None
+        self._identity = self._stat_identity()
+        try:
+            self._db = self._connect(self.path)
+        except sqlite3.Error as error:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            raise self._error(error) from error
+        log.warning("%s; recreated it from the open copy", event)
+
+    # -- the public API --
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._check_file()  # a file deleted since the last write is written back before closing
+            except StateError as error:
+                log.error("closing the state file: %s", error)
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._release_lock()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as error:
+                raise self._error(error) from error
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a failure rolls it back and raises StateError (the next may succeed).
+        `write_error` says how the last one ended ("" when it was committed)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                with self._write() as db:
+                    yield db
+            except StateError as error:
+                self.write_error = str(error)
+                raise
+            self.write_error = ""
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._check_file()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as error:
+                raise self._error(error) from error
             try:
                 yield self._db
+            except sqlite3.Error as error:
+                self._rollback()
+                raise self._error(error) from error
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._rollback()
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as error:
+                self._rollback()
+                raise self._error(error) from error
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
 
     def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT settings, records, boundary_id, page_fingerprint, finalised FROM usage_cursor WHERE day = ?",
                 (day.isoformat(),),
             ).fetchone()
             if row is None:
                 return None
-            totals = self._db.execute(
+            totals = db.execute(
                 "SELECT endpoint, model, api_key, requests, prompt, completion, cached FROM usage_totals WHERE day = ?",
                 (day.isoformat(),),
             ).fetchall()
         return UsageCursor(day, row[0], row[1], row[2], row[3], bool(row[4])), totals
 
-    def save_usage(self, cursor: UsageCursor, totals: list[UsageRow], updated: float, keep_from: dt.date) -> None:
-        """Replace a day's cursor and totals in one transaction; forget days before `keep_from`."""
+    def load_usage_ids(self, day: dt.date) -> bytes:
+        """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
+        with self._reading() as db:
+            row = db.execute("SELECT ids FROM usage_ids WHERE day = ?", (day.isoformat(),)).fetchone()
+        return bytes(row[0]) if row else b""
+
+    def save_usage(
+        self, cursor: UsageCursor, totals: list[UsageRow], updated: float, keep_from: dt.date, *, ids: bytes = b""
+    ) -> None:
+        """Replace a day's cursor, totals and request ids seen in one transaction; forget days
+        before `keep_from`."""
         day = cursor.day.isoformat()
         with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO usage_ids VALUES (?, ?)", (day, ids))
+            db.execute("DELETE FROM usage_ids WHERE day < ?", (keep_from.isoformat(),))
             db.execute(
                 "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (day, cursor.settings, cursor.records, cursor.boundary_id, cursor.page_fingerprint,
@@ -138,6 +513,18 @@ class StateStore:
             db.executemany("INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *t) for t in totals])
             db.execute("DELETE FROM usage_cursor WHERE day < ?", (keep_from.isoformat(),))
             db.execute("DELETE FROM usage_totals WHERE day < ?", (keep_from.isoformat(),))
+
+
+def _install(staging: str, path: str) -> None:
+    """Put `staging` at `path`, unless a file appeared there meanwhile."""
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        raise OSError(errno.EEXIST, "another file appeared at the path meanwhile") from None
+    except OSError:
+        os.replace(staging, path)  # no hard links on this file system
+        return
+    os.remove(staging)
 
 
 @dataclass(frozen=True)
@@ -160,20 +547,18 @@ class AlertStore:
         self.store = store
 
     def load_states(self) -> dict[str, tuple[str, str]]:
-        with self.store._lock:
-            rows = self.store._db.execute("SELECT key, rule, body FROM alert_state").fetchall()
+        with self.store._reading() as db:
+            rows = db.execute("SELECT key, rule, body FROM alert_state").fetchall()
         return {key: (rule, body) for key, rule, body in rows}
 
     def load_sent(self) -> dict[tuple[str, str], float]:
-        with self.store._lock:
-            rows = self.store._db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
+        with self.store._reading() as db:
+            rows = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
         return {(key, notifier): sent for key, notifier, sent in rows}
 
     def tiers_fired(self, rule: str, period: str) -> set[float]:
-        with self.store._lock:
-            rows = self.store._db.execute(
-                "SELECT tier FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period)
-            ).fetchall()
+        with self.store._reading() as db:
+            rows = db.execute("SELECT tier FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period)).fetchall()
         return {tier for (tier,) in rows}
 
     @staticmethod
@@ -202,8 +587,8 @@ class AlertStore:
 
     def head(self, notifier: str) -> OutboxEntry | None:
         """The oldest undelivered notification for a notifier: delivery is in order, one at a time."""
-        with self.store._lock:
-            row = self.store._db.execute(
+        with self.store._reading() as db:
+            row = db.execute(
                 "SELECT id, notifier, event, attempts, next_attempt FROM outbox"
                 " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
                 (notifier,),
@@ -227,8 +612,8 @@ class AlertStore:
             )
 
     def pending_count(self) -> dict[str, int]:
-        with self.store._lock:
-            rows = self.store._db.execute(
+        with self.store._reading() as db:
+            rows = db.execute(
                 "SELECT notifier, COUNT(*) FROM outbox WHERE delivered IS NULL GROUP BY notifier"
             ).fetchall()
         return dict(rows)

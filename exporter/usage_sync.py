@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from decimal import Decimal
 from types import MappingProxyType
@@ -29,23 +31,84 @@ from exporter.state import StateStore, UsageCursor, UsageRow
 log = logging.getLogger(__name__)
 
 MILLION = Decimal(1_000_000)
+FULL_READS = 3
+"""Reads of a whole day in a row that may disagree with `total` (or with each other) before the refresh fails."""
 FINALISE_ATTEMPTS = 10
 """Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it."""
 
 
-class Aggregate:
-    """Running sums per key: [requests, prompt, completion, cached]."""
+ID_BUCKETS = 4096
 
-    def __init__(self, per_api_key: bool, sums: dict[UsageKey, list[int]] | None = None) -> None:
+
+def _digest(request_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
+
+
+class SeenIds:
+    """The request ids of one day, as 64-bit digests in sorted arrays (8 bytes an id, so a day of
+    a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little."""
+
+    def __init__(self, buckets: list[array[int]] | None = None) -> None:
+        self._buckets = buckets or [array("Q") for _ in range(ID_BUCKETS)]
+        self.count = sum(map(len, self._buckets))
+
+    def add(self, request_id: str) -> bool:
+        """Remember `request_id`; False if it was seen before."""
+        digest = _digest(request_id)
+        bucket = self._buckets[digest >> 52]
+        at = bisect_left(bucket, digest)
+        if at < len(bucket) and bucket[at] == digest:
+            return False
+        bucket.insert(at, digest)
+        self.count += 1
+        return True
+
+    def copy(self) -> SeenIds:
+        return SeenIds([array("Q", bucket) for bucket in self._buckets])
+
+    def to_bytes(self) -> bytes:
+        return b"".join(bucket.tobytes() for bucket in self._buckets)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SeenIds:
+        digests = array("Q")
+        digests.frombytes(data)
+        buckets = [array("Q") for _ in range(ID_BUCKETS)]
+        for digest in digests:
+            buckets[digest >> 52].append(digest)
+        return cls(buckets)
+
+
+class Aggregate:
+    """Running sums per key, [requests, prompt, completion, cached], over distinct request ids.
+
+    `rows` counts every record read, duplicates included: it is the position in the day's list
+    (what `total` counts). `duplicates` holds the ids read twice.
+    """
+
+    def __init__(
+        self,
+        per_api_key: bool,
+        sums: dict[UsageKey, list[int]] | None = None,
+        seen: SeenIds | None = None,
+        rows: int = 0,
+    ) -> None:
         self.per_api_key = per_api_key
         self.sums: dict[UsageKey, list[int]] = sums or {}
         self.records = sum(s[0] for s in self.sums.values())
+        self.seen = seen or SeenIds()
+        self.rows = rows or self.records
+        self.duplicates: set[str] = set()
 
     def copy(self) -> Aggregate:
-        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()})
+        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()}, self.seen.copy(), self.rows)
 
     def add(self, records: Iterable[UsageRecord]) -> None:
         for r in records:
+            self.rows += 1
+            if not self.seen.add(r.request_id):
+                self.duplicates.add(r.request_id)
+                continue
             key = UsageKey(r.endpoint, r.model, r.apikey if self.per_api_key else "")
             sums = self.sums.get(key)
             if sums is None:
@@ -56,12 +119,13 @@ class Aggregate:
             sums[3] += r.cached_prompt_tokens
             self.records += 1
 
-    def rows(self) -> list[UsageRow]:
+    def table(self) -> list[UsageRow]:
         return [(k.endpoint_id, k.model, k.api_key, *v) for k, v in self.sums.items()]  # type: ignore[misc]
 
     @classmethod
-    def from_rows(cls, per_api_key: bool, rows: Iterable[UsageRow]) -> Aggregate:
-        return cls(per_api_key, {UsageKey(e, m, a): [r, p, c, k] for e, m, a, r, p, c, k in rows})
+    def from_rows(cls, per_api_key: bool, rows: Iterable[UsageRow], seen: SeenIds, position: int) -> Aggregate:
+        sums = {UsageKey(e, m, a): [r, p, c, k] for e, m, a, r, p, c, k in rows}
+        return cls(per_api_key, sums, seen, position)
 
 
 def estimate(price: PriceConfig | None, prompt: int, completion: int, cached: int) -> Decimal | None:
@@ -133,41 +197,67 @@ class UsageSync:
         first_page: int = 1,
         skip: int = 0,
         verify: Callable[[UsagePage], None] | None = None,
-    ) -> UsagePage:
+    ) -> tuple[UsagePage, bool]:
         """Add every record from `first_page` on (the first `skip` of it excepted) to `aggregate`.
 
-        Pages arrive in any order after the first; returns the highest page that held records (the
-        first page if none did), where the next poll picks up.
+        Returns the highest page that held records (the first page if none did), where the next
+        poll picks up, and whether more than one page was read (then in parallel). Pages arrive in
+        any order after the first; after a parallel read the first page is read again, and if its
+        records moved (records arrived at the head of the list meanwhile, so the other pages were
+        read shifted) the read is not to be trusted.
         """
         boundary: UsagePage | None = None
-        total = 0
+        start: UsagePage | None = None
+        pages = total = 0
         for page in self.client.usage_pages(day, first_page):
-            if boundary is None:
+            pages += 1
+            if start is None:
                 if verify is not None:
                     verify(page)
                 aggregate.add(page.records[skip:])
-                boundary = page
+                start = boundary = page
             else:
                 aggregate.add(page.records)
-                if page.records and page.page_num > boundary.page_num:
+                if page.records and page.page_num > boundary.page_num:  # type: ignore[union-attr]
                     boundary = page
             total = max(total, page.total)
-        assert boundary is not None  # usage_pages yields at least one page
-        if aggregate.records != total:
-            raise ResyncNeeded(f"aggregated {aggregate.records} records, `total` says {total}")
-        return boundary
+        assert start is not None  # usage_pages yields at least one page
+        assert boundary is not None
+        if aggregate.rows != total:
+            raise ResyncNeeded(f"read {aggregate.rows} records, `total` says {total}")
+        if pages > 1:
+            ids = [r.request_id for r in start.records]
+            again = [r.request_id for r in self.client.usage_page(day, start.page_num).records]
+            if again[: len(ids)] != ids:
+                raise ResyncNeeded("records moved while the pages were read")
+        return boundary, pages > 1
 
     def _full(self, day: dt.date) -> tuple[Aggregate, UsagePage]:
-        """Every record of the day. Records that arrive while pages are read in parallel can make the
-        count miss `total` by a few; one more pass settles that, a second miss is an error."""
-        for attempt in (1, 2):
+        """Every record of the day, each request counted once.
+
+        Records that arrive while pages are read in parallel can make the count miss `total`, or
+        shift records between pages so that one is read twice and another not at all: the day is
+        read again then. Request ids that repeat in a read spanning several pages may be such a
+        shift, or the API listing a request twice: the day is read again, and the same repeats
+        twice in a row are the API's (each counted once).
+        """
+        repeated: set[str] | None = None
+        problem = ""
+        for _ in range(FULL_READS):
             aggregate = Aggregate(self.per_api_key)
             try:
-                return aggregate, self._read(day, aggregate)
+                boundary, parallel = self._read(day, aggregate)
             except ResyncNeeded as mismatch:
-                if attempt == 2:
-                    raise RecordError(f"usage {day}: {mismatch}") from None
-        raise AssertionError("unreachable")
+                problem = str(mismatch)
+                continue
+            if not parallel or not aggregate.duplicates or aggregate.duplicates == repeated:
+                if aggregate.duplicates:
+                    log.warning("usage day=%s lists %d request ids more than once; each is counted once",
+                                day, len(aggregate.duplicates))  # fmt: skip
+                return aggregate, boundary
+            repeated = aggregate.duplicates
+            problem = f"{len(repeated)} request ids read twice"
+        raise RecordError(f"usage {day}: {problem} in {FULL_READS} reads in a row")
 
     def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsagePage]:
         position = cursor.records - 1
@@ -180,7 +270,10 @@ class UsageSync:
 
         aggregate = self._aggregate.copy()
         first_page = position // self.client.page_size + 1
-        return aggregate, self._read(cursor.day, aggregate, first_page, offset + 1, verify)
+        boundary, _ = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
+        if aggregate.duplicates:
+            raise ResyncNeeded(f"{len(aggregate.duplicates)} new records repeat request ids already counted")
+        return aggregate, boundary
 
     def _cursor_after(
         self, day: dt.date, aggregate: Aggregate, boundary: UsagePage, finalised: bool = False
@@ -189,7 +282,7 @@ class UsageSync:
         return UsageCursor(
             day=day,
             settings=self.settings,
-            records=aggregate.records,
+            records=aggregate.rows,
             boundary_id=ids[-1] if ids else "",
             page_fingerprint=fingerprint(ids),
             finalised=finalised,
@@ -197,7 +290,9 @@ class UsageSync:
 
     def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
         keep_from = self.clock.today() - dt.timedelta(days=1)
-        self.state.save_usage(cursor, aggregate.rows(), self.clock.now().timestamp(), keep_from)
+        self.state.save_usage(
+            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.to_bytes()
+        )
 
     # -- the refresh --
 
@@ -207,7 +302,8 @@ class UsageSync:
             if saved is None or saved[0].settings != self.settings:
                 continue
             self._day, self._cursor = day, saved[0]
-            self._aggregate = Aggregate.from_rows(self.per_api_key, saved[1])
+            seen = SeenIds.from_bytes(self.state.load_usage_ids(day))
+            self._aggregate = Aggregate.from_rows(self.per_api_key, saved[1], seen, saved[0].records)
             self._created = self.clock.day_start(day).timestamp()
             if day < today and self._cursor.finalised:
                 self._previous = self._snapshot(day, self._aggregate, self._created)

@@ -59,14 +59,32 @@ class Receiver:
         self.received: list[dict] = []
         self.attempts = 0
         self.refuse = 0
+        self.redirect_to = ""
+        """When set, every POST is answered 302 with this `Location`."""
+        self.gets = 0
         self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:
                 pass
 
+            def do_GET(self) -> None:
+                with receiver._lock:
+                    receiver.gets += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if receiver.redirect_to:
+                    with receiver._lock:
+                        receiver.attempts += 1
+                    self.send_response(302)
+                    self.send_header("Location", receiver.redirect_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 with receiver._lock:
                     receiver.attempts += 1
                     refused = receiver.refuse > 0
@@ -121,3 +139,46 @@ def serve_binary(command: list[str], port: int, timeout: float = 60.0) -> Iterat
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+class DripReceiver:
+    """A receiver that reads a request, sends its status line and headers, then one byte of body
+    every `interval` seconds for as long as the client stays (a slow proxy, a stuck service)."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        import socket
+        import threading
+
+        self.interval = interval
+        self.connections = 0
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/hook"
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._drip, args=(connection,), daemon=True).start()
+
+    def _drip(self, connection: object) -> None:
+        with connection:  # type: ignore[attr-defined]
+            try:
+                connection.recv(65536)  # type: ignore[attr-defined]
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")  # type: ignore[attr-defined]
+                while not self._stop.wait(self.interval):
+                    connection.sendall(b".")  # type: ignore[attr-defined]
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()

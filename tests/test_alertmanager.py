@@ -44,7 +44,7 @@ def am_alerts(url: str) -> list[dict]:
 def test_alertmanager_shows_our_alert_then_its_resolution(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, alertmanager: str
 ) -> None:
-    amounts = today_by_endpoint(sim)
+    amounts = today_by_endpoint(sim, clock.today())  # real time: today is whatever day the test runs on
     top = max(amounts, key=lambda e: amounts[e])
     threshold = (sorted(amounts.values())[-2] + amounts[top]) / 2
     rule = {"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(threshold),
@@ -52,18 +52,21 @@ def test_alertmanager_shows_our_alert_then_its_resolution(
     alerts = {"rules": [rule], "notifiers": [{"name": "am", "type": "alertmanager", "urls": [alertmanager]}]}
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
-        daemon.refresh("bills")
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
         shown = wait_for(lambda: am_alerts(alertmanager))
         assert len(shown) == 1
         assert shown[0]["labels"] == {"alertname": "SpendHigh", "severity": "page", "endpoint_id": top}
         assert shown[0]["status"]["state"] == "active"
         assert shown[0]["annotations"]["summary"] == f"{top} at {amounts[top].quantize(Decimal('0.01'))}"
         assert shown[0]["generatorURL"] == f"{daemon.server.url}/api/v1/alerts"
-        assert daemon.sources.dispatcher.sent["am"] == 1
+        wait_for(lambda: daemon.dispatcher.sent["am"])  # counted once its answer is read
+        assert daemon.dispatcher.sent["am"] == 1
 
         for item in ITEMS:
             sim.revise_bill(clock.today(), top, item, Decimal("0.01"))
-        daemon.refresh("bills")
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
         wait_for(lambda: not am_alerts(alertmanager))  # resolved: endsAt is now, so it is no longer active
     finally:
         daemon.stop()

@@ -216,7 +216,7 @@ def test_bill_day_is_the_shanghai_day_of_start_time() -> None:
     ("change", "message"),
     [
         ({"payableAmount": "abc"}, "'payableAmount' is not a decimal"),
-        ({"payableAmount": "NaN"}, "'payableAmount' is not a finite decimal"),
+        ({"payableAmount": "NaN"}, "'payableAmount' is not a decimal: 'NaN'"),
         ({"payableAmount": None}, "'payableAmount' is not a decimal"),
         ({"usageValue": True}, "'usageValue' is not a decimal"),
         ({"startTime": "yesterday"}, "'startTime' is not an RFC 3339 time"),

@@ -37,6 +37,8 @@ def generated(tmp_path: Path) -> tuple[Path, list[str]]:
             "billing": BILLING,
             "prices": [{"model": "m", "prompt_per_million": 1, "completion_per_million": 2}],
             "budgets": [{"name": "monthly", "amount": "5000"}],
+            "inference": {"url": "https://api.example.com", "api_key": "k"},
+            "probes": [{"name": "chat-prod", "model": "ep-1"}],
             "alerts": {"rules": RULES},
         },
         {},

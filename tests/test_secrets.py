@@ -66,7 +66,7 @@ def test_no_secret_reaches_any_output(
     written: list[str] = []
     try:
         wait_for(lambda: ready(url), timeout=30)
-        wait_for(lambda: len(receiver.bodies()) >= 2 * len(sim.endpoints), timeout=60)  # delivered after the refusals
+        wait_for(lambda: len(receiver.bodies()) >= 2, timeout=60)  # one message per notifier, after the refusals
         for path in ("/metrics", "/api/v1/alerts", "/", "/readyz", "/healthz"):
             written.append(requests.get(f"{url}{path}", auth=auth, timeout=5).text)
         written.append(requests.get(f"{url}/metrics", auth=("prom", "wrong"), timeout=5).text)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import select
+import socket
+import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -15,17 +20,37 @@ from exporter.daemon import build_exposition
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from tests.conftest import require_binary
+from tests.helpers import wait_for
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 
 
-def start(server_section: dict, clock: Clock) -> ExporterServer:
+def start(server_section: dict, clock: Clock, **limits: Any) -> ExporterServer:
     config = validate({"billing": BILLING, "server": server_section}, {})
     latest = Latest()
     view = View(latest, build_exposition(config, latest, clock).render, lambda: ["bills", "usage"])
-    server = ExporterServer(("127.0.0.1", 0), view, config.server)
+    server = ExporterServer(("127.0.0.1", 0), view, config.server, **limits)
     server.start()
     return server
+
+
+def dribble(client: socket.socket, interval: float, path: str = "/metrics") -> tuple[float, bytes]:
+    """Send a request line, then a header line every `interval` seconds, until the server hangs up (or 60 s pass).
+    The seconds that took, and what the server sent (nothing, or an error, once it hung up)."""
+    started = time.monotonic()
+    client.setblocking(False)  # a readable TLS socket may hold just a session ticket: recv must not wait on it
+    client.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+    for line in range(int(60 / interval)):
+        readable, _, _ = select.select([client], [], [], interval)
+        try:
+            if readable:
+                return time.monotonic() - started, client.recv(65536)
+            client.sendall(f"X-Slow-{line}: v\r\n".encode())
+        except ssl.SSLWantReadError:  # that ticket, no data
+            continue
+        except OSError:  # reset, or a TLS error: hung up all the same
+            return time.monotonic() - started, b""
+    raise AssertionError("the server never hung up on the slow client")
 
 
 @pytest.fixture
@@ -122,8 +147,6 @@ def test_request_limits(clock: Clock) -> None:
 
 
 def test_a_silent_tls_client_does_not_block_the_server(certificate: tuple[Path, Path], clock: Clock) -> None:
-    import socket
-
     cert, key = certificate
     server = start({"tls": {"cert_file": str(cert), "key_file": str(key)}}, clock)
     silent = socket.create_connection(server.server_address[:2])  # connects, never says hello
@@ -132,4 +155,26 @@ def test_a_silent_tls_client_does_not_block_the_server(certificate: tuple[Path, 
         assert response.status_code == 200
     finally:
         silent.close()
+        server.stop()
+
+
+def test_a_slow_tls_client_is_cut_at_the_header_deadline(certificate: tuple[Path, Path], clock: Clock) -> None:
+    cert, key = certificate
+    server = start({"tls": {"cert_file": str(cert), "key_file": str(key)}}, clock, header_deadline=1.0)
+    address = server.server_address[:2]
+    silent = socket.create_connection(address, timeout=10)  # never says hello: the handshake is on the clock too
+    context = ssl.create_default_context(cafile=str(cert))
+    connected = time.monotonic()
+    slow = context.wrap_socket(socket.create_connection(address, timeout=10), server_hostname="127.0.0.1")
+    try:
+        took, answer = dribble(slow, 0.3)  # handshake done, then the headers dribble in
+        assert answer == b""
+        assert took < 6
+        assert time.monotonic() - connected >= 0.9  # the deadline ran from the connection, handshake included
+        assert silent.recv(1) == b""  # cut as well, though it was never read from
+        wait_for(lambda: server.timed_out == 2, timeout=10)
+        assert requests.get(f"{server.url}/healthz", verify=str(cert), timeout=5).status_code == 200
+    finally:
+        silent.close()
+        slow.close()
         server.stop()

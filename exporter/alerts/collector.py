@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -9,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from exporter.alerts.engine import Engine
 from exporter.alerts.notifiers import Dispatcher
+from exporter.state import StateError
 
 
 class AlertsCollector(Collector):
@@ -42,7 +44,14 @@ class AlertsCollector(Collector):
             "Notifications in the outbox waiting for delivery.",
             labels=["notifier"],
         )
-        backlog = self.dispatcher.pending()
-        for notifier in self.dispatcher.outbox_notifiers:
-            pending.add_metric([notifier.name], backlog.get(notifier.name, 0))
-        yield from (sent, failed, pending)
+        with contextlib.suppress(StateError):  # a failing state file: its own gauge and the log say so
+            backlog = self.dispatcher.pending()
+            for notifier in self.dispatcher.outbox_notifiers:
+                pending.add_metric([notifier.name], backlog.get(notifier.name, 0))
+        state = GaugeMetricFamily(
+            "inference_exporter_state_write_success",
+            "1 if the last write to the state file succeeded, else 0 (alert states and the usage cursor are"
+            " then not saved; the log names the file and the fault).",
+        )
+        state.add_metric([], 0.0 if self.engine.store.write_error else 1.0)
+        yield from (sent, failed, pending, state)

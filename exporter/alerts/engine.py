@@ -8,6 +8,7 @@ lower ones without a notification of its own; a new period starts clean.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -23,12 +24,14 @@ from exporter.alerts import rules
 from exporter.clock import Clock
 from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
 from exporter.snapshots import Latest
-from exporter.state import AlertStore, StateStore
+from exporter.state import AlertStore, StateError, StateStore
 
 log = logging.getLogger(__name__)
 
 RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
+GROUP_DETAIL = 100
+"""Alerts a queued group keeps in full; the rest are only counted (messages show fewer still)."""
 
 State = Literal["pending", "firing", "resolved"]
 
@@ -49,13 +52,19 @@ class Alert:
     """Resolved because a higher budget tier took over: no resolve notice of its own."""
     period: str = ""
 
+    @property
+    def incident(self) -> str:
+        """What one incident covers: a rule's alerts; for a budget, its period (so every tier of
+        one budget in one period escalates one incident rather than opening another)."""
+        if self.period:
+            return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
+        return fingerprint({"__rule__": self.rule})
+
     def event(self, status: str) -> dict[str, object]:
-        """What the notifiers format: one alert's state change. `dedup_key` is the same for every
-        tier of one budget in one period, so an incident is escalated rather than duplicated."""
-        stable = {k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period}
+        """One alert's state change, as the notifiers format it (inside a group)."""
         return {
             "key": self.key,
-            "dedup_key": fingerprint(stable) if self.period else self.key,
+            "dedup_key": self.incident,
             "status": status,
             "labels": self.labels,
             "annotations": self.annotations,
@@ -104,14 +113,34 @@ class Engine:
         self._lock = threading.Lock()
         self._transitions = 0
         self._sent = self.db.load_sent()
-        for key, (_, body) in self.db.load_states().items():
-            self.alerts[key] = Alert(**json.loads(body))
+        self._queued: list[tuple[str, Alert, str]] = []
+        """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
+        self._load()
+
+    def _load(self) -> None:
+        """The alert state as last committed."""
+        self.alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
+        self._sent = self.db.load_sent()
 
     # -- evaluation --
 
     def evaluate(self) -> int:
-        """Evaluate every rule now; returns how many alerts changed state (fired, resolved, inhibited)."""
-        with self._lock, self.store.transaction() as db:
+        """Evaluate every rule now; returns how many alerts changed state (fired, resolved, inhibited).
+
+        If the evaluation cannot be committed (the state file refuses the write), the state in
+        memory goes back to what was committed, so the next evaluation decides (and notifies) again.
+        """
+        with self._lock:
+            self._queued.clear()
+            try:
+                return self._evaluate()
+            except BaseException:
+                with contextlib.suppress(StateError):  # then the original failure says enough
+                    self._load()
+                raise
+
+    def _evaluate(self) -> int:
+        with self.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
             rule_ids = set()
@@ -130,6 +159,7 @@ class Engine:
                     del self.alerts[key]
                     self.db.delete_state(db, key)
             self._repeat(db, now)
+            self._enqueue(db, now)
         return self._transitions - before
 
     def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
@@ -231,12 +261,32 @@ class Engine:
                     self._notify(db, alert, "firing", now, only=notifier)
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
-        event = json.dumps(alert.event(status))
-        targets = [only] if only else list(self.notifiers)
-        for notifier in targets:
-            self.db.enqueue(db, notifier, event, now)
+        for notifier in [only] if only else self.notifiers:
+            self._queued.append((notifier, alert, status))
             self.db.mark_sent(db, alert.key, notifier, now)
             self._sent[(alert.key, notifier)] = now
+
+    def _enqueue(self, db: sqlite3.Connection, now: float) -> None:
+        """One outbox message per notifier, rule, state and incident: 10,000 alerts of one rule
+        that fire together are one message, not 10,000."""
+        groups: dict[tuple[str, str, str, str], list[Alert]] = {}
+        for notifier, alert, status in self._queued:
+            groups.setdefault((notifier, alert.rule, status, alert.incident), []).append(alert)
+        self._queued.clear()
+        firing: dict[str, int] = {}
+        for alert in self.alerts.values():
+            if alert.state == "firing":
+                firing[alert.incident] = firing.get(alert.incident, 0) + 1
+        for (notifier, _, status, incident), alerts in groups.items():
+            event = {
+                "status": status,
+                "alertname": alerts[0].labels["alertname"],
+                "dedup_key": incident,
+                "alerts": [a.event(status) for a in alerts[:GROUP_DETAIL]],
+                "total": len(alerts),
+                "still_firing": firing.get(incident, 0),
+            }
+            self.db.enqueue(db, notifier, json.dumps(event), now)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
         self.alerts[alert.key] = alert

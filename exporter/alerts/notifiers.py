@@ -1,9 +1,14 @@
 """Delivering alert notifications: Alertmanager, Alertmanager-style webhooks, Slack, PagerDuty.
 
+Every notifier has its own worker thread, so a slow or dead receiver delays only its own queue:
+never another receiver, the alert evaluation or a refresh. Each delivery has one deadline for
+the whole exchange (`post.post_json`), and a redirect is a failure, never followed.
+
 Alertmanager gets every active alert re-sent each minute (`endsAt` = now + 4 × resend) and each
 resolved one, with `endsAt` at its resolve time, for 15 minutes: Alertmanager deduplicates, and
-an alert we stop sending expires by itself. The other notifiers get one notification per state
-change (and reminders), taken in order from the SQLite outbox; a failed delivery stays at the
+an alert we stop sending expires by itself. The other notifiers get one message per rule and
+state change (the engine groups the alerts that changed together; a message shows a capped list
+and says how many more), taken in order from the SQLite outbox; a failed delivery stays at the
 head of its notifier's queue and is retried with backoff, across restarts. A notification is
 marked delivered right after the receiver's 2xx, so nothing is sent twice for one state change
 as far as that 2xx tells.
@@ -11,72 +16,123 @@ as far as that 2xx tells.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import requests
-
 from exporter import __version__
 from exporter.alerts.engine import Alert, iso
+from exporter.alerts.post import DeadlineExceeded, post_json
 from exporter.clock import Clock
 from exporter.config import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
-from exporter.state import AlertStore
+from exporter.state import AlertStore, StateError
 
 log = logging.getLogger(__name__)
 
 RESEND = 60.0
-TIMEOUT = 10.0
+DEADLINE = 10.0
+"""The longest one delivery may take, connection to last byte of the answer."""
+POLL = 2.0
+"""How often a worker looks at its queue when nothing wakes it (retries fall due)."""
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
 GIVE_UP_AFTER = 5
 """Attempts after which a notification the receiver refuses outright (4xx but 408/429) is dropped,
 so one bad message cannot block its notifier's queue for ever."""
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
+WEBHOOK_ALERTS = 100
+SLACK_ALERTS = 10
+SLACK_TEXT = 3000
+PAGERDUTY_ALERTS = 20
+
+USER_AGENT = f"inference-cost-exporter/{__version__}"
 
 OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier
+AnyNotifier = AlertmanagerNotifier | OutboxNotifier
+
+
+def group(event: dict[str, Any]) -> dict[str, Any]:
+    """An outbox event as a group: one rule's alerts that changed to one state together.
+
+    Rows written before grouping hold one alert each; they read as a group of one.
+    """
+    if "alerts" in event:
+        return event
+    return {
+        "status": event["status"],
+        "alertname": event["labels"]["alertname"],
+        "dedup_key": event["dedup_key"],
+        "alerts": [event],
+        "total": 1,
+        "still_firing": int(event["status"] == "firing"),
+    }
+
+
+def _common(mappings: list[dict[str, str]]) -> dict[str, str]:
+    """The pairs every mapping shares."""
+    first, *rest = mappings
+    return {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
+
+
+def _more(shown: int, total: int) -> str:
+    return f"and {total - shown} more" if total > shown else ""
 
 
 def webhook_payload(event: dict[str, Any], receiver: str, external_url: str, notification: str) -> dict[str, Any]:
-    """Alertmanager's webhook format, version 4, for one alert, plus `notificationId`: the same on
-    every delivery attempt of one notification, so a receiver can drop a repeat delivery."""
-    labels = event["labels"]
-    alert = {
-        "status": event["status"],
-        "labels": labels,
-        "annotations": event["annotations"],
-        "startsAt": iso(event["starts_at"]),
-        "endsAt": iso(event["ends_at"]),
-        "generatorURL": f"{external_url}/api/v1/alerts",
-        "fingerprint": event["key"],
-    }
+    """Alertmanager's webhook format, version 4, for one group (at most WEBHOOK_ALERTS alerts, the
+    rest counted in `truncatedAlerts`, as Alertmanager's `max_alerts` does), plus `notificationId`:
+    the same on every delivery attempt of one notification, so a receiver can drop a repeat."""
+    alerts = [
+        {
+            "status": alert["status"],
+            "labels": alert["labels"],
+            "annotations": alert["annotations"],
+            "startsAt": iso(alert["starts_at"]),
+            "endsAt": iso(alert["ends_at"]),
+            "generatorURL": f"{external_url}/api/v1/alerts",
+            "fingerprint": alert["key"],
+        }
+        for alert in event["alerts"][:WEBHOOK_ALERTS]
+    ]
     return {
         "version": "4",
-        "groupKey": f'{{}}:{{alertname="{labels["alertname"]}"}}',
-        "truncatedAlerts": 0,
+        "groupKey": f'{{}}:{{alertname="{event["alertname"]}"}}',
+        "truncatedAlerts": event["total"] - len(alerts),
         "status": event["status"],
         "receiver": receiver,
-        "groupLabels": {"alertname": labels["alertname"]},
-        "commonLabels": labels,
-        "commonAnnotations": event["annotations"],
+        "groupLabels": {"alertname": event["alertname"]},
+        "commonLabels": _common([a["labels"] for a in alerts]),
+        "commonAnnotations": _common([a["annotations"] for a in alerts]),
         "externalURL": external_url,
-        "alerts": [alert],
+        "alerts": alerts,
         "notificationId": notification,
     }
 
 
 def slack_payload(event: dict[str, Any], external_url: str) -> dict[str, Any]:
     status = event["status"].upper()
-    name = event["labels"]["alertname"]
-    summary = event["annotations"].get("summary", name)
-    labels = ", ".join(f"{k}={v}" for k, v in sorted(event["labels"].items()) if k != "alertname")
+    name = event["alertname"]
+    alerts, total = event["alerts"], event["total"]
+    if total == 1:
+        summary = alerts[0]["annotations"].get("summary", name)
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(alerts[0]["labels"].items()) if k != "alertname")
+        text, detail = f"[{status}] {name}: {summary}", f"*[{status}] {name}*\n{summary}"
+    else:
+        lines = [f"• {a['annotations'].get('summary', a['key'])}" for a in alerts[:SLACK_ALERTS]]
+        more = _more(len(lines), total)
+        common = _common([a["labels"] for a in alerts])
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(common.items()) if k != "alertname")
+        text = f"[{status}] {name}: {total} alerts"
+        detail = f"*[{status}] {name}: {total} alerts*\n" + "\n".join(lines) + (f"\n…{more}" if more else "")
     return {
-        "text": f"[{status}] {name}: {summary}",
+        "text": text,
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": f"*[{status}] {name}*\n{summary}"}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": detail[:SLACK_TEXT]}},
             {
                 "type": "context",
                 "elements": [{"type": "mrkdwn", "text": f"{labels or 'no labels'} · <{external_url}/|exporter>"}],
@@ -85,26 +141,40 @@ def slack_payload(event: dict[str, Any], external_url: str) -> dict[str, Any]:
     }
 
 
-def pagerduty_payload(event: dict[str, Any], routing_key: str, external_url: str) -> dict[str, Any]:
-    """PagerDuty Events API v2: trigger or resolve, one incident per `dedup_key`."""
+def pagerduty_payload(event: dict[str, Any], routing_key: str, external_url: str) -> dict[str, Any] | None:
+    """PagerDuty Events API v2: one incident per group `dedup_key` (a rule; a budget and its period,
+    so its tiers escalate one incident). Triggered when the group's alerts fire, resolved only when
+    none of them is firing any more; None when there is nothing to tell PagerDuty."""
+    resolved = event["status"] != "firing"
+    if resolved and event["still_firing"]:
+        return None
     body: dict[str, Any] = {
         "routing_key": routing_key,
-        "event_action": "trigger" if event["status"] == "firing" else "resolve",
+        "event_action": "resolve" if resolved else "trigger",
         "dedup_key": event["dedup_key"],
     }
-    if event["status"] == "firing":
-        severity = event["labels"].get("severity", "warning")
-        body["payload"] = {
-            "summary": event["annotations"].get("summary", event["labels"]["alertname"])[:1024],
-            "source": "inference-cost-exporter",
-            "severity": severity if severity in PAGERDUTY_SEVERITIES else "warning",
-            "timestamp": iso(event["starts_at"]),
-            "component": event["labels"].get("endpoint_id", event["labels"].get("budget", "")),
-            "group": event["labels"]["alertname"],
-            "custom_details": {"labels": event["labels"], "annotations": event["annotations"]},
-        }
-        body["client"] = "inference-cost-exporter"
-        body["client_url"] = external_url
+    if resolved:
+        return body
+    alerts, total = event["alerts"], event["total"]
+    first = alerts[0]
+    summary = first["annotations"].get("summary", event["alertname"])
+    if total > 1:
+        summary = f"{event['alertname']}: {total} alerts firing: {summary}, {_more(1, total)}"
+    severity = first["labels"].get("severity", "warning")
+    body["payload"] = {
+        "summary": summary[:1024],
+        "source": "inference-cost-exporter",
+        "severity": severity if severity in PAGERDUTY_SEVERITIES else "warning",
+        "timestamp": iso(first["starts_at"]),
+        "component": first["labels"].get("endpoint_id", first["labels"].get("budget", "")),
+        "group": event["alertname"],
+        "custom_details": {
+            "alerts": [{"labels": a["labels"], "annotations": a["annotations"]} for a in alerts[:PAGERDUTY_ALERTS]],
+            "total": total,
+        },
+    }
+    body["client"] = "inference-cost-exporter"
+    body["client_url"] = external_url
     return body
 
 
@@ -113,87 +183,200 @@ def _refused(reason: str) -> bool:
     return reason.startswith("HTTP 4") and reason not in ("HTTP 408", "HTTP 429")
 
 
+class _Worker:
+    """A notifier's own thread: wakes when poked or every `interval`, then runs `work`."""
+
+    def __init__(self, name: str, work: Callable[[], object], interval: float) -> None:
+        self.interval = interval
+        self._work = work
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(max(0.0, timeout))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._work()
+            except StateError as error:
+                log.error("notification delivery paused: %s", error)
+            except Exception:  # a bug must not stop delivery for good; it is logged with its traceback
+                log.exception("notification delivery crashed")
+
+
 class Dispatcher:
+    """Delivers for every configured notifier; one for the daemon's life, reconfigured on reload
+    (a notifier keeps its queue, its worker and its counters while its name stays)."""
+
     def __init__(
         self,
-        notifiers: Sequence[AlertmanagerNotifier | OutboxNotifier],
+        notifiers: Sequence[AnyNotifier],
         store: AlertStore,
         clock: Clock,
         alerts: Callable[[], list[Alert]],
         external_url: str,
-        previous: Dispatcher | None = None,
     ) -> None:
-        self.alertmanagers = [n for n in notifiers if isinstance(n, AlertmanagerNotifier)]
-        self.outbox_notifiers = [n for n in notifiers if not isinstance(n, AlertmanagerNotifier)]
         self.store = store
         self.clock = clock
         self.alerts = alerts
-        self.external_url = external_url
-        # Counters go on across a reload for the notifiers it keeps.
-        self.sent: dict[str, int] = {n.name: previous.sent.get(n.name, 0) if previous else 0 for n in notifiers}
-        self.failed: dict[str, int] = {n.name: previous.failed.get(n.name, 0) if previous else 0 for n in notifiers}
-        self._session = requests.Session()
-        self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
-        self._lock = threading.Lock()
+        self.deadline = DEADLINE
+        self.sent: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self._notifiers: dict[str, AnyNotifier] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._workers: dict[str, _Worker] = {}
         self._counts = threading.Lock()
         self._failing: set[str] = set()
+        self._running = False
+        self._closed = False
+        self.configure(notifiers, external_url)
+
+    # -- configuration and workers --
+
+    def configure(self, notifiers: Sequence[AnyNotifier], external_url: str) -> None:
+        self.external_url = external_url
+        self._notifiers = {n.name: n for n in notifiers}
+        with self._counts:
+            self.sent = {name: self.sent.get(name, 0) for name in self._notifiers}
+            self.failed = {name: self.failed.get(name, 0) for name in self._notifiers}
+        for name in self._notifiers:
+            self._locks.setdefault(name, threading.Lock())
+        if self._running:
+            self._start_workers()
+
+    @property
+    def alertmanagers(self) -> list[AlertmanagerNotifier]:
+        return [n for n in self._notifiers.values() if isinstance(n, AlertmanagerNotifier)]
+
+    @property
+    def outbox_notifiers(self) -> list[OutboxNotifier]:
+        return [n for n in self._notifiers.values() if not isinstance(n, AlertmanagerNotifier)]
+
+    def start(self) -> None:
+        """Deliver in the background from now on (until `close`)."""
+        self._running = True
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        for name in set(self._workers) - set(self._notifiers):
+            self._workers.pop(name).stop()
+        for name, notifier in self._notifiers.items():
+            if name not in self._workers:
+                if isinstance(notifier, AlertmanagerNotifier):
+                    self._workers[name] = _Worker(name, lambda n=name: self._alertmanager(n), RESEND)
+                else:
+                    self._workers[name] = _Worker(name, lambda n=name: self._drain(n), POLL)
+                self._workers[name].poke()
+
+    def poke(self) -> None:
+        """New notifications are queued: the outbox workers look now."""
+        for name, worker in list(self._workers.items()):
+            if not isinstance(self._notifiers.get(name), AlertmanagerNotifier):
+                worker.poke()
+
+    def resend_alertmanager(self) -> None:
+        """Alert states changed: the Alertmanager workers send everything now, not at their next minute."""
+        for name, worker in list(self._workers.items()):
+            if isinstance(self._notifiers.get(name), AlertmanagerNotifier):
+                worker.poke()
 
     def close(self) -> None:
-        self._session.close()
+        """Stop the workers: each ends after the delivery it is in (bounded by DEADLINE)."""
+        self._running = False
+        self._closed = True
+        for worker in self._workers.values():
+            worker.stop()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the workers to end; True if all did."""
+        deadline = time.monotonic() + timeout
+        for worker in self._workers.values():
+            worker.join(deadline - time.monotonic())
+        return not any(worker.alive for worker in self._workers.values())
+
+    # -- sending --
 
     def _post(self, notifier: str, url: str, body: object) -> str | None:
         """POST JSON; None on a 2xx, else a short reason (never the URL: it may hold a secret)."""
         try:
-            response = self._session.post(url, json=body, timeout=TIMEOUT)
-        except requests.RequestException as error:
+            answer = post_json(url, body, deadline=self.deadline, headers={"User-Agent": USER_AGENT})
+        except DeadlineExceeded as error:
+            reason = str(error)
+        except (OSError, http.client.HTTPException) as error:
             reason = f"connection failed ({type(error).__name__})"
         else:
-            if 200 <= response.status_code < 300:
+            if 200 <= answer.status < 300:
                 with self._counts:
-                    self.sent[notifier] += 1
+                    self.sent[notifier] = self.sent.get(notifier, 0) + 1
                 if notifier in self._failing:
                     self._failing.discard(notifier)
                     log.info("notifier recovered notifier=%s", notifier)
                 return None
-            reason = f"HTTP {response.status_code}"
+            reason = f"HTTP {answer.status}"
+            if 300 <= answer.status < 400:
+                reason += f" (redirect to {answer.location or 'nowhere'}; a notification is never followed)"
         with self._counts:
-            self.failed[notifier] += 1
+            self.failed[notifier] = self.failed.get(notifier, 0) + 1
         if notifier not in self._failing:
             self._failing.add(notifier)
             log.error("notification failed notifier=%s reason=%r (will retry)", notifier, reason)
         return reason
 
-    def _format(self, notifier: OutboxNotifier, event: dict[str, Any], entry: int) -> tuple[str, object]:
+    def _format(self, notifier: OutboxNotifier, event: dict[str, Any], entry: int) -> tuple[str, object] | None:
         if isinstance(notifier, WebhookNotifier):
-            notification = f"{event['key']}-{entry}"
+            notification = f"{event['dedup_key']}-{entry}"
             return notifier.url, webhook_payload(event, notifier.name, self.external_url, notification)
         if isinstance(notifier, SlackNotifier):
             return notifier.url.get_secret_value(), slack_payload(event, self.external_url)
-        routing_key = notifier.routing_key.get_secret_value()
-        return notifier.url, pagerduty_payload(event, routing_key, self.external_url)
+        body = pagerduty_payload(event, notifier.routing_key.get_secret_value(), self.external_url)
+        return None if body is None else (notifier.url, body)
 
     def deliver(self) -> int:
-        """Send what is due from the outbox, in order per notifier; returns how many were delivered."""
+        """Send what is due now for every outbox notifier, here and now (a worker busy with the
+        same notifier is waited for); returns how many were delivered."""
+        return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
+
+    def _drain(self, name: str) -> int:
+        """Send a notifier's due notifications in order; stop at the first failure."""
         delivered = 0
-        with self._lock:
-            for notifier in self.outbox_notifiers:
-                while (entry := self.store.head(notifier.name)) is not None:
-                    now = self.clock.now().timestamp()
-                    if entry.next_attempt > now:
-                        break
-                    url, body = self._format(notifier, json.loads(entry.event), entry.id)
-                    reason = self._post(notifier.name, url, body)
-                    if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
-                        log.error("notification dropped notifier=%s reason=%r after %d attempts", notifier.name,
-                                  reason, entry.attempts + 1)  # fmt: skip
-                        self.store.delivered(entry.id, now, dropped=reason)
-                        continue
-                    if reason is not None:
-                        pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
-                        self.store.failed(entry.id, now + pause, reason)
-                        break
-                    self.store.delivered(entry.id, now)
-                    delivered += 1
+        with self._locks[name]:
+            while not self._closed and isinstance(notifier := self._notifiers.get(name), OutboxNotifier):
+                entry = self.store.head(name)
+                now = self.clock.now().timestamp()
+                if entry is None or entry.next_attempt > now:
+                    break
+                message = self._format(notifier, group(json.loads(entry.event)), entry.id)
+                reason = None if message is None else self._post(name, *message)
+                now = self.clock.now().timestamp()
+                if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
+                    log.error("notification dropped notifier=%s reason=%r after %d attempts", name, reason,
+                              entry.attempts + 1)  # fmt: skip
+                    self.store.delivered(entry.id, now, dropped=reason)
+                    continue
+                if reason is not None:
+                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
+                    self.store.failed(entry.id, now + pause, reason)
+                    break
+                self.store.delivered(entry.id, now)
+                delivered += message is not None
         return delivered
 
     def alertmanager_payload(self) -> list[dict[str, Any]]:
@@ -214,14 +397,22 @@ class Dispatcher:
             )
         return payload
 
-    def resend_alertmanager(self) -> None:
-        """Every active and recently resolved alert to every Alertmanager (they deduplicate)."""
+    def _alertmanager(self, name: str) -> None:
+        """Every active and recently resolved alert to each URL of one Alertmanager notifier."""
+        notifier = self._notifiers.get(name)
+        if not isinstance(notifier, AlertmanagerNotifier):
+            return
         payload = self.alertmanager_payload()
         if not payload:
             return
-        for notifier in self.alertmanagers:
+        with self._locks[name]:
             for url in notifier.urls:
-                self._post(notifier.name, f"{url}/api/v2/alerts", payload)
+                self._post(name, f"{url}/api/v2/alerts", payload)
+
+    def send_alertmanager(self) -> None:
+        """Send to every Alertmanager here and now (tests and `once`)."""
+        for notifier in self.alertmanagers:
+            self._alertmanager(notifier.name)
 
     def pending(self) -> dict[str, int]:
         return self.store.pending_count()

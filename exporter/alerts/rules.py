@@ -16,7 +16,7 @@ from exporter.bills import forecast, per_day
 from exporter.clock import Clock
 from exporter.collectors import budget_status
 from exporter.config import BudgetConfig, RuleConfig
-from exporter.snapshots import DailyAmount, Latest, UsageTotals
+from exporter.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, probe_source
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""
@@ -131,16 +131,20 @@ def evaluate(rule: RuleConfig, latest: Latest, clock: Clock, sources: Iterable[s
         return usage(rule, latest, today)
     if rule.signal == "data_age":
         return data_age(rule, latest, clock.now().timestamp(), sources)
-    return probe(rule, latest)
+    return probe(rule, latest, sources)
 
 
-def probe(rule: RuleConfig, latest: Latest) -> dict[Labels, Decimal] | None:
-    """The probes' last runs: latency (seconds, the worst in a group) or success (1/0, the worst in a group)."""
-    if not latest.probes:
-        return None
+def probe(rule: RuleConfig, latest: Latest, sources: Iterable[str]) -> dict[Labels, Decimal] | None:
+    """The configured probes' last runs: latency (seconds, the worst in a group) or success (1/0,
+    the worst in a group). With no probe configured any more, no group is left (its alerts
+    resolve); with probes configured that have not run yet, there is nothing to judge."""
+    configured = {source for source in sources if source.startswith(PROBE_PREFIX)}
+    runs = {name: snapshot for name, snapshot in latest.probes.items() if probe_source(name) in configured}
+    if not runs:
+        return None if configured else {}
     groups: dict[Labels, Decimal] = {}
     latency = rule.signal == "probe_latency"
-    for name, snapshot in latest.probes.items():
+    for name, snapshot in runs.items():
         group = _group({"probe": name, "endpoint_id": snapshot.endpoint_id, "scenario": snapshot.scenario}, rule)
         if group is None:
             continue

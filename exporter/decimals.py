@@ -1,0 +1,29 @@
+"""Decimal text as the billing API writes it, and the range a bill can hold."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+MAX_AMOUNT = Decimal(10) ** 15
+"""Amounts beyond ± this are no bill: refused, so that sums, forecasts and the exposition stay exact."""
+DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
+"""ASCII digits, one point, an optional exponent: no `_`, no other scripts' digits, no `NaN` or
+`Infinity` (Python's Decimal accepts them all; the API's decimal text has none of them)."""
+
+
+def parse_decimal(value: Any) -> Decimal:
+    """A finite decimal within ±MAX_AMOUNT, from text (or a number); ValueError says why not."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        raise ValueError("not a decimal")
+    text = value.strip() if isinstance(value, str) else str(value)
+    if not DECIMAL_TEXT.fullmatch(text):
+        raise ValueError(f"not a decimal: {text[:40]!r}")
+    try:
+        amount = Decimal(text)
+    except InvalidOperation:  # pragma: no cover - the pattern admits only what Decimal reads
+        raise ValueError(f"not a decimal: {text[:40]!r}") from None
+    if abs(amount) > MAX_AMOUNT:
+        raise ValueError(f"out of range (beyond ±{MAX_AMOUNT:.0E}): {text[:40]!r}")
+    return amount

@@ -1,0 +1,369 @@
+"""Faults that overlap with normal work, against the running daemon: a reload in each phase of a
+refresh, a receiver that drips its answer beside a healthy one, thousands of alerts at once.
+
+Every case asks two questions: are the figures right afterwards (against the simulator), and did
+the freshness gauges tell the truth throughout (a watcher scrapes all along).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from exporter.billing import RetryPolicy
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.simulator import ITEMS, Endpoint, Simulator, SimulatorServer
+from tests.conftest import SHANGHAI, billing_section
+from tests.helpers import DripReceiver, Receiver, named, scrape, value, wait_for
+
+FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """Moves with real time from 10:00 on 2026-11-22 in Shanghai, so ages mean something."""
+    start, origin = dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI), time.monotonic()
+    return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
+
+
+class Watcher:
+    """Scrapes all along and keeps what the freshness gauges and the usage figures said."""
+
+    def __init__(self, daemon: Daemon, source: str = "usage") -> None:
+        self.daemon = daemon
+        self.source = source
+        self.seen: list[tuple[float, float | None, float | None, float | None]] = []
+        """(billing clock now, success, last success, requests today)"""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                series = scrape(self.daemon.server.url)
+            except requests.RequestException:
+                continue
+            requests_today = named(series, "inference_usage_requests_total")
+            self.seen.append(
+                (
+                    self.daemon.clock.now().timestamp(),
+                    value(series, "inference_exporter_refresh_success", source=self.source),
+                    value(series, "inference_exporter_last_refresh_success_timestamp_seconds", source=self.source),
+                    sum(requests_today.values()) if requests_today else None,
+                )
+            )
+
+    def stop(self) -> list[tuple[float, float | None, float | None, float | None]]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen
+
+
+def assert_truthful(seen: list[tuple[float, float | None, float | None, float | None]], max_age: float) -> None:
+    """The last-success time never goes back, and while success says 1 the data is never older
+    than `max_age` (a refresh stuck for good while success stays 1 is the lie this catches)."""
+    assert seen, "the watcher saw nothing"
+    last = [s[2] for s in seen if s[2] is not None]
+    assert last == sorted(last)
+    stale = [(now - at) for now, ok, at, _ in seen if ok == 1 and at is not None and now - at > max_age]
+    assert not stale, f"success 1 with data {max(stale):.1f}s old"
+
+
+def write(path: Path, document: dict) -> None:
+    path.write_text(yaml.safe_dump(document))
+
+
+@pytest.fixture
+def slow_sim(sim: Simulator) -> Simulator:
+    sim.latency = 0.1  # every billing request takes 100 ms: a day's read takes a while
+    sim.add_usage(2400)
+    return sim
+
+
+def reload_document(sim: Simulator, server: SimulatorServer, tmp_path: Path, **billing: object) -> dict:
+    return {
+        "billing": billing_section(sim, server, page_size=100, concurrency=2, usage_interval="1s", bills_interval="1h")
+        | billing,
+        "budgets": [{"name": "monthly", "amount": "20000"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+
+
+@pytest.mark.parametrize("page", [1, 6, 24], ids=["first-page", "parallel-pages", "last-page"])
+def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
+    slow_sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    page: int,
+) -> None:  # fmt: skip
+    sim = slow_sim
+    path = tmp_path / "config.yaml"
+    document = reload_document(sim, server, tmp_path)
+    write(path, document)
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
+    reloaded = threading.Event()
+    reload_at: list[float] = []
+
+    def reload_once(page_num: int) -> None:
+        if page_num == page and not reloaded.is_set():
+            reloaded.set()
+            write(path, reload_document(sim, server, tmp_path, concurrency=3))  # `billing` changes
+            reload_at.append(time.monotonic())
+            threading.Thread(target=daemon.reload, daemon=True).start()
+
+    sim.before_usage_page = reload_once
+    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    daemon.start()
+    watcher = Watcher(daemon)
+    try:
+        url = daemon.server.url
+        wait_for(lambda: reloaded.is_set(), timeout=30)
+        abandoned = wait_for(
+            lambda: [r for r in caplog.records if "refresh abandoned source=usage" in r.getMessage()], timeout=10
+        )
+        assert abandoned[0].created - (time.time() - (time.monotonic() - reload_at[0])) < 2.0  # promptly
+        wait_for(lambda: requests.get(f"{url}/readyz", timeout=5).status_code == 200, timeout=30)
+        series = wait_for(lambda: (s := scrape(url)) and sum(named(s, "inference_usage_requests_total").values()) and s)
+        assert value(series, "inference_exporter_refresh_success", source="usage") == 1
+        assert sum(named(series, "inference_usage_requests_total").values()) == 2400
+        assert daemon.config.billing.concurrency == 3
+        time.sleep(1.5)  # and it keeps refreshing with the new client
+    finally:
+        seen = watcher.stop()
+        daemon.stop(grace=5)
+    assert_truthful(seen, max_age=8.0)
+    assert {s[3] for s in seen if s[3] is not None} == {2400}  # never a partial figure
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stand(
+    slow_sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim = slow_sim
+    path = tmp_path / "config.yaml"
+    document = reload_document(sim, server, tmp_path)
+    write(path, document)
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
+    reloaded = threading.Event()
+    before: dict[str, object] = {}
+
+    def reload_once(page_num: int) -> None:
+        if page_num == 6 and not reloaded.is_set():
+            reloaded.set()
+            before.update({job.id: job.next_run_time for job in daemon.scheduler.get_jobs()})
+            write(path, document | {"budgets": [{"name": "monthly", "amount": "30000"}]})
+            threading.Thread(target=daemon.reload, daemon=True).start()
+
+    sim.before_usage_page = reload_once
+    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    daemon.start()
+    try:
+        url = daemon.server.url
+        wait_for(lambda: reloaded.is_set(), timeout=30)
+        wait_for(lambda: daemon.config.budgets[0].amount == 30000)
+        after = {job.id: job.next_run_time for job in daemon.scheduler.get_jobs()}
+        assert after["bills"] == before["bills"]  # not re-run at once
+        wait_for(lambda: requests.get(f"{url}/readyz", timeout=5).status_code == 200, timeout=30)
+        assert sum(named(scrape(url), "inference_usage_requests_total").values()) == 2400
+    finally:
+        daemon.stop(grace=5)
+    assert not [r for r in caplog.records if "abandoned" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def alerting_document(
+    sim: Simulator, server: SimulatorServer, tmp_path: Path, notifiers: list[dict], **rule: object
+) -> dict:
+    return {
+        "billing": billing_section(sim, server, usage_interval="200ms", bills_interval="300ms", page_size=100),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {
+            "evaluation_interval": "200ms",
+            "rules": [{"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": "0"} | rule],
+            "notifiers": notifiers,
+        },
+    }
+
+
+def test_a_dripping_receiver_delays_only_itself(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    drip = DripReceiver(interval=0.3)
+    sim.add_usage(500)
+    notifiers = [
+        {"name": "drip", "type": "webhook", "url": drip.url},
+        {"name": "hook", "type": "webhook", "url": receiver.url},
+    ]
+    document = alerting_document(sim, server, tmp_path, notifiers)
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.dispatcher.deadline = 1.0
+    caplog.set_level(logging.INFO)
+    daemon.start()
+    watcher = Watcher(daemon)
+    try:
+        bodies = wait_for(receiver.bodies, timeout=15)
+        assert len(bodies) == 1
+        assert len(bodies[0]["alerts"]) == len(sim.endpoints)  # one message for the rule's three alerts
+        wait_for(lambda: daemon.dispatcher.failed["drip"] >= 1, timeout=15)
+        sim.add_usage(25)  # refreshes go on meanwhile: the new records show up
+        wait_for(lambda: sum(named(scrape(daemon.server.url), "inference_usage_requests_total").values()) == 525)
+        time.sleep(2)
+        assert drip.connections >= 1
+        assert daemon.dispatcher.sent["drip"] == 0
+        started = time.monotonic()
+    finally:
+        seen = watcher.stop()
+        stopped = daemon.stop(grace=5)
+        drip.stop()
+    assert stopped
+    assert time.monotonic() - started < 5
+    assert_truthful(seen, max_age=3.0)
+    failures = [r.getMessage() for r in caplog.records if "notification failed notifier=drip" in r.getMessage()]
+    assert failures
+    assert "no complete answer within 1s" in failures[0]
+
+
+def test_thousands_of_alerts_are_one_message_per_rule_and_change(
+    server: SimulatorServer, sim: Simulator, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    sim.endpoints = tuple(Endpoint(f"ep-{n:05d}", "model-a", "proj-main") for n in range(1200))
+    notifiers = [
+        {"name": "hook", "type": "webhook", "url": f"{receiver.url}/hook"},
+        {"name": "chat", "type": "slack", "url": f"{receiver.url}/slack"},
+        {"name": "pager", "type": "pagerduty", "routing_key": "rk", "url": f"{receiver.url}/pd"},
+    ]
+    document = alerting_document(sim, server, tmp_path, notifiers)
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start(schedule=False)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        (hook,) = receiver.bodies("/hook")
+        assert hook["status"] == "firing"
+        assert len(hook["alerts"]) == 100
+        assert hook["truncatedAlerts"] == 1100
+        assert hook["commonLabels"] == {"alertname": "SpendHigh"}
+        (slack,) = receiver.bodies("/slack")
+        assert slack["text"] == "[FIRING] SpendHigh: 1200 alerts"
+        assert "and 1190 more" in slack["blocks"][0]["text"]["text"]
+        (pager,) = receiver.bodies("/pd")
+        assert pager["event_action"] == "trigger"
+        assert pager["payload"]["custom_details"]["total"] == 1200
+
+        for endpoint in sim.endpoints[:700]:  # some resolve, the others go on firing
+            for item in ITEMS:
+                sim.revise_bill(clock.today(), endpoint.endpoint_id, item, Decimal(0))
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        resolved = receiver.bodies("/hook")[1:]
+        assert [(b["status"], b["truncatedAlerts"] + len(b["alerts"])) for b in resolved] == [("resolved", 700)]
+        assert len(receiver.bodies("/slack")) == 2
+        assert len(receiver.bodies("/pd")) == 1  # the incident stays open: 500 alerts still fire
+
+        for endpoint in sim.endpoints[700:]:
+            for item in ITEMS:
+                sim.revise_bill(clock.today(), endpoint.endpoint_id, item, Decimal(0))
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        last = receiver.bodies("/pd")[-1]
+        assert (last["event_action"], last["dedup_key"]) == ("resolve", pager["dedup_key"])
+        assert len(receiver.bodies("/hook")) == 3
+        series = scrape(daemon.server.url)
+        assert value(series, "inference_alert_notifications_total", notifier="hook") == 3
+    finally:
+        daemon.stop()
+
+
+def test_a_redirect_is_a_failure_that_names_the_location(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    receiver.redirect_to = "http://127.0.0.1:9/elsewhere"
+    notifiers = [{"name": "hook", "type": "webhook", "url": receiver.url}]
+    daemon = Daemon(
+        validate(alerting_document(sim, server, tmp_path, notifiers), {}), clock=clock, listen="127.0.0.1:0"
+    )
+    caplog.set_level(logging.INFO)
+    daemon.start(schedule=False)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert receiver.attempts == 1
+        assert receiver.gets == 0
+        assert receiver.bodies() == []
+        assert daemon.dispatcher.sent["hook"] == 0
+        assert daemon.dispatcher.failed["hook"] == 1
+        assert daemon.dispatcher.pending() == {"hook": 1}
+    finally:
+        daemon.stop()
+    (line,) = [r.getMessage() for r in caplog.records if "notification failed notifier=hook" in r.getMessage()]
+    assert "HTTP 302 (redirect to http://127.0.0.1:9/elsewhere" in line
+
+
+def probe_document(
+    sim: Simulator, server: SimulatorServer, tmp_path: Path, probes: list[str], receiver: Receiver
+) -> dict:
+    return {
+        "billing": billing_section(sim, server),
+        "inference": {"url": server.url, "api_key": sim.api_key},
+        "probes": [{"name": name, "model": sim.endpoints[0].endpoint_id, "interval": "1h"} for name in probes],
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {
+            "rules": [{"alert": "ProbeDown", "signal": "probe_success", "by": ["probe"], "op": "<", "threshold": 1}],
+            "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+        },
+    }
+
+
+def test_an_alert_whose_probe_is_removed_resolves(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    from exporter.simulator import Fault
+
+    path = tmp_path / "config.yaml"
+    document = probe_document(sim, server, tmp_path, ["broken", "fine"], receiver)
+    write(path, document)
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    try:
+        sim.inject(Fault("status", "/v1/chat/completions", status=503))
+        assert daemon.refresh("probe:broken")
+        assert daemon.refresh("probe:fine")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [(b["status"], b["alerts"][0]["labels"]["probe"]) for b in receiver.bodies()] == [("firing", "broken")]
+        write(path, probe_document(sim, server, tmp_path, ["fine"], receiver))
+        assert daemon.reload()
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [b["status"] for b in receiver.bodies()] == ["firing", "resolved"]
+        assert named(scrape(daemon.server.url), "inference_alerts") == {}
+    finally:
+        daemon.stop()
+
+
+def test_a_probe_rule_with_no_probe_left_is_refused(
+    sim: Simulator, server: SimulatorServer, tmp_path: Path, receiver: Receiver
+) -> None:
+    from exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"alerts.rules\[0\] \(ProbeDown\): signal 'probe_success' needs a probe"):
+        validate(probe_document(sim, server, tmp_path, [], receiver), {})
+    document = probe_document(sim, server, tmp_path, ["fine"], receiver)
+    document["alerts"]["rules"][0]["where"] = {"probe": "fien"}
+    with pytest.raises(ConfigError, match=r"where probe='fien' matches nothing \(known: fine\)"):
+        validate(document, {})

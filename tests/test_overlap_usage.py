@@ -1,0 +1,165 @@
+"""Usage sync when the list changes while it is being read: appends in both orders, repeated ids.
+
+Each case checks the figures against the simulator afterwards: every request counted exactly
+once, none missed, whatever the timing of the change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.billing import BillingClient, RecordError, RetryPolicy
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.simulator import Simulator, SimulatorServer
+from exporter.state import StateStore
+from exporter.usage_sync import SeenIds, UsageSync
+from tests.conftest import billing_section
+from tests.test_usage_sync import PAGE, PageCounter, as_truth
+
+USAGES = "/api/v1/usages/details"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StateStore]:
+    store = StateStore(tmp_path / "state.db")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def client(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterator[BillingClient]:
+    config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
+    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
+        yield client
+
+
+def distinct_truth(sim: Simulator) -> dict[tuple[str, str], dict[str, int]]:
+    """The simulator's totals with each request id counted once."""
+    totals: dict[tuple[str, str], dict[str, int]] = {}
+    seen: set[str] = set()
+    for r in sim.usage_records(sim.clock.today()):
+        if r["requestId"] in seen:
+            continue
+        seen.add(r["requestId"])
+        t = totals.setdefault(
+            (r["endpoint"], r["model"]), dict.fromkeys(("requests", "prompt", "completion", "cached"), 0)
+        )
+        t["requests"] += 1
+        t["prompt"] += r["promptTokens"]
+        t["completion"] += r["completionTokens"]
+        t["cached"] += r["promptCachedTokens"]
+    return totals
+
+
+def append_when_served(sim: Simulator, page: int, count: int) -> None:
+    """Add `count` records once, just before `page` is served (a parallel read is under way)."""
+    fired = []
+
+    def hook(page_num: int) -> None:
+        if page_num == page and not fired:
+            fired.append(page_num)
+            sim.add_usage(count)
+
+    sim.before_usage_page = hook
+
+
+@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
+@pytest.mark.parametrize("during", ["first", "incremental"])
+@pytest.mark.parametrize("page", [2, 5, 9])
+def test_records_arriving_during_a_parallel_read_are_counted_once(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, newest_first: bool, during: str, page: int
+) -> None:
+    if newest_first:
+        sim.list_newest_first()
+    sim.add_usage(850)
+    sync = UsageSync(client, clock, store, per_api_key=False)
+    if during == "incremental":
+        sync.refresh()
+        sim.add_usage(600)  # the next poll reads pages 9 to 15 in parallel (oldest first)
+        page = page if newest_first else {2: 10, 5: 12, 9: 15}[page]
+    append_when_served(sim, page, 37)
+    snapshot = sync.refresh()
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.records == sum(t["requests"] for t in sim.usage_totals().values())
+    sim.before_usage_page = None
+    again = sync.refresh()  # and the next poll agrees
+    assert as_truth(again) == sim.usage_totals()
+
+
+def test_a_request_the_api_lists_twice_is_counted_once(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(730)
+    sim.repeat_usage(position=120, at=455)  # the same request on page 2 and on page 5; `total` counts both
+    sync = UsageSync(client, clock, store, per_api_key=False)
+    snapshot = sync.refresh()
+    assert snapshot.records == 730
+    assert as_truth(snapshot) == distinct_truth(sim)
+    assert as_truth(snapshot) != sim.usage_totals()  # the naive sum would count it twice
+    sim.add_usage(40)
+    counter = PageCounter(sim)
+    polled = sync.refresh()
+    assert as_truth(polled) == distinct_truth(sim)
+    assert counter.pages <= math.ceil(40 / PAGE) + 2
+    assert polled.resyncs == 0
+
+
+def test_a_new_record_repeating_a_counted_id_is_counted_once(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(300)
+    sync = UsageSync(client, clock, store, per_api_key=False)
+    sync.refresh()
+    sim.add_usage(10)
+    sim.repeat_usage(position=5, at=305)  # an old request listed again among the new ones
+    snapshot = sync.refresh()
+    assert snapshot.records == 310
+    assert as_truth(snapshot) == distinct_truth(sim)
+
+
+def test_the_ids_seen_survive_a_restart(sim: Simulator, client: BillingClient, clock: Clock, tmp_path: Path) -> None:
+    sim.add_usage(420)
+    store = StateStore(tmp_path / "state.db")
+    UsageSync(client, clock, store, per_api_key=False).refresh()
+    store.close()
+    sim.add_usage(10)
+    sim.repeat_usage(position=3, at=425)  # a request counted before the restart, listed again after it
+    reopened = StateStore(tmp_path / "state.db")
+    try:
+        counter = PageCounter(sim)
+        snapshot = UsageSync(client, clock, reopened, per_api_key=False).refresh()
+    finally:
+        reopened.close()
+    assert snapshot.records == 430
+    assert as_truth(snapshot) == distinct_truth(sim)
+    assert counter.pages > 2  # the repeat sent it back to a full read, which counts each request once
+
+
+def test_a_list_that_keeps_moving_fails_the_refresh_rather_than_guessing(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.list_newest_first()
+    sim.add_usage(600)
+    sim.before_usage_page = lambda page_num: sim.add_usage(3) if page_num == 4 else None  # on every read
+    with pytest.raises(RecordError, match="records moved while the pages were read"):
+        UsageSync(client, clock, store, per_api_key=False).refresh()
+
+
+def test_seen_ids_remember_exactly_what_was_added() -> None:
+    seen = SeenIds()
+    ids = [f"req-{n:09d}" for n in range(20_000)]
+    assert all(seen.add(i) for i in ids)
+    assert not any(seen.add(i) for i in ids[::7])
+    assert seen.count == 20_000
+    restored = SeenIds.from_bytes(seen.to_bytes())
+    assert restored.count == 20_000
+    assert not restored.add(ids[12_345])
+    assert restored.add("req-new")
+    copy = restored.copy()
+    assert copy.add("req-only-in-the-copy")
+    assert restored.add("req-only-in-the-copy")  # the copy is its own

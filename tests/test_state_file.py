@@ -1,0 +1,442 @@
+"""The state file's faults: a second exporter on it, corrupt or truncated, read-only, full, deleted or
+replaced while running. Real files in tmp_path; the `run` command as a real process."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.simulator import Simulator, SimulatorServer
+from exporter.state import AlertStore, StateError, StateStore, UsageCursor
+from tests.helpers import free_port, wait_for
+from tests.test_cli import ready, run, spawn, write_config
+
+DAY = dt.date(2026, 11, 22)
+KEEP_FROM = dt.date(2026, 11, 1)
+
+
+def usage_rows(n: int, tag: str = "") -> list[tuple[str, str, str, int, int, int, int]]:
+    return [(f"ep-{i}{tag}", "model-a", "sk-1", i, 2 * i, 3 * i, i) for i in range(n)]
+
+
+def save_day(store: StateStore, day: dt.date, rows: int = 3, tag: str = "") -> None:
+    store.save_usage(UsageCursor(day, "settings", rows, f"id-{rows}", "fp"), usage_rows(rows, tag), 1.0, KEEP_FROM)
+
+
+def add_alert(store: StateStore, key: str) -> None:
+    with store.transaction() as db:
+        AlertStore.save_state(db, key, "rule", f'{{"key": "{key}"}}')
+        AlertStore.mark_sent(db, key, "hook", 1.0)
+        AlertStore.enqueue(db, "hook", f"firing {key}", 1.0)
+
+
+def write_real_state(path: Path) -> None:
+    """A state file as the daemon leaves it: usage rows, alerts, the outbox; closed cleanly."""
+    store = StateStore(path)
+    save_day(store, DAY, rows=400)
+    save_day(store, DAY + dt.timedelta(days=1), rows=400)
+    for n in range(40):
+        add_alert(store, f"alert-{n}")
+    store.close()
+    assert not os.path.exists(f"{path}-wal")  # all of it is in the file itself
+
+
+def contents(store: StateStore) -> tuple[object, ...]:
+    alerts = AlertStore(store)
+    return (
+        store.load_usage(DAY),
+        store.load_usage(DAY + dt.timedelta(days=1)),
+        alerts.load_states(),
+        alerts.load_sent(),
+        alerts.pending_count(),
+    )
+
+
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """Make a file or directory read-only, even for root (who ignores the permission bits): then with
+    the immutable attribute."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("running as root, which ignores file permissions, and chattr is not installed")
+    made = subprocess.run([chattr, "+i", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"running as root, and this file system has no immutable attribute: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
+# -- one exporter per file --
+
+
+def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = StateStore(path)
+    assert Path(f"{path}.lock").read_text().strip() == str(os.getpid())
+    with pytest.raises(StateError) as refused:
+        StateStore(path)
+    assert str(refused.value) == (
+        f"state file {path} is in use by another exporter (pid {os.getpid()}); each exporter needs its own state.path"
+    )
+    save_day(first, DAY)  # the refusal did not disturb the holder
+    first.close()
+    second = StateStore(path)
+    assert second.load_usage(DAY) is not None
+    second.close()
+
+
+def test_a_deleted_lock_file_is_locked_again_at_the_next_write(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    os.remove(f"{path}.lock")
+    save_day(store, DAY)
+    assert Path(f"{path}.lock").read_text().strip() == str(os.getpid())
+    with pytest.raises(StateError, match="in use by another exporter"):
+        StateStore(path)
+
+    os.remove(f"{path}.lock")
+    intruder = StateStore(path)  # in the gap before the next write: it gets the new lock file
+    with pytest.raises(StateError, match=f"state file {path} is in use by another exporter"):
+        save_day(store, DAY)
+    store.close()
+    intruder.close()
+
+
+def test_a_memory_store_takes_no_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    one, two = StateStore(":memory:"), StateStore(":memory:")
+    save_day(one, DAY)
+    assert two.load_usage(DAY) is None
+    one.close()
+    two.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- start-up --
+
+
+def corrupt_file(path: Path, kind: str) -> bytes:
+    if kind == "random":
+        path.write_bytes(os.urandom(64 * 1024))
+    else:
+        write_real_state(path)
+        os.truncate(path, path.stat().st_size // 2)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated"])
+def test_a_corrupt_file_is_refused_naming_it(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "state.db"
+    original = corrupt_file(path, kind)
+    with pytest.raises(StateError) as refused:
+        StateStore(path)
+    message = str(refused.value)
+    assert message.startswith(f"state file {path} ")
+    fault = "is not a SQLite database (file is not a database)" if kind == "random" else "is corrupt ("
+    assert fault in message
+    assert message.endswith("; move it aside or start with --reset-state")
+    assert refused.value.corrupt
+    assert path.read_bytes() == original
+    StateStore(tmp_path / "other.db").close()  # the refused store let go of nothing it should keep
+    with pytest.raises(StateError, match=r"corrupt|not a SQLite"):
+        StateStore(path)  # and released its lock: the same refusal, not "in use"
+
+
+def test_reset_moves_a_corrupt_file_aside_and_starts_afresh(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "state.db"
+    original = corrupt_file(path, "truncated")
+    with caplog.at_level(logging.WARNING, logger="exporter.state"):
+        store = StateStore(path, reset=True)
+    assert store.moved_aside is not None
+    [aside] = tmp_path.glob("state.db.corrupt-*[0-9]")
+    assert str(aside) == store.moved_aside
+    assert aside.read_bytes() == original
+    assert store.load_usage(DAY) is None
+    save_day(store, DAY)
+    store.close()
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert str(path) in warning
+    assert str(aside) in warning
+
+    kept = StateStore(path, reset=True)  # a sound file is not moved aside
+    assert kept.moved_aside is None
+    assert kept.load_usage(DAY) is not None
+    kept.close()
+
+
+@pytest.mark.parametrize("what", ["file", "directory", "directory without a lock file"])
+def test_a_read_only_file_or_directory_is_refused_at_start(tmp_path: Path, what: str) -> None:
+    directory = tmp_path / "state"
+    directory.mkdir()
+    path = directory / "state.db"
+    write_real_state(path)
+    if what == "directory without a lock file":
+        os.remove(f"{path}.lock")
+    with read_only(path if what == "file" else directory), pytest.raises(StateError) as refused:
+        StateStore(path)
+    assert str(path) in str(refused.value)
+    assert "read-only" in str(refused.value)
+    store = StateStore(path)  # writable again: it opens, with everything in it
+    assert store.load_usage(DAY) is not None
+    store.close()
+
+
+def test_a_state_directory_that_cannot_be_created_is_named(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "state.db"
+    with pytest.raises(StateError) as refused:
+        StateStore(path)
+    assert str(refused.value).startswith(f"state file {path}: cannot create its directory {tmp_path / 'file'} (")
+
+
+# -- running --
+
+
+def test_a_write_failure_names_the_file_rolls_back_and_the_next_write_succeeds(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY, rows=3)
+    before = contents(store)
+
+    store._db.execute("PRAGMA query_only = ON")  # what a file gone read-only under us does
+    with pytest.raises(StateError) as refused:
+        save_day(store, DAY, rows=5)
+    assert str(refused.value) == f"state file {path} is read-only (attempt to write a readonly database)"
+    store._db.execute("PRAGMA query_only = OFF")
+    save_day(store, DAY, rows=4)
+    assert store.load_usage(DAY)[0].records == 4  # type: ignore[index]
+    before = contents(store)
+
+    (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # what a full disk does, part-way through
+    with pytest.raises(StateError) as full:
+        save_day(store, DAY, rows=20_000)
+    assert str(full.value) == f"state file {path} cannot be written: the disk is full (database or disk is full)"
+    with pytest.raises(StateError, match="disk is full"):
+        add_alert(store, "too-much" * 100_000)
+    assert contents(store) == before  # rolled back: nothing half-written
+    assert not store._db.in_transaction
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+    save_day(store, DAY, rows=20_000)
+    add_alert(store, "after")
+    store.close()
+    reopened = StateStore(path)
+    assert reopened.load_usage(DAY)[0].records == 20_000  # type: ignore[index]
+    assert "after" in AlertStore(reopened).load_states()
+    reopened.close()
+
+
+def test_reads_raise_state_errors_not_sqlite_errors(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    for table in ("usage_cursor", "alert_state", "alert_sent", "budget_tiers", "outbox"):
+        store._db.execute(f"DROP TABLE {table}")
+    alerts = AlertStore(store)
+    for read in (
+        lambda: store.load_usage(DAY),
+        alerts.load_states,
+        alerts.load_sent,
+        lambda: alerts.tiers_fired("rule", "2026-11"),
+        lambda: alerts.head("hook"),
+        alerts.pending_count,
+        lambda: alerts.delivered(1, 1.0),
+    ):
+        with pytest.raises(StateError, match=f"^state file {path} failed \\(no such table: "):
+            read()
+    store.close()
+
+
+def rows_in_file(path: Path) -> tuple[int, int, int, int]:
+    """What another process would find in the file now (a crash of ours would leave just that)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        counts = tuple(
+            db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608 (our own table names)
+            for table in ("usage_cursor", "usage_totals", "alert_state", "outbox")
+        )
+    finally:
+        db.close()
+    return counts  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    "deleted", ["the file alone", "file, -wal and -shm", "the -wal journal alone", "the whole directory"]
+)
+def test_a_file_deleted_while_running_is_recreated_with_every_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, deleted: str
+) -> None:
+    directory = tmp_path / "state"
+    path = directory / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY, rows=5)
+    add_alert(store, "before")
+    if deleted == "the whole directory":
+        shutil.rmtree(directory)
+    else:
+        suffixes = {"the file alone": [""], "the -wal journal alone": ["-wal"]}.get(deleted, ["", "-wal", "-shm"])
+        for suffix in suffixes:  # "the file alone" leaves the -wal and -shm the open connection still uses
+            os.remove(f"{path}{suffix}")
+    with caplog.at_level(logging.WARNING, logger="exporter.state"):
+        save_day(store, DAY + dt.timedelta(days=1), rows=7)
+    add_alert(store, "after")
+    assert path.exists()
+    assert rows_in_file(path) == (2, 12, 2, 2)  # before and after the deletion, in the file itself
+    warnings = [r.getMessage() for r in caplog.records]
+    [warning] = [w for w in warnings if "recreated it from the open copy" in w]
+    assert str(path) in warning
+    assert "was deleted while running" in warning
+    if deleted == "the whole directory":  # the lock file went too: taken again
+        assert f"state lock file {path}.lock was deleted while running; locked it again" in warnings
+    with pytest.raises(StateError, match="in use"):
+        StateStore(path)  # still locked
+    store.close()
+
+    reopened = StateStore(path)
+    usage, next_day, states, sent, pending = contents(reopened)
+    assert usage[1] == usage_rows(5)  # type: ignore[index]
+    assert next_day[1] == usage_rows(7)  # type: ignore[index]
+    assert set(states) == {"before", "after"}
+    assert set(sent) == {("before", "hook"), ("after", "hook")}
+    assert pending == {"hook": 2}
+    reopened.close()
+    assert not list(directory.glob("*.recreating*"))
+
+
+def test_a_file_deleted_after_the_last_write_is_written_back_on_close(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY, rows=5)
+    add_alert(store, "firing")
+    for suffix in ("", "-wal", "-shm"):
+        os.remove(f"{path}{suffix}")
+    store.close()
+    reopened = StateStore(path)
+    assert reopened.load_usage(DAY) is not None
+    assert set(AlertStore(reopened).load_states()) == {"firing"}  # not re-sent as new after the restart
+    reopened.close()
+
+
+def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY)
+    other = tmp_path / "other.db"
+    write_real_state(other)
+    os.replace(other, path)
+    original = path.read_bytes()
+    with pytest.raises(StateError) as refused:
+        save_day(store, DAY, rows=9)
+    assert str(refused.value).startswith(f"state file {path} was replaced while running")
+    assert path.read_bytes() == original
+    os.remove(path)  # removing the stranger lets this store put its own file back
+    save_day(store, DAY, rows=9)
+    store.close()
+    reopened = StateStore(path)
+    assert reopened.load_usage(DAY)[0].records == 9  # type: ignore[index]
+    reopened.close()
+
+
+# -- the run command --
+
+
+@pytest.fixture
+def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    """A simulator on the real clock, since the command signs with the real time."""
+    sim = Simulator()
+    server = sim.serve()
+    yield sim, server
+    server.stop()
+
+
+def run_config(tmp_path: Path, live: tuple[Simulator, SimulatorServer], state: Path) -> tuple[Path, dict[str, str]]:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["state"] = {"path": str(state)}
+    config.write_text(yaml.safe_dump(document))
+    return config, {"TEST_BILLING_SECRET": sim.secret_access_key}
+
+
+def test_run_twice_on_one_state_file_refuses_the_second(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    state = tmp_path / "state.db"
+    config, env = run_config(tmp_path, live, state)
+    first, url = spawn("run", "--config", str(config), env=env)
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        second = run("run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}", env=env)
+        assert second.returncode == 1
+        assert second.stderr.splitlines() == [
+            f"inference-cost-exporter: state file {state} is in use by another exporter (pid {first.pid}); "
+            "each exporter needs its own state.path"
+        ]
+        assert ready(url)
+        assert first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=15) == 0
+    finally:
+        first.kill()
+        first.communicate()
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated"])
+def test_run_refuses_a_corrupt_state_file_and_moves_it_aside_when_told(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer], kind: str
+) -> None:
+    state = tmp_path / "state.db"
+    original = corrupt_file(state, kind)
+    config, env = run_config(tmp_path, live, state)
+    refused = run("run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}", env=env)
+    assert refused.returncode == 1
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"inference-cost-exporter: state file {state} ")
+    assert line.endswith("; move it aside or start with --reset-state")
+    assert state.read_bytes() == original
+
+    process, url = spawn("run", "--config", str(config), "--reset-state", env=env)
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        _, stderr = process.communicate()
+    [aside] = tmp_path.glob("state.db.corrupt-*[0-9]")
+    assert aside.read_bytes() == original
+    assert any(str(state) in line and str(aside) in line for line in stderr.splitlines()), stderr
+    assert "Traceback" not in stderr
+    reopened = StateStore(state)  # the fresh file the daemon used, closed cleanly
+    reopened.close()
+
+
+def test_run_names_a_state_directory_it_cannot_create(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
+    (tmp_path / "file").write_text("")
+    state = tmp_path / "file" / "state.db"
+    config, env = run_config(tmp_path, live, state)
+    result = run("run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}", env=env)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"inference-cost-exporter: state file {state}: cannot create its directory ")
+    assert "cannot listen" not in line
