@@ -87,7 +87,6 @@ def write(path: Path, document: dict) -> None:
 @pytest.fixture
 def slow_sim(sim: Simulator) -> Simulator:
     sim.latency = 0.1  # every billing request takes 100 ms: a day's read takes a while
-    sim.add_usage(2400)
     return sim
 
 
@@ -100,14 +99,23 @@ def reload_document(sim: Simulator, server: SimulatorServer, tmp_path: Path, **b
     }
 
 
-@pytest.mark.parametrize("page", [1, 6, 24], ids=["first-page", "parallel-pages", "last-page"])
+PHASES = {
+    "first-page": (2400, 2, 1),
+    "parallel-pages": (2400, 2, 6),
+    "last-page": (2400, 2, 24),
+    "all-submitted-some-queued": (500, 1, 2),  # pages 2-5 submitted at once, 4 and 5 still queued
+}
+
+
+@pytest.mark.parametrize(("records", "concurrency", "page"), PHASES.values(), ids=PHASES.keys())
 def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
     slow_sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-    page: int,
+    records: int, concurrency: int, page: int,
 ) -> None:  # fmt: skip
     sim = slow_sim
+    sim.add_usage(records)
     path = tmp_path / "config.yaml"
-    document = reload_document(sim, server, tmp_path)
+    document = reload_document(sim, server, tmp_path, concurrency=concurrency)
     write(path, document)
     daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
     reloaded = threading.Event()
@@ -116,7 +124,7 @@ def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
     def reload_once(page_num: int) -> None:
         if page_num == page and not reloaded.is_set():
             reloaded.set()
-            write(path, reload_document(sim, server, tmp_path, concurrency=3))  # `billing` changes
+            write(path, reload_document(sim, server, tmp_path, concurrency=concurrency + 1))  # `billing` changes
             reload_at.append(time.monotonic())
             threading.Thread(target=daemon.reload, daemon=True).start()
 
@@ -134,14 +142,14 @@ def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
         wait_for(lambda: requests.get(f"{url}/readyz", timeout=5).status_code == 200, timeout=30)
         series = wait_for(lambda: (s := scrape(url)) and sum(named(s, "inference_usage_requests_total").values()) and s)
         assert value(series, "inference_exporter_refresh_success", source="usage") == 1
-        assert sum(named(series, "inference_usage_requests_total").values()) == 2400
-        assert daemon.config.billing.concurrency == 3
+        assert sum(named(series, "inference_usage_requests_total").values()) == records
+        assert daemon.config.billing.concurrency == concurrency + 1
         time.sleep(1.5)  # and it keeps refreshing with the new client
     finally:
         seen = watcher.stop()
         daemon.stop(grace=5)
     assert_truthful(seen, max_age=8.0)
-    assert {s[3] for s in seen if s[3] is not None} == {2400}  # never a partial figure
+    assert {s[3] for s in seen if s[3] is not None} == {records}  # never a partial figure
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -149,6 +157,7 @@ def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stan
     slow_sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim = slow_sim
+    sim.add_usage(2400)
     path = tmp_path / "config.yaml"
     document = reload_document(sim, server, tmp_path)
     write(path, document)

@@ -7,12 +7,15 @@ once, none missed, whatever the timing of the change.
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from requests.auth import AuthBase
 
-from exporter.billing import BillingClient, RecordError, RetryPolicy
+from exporter.billing import BillingClient, ClientClosed, RecordError, RetryPolicy
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.simulator import Simulator, SimulatorServer
@@ -163,3 +166,58 @@ def test_seen_ids_remember_exactly_what_was_added() -> None:
     copy = restored.copy()
     assert copy.add("req-only-in-the-copy")
     assert restored.add("req-only-in-the-copy")  # the copy is its own
+
+
+@pytest.mark.parametrize("page", [3, 7])
+def test_a_change_at_the_head_during_a_parallel_read_is_caught(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, page: int
+) -> None:
+    """Newest first: one record goes and a new one arrives at the head while later pages are read.
+    `total` is unchanged, nothing repeats, nothing else moves: only reading the first page again
+    shows that the list changed (the new record would be missed, the gone one counted)."""
+    sim.list_newest_first()
+    sim.add_usage(950)
+    fired = []
+
+    def replace_head_once(page_num: int) -> None:
+        if page_num == page and not fired:
+            fired.append(page_num)
+            sim.remove_usage([0])
+            sim.add_usage(1)
+
+    sim.before_usage_page = replace_head_once
+    snapshot = UsageSync(client, clock, store, per_api_key=False).refresh()
+    assert fired
+    assert snapshot.records == 950
+    assert as_truth(snapshot) == sim.usage_totals()
+
+
+def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) -> None:
+    """Every page submitted, two running and three queued when the client closes: the close
+    cancels the queued ones, which never wake a wait by themselves; the read must end anyway."""
+    release = threading.Event()
+
+    def fetch(page_num: int) -> tuple[tuple[int, ...], int]:
+        if page_num > 1:
+            release.wait(10)  # pages 2 and 3 hold both workers; 4 to 6 stay queued
+        return (page_num,) * 2, 12
+
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.extend(client._pages(fetch, 1, 2))
+        except ClientClosed as closed:
+            outcome.append(closed)
+
+    client = BillingClient("http://127.0.0.1:9", AuthBase(), tz=clock.tz, page_size=2, concurrency=1)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.3)  # pages 2 and 3 running, 4 to 6 queued
+    started = time.monotonic()
+    client.close()
+    reader.join(5)
+    release.set()
+    assert not reader.is_alive(), "the read still waits on pages the close cancelled"
+    assert time.monotonic() - started < 2
+    assert isinstance(outcome[-1], ClientClosed)
