@@ -19,7 +19,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -496,13 +496,25 @@ class StateStore:
         return bytes(row[0]) if row else b""
 
     def save_usage(
-        self, cursor: UsageCursor, totals: list[UsageRow], updated: float, keep_from: dt.date, *, ids: bytes = b""
+        self,
+        cursor: UsageCursor,
+        totals: list[UsageRow],
+        updated: float,
+        keep_from: dt.date,
+        *,
+        ids: Sequence[memoryview] = (),
     ) -> None:
-        """Replace a day's cursor, totals and request ids seen in one transaction; forget days
-        before `keep_from`."""
+        """Replace a day's cursor, totals and request ids seen (in chunks, written into the blob one
+        after the other: no copy of the whole) in one transaction; forget days before `keep_from`."""
         day = cursor.day.isoformat()
         with self.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO usage_ids VALUES (?, ?)", (day, ids))
+            db.execute(
+                "INSERT OR REPLACE INTO usage_ids (day, ids) VALUES (?, zeroblob(?))", (day, sum(c.nbytes for c in ids))
+            )
+            (rowid,) = db.execute("SELECT rowid FROM usage_ids WHERE day = ?", (day,)).fetchone()
+            with db.blobopen("usage_ids", "ids", rowid) as blob:
+                for chunk in ids:
+                    blob.write(chunk)
             db.execute("DELETE FROM usage_ids WHERE day < ?", (keep_from.isoformat(),))
             db.execute(
                 "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -66,8 +66,9 @@ class SeenIds:
     def copy(self) -> SeenIds:
         return SeenIds([array("Q", bucket) for bucket in self._buckets])
 
-    def to_bytes(self) -> bytes:
-        return b"".join(bucket.tobytes() for bucket in self._buckets)
+    def chunks(self) -> list[memoryview]:
+        """The digests, in order, as views (for writing out without a copy of the whole)."""
+        return [memoryview(bucket) for bucket in self._buckets if bucket]
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
@@ -291,7 +292,7 @@ class UsageSync:
     def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
         keep_from = self.clock.today() - dt.timedelta(days=1)
         self.state.save_usage(
-            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.to_bytes()
+            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.chunks()
         )
 
     # -- the refresh --
@@ -352,7 +353,7 @@ class UsageSync:
         ):
             # Records were removed upstream: the counters reset here, and `created` says when.
             self._created = self.clock.now().timestamp()
-        self._cursor = self._cursor_after(today, aggregate, boundary)
-        self._save(self._cursor, aggregate)
-        self._aggregate = aggregate
+        cursor = self._cursor_after(today, aggregate, boundary)
+        self._save(cursor, aggregate)  # first: if the state file refuses it, nothing here has moved
+        self._cursor, self._aggregate = cursor, aggregate
         return self._snapshot(today, aggregate, self._created)

@@ -214,7 +214,9 @@ def test_a_dripping_receiver_delays_only_itself(
         {"name": "hook", "type": "webhook", "url": receiver.url},
     ]
     document = alerting_document(sim, server, tmp_path, notifiers)
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    path = tmp_path / "config.yaml"
+    write(path, document)
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
     daemon.dispatcher.deadline = 1.0
     caplog.set_level(logging.INFO)
     daemon.start()
@@ -226,6 +228,9 @@ def test_a_dripping_receiver_delays_only_itself(
         wait_for(lambda: daemon.dispatcher.failed["drip"] >= 1, timeout=15)
         sim.add_usage(25)  # refreshes go on meanwhile: the new records show up
         wait_for(lambda: sum(named(scrape(daemon.server.url), "inference_usage_requests_total").values()) == 525)
+        document["alerts"]["repeat_interval"] = "2h"
+        write(path, document)
+        assert daemon.reload()  # a reload while the receiver drips neither waits on it nor stalls it
         time.sleep(2)
         assert drip.connections >= 1
         assert daemon.dispatcher.sent["drip"] == 0
@@ -376,3 +381,37 @@ def test_a_probe_rule_with_no_probe_left_is_refused(
     document["alerts"]["rules"][0]["where"] = {"probe": "fien"}
     with pytest.raises(ConfigError, match=r"where probe='fien' matches nothing \(known: fine\)"):
         validate(document, {})
+
+
+def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim.add_usage(300)
+    document = reload_document(sim, server, tmp_path)
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    daemon.start(schedule=False)
+    try:
+        url = daemon.server.url
+        assert daemon.refresh("usage")
+        daemon.alert_cycle()
+        assert value(scrape(url), "inference_exporter_state_write_success") == 1
+        daemon.state._db.execute("PRAGMA query_only = ON")  # as a file turned read-only would answer
+        sim.add_usage(20)
+        assert not daemon.refresh("usage")
+        series = scrape(url)
+        assert value(series, "inference_exporter_state_write_success") == 0
+        assert value(series, "inference_exporter_refresh_success", source="usage") == 0
+        assert sum(named(series, "inference_usage_requests_total").values()) == 300  # the last good figures
+        error = daemon.latest.health["usage"].error
+        assert f"state file {tmp_path / 'state.db'} is read-only" in error
+        daemon.state._db.execute("PRAGMA query_only = OFF")
+        assert daemon.refresh("usage")
+        series = scrape(url)
+        assert value(series, "inference_exporter_state_write_success") == 1
+        assert sum(named(series, "inference_usage_requests_total").values()) == 320
+        assert value(series, "inference_exporter_usage_resyncs_total") == 0  # it went on where it had stopped
+    finally:
+        daemon.stop()
+    failures = [r.getMessage() for r in caplog.records if "refresh failed source=usage" in r.getMessage()]
+    assert len(failures) == 1
