@@ -365,10 +365,17 @@ class Simulator:
             indices = list(self._usage.get(day, UsageDay()).indices())
         return (self.usage_record(day, i) for i in indices)
 
-    def usage_totals(self, day: dt.date | None = None) -> dict[tuple[str, str], dict[str, int]]:
-        """The simulator's own sums for a day, per (endpoint, model)."""
+    def usage_totals(
+        self, day: dt.date | None = None, *, distinct: bool = False
+    ) -> dict[tuple[str, str], dict[str, int]]:
+        """The simulator's own sums for a day, per (endpoint, model): of every record it lists, or
+        with `distinct`, of every request (one it lists twice counted once)."""
         totals: dict[tuple[str, str], dict[str, int]] = {}
+        seen: set[str] = set()
         for r in self.usage_records(day or self.clock.today()):
+            if distinct and r["requestId"] in seen:
+                continue
+            seen.add(r["requestId"])
             t = totals.setdefault(
                 (r["endpoint"], r["model"]), dict.fromkeys(("requests", "prompt", "completion", "cached"), 0)
             )

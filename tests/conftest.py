@@ -15,8 +15,11 @@ from exporter.billing import BillingClient, RetryPolicy
 from exporter.clock import Clock, FrozenClock
 from exporter.config import Config, validate
 from exporter.simulator import Simulator, SimulatorServer
+from exporter.state import StateStore
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
+PAGE = 100
+"""The usage page size of `small_pages`: small, so that a few hundred records span many pages."""
 DATA = Path(__file__).parent / "data"
 
 
@@ -67,6 +70,30 @@ class Sleeps(list[float]):
 @pytest.fixture
 def sleeps() -> Sleeps:
     return Sleeps()
+
+
+@pytest.fixture
+def small_pages(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterator[BillingClient]:
+    """A client reading usage in pages of PAGE, three at a time, retrying without waiting."""
+    config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
+    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
+        yield client
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StateStore]:
+    store = StateStore(tmp_path / "state.db")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    """A simulator on the real clock, for commands run as processes (they sign with the real time)."""
+    sim = Simulator()
+    server = sim.serve()
+    yield sim, server
+    server.stop()
 
 
 @pytest.fixture

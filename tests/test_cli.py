@@ -8,11 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
 import requests
 import yaml
 
@@ -21,15 +19,6 @@ from tests.helpers import Receiver, free_port, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
-
-
-@pytest.fixture
-def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
-    """A simulator on the real clock, since the command signs with the real time."""
-    sim = Simulator()
-    server = sim.serve()
-    yield sim, server
-    server.stop()
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

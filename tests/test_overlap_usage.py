@@ -9,54 +9,18 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from requests.auth import AuthBase
 
-from exporter.billing import BillingClient, ClientClosed, RecordError, RetryPolicy
+from exporter.billing import BillingClient, ClientClosed, RecordError
 from exporter.clock import Clock
-from exporter.config import validate
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.simulator import Simulator
 from exporter.state import StateStore
 from exporter.usage_sync import SeenIds, UsageSync
-from tests.conftest import billing_section
-from tests.test_usage_sync import PAGE, PageCounter, as_truth
-
-USAGES = "/api/v1/usages/details"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[StateStore]:
-    store = StateStore(tmp_path / "state.db")
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def client(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterator[BillingClient]:
-    config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
-    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
-        yield client
-
-
-def distinct_truth(sim: Simulator) -> dict[tuple[str, str], dict[str, int]]:
-    """The simulator's totals with each request id counted once."""
-    totals: dict[tuple[str, str], dict[str, int]] = {}
-    seen: set[str] = set()
-    for r in sim.usage_records(sim.clock.today()):
-        if r["requestId"] in seen:
-            continue
-        seen.add(r["requestId"])
-        t = totals.setdefault(
-            (r["endpoint"], r["model"]), dict.fromkeys(("requests", "prompt", "completion", "cached"), 0)
-        )
-        t["requests"] += 1
-        t["prompt"] += r["promptTokens"]
-        t["completion"] += r["completionTokens"]
-        t["cached"] += r["promptCachedTokens"]
-    return totals
+from tests.conftest import PAGE
+from tests.test_usage_sync import PageCounter, as_truth
 
 
 def append_when_served(sim: Simulator, page: int, count: int) -> None:
@@ -75,12 +39,18 @@ def append_when_served(sim: Simulator, page: int, count: int) -> None:
 @pytest.mark.parametrize("during", ["first", "incremental"])
 @pytest.mark.parametrize("page", [2, 5, 9])
 def test_records_arriving_during_a_parallel_read_are_counted_once(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, newest_first: bool, during: str, page: int
+    sim: Simulator,
+    small_pages: BillingClient,
+    clock: Clock,
+    store: StateStore,
+    newest_first: bool,
+    during: str,
+    page: int,
 ) -> None:
     if newest_first:
         sim.list_newest_first()
     sim.add_usage(850)
-    sync = UsageSync(client, clock, store, per_api_key=False)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
     if during == "incremental":
         sync.refresh()
         sim.add_usage(600)  # the next poll reads pages 9 to 15 in parallel (oldest first)
@@ -95,62 +65,64 @@ def test_records_arriving_during_a_parallel_read_are_counted_once(
 
 
 def test_a_request_the_api_lists_twice_is_counted_once(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(730)
     sim.repeat_usage(position=120, at=455)  # the same request on page 2 and on page 5; `total` counts both
-    sync = UsageSync(client, clock, store, per_api_key=False)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
     snapshot = sync.refresh()
     assert snapshot.records == 730
-    assert as_truth(snapshot) == distinct_truth(sim)
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
     assert as_truth(snapshot) != sim.usage_totals()  # the naive sum would count it twice
     sim.add_usage(40)
     counter = PageCounter(sim)
     polled = sync.refresh()
-    assert as_truth(polled) == distinct_truth(sim)
+    assert as_truth(polled) == sim.usage_totals(distinct=True)
     assert counter.pages <= math.ceil(40 / PAGE) + 2
     assert polled.resyncs == 0
 
 
 def test_a_new_record_repeating_a_counted_id_is_counted_once(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(300)
-    sync = UsageSync(client, clock, store, per_api_key=False)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
     sync.refresh()
     sim.add_usage(10)
     sim.repeat_usage(position=5, at=305)  # an old request listed again among the new ones
     snapshot = sync.refresh()
     assert snapshot.records == 310
-    assert as_truth(snapshot) == distinct_truth(sim)
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
 
 
-def test_the_ids_seen_survive_a_restart(sim: Simulator, client: BillingClient, clock: Clock, tmp_path: Path) -> None:
+def test_the_ids_seen_survive_a_restart(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path
+) -> None:
     sim.add_usage(420)
     store = StateStore(tmp_path / "state.db")
-    UsageSync(client, clock, store, per_api_key=False).refresh()
+    UsageSync(small_pages, clock, store, per_api_key=False).refresh()
     store.close()
     sim.add_usage(10)
     sim.repeat_usage(position=3, at=425)  # a request counted before the restart, listed again after it
     reopened = StateStore(tmp_path / "state.db")
     try:
         counter = PageCounter(sim)
-        snapshot = UsageSync(client, clock, reopened, per_api_key=False).refresh()
+        snapshot = UsageSync(small_pages, clock, reopened, per_api_key=False).refresh()
     finally:
         reopened.close()
     assert snapshot.records == 430
-    assert as_truth(snapshot) == distinct_truth(sim)
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
     assert counter.pages > 2  # the repeat sent it back to a full read, which counts each request once
 
 
 def test_a_list_that_keeps_moving_fails_the_refresh_rather_than_guessing(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
 ) -> None:
     sim.list_newest_first()
     sim.add_usage(600)
     sim.before_usage_page = lambda page_num: sim.add_usage(3) if page_num == 4 else None  # on every read
     with pytest.raises(RecordError, match="records moved while the pages were read"):
-        UsageSync(client, clock, store, per_api_key=False).refresh()
+        UsageSync(small_pages, clock, store, per_api_key=False).refresh()
 
 
 def test_seen_ids_remember_exactly_what_was_added() -> None:
@@ -170,7 +142,7 @@ def test_seen_ids_remember_exactly_what_was_added() -> None:
 
 @pytest.mark.parametrize("page", [3, 7])
 def test_a_change_at_the_head_during_a_parallel_read_is_caught(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, page: int
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, page: int
 ) -> None:
     """Newest first: one record goes and a new one arrives at the head while later pages are read.
     `total` is unchanged, nothing repeats, nothing else moves: only reading the first page again
@@ -186,7 +158,7 @@ def test_a_change_at_the_head_during_a_parallel_read_is_caught(
             sim.add_usage(1)
 
     sim.before_usage_page = replace_head_once
-    snapshot = UsageSync(client, clock, store, per_api_key=False).refresh()
+    snapshot = UsageSync(small_pages, clock, store, per_api_key=False).refresh()
     assert fired
     assert snapshot.records == 950
     assert as_truth(snapshot) == sim.usage_totals()

@@ -360,15 +360,6 @@ def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> No
 # -- the run command --
 
 
-@pytest.fixture
-def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
-    """A simulator on the real clock, since the command signs with the real time."""
-    sim = Simulator()
-    server = sim.serve()
-    yield sim, server
-    server.stop()
-
-
 def run_config(tmp_path: Path, live: tuple[Simulator, SimulatorServer], state: Path) -> tuple[Path, dict[str, str]]:
     sim, server = live
     config = write_config(tmp_path, sim, server)

@@ -4,36 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exporter.billing import BillingClient, RetryPolicy
+from exporter.billing import BillingClient
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.snapshots import UsageSnapshot
 from exporter.state import StateStore
 from exporter.usage_sync import UsageSync
-from tests.conftest import billing_section
+from tests.conftest import PAGE, billing_section
 
-PAGE = 100
 USAGES = "/api/v1/usages/details"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[StateStore]:
-    store = StateStore(tmp_path / "state.db")
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def small_pages(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterator[BillingClient]:
-    config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
-    with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
-        yield client
 
 
 def make_sync(client: BillingClient, clock: Clock, store: StateStore) -> UsageSync:
