@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import queue
 import random
 import signal
 import sys
@@ -24,7 +23,7 @@ from exporter.config import Config, ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.logs import setup_logging
 from exporter.snapshots import Latest
-from exporter.state import StateError, StateStore
+from exporter.state import StateError, StateStore, location_problem
 
 if TYPE_CHECKING:
     from exporter.simulator import Simulator
@@ -32,8 +31,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter")
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
+CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
+SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+REFUSED_KEY = ("http_401", "http_403")
 
 
 def _load(path: str) -> Config:
@@ -50,6 +52,12 @@ def _load(path: str) -> Config:
 
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
+    problem = location_problem(config.state.path)
+    if problem:
+        print(
+            f"{args.config}: state.path: no state file can be kept at {config.state.path}: {problem}", file=sys.stderr
+        )
+        return EXIT_CONFIG
     print(
         f"{args.config}: valid ({len(config.probes)} probes, {len(config.budgets)} budgets, "
         f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers)"
@@ -72,6 +80,12 @@ def cmd_once(args: argparse.Namespace) -> int:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
             latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
+        for name, probe in latest.probes.items():
+            if probe.last.reason in REFUSED_KEY:  # a wrong inference key is a config problem, not an outage
+                status = probe.last.reason.removeprefix("http_")
+                print(f"inference-cost-exporter: probe {name}: the inference API refused the key (HTTP {status}); "
+                      "check inference.api_key", file=sys.stderr)  # fmt: skip
+                return EXIT_SOURCE
         sys.stdout.write(sources.exposition.render()[0].decode())
     finally:
         sources.close()
@@ -87,12 +101,16 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hold_signals() -> None:
+    """Block SIGINT, SIGTERM and SIGHUP here and, by inheritance, in every thread started after:
+    the main thread takes them with `sigwait`. Caught by a handler instead, a signal the kernel
+    hands to another thread (the HTTP server's, a refresh's) can leave the main thread asleep."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
 def _serve_until_signalled(daemon: Daemon) -> int:
-    """Run until SIGTERM or SIGINT; SIGHUP reloads the config."""
-    events: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda signum, frame: events.put(signum))
-    while (signum := events.get()) == signal.SIGHUP:
+    """Run until SIGTERM or SIGINT; SIGHUP reloads the config (signals held by `_hold_signals`)."""
+    while (signum := signal.sigwait(SIGNALS)) == signal.SIGHUP:
         daemon.reload()
     log.info("shutting down signal=%s", signal.Signals(signum).name)
     if not daemon.stop():
@@ -106,13 +124,24 @@ def _state_problem(error: StateError) -> SystemExit:
     return SystemExit(EXIT_CONFIG)
 
 
-def _start(daemon_factory: Callable[[], Daemon]) -> Daemon:
+def _listen(address: str) -> str:
+    """`--listen` or `server.listen`, checked: one line and exit 1 if it is not HOST:PORT."""
+    try:
+        parse_listen(address)
+    except ValueError:
+        print(f"inference-cost-exporter: listen address {address!r} is not HOST:PORT "
+              "(for example :9877 or 127.0.0.1:9877; the port 0 to 65535)", file=sys.stderr)  # fmt: skip
+        raise SystemExit(EXIT_CONFIG) from None
+    return address
+
+
+def _start(daemon_factory: Callable[[], Daemon], listen: str) -> Daemon:
     try:
         daemon = daemon_factory()
     except StateError as error:
         raise _state_problem(error) from None
     except OSError as error:
-        print(f"inference-cost-exporter: cannot listen: {error.strerror or error}", file=sys.stderr)
+        print(f"inference-cost-exporter: cannot listen on {listen}: {error.strerror or error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     daemon.start()
     return daemon
@@ -129,9 +158,11 @@ def _reset_state(path: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
+    listen = _listen(args.listen or config.server.listen)
     if args.reset_state:
         _reset_state(config.state.path)
-    daemon = _start(lambda: Daemon(config, config_path=args.config, listen=args.listen))
+    _hold_signals()
+    daemon = _start(lambda: Daemon(config, config_path=args.config, listen=listen), listen)
     return _serve_until_signalled(daemon)
 
 
@@ -153,10 +184,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from exporter.simulator import Simulator
 
     setup_logging("info")
+    listen = _listen(args.listen)
+    _hold_signals()
     sim = Simulator(time_to_first_token=0.05, chunk_delay=0.01)
     sim.add_usage(20_000)
     sim_server = sim.serve("127.0.0.1", 0)
-    workdir = tempfile.mkdtemp(prefix="inference-cost-exporter-demo-")
+    workdir = tempfile.TemporaryDirectory(prefix="inference-cost-exporter-demo-")
     config = load(
         DEMO_CONFIG,
         {
@@ -164,20 +197,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "SIM_ACCESS_KEY_ID": sim.access_key_id,
             "SIM_SECRET_ACCESS_KEY": sim.secret_access_key,
             "SIM_API_KEY": sim.api_key,
-            "STATE_DIR": workdir,
+            "STATE_DIR": workdir.name,
         },
     )
-    daemon = _start(lambda: Daemon(config, listen=args.listen))
+    daemon = _start(lambda: Daemon(config, listen=listen), listen)
     stop = threading.Event()
     threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
     url = daemon.server.url
+    host = daemon.server.server_address[0]
+    bound = "every address" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only
     print(
         f"""
-inference-cost-exporter demo (Ctrl-C stops it)
+inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daemon.server.server_address[1]}
   landing page  {url}/
   metrics       {url}/metrics
   readiness     {url}/readyz
-  simulator     {sim_server.url}  (billing and chat API; state in {workdir})
+  simulator     {sim_server.url}  (billing and chat API; state in {workdir.name}, removed on exit)
 """,
         flush=True,
     )
@@ -186,12 +221,14 @@ inference-cost-exporter demo (Ctrl-C stops it)
     finally:
         stop.set()
         sim_server.stop()
+        workdir.cleanup()
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from exporter.simulator import Simulator
 
-    host, port = parse_listen(args.listen)
+    host, port = parse_listen(_listen(args.listen))
+    _hold_signals()
     sim = Simulator(latency=args.latency, time_to_first_token=args.ttft, chunk_delay=args.chunk_delay)
     sim.add_usage(args.records)
     server = sim.serve(host or "127.0.0.1", port)
@@ -199,12 +236,28 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  billing:   access_key_id {sim.access_key_id}  secret_access_key {sim.secret_access_key}")
     print(f"  inference: api_key {sim.api_key}  endpoints {', '.join(e.endpoint_id for e in sim.endpoints)}")
     print('  control:   POST /_sim/usage {"count": N}, /_sim/fault {"kind": ...}, /_sim/clear', flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
-    stop.wait()
+    signal.sigwait(SIGNALS)
     server.stop()
     return 0
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, description: str
+) -> argparse.ArgumentParser:
+    return commands.add_parser(
+        name, help=summary, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+
+
+def _config_option(command: argparse.ArgumentParser) -> None:
+    default = os.environ.get(CONFIG_ENV)
+    command.add_argument(
+        "--config",
+        metavar="FILE",
+        required=default is None,
+        default=default,
+        help=f"the YAML config file (or set {CONFIG_ENV})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,16 +268,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    check = commands.add_parser("check", help="validate a config, print every error (exit 1) or nothing (exit 0)")
-    check.add_argument("--config", required=True, metavar="FILE")
+    check = _command(
+        commands, "check", "validate a config: every problem with its location (exit 1), or a summary (exit 0)",
+        "Validate a config file without contacting any API. Prints every problem, one per line, with its "
+        "location (e.g. `alerts.rules[2].threshold: not a number`) and exits 1; or prints a one-line summary "
+        "(probes, budgets, rules, notifiers) and exits 0. Warns about secrets written in the file itself.",
+    )  # fmt: skip
+    _config_option(check)
     check.set_defaults(func=cmd_check)
 
-    once = commands.add_parser("once", help="refresh every source once and print the exposition on stdout")
-    once.add_argument("--config", required=True, metavar="FILE")
+    once = _command(
+        commands, "once", "refresh every source once and print the exposition on stdout",
+        "Refresh every source once (bills, usage, each probe) and print the metrics exposition on stdout. "
+        "Exits 1 for a bad config, 2 when an API refuses or cannot be reached (or refuses the inference key), "
+        "with a one-line reason on stderr.",
+    )  # fmt: skip
+    _config_option(once)
     once.set_defaults(func=cmd_once)
 
-    run = commands.add_parser("run", help="the daemon: scheduled refreshes, /metrics, alerts")
-    run.add_argument("--config", required=True, metavar="FILE")
+    run = _command(
+        commands, "run", "the daemon: scheduled refreshes, /metrics, alerts",
+        "Run the exporter: refresh every source on its interval, serve /metrics, the landing page and health, "
+        "evaluate alert rules and deliver notifications. SIGHUP reloads the config; SIGTERM or SIGINT stop it.",
+    )  # fmt: skip
+    _config_option(run)
     run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
     run.add_argument(
         "--reset-state",
@@ -233,16 +300,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
-    rules = commands.add_parser("rules", help="the YAML alert rules as a Prometheus alerting-rule file")
-    rules.add_argument("--config", required=True, metavar="FILE")
+    rules = _command(
+        commands, "rules", "the YAML alert rules as a Prometheus alerting-rule file",
+        "Print the config's alert rules as a Prometheus alerting-rule file over this exporter's metrics, for "
+        "teams that evaluate alerts in Prometheus. Rules only the exporter can compute are skipped with a note.",
+    )  # fmt: skip
+    _config_option(rules)
     rules.set_defaults(func=cmd_rules)
 
-    demo = commands.add_parser("demo", help="the embedded simulator and the daemon, no credentials needed")
-    demo.add_argument("--listen", default=":9877", metavar="ADDR")
+    demo = _command(
+        commands, "demo", "the embedded simulator and the daemon, no credentials needed",
+        "Start the stand-in billing and chat service on loopback and the exporter against it, with growing "
+        "usage and an occasional failing chat request, and print the URLs.",
+    )  # fmt: skip
+    demo.add_argument("--listen", default="127.0.0.1:9877", metavar="ADDR", help="where the exporter listens")
     demo.set_defaults(func=cmd_demo)
 
-    simulate = commands.add_parser("simulate", help="run the stand-in service alone")
-    simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR")
+    simulate = _command(
+        commands, "simulate", "run the stand-in service alone",
+        "Run the stand-in billing and chat service alone, to point an exporter or a dashboard at it. Its "
+        "credentials are printed; POST /_sim/usage, /_sim/fault and /_sim/clear control it.",
+    )  # fmt: skip
+    simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR", help="where it listens")
     simulate.add_argument("--records", type=int, default=2000, help="usage records for today")
     simulate.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     simulate.add_argument("--ttft", type=float, default=0.05, help="chat time to first token, seconds")

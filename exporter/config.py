@@ -337,8 +337,19 @@ class BasicAuthConfig(Strict):
     password: SecretStr
 
 
+def _port_in_range(address: str) -> str:
+    if int(address.rpartition(":")[2]) > 65535:
+        raise ValueError("the port must be 0 to 65535")
+    return address
+
+
+ListenAddress = Annotated[
+    str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$"), AfterValidator(_port_in_range)
+]
+
+
 class ServerConfig(Strict):
-    listen: Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$")] = ":9877"
+    listen: ListenAddress = ":9877"
     tls: TlsConfig | None = None
     basic_auth: BasicAuthConfig | None = None
     external_url: HttpUrl | None = None
@@ -352,15 +363,6 @@ class StateConfig(Strict):
 class LogConfig(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
-
-
-def _unique(items: tuple[Any, ...], attribute: str, what: str) -> None:
-    seen: set[str] = set()
-    for item in items:
-        name = getattr(item, attribute)
-        if name in seen:
-            raise ValueError(f"{what} {name!r} is defined twice")
-        seen.add(name)
 
 
 class Config(Strict):
@@ -398,41 +400,78 @@ class Config(Strict):
                 found.append(urlsplit(notifier.url).query)
         return [value for value in found if value]
 
-    @model_validator(mode="after")
-    def _references(self) -> Config:
-        if self.probes and self.inference is None:
-            raise ValueError("`probes` need the `inference` section (url and api_key)")
-        _unique(self.probes, "name", "probe")
-        _unique(self.prices, "model", "price for model")
-        _unique(self.budgets, "name", "budget")
-        _unique(self.alerts.notifiers, "name", "notifier")
-        if any(rule.signal == "estimated_spend" for rule in self.alerts.rules) and not self.prices:
-            raise ValueError("`estimated_spend` rules need a `prices` table")
-        budgets = {b.name for b in self.budgets}
-        for index, rule in enumerate(self.alerts.rules):
-            if rule.budget is not None and rule.budget not in budgets:
-                raise ValueError(f"alerts.rules[{index}] ({rule.alert}): unknown budget {rule.budget!r}")
-            problem = self._unmatchable(rule)
-            if problem:
-                raise ValueError(f"alerts.rules[{index}] ({rule.alert}): {problem}")
-        return self
 
-    def _unmatchable(self, rule: RuleConfig) -> str:
-        """Why a rule can never match anything in this config ("" if it can): probe signals with
-        no probe, and `where` values outside the sets the config itself defines (probe names,
-        scenarios, sources). Values the API defines (endpoints, models, items) are not known here."""
-        if rule.signal in ("probe_latency", "probe_success") and not self.probes:
-            return f"signal {rule.signal!r} needs a probe, and `probes` is empty"
-        known = {
-            "probe": {p.name for p in self.probes},
-            "scenario": {p.scenario for p in self.probes},
-            "source": {"bills", "usage", *(probe_source(p.name) for p in self.probes)},
-        }
-        for label, wanted in rule.where.items():
-            if label in known and wanted not in known[label]:
-                choices = ", ".join(sorted(known[label])) or "none"
-                return f"where {label}={wanted!r} matches nothing (known: {choices})"
-        return ""
+# --- checks across sections (on the document, so they run whatever else is wrong) ------------
+
+Location = tuple[int | str, ...]
+
+
+def _items(document: dict[str, Any], *keys: str) -> list[tuple[Location, dict[str, Any]]]:
+    """The mappings in the list at `keys`, with their locations (anything malformed is left to the schema)."""
+    node: Any = document
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    if not isinstance(node, list):
+        return []
+    return [((*keys, index), item) for index, item in enumerate(node) if isinstance(item, dict)]
+
+
+def _duplicates(document: dict[str, Any], keys: tuple[str, ...], field: str, what: str) -> list[tuple[Location, str]]:
+    problems: list[tuple[Location, str]] = []
+    first: dict[object, Location] = {}
+    for where, item in _items(document, *keys):
+        name = item.get(field)
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            problems.append(((*where, field), f"{what} {name!r} is defined twice (first at {location(first[name])})"))
+        else:
+            first[name] = where
+    return problems
+
+
+def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """Why a rule can never match anything in this config (the key at fault and the reason), or
+    None: probe signals with no probe, and `where` values outside the sets the config itself
+    defines (probe names, scenarios, sources). Values the API defines (endpoints, models, items)
+    are not known here, so they are not checked."""
+    signal = rule.get("signal")
+    if signal in ("probe_latency", "probe_success") and not probes:
+        return "signal", f"signal {signal!r} needs a probe, and `probes` is empty"
+    known = {
+        "probe": {p.get("name") for p in probes},
+        "scenario": {p.get("scenario", "chat") for p in probes},
+        "source": {"bills", "usage", *(probe_source(str(p.get("name"))) for p in probes)},
+    }
+    where = rule.get("where")
+    for label, wanted in where.items() if isinstance(where, dict) else ():
+        if label in known and wanted not in known[label]:
+            choices = ", ".join(sorted(str(k) for k in known[label])) or "none"
+            return f"where.{label}", f"{wanted!r} matches nothing (known: {choices})"
+    return None
+
+
+def cross_check(document: dict[str, Any]) -> list[str]:
+    """Problems between sections: duplicate names, references to what is not defined, rules that
+    can match nothing. Each at its location."""
+    problems: list[tuple[Location, str]] = []
+    probes = [item for _, item in _items(document, "probes")]
+    if probes and not isinstance(document.get("inference"), dict):
+        problems.append((("inference",), "required when there are `probes` (url and api_key)"))
+    problems += _duplicates(document, ("probes",), "name", "probe")
+    problems += _duplicates(document, ("prices",), "model", "price for model")
+    problems += _duplicates(document, ("budgets",), "name", "budget")
+    problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
+    budgets = {item.get("name") for _, item in _items(document, "budgets")}
+    for where, rule in _items(document, "alerts", "rules"):
+        if rule.get("signal") == "estimated_spend" and not _items(document, "prices"):
+            problems.append(((*where, "signal"), "`estimated_spend` needs a `prices` table"))
+        if "budget" in rule and rule["budget"] not in budgets:
+            problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
+        unmatchable = _unmatchable(rule, probes)
+        if unmatchable is not None:
+            problems.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
+    return [f"{location(where)}{_rule_name(document, where)}: {problem}" for where, problem in problems]
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -594,7 +633,7 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
             )
             if path not in missing:
                 errors.append(f"{location(path)}{_rule_name(document, path)}: {_message(error)}")
-        raise ConfigError(errors) from None
+    errors += cross_check(document)
     if errors:
         raise ConfigError(errors)
     return config

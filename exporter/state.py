@@ -143,6 +143,25 @@ def _directory_writable(directory: Path) -> bool:
         return False
 
 
+def location_problem(path: str | Path) -> str:
+    """Why no state file could be kept at `path` ("" if one could), found without creating anything."""
+    if str(path) == ":memory:":
+        return ""
+    target = Path(path)
+    if target.is_dir():
+        return f"{target} is a directory"
+    existing = target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"the directory {existing} is not writable"
+    if target.exists() and not os.access(target, os.R_OK | os.W_OK):
+        return f"{target} is not readable and writable"
+    return ""
+
+
 def move_aside(path: str | Path) -> str:
     """Rename a state file (and its -wal and -shm journal files, which belong to it) to
     `<path>.corrupt-YYYYmmddTHHMMSS`; returns the new name of the file."""

@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 import requests
 import yaml
 
@@ -276,3 +278,42 @@ def test_kill_9_and_restart_mid_firing_sends_no_duplicate(
 def firing_alerts(url: str) -> list[dict]:
     alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
     return [a for a in alerts if a["state"] == "firing"]
+
+
+@pytest.fixture
+def busy_cores() -> Iterator[None]:
+    """Both cores kept busy by other processes, as on a loaded machine."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
+def reloads_then_stops(process: subprocess.Popen[str], url: str, reloads: int) -> None:
+    """Each SIGHUP is seen as a reload (its timestamp moves); then SIGTERM stops the process."""
+    stamp = "inference_exporter_config_last_reload_success_timestamp_seconds"
+    wait_for(lambda: ready(url), timeout=60)
+    for _ in range(reloads):
+        before = value(scrape(url), stamp)
+        process.send_signal(signal.SIGHUP)
+        wait_for(lambda: value(scrape(url), stamp) != before, timeout=15)  # noqa: B023 - waited on at once
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+
+
+def test_no_signal_is_lost_under_load(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer], busy_cores: None
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["state"] = {"path": str(tmp_path / "state.db")}
+    config.write_text(yaml.safe_dump(document))
+    for reloads in (10, 2, 2):
+        process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
+        try:
+            reloads_then_stops(process, url, reloads)
+        finally:
+            process.kill()
+            process.communicate()

@@ -57,7 +57,7 @@ def test_config_is_frozen() -> None:
         ({"billing": BILLING, "budgets": [{"name": "m", "amount": "lots"}]}, "budgets[0].amount: not a number"),
         ({"billing": BILLING, "budgets": [{"name": "m", "amount": 0}]}, "budgets[0].amount: must be greater than zero"),
         ({"billing": BILLING, "probes": [{"name": "p", "model": "ep"}]},
-         "(top level): `probes` need the `inference` section (url and api_key)"),
+         "inference: required when there are `probes` (url and api_key)"),
         ({"billing": BILLING, "inference": {"url": "http://x", "api_key": "k"},
           "probes": [{"name": "p", "model": "ep", "expect_content": "("}]},
          "probes[0].expect_content: not a valid regular expression (missing ), unterminated subpattern at position 0)"),
@@ -89,6 +89,32 @@ def test_every_error_is_reported_at_once() -> None:
         "billing.page_size: must be ≤ 500",
         "billing.timeout: not a duration (use e.g. 30s, 5m, 1h)",
         "billing.bogus: unknown key",
+    ]
+
+
+def test_problems_across_sections_come_with_the_others_each_at_its_location(tmp_path: Path) -> None:
+    details = errors_of(
+        {
+            "billing": BILLING,
+            "inference": {"url": "http://x", "api_key": "k"},
+            "server": {"tls": {"cert_file": str(tmp_path / "missing.pem"), "key_file": str(tmp_path / "k.pem")}},
+            "probes": [{"name": "p", "model": "ep"}, {"name": "p", "model": "ep2"}],
+            "budgets": [{"name": "m", "amount": 1}, {"name": "m", "amount": 2}],
+            "alerts": {
+                "notifiers": [{"name": "n", "type": "webhook", "url": "http://a"},
+                              {"name": "n", "type": "webhook", "url": "http://b"}],
+                "rules": [{"alert": "Old", "signal": "data_age", "where": {"source": "bils"}, "threshold": 60},
+                          {"alert": "Over", "budget": "monthly", "tiers": [1]}],
+            },
+        }
+    )  # fmt: skip
+    assert details == [
+        f"server.tls: file {str(tmp_path / 'missing.pem')!r} does not exist",
+        "probes[1].name: probe 'p' is defined twice (first at probes[0])",
+        "budgets[1].name: budget 'm' is defined twice (first at budgets[0])",
+        "alerts.notifiers[1].name: notifier 'n' is defined twice (first at alerts.notifiers[0])",
+        "alerts.rules[0].where.source (alert Old): 'bils' matches nothing (known: bills, probe:p, usage)",
+        "alerts.rules[1].budget (alert Over): unknown budget 'monthly'",
     ]
 
 

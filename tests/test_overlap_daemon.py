@@ -375,11 +375,13 @@ def test_a_probe_rule_with_no_probe_left_is_refused(
 ) -> None:
     from exporter.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"alerts.rules\[0\] \(ProbeDown\): signal 'probe_success' needs a probe"):
+    with pytest.raises(
+        ConfigError, match=r"alerts.rules\[0\].signal \(alert ProbeDown\): signal 'probe_success' needs a"
+    ):
         validate(probe_document(sim, server, tmp_path, [], receiver), {})
     document = probe_document(sim, server, tmp_path, ["fine"], receiver)
     document["alerts"]["rules"][0]["where"] = {"probe": "fien"}
-    with pytest.raises(ConfigError, match=r"where probe='fien' matches nothing \(known: fine\)"):
+    with pytest.raises(ConfigError, match=r"where.probe \(alert ProbeDown\): 'fien' matches nothing \(known: fine\)"):
         validate(document, {})
 
 
