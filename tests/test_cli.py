@@ -317,3 +317,61 @@ def test_no_signal_is_lost_under_load(
         finally:
             process.kill()
             process.communicate()
+
+
+@pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999"])
+def test_a_bad_listen_address_is_one_line(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer], address: str
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    result = run("run", "--config", str(config), "--listen", address, env={"TEST_BILLING_SECRET": "x"})
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"inference-cost-exporter: listen address {address!r} is not HOST:PORT "
+        "(for example :9877 or 127.0.0.1:9877; the port 0 to 65535)\n"
+    )
+
+
+def test_check_names_a_state_path_that_cannot_be_created(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    (tmp_path / "a-file").write_text("")
+    document["state"] = {"path": str(tmp_path / "a-file" / "state.db")}
+    config.write_text(yaml.safe_dump(document))
+    result = run("check", env={"TEST_BILLING_SECRET": "x", "INFERENCE_COST_EXPORTER_CONFIG": str(config)})
+    assert result.returncode == 1
+    assert f"state.path: no state file can be kept at {tmp_path / 'a-file' / 'state.db'}" in result.stderr
+    assert f"{tmp_path / 'a-file'} is not a directory" in result.stderr
+
+
+def test_once_says_so_when_the_inference_api_refuses_the_key(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["inference"] = {"url": server.url, "api_key": "${TEST_INFERENCE_KEY}"}
+    document["probes"] = [{"name": "chat", "model": sim.endpoints[0].endpoint_id}]
+    config.write_text(yaml.safe_dump(document))
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key, "TEST_INFERENCE_KEY": "wrong-inference-key"}
+    result = run("once", "--config", str(config), env=env)
+    assert result.returncode == 2
+    assert "probe chat: the inference API refused the key (HTTP 401); check inference.api_key" in result.stderr
+    assert "wrong-inference-key" not in result.stderr + result.stdout
+    good = run("once", "--config", str(config), env=env | {"TEST_INFERENCE_KEY": sim.api_key})
+    assert good.returncode == 0, good.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "once", "run", "rules", "demo", "simulate"])
+def test_every_command_explains_itself(command: str) -> None:
+    result = run(command, "--help")
+    assert result.returncode == 0
+    _, description, *_ = result.stdout.split("\n\n")
+    assert len(description.split()) > 8  # a sentence, not just the usage line
+    if command in ("check", "once", "run", "rules"):
+        assert "INFERENCE_COST_EXPORTER_CONFIG" in result.stdout
+    assert "(default:" in result.stdout or command in ("check", "once", "rules")
