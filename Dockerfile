@@ -18,7 +18,16 @@ USER 10001
 # The SQLite state (alert state, notification outbox, usage cursor) lives here: mount a volume to keep it.
 WORKDIR /var/lib/inference-cost-exporter
 EXPOSE 9877
+# The health check asks the exporter's own /healthz from inside the container. It follows
+# HEALTHCHECK_URL, so set it when you change `server.listen` or enable `server.tls`, e.g.
+#   docker run -e HEALTHCHECK_URL=https://127.0.0.1:9443/healthz ...
+# An https URL is checked WITHOUT verifying the certificate (an unverified SSL context, for this
+# check only): it only asks the process in this container over loopback whether it is up, and a
+# self-signed or internally issued certificate must not make a healthy exporter "unhealthy".
+# /healthz is never behind `server.basic_auth`, so the check needs no credentials. Anything but a
+# 200 (an error status, a refused connection, a timeout) exits non-zero: unhealthy.
+ENV HEALTHCHECK_URL=http://127.0.0.1:9877/healthz
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9877/healthz', timeout=4).status != 200)"]
+    CMD ["python", "-c", "import os, ssl, sys, urllib.request; url = os.environ.get('HEALTHCHECK_URL') or 'http://127.0.0.1:9877/healthz'; unverified = ssl.create_default_context(); unverified.check_hostname = False; unverified.verify_mode = ssl.CERT_NONE; sys.exit(urllib.request.urlopen(url, timeout=4, context=unverified).status != 200)"]
 ENTRYPOINT ["inference-cost-exporter", "run"]
 CMD ["--config", "/etc/inference-cost-exporter/config.yaml"]
