@@ -86,7 +86,8 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     receiver = Receiver()
     drip = DripReceiver(interval=0.5)
     report = Report()
-    workdir = Path(tempfile.mkdtemp(prefix="soak-"))
+    scratch = tempfile.TemporaryDirectory(prefix="soak-")
+    workdir = Path(scratch.name)
     document = (
         {
             "billing": {"url": server.url, "access_key_id": sim.access_key_id,
@@ -235,6 +236,7 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     server.stop()
     receiver.stop()
     drip.stop()
+    scratch.cleanup()
     return report
 
 

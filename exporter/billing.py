@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import json
-import logging
 import math
 import random
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -20,6 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -27,9 +29,10 @@ from requests.adapters import HTTPAdapter
 from exporter.clock import Clock
 from exporter.config import BillingConfig
 from exporter.decimals import parse_decimal
+from exporter.logs import get_logger
 from exporter.signing import BillingSigner
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 BILLS_PATH = "/api/v1/bills/details"
 USAGES_PATH = "/api/v1/usages/details"
@@ -126,6 +129,42 @@ class _Retryable(Exception):
     def __init__(self, reason: str, retry_after: float | None = None) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+
+
+# --- network failures in words ---------------------------------------------------------
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and what lies under it (requests wraps urllib3, which wraps the socket's error)."""
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        under = (current.__cause__, current.__context__, getattr(current, "reason", None), *current.args)
+        stack += [e for e in under if isinstance(e, BaseException)]
+
+
+def network_cause(error: BaseException) -> str:
+    """Why a connection failed, in words: DNS, refused, TLS verification, timeout, reset."""
+    causes = list(_causes(error))
+    for kind, words in (
+        (socket.gaierror, "the host name does not resolve (DNS)"),
+        (ssl.SSLCertVerificationError, "TLS certificate verification failed"),
+        (ssl.SSLError, "TLS failed"),
+        (ConnectionRefusedError, "connection refused"),
+        (ConnectionResetError, "connection reset"),
+        (TimeoutError, "timed out"),
+        (requests.Timeout, "timed out"),
+    ):
+        match = next((c for c in causes if isinstance(c, kind)), None)
+        if match is not None:
+            detail = getattr(match, "verify_message", "") or ""
+            return f"{words} ({detail})" if detail else words
+    return type(error).__name__
 
 
 # --- record parsing -----------------------------------------------------------------------
@@ -331,6 +370,7 @@ class BillingClient:
         if not 1 <= page_size <= MAX_USAGE_PAGE_SIZE:
             raise ValueError(f"page_size must be 1..{MAX_USAGE_PAGE_SIZE}")
         self.base_url = base_url.rstrip("/")
+        self._host = urlsplit(self.base_url).netloc
         self.tz = tz
         self.project_id = project_id
         self.page_size = page_size
@@ -406,7 +446,7 @@ class BillingClient:
     # -- one call, with retries --
 
     def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
-        what = f"GET {path}"
+        what = f"GET {self.base_url}{path}"
         attempt = corrected = 0
         while True:
             try:
@@ -423,7 +463,7 @@ class BillingClient:
                 if attempt >= self.retry.attempts:
                     raise BillingUnavailable(f"{what}: {failure} (gave up after {attempt} attempts)") from None
                 pause = self.retry.delay(attempt, failure.retry_after)
-                log.debug("retrying api=%s attempt=%d reason=%r in=%.2fs", api, attempt, str(failure), pause)
+                log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))
                 (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> dict[str, Any]:
@@ -436,7 +476,7 @@ class BillingClient:
             raise _Retryable("timed out") from None
         except requests.RequestException as error:
             self._on_response(api, "error")
-            raise _Retryable(f"connection failed ({type(error).__name__})") from None
+            raise _Retryable(f"connection to {self._host} failed: {network_cause(error)}") from None
         self._on_response(api, str(response.status_code))
         self._observe_clock(response.headers.get("Date"))
         if response.status_code == 429:
@@ -460,9 +500,12 @@ class BillingClient:
         self._on_skew(skew)
         far, was_far = abs(skew) > MAX_CLOCK_SKEW, previous is not None and abs(previous) > MAX_CLOCK_SKEW
         if far and not was_far:
-            log.warning("clock skew: the billing API's clock is %+.0fs from ours; fix this host's time (NTP)", skew)
+            log.warning(
+                "clock skew: the billing API's clock is far from ours; fix this host's time (NTP)",
+                skew_seconds=round(skew),
+            )
         elif was_far and not far:
-            log.info("clock skew back within %.0fs (now %+.0fs)", MAX_CLOCK_SKEW, skew)
+            log.info("clock skew back within limits", skew_seconds=round(skew), limit_seconds=MAX_CLOCK_SKEW)
 
     def _local_time(self) -> float:
         signer = self._session.auth
@@ -476,7 +519,9 @@ class BillingClient:
         if not isinstance(signer, BillingSigner) or skew is None or abs(skew - signer.clock_offset) <= MAX_CLOCK_SKEW:
             return False
         signer.clock_offset = skew if abs(skew) > MAX_CLOCK_SKEW else 0.0
-        log.warning("signature refused, signing %+.0fs off the server's time: now signing with its time", skew)
+        log.warning(
+            "signature refused while our clock is off: now signing with the server's time", skew_seconds=round(skew)
+        )
         return True
 
     # -- paging --

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import random
 import signal
@@ -21,14 +20,14 @@ from exporter.billing import BillingError
 from exporter.clock import Clock
 from exporter.config import Config, ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
-from exporter.logs import setup_logging
+from exporter.logs import get_logger, setup_logging
 from exporter.snapshots import Latest
 from exporter.state import StateError, StateStore, location_problem
 
 if TYPE_CHECKING:
     from exporter.simulator import Simulator
 
-log = logging.getLogger("exporter")
+log = get_logger("exporter")
 
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
@@ -112,7 +111,7 @@ def _serve_until_signalled(daemon: Daemon) -> int:
     """Run until SIGTERM or SIGINT; SIGHUP reloads the config (signals held by `_hold_signals`)."""
     while (signum := signal.sigwait(SIGNALS)) == signal.SIGHUP:
         daemon.reload()
-    log.info("shutting down signal=%s", signal.Signals(signum).name)
+    log.info("shutting down", signal=signal.Signals(signum).name)
     if not daemon.stop():
         os._exit(0)  # a refresh is stuck in a network call; the state store is transactional, so leave now
     return 0
@@ -181,7 +180,7 @@ def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from exporter.simulator import Simulator
+    from exporter.simulator import Simulator, prices_from_config
 
     setup_logging("info")
     listen = _listen(args.listen)
@@ -200,6 +199,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "STATE_DIR": workdir.name,
         },
     )
+    sim.set_prices(prices_from_config(config.prices))  # it bills the demo's usage at the demo config's prices
     daemon = _start(lambda: Daemon(config, listen=listen), listen)
     stop = threading.Event()
     threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()

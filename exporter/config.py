@@ -7,7 +7,6 @@ appear in a message.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import stat
@@ -32,6 +31,7 @@ from pydantic import (
 )
 
 from exporter.decimals import parse_decimal
+from exporter.logs import get_logger
 from exporter.snapshots import probe_source
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -63,7 +63,7 @@ LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
 
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class ConfigError(Exception):
@@ -643,7 +643,7 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     """Load and validate a config file; warnings about secrets written in it go to the log."""
     config, warnings = load_checked(path, environ)
     for warning in warnings:
-        log.warning("config: %s", warning)
+        log.warning("config warning", detail=warning)
     return config
 
 

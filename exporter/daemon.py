@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
@@ -23,18 +24,29 @@ from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPol
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
-from exporter.config import AlertmanagerNotifier, Config, ConfigError, ProbeConfig, load
+from exporter.config import AlertmanagerNotifier, BillingConfig, Config, ConfigError, ProbeConfig, load
 from exporter.exposition import Exposition
-from exporter.logs import mask_more
+from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.usage_sync import UsageSync
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 SHUTDOWN_GRACE = 10.0
+
+
+class _SkippedRunNotice(logging.Filter):
+    """APScheduler warns when a run is skipped because the previous one still runs; for a slow
+    source that is normal, so the daemon says it itself, at debug, naming the source."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "maximum number of running instances reached" not in str(record.msg)
+
+
+SKIPPED_RUN_NOTICE = _SkippedRunNotice()
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -58,6 +70,12 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
             *more,
         ]
     )
+
+
+def _client_settings(billing: BillingConfig) -> dict[str, object]:
+    """What the billing client and the usage sync are built from: the rest (intervals, grace days)
+    changes on a reload without a new client."""
+    return billing.model_dump(exclude={"bills_interval", "usage_interval", "previous_month_grace_days"})
 
 
 class Sources:
@@ -93,9 +111,11 @@ class Sources:
             sources=lambda: list(self.refreshers),
             notifiers=[n.name for n in config.alerts.notifiers if not isinstance(n, AlertmanagerNotifier)],
         )
-        if previous is not None and previous.config.billing == config.billing:
-            self.client, self.bills, self.usage = previous.client, previous.bills, previous.usage
+        if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
+            self.client, self.usage = previous.client, previous.usage
             self.usage.prices = {p.model: p for p in config.prices}
+            self.bills = previous.bills
+            self.bills.grace_days = config.billing.previous_month_grace_days
         else:
             self.client = BillingClient.from_config(
                 config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
@@ -182,10 +202,16 @@ class Daemon:
         self._alerts_error = ""
         self._stopping = threading.Event()
         self._intervals: dict[str, float] = {}
+        self._again: set[str] = set()
+        """Sources to refresh once more as soon as the run in flight ends (a reload changed them)."""
         self.scheduler = BackgroundScheduler(
             timezone=self.clock.tz,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
+        self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
+        scheduler_log = logging.getLogger("apscheduler.scheduler")
+        if SKIPPED_RUN_NOTICE not in scheduler_log.filters:
+            scheduler_log.addFilter(SKIPPED_RUN_NOTICE)
         view = View(
             self.latest,
             render=lambda accept: self.sources.exposition.render(accept),
@@ -215,44 +241,56 @@ class Daemon:
 
     # -- refreshing --
 
-    def refresh(self, source: str) -> bool:
-        """Refresh one source now; a failure keeps the last good snapshot. False if it failed or was busy."""
+    def refresh(self, source: str, *, again: bool = False) -> bool:
+        """Refresh one source now; a failure keeps the last good snapshot. False if it failed or was busy.
+
+        `again`: this run must happen (the config changed); if a run is in flight, that run starts
+        another when it ends.
+        """
         sources = self.sources
         refresher = sources.refreshers.get(source)
         if refresher is None:
             return False  # a reload removed it
         lock = self._locks.setdefault(source, threading.Lock())
         if not lock.acquire(blocking=False):
-            log.debug("refresh skipped source=%s reason=busy", source)
-            return False
+            if not again:
+                log.debug("refresh skipped", source=source, reason="busy")
+                return False
+            self._again.add(source)
+            if not lock.acquire(blocking=False):  # (tried again: the run in flight may have just ended)
+                return False
+        self._again.discard(source)
         started = time.perf_counter()
-        abandoned = False
         try:
             with self._busy():
                 refresher()
         except ClientClosed:
-            # A reload replaced the client mid-refresh: nothing wrong with the source, so its health
-            # stays as it was (its age keeps growing) and it runs again at once with the new client.
-            abandoned = True
-            log.info("refresh abandoned source=%s reason=config reloaded (runs again now)", source)
+            # A reload (or the shutdown) closed the client mid-refresh: nothing wrong with the source,
+            # so its health stays as it was (its age keeps growing); after a reload it runs again at
+            # once with the new client.
+            if self._stopping.is_set():
+                log.info("refresh abandoned: shutting down", source=source)
+            else:
+                log.info("refresh abandoned: the config was reloaded; it runs again now", source=source)
+                self._again.add(source)
             return False
         except (BillingError, StateError) as error:
             self._failed(source, started, str(error))
             return False
         except Exception as error:  # a bug must not stop the schedule; it is logged with its traceback
-            log.exception("refresh crashed source=%s", source)
+            log.exception("refresh crashed", source=source)
             self._failed(source, started, f"internal error ({type(error).__name__})")
             return False
         else:
             self._record(source, started, success=True)
             sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
-                log.info("refresh recovered source=%s", source)
+                log.info("refresh recovered", source=source)
             self._alerts_due.set()
             return True
         finally:
             lock.release()
-            if abandoned:
+            if source in self._again:
                 self._run_soon(source)
 
     def _record(self, source: str, started: float, *, success: bool, error: str = "") -> None:
@@ -263,9 +301,9 @@ class Daemon:
         self._record(source, started, success=False, error=error)
         if self._failing.get(source) != error:
             served = "serving the last good data" if self.latest.health[source].last_success else "no data yet"
-            log.error("refresh failed source=%s error=%r (%s)", source, error, served)
+            log.error("refresh failed", source=source, error=error, serving=served)
         else:
-            log.debug("refresh still failing source=%s", source)
+            log.debug("refresh still failing", source=source)
         self._failing[source] = error
 
     @contextmanager
@@ -300,7 +338,7 @@ class Daemon:
                 changes = self.sources.engine.evaluate()
             except StateError as error:
                 if self._alerts_error != str(error):
-                    log.error("alert evaluation failed (alert states unchanged): %s", error)
+                    log.error("alert evaluation failed (alert states unchanged)", error=str(error))
                 self._alerts_error = str(error)
                 return
             except Exception:  # a bug must not stop the schedule; it is logged with its traceback
@@ -337,9 +375,17 @@ class Daemon:
                 self.scheduler.reschedule_job(source, trigger=trigger)
             self._intervals[source] = interval
 
+    @staticmethod
+    def _skipped(event: JobSubmissionEvent) -> None:
+        log.debug("scheduled run skipped: the previous one is still running", source=event.job_id)
+
     def _run_soon(self, source: str) -> None:
-        if self.scheduler.running and source in self._intervals:
-            self.scheduler.modify_job(source, next_run_time=dt.datetime.now(self.clock.tz))
+        """Run `source` now, beside its schedule (a one-off job: the interval job may be the one
+        still running, and APScheduler would skip it)."""
+        if self.scheduler.running and not self._stopping.is_set():
+            self.scheduler.add_job(
+                self.refresh, args=[source], kwargs={"again": True}, id=f"{source}:again", replace_existing=True
+            )
 
     # -- lifecycle --
 
@@ -359,7 +405,7 @@ class Daemon:
                 id="rollover",
             )
             self.scheduler.start()
-        log.info("listening url=%s sources=%s", self.server.url, ",".join(self.sources.refreshers))
+        log.info("listening", url=self.server.url, sources=",".join(self.sources.refreshers))
 
     def reload(self) -> bool:
         """Load the config file again; a bad one is refused and the running one kept."""
@@ -368,7 +414,7 @@ class Daemon:
         try:
             config = load(self.config_path)
         except ConfigError as error:
-            log.error("config reload refused (keeping the running config): %s", "; ".join(error.details))
+            log.error("config reload refused (keeping the running config)", errors="; ".join(error.details))
             self.latest.reloaded(success=False)
             return False
         if config.server != self.config.server:
@@ -388,7 +434,7 @@ class Daemon:
                     dispatcher=self.dispatcher,
                 )  # fmt: skip
             except StateError as error:
-                log.error("config reload refused (keeping the running config): %s", error)
+                log.error("config reload refused (keeping the running config)", error=str(error))
                 self.latest.reloaded(success=False)
                 return False
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
@@ -400,7 +446,7 @@ class Daemon:
                 self._run_soon(source)
         self._alerts_due.set()
         self.latest.reloaded(success=True)
-        log.info("config reloaded path=%s", self.config_path)
+        log.info("config reloaded", path=self.config_path)
         return True
 
     def stop(self, grace: float = SHUTDOWN_GRACE) -> bool:
@@ -421,5 +467,5 @@ class Daemon:
         if finished:
             self.state.close()
         else:
-            log.warning("abandoning work still in flight after %.0fs", grace)
+            log.warning("abandoning work still in flight", after_seconds=grace)
         return finished

@@ -9,7 +9,6 @@ out (and logged once), so one bad value never takes the whole exposition down.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 
@@ -17,7 +16,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-log = logging.getLogger(__name__)
+from exporter.logs import get_logger
+
+log = get_logger(__name__)
 
 OPENMETRICS_EOF = b"# EOF\n"
 
@@ -64,5 +65,5 @@ class Exposition:
     def _failed(self, index: int, collector: Collector, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"[:300]
         if self._broken.get(index) != reason:
-            log.error("metrics left out of /metrics collector=%s error=%r", type(collector).__name__, reason)
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason)
         self._broken[index] = reason

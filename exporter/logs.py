@@ -1,4 +1,4 @@
-"""Logging: key=value text or JSON lines on stderr, with every known secret masked.
+"""Logging: logfmt or JSON lines on stderr, the same fields in both, every known secret masked.
 
 The exporter never logs a secret itself; the mask is for what libraries log (a webhook URL
 carrying a token in urllib3's debug lines, say) and for tracebacks.
@@ -6,26 +6,76 @@ carrying a token in urllib3's debug lines, say) and for tracebacks.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 MASK = "***"
-TEXT_FORMAT = "ts=%(asctime)s level=%(levelname)s component=%(name)s msg=%(message)s"
+_RECORD_KEYWORDS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
+_NEEDS_QUOTES = re.compile(r'[\s"=\\]|^$')
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+class Logger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """`log.info("refresh failed", source="usage", error=...)`: keyword arguments are the line's
+    fields, kept apart from the message, so both formats can show them as fields."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        fields = {key: kwargs.pop(key) for key in [k for k in kwargs if k not in _RECORD_KEYWORDS]}
+        kwargs["extra"] = {**kwargs.get("extra", {}), "fields": fields}
+        return msg, kwargs
+
+
+def get_logger(name: str) -> Logger:
+    return Logger(logging.getLogger(name), {})
+
+
+def _time(record: logging.LogRecord) -> str:
+    """RFC 3339 in UTC with milliseconds: 2026-11-22T10:26:00.555Z."""
+    return dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "ts": _time(record),
+        "level": record.levelname.lower(),
+        "component": record.name,
+        "msg": record.getMessage(),
+    }
+    for key, value in getattr(record, "fields", {}).items():
+        entry[key if key not in entry else f"field_{key}"] = value
+    return entry
+
+
+def logfmt_value(value: object) -> str:
+    if isinstance(value, Mapping):  # labels: endpoint_id=ep-1,severity=page
+        value = ",".join(f"{k}={v}" for k, v in value.items())
+    text = value if isinstance(value, str) else "null" if value is None else str(value)
+    return f'"{text.translate(_ESCAPES)}"' if _NEEDS_QUOTES.search(text) else text
+
+
+class LogfmtFormatter(logging.Formatter):
+    """`ts=2026-11-22T10:26:00.555Z level=info component=exporter.daemon msg="refresh failed" source=usage`"""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = _fields(record)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return " ".join(f"{key}={logfmt_value(value)}" for key, value in entry.items())
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line, with the fields as keys."""
+
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "component": record.name,
-            "msg": record.getMessage(),
-        }
+        entry = _fields(record)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return json.dumps(entry, default=str, ensure_ascii=False)
 
 
 class MaskingFormatter(logging.Formatter):
@@ -51,7 +101,7 @@ class MaskingFormatter(logging.Formatter):
 
 def setup_logging(level: str = "info", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    inner = JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+    inner = JsonFormatter() if fmt == "json" else LogfmtFormatter()
     handler.setFormatter(MaskingFormatter(inner, secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]

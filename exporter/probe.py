@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import re
 import threading
 import time
@@ -24,9 +23,10 @@ from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
 from exporter.config import InferenceConfig, ProbeConfig
+from exporter.logs import get_logger
 from exporter.snapshots import Histogram, ProbeRun, ProbeSnapshot
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, float("inf"))  # fmt: skip
@@ -319,9 +319,9 @@ class ProbeRunner:
         except ProbeFailure as failure:
             reason = failure.reason
             if reason != self._last_reason:
-                log.warning("probe failed probe=%s reason=%s detail=%r", probe.name, reason, str(failure))
+                log.warning("probe failed", probe=probe.name, reason=reason, detail=str(failure))
         if reason is None and self._last_reason is not None:
-            log.info("probe recovered probe=%s", probe.name)
+            log.info("probe recovered", probe=probe.name)
         self._last_reason = reason
         duration = time.perf_counter() - started
         completion = _tokens(answer.usage, "completion_tokens")

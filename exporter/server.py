@@ -15,7 +15,6 @@ import gzip
 import hmac
 import html
 import json
-import logging
 import resource
 import socket
 import ssl
@@ -33,9 +32,10 @@ from exporter import __version__
 from exporter.alerts.engine import Alert, iso
 from exporter.collectors import budget_status
 from exporter.config import BudgetConfig, ServerConfig
+from exporter.logs import get_logger
 from exporter.snapshots import Latest
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 """Liveness and readiness stay reachable without credentials, for orchestrators' probes."""
@@ -157,7 +157,7 @@ class ExporterServer(ThreadingHTTPServer):
         """A client that hangs up or fails the TLS handshake is its own problem, not a server error."""
         error = sys.exc_info()[1]
         if isinstance(error, ConnectionError | ssl.SSLError | TimeoutError):
-            log.debug("http client dropped address=%s error=%r", client_address[0], str(error))
+            log.debug("http client dropped", address=client_address[0], error=str(error))
             return
         super().handle_error(request, client_address)
 
@@ -200,14 +200,12 @@ class ExporterServer(ThreadingHTTPServer):
         except OSError as error:
             if error.errno in _OUT_OF_RESOURCES:
                 if not self._accept_failing:
-                    log.warning(
-                        "http accept failing, backing off error=%r connections=%d", str(error), self.open_connections
-                    )
+                    log.warning("http accept failing, backing off", error=str(error), connections=self.open_connections)
                     self._accept_failing = True
                 self._stopping.wait(ACCEPT_BACKOFF)
             raise
         if self._accept_failing:
-            log.info("http accepting again connections=%d", self.open_connections)
+            log.info("http accepting again", connections=self.open_connections)
             self._accept_failing = False
         now = time.monotonic()
         with self._slots:
@@ -258,9 +256,7 @@ class ExporterServer(ThreadingHTTPServer):
     def _cut(self, request: socket.socket, connection: _Connection, reason: str) -> None:
         """Shut the connection down, which wakes its thread from recv(); that thread closes it. Closing it here
         instead could free its descriptor for reuse while the thread still reads from it."""
-        log.debug(
-            "http connection cut reason=%s phase=%s address=%s", reason, connection.phase.name, connection.address
-        )
+        log.debug("http connection cut", reason=reason, phase=connection.phase.name, address=connection.address)
         connection.phase = Phase.CLOSING
         with contextlib.suppress(OSError):  # the client may have gone already
             # The plain socket's shutdown: SSLSocket's also drops the SSL object the request's thread is using.
@@ -443,7 +439,7 @@ class _Handler(BaseHTTPRequestHandler):
         return parsed
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("http %s", format % args)
+        log.debug("http request", line=format % args)
 
     def _send(self, status: int, body: bytes, content_type: str, **headers: str) -> None:
         if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:

@@ -5,6 +5,10 @@ It is strict where the specification allows: it verifies every signature (digest
 parameter order, lifetime, clock window, nonce reuse, key), rejects camelCase query names,
 a future `date` and `page_size` over 500. Data are deterministic functions of a seed, so a test
 can ask the simulator for its own totals. Latency, time to first token and faults are injectable.
+
+Bills are deterministic random amounts, unless the simulator has a price table (`prices`): then
+every day that has usage records is billed from those records at those prices, as the provider
+would, so the exporter's estimate from usage and the bills agree.
 """
 
 from __future__ import annotations
@@ -21,19 +25,23 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from exporter.clock import Clock, days_in_period
 from exporter.signing import content_digest, sign, signature_base
 
+if TYPE_CHECKING:
+    from exporter.config import PriceConfig
+
 PRODUCT = "PRODUCT_INFERENCE_ENDPOINT"
 ITEMS = ("ITEM_PROMPT_TOKEN", "ITEM_COMPLETION_TOKEN", "ITEM_CACHED_PROMPT_TOKEN")
+PROMPT_ITEM, COMPLETION_ITEM, CACHED_PROMPT_ITEM = ITEMS
 TENANT = "tenant-0001"
 SIGNATURE_WINDOW = 300
 BILLS_QUERY = {
@@ -67,6 +75,39 @@ DEFAULT_ENDPOINTS = (
     Endpoint("ep-20261102-gamma", "model-a", "proj-lab"),
 )
 API_KEYS = ("sk-7f3a********", "sk-19cc********")
+MILLION = Decimal(1_000_000)
+
+
+@dataclass(frozen=True)
+class SimPrice:
+    """What the simulator bills per million tokens of one model, per billing item."""
+
+    prompt: Decimal
+    """Uncached prompt tokens (ITEM_PROMPT_TOKEN)."""
+    cached_prompt: Decimal
+    """Prompt tokens served from cache (ITEM_CACHED_PROMPT_TOKEN)."""
+    completion: Decimal
+    """Completion tokens (ITEM_COMPLETION_TOKEN)."""
+
+    def per_item(self) -> dict[str, Decimal]:
+        return {
+            PROMPT_ITEM: self.prompt,
+            CACHED_PROMPT_ITEM: self.cached_prompt,
+            COMPLETION_ITEM: self.completion,
+        }
+
+
+def prices_from_config(prices: Iterable[PriceConfig]) -> dict[str, SimPrice]:
+    """The exporter configuration's `prices` as the simulator's table, so one table (the config's)
+    both bills and estimates. A missing cached price is the prompt price, as in the exporter's estimate."""
+    return {
+        p.model: SimPrice(
+            prompt=p.prompt_per_million,
+            cached_prompt=p.prompt_per_million if p.cached_prompt_per_million is None else p.cached_prompt_per_million,
+            completion=p.completion_per_million,
+        )
+        for p in prices
+    }
 
 
 @dataclass
@@ -99,6 +140,10 @@ class UsageDay:
     order: list[int] | None = None
     newest_first: bool = False
     """List the newest record first (new records arrive at the head), as consoles often do."""
+    removals: int = 0
+    """How often records were taken out of the listing: the one change that can shrink the set of
+    distinct records (reordering and repeating cannot; new records only add to it), so the only one
+    after which billed token sums must be counted again from scratch."""
 
     def indices(self) -> list[int] | range:
         if self.order is not None:
@@ -148,6 +193,24 @@ def _unit(*parts: object) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+def _record_tokens(h: int) -> tuple[int, int, int]:
+    """Prompt, completion and cached prompt tokens of the record whose hash is `h`: one definition
+    for the usage records served and the bills computed from them."""
+    prompt = 50 + h % 2000
+    return prompt, 1 + (h >> 8) % 800, (h >> 16) % (prompt + 1)
+
+
+@dataclass
+class _DayTokens:
+    """Billed token counts of one day's records, per (endpoint id, item); extended as records arrive."""
+
+    basis: tuple[Any, ...]
+    """What the counts were computed under (seed, endpoints, removals): any change means counting again."""
+    counted: int
+    """Records 0..counted-1 (those still listed) are in `tokens`."""
+    tokens: dict[tuple[str, str], int]
+
+
 @dataclass
 class Simulator:
     """The service's state. `serve()` puts it on a loopback port."""
@@ -168,9 +231,21 @@ class Simulator:
     """The share of billing requests answered with a random 500, 502, 503 or 429."""
     before_usage_page: Callable[[int], None] | None = None
     """Called with the page number before a usage page is served (tests change the list mid-read)."""
+    prices: Mapping[str, SimPrice] | None = None
+    """Per model name. When set, a day with usage records is billed from them at these prices
+    (see `charge`); change it with `set_prices`, which also drops bills computed at the old ones."""
 
     def __post_init__(self) -> None:
+        self._check_prices(self.prices)
         self._lock = threading.Lock()
+        # Held while counting a day's tokens, so that concurrent bills requests count new records once.
+        self._tokens_lock = threading.Lock()
+        self._day_tokens: dict[dt.date, _DayTokens] = {}
+        # Changes whenever priced bills may have changed; part of the bill rows' cache key.
+        self._bills_version = 0
+        # Usage records read to compute bills: each once however often bills are asked for (all
+        # of a day again only after a removal, or a change of seed or endpoints).
+        self.records_billed = 0
         self._usage: dict[dt.date, UsageDay] = {}
         self._nonces: dict[str, float] = {}
         self._nonce_expiry: deque[tuple[float, str]] = deque()
@@ -188,6 +263,8 @@ class Simulator:
 
     def add_usage(self, count: int, day: dt.date | None = None) -> None:
         with self._lock:
+            if self.prices is not None:
+                self._bills_version += 1
             usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
             first = usage.count
             usage.count += count
@@ -223,6 +300,23 @@ class Simulator:
             for position in sorted(positions, reverse=True):
                 del order[position]
             usage.order = order
+            usage.removals += 1
+            if self.prices is not None:
+                self._bills_version += 1
+
+    def set_prices(self, prices: Mapping[str, SimPrice] | None) -> None:
+        """Bill days with usage records at `prices` from now on (None: random amounts again)."""
+        self._check_prices(prices)
+        with self._lock:
+            self.prices = prices
+            self._bills_version += 1
+            self._bill_cache.clear()
+
+    def _check_prices(self, prices: Mapping[str, SimPrice] | None) -> None:
+        """Refuse a table that leaves a model unpriced, rather than bill it at some made-up amount."""
+        missing = sorted({e.model for e in self.endpoints} - set(prices)) if prices is not None else []
+        if missing:
+            raise ValueError(f"no simulator price for model(s) {', '.join(missing)}")
 
     def revise_bill(self, day: dt.date, endpoint_id: str, item: str, amount: Decimal) -> None:
         with self._lock:
@@ -261,16 +355,70 @@ class Simulator:
         return [d for d in days if d <= today]
 
     def charge(self, period: str, day: dt.date, endpoint: Endpoint, item: str) -> tuple[Decimal, Decimal]:
-        """The payable amount and usage of one endpoint, item and day."""
+        """The payable amount and usage of one endpoint, item and day: a revised amount if there is
+        one; with `prices` and records that day, the records' tokens of that item × its price;
+        else deterministic random amounts (so that past days of the month have bills too)."""
         override = self._bill_overrides.get((period, day, endpoint.endpoint_id, item))
-        tokens = Decimal(_unit(self.seed, "tokens", day, endpoint.endpoint_id, item) % 5_000_000)
+        prices = self.prices
+        counted = self._count_tokens(day) if prices is not None else None
+        if prices is not None and counted is not None:
+            tokens = counted.get((endpoint.endpoint_id, item), 0)
+            amount = tokens * prices[endpoint.model].per_item()[item] / MILLION
+            return (amount if override is None else override), Decimal(tokens)
+        tokens_drawn = Decimal(_unit(self.seed, "tokens", day, endpoint.endpoint_id, item) % 5_000_000)
         if override is not None:
-            return override, tokens
-        return Decimal(_unit(self.seed, "amount", day, endpoint.endpoint_id, item) % 9_000_000_000).scaleb(-8), tokens
+            return override, tokens_drawn
+        amount = Decimal(_unit(self.seed, "amount", day, endpoint.endpoint_id, item) % 9_000_000_000).scaleb(-8)
+        return amount, tokens_drawn
+
+    def _count_tokens(self, day: dt.date) -> dict[tuple[str, str], int] | None:
+        """The day's billed tokens per (endpoint id, item), None when the day has no records.
+
+        Every distinct record listed counts once (a record listed twice is one request). The
+        counts are kept per day and extended by the records added since the last call, so serving
+        bills reads each record once, not once per request."""
+        with self._tokens_lock:
+            with self._lock:
+                usage = self._usage.get(day)
+                if usage is None or usage.count == 0:
+                    return None
+                basis = (self.seed, self.endpoints, usage.removals)
+                known = self._day_tokens.get(day)
+                count = usage.count
+                if known is None or known.basis != basis:
+                    known = _DayTokens(basis, 0, {})
+                    indices: Iterable[int] = set(usage.order) if usage.order is not None else range(count)
+                else:
+                    indices = range(known.counted, count)  # new records are appended: add_usage
+            tokens = self._add_tokens(known.tokens, day, indices)
+            self._day_tokens[day] = _DayTokens(basis, count, tokens)
+            return tokens
+
+    def _add_tokens(
+        self, counted: dict[tuple[str, str], int], day: dt.date, indices: Iterable[int]
+    ) -> dict[tuple[str, str], int]:
+        """`counted` plus the tokens of records `indices`, as a new dict: one handed out is never changed."""
+        tokens = dict(counted)
+        endpoints = self.endpoints
+        base = self._record_base(day)
+        read = 0
+        for index in indices:
+            h = _mix(base + index)
+            prompt, completion, cached = _record_tokens(h)
+            endpoint_id = endpoints[h % len(endpoints)].endpoint_id
+            for item, value in (
+                (PROMPT_ITEM, prompt - cached),
+                (CACHED_PROMPT_ITEM, cached),
+                (COMPLETION_ITEM, completion),
+            ):
+                tokens[endpoint_id, item] = tokens.get((endpoint_id, item), 0) + value
+            read += 1
+        self.records_billed += read
+        return tokens
 
     def bill_rows(self, period: str, group_term: str, project_id: str = "") -> list[dict[str, str]]:
         """A month's rows for one grouping; cached, since every page of a request needs them."""
-        key = (period, group_term, project_id, self.clock.today(), self.endpoints)
+        key = (period, group_term, project_id, self.clock.today(), self.endpoints, self._bills_version)
         with self._lock:
             rows = self._bill_cache.get(key)
         if rows is None:
@@ -337,7 +485,7 @@ class Simulator:
     def usage_record_json(self, day: dt.date, index: int) -> str:
         """Record `index` of `day` as JSON text: written directly, since serving pages of them is
         the simulator's hottest path (`usage_record` parses this same text, so both agree)."""
-        h = _mix(self.seed * 1_000_003 + day.toordinal() * 100_000_007 + index)
+        h = _mix(self._record_base(day) + index)
         endpoint = self.endpoints[h % len(self.endpoints)]
         fragment = self._fragments.get(endpoint)
         if fragment is None:
@@ -348,14 +496,18 @@ class Simulator:
         if day_prefix is None:
             start = self.clock.day_start(day).astimezone(dt.UTC).replace(tzinfo=None)
             day_prefix = self._day_prefixes[day] = (f"req-{day:%Y%m%d}-", start)
-        prompt = 50 + h % 2000
+        prompt, completion, cached = _record_tokens(h)
         instant = day_prefix[1] + dt.timedelta(seconds=(index * 37) % 86400)
         return (
             f'{{"requestId": "{day_prefix[0]}{index:09d}", "requestTime": "{instant.isoformat()}Z", '
             f'"tenantId": "{TENANT}", {fragment}, "apikey": "{API_KEYS[(h >> 20) % len(API_KEYS)]}", '
-            f'"promptTokens": {prompt}, "completionTokens": {1 + (h >> 8) % 800}, '
-            f'"promptCachedTokens": {(h >> 16) % (prompt + 1)}}}'
+            f'"promptTokens": {prompt}, "completionTokens": {completion}, '
+            f'"promptCachedTokens": {cached}}}'
         )
+
+    def _record_base(self, day: dt.date) -> int:
+        """Record `index` of `day` is a function of `_mix(_record_base(day) + index)`."""
+        return self.seed * 1_000_003 + day.toordinal() * 100_000_007
 
     def usage_record(self, day: dt.date, index: int) -> dict[str, Any]:
         return json.loads(self.usage_record_json(day, index))

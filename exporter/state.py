@@ -13,7 +13,6 @@ import contextlib
 import datetime as dt
 import errno
 import fcntl
-import logging
 import os
 import sqlite3
 import tempfile
@@ -24,7 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from exporter.logs import get_logger
+
+log = get_logger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage_cursor (
@@ -221,10 +222,8 @@ class StateStore:
                 if not (reset and error.corrupt):
                     raise
                 self.moved_aside = self._move_aside()
-                log.warning(
-                    "state file %s %s: moved it aside to %s and started a fresh state file",
-                    self.path, error.fault, self.moved_aside,
-                )  # fmt: skip
+                log.warning("state file moved aside; started a fresh one",
+                            path=self.path, fault=error.fault, moved_to=self.moved_aside)  # fmt: skip
                 self._db = self._open()
         except BaseException:
             self._release_lock()
@@ -360,7 +359,7 @@ class StateStore:
         fd = self._take_lock()  # refused if another exporter took the new lock file meanwhile
         os.close(self._lock_fd)
         self._lock_fd = fd
-        log.warning("state lock file %s was deleted while running; locked it again", self.lock_path)
+        log.warning("state lock file was deleted while running; locked it again", path=self.lock_path)
 
     # -- the file under the connection --
 
@@ -429,7 +428,7 @@ class StateStore:
         except sqlite3.Error as error:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             raise self._error(error) from error
-        log.warning("%s; recreated it from the open copy", event)
+        log.warning("state file recreated from the open copy", path=self.path, event=event)
 
     # -- the public API --
 
@@ -441,7 +440,7 @@ class StateStore:
             try:
                 self._check_file()  # a file deleted since the last write is written back before closing
             except StateError as error:
-                log.error("closing the state file: %s", error)
+                log.error("closing the state file failed", path=self.path, error=str(error))
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
             self._release_lock()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import logging
+import math
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
@@ -25,12 +26,15 @@ from types import MappingProxyType
 from exporter.billing import BillingClient, BillingError, RecordError, UsagePage, UsageRecord
 from exporter.clock import Clock
 from exporter.config import PriceConfig
+from exporter.logs import get_logger
 from exporter.snapshots import UsageKey, UsageSnapshot, UsageTotals
 from exporter.state import StateStore, UsageCursor, UsageRow
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 MILLION = Decimal(1_000_000)
+PROGRESS_EVERY = 5.0
+"""Seconds between progress lines while one read of a day goes on."""
 FULL_READS = 3
 """Reads of a whole day in a row that may disagree with `total` (or with each other) before the refresh fails."""
 FINALISE_ATTEMPTS = 10
@@ -210,8 +214,13 @@ class UsageSync:
         boundary: UsagePage | None = None
         start: UsagePage | None = None
         pages = total = 0
+        said = time.monotonic()
         for page in self.client.usage_pages(day, first_page):
             pages += 1
+            if time.monotonic() - said >= PROGRESS_EVERY:  # a first sync of a busy day takes a while
+                said = time.monotonic()
+                of = max(pages, math.ceil(max(total, page.total) / self.client.page_size) - first_page + 1)
+                log.info("reading usage", day=day, pages=pages, of=of)
             if start is None:
                 if verify is not None:
                     verify(page)
@@ -253,8 +262,8 @@ class UsageSync:
                 continue
             if not parallel or not aggregate.duplicates or aggregate.duplicates == repeated:
                 if aggregate.duplicates:
-                    log.warning("usage day=%s lists %d request ids more than once; each is counted once",
-                                day, len(aggregate.duplicates))  # fmt: skip
+                    log.warning("request ids listed more than once; each is counted once",
+                                day=day, repeated=len(aggregate.duplicates))  # fmt: skip
                 return aggregate, boundary
             repeated = aggregate.duplicates
             problem = f"{len(repeated)} request ids read twice"
@@ -309,14 +318,14 @@ class UsageSync:
             if day < today and self._cursor.finalised:
                 self._previous = self._snapshot(day, self._aggregate, self._created)
         if self._day == today:
-            log.info("resuming usage sync day=%s records=%d", today, self._aggregate.records)
+            log.info("resuming usage sync", day=today, records=self._aggregate.records)
 
     def _finalise(self, day: dt.date) -> None:
         """The old day's last full pull, for records that arrived late."""
         aggregate, boundary = self._full(day)
         self._save(self._cursor_after(day, aggregate, boundary, finalised=True), aggregate)
         self._previous = self._snapshot(day, aggregate, self.clock.day_start(day).timestamp())
-        log.info("finalised usage day=%s records=%d", day, aggregate.records)
+        log.info("finalised usage day", day=day, records=aggregate.records)
 
     def refresh(self) -> UsageSnapshot:
         today = self.clock.today()
@@ -330,8 +339,8 @@ class UsageSync:
                     self._finalise_failures += 1
                     if self._finalise_failures < FINALISE_ATTEMPTS:
                         raise
-                    log.error("usage day=%s could not be finalised after %d tries; moving on to today",
-                              self._day, self._finalise_failures)  # fmt: skip
+                    log.error("usage day could not be finalised; moving on to today",
+                              day=self._day, tries=self._finalise_failures)  # fmt: skip
             self._day, self._finalise_failures = None, 0
         if self._day is None:
             self._day, self._cursor, self._aggregate = today, None, Aggregate(self.per_api_key)
@@ -344,7 +353,7 @@ class UsageSync:
         except ResyncNeeded as reason:
             if self._cursor is not None and self._cursor.records:
                 self.resyncs += 1
-                log.warning("usage resync day=%s reason=%r", today, str(reason))
+                log.warning("usage resync", day=today, reason=str(reason))
             aggregate, boundary = self._full(today)
         if any(
             new < old

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -35,6 +36,15 @@ def named(series: Series, name: str) -> dict[frozenset[tuple[str, str]], float]:
     return {labels: v for (n, labels), v in series.items() if n == name}
 
 
+def logged(records: list[logging.LogRecord], message: str, **fields: object) -> list[logging.LogRecord]:
+    """The records whose message starts with `message` and whose fields include `fields`."""
+    return [
+        r
+        for r in records
+        if r.getMessage().startswith(message) and all(getattr(r, "fields", {}).get(k) == v for k, v in fields.items())
+    ]
+
+
 def wait_for(condition: Callable[[], T], timeout: float = 20.0, interval: float = 0.05) -> T:
     """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -62,6 +72,8 @@ class Receiver:
         self.redirect_to = ""
         """When set, every POST is answered 302 with this `Location`."""
         self.gets = 0
+        self.on_post: Callable[[], object] | None = None
+        """Called as each POST arrives, before it is answered."""
         self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,6 +89,8 @@ class Receiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if receiver.on_post is not None:
+                    receiver.on_post()
                 if receiver.redirect_to:
                     with receiver._lock:
                         receiver.attempts += 1
@@ -91,7 +105,9 @@ class Receiver:
                     if refused:
                         receiver.refuse -= 1
                     else:
-                        receiver.received.append({"path": self.path, "body": json.loads(body)})
+                        receiver.received.append(
+                            {"path": self.path, "body": json.loads(body), "headers": dict(self.headers)}
+                        )
                 self.send_response(503 if refused else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

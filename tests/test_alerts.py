@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 from pathlib import Path
 
@@ -285,3 +286,25 @@ def test_a_restart_keeps_the_pending_for_timer(
         assert statuses(receiver) == ["firing"]
     finally:
         second.stop()
+
+
+def test_counts_show_without_decimals_and_amounts_with_two(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    sim.add_usage(40)
+    rules = [
+        {"alert": "Tokens", "signal": "tokens", "threshold": 10, "annotations": {"summary": "{value} > {threshold}"}},
+        {"alert": "Spend", "signal": "spend", "threshold": 10, "annotations": {"summary": "{value} > {threshold}"}},
+    ]
+    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, *rules))
+    try:
+        assert daemon.refresh("usage")
+        assert refreshed(daemon)
+    finally:
+        daemon.stop()
+    summaries = {
+        b["alerts"][0]["labels"]["alertname"]: b["alerts"][0]["annotations"]["summary"] for b in receiver.bodies()
+    }
+    tokens = sum(t["prompt"] + t["completion"] for t in sim.usage_totals().values())
+    assert summaries["Tokens"] == f"{tokens} > 10"
+    assert re.fullmatch(r"\d+\.\d\d > 10\.00", summaries["Spend"])

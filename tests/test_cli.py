@@ -165,7 +165,8 @@ def test_once_when_the_api_is_unreachable_or_refuses(tmp_path: Path, live: tuple
     server.stop()
     unreachable = run("once", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
     assert unreachable.returncode == 2
-    assert "connection failed" in unreachable.stderr
+    host = server.url.removeprefix("http://")
+    assert f"connection to {host} failed: connection refused" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
 
 

@@ -18,7 +18,7 @@ from exporter.config import validate
 from exporter.daemon import Daemon
 from exporter.simulator import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
-from tests.helpers import Receiver, named, scrape, value, wait_for
+from tests.helpers import Receiver, logged, named, scrape, value, wait_for
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
 
@@ -116,7 +116,7 @@ def test_an_outage_keeps_the_last_values_and_recovers(
         assert named(later, name) == named(first, name)
     assert named(later, "inference_usage_requests_total") == counters_before
     assert value(later, "inference_exporter_refresh_success", source="usage") == 0
-    failures = [r for r in caplog.records if r.levelno == logging.ERROR and "source=usage" in r.getMessage()]
+    failures = [r for r in logged(caplog.records, "refresh failed", source="usage") if r.levelno == logging.ERROR]
     assert len(failures) == 1  # once per state change, not once per refresh
 
     sim.clear_faults()
@@ -131,7 +131,7 @@ def test_an_outage_keeps_the_last_values_and_recovers(
     )
     for labels, count in counters_before.items():
         assert named(after, "inference_usage_requests_total")[labels] >= count
-    assert any("refresh recovered source=usage" in r.getMessage() for r in caplog.records)
+    assert logged(caplog.records, "refresh recovered", source="usage")
 
 
 def test_reload_refuses_a_bad_config_and_keeps_running(
@@ -201,3 +201,19 @@ def test_probes_run_as_sources_and_feed_probe_alerts(
         wait_for(lambda: [b["status"] for b in receiver.bodies()] == ["firing", "resolved"])
     finally:
         daemon.stop(grace=5)
+
+
+def test_a_run_skipped_for_a_slow_source_is_our_debug_line_not_a_warning(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim.latency = 0.4  # each usage refresh outlasts its 100 ms interval
+    sim.add_usage(10)
+    document = daemon_config(sim, server, tmp_path, usage_interval="100ms", bills_interval="1h")
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    caplog.set_level(logging.DEBUG)
+    daemon.start()
+    try:
+        wait_for(lambda: logged(caplog.records, "scheduled run skipped", source="usage"), timeout=20)
+    finally:
+        daemon.stop(grace=5)
+    assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]

@@ -19,6 +19,8 @@ from tests.test_exposition import full_exposition
 
 README = Path(__file__).parent.parent / "README.md"
 START, END = "<!-- metrics-reference:start -->", "<!-- metrics-reference:end -->"
+LABELS_FROM_RULES = {"inference_alerts": "alertname, alertstate, and the rule's `by` labels and `labels`"}
+"""Families whose labels come from the config's rules: the sample exposition's would mislead."""
 
 
 def reference(exposition: bytes) -> str:
@@ -27,8 +29,9 @@ def reference(exposition: bytes) -> str:
         if family.name.endswith("_created"):
             continue  # counters' start times, written beside them
         name = f"{family.name}_total" if family.type == "counter" else family.name
-        labels = sorted({label for s in family.samples for label in s.labels} - {"le"})
-        rows.append(f"| `{name}` | {family.type} | {', '.join(labels)} | {family.documentation} |")
+        labels = ", ".join(sorted({label for s in family.samples for label in s.labels} - {"le"}))
+        labels = LABELS_FROM_RULES.get(name, labels)
+        rows.append(f"| `{name}` | {family.type} | {labels} | {family.documentation} |")
     return "\n".join(rows)
 
 

@@ -20,7 +20,7 @@ from exporter.config import validate
 from exporter.daemon import Daemon
 from exporter.simulator import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
-from tests.helpers import Series, named, scrape, value
+from tests.helpers import Series, logged, named, scrape, value
 
 FAST = RetryPolicy(attempts=3, backoff=0.001, sleep=lambda s: None)
 BILLING_PATHS = {"bills": "/api/v1/bills/details", "usage": "/api/v1/usages/details"}
@@ -106,13 +106,15 @@ def test_fault(daemon: Daemon, sim: Simulator, fault_name: str, source: str, cap
     if source == PROBE:
         assert value(during, "inference_probe_success", probe="chat", endpoint_id=sim.endpoints[0].endpoint_id,
                      scenario="chat") == 0  # fmt: skip
-        logged = [r for r in caplog.records if r.levelno >= logging.WARNING and "probe failed" in r.getMessage()]
+        errors = [r for r in logged(caplog.records, "probe failed") if r.levelno >= logging.WARNING]
     else:
         assert value(during, "inference_exporter_refresh_success", source=source) == 0
         stamp = "inference_exporter_last_refresh_success_timestamp_seconds"
         assert value(during, stamp, source=source) == value(before, stamp, source=source)
-        logged = [r for r in caplog.records if r.levelno >= logging.ERROR and f"source={source}" in r.getMessage()]
-    assert len(logged) == 1, [r.getMessage() for r in logged]
+        errors = [
+            r for r in caplog.records if r.levelno >= logging.ERROR and getattr(r, "fields", {}).get("source") == source
+        ]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
 
     sim.clear_faults()
     assert daemon.refresh(source)

@@ -78,7 +78,7 @@ def test_no_secret_reaches_any_output(
     check = run("check", "--config", str(config), env=SECRETS)
     written += [once.stdout, once.stderr, check.stdout, check.stderr]
 
-    assert "probe failed probe=bad reason=http_404" in stderr
+    assert 'msg="probe failed" probe=bad reason=http_404' in stderr
     assert "notification failed" in stderr
     assert "inference_probe_success" in once.stdout
     everything = "\n".join(written)

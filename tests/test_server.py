@@ -20,7 +20,7 @@ from exporter.daemon import build_exposition
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from tests.conftest import require_binary
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 
@@ -177,4 +177,28 @@ def test_a_slow_tls_client_is_cut_at_the_header_deadline(certificate: tuple[Path
     finally:
         silent.close()
         slow.close()
+        server.stop()
+
+
+def test_a_failed_connection_says_the_host_and_why(certificate: tuple[Path, Path], clock: Clock) -> None:
+    from exporter.billing import BillingClient, BillingUnavailable, RetryPolicy
+
+    cert, key = certificate
+    server = start({"tls": {"cert_file": str(cert), "key_file": str(key)}}, clock)
+    closed = free_port()
+    cases = {
+        server.url: "TLS certificate verification failed (self-signed certificate)",
+        f"http://127.0.0.1:{closed}": "connection refused",
+        "http://no-such-host.invalid": "the host name does not resolve (DNS)",
+    }
+    try:
+        for url, cause in cases.items():
+            client = BillingClient(
+                url, requests.auth.HTTPBasicAuth("u", "p"), tz=clock.tz, retry=RetryPolicy(attempts=1)
+            )
+            with client, pytest.raises(BillingUnavailable) as failure:
+                client.bills("2026-11", "GROUP_TERM_ITEM")
+            host = url.split("://", 1)[1]
+            assert f"connection to {host} failed: {cause}" in str(failure.value)
+    finally:
         server.stop()

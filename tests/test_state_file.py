@@ -19,7 +19,7 @@ import yaml
 
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.state import AlertStore, StateError, StateStore, UsageCursor
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, logged, wait_for
 from tests.test_cli import ready, run, spawn, write_config
 
 DAY = dt.date(2026, 11, 22)
@@ -175,9 +175,9 @@ def test_reset_moves_a_corrupt_file_aside_and_starts_afresh(tmp_path: Path, capl
     assert store.load_usage(DAY) is None
     save_day(store, DAY)
     store.close()
-    [warning] = [r.getMessage() for r in caplog.records]
-    assert str(path) in warning
-    assert str(aside) in warning
+    [warning] = caplog.records
+    assert warning.getMessage() == "state file moved aside; started a fresh one"
+    assert (warning.fields["path"], warning.fields["moved_to"]) == (str(path), str(aside))  # type: ignore[attr-defined]
 
     kept = StateStore(path, reset=True)  # a sound file is not moved aside
     assert kept.moved_aside is None
@@ -302,12 +302,10 @@ def test_a_file_deleted_while_running_is_recreated_with_every_row(
     add_alert(store, "after")
     assert path.exists()
     assert rows_in_file(path) == (2, 12, 2, 2)  # before and after the deletion, in the file itself
-    warnings = [r.getMessage() for r in caplog.records]
-    [warning] = [w for w in warnings if "recreated it from the open copy" in w]
-    assert str(path) in warning
-    assert "was deleted while running" in warning
+    [warning] = logged(caplog.records, "state file recreated from the open copy", path=str(path))
+    assert "was deleted while running" in warning.fields["event"]  # type: ignore[attr-defined]
     if deleted == "the whole directory":  # the lock file went too: taken again
-        assert f"state lock file {path}.lock was deleted while running; locked it again" in warnings
+        assert logged(caplog.records, "state lock file was deleted while running", path=f"{path}.lock")
     with pytest.raises(StateError, match="in use"):
         StateStore(path)  # still locked
     store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from pathlib import Path
 
@@ -196,3 +197,20 @@ def test_per_api_key_splits_the_totals(
     keys = {k.api_key for k in snapshot.totals}
     assert keys == {"sk-7f3a********", "sk-19cc********"}
     assert sum(t.requests for t in snapshot.totals.values()) == 200
+
+
+def test_a_long_read_says_it_is_progressing(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from exporter import usage_sync
+
+    monkeypatch.setattr(usage_sync, "PROGRESS_EVERY", 0.2)
+    sim.latency = 0.05  # 20 pages, 3 at a time: about 0.4 s
+    sim.add_usage(2000)
+    caplog.set_level(logging.INFO, logger="exporter.usage_sync")
+    make_sync(small_pages, clock, store).refresh()
+    progress = [r.fields for r in caplog.records if r.getMessage() == "reading usage"]  # type: ignore[attr-defined]
+    assert progress
+    assert all(p["of"] == 20 and 0 < p["pages"] <= 20 for p in progress)
+    assert [p["pages"] for p in progress] == sorted(p["pages"] for p in progress)

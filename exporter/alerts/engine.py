@@ -12,7 +12,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -23,10 +22,11 @@ from typing import Literal
 from exporter.alerts import rules
 from exporter.clock import Clock
 from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
+from exporter.logs import get_logger
 from exporter.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
@@ -85,8 +85,14 @@ def rule_id(rule: RuleConfig) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
-def fmt(value: Decimal) -> str:
+COUNTS = frozenset({"tokens", "requests"})
+"""Signals that count things: their figures are whole numbers, shown without decimals."""
+
+
+def fmt(value: Decimal, signal: str | None = None) -> str:
     """A figure for people: 2 decimals from 1 up, 4 below, no exponent."""
+    if signal in COUNTS:
+        return f"{value.quantize(Decimal(1)):f}"
     quantum = Decimal("0.01") if abs(value) >= 1 else Decimal("0.0001")
     return f"{value.quantize(quantum):f}"
 
@@ -173,12 +179,13 @@ class Engine:
             if not rules.COMPARE[rule.op](value, rule.threshold):
                 continue
             labels = {"alertname": rule.alert, **rule.labels, **dict(group)}
-            fields = {**dict(group), "value": fmt(value), "threshold": fmt(rule.threshold)}
-            default = f"{rule.alert}: {rule.signal} {fmt(value)} {rule.op} {fmt(rule.threshold)}"
-            annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(value)}
+            shown, limit = fmt(value, rule.signal), fmt(rule.threshold, rule.signal)
+            fields = {**dict(group), "value": shown, "threshold": limit}
+            default = f"{rule.alert}: {rule.signal} {shown} {rule.op} {limit}"
+            annotations = {"summary": default} | render(rule.annotations, fields) | {"value": shown}
             key = fingerprint(labels | {"__rule__": rid})
             active.add(key)
-            self._active(db, rid, key, labels, annotations, fmt(value), rule.for_, now)
+            self._active(db, rid, key, labels, annotations, shown, rule.for_, now)
         for alert in list(self.alerts.values()):
             if alert.rule != rid or alert.key in active or alert.state == "resolved":
                 continue
@@ -207,7 +214,7 @@ class Engine:
         if alert.state == "pending" and now - alert.active_since >= hold:
             alert = replace(alert, state="firing", fired_at=now)
             self._transitions += 1
-            log.info("alert firing alertname=%s key=%s value=%s", labels["alertname"], key, value)
+            log.info("alert firing", alertname=labels["alertname"], labels=labels, value=value)
             self._notify(db, alert, "firing", now)
         self._save(db, alert)
 
@@ -216,7 +223,7 @@ class Engine:
         self._transitions += 1
         self._save(db, resolved)
         how = "inhibited" if inhibited else "resolved"
-        log.info("alert %s alertname=%s key=%s", how, alert.labels["alertname"], alert.key)
+        log.info(f"alert {how}", alertname=alert.labels["alertname"], labels=alert.labels)
         if not inhibited:
             self._notify(db, resolved, "resolved", now)
 

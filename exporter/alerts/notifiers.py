@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from exporter import __version__
 from exporter.alerts.engine import Alert, iso
 from exporter.alerts.post import DeadlineExceeded, post_json
+from exporter.billing import network_cause
 from exporter.clock import Clock
 from exporter.config import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
+from exporter.logs import get_logger
 from exporter.state import AlertStore, StateError
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 RESEND = 60.0
 DEADLINE = 10.0
@@ -42,8 +44,8 @@ POLL = 2.0
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
 GIVE_UP_AFTER = 5
-"""Attempts after which a notification the receiver refuses outright (4xx but 408/429) is dropped,
-so one bad message cannot block its notifier's queue for ever."""
+"""Attempts after which a notification the receiver refuses outright (a 3xx, a 4xx but 408/429) is
+dropped, so one bad message cannot block its notifier's queue for ever."""
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 WEBHOOK_ALERTS = 100
 SLACK_ALERTS = 10
@@ -179,8 +181,9 @@ def pagerduty_payload(event: dict[str, Any], routing_key: str, external_url: str
 
 
 def _refused(reason: str) -> bool:
-    """A 4xx other than 408 and 429: the receiver will not take this message, however often it comes."""
-    return reason.startswith("HTTP 4") and reason not in ("HTTP 408", "HTTP 429")
+    """A 3xx, or a 4xx other than 408 and 429: the receiver will not take this message, however
+    often it comes."""
+    return reason.startswith(("HTTP 3", "HTTP 4")) and reason not in ("HTTP 408", "HTTP 429")
 
 
 class _Worker:
@@ -217,7 +220,7 @@ class _Worker:
             try:
                 self._work()
             except StateError as error:
-                log.error("notification delivery paused: %s", error)
+                log.error("notification delivery paused", error=str(error))
             except Exception:  # a bug must not stop delivery for good; it is logged with its traceback
                 log.exception("notification delivery crashed")
 
@@ -243,6 +246,11 @@ class Dispatcher:
         self._notifiers: dict[str, AnyNotifier] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._workers: dict[str, _Worker] = {}
+        self._kinds: dict[str, type] = {}
+        self._retired: list[_Worker] = []
+        self._unsaved: dict[str, Callable[[], None]] = {}
+        """Per notifier, the outcome of its last delivery that the state file refused to record:
+        written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
         self._failing: set[str] = set()
         self._running = False
@@ -276,9 +284,13 @@ class Dispatcher:
         self._start_workers()
 
     def _start_workers(self) -> None:
-        for name in set(self._workers) - set(self._notifiers):
-            self._workers.pop(name).stop()
+        for name in list(self._workers):
+            if type(self._notifiers.get(name)) is not self._kinds[name]:  # removed, or now another type
+                worker = self._workers.pop(name)
+                worker.stop()
+                self._retired.append(worker)
         for name, notifier in self._notifiers.items():
+            self._kinds[name] = type(notifier)
             if name not in self._workers:
                 if isinstance(notifier, AlertmanagerNotifier):
                     self._workers[name] = _Worker(name, lambda n=name: self._alertmanager(n), RESEND)
@@ -306,11 +318,12 @@ class Dispatcher:
             worker.stop()
 
     def join(self, timeout: float) -> bool:
-        """Wait up to `timeout` for the workers to end; True if all did."""
+        """Wait up to `timeout` for the workers (those a reload retired too) to end; True if all did."""
         deadline = time.monotonic() + timeout
-        for worker in self._workers.values():
+        workers = [*self._workers.values(), *self._retired]
+        for worker in workers:
             worker.join(deadline - time.monotonic())
-        return not any(worker.alive for worker in self._workers.values())
+        return not any(worker.alive for worker in workers)
 
     # -- sending --
 
@@ -321,14 +334,14 @@ class Dispatcher:
         except DeadlineExceeded as error:
             reason = str(error)
         except (OSError, http.client.HTTPException) as error:
-            reason = f"connection failed ({type(error).__name__})"
+            reason = f"connection failed: {network_cause(error)}"
         else:
             if 200 <= answer.status < 300:
                 with self._counts:
                     self.sent[notifier] = self.sent.get(notifier, 0) + 1
                 if notifier in self._failing:
                     self._failing.discard(notifier)
-                    log.info("notifier recovered notifier=%s", notifier)
+                    log.info("notifier recovered", notifier=notifier)
                 return None
             reason = f"HTTP {answer.status}"
             if 300 <= answer.status < 400:
@@ -337,7 +350,7 @@ class Dispatcher:
             self.failed[notifier] = self.failed.get(notifier, 0) + 1
         if notifier not in self._failing:
             self._failing.add(notifier)
-            log.error("notification failed notifier=%s reason=%r (will retry)", notifier, reason)
+            log.error("notification failed (will retry)", notifier=notifier, reason=reason)
         return reason
 
     def _format(self, notifier: OutboxNotifier, event: dict[str, Any], entry: int) -> tuple[str, object] | None:
@@ -354,10 +367,22 @@ class Dispatcher:
         same notifier is waited for); returns how many were delivered."""
         return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
 
+    def _record(self, name: str, write: Callable[[], None]) -> None:
+        """Write a delivery's outcome; if the state file refuses, keep it to write first next time."""
+        try:
+            write()
+        except StateError:
+            self._unsaved[name] = write
+            raise
+        self._unsaved.pop(name, None)
+
     def _drain(self, name: str) -> int:
-        """Send a notifier's due notifications in order; stop at the first failure."""
+        """Send a notifier's due notifications in order; stop at the first failure. While the state
+        file refuses to record an outcome, nothing more is sent (it would be sent again)."""
         delivered = 0
         with self._locks[name]:
+            if name in self._unsaved:
+                self._record(name, self._unsaved[name])
             while not self._closed and isinstance(notifier := self._notifiers.get(name), OutboxNotifier):
                 entry = self.store.head(name)
                 now = self.clock.now().timestamp()
@@ -367,15 +392,14 @@ class Dispatcher:
                 reason = None if message is None else self._post(name, *message)
                 now = self.clock.now().timestamp()
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
-                    log.error("notification dropped notifier=%s reason=%r after %d attempts", name, reason,
-                              entry.attempts + 1)  # fmt: skip
-                    self.store.delivered(entry.id, now, dropped=reason)
+                    log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
+                    self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason))
                     continue
                 if reason is not None:
                     pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
-                    self.store.failed(entry.id, now + pause, reason)
+                    self._record(name, partial(self.store.failed, entry.id, now + pause, reason))
                     break
-                self.store.delivered(entry.id, now)
+                self._record(name, partial(self.store.delivered, entry.id, now))
                 delivered += message is not None
         return delivered
 

@@ -2,14 +2,18 @@
 
 `requests` bounds each socket read, not the request: a receiver that sends its headers and then
 one byte every few seconds would hold a delivery for ever. Here a timer shuts the socket down
-when the deadline passes, whatever phase the exchange is in (connect, TLS, headers, body).
-A POST is never followed to a 3xx's `Location` (that would turn it into a GET with no body):
-the answer's status is the caller's to judge. Proxies from the environment (`HTTPS_PROXY`,
-`HTTP_PROXY`, `NO_PROXY`) and requests' CA bundle are honoured as `requests` would.
+when the deadline passes, whatever phase the exchange is in (connect, TLS handshake, headers,
+body); each step also waits at most for the time left. (A host name that takes long to resolve
+is the one wait this cannot cut: the resolver does not let go of it.) A POST is never followed
+to a 3xx's `Location` (that would turn it into a GET with no body): the answer's status is the
+caller's to judge. Credentials in the URL (`https://user:pass@host/…`), proxies from the
+environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, with their credentials) and requests' CA
+bundle are honoured as `requests` would.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -17,9 +21,10 @@ import os
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from functools import cache
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from requests import certs
 from requests.utils import get_environ_proxies
@@ -44,24 +49,49 @@ def _tls() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile)
 
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-    """A connection for `url` (through the environment's proxy, if any) and the request target."""
+def _basic(parts: SplitResult, header: str = "Authorization") -> dict[str, str]:
+    """A basic-auth header for credentials written in a URL, if any."""
+    if parts.username is None:
+        return {}
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return {header: "Basic " + base64.b64encode(pair).decode()}
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """The TLS handshake done after `self.sock` is the TLS socket, so the deadline's timer can
+    shut it down mid-handshake (during `wrap_socket` the plain socket is already detached)."""
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel if any
+        hostname = self._tunnel_host or self.host  # type: ignore[attr-defined]
+        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=hostname, do_handshake_on_connect=False
+        )
+        self.sock.do_handshake()
+
+
+def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """A connection for `url` (through the environment's proxy, if any), the request target,
+    and the headers the URL itself asks for (credentials)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     host, port = parts.hostname or "", parts.port or (443 if https else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers = _basic(parts)
     proxy = get_environ_proxies(url).get(parts.scheme)
-    if proxy:
-        via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        proxy_host, proxy_port = via.hostname or "", via.port or 80
+    if not proxy:
         if https:
-            connection = http.client.HTTPSConnection(proxy_host, proxy_port, timeout=timeout, context=_tls())
-            connection.set_tunnel(host, port)
-            return connection, target
-        return http.client.HTTPConnection(proxy_host, proxy_port, timeout=timeout), url
+            return _HTTPSConnection(host, port, timeout=timeout, context=_tls()), target, headers
+        return http.client.HTTPConnection(host, port, timeout=timeout), target, headers
+    via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    proxy_auth = _basic(via, "Proxy-Authorization")
+    proxy_host, proxy_port = via.hostname or "", via.port or 80
     if https:
-        return http.client.HTTPSConnection(host, port, timeout=timeout, context=_tls()), target
-    return http.client.HTTPConnection(host, port, timeout=timeout), target
+        connection = _HTTPSConnection(proxy_host, proxy_port, timeout=timeout, context=_tls())
+        connection.set_tunnel(host, port, headers=proxy_auth)
+        return connection, target, headers
+    plain_url = parts._replace(netloc=f"{host}:{port}").geturl()  # the credentials go in a header
+    return http.client.HTTPConnection(proxy_host, proxy_port, timeout=timeout), plain_url, headers | proxy_auth
 
 
 def _cut(connection: http.client.HTTPConnection, fired: threading.Event) -> None:
@@ -69,26 +99,33 @@ def _cut(connection: http.client.HTTPConnection, fired: threading.Event) -> None
     sock = connection.sock
     if sock is not None:
         with contextlib.suppress(OSError):  # already closed
-            sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv; close alone would not
+            # The plain socket's shutdown (on a TLS socket too): it wakes a thread blocked in recv,
+            # where close alone would not.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str]) -> Answer:
-    """POST `body` as JSON; the receiver's status (and `Location`), or `DeadlineExceeded`, or an
-    `OSError`/`http.client.HTTPException` for a connection that failed."""
+    """POST `body` as JSON; the receiver's status (and `Location`) once its whole answer is in,
+    or `DeadlineExceeded`, or an `OSError`/`http.client.HTTPException` for a connection that failed."""
     data = json.dumps(body).encode()
-    connection, target = _connection(url, deadline)
+    ends = time.monotonic() + deadline
+    connection, target, url_headers = _connection(url, deadline)
     fired = threading.Event()
     timer = threading.Timer(deadline, _cut, args=(connection, fired))
     timer.daemon = True
     timer.start()
     try:
-        connection.request("POST", target, body=data, headers={"Content-Type": "application/json", **headers})
-        response = connection.getresponse()
-        body = response.read(MAX_ANSWER)
-        if response.length and len(body) < MAX_ANSWER:  # the connection ended before the answer did
-            raise http.client.IncompleteRead(body, response.length)
-        if fired.is_set():
+        connection.connect()
+        if fired.is_set():  # the deadline passed while connecting, before there was a socket to cut
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s")
+        connection.sock.settimeout(max(0.001, ends - time.monotonic()))
+        connection.request(
+            "POST", target, body=data, headers={"Content-Type": "application/json", **url_headers, **headers}
+        )
+        response = connection.getresponse()
+        answer = response.read(MAX_ANSWER)
+        if response.length and len(answer) < MAX_ANSWER:  # the connection ended before the answer did
+            raise http.client.IncompleteRead(answer, response.length)
         return Answer(response.status, response.getheader("Location") or "")
     except (OSError, http.client.HTTPException):
         if fired.is_set():

@@ -1,0 +1,117 @@
+"""Logs machines can read: logfmt (`text`) and JSON lines, the same fields in both.
+
+The daemon runs as a process with debug logging (so libraries log too), goes through a reload, a
+failing source and a recovery, and every line it writes is parsed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.logs import JsonFormatter, LogfmtFormatter, get_logger
+from exporter.simulator import Fault, Simulator, SimulatorServer
+from tests.helpers import scrape, value, wait_for
+from tests.test_cli import ready, spawn, write_config
+
+PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"=]*)(?: |$)')
+RFC3339_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def parse_logfmt(line: str) -> dict[str, str]:
+    """A logfmt line as a mapping; fails on anything that is not key=value pairs to the end."""
+    fields, at = {}, 0
+    while at < len(line):
+        match = PAIR.match(line, at)
+        assert match, f"not logfmt at {at}: {line!r}"
+        raw = match[2]
+        fields[match[1]] = json.loads(raw) if raw.startswith('"') else raw
+        at = match.end()
+    return fields
+
+
+def run_and_collect(tmp_path: Path, live: tuple[Simulator, SimulatorServer], fmt: str) -> list[str]:
+    sim, server = live
+    config = write_config(tmp_path, sim, server, log_level="debug", usage_interval="300ms")
+    document = yaml.safe_load(config.read_text())
+    document["state"] = {"path": str(tmp_path / "state.db")}
+    document["log"]["format"] = fmt
+    config.write_text(yaml.safe_dump(document))
+    process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
+    try:
+        wait_for(lambda: ready(url), timeout=30)
+        process.send_signal(signal.SIGHUP)
+        sim.inject(Fault("status", "/api/v1/usages/details", status=503, times=1000))
+        wait_for(lambda: value(scrape(url), "inference_exporter_refresh_success", source="usage") == 0, timeout=30)
+        sim.clear_faults()
+        wait_for(lambda: value(scrape(url), "inference_exporter_refresh_success", source="usage") == 1, timeout=30)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    return stderr.splitlines()
+
+
+def test_every_text_line_is_logfmt(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
+    lines = run_and_collect(tmp_path, live, "text")
+    parsed = [parse_logfmt(line) for line in lines]
+    assert len(parsed) > 20
+    for entry in parsed:
+        assert list(entry)[:4] == ["ts", "level", "component", "msg"]
+        assert RFC3339_MS.fullmatch(entry["ts"])
+        assert entry["level"] in ("debug", "info", "warning", "error")
+    failed = [e for e in parsed if e["msg"] == "refresh failed"]
+    assert [(e["source"], e["level"]) for e in failed] == [("usage", "error")]
+    assert "HTTP 503" in failed[0]["error"]
+    assert any(e["msg"] == "config reloaded" and e["path"].endswith("config.yaml") for e in parsed)
+    assert any(e["component"].startswith("urllib3") for e in parsed)  # libraries' lines are logfmt too
+
+
+def test_every_json_line_is_an_object_with_its_fields_as_keys(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    parsed = [json.loads(line) for line in run_and_collect(tmp_path, live, "json")]
+    assert len(parsed) > 20
+    for entry in parsed:
+        assert isinstance(entry, dict)
+        assert RFC3339_MS.fullmatch(entry["ts"])
+        assert {"ts", "level", "component", "msg"} <= set(entry)
+    (failed,) = [e for e in parsed if e["msg"] == "refresh failed"]
+    assert failed["source"] == "usage"
+    assert failed["level"] == "error"
+    recovered = [e for e in parsed if e["msg"] == "refresh recovered"]
+    assert [e["source"] for e in recovered] == ["usage"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["plain", "with space", "", 'a "quote"', "key=value", "back\\slash", "two\nlines", "tab\there", "ünïcode"],
+)
+def test_any_value_survives_both_formats(value: str) -> None:
+    record = logging.LogRecord("exporter.test", logging.INFO, __file__, 1, "a message", None, None)
+    record.fields = {"field": value, "count": 3, "labels": {"endpoint_id": "ep-1", "severity": "page"}}
+    line = LogfmtFormatter().format(record)
+    assert "\n" not in line
+    parsed = parse_logfmt(line)
+    assert (parsed["msg"], parsed["field"], parsed["count"]) == ("a message", value, "3")
+    assert parsed["labels"] == "endpoint_id=ep-1,severity=page"
+    entry = json.loads(JsonFormatter().format(record))
+    assert (entry["field"], entry["count"], entry["labels"]["severity"]) == (value, 3, "page")
+    assert dt.datetime.fromisoformat(entry["ts"]).tzinfo is not None
+
+
+def test_fields_named_like_the_line_s_own_keys_do_not_replace_them(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="exporter.test")
+    get_logger("exporter.test").info("hello", ts="not a time", component="other", source="usage")
+    (record,) = caplog.records
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry == entry | {"msg": "hello", "level": "info", "component": "exporter.test", "source": "usage"}
+    assert (entry["field_ts"], entry["field_component"]) == ("not a time", "other")
+    assert RFC3339_MS.fullmatch(entry["ts"])

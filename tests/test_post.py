@@ -1,0 +1,54 @@
+"""The notifiers' POST: one deadline for the whole exchange, whatever phase a receiver stalls in."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.alerts.post import DeadlineExceeded, post_json
+from tests.helpers import Receiver
+
+
+@pytest.fixture
+def dribbler() -> Iterator[tuple[int, threading.Event]]:
+    """A listener that, once connected, sends the start of a TLS record announcing 16 KiB, then one
+    byte every 0.3 s: a TLS handshake that never ends, though no read ever waits long."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(bytes([0x16, 0x03, 0x03, 0x40, 0x00]))
+            while not stop.wait(0.3):
+                try:
+                    connection.sendall(b"\x00")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1], stop
+    stop.set()
+    listener.close()
+
+
+def test_a_tls_handshake_that_dribbles_is_cut_at_the_deadline(dribbler: tuple[int, threading.Event]) -> None:
+    port, _ = dribbler
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        post_json(f"https://127.0.0.1:{port}/hook", {"x": 1}, deadline=1.0, headers={})
+    assert time.monotonic() - started < 4  # 1 s, and a busy machine's slack; without the cut it never ends
+
+
+def test_credentials_in_the_url_are_sent_as_basic_auth(receiver: Receiver) -> None:
+    url = receiver.url.replace("http://", "http://hook-user:s%3Acret@") + "/hook"
+    assert post_json(url, {"x": 1}, deadline=5, headers={}).status == 200
+    (received,) = receiver.received
+    assert received["headers"]["Authorization"] == "Basic aG9vay11c2VyOnM6Y3JldA=="  # hook-user:s:cret
+    assert received["body"] == {"x": 1}
