@@ -76,6 +76,7 @@ class SeenIds:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
+        """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError)."""
         digests = array("Q")
         digests.frombytes(data)
         buckets = [array("Q") for _ in range(ID_BUCKETS)]
@@ -248,8 +249,9 @@ class UsageSync:
         Records that arrive while pages are read in parallel can make the count miss `total`, or
         shift records between pages so that one is read twice and another not at all: the day is
         read again then. Request ids that repeat in a read spanning several pages may be such a
-        shift, or the API listing a request twice: the day is read again, and the same repeats
-        twice in a row are the API's (each counted once).
+        shift, or the API listing a request twice: the day is read again, and repeats that the
+        next read shows again (it may show new ones too, on a live day) are the API's, each
+        request counted once.
         """
         repeated: set[str] | None = None
         problem = ""
@@ -260,7 +262,7 @@ class UsageSync:
             except ResyncNeeded as mismatch:
                 problem = str(mismatch)
                 continue
-            if not parallel or not aggregate.duplicates or aggregate.duplicates == repeated:
+            if not parallel or not aggregate.duplicates or (repeated is not None and repeated <= aggregate.duplicates):
                 if aggregate.duplicates:
                     log.warning("request ids listed more than once; each is counted once",
                                 day=day, repeated=len(aggregate.duplicates))  # fmt: skip
@@ -280,8 +282,8 @@ class UsageSync:
 
         aggregate = self._aggregate.copy()
         first_page = position // self.client.page_size + 1
-        boundary, _ = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
-        if aggregate.duplicates:
+        boundary, parallel = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
+        if aggregate.duplicates and parallel:  # a shift between pages read at once, or the API's repeat
             raise ResyncNeeded(f"{len(aggregate.duplicates)} new records repeat request ids already counted")
         return aggregate, boundary
 
@@ -311,9 +313,17 @@ class UsageSync:
             saved = self.state.load_usage(day)
             if saved is None or saved[0].settings != self.settings:
                 continue
-            self._day, self._cursor = day, saved[0]
-            seen = SeenIds.from_bytes(self.state.load_usage_ids(day))
-            self._aggregate = Aggregate.from_rows(self.per_api_key, saved[1], seen, saved[0].records)
+            try:
+                seen = SeenIds.from_bytes(self.state.load_usage_ids(day))
+            except ValueError:
+                seen = SeenIds()
+            aggregate = Aggregate.from_rows(self.per_api_key, saved[1], seen, saved[0].records)
+            if day == today and seen.count != aggregate.records:
+                # Saved without its request ids (an older version) or with them damaged: without
+                # them a repeat could be counted twice, so the day is read afresh.
+                log.info("usage sync starts the day afresh: its request ids were not saved", day=day)
+                continue
+            self._day, self._cursor, self._aggregate = day, saved[0], aggregate
             self._created = self.clock.day_start(day).timestamp()
             if day < today and self._cursor.finalised:
                 self._previous = self._snapshot(day, self._aggregate, self._created)

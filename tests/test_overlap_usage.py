@@ -111,8 +111,8 @@ def test_the_ids_seen_survive_a_restart(
     finally:
         reopened.close()
     assert snapshot.records == 430
-    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
-    assert counter.pages > 2  # the repeat sent it back to a full read, which counts each request once
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)  # the ids counted before it were kept
+    assert counter.pages == 1  # and the poll went on where it stopped
 
 
 def test_a_list_that_keeps_moving_fails_the_refresh_rather_than_guessing(
@@ -193,3 +193,59 @@ def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) ->
     assert not reader.is_alive(), "the read still waits on pages the close cancelled"
     assert time.monotonic() - started < 2
     assert isinstance(outcome[-1], ClientClosed)
+
+
+def test_a_repeat_within_one_page_costs_no_full_read(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    sim.add_usage(250)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync.refresh()
+    sim.add_usage(6)
+    sim.repeat_usage(position=3, at=255)  # on page 3, where the poll starts: nothing can have shifted
+    counter = PageCounter(sim)
+    snapshot = sync.refresh()
+    assert counter.pages == 1
+    assert snapshot.resyncs == 0
+    assert snapshot.records == 256
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+
+
+def test_an_api_that_keeps_listing_new_repeats_is_still_read(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    """Each read of the day finds the repeats of the read before, and a new one (a live day)."""
+    sim.add_usage(900)
+    sim.repeat_usage(position=10, at=450)
+    added = []
+
+    def one_more_repeat(page_num: int) -> None:
+        if page_num == 1:  # as a read starts (and as it re-reads its first page)
+            added.append(page_num)
+            sim.repeat_usage(position=20 + len(added), at=800)
+
+    sim.before_usage_page = one_more_repeat
+    snapshot = UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    assert len(added) >= 2
+    sim.before_usage_page = None
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+
+
+@pytest.mark.parametrize("ids", [b"", b"\x01\x02\x03"], ids=["saved-without-ids", "damaged-ids"])
+def test_a_day_saved_without_its_ids_is_read_afresh(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, ids: bytes
+) -> None:
+    sim.add_usage(420)
+    store = StateStore(tmp_path / "state.db")
+    UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    with store.transaction() as db:  # as an older version left it, or a damaged blob
+        db.execute("UPDATE usage_ids SET ids = ?", (ids,))
+    store.close()
+    sim.repeat_usage(position=3, at=420)  # a request counted before, listed again
+    reopened = StateStore(tmp_path / "state.db")
+    try:
+        snapshot = UsageSync(small_pages, clock, reopened, per_api_key=False).refresh()
+    finally:
+        reopened.close()
+    assert snapshot.records == 420
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
