@@ -433,10 +433,6 @@ class BillingClient:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed.is_set()
-
     def __enter__(self) -> BillingClient:
         return self
 

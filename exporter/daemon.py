@@ -113,7 +113,6 @@ class Sources:
         )
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
-            self.usage.prices = {p.model: p for p in config.prices}
             self.bills = previous.bills
             self.bills.grace_days = config.billing.previous_month_grace_days
         else:
@@ -334,6 +333,8 @@ class Daemon:
         One cycle at a time, across reloads too: two engines must never work on one state file.
         """
         with self._busy(), self._alerts_lock:
+            if self._stopping.is_set():  # the state file is about to close
+                return
             try:
                 changes = self.sources.engine.evaluate()
             except StateError as error:
@@ -374,6 +375,21 @@ class Daemon:
             elif self._intervals[source] != interval:
                 self.scheduler.reschedule_job(source, trigger=trigger)
             self._intervals[source] = interval
+
+    def _reprice(self) -> None:
+        """New prices: today's and yesterday's estimates change now, not at the next usage refresh.
+        A refresh in flight prices its own figures with them."""
+        lock = self._locks.setdefault("usage", threading.Lock())
+        if not lock.acquire(blocking=False):
+            self.sources.usage.prices = {p.model: p for p in self.config.prices}
+            return
+        try:
+            snapshot = self.sources.usage.reprice(self.config.prices)
+            if snapshot is not None:
+                self.latest.usage = snapshot
+                self.sources.exposition.render()
+        finally:
+            lock.release()
 
     @staticmethod
     def _skipped(event: JobSubmissionEvent) -> None:
@@ -439,6 +455,8 @@ class Daemon:
                 return False
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
         self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
+        if config.prices != old.config.prices:
+            self._reprice()
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()
@@ -460,6 +478,9 @@ class Daemon:
         self.dispatcher.close()
         self.sources.close()
         finished = self.dispatcher.join(deadline - time.monotonic())
+        if self._alert_worker.is_alive():
+            self._alert_worker.join(max(0.0, deadline - time.monotonic()))
+            finished = finished and not self._alert_worker.is_alive()
         with self._idle:
             while self._active and time.monotonic() < deadline:
                 self._idle.wait(deadline - time.monotonic())

@@ -103,7 +103,7 @@ class Aggregate:
         self.sums: dict[UsageKey, list[int]] = sums or {}
         self.records = sum(s[0] for s in self.sums.values())
         self.seen = seen or SeenIds()
-        self.rows = rows or self.records
+        self.rows = rows
         self.duplicates: set[str] = set()
 
     def copy(self) -> Aggregate:
@@ -175,24 +175,35 @@ class UsageSync:
         self._aggregate = Aggregate(per_api_key)
         self._cursor: UsageCursor | None = None
         self._created = 0.0
-        self._previous: UsageSnapshot | None = None
+        self._previous: tuple[dt.date, Aggregate, float] | None = None
+        """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
 
     # -- snapshots --
 
-    def _snapshot(self, day: dt.date, aggregate: Aggregate, created: float) -> UsageSnapshot:
+    def _snapshot(
+        self, day: dt.date, aggregate: Aggregate, created: float, *, with_previous: bool = True
+    ) -> UsageSnapshot:
         totals = {
             key: UsageTotals(r, p, c, k, estimate(self.prices.get(key.model), p, c, k))
             for key, (r, p, c, k) in aggregate.sums.items()
         }
+        previous = self._previous if with_previous else None
         return UsageSnapshot(
             day=day,
             totals=MappingProxyType(totals),
             records=aggregate.records,
             created=created,
             resyncs=self.resyncs,
-            previous_day=self._previous,
+            previous_day=self._snapshot(*previous, with_previous=False) if previous else None,
         )
+
+    def reprice(self, prices: Iterable[PriceConfig]) -> UsageSnapshot | None:
+        """Take new prices; the figures priced with them (None before the first sync). No API call."""
+        self.prices = {p.model: p for p in prices}
+        if self._day is None or self._cursor is None:
+            return None
+        return self._snapshot(self._day, self._aggregate, self._created)
 
     # -- paging --
 
@@ -326,7 +337,7 @@ class UsageSync:
             self._day, self._cursor, self._aggregate = day, saved[0], aggregate
             self._created = self.clock.day_start(day).timestamp()
             if day < today and self._cursor.finalised:
-                self._previous = self._snapshot(day, self._aggregate, self._created)
+                self._previous = (day, self._aggregate, self._created)
         if self._day == today:
             log.info("resuming usage sync", day=today, records=self._aggregate.records)
 
@@ -334,7 +345,7 @@ class UsageSync:
         """The old day's last full pull, for records that arrived late."""
         aggregate, boundary = self._full(day)
         self._save(self._cursor_after(day, aggregate, boundary, finalised=True), aggregate)
-        self._previous = self._snapshot(day, aggregate, self.clock.day_start(day).timestamp())
+        self._previous = (day, aggregate, self.clock.day_start(day).timestamp())
         log.info("finalised usage day", day=day, records=aggregate.records)
 
     def refresh(self) -> UsageSnapshot:

@@ -308,3 +308,46 @@ def test_counts_show_without_decimals_and_amounts_with_two(
     tokens = sum(t["prompt"] + t["completion"] for t in sim.usage_totals().values())
     assert summaries["Tokens"] == f"{tokens} > 10"
     assert re.fullmatch(r"\d+\.\d\d > 10\.00", summaries["Spend"])
+
+
+def test_alerts_and_notifications_saved_before_grouping_keep_their_incident_keys(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    import json
+    import sqlite3
+
+    rule = {"alert": "Spend", "signal": "spend", "by": ["endpoint_id"], "threshold": 0}
+    alerts = {"rules": [rule], "notifiers": [{"name": "pager", "type": "pagerduty", "routing_key": "rk",
+                                              "url": f"{receiver.url}/pd"}]}  # fmt: skip
+    first = make_daemon(sim, server, clock, tmp_path, alerts)
+    first.dispatcher.close()  # no delivery: what the previous version left behind is set up below
+    assert first.refresh("bills")
+    first.alert_cycle()
+    first.stop()
+    with sqlite3.connect(tmp_path / "state.db") as db:  # as the previous version wrote them
+        bodies = {key: json.loads(body) for key, body in db.execute("SELECT key, body FROM alert_state")}
+        for key, body in bodies.items():
+            del body["grouped"]
+            db.execute("UPDATE alert_state SET body = ? WHERE key = ?", (json.dumps(body), key))
+        db.execute("DELETE FROM outbox")
+        key, body = next(iter(bodies.items()))
+        old_event = {"key": key, "dedup_key": key, "status": "firing", "labels": body["labels"],
+                     "annotations": body["annotations"], "starts_at": body["fired_at"], "ends_at": None,
+                     "value": body["value"]}  # fmt: skip
+        db.execute(
+            "INSERT INTO outbox (notifier, event, created, next_attempt) VALUES ('pager', ?, 0, 0)",
+            (json.dumps(old_event),),
+        )
+    second = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        second.deliver()
+        (trigger,) = receiver.bodies("/pd")
+        assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", key)
+        for endpoint in sim.endpoints:
+            for item in ITEMS:
+                sim.revise_bill(TODAY, endpoint.endpoint_id, item, Decimal(0))
+        assert refreshed(second)
+    finally:
+        second.stop()
+    resolves = [b for b in receiver.bodies("/pd") if b["event_action"] == "resolve"]
+    assert sorted(b["dedup_key"] for b in resolves) == sorted(bodies)  # each closes the incident it opened

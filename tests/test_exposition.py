@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -132,3 +134,30 @@ def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
     assert openmetrics.count(b"# EOF") == 1
     assert openmetrics.endswith(b"# EOF\n")
     assert exposition.render("application/openmetrics-text; version=1.0.0")[0] == openmetrics
+
+
+def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: pytest.LogCaptureFixture) -> None:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from exporter.exposition import Exposition
+
+    class Fine:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            family = GaugeMetricFamily("inference_fine", "Fine.", labels=["l"])
+            family.add_metric(["ok"], 1.0)
+            yield family
+
+    class Broken:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            family = GaugeMetricFamily("inference_broken", "Broken.", labels=["l"])
+            family.add_metric(["ep\ud800x"], 1.0)  # no text encoding can hold it
+            yield family
+
+    exposition = Exposition([Broken(), Fine()])  # type: ignore[list-item]
+    for _ in range(3):
+        body, _ = exposition.render()
+        assert b'inference_fine{l="ok"} 1.0' in body
+        assert b"inference_broken" not in body
+    errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
+    assert len(errors) == 1  # once, not per scrape
+    assert errors[0].fields["collector"] == "Broken"  # type: ignore[attr-defined]

@@ -465,3 +465,28 @@ def test_a_notifier_that_changes_type_on_reload_delivers_as_its_new_type(
         assert receiver.bodies("/x") == []
     finally:
         daemon.stop()
+
+
+def test_new_prices_apply_at_once_on_reload(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    sim.add_usage(200)
+    path = tmp_path / "config.yaml"
+    prices = [{"model": m, "prompt_per_million": "1", "completion_per_million": "2"} for m in ("model-a", "model-b")]
+    document = reload_document(sim, server, tmp_path) | {"prices": prices}
+    write(path, document)
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    try:
+        assert daemon.refresh("usage")
+        before = named(scrape(daemon.server.url), "inference_usage_estimated_payable_amount_total")
+        document["prices"] = [p | {"prompt_per_million": "1000", "completion_per_million": "2000"} for p in prices]
+        write(path, document)
+        served = dict(sim.requests_served)
+        assert daemon.reload()
+        after = named(scrape(daemon.server.url), "inference_usage_estimated_payable_amount_total")
+        assert sim.requests_served == served  # no refresh was needed
+    finally:
+        daemon.stop()
+    assert before.keys() == after.keys()
+    assert all(after[k] == pytest.approx(before[k] * 1000) for k in before)

@@ -214,3 +214,25 @@ def test_a_long_read_says_it_is_progressing(
     assert progress
     assert all(p["of"] == 20 and 0 < p["pages"] <= 20 for p in progress)
     assert [p["pages"] for p in progress] == sorted(p["pages"] for p in progress)
+
+
+def test_new_prices_reprice_today_and_the_finalised_day_before(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    from exporter.config import PriceConfig
+
+    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+    dear = [p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000}) for p in cheap]
+    sim.add_usage(150)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    sync.refresh()
+    frozen.advance(dt.timedelta(days=1))
+    sim.add_usage(80, clock.today())
+    first = sync.refresh()
+    again = sync.reprice(dear)
+    assert again is not None
+    assert first.previous_day is not None
+    assert again.previous_day is not None
+    for then, now in ((first, again), (first.previous_day, again.previous_day)):
+        for key, totals in then.totals.items():
+            assert now.totals[key].estimated_payable == totals.estimated_payable * 1000

@@ -51,6 +51,9 @@ class Alert:
     inhibited: bool = False
     """Resolved because a higher budget tier took over: no resolve notice of its own."""
     period: str = ""
+    grouped: bool = False
+    """Created by a version that groups a rule's alerts into one incident. Alerts saved before it
+    keep their own incident key, so their resolve closes the incident they opened."""
 
     @property
     def incident(self) -> str:
@@ -58,7 +61,7 @@ class Alert:
         one budget in one period escalates one incident rather than opening another)."""
         if self.period:
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
-        return fingerprint({"__rule__": self.rule})
+        return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
 
     def event(self, status: str) -> dict[str, object]:
         """One alert's state change, as the notifiers format it (inside a group)."""
@@ -209,7 +212,7 @@ class Engine:
     ) -> None:
         alert = self.alerts.get(key)
         if alert is None or alert.state == "resolved":
-            alert = Alert(key, rid, labels, annotations, "pending", now, value, now, period=period)
+            alert = Alert(key, rid, labels, annotations, "pending", now, value, now, period=period, grouped=True)
         alert = replace(alert, annotations=annotations, value=value, last_true=now)
         if alert.state == "pending" and now - alert.active_since >= hold:
             alert = replace(alert, state="firing", fired_at=now)
