@@ -13,7 +13,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -34,6 +34,9 @@ from exporter.decimals import parse_decimal
 from exporter.logs import get_logger
 from exporter.snapshots import probe_source
 
+if TYPE_CHECKING:
+    from exporter.alerts.signals import Signal
+
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
 SECRET_KEYS = (
@@ -45,20 +48,8 @@ SECRET_KEYS = (
 )
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-SIGNALS = ("spend", "estimated_spend", "tokens", "requests", "probe_latency", "probe_success", "data_age")
-WINDOWS = ("today", "month", "month_forecast")
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 MAX_TIER = 10
-SIGNAL_LABELS = {
-    "spend": ("endpoint_id", "item", "product", "project_id"),
-    "estimated_spend": ("endpoint_id", "model", "api_key"),
-    "tokens": ("endpoint_id", "model", "api_key"),
-    "requests": ("endpoint_id", "model", "api_key"),
-    "probe_latency": ("probe", "endpoint_id", "scenario"),
-    "probe_success": ("probe", "endpoint_id", "scenario"),
-    "data_age": ("source",),
-}
-"""The labels a signal's groups carry: what `by` and `where` may name."""
 LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
 
@@ -222,10 +213,18 @@ class BudgetConfig(Strict):
     period: Literal["month", "day"] = "month"
 
 
+def _signals() -> dict[str, Signal]:
+    """The signal table. Imported when a rule is checked, not with this module: the table's
+    evaluators need the modules that need this one."""
+    from exporter.alerts.signals import SIGNALS
+
+    return SIGNALS
+
+
 class RuleConfig(Strict):
     alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    signal: Literal[SIGNALS] | None = None  # type: ignore[valid-type]
-    window: Literal[WINDOWS] = "today"  # type: ignore[valid-type]
+    signal: str | None = None
+    window: Literal["today", "month", "month_forecast"] = "today"
     by: tuple[Name, ...] = ()
     where: dict[str, str] = Field(default_factory=dict)
     op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
@@ -247,6 +246,14 @@ class RuleConfig(Strict):
             raise ValueError("tiers must be increasing and distinct")
         return tiers
 
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, signal: str | None) -> str | None:
+        names = [repr(name) for name in _signals()]
+        if signal is not None and signal not in _signals():
+            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
+        return signal
+
     @model_validator(mode="after")
     def _shape(self) -> RuleConfig:
         if (self.signal is None) == (self.budget is None):
@@ -261,15 +268,18 @@ class RuleConfig(Strict):
                 "`where` do not apply"
             )
         if self.signal is not None:
-            known = SIGNAL_LABELS[self.signal]
+            signal = _signals()[self.signal]
+            known = signal.labels
             for name in (*self.by, *self.where):
                 if name not in known:
                     raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(known)})")
             named = {*self.by, *self.where}
             if self.signal == "spend" and {"endpoint_id", "item"} <= named:
                 raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
-            if self.window != "today" and self.signal != "spend":
-                raise ValueError(f"signal {self.signal!r} has only the `today` window")
+            if self.window not in signal.windows:
+                raise ValueError(
+                    f"signal {self.signal!r} has no `{self.window}` window (it has {', '.join(signal.windows)})"
+                )
         for name in self.labels:
             if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
                 raise ValueError(f"label {name!r} is not a valid alert label name")
@@ -435,9 +445,9 @@ def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[st
     None: probe signals with no probe, and `where` values outside the sets the config itself
     defines (probe names, scenarios, sources). Values the API defines (endpoints, models, items)
     are not known here, so they are not checked."""
-    signal = rule.get("signal")
-    if signal in ("probe_latency", "probe_success") and not probes:
-        return "signal", f"signal {signal!r} needs a probe, and `probes` is empty"
+    signal = _signals().get(str(rule.get("signal")))
+    if signal is not None and signal.needs == "probes" and not probes:
+        return "signal", f"signal {rule['signal']!r} needs a probe, and `probes` is empty"
     known = {
         "probe": {p.get("name") for p in probes},
         "scenario": {p.get("scenario", "chat") for p in probes},
@@ -464,8 +474,9 @@ def cross_check(document: dict[str, Any]) -> list[str]:
     problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
     budgets = {item.get("name") for _, item in _items(document, "budgets")}
     for where, rule in _items(document, "alerts", "rules"):
-        if rule.get("signal") == "estimated_spend" and not _items(document, "prices"):
-            problems.append(((*where, "signal"), "`estimated_spend` needs a `prices` table"))
+        signal = _signals().get(str(rule.get("signal")))
+        if signal is not None and signal.needs == "prices" and not _items(document, "prices"):
+            problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
         if "budget" in rule and rule["budget"] not in budgets:
             problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
         unmatchable = _unmatchable(rule, probes)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Literal
 
-from exporter.alerts import rules
+from exporter.alerts import rules, signals
 from exporter.clock import Clock
 from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
 from exporter.logs import get_logger
@@ -88,13 +88,9 @@ def rule_id(rule: RuleConfig) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
-COUNTS = frozenset({"tokens", "requests"})
-"""Signals that count things: their figures are whole numbers, shown without decimals."""
-
-
 def fmt(value: Decimal, signal: str | None = None) -> str:
-    """A figure for people: 2 decimals from 1 up, 4 below, no exponent."""
-    if signal in COUNTS:
+    """A figure for people: 2 decimals from 1 up, 4 below, no exponent; counts as whole numbers."""
+    if signal is not None and signals.SIGNALS[signal].counts:
         return f"{value.quantize(Decimal(1)):f}"
     quantum = Decimal("0.01") if abs(value) >= 1 else Decimal("0.0001")
     return f"{value.quantize(quantum):f}"
@@ -172,7 +168,7 @@ class Engine:
         return self._transitions - before
 
     def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
-        values = rules.evaluate(rule, self.latest, self.clock, self.sources())
+        values = signals.evaluate(rule, self.latest, self.clock, self.sources())
         if values is None:
             return  # no trustworthy data: every alert of this rule keeps its state
         assert rule.threshold is not None

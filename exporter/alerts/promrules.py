@@ -8,64 +8,19 @@ which is how the lower tiers are inhibited.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import yaml
 
+from exporter.alerts.signals import SIGNALS, NotExpressible
 from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
-
-TODAY = "inference_billing_today_info"
-
-
-class NotExpressible(Exception):
-    """A rule that only the exporter can evaluate."""
-
-
-def _matchers(where: dict[str, str]) -> str:
-    """`{name="value",...}`; JSON's string escapes are valid PromQL ones."""
-    if not where:
-        return ""
-    return "{" + ",".join(f"{name}={json.dumps(value)}" for name, value in sorted(where.items())) + "}"
-
-
-def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
-    return f"{op} by ({', '.join(by)}) ({expression})" if by else f"{op}({expression})"
 
 
 def expression(rule: RuleConfig) -> str:
-    """PromQL whose value is the rule's signal, per `by` group."""
-    selector = _matchers(rule.where)
-    signal, window = rule.signal, rule.window
-    if signal == "spend":
-        by_endpoint = "endpoint_id" in {*rule.by, *rule.where}
-        metric = (
-            "inference_bill_endpoint_daily_payable_amount"
-            if by_endpoint
-            else "inference_bill_item_daily_payable_amount"
-        )
-        if window == "today":
-            return _aggregate(f"{metric}{selector} and on(day) {TODAY}", rule.by)
-        if window == "month":
-            return _aggregate(f"{metric}{selector} and on(period) {TODAY}", rule.by)
-        if rule.by or rule.where:
-            raise NotExpressible("a per-group month forecast is computed by the exporter only")
-        return f"sum(inference_bill_month_forecast_payable_amount and on(period) {TODAY})"
-    if signal == "estimated_spend":
-        return _aggregate(f"inference_usage_estimated_payable_amount_total{selector}", rule.by)
-    if signal == "requests":
-        return _aggregate(f"inference_usage_requests_total{selector}", rule.by)
-    if signal == "tokens":
-        prompt = _aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
-        completion = _aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
-        return f"{prompt} + {completion}"
-    if signal == "probe_latency":
-        return _aggregate(f"inference_probe_duration_seconds{selector}", rule.by, "max")
-    if signal == "probe_success":
-        return _aggregate(f"inference_probe_success{selector}", rule.by, "min")
-    age = f"time() - inference_exporter_last_refresh_success_timestamp_seconds{selector}"
-    return _aggregate(age, rule.by, "max")
+    """PromQL whose value is the rule's signal, per `by` group (NotExpressible if none can be)."""
+    assert rule.signal is not None
+    return SIGNALS[rule.signal].promql(rule)
 
 
 def _template(text: str) -> str:
