@@ -23,8 +23,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -52,6 +54,8 @@ OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 MAX_TIER = 10
 LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
+RULE_KINDS = ("threshold-rule", "budget-rule")
+"""The tags of a rule's two types, which pydantic puts in an error's location."""
 
 
 log = get_logger(__name__)
@@ -221,20 +225,62 @@ def _signals() -> dict[str, Signal]:
     return SIGNALS
 
 
-class RuleConfig(Strict):
+class _Rule(Strict):
     alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    signal: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    def _check(self, fields: set[str]) -> None:
+        """Label names, and annotation templates naming only `fields`."""
+        for name in self.labels:
+            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
+                raise ValueError(f"label {name!r} is not a valid alert label name")
+        for name, template in self.annotations.items():
+            for field in re.findall(r"\{([^{}]*)\}", template):
+                if field not in fields:
+                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
+
+
+class ThresholdRule(_Rule):
+    """A signal per `by` group compared with a threshold (see `exporter.alerts.signals`)."""
+
+    signal: str
     window: Literal["today", "month", "month_forecast"] = "today"
     by: tuple[Name, ...] = ()
     where: dict[str, str] = Field(default_factory=dict)
     op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
-    threshold: Amount | None = None
+    threshold: Amount
     for_: Duration = Field(0.0, alias="for")
     keep_firing_for: Duration = 0.0
-    budget: Name | None = None
-    tiers: tuple[float, ...] = ()
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, signal: str) -> str:
+        names = [repr(name) for name in _signals()]
+        if signal not in _signals():
+            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
+        return signal
+
+    @model_validator(mode="after")
+    def _shape(self) -> ThresholdRule:
+        signal = _signals()[self.signal]
+        for name in (*self.by, *self.where):
+            if name not in signal.labels:
+                raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
+        if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+        if self.window not in signal.windows:
+            windows = ", ".join(signal.windows)
+            raise ValueError(f"signal {self.signal!r} has no `{self.window}` window (it has {windows})")
+        self._check({"value", "threshold", *self.by, *self.where})
+        return self
+
+
+class BudgetRule(_Rule):
+    """A budget's tiers, each firing once per budget period."""
+
+    budget: Name
+    tiers: Annotated[tuple[float, ...], Field(min_length=1)]
 
     @field_validator("tiers")
     @classmethod
@@ -246,51 +292,23 @@ class RuleConfig(Strict):
             raise ValueError("tiers must be increasing and distinct")
         return tiers
 
-    @field_validator("signal")
-    @classmethod
-    def _known_signal(cls, signal: str | None) -> str | None:
-        names = [repr(name) for name in _signals()]
-        if signal is not None and signal not in _signals():
-            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
-        return signal
-
     @model_validator(mode="after")
-    def _shape(self) -> RuleConfig:
-        if (self.signal is None) == (self.budget is None):
-            raise ValueError("a rule has either `signal` (with `threshold`) or `budget` (with `tiers`)")
-        if self.signal is not None and self.threshold is None:
-            raise ValueError("a `signal` rule needs `threshold`")
-        if self.budget is not None and not self.tiers:
-            raise ValueError("a `budget` rule needs `tiers`")
-        if self.budget is not None and (self.for_ or self.keep_firing_for or self.by or self.where):
-            raise ValueError(
-                "a `budget` rule fires once per tier per period: `for`, `keep_firing_for`, `by` and "
-                "`where` do not apply"
-            )
-        if self.signal is not None:
-            signal = _signals()[self.signal]
-            known = signal.labels
-            for name in (*self.by, *self.where):
-                if name not in known:
-                    raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(known)})")
-            named = {*self.by, *self.where}
-            if self.signal == "spend" and {"endpoint_id", "item"} <= named:
-                raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
-            if self.window not in signal.windows:
-                raise ValueError(
-                    f"signal {self.signal!r} has no `{self.window}` window (it has {', '.join(signal.windows)})"
-                )
-        for name in self.labels:
-            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
-                raise ValueError(f"label {name!r} is not a valid alert label name")
-        fields = {"value", "threshold", *self.by, *self.where}
-        if self.budget is not None:
-            fields |= {"budget", "tier", "amount", "period"}
-        for name, template in self.annotations.items():
-            for field in re.findall(r"\{([^{}]*)\}", template):
-                if field not in fields:
-                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
+    def _shape(self) -> BudgetRule:
+        self._check({"value", "budget", "tier", "amount", "period"})
         return self
+
+
+def _rule_kind(rule: Any) -> str:
+    if isinstance(rule, dict):
+        return "budget-rule" if "budget" in rule else "threshold-rule"
+    return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
+
+
+RuleConfig = Annotated[
+    Annotated[ThresholdRule, Tag("threshold-rule")] | Annotated[BudgetRule, Tag("budget-rule")],
+    Discriminator(_rule_kind),
+]
+"""A rule is a threshold rule (`signal`) or a budget rule (`budget`): the keys it has say which."""
 
 
 class _Notifier(Strict):
@@ -640,7 +658,9 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     except ValidationError as invalid:
         for error in invalid.errors():
             path = tuple(
-                "for" if p == "for_" else p for p in error["loc"] if not (isinstance(p, str) and p.endswith("Notifier"))
+                "for" if p == "for_" else p
+                for p in error["loc"]
+                if not (isinstance(p, str) and (p.endswith("Notifier") or p in RULE_KINDS))
             )
             if path not in missing:
                 errors.append(f"{location(path)}{_rule_name(document, path)}: {_message(error)}")

@@ -351,3 +351,27 @@ def test_alerts_and_notifications_saved_before_grouping_keep_their_incident_keys
         second.stop()
     resolves = [b for b in receiver.bodies("/pd") if b["event_action"] == "resolve"]
     assert sorted(b["dedup_key"] for b in resolves) == sorted(bodies)  # each closes the incident it opened
+
+
+def test_rule_ids_are_those_earlier_versions_saved() -> None:
+    """Budget tiers already fired and alert states are stored under these ids: a rule must keep its id."""
+    import hashlib
+    import json
+
+    from exporter.alerts.engine import rule_id
+    from exporter.config import validate
+
+    def saved_by_earlier_versions(identity: list[object]) -> str:
+        return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+
+    billing = {"url": "http://x", "access_key_id": "a", "secret_access_key": "s"}
+    rules = [
+        {"alert": "Spend", "signal": "spend", "by": ["endpoint_id"], "where": {"product": "p"}, "threshold": 1},
+        {"alert": "Monthly", "budget": "m", "tiers": [0.5, 1]},
+    ]
+    config = validate({"billing": billing, "budgets": [{"name": "m", "amount": 1}], "alerts": {"rules": rules}}, {})
+    threshold, budget = config.alerts.rules
+    assert rule_id(threshold) == saved_by_earlier_versions(
+        ["Spend", "spend", "today", ["endpoint_id"], [["product", "p"]], None]
+    )
+    assert rule_id(budget) == saved_by_earlier_versions(["Monthly", None, "today", [], [], "m"])

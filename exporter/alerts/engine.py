@@ -21,7 +21,7 @@ from typing import Literal
 
 from exporter.alerts import rules, signals
 from exporter.clock import Clock
-from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
+from exporter.config import AlertsConfig, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
 from exporter.logs import get_logger
 from exporter.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
@@ -84,7 +84,10 @@ def fingerprint(labels: dict[str, str]) -> str:
 def rule_id(rule: RuleConfig) -> str:
     """Stable across restarts and reloads while the rule watches the same thing (editing its labels,
     annotations, threshold or `for` keeps it, so budget tiers already paged are not paged again)."""
-    identity = [rule.alert, rule.signal, rule.window, rule.by, sorted(rule.where.items()), rule.budget]
+    if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
+        identity = [rule.alert, None, "today", [], [], rule.budget]
+    else:
+        identity = [rule.alert, rule.signal, rule.window, rule.by, sorted(rule.where.items()), None]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
@@ -151,7 +154,7 @@ class Engine:
             rule_ids = set()
             for rule in self.config.rules:
                 rule_ids.add(rule_id(rule))
-                if rule.budget is not None:
+                if isinstance(rule, BudgetRule):
                     self._budget(db, rule, now)
                 else:
                     self._signal(db, rule, now)
@@ -167,11 +170,10 @@ class Engine:
             self._enqueue(db, now)
         return self._transitions - before
 
-    def _signal(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
+    def _signal(self, db: sqlite3.Connection, rule: ThresholdRule, now: float) -> None:
         values = signals.evaluate(rule, self.latest, self.clock, self.sources())
         if values is None:
             return  # no trustworthy data: every alert of this rule keeps its state
-        assert rule.threshold is not None
         rid = rule_id(rule)
         active: set[str] = set()
         for group, value in values.items():
@@ -226,7 +228,7 @@ class Engine:
         if not inhibited:
             self._notify(db, resolved, "resolved", now)
 
-    def _budget(self, db: sqlite3.Connection, rule: RuleConfig, now: float) -> None:
+    def _budget(self, db: sqlite3.Connection, rule: BudgetRule, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
         measured = rules.budget_ratio(budget, self.latest, self.clock)
         if measured is None:

@@ -14,12 +14,11 @@ from typing import Any
 import yaml
 
 from exporter.alerts.signals import SIGNALS, NotExpressible
-from exporter.config import AlertsConfig, BudgetConfig, RuleConfig
+from exporter.config import AlertsConfig, BudgetConfig, BudgetRule, ThresholdRule
 
 
-def expression(rule: RuleConfig) -> str:
+def expression(rule: ThresholdRule) -> str:
     """PromQL whose value is the rule's signal, per `by` group (NotExpressible if none can be)."""
-    assert rule.signal is not None
     return SIGNALS[rule.signal].promql(rule)
 
 
@@ -32,8 +31,7 @@ def _duration(seconds: float) -> str:
     return f"{int(seconds)}s" if seconds == int(seconds) else f"{int(seconds * 1000)}ms"
 
 
-def signal_rule(rule: RuleConfig) -> dict[str, Any]:
-    assert rule.threshold is not None
+def signal_rule(rule: ThresholdRule) -> dict[str, Any]:
     threshold = f"{rule.threshold.normalize():f}"
     entry: dict[str, Any] = {"alert": rule.alert, "expr": f"{expression(rule)} {rule.op} {threshold}"}
     if rule.for_:
@@ -50,7 +48,7 @@ def signal_rule(rule: RuleConfig) -> dict[str, Any]:
     return entry
 
 
-def budget_rules(rule: RuleConfig, budget: BudgetConfig) -> list[dict[str, Any]]:
+def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]:
     entries = []
     tiers = list(rule.tiers)
     for index, tier in enumerate(tiers):
@@ -83,7 +81,7 @@ def rule_file(alerts: AlertsConfig, budgets: tuple[BudgetConfig, ...]) -> tuple[
     entries: list[dict[str, Any]] = []
     skipped = []
     for index, rule in enumerate(alerts.rules):
-        if rule.budget is not None:
+        if isinstance(rule, BudgetRule):
             budget = next(b for b in budgets if b.name == rule.budget)
             entries.extend(budget_rules(rule, budget))
             continue

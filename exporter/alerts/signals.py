@@ -22,7 +22,7 @@ from exporter.clock import Clock
 from exporter.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, probe_source
 
 if TYPE_CHECKING:
-    from exporter.config import RuleConfig
+    from exporter.config import ThresholdRule
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""
@@ -47,8 +47,8 @@ class Context:
 class Signal:
     labels: tuple[str, ...]
     """What `by` and `where` may name."""
-    evaluate: Callable[[RuleConfig, Context], Values | None]
-    promql: Callable[[RuleConfig], str]
+    evaluate: Callable[[ThresholdRule, Context], Values | None]
+    promql: Callable[[ThresholdRule], str]
     """The expression whose value is the signal per `by` group; raises NotExpressible if none can be."""
     windows: tuple[str, ...] = ("today",)
     counts: bool = False
@@ -65,14 +65,14 @@ def _fresh(latest: Latest, source: str) -> bool:
     return health is not None and health.success
 
 
-def group_of(labels: Mapping[str, str], rule: RuleConfig) -> Labels | None:
+def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
     """The group a series belongs to, or None when `where` excludes it."""
     if any(labels.get(name) != value for name, value in rule.where.items()):
         return None
     return tuple(sorted((name, labels.get(name, "")) for name in rule.by))
 
 
-def _sum(pairs: Iterable[tuple[Labels | None, Decimal]], rule: RuleConfig) -> Values:
+def _sum(pairs: Iterable[tuple[Labels | None, Decimal]], rule: ThresholdRule) -> Values:
     groups: Values = {} if rule.by else {(): Decimal(0)}
     for group, value in pairs:
         if group is not None:
@@ -94,7 +94,7 @@ def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
     return f"{op} by ({', '.join(by)}) ({expression})" if by else f"{op}({expression})"
 
 
-def _metric(name: str, op: str = "sum") -> Callable[[RuleConfig], str]:
+def _metric(name: str, op: str = "sum") -> Callable[[ThresholdRule], str]:
     """PromQL for a signal that is one metric, aggregated per group."""
     return lambda rule: _aggregate(f"{name}{_matchers(rule.where)}", rule.by, op)
 
@@ -102,12 +102,12 @@ def _metric(name: str, op: str = "sum") -> Callable[[RuleConfig], str]:
 # --- spend (bills) --------------------------------------------------------------------------
 
 
-def _bill_key(rule: RuleConfig) -> str:
+def _bill_key(rule: ThresholdRule) -> str:
     """Bills come by endpoint or by item: the rule's labels say which."""
     return "endpoint_id" if "endpoint_id" in {*rule.by, *rule.where} else "item"
 
 
-def spend(rule: RuleConfig, context: Context) -> Values | None:
+def spend(rule: ThresholdRule, context: Context) -> Values | None:
     bills, today = context.latest.bills, context.clock.today()
     if bills is None or not _fresh(context.latest, "bills") or bills.today != today:
         return None
@@ -137,7 +137,7 @@ def spend(rule: RuleConfig, context: Context) -> Values | None:
     }
 
 
-def spend_promql(rule: RuleConfig) -> str:
+def spend_promql(rule: ThresholdRule) -> str:
     metric = f"inference_bill_{'endpoint' if _bill_key(rule) == 'endpoint_id' else 'item'}_daily_payable_amount"
     selector = _matchers(rule.where)
     if rule.window == "today":
@@ -152,10 +152,10 @@ def spend_promql(rule: RuleConfig) -> str:
 # --- usage ----------------------------------------------------------------------------------
 
 
-def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[RuleConfig, Context], Values | None]:
+def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[ThresholdRule, Context], Values | None]:
     """An evaluator over today's usage totals: `value` of each (endpoint, model[, api key])."""
 
-    def evaluate(rule: RuleConfig, context: Context) -> Values | None:
+    def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
         snapshot = context.latest.usage
         if snapshot is None or not _fresh(context.latest, "usage") or snapshot.day != context.clock.today():
             return None
@@ -170,7 +170,7 @@ def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[RuleConf
     return evaluate
 
 
-def tokens_promql(rule: RuleConfig) -> str:
+def tokens_promql(rule: ThresholdRule) -> str:
     selector = _matchers(rule.where)
     prompt = _aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
     completion = _aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
@@ -180,7 +180,7 @@ def tokens_promql(rule: RuleConfig) -> str:
 # --- the exporter's own health and the probes -------------------------------------------------
 
 
-def data_age(rule: RuleConfig, context: Context) -> Values:
+def data_age(rule: ThresholdRule, context: Context) -> Values:
     """Seconds since each source's last successful refresh (since start-up if it never had one)."""
     now, latest = context.clock.now().timestamp(), context.latest
     groups: Values = {}
@@ -193,12 +193,12 @@ def data_age(rule: RuleConfig, context: Context) -> Values:
     return groups
 
 
-def _probe(latency: bool) -> Callable[[RuleConfig, Context], Values | None]:
+def _probe(latency: bool) -> Callable[[ThresholdRule, Context], Values | None]:
     """The configured probes' last runs: latency (seconds, the worst in a group) or success (1/0,
     the worst in a group). With no probe configured any more, no group is left (its alerts
     resolve); with probes configured that have not run yet, there is nothing to judge."""
 
-    def evaluate(rule: RuleConfig, context: Context) -> Values | None:
+    def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
         configured = {source for source in context.sources if source.startswith(PROBE_PREFIX)}
         runs = {n: s for n, s in context.latest.probes.items() if probe_source(n) in configured}
         if not runs:
@@ -216,7 +216,7 @@ def _probe(latency: bool) -> Callable[[RuleConfig, Context], Values | None]:
     return evaluate
 
 
-def data_age_promql(rule: RuleConfig) -> str:
+def data_age_promql(rule: ThresholdRule) -> str:
     age = f"time() - inference_exporter_last_refresh_success_timestamp_seconds{_matchers(rule.where)}"
     return _aggregate(age, rule.by, "max")
 
@@ -266,7 +266,6 @@ SIGNALS: dict[str, Signal] = {
 """The signals a threshold rule may name, by name."""
 
 
-def evaluate(rule: RuleConfig, latest: Latest, clock: Clock, sources: Iterable[str]) -> Values | None:
+def evaluate(rule: ThresholdRule, latest: Latest, clock: Clock, sources: Iterable[str]) -> Values | None:
     """The rule's signal per group, or None when the data cannot be trusted right now."""
-    assert rule.signal is not None
     return SIGNALS[rule.signal].evaluate(rule, Context(latest, clock, tuple(sources)))
