@@ -52,11 +52,12 @@ def _load(path: str) -> Config:
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
     problem = location_problem(config.state.path)
-    if problem:
+    if problem:  # a warning: the file may be checked on another machine than the one it runs on
         print(
-            f"{args.config}: state.path: no state file can be kept at {config.state.path}: {problem}", file=sys.stderr
+            f"{args.config}: warning: state.path: on this machine no state file can be kept at "
+            f"{config.state.path}: {problem}",
+            file=sys.stderr,
         )
-        return EXIT_CONFIG
     print(
         f"{args.config}: valid ({len(config.probes)} probes, {len(config.budgets)} budgets, "
         f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers)"
@@ -200,25 +201,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         },
     )
     sim.set_prices(prices_from_config(config.prices))  # it bills the demo's usage at the demo config's prices
-    daemon = _start(lambda: Daemon(config, listen=listen), listen)
     stop = threading.Event()
-    threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
-    url = daemon.server.url
-    host = daemon.server.server_address[0]
-    bound = "every address" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only
-    print(
-        f"""
+    try:
+        daemon = _start(lambda: Daemon(config, listen=listen), listen)
+        threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
+        url = daemon.server.url
+        host = daemon.server.server_address[0]
+        bound = "every address" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only
+        print(
+            f"""
 inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daemon.server.server_address[1]}
   landing page  {url}/
   metrics       {url}/metrics
   readiness     {url}/readyz
   simulator     {sim_server.url}  (billing and chat API; state in {workdir.name}, removed on exit)
 """,
-        flush=True,
-    )
-    try:
+            flush=True,
+        )
         return _serve_until_signalled(daemon)
-    finally:
+    finally:  # also when the exporter could not start
         stop.set()
         sim_server.stop()
         workdir.cleanup()

@@ -298,9 +298,17 @@ class BudgetRule(_Rule):
         return self
 
 
+_NOT_FOR_KIND = {
+    "budget-rule": "does not apply to a budget rule (it fires once per tier per period)",
+    "threshold-rule": "does not apply to a threshold rule (a rule has either `signal` with `threshold`, "
+    "or `budget` with `tiers`)",
+}
+"""Messages for a key of the other kind of rule (pydantic puts the kind after the rule's index)."""
+
+
 def _rule_kind(rule: Any) -> str:
     if isinstance(rule, dict):
-        return "budget-rule" if "budget" in rule else "threshold-rule"
+        return "budget-rule" if rule.get("budget") is not None and rule.get("signal") is None else "threshold-rule"
     return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
 
 
@@ -495,7 +503,7 @@ def cross_check(document: dict[str, Any]) -> list[str]:
         signal = _signals().get(str(rule.get("signal")))
         if signal is not None and signal.needs == "prices" and not _items(document, "prices"):
             problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
-        if "budget" in rule and rule["budget"] not in budgets:
+        if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:
             problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
         unmatchable = _unmatchable(rule, probes)
         if unmatchable is not None:
@@ -653,6 +661,10 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     if not isinstance(document, dict):
         raise ConfigError(["(top level): the config must be a mapping"])
     errors = [f"{location(path)}: {problem}" for path, problem in missing.items()]
+    for _, rule in _items(document, "alerts", "rules"):  # `budget: null` beside `signal` means no budget
+        for key in ("signal", "budget"):
+            if key in rule and rule[key] is None:
+                del rule[key]
     try:
         config = Config.model_validate(document)
     except ValidationError as invalid:
@@ -663,7 +675,10 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 if not (isinstance(p, str) and (p.endswith("Notifier") or p in RULE_KINDS))
             )
             if path not in missing:
-                errors.append(f"{location(path)}{_rule_name(document, path)}: {_message(error)}")
+                loc = error["loc"]
+                kind = loc[3] if error["type"] == "extra_forbidden" and loc[:2] == ("alerts", "rules") else None
+                message = _NOT_FOR_KIND.get(str(kind)) or _message(error)
+                errors.append(f"{location(path)}{_rule_name(document, path)}: {message}")
     errors += cross_check(document)
     if errors:
         raise ConfigError(errors)

@@ -390,6 +390,8 @@ class Daemon:
                 self.sources.exposition.render()
         finally:
             lock.release()
+            if "usage" in self._again:  # a forced refresh found the lock taken here
+                self._run_soon("usage")
 
     @staticmethod
     def _skipped(event: JobSubmissionEvent) -> None:

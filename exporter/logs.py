@@ -16,8 +16,8 @@ from typing import Any
 
 MASK = "***"
 _RECORD_KEYWORDS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
-_NEEDS_QUOTES = re.compile(r'[\s"=\\]|^$')
-_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_NEEDS_QUOTES = re.compile(r'[\s"=\\\x00-\x1f\x7f\u2028\u2029]|^$')
+_OWN_KEYS = ("ts", "level", "component", "msg", "exc")
 
 
 class Logger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -47,15 +47,20 @@ def _fields(record: logging.LogRecord) -> dict[str, object]:
         "msg": record.getMessage(),
     }
     for key, value in getattr(record, "fields", {}).items():
-        entry[key if key not in entry else f"field_{key}"] = value
+        entry[key if key not in _OWN_KEYS else f"field_{key}"] = value
     return entry
+
+
+def _quoted(text: str) -> str:
+    """A double-quoted string with JSON's escapes: every control character escaped, one line."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def logfmt_value(value: object) -> str:
     if isinstance(value, Mapping):  # labels: endpoint_id=ep-1,severity=page
         value = ",".join(f"{k}={v}" for k, v in value.items())
     text = value if isinstance(value, str) else "null" if value is None else str(value)
-    return f'"{text.translate(_ESCAPES)}"' if _NEEDS_QUOTES.search(text) else text
+    return _quoted(text) if _NEEDS_QUOTES.search(text) else text
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -88,9 +93,11 @@ class MaskingFormatter(logging.Formatter):
         self.add(secrets)
 
     def add(self, secrets: Iterable[str]) -> None:
-        """Mask these too (a reload may bring new secrets; old ones stay masked)."""
+        """Mask these too (a reload may bring new secrets; old ones stay masked), as written and as
+        both formats escape them (a secret holding `"` or `\\` is written escaped)."""
         self.secrets |= {s for s in secrets if len(s) >= 4}
-        self._ordered = sorted(self.secrets, key=len, reverse=True)
+        forms = {form for s in self.secrets for form in (s, _quoted(s)[1:-1], json.dumps(s)[1:-1])}
+        self._ordered = sorted(forms, key=len, reverse=True)
 
     def format(self, record: logging.LogRecord) -> str:
         text = self.inner.format(record)

@@ -344,8 +344,9 @@ def test_check_names_a_state_path_that_cannot_be_created(
     document["state"] = {"path": str(tmp_path / "a-file" / "state.db")}
     config.write_text(yaml.safe_dump(document))
     result = run("check", env={"TEST_BILLING_SECRET": "x", "INFERENCE_COST_EXPORTER_CONFIG": str(config)})
-    assert result.returncode == 1
-    assert f"state.path: no state file can be kept at {tmp_path / 'a-file' / 'state.db'}" in result.stderr
+    assert result.returncode == 0  # the file is valid; where it runs, the state directory may well exist
+    assert "warning: state.path: on this machine no state file can be kept at " in result.stderr
+    assert str(tmp_path / "a-file" / "state.db") in result.stderr
     assert f"{tmp_path / 'a-file'} is not a directory" in result.stderr
 
 

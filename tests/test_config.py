@@ -198,3 +198,22 @@ def test_secrets_written_in_the_file_get_a_warning(tmp_path: Path) -> None:
     assert warnings[-1] == f"{path}: the file is world-readable and holds secrets (chmod o-r)"
     environ = {"BILLING_ACCESS_KEY_ID": "a", "BILLING_SECRET_ACCESS_KEY": "b", "INFERENCE_API_KEY": "c"}
     assert load_checked(ROOT / "config.example.yaml", environ)[1] == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ({"alert": "C", "budget": "m", "tiers": [1], "for": "1m"},
+         ["alerts.rules[0].for (alert C): does not apply to a budget rule (it fires once per tier per period)"]),
+        ({"alert": "D", "signal": "spend", "threshold": 1, "budget": "m"},
+         ["alerts.rules[0].budget (alert D): does not apply to a threshold rule (a rule has either `signal` with "
+          "`threshold`, or `budget` with `tiers`)"]),
+        ({"alert": "E", "signal": "spend", "threshold": 1, "budget": None}, []),
+    ],
+)  # fmt: skip
+def test_a_key_of_the_other_kind_of_rule_says_so(rule: dict, expected: list[str]) -> None:
+    document = {"billing": BILLING, "budgets": [{"name": "m", "amount": 1}], "alerts": {"rules": [rule]}}
+    if expected:
+        assert errors_of(document) == expected
+    else:
+        assert validate(document, ENV).alerts.rules[0].alert == rule["alert"]

@@ -115,3 +115,16 @@ def test_fields_named_like_the_line_s_own_keys_do_not_replace_them(caplog: pytes
     assert entry == entry | {"msg": "hello", "level": "info", "component": "exporter.test", "source": "usage"}
     assert (entry["field_ts"], entry["field_component"]) == ("not a time", "other")
     assert RFC3339_MS.fullmatch(entry["ts"])
+
+
+@pytest.mark.parametrize("formatter", [LogfmtFormatter(), JsonFormatter()], ids=["text", "json"])
+def test_a_secret_is_masked_however_the_format_escapes_it(formatter: logging.Formatter) -> None:
+    from exporter.logs import MaskingFormatter
+
+    secret = 'pa"ss\\word\x0bx'
+    masking = MaskingFormatter(formatter, [secret])
+    record = logging.LogRecord("exporter.test", logging.INFO, __file__, 1, f"bad key {secret}", None, None)
+    record.fields = {"detail": f"sent {secret} twice", "plain": secret}
+    line = masking.format(record)
+    assert "pa" not in line.replace("plain", "")  # no piece of it, escaped or not
+    assert line.count("***") == 3

@@ -284,11 +284,13 @@ class Dispatcher:
         self._start_workers()
 
     def _start_workers(self) -> None:
+        self._retired = [worker for worker in self._retired if worker.alive]
         for name in list(self._workers):
             if type(self._notifiers.get(name)) is not self._kinds[name]:  # removed, or now another type
                 worker = self._workers.pop(name)
                 worker.stop()
                 self._retired.append(worker)
+                self._unsaved.pop(name, None)  # its queue is not delivered as it was any more
         for name, notifier in self._notifiers.items():
             self._kinds[name] = type(notifier)
             if name not in self._workers:

@@ -90,7 +90,8 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
         connection = _HTTPSConnection(proxy_host, proxy_port, timeout=timeout, context=_tls())
         connection.set_tunnel(host, port, headers=proxy_auth)
         return connection, target, headers
-    plain_url = parts._replace(netloc=f"{host}:{port}").geturl()  # the credentials go in a header
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    plain_url = parts._replace(netloc=netloc).geturl()  # the credentials go in a header
     return http.client.HTTPConnection(proxy_host, proxy_port, timeout=timeout), plain_url, headers | proxy_auth
 
 
