@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium
 
-.PHONY: demo test lint format system-deps bench clean
+.PHONY: demo test test-fast lint format system-deps bench clean
 
 $(BIN)/inference-cost-exporter: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,9 +29,14 @@ system-deps:
 lint: $(BIN)/inference-cost-exporter
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test: $(BIN)/inference-cost-exporter system-deps lint
 	$(BIN)/pytest
+
+# The unit layer alone: no server, no process, no binary.
+test-fast: $(BIN)/inference-cost-exporter
+	$(BIN)/pytest -m "not integration"
 
 bench: $(BIN)/inference-cost-exporter
 	$(BIN)/python -m bench

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 from urllib.parse import urlsplit
 
 import requests
@@ -531,10 +531,11 @@ class BillingClient:
     def _wait(self, pending: Iterable[Future[R]]) -> set[Future[R]]:
         """The futures among `pending` that are done, once one is; `ClientClosed` if the client
         closes first (cancelled futures never wake a `wait`, so the close itself must)."""
-        done, _ = wait([*pending, self._closing], return_when=FIRST_COMPLETED)
+        watched: list[Future[Any]] = [*pending, self._closing]
+        done, _ = wait(watched, return_when=FIRST_COMPLETED)
         if self._closing in done:
             raise ClientClosed("the client was closed during the refresh (config reload)")
-        return done  # type: ignore[return-value]
+        return cast("set[Future[R]]", done)
 
     def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
         """One page, fetched in the pool so that closing the client ends the wait at once."""

@@ -206,11 +206,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         daemon = _start(lambda: Daemon(config, listen=listen), listen)
         threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
         url = daemon.server.url
-        host = daemon.server.server_address[0]
+        host = str(daemon.server.server_address[0])
         bound = "every address" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only
         print(
             f"""
-inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daemon.server.server_address[1]}
+inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daemon.server.server_address[1]!s}
   landing page  {url}/
   metrics       {url}/metrics
   readiness     {url}/readyz

@@ -101,14 +101,15 @@ class UsageCollector(Collector):
         snapshot = self.latest.usage
         if snapshot is not None:
             for key, totals in snapshot.totals.items():
-                for family, value in zip(today, _usage_values(totals), strict=True):
+                for counter, value in zip(today, _usage_values(totals), strict=True):
                     if value is not None:
-                        family.add_metric(self._labels(key), float(value), created=snapshot.created)
+                        counter.add_metric(self._labels(key), float(value), created=snapshot.created)
             done = snapshot.previous_day
-            for key, totals in done.totals.items() if done else ():
-                for family, value in zip(previous, _usage_values(totals), strict=True):
-                    if value is not None:
-                        family.add_metric([done.day.isoformat(), *self._labels(key)], float(value))
+            if done is not None:
+                for key, totals in done.totals.items():
+                    for gauge, value in zip(previous, _usage_values(totals), strict=True):
+                        if value is not None:
+                            gauge.add_metric([done.day.isoformat(), *self._labels(key)], float(value))
             resyncs.add_metric([], snapshot.resyncs)
         yield from today
         yield from previous
@@ -300,8 +301,8 @@ class ProbeCollector(Collector):
                     family.add_metric(labels, value)
             for check_name, passed in sorted(last.checks.items()):
                 check.add_metric([*labels, check_name], 1.0 if passed else 0.0)
-            for family, histogram in ((ttft, snapshot.time_to_first_token), (e2e, snapshot.e2e_latency)):
-                family.add_metric(labels, _buckets(histogram), histogram.total)
+            for histogram_family, histogram in ((ttft, snapshot.time_to_first_token), (e2e, snapshot.e2e_latency)):
+                histogram_family.add_metric(labels, _buckets(histogram), histogram.total)
             runs.add_metric(labels, snapshot.runs)
             for reason, count in sorted(snapshot.failures.items()):
                 failures.add_metric([*labels, reason], count)

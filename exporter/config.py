@@ -640,7 +640,7 @@ def _message(error: Any) -> str:
         return "contains characters that are not allowed"
     if kind == "value_error":
         return str(context.get("error", error["msg"]))
-    return error["msg"]
+    return str(error["msg"])
 
 
 def _rule_name(document: dict[str, Any], path: tuple[int | str, ...]) -> str:

@@ -86,6 +86,10 @@ class Sources:
     on undisturbed; a probe whose config is unchanged, with its histograms and counters).
     """
 
+    client: BillingClient
+    bills: BillsSource
+    usage: UsageSync
+
     def __init__(
         self,
         config: Config,

@@ -38,7 +38,7 @@ REASONS = (
     "usage_missing", "content_mismatch", "connection",
 )  # fmt: skip
 CONNECT_TIMEOUT = 10.0
-TOOL = {
+TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "lookup_service_status",

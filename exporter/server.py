@@ -148,9 +148,10 @@ class ExporterServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        address, port = self.server_address[:2]
+        host = str(address)
         host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # noqa: S104 - display only
-        host = f"[{host}]" if ":" in str(host) else host
+        host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{port}"
 
     def handle_error(self, request: Any, client_address: Any) -> None:

@@ -169,8 +169,7 @@ _SPLICE = "\u0000raw-list\u0000"
 
 def _encode(payload: dict[str, Any]) -> bytes:
     data = payload.get("data")
-    raw = data.get("list") if isinstance(data, dict) else None
-    if not isinstance(raw, _RawList):
+    if not isinstance(data, dict) or not isinstance(raw := data.get("list"), _RawList):
         return json.dumps(payload).encode()
     text = json.dumps(payload | {"data": data | {"list": _SPLICE}})
     return text.replace(json.dumps(_SPLICE), "[" + ", ".join(raw) + "]", 1).encode()
@@ -510,7 +509,8 @@ class Simulator:
         return self.seed * 1_000_003 + day.toordinal() * 100_000_007
 
     def usage_record(self, day: dt.date, index: int) -> dict[str, Any]:
-        return json.loads(self.usage_record_json(day, index))
+        record: dict[str, Any] = json.loads(self.usage_record_json(day, index))
+        return record
 
     def usage_records(self, day: dt.date) -> Iterator[dict[str, Any]]:
         with self._lock:
@@ -692,7 +692,7 @@ class SimulatorServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up (a probe's deadline, a killed process) is normal here, not an error."""
@@ -904,7 +904,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(max_tokens, int) and len(reasoning) + len(content) > max_tokens:
             content = content[: max(0, max_tokens - len(reasoning))]
             finish = "length"
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(reasoning) + len(content) + (8 if tool_calls else 0),
             "prompt_tokens_details": {"cached_tokens": 0},

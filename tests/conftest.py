@@ -18,6 +18,24 @@ from exporter.simulator import Simulator, SimulatorServer
 from exporter.state import StateStore
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
+SERVERS = frozenset({"server", "live", "receiver"})
+"""Fixtures that start a server: a test using one (directly or through another) is an integration test."""
+STARTS_ITS_OWN = frozenset(
+    {"test_cli", "test_deploy", "test_logs", "test_post", "test_prometheus_e2e", "test_alertmanager",
+     "test_promrules", "test_server", "test_server_limits", "test_soak", "test_state_file"}
+)  # fmt: skip
+"""Modules whose tests start servers, processes or binaries of their own."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `integration` marker on every test that starts a server or a binary; the rest is the unit
+    layer (`make test-fast`)."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""  # type: ignore[attr-defined]
+        if module in STARTS_ITS_OWN or SERVERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
 PAGE = 100
 """The usage page size of `small_pages`: small, so that a few hundred records span many pages."""
 DATA = Path(__file__).parent / "data"

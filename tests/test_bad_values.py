@@ -77,6 +77,7 @@ def test_a_bad_value_fails_its_source_by_name_and_the_exposition_stays(
     assert value(scrape(daemon.server.url), "inference_exporter_refresh_success", source=source) == 1
 
 
+@pytest.mark.integration  # starts its own server
 def test_once_exits_2_with_one_line_naming_the_field(tmp_path: Path) -> None:
     sim = Simulator()
     server = sim.serve()

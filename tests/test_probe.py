@@ -214,6 +214,7 @@ def test_the_api_key_never_reaches_the_log(
     assert "sk-live-very-secret" not in caplog.text
 
 
+@pytest.mark.integration  # starts its own server
 def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline() -> None:
     """A server that sends SSE comments for ever, never a token."""
     import threading

@@ -385,6 +385,7 @@ def daemon_sim(moving_clock: Clock, demo_prices: tuple[PriceConfig, ...]) -> Ite
     server.stop()
 
 
+@pytest.mark.integration  # starts its own server
 def test_the_daemons_estimated_and_billed_today_agree(
     daemon_sim: tuple[Simulator, str],
     moving_clock: Clock,

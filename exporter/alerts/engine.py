@@ -85,9 +85,9 @@ def rule_id(rule: RuleConfig) -> str:
     """Stable across restarts and reloads while the rule watches the same thing (editing its labels,
     annotations, threshold or `for` keeps it, so budget tiers already paged are not paged again)."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
-        identity = [rule.alert, None, "today", [], [], rule.budget]
+        identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
     else:
-        identity = [rule.alert, rule.signal, rule.window, rule.by, sorted(rule.where.items()), None]
+        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 

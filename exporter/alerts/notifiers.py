@@ -295,9 +295,9 @@ class Dispatcher:
             self._kinds[name] = type(notifier)
             if name not in self._workers:
                 if isinstance(notifier, AlertmanagerNotifier):
-                    self._workers[name] = _Worker(name, lambda n=name: self._alertmanager(n), RESEND)
+                    self._workers[name] = _Worker(name, partial(self._alertmanager, name), RESEND)
                 else:
-                    self._workers[name] = _Worker(name, lambda n=name: self._drain(n), POLL)
+                    self._workers[name] = _Worker(name, partial(self._drain, name), POLL)
                 self._workers[name].poke()
 
     def poke(self) -> None:

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from requests import certs
-from requests.utils import get_environ_proxies
+from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
 
 MAX_ANSWER = 64 * 1024
 """How much of a receiver's answer is read (and thrown away)."""
@@ -45,7 +44,7 @@ class DeadlineExceeded(Exception):
 
 @cache
 def _tls() -> ssl.SSLContext:
-    cafile = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or certs.where()
+    cafile = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or DEFAULT_CA_BUNDLE_PATH
     return ssl.create_default_context(cafile=cafile)
 
 
