@@ -39,6 +39,13 @@ class Clock:
         return dt.datetime.combine(day, dt.time(), self.tz)
 
 
+def iso(timestamp: float | None) -> str:
+    """A Unix time as Alertmanager and Prometheus write it (UTC, microseconds); None as their zero time."""
+    if timestamp is None:
+        return "0001-01-01T00:00:00Z"
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def previous_period(period: str) -> str:
     year, month = (int(part) for part in period.split("-"))
     year, month = (year - 1, 12) if month == 1 else (year, month - 1)

@@ -9,6 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from exporter import __version__
+from exporter.bills import budget_status
 from exporter.clock import Clock
 from exporter.config import BudgetConfig
 from exporter.snapshots import Histogram, Latest, UsageKey, UsageTotals
@@ -146,25 +147,6 @@ class BudgetCollector(Collector):
                 used.add_metric([budget.name], float(ratios[0]))
                 forecast.add_metric([budget.name], float(ratios[1]))
         yield from (amount, used, forecast)
-
-
-def budget_status(
-    latest: Latest, budgets: Iterable[BudgetConfig]
-) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
-    """Each budget with its used and forecast ratios (None before the first bills)."""
-    snapshot = latest.bills
-    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
-    for budget in budgets:
-        if snapshot is None:
-            status.append((budget, None))
-            continue
-        month = snapshot.current
-        if budget.period == "month":
-            spent, projected = month.month_to_date, month.forecast
-        else:
-            spent, projected = month.spend_on(snapshot.today), month.today_forecast
-        status.append((budget, (spent / budget.amount, projected / budget.amount)))
-    return status
 
 
 class ExporterCollector(Collector):

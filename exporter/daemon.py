@@ -105,11 +105,13 @@ class Sources:
         delivers only when asked."""
         self.config = config
         self.latest = latest
+        # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
+        alert_store = dispatcher.store if dispatcher is not None else AlertStore(state)
         # First, since it reads the state file (which may fail): nothing else is built in vain then.
         self.engine = Engine(
             config.alerts,
             config.budgets,
-            state,
+            alert_store,
             clock,
             latest,
             sources=lambda: list(self.refreshers),
@@ -136,7 +138,7 @@ class Sources:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval
         if dispatcher is None:
-            dispatcher = Dispatcher(config.alerts.notifiers, self.engine.db, clock, self.engine.current, external_url)
+            dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
         self.dispatcher = dispatcher
         self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, dispatcher))
 

@@ -29,8 +29,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from exporter import __version__
-from exporter.alerts.engine import Alert, iso
-from exporter.collectors import budget_status
+from exporter.alerts.engine import Alert
+from exporter.bills import budget_status
+from exporter.clock import iso
 from exporter.config import BudgetConfig, ServerConfig
 from exporter.logs import get_logger
 from exporter.snapshots import Latest

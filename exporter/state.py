@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import errno
 import fcntl
+import json
 import os
 import sqlite3
 import tempfile
@@ -22,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, cast
 
 from exporter.logs import get_logger
 
@@ -557,11 +559,53 @@ def _install(staging: str, path: str) -> None:
     os.remove(staging)
 
 
+class AlertEvent(TypedDict):
+    """One alert's state change, as the notifiers format it."""
+
+    key: str
+    dedup_key: str
+    status: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
+    value: str
+
+
+class GroupEvent(TypedDict):
+    """What the outbox holds: one rule's alerts that changed to one state together (a message)."""
+
+    status: str
+    alertname: str
+    dedup_key: str
+    alerts: list[AlertEvent]
+    """The first GROUP_DETAIL of them."""
+    total: int
+    still_firing: int
+    """Alerts of the same incident still firing after the change (a resolve waits for 0)."""
+
+
+def read_event(text: str) -> GroupEvent:
+    """An outbox row's event. Rows written before alerts were grouped hold one alert each; they read
+    as a group of one."""
+    event = json.loads(text)
+    if "alerts" in event:
+        return cast(GroupEvent, event)
+    return {
+        "status": event["status"],
+        "alertname": event["labels"]["alertname"],
+        "dedup_key": event["dedup_key"],
+        "alerts": [cast(AlertEvent, event)],
+        "total": 1,
+        "still_firing": int(event["status"] == "firing"),
+    }
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     id: int
     notifier: str
-    event: str
+    event: GroupEvent
     attempts: int
     next_attempt: float
 
@@ -609,10 +653,10 @@ class AlertStore:
         db.executemany("INSERT OR IGNORE INTO budget_tiers VALUES (?, ?, ?)", [(rule, period, t) for t in tiers])
 
     @staticmethod
-    def enqueue(db: sqlite3.Connection, notifier: str, event: str, now: float) -> None:
+    def enqueue(db: sqlite3.Connection, notifier: str, event: GroupEvent, now: float) -> None:
         db.execute(
             "INSERT INTO outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
-            (notifier, event, now, now),
+            (notifier, json.dumps(event), now, now),
         )
 
     def head(self, notifier: str) -> OutboxEntry | None:
@@ -623,7 +667,10 @@ class AlertStore:
                 " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
                 (notifier,),
             ).fetchone()
-        return OutboxEntry(*row) if row else None
+        if row is None:
+            return None
+        entry_id, name, event, attempts, next_attempt = row
+        return OutboxEntry(entry_id, name, read_event(event), attempts, next_attempt)
 
     def delivered(self, entry_id: int, now: float, dropped: str = "") -> None:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""

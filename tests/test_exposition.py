@@ -23,7 +23,7 @@ from exporter.daemon import build_exposition
 from exporter.probe import ProbeRunner
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.snapshots import Latest
-from exporter.state import StateStore
+from exporter.state import AlertStore, StateStore
 from exporter.usage_sync import UsageSync
 from tests.conftest import DATA, billing_section, require_binary
 
@@ -71,7 +71,9 @@ def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, froze
     """With an alert firing, so the alert families have samples too."""
     config, latest = full_latest(sim, server, clock, frozen)
     store = StateStore(":memory:")
-    engine = Engine(config.alerts, config.budgets, store, clock, latest, lambda: ["bills", "usage"], ["hook"])
+    engine = Engine(
+        config.alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills", "usage"], ["hook"]
+    )
     engine.evaluate()
     dispatcher = Dispatcher(config.alerts.notifiers, engine.db, clock, engine.current, "http://exporter:9877")
     return build_exposition(config, latest, clock, AlertsCollector(engine, dispatcher)).render()[0]

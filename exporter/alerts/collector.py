@@ -53,5 +53,5 @@ class AlertsCollector(Collector):
             "1 if the last write to the state file succeeded, else 0 (alert states and the usage cursor are"
             " then not saved; the log names the file and the fault).",
         )
-        state.add_metric([], 0.0 if self.engine.store.write_error else 1.0)
+        state.add_metric([], 0.0 if self.engine.db.store.write_error else 1.0)
         yield from (sent, failed, pending, state)

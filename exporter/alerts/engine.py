@@ -9,7 +9,6 @@ lower ones without a notification of its own; a new period starts clean.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import hashlib
 import json
 import sqlite3
@@ -24,7 +23,7 @@ from exporter.clock import Clock
 from exporter.config import AlertsConfig, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
 from exporter.logs import get_logger
 from exporter.snapshots import Latest
-from exporter.state import AlertStore, StateError, StateStore
+from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
 
 log = get_logger(__name__)
 
@@ -63,7 +62,7 @@ class Alert:
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
         return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
 
-    def event(self, status: str) -> dict[str, object]:
+    def event(self, status: str) -> AlertEvent:
         """One alert's state change, as the notifiers format it (inside a group)."""
         return {
             "key": self.key,
@@ -108,7 +107,8 @@ def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
 class Engine:
     config: AlertsConfig
     budgets: Sequence[BudgetConfig]
-    store: StateStore
+    db: AlertStore
+    """The alert tables of the state file (the dispatcher delivers from the same one)."""
     clock: Clock
     latest: Latest
     sources: Callable[[], Iterable[str]]
@@ -117,7 +117,6 @@ class Engine:
     alerts: dict[str, Alert] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.db = AlertStore(self.store)
         self._lock = threading.Lock()
         self._transitions = 0
         self._sent = self.db.load_sent()
@@ -148,7 +147,7 @@ class Engine:
                 raise
 
     def _evaluate(self) -> int:
-        with self.store.transaction() as db:
+        with self.db.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
             rule_ids = set()
@@ -286,7 +285,7 @@ class Engine:
             if alert.state == "firing":
                 firing[alert.incident] = firing.get(alert.incident, 0) + 1
         for (notifier, _, status, incident), alerts in groups.items():
-            event = {
+            event: GroupEvent = {
                 "status": status,
                 "alertname": alerts[0].labels["alertname"],
                 "dedup_key": incident,
@@ -294,7 +293,7 @@ class Engine:
                 "total": len(alerts),
                 "still_firing": firing.get(incident, 0),
             }
-            self.db.enqueue(db, notifier, json.dumps(event), now)
+            self.db.enqueue(db, notifier, event, now)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
         self.alerts[alert.key] = alert
@@ -305,9 +304,3 @@ class Engine:
     def current(self) -> list[Alert]:
         with self._lock:
             return sorted(self.alerts.values(), key=lambda a: (a.labels["alertname"], a.key))
-
-
-def iso(timestamp: float | None) -> str:
-    if timestamp is None:
-        return "0001-01-01T00:00:00Z"
-    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

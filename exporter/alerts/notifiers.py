@@ -17,7 +17,6 @@ as far as that 2xx tells.
 from __future__ import annotations
 
 import http.client
-import json
 import random
 import threading
 import time
@@ -26,13 +25,13 @@ from functools import partial
 from typing import Any
 
 from exporter import __version__
-from exporter.alerts.engine import Alert, iso
+from exporter.alerts.engine import Alert
 from exporter.alerts.post import DeadlineExceeded, post_json
 from exporter.billing import network_cause
-from exporter.clock import Clock
+from exporter.clock import Clock, iso
 from exporter.config import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
 from exporter.logs import get_logger
-from exporter.state import AlertStore, StateError
+from exporter.state import AlertStore, GroupEvent, StateError
 
 log = get_logger(__name__)
 
@@ -58,23 +57,6 @@ OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier
 AnyNotifier = AlertmanagerNotifier | OutboxNotifier
 
 
-def group(event: dict[str, Any]) -> dict[str, Any]:
-    """An outbox event as a group: one rule's alerts that changed to one state together.
-
-    Rows written before grouping hold one alert each; they read as a group of one.
-    """
-    if "alerts" in event:
-        return event
-    return {
-        "status": event["status"],
-        "alertname": event["labels"]["alertname"],
-        "dedup_key": event["dedup_key"],
-        "alerts": [event],
-        "total": 1,
-        "still_firing": int(event["status"] == "firing"),
-    }
-
-
 def _common(mappings: list[dict[str, str]]) -> dict[str, str]:
     """The pairs every mapping shares."""
     first, *rest = mappings
@@ -85,10 +67,11 @@ def _more(shown: int, total: int) -> str:
     return f"and {total - shown} more" if total > shown else ""
 
 
-def webhook_payload(event: dict[str, Any], receiver: str, external_url: str, notification: str) -> dict[str, Any]:
+def webhook_payload(event: GroupEvent, receiver: str, external_url: str, notification: str) -> dict[str, Any]:
     """Alertmanager's webhook format, version 4, for one group (at most WEBHOOK_ALERTS alerts, the
     rest counted in `truncatedAlerts`, as Alertmanager's `max_alerts` does), plus `notificationId`:
     the same on every delivery attempt of one notification, so a receiver can drop a repeat."""
+    shown = event["alerts"][:WEBHOOK_ALERTS]
     alerts = [
         {
             "status": alert["status"],
@@ -99,7 +82,7 @@ def webhook_payload(event: dict[str, Any], receiver: str, external_url: str, not
             "generatorURL": f"{external_url}/api/v1/alerts",
             "fingerprint": alert["key"],
         }
-        for alert in event["alerts"][:WEBHOOK_ALERTS]
+        for alert in shown
     ]
     return {
         "version": "4",
@@ -108,15 +91,15 @@ def webhook_payload(event: dict[str, Any], receiver: str, external_url: str, not
         "status": event["status"],
         "receiver": receiver,
         "groupLabels": {"alertname": event["alertname"]},
-        "commonLabels": _common([a["labels"] for a in alerts]),
-        "commonAnnotations": _common([a["annotations"] for a in alerts]),
+        "commonLabels": _common([a["labels"] for a in shown]),
+        "commonAnnotations": _common([a["annotations"] for a in shown]),
         "externalURL": external_url,
         "alerts": alerts,
         "notificationId": notification,
     }
 
 
-def slack_payload(event: dict[str, Any], external_url: str) -> dict[str, Any]:
+def slack_payload(event: GroupEvent, external_url: str) -> dict[str, Any]:
     status = event["status"].upper()
     name = event["alertname"]
     alerts, total = event["alerts"], event["total"]
@@ -143,7 +126,7 @@ def slack_payload(event: dict[str, Any], external_url: str) -> dict[str, Any]:
     }
 
 
-def pagerduty_payload(event: dict[str, Any], routing_key: str, external_url: str) -> dict[str, Any] | None:
+def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) -> dict[str, Any] | None:
     """PagerDuty Events API v2: one incident per group `dedup_key` (a rule; a budget and its period,
     so its tiers escalate one incident). Triggered when the group's alerts fire, resolved only when
     none of them is firing any more; None when there is nothing to tell PagerDuty."""
@@ -355,7 +338,7 @@ class Dispatcher:
             log.error("notification failed (will retry)", notifier=notifier, reason=reason)
         return reason
 
-    def _format(self, notifier: OutboxNotifier, event: dict[str, Any], entry: int) -> tuple[str, object] | None:
+    def _format(self, notifier: OutboxNotifier, event: GroupEvent, entry: int) -> tuple[str, object] | None:
         if isinstance(notifier, WebhookNotifier):
             notification = f"{event['dedup_key']}-{entry}"
             return notifier.url, webhook_payload(event, notifier.name, self.external_url, notification)
@@ -390,7 +373,7 @@ class Dispatcher:
                 now = self.clock.now().timestamp()
                 if entry is None or entry.next_attempt > now:
                     break
-                message = self._format(notifier, group(json.loads(entry.event)), entry.id)
+                message = self._format(notifier, entry.event, entry.id)
                 reason = None if message is None else self._post(name, *message)
                 now = self.clock.now().timestamp()
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:

@@ -6,8 +6,8 @@ import operator
 from collections.abc import Callable
 from decimal import Decimal
 
+from exporter.bills import budget_status
 from exporter.clock import Clock
-from exporter.collectors import budget_status
 from exporter.config import BudgetConfig
 from exporter.snapshots import Latest
 
