@@ -27,9 +27,9 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from exporter.clock import Clock
-from exporter.config import BillingConfig
 from exporter.decimals import parse_decimal
 from exporter.logs import get_logger
+from exporter.schema import BillingConfig
 from exporter.signing import BillingSigner
 
 log = get_logger(__name__)

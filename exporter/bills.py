@@ -19,7 +19,7 @@ from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
 from exporter.clock import Clock, days_in_period, previous_period
-from exporter.config import BudgetConfig
+from exporter.schema import BudgetConfig
 from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills
 
 TRAILING_DAYS = 7

@@ -18,9 +18,10 @@ from exporter import __version__
 from exporter.alerts.promrules import rule_file
 from exporter.billing import BillingError
 from exporter.clock import Clock
-from exporter.config import Config, ConfigError, load, load_checked
+from exporter.config import ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.logs import get_logger, setup_logging
+from exporter.schema import Config
 from exporter.snapshots import Latest
 from exporter.state import StateError, StateStore, location_problem
 

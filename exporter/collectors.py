@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from exporter import __version__
 from exporter.bills import budget_status
 from exporter.clock import Clock
-from exporter.config import BudgetConfig
+from exporter.schema import BudgetConfig
 from exporter.snapshots import Histogram, Latest, UsageKey, UsageTotals
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."

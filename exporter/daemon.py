@@ -24,10 +24,11 @@ from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPol
 from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
-from exporter.config import AlertmanagerNotifier, BillingConfig, Config, ConfigError, ProbeConfig, load
+from exporter.config import ConfigError, load
 from exporter.exposition import Exposition
 from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
+from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, ProbeConfig
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore

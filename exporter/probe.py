@@ -22,8 +22,8 @@ import requests
 from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
-from exporter.config import InferenceConfig, ProbeConfig
 from exporter.logs import get_logger
+from exporter.schema import InferenceConfig, ProbeConfig
 from exporter.snapshots import Histogram, ProbeRun, ProbeSnapshot
 
 log = get_logger(__name__)

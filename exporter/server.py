@@ -32,8 +32,8 @@ from exporter import __version__
 from exporter.alerts.engine import Alert
 from exporter.bills import budget_status
 from exporter.clock import iso
-from exporter.config import BudgetConfig, ServerConfig
 from exporter.logs import get_logger
+from exporter.schema import BudgetConfig, ServerConfig
 from exporter.snapshots import Latest
 
 log = get_logger(__name__)

@@ -37,7 +37,7 @@ from exporter.clock import Clock, days_in_period
 from exporter.signing import content_digest, sign, signature_base
 
 if TYPE_CHECKING:
-    from exporter.config import PriceConfig
+    from exporter.schema import PriceConfig
 
 PRODUCT = "PRODUCT_INFERENCE_ENDPOINT"
 ITEMS = ("ITEM_PROMPT_TOKEN", "ITEM_COMPLETION_TOKEN", "ITEM_CACHED_PROMPT_TOKEN")

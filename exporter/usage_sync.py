@@ -25,8 +25,8 @@ from types import MappingProxyType
 
 from exporter.billing import BillingClient, BillingError, RecordError, UsagePage, UsageRecord
 from exporter.clock import Clock
-from exporter.config import PriceConfig
 from exporter.logs import get_logger
+from exporter.schema import PriceConfig
 from exporter.snapshots import UsageKey, UsageSnapshot, UsageTotals
 from exporter.state import StateStore, UsageCursor, UsageRow
 

@@ -13,7 +13,8 @@ import pytest
 
 from exporter.billing import BillingClient, RetryPolicy
 from exporter.clock import Clock, FrozenClock
-from exporter.config import Config, validate
+from exporter.config import validate
+from exporter.schema import Config
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.state import StateStore
 

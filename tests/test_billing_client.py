@@ -20,7 +20,8 @@ from exporter.billing import (
     parse_usage,
 )
 from exporter.clock import Clock
-from exporter.config import Config, validate
+from exporter.config import validate
+from exporter.schema import Config
 from exporter.simulator import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
 

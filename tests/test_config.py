@@ -8,7 +8,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from exporter.config import ConfigError, load, parse_duration, validate
+from exporter.config import ConfigError, load, validate
+from exporter.schema import parse_duration
 
 ROOT = Path(__file__).parent.parent
 BILLING = {"url": "https://openapi.example.com", "access_key_id": "AK1", "secret_access_key": "${SECRET}"}
@@ -217,3 +218,26 @@ def test_a_key_of_the_other_kind_of_rule_says_so(rule: dict, expected: list[str]
         assert errors_of(document) == expected
     else:
         assert validate(document, ENV).alerts.rules[0].alert == rule["alert"]
+
+
+def test_the_secrets_are_the_schema_s_secret_fields_and_a_notifier_s_by_its_type() -> None:
+    from exporter.schema import Config, secret_fields
+
+    raw = {
+        "billing": {"url": "u", "access_key_id": "a", "secret_access_key": "s1"},
+        "inference": {"url": "u", "api_key": "s2"},
+        "server": {"basic_auth": {"username": "x", "password": "s3"}},
+        "alerts": {"notifiers": [
+            {"name": "w", "type": "webhook", "url": "not a secret"},
+            {"name": "s", "type": "slack", "url": "s4"},
+            {"name": "p", "type": "pagerduty", "routing_key": "s5", "url": "not a secret either"},
+        ]},
+    }  # fmt: skip
+    found = dict(secret_fields(Config, raw))
+    assert found == {
+        ("billing", "secret_access_key"): "s1",
+        ("inference", "api_key"): "s2",
+        ("server", "basic_auth", "password"): "s3",
+        ("alerts", "notifiers", 1, "url"): "s4",
+        ("alerts", "notifiers", 2, "routing_key"): "s5",
+    }

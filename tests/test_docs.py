@@ -78,7 +78,7 @@ def config_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
 
 
 def test_readme_documents_every_config_key() -> None:
-    from exporter.config import Config
+    from exporter.schema import Config
 
     text = README.read_text()
     table = text.split("<!-- config-reference:start -->", 1)[1].split("<!-- config-reference:end -->", 1)[0]

@@ -18,9 +18,10 @@ from exporter.alerts.notifiers import Dispatcher
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
-from exporter.config import Config, validate
+from exporter.config import validate
 from exporter.daemon import build_exposition
 from exporter.probe import ProbeRunner
+from exporter.schema import Config
 from exporter.simulator import Simulator, SimulatorServer
 from exporter.snapshots import Latest
 from exporter.state import AlertStore, StateStore

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from exporter.billing import BillingError, parse_bill, parse_envelope, parse_usage
 from exporter.clock import Clock, FrozenClock
-from exporter.config import Config, ConfigError, load, validate
+from exporter.config import ConfigError, load, validate
 from exporter.probe import Answer, ProbeFailure, apply_event, apply_response, sse_events
+from exporter.schema import Config
 from exporter.signing import new_nonce, sign_request
 from exporter.simulator import Simulator
 from tests.conftest import SHANGHAI

@@ -14,8 +14,9 @@ import pytest
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient
 from exporter.cli import DEMO_CONFIG
 from exporter.clock import Clock
-from exporter.config import Config, PriceConfig, load, validate
+from exporter.config import load, validate
 from exporter.daemon import Daemon
+from exporter.schema import Config, PriceConfig
 from exporter.simulator import (
     DEFAULT_ENDPOINTS,
     ITEMS,

@@ -219,7 +219,7 @@ def test_a_long_read_says_it_is_progressing(
 def test_new_prices_reprice_today_and_the_finalised_day_before(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
-    from exporter.config import PriceConfig
+    from exporter.schema import PriceConfig
 
     cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
     dear = [p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000}) for p in cheap]

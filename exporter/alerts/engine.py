@@ -20,8 +20,8 @@ from typing import Literal
 
 from exporter.alerts import rules, signals
 from exporter.clock import Clock
-from exporter.config import AlertsConfig, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
 from exporter.logs import get_logger
+from exporter.schema import AlertsConfig, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
 from exporter.snapshots import Latest
 from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
 

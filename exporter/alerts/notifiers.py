@@ -29,8 +29,8 @@ from exporter.alerts.engine import Alert
 from exporter.alerts.post import DeadlineExceeded, post_json
 from exporter.billing import network_cause
 from exporter.clock import Clock, iso
-from exporter.config import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
 from exporter.logs import get_logger
+from exporter.schema import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
 from exporter.state import AlertStore, GroupEvent, StateError
 
 log = get_logger(__name__)

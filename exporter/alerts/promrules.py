@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from exporter.alerts.signals import SIGNALS, NotExpressible
-from exporter.config import AlertsConfig, BudgetConfig, BudgetRule, ThresholdRule
+from exporter.schema import AlertsConfig, BudgetConfig, BudgetRule, ThresholdRule
 
 
 def expression(rule: ThresholdRule) -> str:

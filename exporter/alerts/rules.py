@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from exporter.bills import budget_status
 from exporter.clock import Clock
-from exporter.config import BudgetConfig
+from exporter.schema import BudgetConfig
 from exporter.snapshots import Latest
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {

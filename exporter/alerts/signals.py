@@ -22,7 +22,7 @@ from exporter.clock import Clock
 from exporter.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, probe_source
 
 if TYPE_CHECKING:
-    from exporter.config import ThresholdRule
+    from exporter.schema import ThresholdRule
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""

@@ -1,0 +1,437 @@
+"""The config's schema: typed, validated, frozen models (pydantic), and what each key may hold.
+
+Loading a file (YAML, `${VAR}` and `${file:PATH}`, messages, warnings, checks across sections)
+is `exporter.config`'s. The secrets are the `SecretStr` fields: `secret_fields` finds them in a
+document, `Config.secret_values` in a loaded config.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from exporter.decimals import parse_decimal
+
+if TYPE_CHECKING:
+    from exporter.alerts.signals import Signal
+
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+OPERATORS = (">", ">=", "<", "<=", "==", "!=")
+MAX_TIER = 10
+LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_LABELS = ("alertname", "alertstate")
+
+
+def parse_duration(value: Any) -> float:
+    """`30s`, `5m`, `1h30m`, `500ms` or a number of seconds → seconds."""
+    if isinstance(value, bool):
+        raise ValueError("not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value and DURATION.sub("", value) == "":
+        seconds = sum(float(n) * DURATION_UNITS[unit] for n, unit in DURATION.findall(value))
+    else:
+        raise ValueError("not a duration (use e.g. 30s, 5m, 1h)")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return seconds
+
+
+def parse_amount(value: Any) -> Decimal:
+    """An amount or price: decimal text or a number, as the billing API would write it."""
+    try:
+        return parse_decimal(value)
+    except ValueError as error:
+        raise ValueError("not a number" if str(error).startswith("not a decimal") else str(error)) from None
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than zero")
+    return seconds
+
+
+def _non_negative(amount: Decimal) -> Decimal:
+    if amount < 0:
+        raise ValueError("must not be negative")
+    return amount
+
+
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"not a valid regular expression ({error})") from None
+    return pattern
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Interval = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
+Amount = Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_non_negative)]
+Name = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Text = Annotated[str, Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _http_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError("must be an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class BillingConfig(Strict):
+    url: HttpUrl
+    access_key_id: Text
+    secret_access_key: SecretStr
+    signature_label: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")] = "svc"
+    signature_lifetime: Duration = 300.0
+    timezone: str = "Asia/Shanghai"
+    project_id: str = ""
+    bills_interval: Interval = 900.0
+    usage_interval: Interval = 300.0
+    page_size: Annotated[int, Field(ge=1, le=500)] = 500
+    concurrency: Annotated[int, Field(ge=1, le=32)] = 4
+    timeout: Interval = 30.0
+    previous_month_grace_days: Annotated[int, Field(ge=0, le=27)] = 3
+    per_api_key: bool = False
+
+    @field_validator("secret_access_key")
+    @classmethod
+    def _secret_present(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+class InferenceConfig(Strict):
+    url: HttpUrl
+    api_key: SecretStr
+
+
+class ProbeConfig(Strict):
+    name: Name
+    model: Text
+    scenario: Literal["chat", "json", "tools", "thinking"] = "chat"
+    stream: bool = True
+    interval: Interval = 60.0
+    timeout: Interval = 30.0
+    max_tokens: Annotated[int, Field(ge=1, le=65536)] = 16
+    expect_content: Annotated[str, AfterValidator(_regex)] | None = None
+    expect_keys: tuple[Text, ...] = ()
+    first_token_timeout: Interval | None = None
+    """Deadline for the first token (streaming); `timeout` when unset."""
+    stall_timeout: Interval | None = None
+    """Longest silence allowed between two chunks (streaming); `timeout` when unset."""
+
+    @model_validator(mode="after")
+    def _scenario_keys(self) -> ProbeConfig:
+        if self.expect_keys and self.scenario != "json":
+            raise ValueError("`expect_keys` applies to the `json` scenario only")
+        if self.expect_content and self.scenario not in ("chat", "thinking"):
+            raise ValueError("`expect_content` applies to the `chat` and `thinking` scenarios only")
+        return self
+
+
+class PriceConfig(Strict):
+    model: Text
+    prompt_per_million: Amount
+    cached_prompt_per_million: Amount | None = None
+    completion_per_million: Amount
+
+
+def _above_zero(amount: Decimal) -> Decimal:
+    if amount <= 0:
+        raise ValueError("must be greater than zero")
+    return amount
+
+
+class BudgetConfig(Strict):
+    name: Name
+    amount: Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_above_zero)]
+    period: Literal["month", "day"] = "month"
+
+
+def _signals() -> dict[str, Signal]:
+    """The signal table. Imported when a rule is checked, not with this module: the table's
+    evaluators need the modules that need this one."""
+    from exporter.alerts.signals import SIGNALS
+
+    return SIGNALS
+
+
+class _Rule(Strict):
+    alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    def _check(self, fields: set[str]) -> None:
+        """Label names, and annotation templates naming only `fields`."""
+        for name in self.labels:
+            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
+                raise ValueError(f"label {name!r} is not a valid alert label name")
+        for name, template in self.annotations.items():
+            for field in re.findall(r"\{([^{}]*)\}", template):
+                if field not in fields:
+                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
+
+
+class ThresholdRule(_Rule):
+    """A signal per `by` group compared with a threshold (see `exporter.alerts.signals`)."""
+
+    signal: str
+    window: Literal["today", "month", "month_forecast"] = "today"
+    by: tuple[Name, ...] = ()
+    where: dict[str, str] = Field(default_factory=dict)
+    op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
+    threshold: Amount
+    for_: Duration = Field(0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, signal: str) -> str:
+        names = [repr(name) for name in _signals()]
+        if signal not in _signals():
+            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
+        return signal
+
+    @model_validator(mode="after")
+    def _shape(self) -> ThresholdRule:
+        signal = _signals()[self.signal]
+        for name in (*self.by, *self.where):
+            if name not in signal.labels:
+                raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
+        if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+        if self.window not in signal.windows:
+            windows = ", ".join(signal.windows)
+            raise ValueError(f"signal {self.signal!r} has no `{self.window}` window (it has {windows})")
+        self._check({"value", "threshold", *self.by, *self.where})
+        return self
+
+
+class BudgetRule(_Rule):
+    """A budget's tiers, each firing once per budget period."""
+
+    budget: Name
+    tiers: Annotated[tuple[float, ...], Field(min_length=1)]
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, tiers: tuple[float, ...]) -> tuple[float, ...]:
+        for tier in tiers:
+            if not 0 < tier <= MAX_TIER:
+                raise ValueError(f"tier {tier} is outside (0, {MAX_TIER}]")
+        if list(tiers) != sorted(set(tiers)):
+            raise ValueError("tiers must be increasing and distinct")
+        return tiers
+
+    @model_validator(mode="after")
+    def _shape(self) -> BudgetRule:
+        self._check({"value", "budget", "tier", "amount", "period"})
+        return self
+
+
+def _rule_kind(rule: Any) -> str:
+    if isinstance(rule, dict):
+        return "budget-rule" if rule.get("budget") is not None and rule.get("signal") is None else "threshold-rule"
+    return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
+
+
+RuleConfig = Annotated[
+    Annotated[ThresholdRule, Tag("threshold-rule")] | Annotated[BudgetRule, Tag("budget-rule")],
+    Discriminator(_rule_kind),
+]
+"""A rule is a threshold rule (`signal`) or a budget rule (`budget`): the keys it has say which."""
+
+
+class _Notifier(Strict):
+    name: Name
+
+
+class AlertmanagerNotifier(_Notifier):
+    type: Literal["alertmanager"]
+    urls: Annotated[tuple[HttpUrl, ...], Field(min_length=1)]
+
+
+class WebhookNotifier(_Notifier):
+    type: Literal["webhook"]
+    url: HttpUrl
+
+
+class SlackNotifier(_Notifier):
+    type: Literal["slack"]
+    url: SecretStr
+
+
+class PagerDutyNotifier(_Notifier):
+    type: Literal["pagerduty"]
+    routing_key: SecretStr
+    url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
+
+
+Notifier = Annotated[
+    AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier, Field(discriminator="type")
+]
+
+
+class AlertsConfig(Strict):
+    evaluation_interval: Interval = 60.0
+    repeat_interval: Interval = 4 * 3600.0
+    rules: tuple[RuleConfig, ...] = ()
+    notifiers: tuple[Notifier, ...] = ()
+
+
+class TlsConfig(Strict):
+    cert_file: Text
+    key_file: Text
+
+    @model_validator(mode="after")
+    def _readable(self) -> TlsConfig:
+        for path in (self.cert_file, self.key_file):
+            if not Path(path).is_file():
+                raise ValueError(f"file {path!r} does not exist")
+        return self
+
+
+class BasicAuthConfig(Strict):
+    username: Text
+    password: SecretStr
+
+
+def _port_in_range(address: str) -> str:
+    if int(address.rpartition(":")[2]) > 65535:
+        raise ValueError("the port must be 0 to 65535")
+    return address
+
+
+ListenAddress = Annotated[
+    str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$"), AfterValidator(_port_in_range)
+]
+
+
+class ServerConfig(Strict):
+    listen: ListenAddress = ":9877"
+    tls: TlsConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    external_url: HttpUrl | None = None
+    """How receivers reach this exporter (links in notifications); the listen address by default."""
+
+
+class StateConfig(Strict):
+    path: Text = "./inference-cost-exporter.db"
+
+
+class LogConfig(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class Config(Strict):
+    billing: BillingConfig
+    inference: InferenceConfig | None = None
+    probes: tuple[ProbeConfig, ...] = ()
+    prices: tuple[PriceConfig, ...] = ()
+    budgets: tuple[BudgetConfig, ...] = ()
+    alerts: AlertsConfig = AlertsConfig()
+    server: ServerConfig = ServerConfig()
+    state: StateConfig = StateConfig()
+    log: LogConfig = LogConfig()
+
+    def secret_values(self) -> list[str]:
+        """Every secret in the config, and the path of each secret URL (what a library may log of it)."""
+        found: list[str] = []
+
+        def walk(node: object) -> None:
+            if isinstance(node, SecretStr):
+                value = node.get_secret_value()
+                found.append(value)
+                path = urlsplit(value).path
+                if value.startswith(("http://", "https://")) and len(path) > 1:
+                    found.append(path)
+            elif isinstance(node, BaseModel):
+                for name in type(node).model_fields:
+                    walk(getattr(node, name))
+            elif isinstance(node, tuple):
+                for item in node:
+                    walk(item)
+
+        walk(self)
+        for notifier in self.alerts.notifiers:  # a token in a plain webhook URL's query is a secret too
+            if isinstance(notifier, WebhookNotifier) and urlsplit(notifier.url).query:
+                found.append(urlsplit(notifier.url).query)
+        return [value for value in found if value]
+
+
+Found = Iterator[tuple[tuple[int | str, ...], Any]]
+
+
+def secret_fields(model: type[BaseModel], raw: Any, path: tuple[int | str, ...] = ()) -> Found:
+    """The values a document holds at the schema's secret keys (its `SecretStr` fields), with their
+    locations; a list of notifiers is read by each item's `type`."""
+    if not isinstance(raw, dict):
+        return
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key in raw:
+            yield from _secrets_in(field.annotation, raw[key], (*path, key))
+
+
+def _secrets_in(annotation: Any, raw: Any, path: tuple[int | str, ...]) -> Found:
+    if annotation is SecretStr:
+        yield path, raw
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield from secret_fields(annotation, raw, path)
+    elif get_origin(annotation) is Annotated:
+        yield from _secrets_in(get_args(annotation)[0], raw, path)
+    elif get_origin(annotation) is tuple and isinstance(raw, list):
+        for index, item in enumerate(raw):
+            yield from _secrets_in(get_args(annotation)[0], item, (*path, index))
+    elif get_origin(annotation) in (Union, UnionType):
+        members = [m for m in get_args(annotation) if m is not type(None)]
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        for member in members:
+            model = get_args(member)[0] if get_origin(member) is Annotated else member
+            fields = getattr(model, "model_fields", {})
+            if "type" in fields and kind not in get_args(fields["type"].annotation):
+                continue  # another type of notifier
+            yield from _secrets_in(member, raw, path)
