@@ -14,7 +14,7 @@ import requests
 from exporter.billing import BillingClient
 from exporter.clock import Clock
 from exporter.config import validate
-from exporter.simulator import Endpoint, Simulator
+from exporter.sim import Endpoint, Simulator
 
 
 @dataclass(frozen=True)

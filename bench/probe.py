@@ -11,7 +11,7 @@ import statistics
 from bench.common import SimSettings, simulator
 from exporter.config import validate
 from exporter.probe import ProbeRunner
-from exporter.simulator import DEFAULT_ENDPOINTS, Simulator
+from exporter.sim import DEFAULT_ENDPOINTS, Simulator
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,7 @@ from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import load
 from exporter.daemon import Daemon
-from exporter.simulator import Fault, Simulator
+from exporter.sim import Fault, Simulator
 from tests.helpers import DripReceiver, Receiver, named, scrape, value
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")

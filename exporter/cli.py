@@ -26,7 +26,7 @@ from exporter.snapshots import Latest
 from exporter.state import StateError, StateStore, location_problem
 
 if TYPE_CHECKING:
-    from exporter.simulator import Simulator
+    from exporter.sim import Simulator
 
 log = get_logger("exporter")
 
@@ -170,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
     """Keep today's usage growing, so the counters move while you watch; now and then a chat
     request fails, so the probe failure panels have something to show."""
-    from exporter.simulator import Fault
+    from exporter.sim import Fault
 
     rng = random.Random(7)
     tick = 0
@@ -182,7 +182,7 @@ def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from exporter.simulator import Simulator, prices_from_config
+    from exporter.sim import Simulator, prices_from_config
 
     setup_logging("info")
     listen = _listen(args.listen)
@@ -227,7 +227,7 @@ inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daem
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from exporter.simulator import Simulator
+    from exporter.sim import Simulator
 
     host, port = parse_listen(_listen(args.listen))
     _hold_signals()

@@ -15,7 +15,7 @@ from exporter.billing import BillingClient, RetryPolicy
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.schema import Config
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from exporter.state import StateStore
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from exporter.clock import Clock
-from exporter.simulator import ITEMS, Simulator, SimulatorServer
+from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
 from tests.helpers import free_port, serve_binary, wait_for
 from tests.test_alerts import make_daemon, today_by_endpoint

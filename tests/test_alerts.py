@@ -13,7 +13,7 @@ import requests
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.daemon import Daemon
-from exporter.simulator import ITEMS, Simulator, SimulatorServer
+from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import billing_section
 from tests.helpers import Receiver, named, scrape
 
@@ -198,7 +198,7 @@ def test_a_failing_source_never_reads_as_zero_spend(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     receiver: Receiver, spend_rule: dict,
 ) -> None:  # fmt: skip
-    from exporter.simulator import Fault
+    from exporter.sim import Fault
 
     spend_rule["for"] = "0s"
     alerts = to_hook(receiver, spend_rule)
@@ -218,7 +218,7 @@ def test_a_failing_source_never_reads_as_zero_spend(
 def test_data_age_signal_fires_on_stale_data(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    from exporter.simulator import Fault
+    from exporter.sim import Fault
 
     rule = {"alert": "BillsStale", "signal": "data_age", "where": {"source": "bills"}, "op": ">", "threshold": 1800}
     alerts = to_hook(receiver, rule)

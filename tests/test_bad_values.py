@@ -19,7 +19,7 @@ from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import ConfigError, validate
 from exporter.daemon import Daemon
-from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import billing_section, require_binary
 from tests.helpers import named, scrape, value
 from tests.test_cli import run, write_config

@@ -22,7 +22,7 @@ from exporter.billing import (
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.schema import Config
-from exporter.simulator import Endpoint, Fault, Simulator, SimulatorServer
+from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
 
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource, forecast
 from exporter.clock import Clock, FrozenClock
-from exporter.simulator import ITEMS, Simulator
+from exporter.sim import ITEMS, Simulator
 from tests.conftest import SHANGHAI
 
 

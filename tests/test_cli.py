@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from exporter.clock import Clock, FrozenClock
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from tests.test_exposition import full_exposition
 
 README = Path(__file__).parent.parent / "README.md"

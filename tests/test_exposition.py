@@ -22,7 +22,7 @@ from exporter.config import validate
 from exporter.daemon import build_exposition
 from exporter.probe import ProbeRunner
 from exporter.schema import Config
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from exporter.snapshots import Latest
 from exporter.state import AlertStore, StateStore
 from exporter.usage_sync import UsageSync

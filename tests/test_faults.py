@@ -18,7 +18,7 @@ from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import Daemon
-from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import Series, logged, named, scrape, value
 

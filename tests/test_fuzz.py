@@ -15,7 +15,7 @@ from exporter.config import ConfigError, load, validate
 from exporter.probe import Answer, ProbeFailure, apply_event, apply_response, sse_events
 from exporter.schema import Config
 from exporter.signing import new_nonce, sign_request
-from exporter.simulator import Simulator
+from exporter.sim import Simulator
 from tests.conftest import SHANGHAI
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

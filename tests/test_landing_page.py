@@ -11,7 +11,7 @@ import pytest
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import Daemon
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from tests.conftest import billing_section, require_binary
 
 SCREENSHOT_DIR = Path(os.environ.get("SCREENSHOT_DIR", Path(__file__).parent.parent / "test-output"))

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from exporter.logs import JsonFormatter, LogfmtFormatter, get_logger
-from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.helpers import scrape, value, wait_for
 from tests.test_cli import ready, spawn, write_config
 

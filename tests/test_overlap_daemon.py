@@ -22,7 +22,7 @@ from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import Daemon
-from exporter.simulator import ITEMS, Endpoint, Simulator, SimulatorServer
+from exporter.sim import ITEMS, Endpoint, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import DripReceiver, Receiver, logged, named, scrape, value, wait_for
 
@@ -348,7 +348,7 @@ def probe_document(
 def test_an_alert_whose_probe_is_removed_resolves(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    from exporter.simulator import Fault
+    from exporter.sim import Fault
 
     path = tmp_path / "config.yaml"
     document = probe_document(sim, server, tmp_path, ["broken", "fine"], receiver)

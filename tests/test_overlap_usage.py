@@ -16,7 +16,7 @@ from requests.auth import AuthBase
 
 from exporter.billing import BillingClient, ClientClosed, RecordError
 from exporter.clock import Clock
-from exporter.simulator import Simulator
+from exporter.sim import Simulator
 from exporter.state import StateStore
 from exporter.usage_sync import SeenIds, UsageSync
 from tests.conftest import PAGE

@@ -9,7 +9,7 @@ import pytest
 
 from exporter.config import validate
 from exporter.probe import REASONS, ProbeRunner, sse_events
-from exporter.simulator import Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from exporter.snapshots import ProbeSnapshot
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}

@@ -10,7 +10,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from tests.helpers import Receiver, wait_for
 from tests.test_cli import ready, run, spawn
 

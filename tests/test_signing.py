@@ -110,3 +110,33 @@ def test_no_nonce_repeats_over_100k_signatures() -> None:
         header = signer(request).headers["Signature-Input"]
         seen.add(header[header.index('nonce="') + 7 : header.index('";keyid')])
     assert len(seen) == 100_000
+
+
+@pytest.mark.parametrize("vector", VECTORS, ids=[f"{v['method']} {v['path'] or '/'}?{v['query']}" for v in VECTORS])
+def test_the_simulator_accepts_exactly_the_fixed_vectors(vector: dict) -> None:
+    """The simulator's check against the vectors themselves, not against our signer: a bug the
+    signer and the checker shared would still fail here."""
+    import datetime as dt
+
+    from exporter.clock import Clock
+    from exporter.sim import Simulator
+    from exporter.sim.model import SimulatorError
+
+    created = dt.datetime.fromtimestamp(vector["created"], dt.UTC)
+    sim = Simulator(
+        clock=Clock(now_fn=lambda: created),
+        access_key_id=vector["access_key_id"],
+        secret_access_key=vector["secret_access_key"],
+        label=vector["label"],
+    )
+    expected = vector["expected"]
+    headers = {name: expected[name] for name in ("Content-Digest", "Signature-Input", "Signature")}
+    body = vector["body"].encode()
+    sim.verify_signature(vector["method"], vector["query"], vector["path"] or "/", headers, body)
+    forged = headers | {
+        "Signature": expected["Signature"].replace(
+            expected["Signature"][5], "A" if expected["Signature"][5] != "A" else "B", 1
+        )
+    }
+    with pytest.raises(SimulatorError):
+        sim.verify_signature(vector["method"], vector["query"], vector["path"] or "/", forged, body + b"")

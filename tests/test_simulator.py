@@ -10,7 +10,7 @@ import requests
 
 from exporter.clock import FrozenClock
 from exporter.signing import new_nonce, sign_request
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 
 BILLS = "/api/v1/bills/details"
 USAGES = "/api/v1/usages/details"

@@ -17,7 +17,7 @@ from exporter.clock import Clock
 from exporter.config import load, validate
 from exporter.daemon import Daemon
 from exporter.schema import Config, PriceConfig
-from exporter.simulator import (
+from exporter.sim import (
     DEFAULT_ENDPOINTS,
     ITEMS,
     Endpoint,

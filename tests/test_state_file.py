@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from exporter.state import AlertStore, StateError, StateStore, UsageCursor
 from tests.helpers import free_port, logged, wait_for
 from tests.test_cli import ready, run, spawn, write_config

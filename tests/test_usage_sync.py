@@ -12,7 +12,7 @@ import pytest
 from exporter.billing import BillingClient
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
-from exporter.simulator import Simulator, SimulatorServer
+from exporter.sim import Simulator, SimulatorServer
 from exporter.snapshots import UsageSnapshot
 from exporter.state import StateStore
 from exporter.usage_sync import UsageSync

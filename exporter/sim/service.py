@@ -1,0 +1,166 @@
+"""The stand-in service's state, and how tests change it (usage, faults, prices, revised bills)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from exporter.clock import Clock
+from exporter.sim.billing_api import BillingAPI
+from exporter.sim.chat_api import ChatAPI
+from exporter.sim.model import (
+    DEFAULT_ENDPOINTS,
+    Endpoint,
+    Fault,
+    SimPrice,
+    UsageDay,
+    _DayTokens,
+)
+from exporter.sim.server import SimulatorServer
+
+
+@dataclass
+class Simulator(BillingAPI, ChatAPI):
+    """The service's state. `serve()` puts it on a loopback port."""
+
+    clock: Clock = field(default_factory=Clock)
+    access_key_id: str = "AKSIMULATOR0001"
+    secret_access_key: str = "sim-secret-key-0001"  # noqa: S105 - the stand-in's own, public demo credentials
+    api_key: str = "sim-inference-key-0001"
+    label: str = "svc"
+    seed: int = 1
+    endpoints: tuple[Endpoint, ...] = DEFAULT_ENDPOINTS
+    latency: float = 0.0
+    """Billing: the whole response time (the simulator's own work counts toward it).
+    Chat: added before the answer starts, so `time_to_first_token` comes on top of it."""
+    time_to_first_token: float = 0.0
+    chunk_delay: float = 0.0
+    failure_rate: float = 0.0
+    """The share of billing requests answered with a random 500, 502, 503 or 429."""
+    before_usage_page: Callable[[int], None] | None = None
+    """Called with the page number before a usage page is served (tests change the list mid-read)."""
+    prices: Mapping[str, SimPrice] | None = None
+    """Per model name. When set, a day with usage records is billed from them at these prices
+    (see `charge`); change it with `set_prices`, which also drops bills computed at the old ones."""
+
+    def __post_init__(self) -> None:
+        self._check_prices(self.prices)
+        self._lock = threading.Lock()
+        # Held while counting a day's tokens, so that concurrent bills requests count new records once.
+        self._tokens_lock = threading.Lock()
+        self._day_tokens: dict[dt.date, _DayTokens] = {}
+        # Changes whenever priced bills may have changed; part of the bill rows' cache key.
+        self._bills_version = 0
+        # Usage records read to compute bills: each once however often bills are asked for (all
+        # of a day again only after a removal, or a change of seed or endpoints).
+        self.records_billed = 0
+        self._usage: dict[dt.date, UsageDay] = {}
+        self._nonces: dict[str, float] = {}
+        self._nonce_expiry: deque[tuple[float, str]] = deque()
+        self._faults: list[Fault] = []
+        self._bill_overrides: dict[tuple[str, dt.date, str, str], Decimal] = {}
+        self._bill_cache: dict[tuple[Any, ...], list[dict[str, str]]] = {}
+        self._day_prefixes: dict[dt.date, tuple[str, dt.datetime]] = {}
+        self._fragments: dict[Endpoint, str] = {}
+        self.requests_served: dict[str, int] = {}
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._random = random.Random(self.seed)
+
+    # -- control --------------------------------------------------------------------------
+
+    def add_usage(self, count: int, day: dt.date | None = None) -> None:
+        with self._lock:
+            if self.prices is not None:
+                self._bills_version += 1
+            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            first = usage.count
+            usage.count += count
+            if usage.order is not None and usage.newest_first:
+                usage.order[:0] = range(usage.count - 1, first - 1, -1)
+            elif usage.order is not None:
+                usage.order.extend(range(first, usage.count))
+
+    def list_newest_first(self, day: dt.date | None = None) -> None:
+        """From now on list the day's records newest first: new records arrive at the head."""
+        with self._lock:
+            self._usage.setdefault(day or self.clock.today(), UsageDay()).newest_first = True
+
+    def repeat_usage(self, position: int, at: int, day: dt.date | None = None) -> None:
+        """List the record at `position` a second time, at `at` (`total` counts it twice), as an
+        API may that repeats a request across pages."""
+        with self._lock:
+            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            order = list(usage.indices())
+            order.insert(at, order[position])
+            usage.order = order
+
+    def reorder_usage(self, day: dt.date | None = None) -> None:
+        """Serve the day's records in a different order (as the API is free to)."""
+        with self._lock:
+            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            usage.order = list(reversed(usage.indices()))
+
+    def remove_usage(self, positions: list[int], day: dt.date | None = None) -> None:
+        with self._lock:
+            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            order = list(usage.indices())
+            for position in sorted(positions, reverse=True):
+                del order[position]
+            usage.order = order
+            usage.removals += 1
+            if self.prices is not None:
+                self._bills_version += 1
+
+    def set_prices(self, prices: Mapping[str, SimPrice] | None) -> None:
+        """Bill days with usage records at `prices` from now on (None: random amounts again)."""
+        self._check_prices(prices)
+        with self._lock:
+            self.prices = prices
+            self._bills_version += 1
+            self._bill_cache.clear()
+
+    def _check_prices(self, prices: Mapping[str, SimPrice] | None) -> None:
+        """Refuse a table that leaves a model unpriced, rather than bill it at some made-up amount."""
+        missing = sorted({e.model for e in self.endpoints} - set(prices)) if prices is not None else []
+        if missing:
+            raise ValueError(f"no simulator price for model(s) {', '.join(missing)}")
+
+    def revise_bill(self, day: dt.date, endpoint_id: str, item: str, amount: Decimal) -> None:
+        with self._lock:
+            self._bill_overrides[(self.clock.period(day), day, endpoint_id, item)] = amount
+            self._bill_cache.clear()
+
+    def inject(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _random_failure(self) -> Fault | None:
+        if self.failure_rate and self._random.random() < self.failure_rate:
+            return Fault("status", status=self._random.choice((500, 502, 503, 429)), retry_after=None)
+        return None
+
+    def _take_fault(self, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if path.startswith(fault.path) and fault.times > 0:
+                    fault.times -= 1
+                    if fault.times == 0:
+                        self._faults.remove(fault)
+                    return fault
+        return None
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> SimulatorServer:
+        server = SimulatorServer((host, port), self)
+        server.start()
+        return server
