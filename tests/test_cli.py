@@ -35,8 +35,14 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def write_config(
-    tmp_path: Path, sim: Simulator, server: SimulatorServer, log_level: str = "info", **billing: object
+    tmp_path: Path,
+    sim: Simulator,
+    server: SimulatorServer,
+    log_level: str = "info",
+    state: Path | None = None,
+    **billing: object,
 ) -> Path:
+    """A config for the simulator, its secret from TEST_BILLING_SECRET; with `state`, a state file there."""
     document = {
         "billing": {
             "url": server.url,
@@ -50,6 +56,8 @@ def write_config(
         "budgets": [{"name": "monthly", "amount": "20000"}],
         "log": {"level": log_level},
     }
+    if state is not None:
+        document["state"] = {"path": str(state)}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -175,10 +183,7 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
 ) -> None:
     sim, server = live
     sim.add_usage(100)
-    config = write_config(tmp_path, sim, server)
-    document = yaml.safe_load(config.read_text())
-    document["state"] = {"path": str(tmp_path / "state.db")}
-    config.write_text(yaml.safe_dump(document))
+    config = write_config(tmp_path, sim, server, state=tmp_path / "state.db")
     process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
     try:
         wait_for(lambda: ready(url), timeout=30)
@@ -307,10 +312,7 @@ def test_no_signal_is_lost_under_load(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer], busy_cores: None
 ) -> None:
     sim, server = live
-    config = write_config(tmp_path, sim, server)
-    document = yaml.safe_load(config.read_text())
-    document["state"] = {"path": str(tmp_path / "state.db")}
-    config.write_text(yaml.safe_dump(document))
+    config = write_config(tmp_path, sim, server, state=tmp_path / "state.db")
     for reloads in (10, 2, 2):
         process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
         try:

@@ -39,9 +39,8 @@ def parse_logfmt(line: str) -> dict[str, str]:
 
 def run_and_collect(tmp_path: Path, live: tuple[Simulator, SimulatorServer], fmt: str) -> list[str]:
     sim, server = live
-    config = write_config(tmp_path, sim, server, log_level="debug", usage_interval="300ms")
+    config = write_config(tmp_path, sim, server, log_level="debug", state=tmp_path / "state.db", usage_interval="300ms")
     document = yaml.safe_load(config.read_text())
-    document["state"] = {"path": str(tmp_path / "state.db")}
     document["log"]["format"] = fmt
     config.write_text(yaml.safe_dump(document))
     process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import AlertStore, StateError, StateStore, UsageCursor
@@ -360,10 +359,7 @@ def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> No
 
 def run_config(tmp_path: Path, live: tuple[Simulator, SimulatorServer], state: Path) -> tuple[Path, dict[str, str]]:
     sim, server = live
-    config = write_config(tmp_path, sim, server)
-    document = yaml.safe_load(config.read_text())
-    document["state"] = {"path": str(state)}
-    config.write_text(yaml.safe_dump(document))
+    config = write_config(tmp_path, sim, server, state=state)
     return config, {"TEST_BILLING_SECRET": sim.secret_access_key}
 
 
