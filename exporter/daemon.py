@@ -220,7 +220,7 @@ class Daemon:
             scheduler_log.addFilter(SKIPPED_RUN_NOTICE)
         view = View(
             self.latest,
-            render=lambda accept: self.sources.exposition.render(accept),
+            render=lambda accept, gzipped: self.sources.exposition.render(accept, gzipped),
             sources=lambda: list(self.sources.refreshers),
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,
@@ -289,7 +289,9 @@ class Daemon:
             return False
         else:
             self._record(source, started, success=True)
-            sources.exposition.render()  # render the new snapshot's text here, not in a scrape
+            # Render the new snapshot's text, and its gzip (what Prometheus asks for), here, not in a scrape.
+            sources.exposition.render()
+            sources.exposition.render(gzipped=True)
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered", source=source)
             self._alerts_due.set()

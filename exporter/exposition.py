@@ -9,8 +9,9 @@ out (and logged once), so one bad value never takes the whole exposition down.
 
 from __future__ import annotations
 
+import gzip
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -21,6 +22,9 @@ from exporter.logs import get_logger
 log = get_logger(__name__)
 
 OPENMETRICS_EOF = b"# EOF\n"
+GZIP_LEVEL = 5
+_EOF_GZIPPED = gzip.compress(OPENMETRICS_EOF, compresslevel=GZIP_LEVEL)
+Encoder = Callable[[CollectorRegistry], bytes]
 
 
 class Exposition:
@@ -31,36 +35,57 @@ class Exposition:
             registry = CollectorRegistry()
             registry.register(collector)
             self._registries.append(registry)
-        self._cache: dict[tuple[int, str], tuple[object, bytes]] = {}
+        self._cache: dict[tuple[int, str, bool], tuple[object, bytes]] = {}
         self._lock = threading.Lock()
         self._broken: dict[int, str] = {}
         """Collectors whose last render failed, with the error (logged once per new error)."""
 
-    def render(self, accept: str = "") -> tuple[bytes, str]:
-        """The exposition in the format the `Accept` header asks for, and its content type."""
+    def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
+        """The exposition in the format the `Accept` header asks for, and its content type.
+
+        `gzipped`: compressed, as one gzip member per block (a valid gzip stream: readers take the
+        members one after another), so a block is compressed once per snapshot, like its text.
+        """
         encoder, content_type = choose_encoder(accept)
         blocks = []
         for index, (collector, registry) in enumerate(zip(self.collectors, self._registries, strict=True)):
             version = getattr(collector, "version", lambda: None)()
             with self._lock:
-                cached = self._cache.get((index, content_type))
+                cached = self._cache.get((index, content_type, gzipped))
             if version is not None and cached is not None and cached[0] is version:
                 blocks.append(cached[1])
                 continue
-            try:
-                block = encoder(registry).removesuffix(OPENMETRICS_EOF)
-            except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
-                self._failed(index, collector, error)
-                block = b""
-            else:
-                self._broken.pop(index, None)
+            block = self._text(index, collector, registry, encoder, content_type, version)
+            if gzipped:
+                block = gzip.compress(block, compresslevel=GZIP_LEVEL)
             if version is not None:
                 with self._lock:
-                    self._cache[(index, content_type)] = (version, block)
+                    self._cache[(index, content_type, gzipped)] = (version, block)
             blocks.append(block)
         if content_type.startswith("application/openmetrics-text"):
-            blocks.append(OPENMETRICS_EOF)
+            blocks.append(_EOF_GZIPPED if gzipped else OPENMETRICS_EOF)
         return b"".join(blocks), content_type
+
+    def _text(
+        self, index: int, collector: Collector, registry: CollectorRegistry, encoder: Encoder, content_type: str,
+        version: object,
+    ) -> bytes:  # fmt: skip
+        """A block's text: cached for its version, else rendered (and cached)."""
+        with self._lock:
+            cached = self._cache.get((index, content_type, False))
+        if version is not None and cached is not None and cached[0] is version:
+            return cached[1]
+        try:
+            block = encoder(registry).removesuffix(OPENMETRICS_EOF)
+        except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
+            self._failed(index, collector, error)
+            block = b""
+        else:
+            self._broken.pop(index, None)
+        if version is not None:
+            with self._lock:
+                self._cache[(index, content_type, False)] = (version, block)
+        return block
 
     def _failed(self, index: int, collector: Collector, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"[:300]

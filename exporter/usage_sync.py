@@ -175,6 +175,8 @@ class UsageSync:
         self._aggregate = Aggregate(per_api_key)
         self._cursor: UsageCursor | None = None
         self._created = 0.0
+        self._published: UsageSnapshot | None = None
+        """The last snapshot returned (a poll that finds nothing new returns it again)."""
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
@@ -203,7 +205,8 @@ class UsageSync:
         self.prices = {p.model: p for p in prices}
         if self._day is None or self._cursor is None:
             return None
-        return self._snapshot(self._day, self._aggregate, self._created)
+        self._published = self._snapshot(self._day, self._aggregate, self._created)
+        return self._published
 
     # -- paging --
 
@@ -384,6 +387,17 @@ class UsageSync:
             # Records were removed upstream: the counters reset here, and `created` says when.
             self._created = self.clock.now().timestamp()
         cursor = self._cursor_after(today, aggregate, boundary)
+        published = self._published
+        if (
+            published is not None
+            and published.day == today
+            and published.resyncs == self.resyncs
+            and cursor == self._cursor
+            and aggregate.rows == self._aggregate.rows
+            and aggregate.sums == self._aggregate.sums
+        ):
+            return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
         self._save(cursor, aggregate)  # first: if the state file refuses it, nothing here has moved
         self._cursor, self._aggregate = cursor, aggregate
-        return self._snapshot(today, aggregate, self._created)
+        self._published = self._snapshot(today, aggregate, self._created)
+        return self._published

@@ -164,3 +164,27 @@ def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: 
     errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
     assert len(errors) == 1  # once, not per scrape
     assert errors[0].fields["collector"] == "Broken"  # type: ignore[attr-defined]
+
+
+def test_the_gzipped_exposition_is_the_text_and_compressed_once_per_snapshot(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gzip
+
+    from exporter import exposition as module
+
+    config, latest = full_latest(sim, server, clock, frozen)
+    exposition = build_exposition(config, latest, clock)
+    compressed: list[int] = []
+    real = gzip.compress
+    monkeypatch.setattr(module.gzip, "compress", lambda data, **kw: compressed.append(len(data)) or real(data, **kw))
+    for accept in ("", "application/openmetrics-text; version=1.0.0"):
+        compressed.clear()
+        first, _ = exposition.render(accept, gzipped=True)
+        assert gzip.decompress(first) == exposition.render(accept)[0]  # the members read as one text
+        blocks = len(compressed)
+        compressed.clear()
+        again, _ = exposition.render(accept, gzipped=True)
+        assert gzip.decompress(again) == exposition.render(accept)[0]
+        assert len(compressed) < blocks  # only the blocks without a snapshot (the exporter's health) again
+        assert max(compressed) < 20_000  # and those are small; the bills' thousands of series are not redone

@@ -236,3 +236,29 @@ def test_new_prices_reprice_today_and_the_finalised_day_before(
     for then, now in ((first, again), (first.previous_day, again.previous_day)):
         for key, totals in then.totals.items():
             assert now.totals[key].estimated_payable == totals.estimated_payable * 1000
+
+
+def test_a_poll_that_finds_nothing_new_rewrites_nothing(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    import sqlite3
+
+    sim.add_usage(1234)
+    sync = make_sync(small_pages, clock, store)
+    first = sync.refresh()
+
+    def saved_at() -> float:
+        with sqlite3.connect(store.path) as db:
+            return db.execute("SELECT updated FROM usage_cursor").fetchone()[0]
+
+    written = saved_at()
+    frozen.advance(dt.timedelta(minutes=5))
+    again = sync.refresh()
+    assert again is first  # the same snapshot: its text and gzip come from the cache
+    assert saved_at() == written  # and the state file was not written
+    sim.add_usage(3)
+    frozen.advance(dt.timedelta(minutes=5))
+    moved = sync.refresh()
+    assert moved is not first
+    assert moved.records == 1237
+    assert saved_at() > written
