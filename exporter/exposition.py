@@ -50,17 +50,19 @@ class Exposition:
         blocks = []
         for index, (collector, registry) in enumerate(zip(self.collectors, self._registries, strict=True)):
             version = getattr(collector, "version", lambda: None)()
+            if not gzipped:
+                blocks.append(self._text(index, collector, registry, encoder, content_type, version))
+                continue
             with self._lock:
-                cached = self._cache.get((index, content_type, gzipped))
+                cached = self._cache.get((index, content_type, True))
             if version is not None and cached is not None and cached[0] is version:
                 blocks.append(cached[1])
                 continue
-            block = self._text(index, collector, registry, encoder, content_type, version)
-            if gzipped:
-                block = gzip.compress(block, compresslevel=GZIP_LEVEL)
+            text = self._text(index, collector, registry, encoder, content_type, version)
+            block = gzip.compress(text, compresslevel=GZIP_LEVEL)
             if version is not None:
                 with self._lock:
-                    self._cache[(index, content_type, gzipped)] = (version, block)
+                    self._cache[(index, content_type, True)] = (version, block)
             blocks.append(block)
         if content_type.startswith("application/openmetrics-text"):
             blocks.append(_EOF_GZIPPED if gzipped else OPENMETRICS_EOF)
