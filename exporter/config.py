@@ -24,6 +24,7 @@ from exporter.schema import (
     Config,
     _signals,
     secret_fields,
+    webhook_secret,
 )
 from exporter.snapshots import probe_source
 
@@ -189,7 +190,12 @@ def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:
 def secret_warnings(raw: Any, path: Path) -> list[str]:
     """Secrets written into the config file itself rather than taken from the environment or a file."""
     warnings = []
-    for where, value in secret_fields(Config, raw):
+    webhooks = [
+        ((*where, "url"), item["url"])
+        for where, item in _items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers")
+        if item.get("type") == "webhook" and isinstance(item.get("url"), str) and webhook_secret(item["url"])
+    ]
+    for where, value in [*secret_fields(Config, raw), *webhooks]:
         if isinstance(value, str) and value and not REFERENCE.search(value):
             warnings.append(
                 f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"

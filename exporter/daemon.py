@@ -289,9 +289,7 @@ class Daemon:
             return False
         else:
             self._record(source, started, success=True)
-            # Render the new snapshot's text, and its gzip (what Prometheus asks for), here, not in a scrape.
-            sources.exposition.render()
-            sources.exposition.render(gzipped=True)
+            sources.exposition.render()  # render the new snapshot's text here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered", source=source)
             self._alerts_due.set()

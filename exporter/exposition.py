@@ -23,7 +23,6 @@ log = get_logger(__name__)
 
 OPENMETRICS_EOF = b"# EOF\n"
 GZIP_LEVEL = 5
-_EOF_GZIPPED = gzip.compress(OPENMETRICS_EOF, compresslevel=GZIP_LEVEL)
 Encoder = Callable[[CollectorRegistry], bytes]
 
 
@@ -35,38 +34,23 @@ class Exposition:
             registry = CollectorRegistry()
             registry.register(collector)
             self._registries.append(registry)
-        self._cache: dict[tuple[int, str, bool], tuple[object, bytes]] = {}
+        self._cache: dict[tuple[int, str], tuple[object, bytes]] = {}
         self._lock = threading.Lock()
         self._broken: dict[int, str] = {}
         """Collectors whose last render failed, with the error (logged once per new error)."""
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
-        """The exposition in the format the `Accept` header asks for, and its content type.
-
-        `gzipped`: compressed, as one gzip member per block (a valid gzip stream: readers take the
-        members one after another), so a block is compressed once per snapshot, like its text.
-        """
+        """The exposition in the format the `Accept` header asks for (gzipped when asked: one gzip
+        member, since some clients, curl among them, stop after the first), and its content type."""
         encoder, content_type = choose_encoder(accept)
-        blocks = []
-        for index, (collector, registry) in enumerate(zip(self.collectors, self._registries, strict=True)):
-            version = getattr(collector, "version", lambda: None)()
-            if not gzipped:
-                blocks.append(self._text(index, collector, registry, encoder, content_type, version))
-                continue
-            with self._lock:
-                cached = self._cache.get((index, content_type, True))
-            if version is not None and cached is not None and cached[0] is version:
-                blocks.append(cached[1])
-                continue
-            text = self._text(index, collector, registry, encoder, content_type, version)
-            block = gzip.compress(text, compresslevel=GZIP_LEVEL)
-            if version is not None:
-                with self._lock:
-                    self._cache[(index, content_type, True)] = (version, block)
-            blocks.append(block)
+        blocks = [
+            self._text(index, collector, registry, encoder, content_type, getattr(collector, "version", lambda: None)())
+            for index, (collector, registry) in enumerate(zip(self.collectors, self._registries, strict=True))
+        ]
         if content_type.startswith("application/openmetrics-text"):
-            blocks.append(_EOF_GZIPPED if gzipped else OPENMETRICS_EOF)
-        return b"".join(blocks), content_type
+            blocks.append(OPENMETRICS_EOF)
+        body = b"".join(blocks)
+        return (gzip.compress(body, compresslevel=GZIP_LEVEL) if gzipped else body), content_type
 
     def _text(
         self, index: int, collector: Collector, registry: CollectorRegistry, encoder: Encoder, content_type: str,
@@ -74,7 +58,7 @@ class Exposition:
     ) -> bytes:  # fmt: skip
         """A block's text: cached for its version, else rendered (and cached)."""
         with self._lock:
-            cached = self._cache.get((index, content_type, False))
+            cached = self._cache.get((index, content_type))
         if version is not None and cached is not None and cached[0] is version:
             return cached[1]
         try:
@@ -86,7 +70,7 @@ class Exposition:
             self._broken.pop(index, None)
         if version is not None:
             with self._lock:
-                self._cache[(index, content_type, False)] = (version, block)
+                self._cache[(index, content_type)] = (version, block)
         return block
 
     def _failed(self, index: int, collector: Collector, error: Exception) -> None:

@@ -396,10 +396,19 @@ class Config(Strict):
                     walk(item)
 
         walk(self)
-        for notifier in self.alerts.notifiers:  # a token in a plain webhook URL's query is a secret too
-            if isinstance(notifier, WebhookNotifier) and urlsplit(notifier.url).query:
-                found.append(urlsplit(notifier.url).query)
+        for notifier in self.alerts.notifiers:
+            if isinstance(notifier, WebhookNotifier):
+                found.append(webhook_secret(notifier.url))
         return [value for value in found if value]
+
+
+def webhook_secret(url: str) -> str:
+    """The secret a plain webhook URL may carry ("" if none): its query (a token), or the whole
+    URL when it is a hooks service's (Slack's, Zapier's: the path is the token)."""
+    parts = urlsplit(url)
+    if (parts.hostname or "").startswith("hooks."):
+        return url
+    return parts.query
 
 
 Found = Iterator[tuple[tuple[int | str, ...], Any]]

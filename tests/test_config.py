@@ -241,3 +241,23 @@ def test_the_secrets_are_the_schema_s_secret_fields_and_a_notifier_s_by_its_type
         ("alerts", "notifiers", 1, "url"): "s4",
         ("alerts", "notifiers", 2, "routing_key"): "s5",
     }
+
+
+def test_a_webhook_url_carrying_a_token_written_in_the_file_is_warned_about(tmp_path: Path) -> None:
+    from exporter.config import load_checked
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "billing: {url: 'https://openapi.example.com', access_key_id: AK1, secret_access_key: '${SECRET}'}\n"
+        "alerts:\n  notifiers:\n"
+        "    - {name: a, type: webhook, url: 'https://hooks.slack.com/services/T/B/XXX'}\n"
+        "    - {name: b, type: webhook, url: 'https://receiver.example/hook?token=abc'}\n"
+        "    - {name: c, type: webhook, url: 'https://receiver.example/hook'}\n"
+    )
+    path.chmod(0o600)
+    config, warnings = load_checked(path, ENV)
+    assert warnings == [
+        "alerts.notifiers[0].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+        "alerts.notifiers[1].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+    ]
+    assert {"https://hooks.slack.com/services/T/B/XXX", "token=abc"} <= set(config.secret_values())

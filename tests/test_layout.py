@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 
 
+@pytest.mark.integration  # runs a process
 def test_run_once_check_and_rules_never_import_the_simulator() -> None:
     script = """
 import importlib, pathlib, sys
