@@ -220,7 +220,7 @@ class Daemon:
             scheduler_log.addFilter(SKIPPED_RUN_NOTICE)
         view = View(
             self.latest,
-            render=lambda accept, gzipped: self.sources.exposition.render(accept, gzipped),
+            render=lambda accept: self.sources.exposition.render(accept),
             sources=lambda: list(self.sources.refreshers),
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,

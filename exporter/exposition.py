@@ -9,7 +9,6 @@ out (and logged once), so one bad value never takes the whole exposition down.
 
 from __future__ import annotations
 
-import gzip
 import threading
 from collections.abc import Callable, Sequence
 
@@ -22,7 +21,6 @@ from exporter.logs import get_logger
 log = get_logger(__name__)
 
 OPENMETRICS_EOF = b"# EOF\n"
-GZIP_LEVEL = 5
 Encoder = Callable[[CollectorRegistry], bytes]
 
 
@@ -39,9 +37,8 @@ class Exposition:
         self._broken: dict[int, str] = {}
         """Collectors whose last render failed, with the error (logged once per new error)."""
 
-    def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
-        """The exposition in the format the `Accept` header asks for (gzipped when asked: one gzip
-        member, since some clients, curl among them, stop after the first), and its content type."""
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition in the format the `Accept` header asks for, and its content type."""
         encoder, content_type = choose_encoder(accept)
         blocks = [
             self._text(index, collector, registry, encoder, content_type, getattr(collector, "version", lambda: None)())
@@ -49,8 +46,7 @@ class Exposition:
         ]
         if content_type.startswith("application/openmetrics-text"):
             blocks.append(OPENMETRICS_EOF)
-        body = b"".join(blocks)
-        return (gzip.compress(body, compresslevel=GZIP_LEVEL) if gzipped else body), content_type
+        return b"".join(blocks), content_type
 
     def _text(
         self, index: int, collector: Collector, registry: CollectorRegistry, encoder: Encoder, content_type: str,

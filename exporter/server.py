@@ -47,8 +47,8 @@ class View:
     """What the server shows; callables, so a config reload is seen at once."""
 
     latest: Latest
-    render: Callable[[str, bool], tuple[bytes, str]]
-    """The exposition for an `Accept` header (gzipped or not), and its content type."""
+    render: Callable[[str], tuple[bytes, str]]
+    """The exposition for an `Accept` header, and its content type."""
     sources: Callable[[], Sequence[str]]
     alerts: Callable[[], Sequence[Alert]] = list
     budgets: Callable[[], Sequence[BudgetConfig]] = tuple
@@ -447,17 +447,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http request", line=format % args)
 
-    def _accepts_gzip(self) -> bool:
-        return "gzip" in self.headers.get("Accept-Encoding", "")
-
-    def _send(
-        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None, gzipped: bool = False
-    ) -> None:
-        """Send a response; `gzipped`: the body is compressed already."""
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        """Send a response, gzipped (one member: curl and other libcurl clients stop after the
+        first) when the client accepts it and it is worth it."""
         headers = dict(headers or {})
-        if not gzipped and self._accepts_gzip() and len(body) > 1024:
-            body, gzipped = gzip.compress(body, compresslevel=5), True
-        if gzipped:
+        if "gzip" in self.headers.get("Accept-Encoding", "") and len(body) > 1024:
+            body = gzip.compress(body, compresslevel=5)
             headers["Content-Encoding"] = "gzip"
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -510,9 +505,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(401, b"unauthorised\n", "text/plain", {"WWW-Authenticate": 'Basic realm="exporter"'})
             return
         if path == "/metrics":
-            gzipped = self._accepts_gzip()
-            body, content_type = view.render(self.headers.get("Accept", ""), gzipped)
-            self._send(200, body, content_type, gzipped=gzipped)
+            body, content_type = view.render(self.headers.get("Accept", ""))
+            self._send(200, body, content_type)
         elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/readyz":

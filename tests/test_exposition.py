@@ -164,19 +164,3 @@ def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: 
     errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
     assert len(errors) == 1  # once, not per scrape
     assert errors[0].fields["collector"] == "Broken"  # type: ignore[attr-defined]
-
-
-def test_the_gzipped_exposition_is_the_text_in_one_gzip_member(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
-) -> None:
-    """One member: curl and other libcurl clients stop after the first member of a gzip stream."""
-    import zlib
-
-    config, latest = full_latest(sim, server, clock, frozen)
-    exposition = build_exposition(config, latest, clock)
-    for accept in ("", "application/openmetrics-text; version=1.0.0"):
-        body, _ = exposition.render(accept, gzipped=True)
-        reader = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip, one member
-        assert reader.decompress(body) == exposition.render(accept)[0]
-        assert reader.eof
-        assert reader.unused_data == b""

@@ -231,3 +231,25 @@ def test_a_kept_alive_connection_answers_as_fast_as_a_fresh_one(clock: Clock) ->
     finally:
         server.stop()
     assert statistics.median(reused) <= 2 * statistics.median(fresh)  # before: 44 ms against 1 ms
+
+
+def test_a_gzipped_metrics_body_is_one_gzip_member(clock: Clock) -> None:
+    """One member: curl and other libcurl clients stop after the first member of a gzip stream."""
+    import http.client
+    import zlib
+
+    server = start({}, clock)
+    try:
+        for accept in ("", "application/openmetrics-text; version=1.0.0"):
+            connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip", "Accept": accept})
+            response = connection.getresponse()
+            body = response.read()
+            connection.close()
+            assert response.getheader("Content-Encoding") == "gzip"
+            reader = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip, one member
+            assert reader.decompress(body) == server.view.render(accept)[0]
+            assert reader.eof
+            assert reader.unused_data == b""
+    finally:
+        server.stop()

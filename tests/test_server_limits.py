@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import http.client
 import os
 import select
@@ -25,13 +24,12 @@ from exporter.snapshots import Latest
 from tests.helpers import wait_for
 from tests.test_server import BILLING, dribble
 
-Render = Callable[[str, bool], tuple[bytes, str]]
+Render = Callable[[str], tuple[bytes, str]]
 Serve = Callable[..., ExporterServer]
 
 
-def exposition(accept: str, gzipped: bool = False) -> tuple[bytes, str]:
-    text = b"# HELP up\nup 1\n"
-    return (gzip.compress(text) if gzipped else text), "text/plain; version=0.0.4; charset=utf-8"
+def exposition(accept: str) -> tuple[bytes, str]:
+    return b"# HELP up\nup 1\n", "text/plain; version=0.0.4; charset=utf-8"
 
 
 @pytest.fixture
@@ -53,7 +51,7 @@ def serve() -> Iterator[Serve]:
 
 def test_a_client_dribbling_its_headers_is_cut_at_the_header_deadline(serve: Serve) -> None:
     renders = []
-    server = serve(lambda accept, gzipped: renders.append(accept) or exposition(accept, gzipped), header_deadline=1.0)
+    server = serve(lambda accept: renders.append(accept) or exposition(accept), header_deadline=1.0)
     with socket.create_connection(server.server_address[:2], timeout=10) as client:
         took, answer = dribble(client, 0.3)  # each read is well within the 30 s per-read timeout
     assert answer == b""  # no response: the request was never complete
@@ -127,10 +125,10 @@ def test_at_the_cap_slow_clients_are_evicted_so_probes_and_scrapes_are_served(se
 def test_at_the_cap_busy_connections_are_not_evicted_the_new_one_waits(serve: Serve) -> None:
     rendering, release = threading.Semaphore(0), threading.Event()
 
-    def slow_render(accept: str, gzipped: bool = False) -> tuple[bytes, str]:
+    def slow_render(accept: str) -> tuple[bytes, str]:
         rendering.release()
         release.wait(30)
-        return exposition(accept, gzipped)
+        return exposition(accept)
 
     server = serve(slow_render, max_connections=2)
     with ThreadPoolExecutor(2) as pool:
@@ -190,7 +188,7 @@ from exporter.snapshots import Latest
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 config = validate({"billing": {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}}, {})
-server = ExporterServer(("127.0.0.1", 0), View(Latest(), lambda a, g: (b"", "text/plain"), list), config.server,
+server = ExporterServer(("127.0.0.1", 0), View(Latest(), lambda accept: (b"", "text/plain"), list), config.server,
                         header_deadline=60.0)
 server.start()
 hogs = []

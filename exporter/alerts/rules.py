@@ -6,6 +6,7 @@ import operator
 from collections.abc import Callable
 from decimal import Decimal
 
+from exporter.alerts.signals import fresh
 from exporter.bills import budget_status
 from exporter.clock import Clock
 from exporter.schema import BudgetConfig
@@ -26,8 +27,7 @@ def budget_ratio(budget: BudgetConfig, latest: Latest, clock: Clock) -> tuple[st
     of today only (what the metrics show may be older); None when there are none."""
     bills = latest.bills
     today = clock.today()
-    health = latest.health.get("bills")
-    if bills is None or health is None or not health.success or bills.today != today:
+    if bills is None or not fresh(latest, "bills") or bills.today != today:
         return None
     ((_, ratios),) = budget_status(latest, [budget])
     assert ratios is not None

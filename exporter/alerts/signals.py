@@ -60,7 +60,8 @@ class Signal:
 # --- grouping -------------------------------------------------------------------------------
 
 
-def _fresh(latest: Latest, source: str) -> bool:
+def fresh(latest: Latest, source: str) -> bool:
+    """The source's last refresh succeeded: its snapshot may be judged."""
     health = latest.health.get(source)
     return health is not None and health.success
 
@@ -109,7 +110,7 @@ def _bill_key(rule: ThresholdRule) -> str:
 
 def spend(rule: ThresholdRule, context: Context) -> Values | None:
     bills, today = context.latest.bills, context.clock.today()
-    if bills is None or not _fresh(context.latest, "bills") or bills.today != today:
+    if bills is None or not fresh(context.latest, "bills") or bills.today != today:
         return None
     key = _bill_key(rule)
 
@@ -157,7 +158,7 @@ def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[Threshol
 
     def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
         snapshot = context.latest.usage
-        if snapshot is None or not _fresh(context.latest, "usage") or snapshot.day != context.clock.today():
+        if snapshot is None or not fresh(context.latest, "usage") or snapshot.day != context.clock.today():
             return None
         pairs = []
         for key, totals in snapshot.totals.items():
