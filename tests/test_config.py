@@ -261,3 +261,10 @@ def test_a_webhook_url_carrying_a_token_written_in_the_file_is_warned_about(tmp_
         "alerts.notifiers[1].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
     ]
     assert {"https://hooks.slack.com/services/T/B/XXX", "token=abc"} <= set(config.secret_values())
+
+
+def test_a_mapping_as_a_key_is_a_config_error_with_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("{{}}")
+    with pytest.raises(ConfigError, match=r"config.yaml:1:2: invalid YAML: a key must be a plain value"):
+        load(path, ENV)
