@@ -1,4 +1,5 @@
-"""/metrics render time at ~20k series, idle and while a usage sync is running.
+"""/metrics render time at ~20k series, idle and while a usage sync is running; a gzip scrape's cost,
+with the body compressed whole per scrape (before) and joined from pieces cached per snapshot (now).
 
 python -m bench.render [--endpoints 700]
 """
@@ -6,9 +7,11 @@ python -m bench.render [--endpoints 700]
 from __future__ import annotations
 
 import argparse
+import gzip
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,6 +21,7 @@ from exporter.bills import BillsSource
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import build_exposition
+from exporter.exposition import GZIP_LEVEL
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest
 from exporter.state import StateStore
@@ -26,12 +30,14 @@ from exporter.usage_sync import UsageSync
 RUNS = 200
 
 
-def render_times(render: object, runs: int = RUNS) -> list[float]:
+def render_times(
+    render: Callable[[], object], runs: int = RUNS, timer: Callable[[], float] = time.perf_counter
+) -> list[float]:
     times = []
     for _ in range(runs):
-        started = time.perf_counter()
-        render()  # type: ignore[operator]
-        times.append(time.perf_counter() - started)
+        started = timer()
+        render()
+        times.append(timer() - started)
     return times
 
 
@@ -56,14 +62,35 @@ def main(argv: list[str] | None = None) -> None:
             registry.register(collector)
         uncached = render_times(lambda: generate_latest(registry), runs=5)
 
-        view = View(latest, exposition.render, lambda: ["bills", "usage"])
-        server = ExporterServer(("127.0.0.1", 0), view, config.server)
+        def whole() -> bytes:
+            """A gzip scrape's body as it was made before: the text rendered, then compressed whole."""
+            return gzip.compress(exposition.render()[0], compresslevel=GZIP_LEVEL)
+
+        def from_pieces() -> bytes:
+            return exposition.render(gzipped=True)[0]
+
+        sizes = len(whole()), len(from_pieces())  # the pieces are compressed (and cached) here
+        gzip_cpu = (
+            render_times(whole, runs=30, timer=time.thread_time),
+            render_times(from_pieces, timer=time.thread_time),
+        )
+
+        def sources() -> list[str]:
+            return ["bills", "usage"]
+
+        server = ExporterServer(
+            ("127.0.0.1", 0),
+            View(latest, exposition.render, sources, render_gzipped=lambda accept: exposition.render(accept, True)),
+            config.server,
+        )
+        before = ExporterServer(("127.0.0.1", 0), View(latest, exposition.render, sources), config.server)
         server.start()
+        before.start()
         session = requests.Session()
 
-        def scrape() -> None:
+        def scrape(url: str = server.url) -> None:
             """As Prometheus scrapes: one kept-alive connection, gzip asked for."""
-            session.get(f"{server.url}/metrics", timeout=30).raise_for_status()
+            session.get(f"{url}/metrics", timeout=30).raise_for_status()
 
         def fresh_scrape() -> None:
             with requests.Session() as fresh:
@@ -72,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
         idle = render_times(lambda: exposition.render())
         idle_http = render_times(scrape, runs=30)
         fresh_http = render_times(fresh_scrape, runs=30)
+        before_http = render_times(lambda: scrape(before.url), runs=30)
+        before.stop()
         add_usage(url, args.sync_records)
         sync_thread = threading.Thread(
             target=lambda: UsageSync(client, clock, StateStore(":memory:"), per_api_key=False).refresh()
@@ -96,6 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  ratio during sync ÷ idle (HTTP): {busy_http_ms / idle_http_ms:.2f}")
     fresh_ms = statistics.median(fresh_http) * 1000
     print(f"  gzip scrape on a kept-alive connection ÷ on a fresh one: {idle_http_ms / fresh_ms:.2f}  (target ≤ 1)")
+    whole_ms, pieces_ms = (statistics.median(times) * 1000 for times in gzip_cpu)
+    print(f"  gzip body, compressed whole per scrape (before): {whole_ms:.1f} ms CPU, {sizes[0] / 1e3:.0f} kB")
+    print(f"  gzip body, from pieces cached per snapshot (now): {pieces_ms:.1f} ms CPU, {sizes[1] / 1e3:.0f} kB")
+    before_ms = statistics.median(before_http) * 1000
+    print(f"  median gzip HTTP scrape, kept alive: {before_ms:.1f} ms before, {idle_http_ms:.1f} ms now")
 
 
 if __name__ == "__main__":

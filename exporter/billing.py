@@ -336,6 +336,11 @@ def _total(data: dict[str, Any], what: str) -> int:
     return total
 
 
+def _capped(what: str, size: int) -> None:
+    log.warning("the service lists fewer records a page than asked; reading pages of that size",
+                listing=what, page_size=size)  # fmt: skip
+
+
 def _retry_after(response: requests.Response) -> float | None:
     value = response.headers.get("Retry-After")
     if not value:
@@ -547,21 +552,38 @@ class BillingClient:
         return future.result()
 
     def _pages(
-        self, fetch: Callable[[int], tuple[tuple[R, ...], int]], first_page: int, page_size: int
+        self,
+        fetch: Callable[[int, int], tuple[tuple[R, ...], int]],
+        first_page: int,
+        page_size: int,
+        last_page: int | None = None,
+        on_cap: Callable[[int], None] = lambda size: None,
     ) -> Iterator[tuple[int, tuple[R, ...], int]]:
         """Yield (page_num, records, total) for every page, with at most `concurrency` requests in flight.
 
-        `first_page` comes first and tells `total`; the pages it implies are fetched in parallel
-        and yielded as they arrive (at most LOOKAHEAD × `concurrency` at a time, so memory stays
-        bounded; a page waiting out a retry holds nothing else up). After them, pages continue one
-        at a time from the last one while it is full and the latest `total` says more records
-        exist (records added meanwhile). Closing the client ends every wait with `ClientClosed`.
+        `first_page` comes first and tells `total`; the pages it implies (up to `last_page`, if
+        given) are fetched in parallel and yielded as they arrive (at most LOOKAHEAD × `concurrency`
+        at a time, so memory stays bounded; a page waiting out a retry holds nothing else up).
+        Without `last_page`, pages then continue one at a time from the last one while it is full
+        and the latest `total` says more records exist (records added meanwhile). A first page
+        shorter than asked while `total` says more records exist means the service caps its pages:
+        the read goes on at that size, and `on_cap` is told. Closing the client ends every wait
+        with `ClientClosed`.
         """
-        records, total = self._one(fetch, first_page)
+
+        def sized(page_num: int) -> tuple[tuple[R, ...], int]:
+            return fetch(page_num, page_size)
+
+        records, total = self._one(sized, first_page)
         yield first_page, records, total
-        if len(records) < page_size:
+        if first_page == 1 and 0 < len(records) < min(page_size, total):
+            page_size = len(records)
+            on_cap(page_size)
+        elif len(records) < page_size:
             return
         last = max(first_page, math.ceil(total / page_size))
+        if last_page is not None:
+            last = min(last, last_page)
         following = first_page
         tail = (first_page, len(records))
         pending: dict[Future[tuple[tuple[R, ...], int]], int] = {}
@@ -569,7 +591,7 @@ class BillingClient:
             while following < last or pending:
                 while following < last and len(pending) < LOOKAHEAD * self.concurrency:
                     following += 1
-                    pending[self._submit(fetch, following)] = following
+                    pending[self._submit(sized, following)] = following
                 for future in self._wait(pending):
                     page_num = pending.pop(future)
                     records, page_total = future.result()
@@ -580,9 +602,9 @@ class BillingClient:
             for future in pending:
                 future.cancel()
         page_num, size = tail
-        while size >= page_size and page_num * page_size < total:
+        while last_page is None and size >= page_size and page_num * page_size < total:
             page_num += 1
-            records, total = self._one(fetch, page_num)
+            records, total = self._one(sized, page_num)
             size = len(records)
             yield page_num, records, total
 
@@ -593,47 +615,58 @@ class BillingClient:
         if self.project_id:
             params["project_id"] = self.project_id
 
-        def fetch(page_num: int) -> tuple[tuple[BillRecord, ...], int]:
-            data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": BILLS_PAGE_SIZE})
-            offset = (page_num - 1) * BILLS_PAGE_SIZE
+        def fetch(page_num: int, page_size: int) -> tuple[tuple[BillRecord, ...], int]:
+            data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": page_size})
+            offset = (page_num - 1) * page_size
             records = _list(data, what)
             bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
             return bills, _total(data, what)
 
         bills: list[BillRecord] = []
         total = 0
-        for _, records, page_total in self._pages(fetch, 1, BILLS_PAGE_SIZE):
+        pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: _capped(what, size))
+        for _, records, page_total in pages:
             total = max(total, page_total)
             bills.extend(records)
         if len(bills) != total:
             raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
         return bills
 
-    def _usage_fetch(self, day: dt.date) -> Callable[[int], tuple[tuple[UsageRecord, ...], int]]:
+    def _usage_fetch(self, day: dt.date) -> Callable[[int, int], tuple[tuple[UsageRecord, ...], int]]:
         what = f"usage {day.isoformat()}"
-        params: dict[str, str | int] = {"date": day.isoformat(), "page_size": self.page_size}
+        params: dict[str, str | int] = {"date": day.isoformat()}
         if self.project_id:
             params["project_id"] = self.project_id
 
-        def fetch(page_num: int) -> tuple[tuple[UsageRecord, ...], int]:
-            data = self._get("usages", USAGES_PATH, params | {"page_num": page_num})
+        def fetch(page_num: int, page_size: int) -> tuple[tuple[UsageRecord, ...], int]:
+            data = self._get("usages", USAGES_PATH, params | {"page_num": page_num, "page_size": page_size})
             echoed = data.get("date")
             if echoed is not None and echoed != day.isoformat():
                 raise RecordError(f"{what}: response is for date {str(echoed)[:20]!r}")
-            offset = (page_num - 1) * self.page_size
+            offset = (page_num - 1) * page_size
             records = _list(data, what)
             usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
             return usage, _total(data, what)
 
         return fetch
 
-    def usage_pages(self, day: dt.date, first_page: int = 1) -> Iterator[UsagePage]:
-        """The pages of one day's usage records, from `first_page` to the end (the first one first,
-        the others as they arrive)."""
-        for page_num, records, total in self._pages(self._usage_fetch(day), first_page, self.page_size):
+    def _adopt_cap(self, size: int) -> None:
+        """The service lists at most `size` usage records a page: ask for that many from now on."""
+        if size < self.page_size:
+            _capped("usage", size)
+            self.page_size = size
+
+    def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]:
+        """The pages of one day's usage records, from `first_page` to the end or to `last_page`
+        (the first one first, the others as they arrive)."""
+        pages = self._pages(self._usage_fetch(day), first_page, self.page_size, last_page, self._adopt_cap)
+        for page_num, records, total in pages:
             yield UsagePage(page_num=page_num, records=records, total=total)
 
     def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
-        """One page of a day's usage records."""
-        records, total = self._one(self._usage_fetch(day), page_num)
+        """One page of a day's usage records (page 1 also tells whether the service caps pages)."""
+        fetch, page_size = self._usage_fetch(day), self.page_size
+        records, total = self._one(lambda n: fetch(n, page_size), page_num)
+        if page_num == 1 and 0 < len(records) < min(page_size, total):
+            self._adopt_cap(len(records))
         return UsagePage(page_num=page_num, records=records, total=total)

@@ -221,6 +221,7 @@ class Daemon:
         view = View(
             self.latest,
             render=lambda accept: self.sources.exposition.render(accept),
+            render_gzipped=lambda accept: self.sources.exposition.render(accept, gzipped=True),
             sources=lambda: list(self.sources.refreshers),
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,
@@ -289,7 +290,7 @@ class Daemon:
             return False
         else:
             self._record(source, started, success=True)
-            sources.exposition.render()  # render the new snapshot's text here, not in a scrape
+            sources.exposition.prepare()  # render and compress the new snapshot here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered", source=source)
             self._alerts_due.set()
@@ -394,7 +395,7 @@ class Daemon:
             snapshot = self.sources.usage.reprice(self.config.prices)
             if snapshot is not None:
                 self.latest.usage = snapshot
-                self.sources.exposition.render()
+                self.sources.exposition.prepare()
         finally:
             lock.release()
             if "usage" in self._again:  # a forced refresh found the lock taken here

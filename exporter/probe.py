@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 import requests
+from urllib3.exceptions import HTTPError as TransportError
 from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
@@ -38,6 +39,8 @@ REASONS = (
     "usage_missing", "content_mismatch", "connection",
 )  # fmt: skip
 CONNECT_TIMEOUT = 10.0
+READ_SIZE = 64 * 1024
+"""The most body bytes taken in one read; a read returns whatever has arrived, up to this."""
 TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -241,17 +244,6 @@ def check_answer(probe: ProbeConfig, answer: Answer, checks: dict[str, bool]) ->
             checks["reasoning"] = bool(answer.reasoning)
 
 
-def _timed_out(error: BaseException) -> bool:
-    """A read timeout, however requests wrapped it (mid-stream it arrives inside a ConnectionError)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, requests.ReadTimeout | ReadTimeoutError | TimeoutError):
-            return True
-        inner = seen.args[0] if seen.args and isinstance(seen.args[0], BaseException) else None
-        seen = inner or seen.__cause__ or seen.__context__
-    return False
-
-
 def _http_reason(status: int) -> str:
     if status in (401, 403, 404, 429):
         return f"http_{status}"
@@ -373,18 +365,23 @@ class ProbeRunner:
                     self._read_stream(chunks, answer, checks, timing, started, first_deadline)
                 else:
                     apply_response(b"".join(chunks).decode("utf-8", errors="replace"), answer)
-            except requests.RequestException as error:
-                if _timed_out(error):
-                    waited = "timeout_first_token" if timing.get("first_token") is None else "stall"
-                    raise ProbeFailure(waited, "the stream went silent") from None
+            except ReadTimeoutError:
+                waited = "timeout_first_token" if timing.get("first_token") is None else "stall"
+                raise ProbeFailure(waited, "the stream went silent") from None
+            except TransportError as error:
                 raise ProbeFailure("truncated", f"the connection broke mid-answer ({type(error).__name__})") from None
 
     def _within_deadlines(
         self, response: requests.Response, timing: dict[str, float | None], started: float, first_deadline: float
     ) -> Iterator[bytes]:
-        """The body as it arrives; the first-token and whole-request deadlines are checked on every
-        chunk, so a server trickling keep-alive bytes cannot hold the probe past them."""
-        for chunk in response.iter_content(chunk_size=None):
+        """The body (decoded) as it arrives, whatever its framing; the first-token and whole-request
+        deadlines are checked on every piece, so a server trickling keep-alive bytes cannot hold the
+        probe past them.
+
+        `read1` hands over whatever has arrived. `iter_content(chunk_size=None)` would read a body that
+        has neither chunks nor a length (it ends when the connection closes) to its end before yielding.
+        """
+        while chunk := response.raw.read1(READ_SIZE, decode_content=True):
             elapsed = time.perf_counter() - started
             if self.probe.stream and timing.get("first_token") is None and elapsed > first_deadline:
                 raise ProbeFailure("timeout_first_token", f"no token after {elapsed:.1f}s")

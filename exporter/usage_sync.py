@@ -1,10 +1,16 @@
 """One billing day's per-request usage → per (endpoint, model) totals, synced incrementally.
 
 Records stream into running sums page by page, so memory does not grow with the day's volume.
-Records come in no documented order, so an incremental poll verifies itself: it re-reads the
-page holding the last record it saw, checks that record (and the ids before it on that page)
-are where they were, reads only what follows, and checks that the aggregated count equals the
-server's `total`. Any mismatch falls back to a full resync of the day.
+The API documents no order for a day's records, and services list them oldest first (new
+records at the end) or newest first (new records at the head, everything known shifted down by
+their number). The sync finds out which from what the pages show, reads only the new records,
+and verifies itself every poll:
+- oldest first: it re-reads the page holding the last record it saw, checks that record (and
+  the ids before it on that page) are where they were, and reads only what follows;
+- newest first: it reads the head down to the first records it saw, which must sit, in the same
+  order, exactly as many places down as `total` has grown;
+and in both the aggregated count must equal the server's `total`. A check that fails under one
+order is tried under the other; anything else falls back to a full read of the day.
 
 At the billing day's rollover the old day gets one last full pull (late records) and is kept
 as the finalised previous day; today's counters start from zero. Cursor and totals live in the
@@ -13,6 +19,7 @@ state store, so a restart resumes without downloading the day again.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import math
@@ -150,6 +157,82 @@ def fingerprint(ids: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()
 
 
+def head_ids(digests: Iterable[int]) -> str:
+    """Request ids at the head of a day's list, kept to be found again: their `_digest`s, as hex."""
+    return array("Q", digests).tobytes().hex()
+
+
+def _digests(head: str) -> array[int]:
+    digests = array("Q")
+    digests.frombytes(bytes.fromhex(head))
+    return digests
+
+
+def _shifted_by(first: UsagePage, again: UsagePage) -> int | None:
+    """How far the records of `first` moved down in `again` (the same page read later), when
+    that is by exactly the number of records added meanwhile (a list showing the newest first);
+    else None."""
+    shift = again.total - first.total
+    ids = [r.request_id for r in first.records]
+    later = [r.request_id for r in again.records]
+    if shift <= 0 or shift >= len(later) or later[shift:] != ids[: len(later) - shift]:
+        return None
+    return shift
+
+
+class _Frame:
+    """A newest-first list's records placed where the first page read saw them.
+
+    A page read once `shift` more records had arrived at the head holds records that were
+    `shift` places further up when the first page was read; placing each by that position, pages
+    read out of order overlap (each slot is taken once, and an overlap must show the same id) or
+    leave holes (read again). Slots hold id digests: 8 bytes a record, for the read's duration.
+    """
+
+    def __init__(self, total: int, size: int, page_size: int, new: int, aggregate: Aggregate) -> None:
+        self.total = total
+        """`total` as the first page said it: the frame everything is placed in."""
+        self.latest = total
+        self.page_size = page_size
+        self.new = new
+        """Slots below this are records to count; the rest were counted before (only checked)."""
+        self.aggregate = aggregate
+        self.slots = array("Q", bytes(8 * size))
+        self.filled = bytearray(size)
+        self.pages = 0
+
+    def place(self, page: UsagePage) -> None:
+        self.pages += 1
+        self.latest = max(self.latest, page.total)
+        shift = page.total - self.total
+        if shift < 0:
+            raise ResyncNeeded("records were removed while the pages were read")
+        start = (page.page_num - 1) * self.page_size - shift
+        size = len(self.slots)
+        for i, record in enumerate(page.records):
+            at = start + i
+            if at < 0:
+                continue  # arrived after the first page was read: the next poll counts it
+            if at >= size:
+                break
+            digest = _digest(record.request_id)
+            if self.filled[at]:
+                if self.slots[at] != digest:
+                    raise ResyncNeeded("records moved other than by new ones arriving at the head")
+                continue
+            self.slots[at], self.filled[at] = digest, 1
+            if at < self.new:
+                self.aggregate.add((record,))
+
+    def hole(self) -> int:
+        """The first slot no page has filled yet; -1 when none is left."""
+        return self.filled.find(0)
+
+    def page_of(self, slot: int) -> int:
+        """The page that holds `slot` now, as far as the latest `total` tells."""
+        return (slot + self.latest - self.total) // self.page_size + 1
+
+
 class ResyncNeeded(Exception):
     """The incremental view no longer matches the server's; the day must be read again."""
 
@@ -180,6 +263,10 @@ class UsageSync:
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
+        self._total_seen = 0
+        """`total` as the last page read this poll said it."""
+        self.newest_first = False
+        """How the service lists a day's records, as last seen (oldest first until it shows otherwise)."""
 
     # -- snapshots --
 
@@ -217,14 +304,16 @@ class UsageSync:
         first_page: int = 1,
         skip: int = 0,
         verify: Callable[[UsagePage], None] | None = None,
-    ) -> tuple[UsagePage, bool]:
-        """Add every record from `first_page` on (the first `skip` of it excepted) to `aggregate`.
+    ) -> tuple[UsagePage, bool, str | None]:
+        """Add every record from `first_page` on (the first `skip` of it excepted) to `aggregate`,
+        for a list that shows the oldest first.
 
         Returns the highest page that held records (the first page if none did), where the next
-        poll picks up, and whether more than one page was read (then in parallel). Pages arrive in
-        any order after the first; after a parallel read the first page is read again, and if its
-        records moved (records arrived at the head of the list meanwhile, so the other pages were
-        read shifted) the read is not to be trusted.
+        poll picks up; whether more than one page was read (then in parallel); and the head's
+        fingerprint when page 1 was read. Pages arrive in any order after the first; after a
+        parallel read the first page is read again, and if its records moved (records arrived at
+        the head of the list meanwhile, so the other pages were read shifted) the read is not to
+        be trusted, and when they moved by exactly the records added, the list shows the newest first.
         """
         boundary: UsagePage | None = None
         start: UsagePage | None = None
@@ -252,13 +341,78 @@ class UsageSync:
             raise ResyncNeeded(f"read {aggregate.rows} records, `total` says {total}")
         if pages > 1:
             ids = [r.request_id for r in start.records]
-            again = [r.request_id for r in self.client.usage_page(day, start.page_num).records]
-            if again[: len(ids)] != ids:
+            again = self.client.usage_page(day, start.page_num)
+            if [r.request_id for r in again.records][: len(ids)] != ids:
+                if start.page_num == 1 and _shifted_by(start, again) is not None:
+                    self._learn(day, newest_first=True)
                 raise ResyncNeeded("records moved while the pages were read")
-        return boundary, pages > 1
+        head = None
+        if start.page_num == 1:
+            head = head_ids(_digest(r.request_id) for r in start.records[: aggregate.rows])
+        return boundary, pages > 1, head
 
-    def _full(self, day: dt.date) -> tuple[Aggregate, UsagePage]:
-        """Every record of the day, each request counted once.
+    def _read_newest(self, day: dt.date, aggregate: Aggregate, known: int = 0, head: str = "") -> tuple[int, str]:
+        """Add to `aggregate` the records at the head of a list that shows the newest first, down
+        to the `known` ones counted before (all of them when none were), whose first ids, `head`,
+        must show right below the new ones: as many of them as the pages read anyway hold, and
+        at least the first.
+
+        The pages needed are read in parallel and placed in the frame of the first one (see
+        `_Frame`); holes left by pages read out of order while records arrived are read again,
+        and then the first page once more, which must fit what was placed. Returns the number of
+        records the list had when its first page was read (now counted) and the ids at its head.
+        """
+        first = self.client.usage_page(day, 1)  # page 1 tells whether the service caps its pages
+        self._total_seen = first.total
+        new = first.total - known
+        if new < 0:
+            raise ResyncNeeded(f"`total` fell from {known} to {first.total}")
+        page_size = self.client.page_size
+        old_head = _digests(head)
+        if known and not old_head:
+            raise ResyncNeeded("no head saved to find again")
+        # the old head's ids to check: those on the pages that the new records take anyway
+        checked = min(len(old_head), max(1, math.ceil((new + 1) / page_size) * page_size - new)) if known else 0
+        frame = _Frame(first.total, new + checked, page_size, new, aggregate)
+        said = time.monotonic()
+        try:
+            frame.place(first)
+            last_page = math.ceil(len(frame.slots) / page_size)
+            if last_page > 1:
+                for page in self.client.usage_pages(day, 2, last_page):
+                    frame.place(page)
+                    if time.monotonic() - said >= PROGRESS_EVERY:
+                        said = time.monotonic()
+                        log.info("reading usage", day=day, pages=frame.pages, of=last_page)
+            refills = max(4, last_page // 2)
+            while (hole := frame.hole()) >= 0 and refills:
+                refills -= 1
+                frame.place(self.client.usage_page(day, frame.page_of(hole)))
+            if frame.hole() >= 0:
+                raise ResyncNeeded(f"records kept moving: {frame.filled.count(0)} of {len(frame.slots)} unread")
+            if frame.latest != frame.total:  # records arrived meanwhile: the head must fit what was placed
+                frame.place(self.client.usage_page(day, 1))
+            if frame.slots[new:] != old_head[:checked]:
+                raise ResyncNeeded("the records counted before are not where `total` says")
+        except ResyncNeeded:
+            again = self.client.usage_page(day, 1)
+            if again.total > first.total and [r.request_id for r in again.records] == [
+                r.request_id for r in first.records
+            ]:
+                self._learn(day, newest_first=False)
+            raise
+        # the new head: the new records, then as much of the old head as a page holds
+        top = frame.slots[: min(page_size, new)]
+        top.extend(old_head[: page_size - len(top)])
+        return first.total, head_ids(top)
+
+    def _learn(self, day: dt.date, *, newest_first: bool) -> None:
+        if newest_first != self.newest_first:
+            log.info("usage records are listed " + ("newest first" if newest_first else "oldest first"), day=day)
+        self.newest_first = newest_first
+
+    def _full(self, day: dt.date) -> tuple[Aggregate, UsageCursor]:
+        """Every record of the day, each request counted once; and the cursor after it.
 
         Records that arrive while pages are read in parallel can make the count miss `total`, or
         shift records between pages so that one is read twice and another not at all: the day is
@@ -272,7 +426,13 @@ class UsageSync:
         for _ in range(FULL_READS):
             aggregate = Aggregate(self.per_api_key)
             try:
-                boundary, parallel = self._read(day, aggregate)
+                newest_first = self.newest_first
+                if newest_first:
+                    _, head = self._read_newest(day, aggregate)
+                    parallel = aggregate.rows > self.client.page_size
+                else:
+                    boundary, parallel, read_head = self._read(day, aggregate)
+                    head = read_head or ""
             except ResyncNeeded as mismatch:
                 problem = str(mismatch)
                 continue
@@ -280,30 +440,58 @@ class UsageSync:
                 if aggregate.duplicates:
                     log.warning("request ids listed more than once; each is counted once",
                                 day=day, repeated=len(aggregate.duplicates))  # fmt: skip
-                return aggregate, boundary
+                if newest_first:
+                    return aggregate, self._newest_cursor(day, aggregate, head)
+                return aggregate, self._cursor_after(day, aggregate, boundary, head)
             repeated = aggregate.duplicates
             problem = f"{len(repeated)} request ids read twice"
         raise RecordError(f"usage {day}: {problem} in {FULL_READS} reads in a row")
 
-    def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsagePage]:
+    def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsageCursor]:
+        """The records added since `cursor`, read in the order the list was last seen in; if its
+        checks fail and there are new records, in the other (the service may list either way)."""
+        problem: ResyncNeeded | None = None
+        self._total_seen = cursor.records
+        for newest_first in (cursor.newest_first, not cursor.newest_first):
+            if problem is not None and self._total_seen <= cursor.records:
+                break  # nothing new, and the list changed: no order explains that
+            if not (cursor.head_ids if newest_first else cursor.page_fingerprint):
+                continue  # nothing saved to check that order against
+            try:
+                result = self._incremental_newest(cursor) if newest_first else self._incremental_oldest(cursor)
+            except ResyncNeeded as mismatch:
+                problem = problem or mismatch
+                continue
+            self._learn(cursor.day, newest_first=newest_first)
+            return result
+        raise problem or ResyncNeeded("nothing saved to check the list against")
+
+    def _incremental_newest(self, cursor: UsageCursor) -> tuple[Aggregate, UsageCursor]:
+        aggregate = self._aggregate.copy()
+        rows, head = self._read_newest(cursor.day, aggregate, cursor.records, cursor.head_ids)
+        if aggregate.duplicates and rows - cursor.records >= self.client.page_size:  # pages read at once
+            raise ResyncNeeded(f"{len(aggregate.duplicates)} new records repeat request ids already counted")
+        return aggregate, self._newest_cursor(cursor.day, aggregate, head)
+
+    def _incremental_oldest(self, cursor: UsageCursor) -> tuple[Aggregate, UsageCursor]:
         position = cursor.records - 1
         offset = position % self.client.page_size
 
         def verify(page: UsagePage) -> None:
+            self._total_seen = page.total
             ids = [r.request_id for r in page.records[: offset + 1]]
             if len(ids) <= offset or ids[offset] != cursor.boundary_id or fingerprint(ids) != cursor.page_fingerprint:
                 raise ResyncNeeded("the last record seen is no longer where it was")
 
         aggregate = self._aggregate.copy()
         first_page = position // self.client.page_size + 1
-        boundary, parallel = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
+        boundary, parallel, head = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
         if aggregate.duplicates and parallel:  # a shift between pages read at once, or the API's repeat
             raise ResyncNeeded(f"{len(aggregate.duplicates)} new records repeat request ids already counted")
-        return aggregate, boundary
+        return aggregate, self._cursor_after(cursor.day, aggregate, boundary, head or cursor.head_ids)
 
-    def _cursor_after(
-        self, day: dt.date, aggregate: Aggregate, boundary: UsagePage, finalised: bool = False
-    ) -> UsageCursor:
+    def _cursor_after(self, day: dt.date, aggregate: Aggregate, boundary: UsagePage, head: str) -> UsageCursor:
+        """Where a list that shows the oldest first was left: its last record counted."""
         ids = [r.request_id for r in boundary.records]
         return UsageCursor(
             day=day,
@@ -311,8 +499,13 @@ class UsageSync:
             records=aggregate.rows,
             boundary_id=ids[-1] if ids else "",
             page_fingerprint=fingerprint(ids),
-            finalised=finalised,
+            head_ids=head,
         )
+
+    def _newest_cursor(self, day: dt.date, aggregate: Aggregate, head: str) -> UsageCursor:
+        """Where a list that shows the newest first was left: its head (its last record moves
+        with every new one, so there is no page of it to find again)."""
+        return UsageCursor(day, self.settings, aggregate.rows, "", "", head_ids=head, newest_first=True)
 
     def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
         keep_from = self.clock.today() - dt.timedelta(days=1)
@@ -338,6 +531,7 @@ class UsageSync:
                 log.info("usage sync starts the day afresh: its request ids were not saved", day=day)
                 continue
             self._day, self._cursor, self._aggregate = day, saved[0], aggregate
+            self.newest_first = saved[0].newest_first
             self._created = self.clock.day_start(day).timestamp()
             if day < today and self._cursor.finalised:
                 self._previous = (day, self._aggregate, self._created)
@@ -346,8 +540,8 @@ class UsageSync:
 
     def _finalise(self, day: dt.date) -> None:
         """The old day's last full pull, for records that arrived late."""
-        aggregate, boundary = self._full(day)
-        self._save(self._cursor_after(day, aggregate, boundary, finalised=True), aggregate)
+        aggregate, cursor = self._full(day)
+        self._save(dataclasses.replace(cursor, finalised=True), aggregate)
         self._previous = (day, aggregate, self.clock.day_start(day).timestamp())
         log.info("finalised usage day", day=day, records=aggregate.records)
 
@@ -373,12 +567,12 @@ class UsageSync:
         try:
             if self._cursor is None or self._cursor.records == 0:
                 raise ResyncNeeded("no cursor")
-            aggregate, boundary = self._incremental(self._cursor)
+            aggregate, cursor = self._incremental(self._cursor)
         except ResyncNeeded as reason:
             if self._cursor is not None and self._cursor.records:
                 self.resyncs += 1
                 log.warning("usage resync", day=today, reason=str(reason))
-            aggregate, boundary = self._full(today)
+            aggregate, cursor = self._full(today)
         if any(
             new < old
             for key, sums in self._aggregate.sums.items()
@@ -386,7 +580,6 @@ class UsageSync:
         ):
             # Records were removed upstream: the counters reset here, and `created` says when.
             self._created = self.clock.now().timestamp()
-        cursor = self._cursor_after(today, aggregate, boundary)
         published = self._published
         if (
             published is not None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import os
 import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import exposition as exposition_module
 from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Engine
 from exporter.alerts.notifiers import Dispatcher
@@ -29,6 +32,7 @@ from exporter.usage_sync import UsageSync
 from tests.conftest import DATA, billing_section, require_binary
 
 GOLDEN = DATA / "exposition.golden"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> tuple[Config, Latest]:
@@ -161,6 +165,64 @@ def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: 
         body, _ = exposition.render()
         assert b'inference_fine{l="ok"} 1.0' in body
         assert b"inference_broken" not in body
+        assert gzip.decompress(exposition.render(gzipped=True)[0]) == body
     errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
     assert len(errors) == 1  # once, not per scrape
     assert errors[0].fields["collector"] == "Broken"  # type: ignore[attr-defined]
+
+
+def gunzip_one_member(body: bytes) -> bytes:
+    """`body` decoded as a single gzip member, which must be the whole of it (curl reads no further)."""
+    reader = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = reader.decompress(body)
+    assert reader.eof
+    assert reader.unused_data == b""
+    return text
+
+
+def test_gzipped_exposition_is_one_member_holding_the_text(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
+) -> None:
+    config, latest = full_latest(sim, server, clock, frozen)
+    exposition = build_exposition(config, latest, clock)
+    for accept in ("", OPENMETRICS):
+        text, content_type = exposition.render(accept)
+        for _ in range(2):  # compressed, then from the cached pieces
+            body, gzipped_type = exposition.render(accept, gzipped=True)
+            assert gzipped_type == content_type
+            assert gunzip_one_member(body) == text
+            assert gzip.decompress(body) == text
+
+
+def test_a_gzipped_scrape_compresses_only_the_blocks_whose_snapshot_changed(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, latest = full_latest(sim, server, clock, frozen)
+    exposition = build_exposition(config, latest, clock)
+    deflate, deflated = exposition_module.deflate, []
+    monkeypatch.setattr(exposition_module, "deflate", lambda text: deflated.append(text) or deflate(text))
+
+    def compressed(accept: str = "") -> list[bytes]:
+        """The texts a gzipped render compressed; the render must decode to the plain one."""
+        deflated.clear()
+        assert gunzip_one_member(exposition.render(accept, gzipped=True)[0]) == exposition.render(accept)[0]
+        return list(deflated)
+
+    assert len(compressed()) == len(exposition.collectors)
+    exposition.render()  # a plain scrape keeps the pieces
+    (health,) = compressed()  # the health block is rendered, so compressed, on every scrape
+    assert b"inference_exporter_build_info" in health
+
+    sim.add_usage(5)
+    with BillingClient.from_config(config.billing, clock) as client:
+        latest.bills = BillsSource(client, clock, 3).refresh()
+    bills, budgets, health = compressed()  # the budget figures are worked out from the bills
+    assert bills.startswith(b"# HELP inference_bill_")
+    assert budgets.startswith(b"# HELP inference_budget_")
+    assert b"inference_exporter_build_info" in health
+    assert len(compressed()) == 1
+
+    assert len(compressed(OPENMETRICS)) == len(exposition.collectors) + 1  # its own blocks, and its # EOF
+    health, eof = compressed(OPENMETRICS)
+    assert b"inference_exporter_build_info" in health
+    assert eof == b"# EOF\n"

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
-from collections.abc import Iterator
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -14,20 +21,34 @@ from exporter.snapshots import ProbeSnapshot
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 CHAT = "/v1/chat/completions"
+FRAMINGS = ("chunked", "close")
+"""How a streamed body is delimited: HTTP chunks, or the end of the connection (no length, no chunks)."""
 
 
 def runner(sim: Simulator, server: SimulatorServer, url: str | None = None, api_key: str | None = None,
            **probe: object) -> ProbeRunner:  # fmt: skip
+    return runner_for(url or server.url, api_key or sim.api_key, **({"model": sim.endpoints[0].endpoint_id} | probe))
+
+
+def runner_for(url: str, api_key: str = "k", **probe: object) -> ProbeRunner:
     document = {
         "billing": BILLING,
-        "inference": {"url": url or server.url, "api_key": api_key or sim.api_key},
-        "probes": [{"name": "p", "model": sim.endpoints[0].endpoint_id, "timeout": "5s"} | probe],
+        "inference": {"url": url, "api_key": api_key},
+        "probes": [{"name": "p", "model": "ep", "timeout": "5s"} | probe],
     }
     config = validate(document, {})
     assert config.inference is not None
     return ProbeRunner(config.probes[0], config.inference)
 
 
+@pytest.fixture(params=FRAMINGS)
+def framing(request: pytest.FixtureRequest, sim: Simulator) -> str:
+    """Each stream framing in turn, set on the simulator."""
+    sim.stream_framing = request.param
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("framing")
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize(
     ("scenario", "extra", "checks"),
@@ -61,6 +82,7 @@ def test_each_scenario_passes(
     assert snapshot.e2e_latency.count == 1
 
 
+@pytest.mark.usefixtures("framing")
 def test_thinking_times_reasoning_and_answer_apart(sim: Simulator, server: SimulatorServer) -> None:
     sim.time_to_first_token, sim.chunk_delay = 0.05, 0.02
     last = runner(sim, server, scenario="thinking").run().last
@@ -70,6 +92,20 @@ def test_thinking_times_reasoning_and_answer_apart(sim: Simulator, server: Simul
     assert last.time_to_first_answer_token - last.time_to_first_reasoning_token >= 5 * 0.02  # six reasoning chunks
     assert last.max_chunk_gap is not None
     assert last.max_chunk_gap >= 0.02
+
+
+@pytest.mark.usefixtures("framing")
+def test_the_first_token_is_timed_when_it_arrives(sim: Simulator, server: SimulatorServer) -> None:
+    """Not when the body ends: a body delimited by the connection's end is read as it comes too."""
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.2
+    last = runner(sim, server, scenario="thinking").run().last
+    assert (last.success, last.reason) == (True, None)
+    rest = 7 * sim.chunk_delay  # six reasoning and two answer deltas, a pause before each but the first
+    assert last.time_to_first_token is not None
+    assert sim.time_to_first_token <= last.time_to_first_token < sim.time_to_first_token + rest / 2
+    assert last.duration - last.time_to_first_token >= rest
+    assert last.max_chunk_gap is not None
+    assert last.max_chunk_gap >= sim.chunk_delay
 
 
 def overfull_listener() -> Iterator[str]:
@@ -112,6 +148,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.usefixtures("framing")
 @pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), FAULTS, ids=[f[0] for f in FAULTS])
 def test_each_failure_reason_is_produced_and_counted_once(
     sim: Simulator, server: SimulatorServer, reason: str, sim_settings: dict, fault: Fault | None, probe: dict
@@ -119,7 +156,7 @@ def test_each_failure_reason_is_produced_and_counted_once(
     for name, value in sim_settings.items():
         setattr(sim, name, value)
     if fault:
-        sim.inject(fault)
+        sim.inject(dataclasses.replace(fault))  # a copy: the simulator counts down the `times` of the one it holds
     probe = dict(probe)
     api_key = probe.pop("api_key", None)
     probe_runner = runner(sim, server, api_key=api_key, **probe)
@@ -214,14 +251,12 @@ def test_the_api_key_never_reaches_the_log(
     assert "sk-live-very-secret" not in caplog.text
 
 
-@pytest.mark.integration  # starts its own server
-def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline() -> None:
-    """A server that sends SSE comments for ever, never a token."""
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+@contextmanager
+def streaming_server(framing: str, body: Callable[[], Iterator[bytes]], **headers: str) -> Iterator[str]:
+    """A server on loopback answering every POST with an event stream in `framing`: each piece `body`
+    yields is written and flushed as it comes. Yields its URL."""
 
-    class Trickle(BaseHTTPRequestHandler):
+    class Stream(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args: object) -> None:
@@ -231,30 +266,70 @@ def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline() -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Transfer-Encoding", "chunked")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if framing == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Connection", "close")
             self.end_headers()
             try:
-                for _ in range(100):
-                    self.wfile.write(b"e\r\n: keep-alive\n\n\r\n")
+                for piece in body():
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece)
                     self.wfile.flush()
-                    time.sleep(0.05)
+                if framing == "chunked":
+                    self.wfile.write(b"0\r\n\r\n")
             except OSError:
-                pass
+                self.close_connection = True
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        config = validate(
-            {"billing": BILLING, "inference": {"url": f"http://127.0.0.1:{server.server_address[1]}", "api_key": "k"},
-             "probes": [{"name": "p", "model": "ep", "timeout": "2s", "first_token_timeout": "300ms"}]},
-            {},
-        )  # fmt: skip
-        assert config.inference is not None
-        started = time.monotonic()
-        snapshot = ProbeRunner(config.probes[0], config.inference).run()
-        assert snapshot.last.reason == "timeout_first_token"
-        assert time.monotonic() - started < 2
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.integration  # starts its own server
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline(framing: str) -> None:
+    """A server that sends SSE comments for ever, never a token."""
+
+    def comments() -> Iterator[bytes]:
+        for _ in range(100):
+            yield b": keep-alive\n\n"
+            time.sleep(0.05)
+
+    with streaming_server(framing, comments) as url:
+        started = time.monotonic()
+        snapshot = runner_for(url, timeout="2s", first_token_timeout="300ms").run()
+        assert snapshot.last.reason == "timeout_first_token"
+        assert time.monotonic() - started < 2
+
+
+@pytest.mark.integration  # starts its own server
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
+    gap = 0.3
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
+    ]  # fmt: skip
+
+    def gzipped() -> Iterator[bytes]:
+        gzip = zlib.compressobj(wbits=31)
+        for n, data in enumerate([*map(json.dumps, events), "[DONE]"]):
+            if n:
+                time.sleep(gap)
+            yield gzip.compress(f"data: {data}\n\n".encode()) + gzip.flush(zlib.Z_SYNC_FLUSH)
+        yield gzip.flush()
+
+    with streaming_server(framing, gzipped, **{"Content-Encoding": "gzip"}) as url:
+        last = runner_for(url, expect_content="^pong$").run().last
+    assert (last.success, last.reason) == (True, None)
+    assert last.time_to_first_token is not None
+    assert last.time_to_first_token < gap
+    assert last.duration - last.time_to_first_token >= 2 * gap

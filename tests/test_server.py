@@ -28,7 +28,13 @@ BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_ke
 def start(server_section: dict, clock: Clock, **limits: Any) -> ExporterServer:
     config = validate({"billing": BILLING, "server": server_section}, {})
     latest = Latest()
-    view = View(latest, build_exposition(config, latest, clock).render, lambda: ["bills", "usage"])
+    exposition = build_exposition(config, latest, clock)
+    view = View(
+        latest,
+        exposition.render,
+        lambda: ["bills", "usage"],
+        render_gzipped=lambda accept: exposition.render(accept, gzipped=True),
+    )
     server = ExporterServer(("127.0.0.1", 0), view, config.server, **limits)
     server.start()
     return server
@@ -251,5 +257,23 @@ def test_a_gzipped_metrics_body_is_one_gzip_member(clock: Clock) -> None:
             assert reader.decompress(body) == server.view.render(accept)[0]
             assert reader.eof
             assert reader.unused_data == b""
+    finally:
+        server.stop()
+
+
+def test_curl_compressed_reads_the_whole_metrics_body(clock: Clock) -> None:
+    """curl decodes one gzip member and stops: the body it prints must be the whole exposition."""
+    curl = require_binary("curl")
+    server = start({}, clock)
+    try:
+        for accept in ("", "application/openmetrics-text; version=1.0.0"):
+            fetched = subprocess.run(
+                [curl, "--silent", "--show-error", "--fail", "--compressed", "--dump-header", "-",
+                 "--header", f"Accept: {accept}", f"{server.url}/metrics"],
+                capture_output=True, check=True, timeout=30,
+            )  # fmt: skip
+            headers, _, body = fetched.stdout.partition(b"\r\n\r\n")
+            assert b"content-encoding: gzip" in headers.lower()
+            assert body == server.view.render(accept)[0]
     finally:
         server.stop()

@@ -21,6 +21,13 @@ from tests.conftest import PAGE, billing_section
 USAGES = "/api/v1/usages/details"
 
 
+@pytest.fixture(autouse=True, params=["oldest-first", "newest-first"])
+def newest_first(request: pytest.FixtureRequest, sim: Simulator) -> bool:
+    """Every scenario under each order a service may list a day's records in."""
+    sim.newest_first = request.param == "newest-first"
+    return sim.newest_first
+
+
 def make_sync(client: BillingClient, clock: Clock, store: StateStore) -> UsageSync:
     return UsageSync(client, clock, store, per_api_key=False)
 
@@ -262,3 +269,91 @@ def test_a_poll_that_finds_nothing_new_rewrites_nothing(
     assert moved is not first
     assert moved.records == 1237
     assert saved_at() > written
+
+
+@pytest.mark.parametrize("new", [1, 99, 100, 250, 1000])
+def test_once_the_order_is_known_a_poll_reads_the_new_records_and_little_else(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, newest_first: bool, new: int
+) -> None:
+    sim.add_usage(1234)
+    sync = make_sync(small_pages, clock, store)
+    sync.refresh()
+    sim.add_usage(7)
+    sync.refresh()  # new records show where the list puts them
+    assert sync.newest_first == newest_first
+    for _ in range(3):
+        sim.add_usage(new)
+        counter = PageCounter(sim)
+        snapshot = sync.refresh()
+        assert as_truth(snapshot) == sim.usage_totals()
+        assert snapshot.resyncs == 0
+        # newest first: the pages the new records take and the first known one; oldest first:
+        # the page the last known one is on, those after it, and that page again after a parallel read
+        assert counter.pages <= (math.ceil((new + 1) / PAGE) if newest_first else math.ceil(new / PAGE) + 2)
+
+
+def test_the_order_learnt_survives_a_restart(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, newest_first: bool
+) -> None:
+    sim.add_usage(640)
+    store = StateStore(tmp_path / "state.db")
+    sync = make_sync(small_pages, clock, store)
+    sync.refresh()
+    sim.add_usage(15)
+    sync.refresh()
+    store.close()
+    sim.add_usage(230)
+    reopened = StateStore(tmp_path / "state.db")
+    try:
+        counter = PageCounter(sim)
+        snapshot = make_sync(small_pages, clock, reopened).refresh()
+    finally:
+        reopened.close()
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.resyncs == 0
+    assert counter.pages == (3 if newest_first else math.ceil((655 % PAGE + 230) / PAGE) + 1)
+
+
+@pytest.mark.parametrize("at", [0, 1, 333, 1100])
+def test_a_late_record_landing_mid_list_costs_one_full_read(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, at: int
+) -> None:
+    sim.add_usage(1234)
+    sync = make_sync(small_pages, clock, store)
+    sync.refresh()
+    sim.add_usage(40)
+    sync.refresh()
+    sim.add_usage(25)
+    sim.insert_usage(1, at=at)
+    snapshot = sync.refresh()
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.resyncs <= 1
+    sim.add_usage(60)
+    counter = PageCounter(sim)
+    after = sync.refresh()  # and the next poll is incremental again
+    assert as_truth(after) == sim.usage_totals()
+    assert after.resyncs == snapshot.resyncs
+    assert counter.pages <= math.ceil(60 / PAGE) + 2
+
+
+@pytest.mark.parametrize("total_as_number", [False, True], ids=["total-as-string", "total-as-number"])
+def test_a_service_that_caps_its_pages_loses_nothing(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, total_as_number: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    sim.usage_page_cap = 40  # below the 100 asked for, and it does not say so
+    sim.total_as_number = total_as_number
+    sim.add_usage(1234)
+    sync = make_sync(small_pages, clock, store)
+    caplog.set_level(logging.WARNING, logger="exporter.billing")
+    snapshot = sync.refresh()
+    assert snapshot.records == 1234
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert small_pages.page_size == 40
+    assert any("fewer records a page than asked" in r.getMessage() for r in caplog.records)
+    for new in (1, 39, 40, 130):
+        sim.add_usage(new)
+        counter = PageCounter(sim)
+        polled = sync.refresh()
+        assert as_truth(polled) == sim.usage_totals()
+        assert counter.pages <= math.ceil(new / 40) + 3

@@ -116,6 +116,8 @@ class BillingAPI(Ledger):
         if day > self.clock.today():
             raise SimulatorError(400, 100400, "InvalidParameter", "date must not be in the future")
         page_num, page_size = self._paging(params, 100)
+        if self.usage_page_cap is not None:
+            page_size = min(page_size, self.usage_page_cap)
         if self.before_usage_page is not None:
             self.before_usage_page(page_num)
         start = (page_num - 1) * page_size
@@ -126,8 +128,13 @@ class BillingAPI(Ledger):
             total = len(self._usage.get(day, UsageDay()).indices())
         if not (project or model):
             page = _RawList(self.usage_record_json(day, i) for i in indices)
-            return {"list": page, "total": str(total), "date": day.isoformat()}
+            return {"list": page, "total": total if self.total_as_number else str(total), "date": day.isoformat()}
         ids = {e.endpoint_id for e in self.endpoints if not project or e.project_id == project}
         records = (self.usage_record(day, i) for i in indices)
         matching = [r for r in records if r["endpoint"] in ids and (not model or r["model"] == model)]
-        return {"list": matching[start : start + page_size], "total": str(len(matching)), "date": day.isoformat()}
+        count = len(matching)
+        return {
+            "list": matching[start : start + page_size],
+            "total": count if self.total_as_number else str(count),
+            "date": day.isoformat(),
+        }

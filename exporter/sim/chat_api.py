@@ -133,15 +133,21 @@ class ChatRequests(BaseHTTPRequestHandler):
         fault: Fault | None,
     ) -> None:
         sim = self.sim
+        chunked = sim.stream_framing == "chunked"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            # Neither a length nor chunks: the body ends when the connection does.
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
 
         def event(data: str) -> None:
             payload = f"data: {data}\n\n".encode()
-            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
             self.wfile.flush()
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> None:
@@ -187,7 +193,8 @@ class ChatRequests(BaseHTTPRequestHandler):
                 if usage is not None and not (fault and fault.kind == "no_usage"):
                     event(json.dumps(head | {"object": "chat.completion.chunk", "choices": [], "usage": usage}))
                 event("[DONE]")
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True

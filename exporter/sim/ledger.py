@@ -55,6 +55,8 @@ class Ledger:
     _bill_cache: dict[tuple[Any, ...], list[dict[str, str]]]
     records_billed: int
     before_usage_page: Callable[[int], None] | None
+    usage_page_cap: int | None
+    total_as_number: bool
 
     # -- data -----------------------------------------------------------------------------
 

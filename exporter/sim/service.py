@@ -45,6 +45,17 @@ class Simulator(BillingAPI, ChatAPI):
     """The share of billing requests answered with a random 500, 502, 503 or 429."""
     before_usage_page: Callable[[int], None] | None = None
     """Called with the page number before a usage page is served (tests change the list mid-read)."""
+    newest_first: bool = False
+    """List every day's usage records newest first (new records at the head), as consoles often
+    do; `list_newest_first` turns it on for one day."""
+    stream_framing: str = "chunked"
+    """How a streamed chat answer is framed: "chunked" (Transfer-Encoding: chunked) or "close" (no
+    length and no chunks: the body ends when the connection closes, as some servers and proxies send it)."""
+    usage_page_cap: int | None = None
+    """The most usage records a page holds whatever `page_size` asks (a service that caps pages
+    silently); None: as many as asked."""
+    total_as_number: bool = False
+    """Write a usage page's `total` as a JSON number instead of the documented string."""
     prices: Mapping[str, SimPrice] | None = None
     """Per model name. When set, a day with usage records is billed from them at these prices
     (see `charge`); change it with `set_prices`, which also drops bills computed at the old ones."""
@@ -79,7 +90,7 @@ class Simulator(BillingAPI, ChatAPI):
         with self._lock:
             if self.prices is not None:
                 self._bills_version += 1
-            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            usage = self._usage_day(day)
             first = usage.count
             usage.count += count
             if usage.order is not None and usage.newest_first:
@@ -87,16 +98,33 @@ class Simulator(BillingAPI, ChatAPI):
             elif usage.order is not None:
                 usage.order.extend(range(first, usage.count))
 
+    def _usage_day(self, day: dt.date | None) -> UsageDay:
+        """The listing of `day` (today by default), started in the simulator's order if new."""
+        return self._usage.setdefault(day or self.clock.today(), UsageDay(newest_first=self.newest_first))
+
     def list_newest_first(self, day: dt.date | None = None) -> None:
         """From now on list the day's records newest first: new records arrive at the head."""
         with self._lock:
-            self._usage.setdefault(day or self.clock.today(), UsageDay()).newest_first = True
+            self._usage_day(day).newest_first = True
+
+    def insert_usage(self, count: int, at: int, day: dt.date | None = None) -> None:
+        """New records listed at position `at` instead of where the order puts them (a late record
+        landing mid-list)."""
+        with self._lock:
+            if self.prices is not None:
+                self._bills_version += 1
+            usage = self._usage_day(day)
+            order = list(usage.indices())
+            first = usage.count
+            usage.count += count
+            order[at:at] = range(first, usage.count)
+            usage.order = order
 
     def repeat_usage(self, position: int, at: int, day: dt.date | None = None) -> None:
         """List the record at `position` a second time, at `at` (`total` counts it twice), as an
         API may that repeats a request across pages."""
         with self._lock:
-            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            usage = self._usage_day(day)
             order = list(usage.indices())
             order.insert(at, order[position])
             usage.order = order
@@ -104,12 +132,12 @@ class Simulator(BillingAPI, ChatAPI):
     def reorder_usage(self, day: dt.date | None = None) -> None:
         """Serve the day's records in a different order (as the API is free to)."""
         with self._lock:
-            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            usage = self._usage_day(day)
             usage.order = list(reversed(usage.indices()))
 
     def remove_usage(self, positions: list[int], day: dt.date | None = None) -> None:
         with self._lock:
-            usage = self._usage.setdefault(day or self.clock.today(), UsageDay())
+            usage = self._usage_day(day)
             order = list(usage.indices())
             for position in sorted(positions, reverse=True):
                 del order[position]
