@@ -25,6 +25,8 @@ class SimSettings:
     ttft: float = 0.0
     chunk_delay: float = 0.0
     failure_rate: float = 0.0
+    newest_first: bool = False
+    stream_framing: str = "chunked"
 
 
 def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -33,6 +35,8 @@ def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type:
         time_to_first_token=settings.ttft,
         chunk_delay=settings.chunk_delay,
         failure_rate=settings.failure_rate,
+        newest_first=settings.newest_first,
+        stream_framing=settings.stream_framing,
     )
     if settings.endpoints:
         sim.endpoints = tuple(

@@ -1,4 +1,5 @@
-"""Usage sync: full-day time vs the ideal parallel time, pages of an incremental poll, memory.
+"""Usage sync: full-day time vs the ideal parallel time, pages of an incremental poll in either
+record order, memory.
 
 python -m bench.sync [--records 200000] [--latency 0.05]
 """
@@ -36,12 +37,40 @@ def full_day(records: int, latency: float) -> None:
         print(f"full-day sync: {records} records, {len(calls)} pages, {elapsed:.2f}s; ideal {ideal:.2f}s")
         print(f"  ratio full-day sync ÷ ideal parallel time: {elapsed / ideal:.2f}  (target ≤ 1.3)")
 
-        add_usage(url, 1000)
-        calls.clear()
-        snapshot = sync.refresh()
-        assert snapshot.records == records + 1000, snapshot.records
-        print(f"  pages fetched by an incremental poll after 1,000 new records: {len(calls)}  (target ≤ 4)")
         client.close()
+
+
+def incremental_polls(records: int, latency: float, newest_first: bool, polls: int = 5, new: int = 1000) -> None:
+    """Pages per incremental poll after `new` records, under one order, beside the naive full re-read."""
+    order = "newest first" if newest_first else "oldest first"
+    calls: list[str] = []
+    with simulator(SimSettings(records=records, latency=latency, newest_first=newest_first)) as url:
+        client = client_for(url, page_size=PAGE_SIZE, concurrency=CONCURRENCY)
+        client._on_response = lambda api, code: calls.append(api)
+        sync = UsageSync(client, Clock(), StateStore(":memory:"), per_api_key=False)
+        expected = records
+        sync.refresh()
+        pages = []
+        for _ in range(polls + 1):  # the first poll also finds out the order
+            add_usage(url, new)
+            expected += new
+            calls.clear()
+            snapshot = sync.refresh()
+            assert snapshot.records == expected, (snapshot.records, expected)
+            pages.append(len(calls))
+        assert sync.newest_first == newest_first
+        started = time.perf_counter()
+        aggregate, _ = sync._full(Clock().today())  # a full read of the day in the order now known
+        elapsed = time.perf_counter() - started
+        assert aggregate.rows >= expected, (aggregate.rows, expected)
+        client.close()
+    ideal = math.ceil(expected / PAGE_SIZE) / CONCURRENCY * latency
+    target = math.ceil(new / PAGE_SIZE) + 2
+    naive = math.ceil(expected / PAGE_SIZE)
+    print(f"records listed {order}: pages per poll after {new:,} new records on a {records:,}-record day")
+    print(f"  first poll (finds out the order): {pages[0]}; then {', '.join(map(str, pages[1:]))}"
+          f"  (target ≤ {target}; a naive full re-read: {naive})")  # fmt: skip
+    print(f"  a full read of the day in that order ÷ ideal parallel time: {elapsed / ideal:.2f}")
 
 
 def _child(records: int) -> None:
@@ -80,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         _child(args.child)
         return
     full_day(args.records, args.latency)
+    for newest_first in (False, True):
+        incremental_polls(args.records, args.latency, newest_first)
     memory(*args.memory)
 
 

@@ -490,3 +490,36 @@ def test_new_prices_apply_at_once_on_reload(
         daemon.stop()
     assert before.keys() == after.keys()
     assert all(after[k] == pytest.approx(before[k] * 1000) for k in before)
+
+
+def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
+    clock: Clock, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    from exporter.alerts.engine import Alert
+    from exporter.alerts.notifiers import Dispatcher
+    from exporter.schema import AlertmanagerNotifier
+    from exporter.state import AlertStore, StateStore
+
+    drip = DripReceiver(interval=0.3)
+    peers = AlertmanagerNotifier.model_validate(
+        {"name": "am", "type": "alertmanager", "urls": [drip.url.removesuffix("/hook"), receiver.url]}
+    )
+    now = clock.now().timestamp()
+    alert = Alert("k", "SpendHigh", {"alertname": "SpendHigh"}, {}, "firing", now, "1", now, fired_at=now)
+    dispatcher = Dispatcher([peers], AlertStore(StateStore(":memory:")), clock, lambda: [alert], "http://exporter")
+    dispatcher.deadline = 60.0  # the dripping peer holds its post for as long as the test lets it
+    caplog.set_level(logging.INFO)
+    sending = threading.Thread(target=dispatcher.send_alertmanager, daemon=True)
+    sending.start()
+    try:
+        (body,) = wait_for(receiver.bodies, timeout=20)  # the healthy peer is not queued behind the other
+        assert [a["labels"] for a in body] == [alert.labels]
+        assert sending.is_alive()  # while the other peer still drips
+    finally:
+        drip.stop()  # its post ends now, failed
+    sending.join(20)
+    assert not sending.is_alive()
+    assert dispatcher.sent["am"] == 1
+    assert dispatcher.failed["am"] == 1
+    (failure,) = logged(caplog.records, "notification failed", notifier="am")
+    assert failure.fields["target"] == "urls[0]"  # type: ignore[attr-defined]

@@ -208,6 +208,11 @@ class _Worker:
                 log.exception("notification delivery crashed")
 
 
+def _fields(notifier: str, target: str) -> dict[str, Any]:
+    """Log fields naming a notifier, and which of its URLs when it has several."""
+    return {"notifier": notifier, "target": target} if target else {"notifier": notifier}
+
+
 class Dispatcher:
     """Delivers for every configured notifier; one for the daemon's life, reconfigured on reload
     (a notifier keeps its queue, its worker and its counters while its name stays)."""
@@ -235,7 +240,8 @@ class Dispatcher:
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
-        self._failing: set[str] = set()
+        self._failing: set[tuple[str, str]] = set()
+        """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
         self._running = False
         self._closed = False
         self.configure(notifiers, external_url)
@@ -312,8 +318,9 @@ class Dispatcher:
 
     # -- sending --
 
-    def _post(self, notifier: str, url: str, body: object) -> str | None:
-        """POST JSON; None on a 2xx, else a short reason (never the URL: it may hold a secret)."""
+    def _post(self, notifier: str, url: str, body: object, target: str = "") -> str | None:
+        """POST JSON; None on a 2xx, else a short reason (never the URL: it may hold a secret).
+        `target` tells apart the URLs of a notifier that has several, in the log."""
         try:
             answer = post_json(url, body, deadline=self.deadline, headers={"User-Agent": USER_AGENT})
         except DeadlineExceeded as error:
@@ -324,18 +331,20 @@ class Dispatcher:
             if 200 <= answer.status < 300:
                 with self._counts:
                     self.sent[notifier] = self.sent.get(notifier, 0) + 1
-                if notifier in self._failing:
-                    self._failing.discard(notifier)
-                    log.info("notifier recovered", notifier=notifier)
+                    recovered = (notifier, target) in self._failing
+                    self._failing.discard((notifier, target))
+                if recovered:
+                    log.info("notifier recovered", **_fields(notifier, target))
                 return None
             reason = f"HTTP {answer.status}"
             if 300 <= answer.status < 400:
                 reason += f" (redirect to {answer.location or 'nowhere'}; a notification is never followed)"
         with self._counts:
             self.failed[notifier] = self.failed.get(notifier, 0) + 1
-        if notifier not in self._failing:
-            self._failing.add(notifier)
-            log.error("notification failed (will retry)", notifier=notifier, reason=reason)
+            first = (notifier, target) not in self._failing
+            self._failing.add((notifier, target))
+        if first:
+            log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
         return reason
 
     def _format(self, notifier: OutboxNotifier, event: GroupEvent, entry: int) -> tuple[str, object] | None:
@@ -415,8 +424,20 @@ class Dispatcher:
         if not payload:
             return
         with self._locks[name]:
-            for url in notifier.urls:
-                self._post(name, f"{url}/api/v2/alerts", payload)
+            if len(notifier.urls) == 1:
+                self._post(name, f"{notifier.urls[0]}/api/v2/alerts", payload)
+                return
+            # Every peer at once: one that drops packets must not hold back the others.
+            posts = [
+                threading.Thread(
+                    target=self._post, args=(name, f"{url}/api/v2/alerts", payload, f"urls[{n}]"), daemon=True
+                )
+                for n, url in enumerate(notifier.urls)
+            ]
+            for post in posts:
+                post.start()
+            for post in posts:
+                post.join()
 
     def send_alertmanager(self) -> None:
         """Send to every Alertmanager here and now (tests and `once`)."""
