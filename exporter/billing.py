@@ -336,11 +336,6 @@ def _total(data: dict[str, Any], what: str) -> int:
     return total
 
 
-def _capped(what: str, size: int) -> None:
-    log.warning("the service lists fewer records a page than asked; reading pages of that size",
-                listing=what, page_size=size)  # fmt: skip
-
-
 def _retry_after(response: requests.Response) -> float | None:
     value = response.headers.get("Retry-After")
     if not value:
@@ -379,6 +374,7 @@ class BillingClient:
         self.tz = tz
         self.project_id = project_id
         self.page_size = page_size
+        self._caps_said: set[tuple[str, int]] = set()
         self.concurrency = max(1, concurrency)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
@@ -624,7 +620,7 @@ class BillingClient:
 
         bills: list[BillRecord] = []
         total = 0
-        pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: _capped(what, size))
+        pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
         for _, records, page_total in pages:
             total = max(total, page_total)
             bills.extend(records)
@@ -650,16 +646,24 @@ class BillingClient:
 
         return fetch
 
-    def _adopt_cap(self, size: int) -> None:
-        """The service lists at most `size` usage records a page: ask for that many from now on."""
+    def adopt_cap(self, size: int) -> None:
+        """The service lists at most `size` usage records a page (seen now, or saved when it was
+        seen): ask for that many from now on."""
         if size < self.page_size:
-            _capped("usage", size)
+            self._capped("usage", size)
             self.page_size = size
+
+    def _capped(self, listing: str, size: int) -> None:
+        """Say once per listing and size that the service caps its pages."""
+        if (listing, size) not in self._caps_said:
+            self._caps_said.add((listing, size))
+            log.warning("the service lists fewer records a page than asked; reading pages of that size",
+                        listing=listing, page_size=size)  # fmt: skip
 
     def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]:
         """The pages of one day's usage records, from `first_page` to the end or to `last_page`
         (the first one first, the others as they arrive)."""
-        pages = self._pages(self._usage_fetch(day), first_page, self.page_size, last_page, self._adopt_cap)
+        pages = self._pages(self._usage_fetch(day), first_page, self.page_size, last_page, self.adopt_cap)
         for page_num, records, total in pages:
             yield UsagePage(page_num=page_num, records=records, total=total)
 
@@ -668,5 +672,5 @@ class BillingClient:
         fetch, page_size = self._usage_fetch(day), self.page_size
         records, total = self._one(lambda n: fetch(n, page_size), page_num)
         if page_num == 1 and 0 < len(records) < min(page_size, total):
-            self._adopt_cap(len(records))
+            self.adopt_cap(len(records))
         return UsagePage(page_num=page_num, records=records, total=total)

@@ -37,9 +37,13 @@ CREATE TABLE IF NOT EXISTS usage_cursor (
     boundary_id TEXT NOT NULL,
     page_fingerprint TEXT NOT NULL,
     finalised INTEGER NOT NULL DEFAULT 0,
-    updated REAL NOT NULL,
-    head_ids TEXT NOT NULL DEFAULT '',
-    newest_first INTEGER NOT NULL DEFAULT 0
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage_head (
+    day TEXT PRIMARY KEY,
+    head_ids TEXT NOT NULL,
+    newest_first INTEGER NOT NULL,
+    page_size INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS usage_totals (
     day TEXT NOT NULL,
@@ -103,6 +107,9 @@ class UsageCursor:
     a list that shows the newest first must show them again, shifted down by the new records."""
     newest_first: bool = False
     """The service was seen to list the day newest first."""
+    page_size: int = 0
+    """The page size the cursor's pages were read at (below the configured one when the
+    service caps its pages); 0: not saved."""
 
 
 UsageRow = tuple[str, str, str, int, int, int, int]
@@ -257,7 +264,6 @@ class StateStore:
             # Write once now: a read-only file opens (read-only) without complaint.
             db.execute("BEGIN IMMEDIATE")
             try:
-                _add_columns(db)
                 (version,) = db.execute("PRAGMA user_version").fetchone()
                 db.execute(f"PRAGMA user_version = {int(version)}")
                 db.execute("COMMIT")
@@ -506,8 +512,8 @@ class StateStore:
     def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
         with self._reading() as db:
             row = db.execute(
-                "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first"
-                " FROM usage_cursor WHERE day = ?",
+                "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first, page_size"
+                " FROM usage_cursor LEFT JOIN usage_head USING (day) WHERE day = ?",
                 (day.isoformat(),),
             ).fetchone()
             if row is None:
@@ -516,7 +522,9 @@ class StateStore:
                 "SELECT endpoint, model, api_key, requests, prompt, completion, cached FROM usage_totals WHERE day = ?",
                 (day.isoformat(),),
             ).fetchall()
-        return UsageCursor(day, row[0], row[1], row[2], row[3], bool(row[4]), row[5], bool(row[6])), totals
+        return UsageCursor(
+            day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
+        ), totals
 
     def load_usage_ids(self, day: dt.date) -> bytes:
         """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
@@ -546,29 +554,20 @@ class StateStore:
                     blob.write(chunk)
             db.execute("DELETE FROM usage_ids WHERE day < ?", (keep_from.isoformat(),))
             db.execute(
-                "INSERT OR REPLACE INTO usage_cursor (day, settings, records, boundary_id, page_fingerprint,"
-                " finalised, updated, head_ids, newest_first) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (day, cursor.settings, cursor.records, cursor.boundary_id, cursor.page_fingerprint,
-                 int(cursor.finalised), updated, cursor.head_ids, int(cursor.newest_first)),
+                 int(cursor.finalised), updated),
             )  # fmt: skip
+            # In a table of its own: a file this version wrote stays one the previous version can write.
+            db.execute(
+                "INSERT OR REPLACE INTO usage_head VALUES (?, ?, ?, ?)",
+                (day, cursor.head_ids, int(cursor.newest_first), cursor.page_size),
+            )
+            db.execute("DELETE FROM usage_head WHERE day < ?", (keep_from.isoformat(),))
             db.execute("DELETE FROM usage_totals WHERE day = ?", (day,))
             db.executemany("INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *t) for t in totals])
             db.execute("DELETE FROM usage_cursor WHERE day < ?", (keep_from.isoformat(),))
             db.execute("DELETE FROM usage_totals WHERE day < ?", (keep_from.isoformat(),))
-
-
-ADDED_COLUMNS = (
-    ("usage_cursor", "head_ids", "TEXT NOT NULL DEFAULT ''"),
-    ("usage_cursor", "newest_first", "INTEGER NOT NULL DEFAULT 0"),
-)
-"""Columns added since a table was first created: a file an older version wrote gains them."""
-
-
-def _add_columns(db: sqlite3.Connection) -> None:
-    for table, column, declaration in ADDED_COLUMNS:
-        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 def _install(staging: str, path: str) -> None:

@@ -9,8 +9,10 @@ and verifies itself every poll:
   the ids before it on that page) are where they were, and reads only what follows;
 - newest first: it reads the head down to the first records it saw, which must sit, in the same
   order, exactly as many places down as `total` has grown;
-and in both the aggregated count must equal the server's `total`. A check that fails under one
-order is tried under the other; anything else falls back to a full read of the day.
+and in both the aggregated count must equal the server's `total`. When the checks of the order
+last seen fail and there are new records, the other order is tried (from newest first, that
+takes a full read: no end of the list is saved to find again); anything else falls back to a
+full read of the day, which itself tries the other order when its first attempt fails.
 
 At the billing day's rollover the old day gets one last full pull (late records) and is kept
 as the finalised previous day; today's counters start from zero. Cursor and totals live in the
@@ -197,7 +199,7 @@ class _Frame:
         self.new = new
         """Slots below this are records to count; the rest were counted before (only checked)."""
         self.aggregate = aggregate
-        self.slots = array("Q", bytes(8 * size))
+        self.slots = array("Q", [0]) * size
         self.filled = bytearray(size)
         self.pages = 0
 
@@ -265,6 +267,8 @@ class UsageSync:
         self._finalise_failures = 0
         self._total_seen = 0
         """`total` as the last page read this poll said it."""
+        self._learnt = False
+        """The pages of the read under way showed the order."""
         self.newest_first = False
         """How the service lists a day's records, as last seen (oldest first until it shows otherwise)."""
 
@@ -407,6 +411,7 @@ class UsageSync:
         return first.total, head_ids(top)
 
     def _learn(self, day: dt.date, *, newest_first: bool) -> None:
+        self._learnt = True
         if newest_first != self.newest_first:
             log.info("usage records are listed " + ("newest first" if newest_first else "oldest first"), day=day)
         self.newest_first = newest_first
@@ -420,13 +425,18 @@ class UsageSync:
         shift, or the API listing a request twice: the day is read again, and repeats that the
         next read shows again (it may show new ones too, on a live day) are the API's, each
         request counted once.
+
+        The first read assumes the order last seen. A read that fails without showing the order
+        (on a busy day records may arrive faster than the first page can show them shifting) is
+        followed by one in the other order.
         """
         repeated: set[str] | None = None
         problem = ""
+        newest_first = self.newest_first
         for _ in range(FULL_READS):
             aggregate = Aggregate(self.per_api_key)
+            self._learnt = False
             try:
-                newest_first = self.newest_first
                 if newest_first:
                     _, head = self._read_newest(day, aggregate)
                     parallel = aggregate.rows > self.client.page_size
@@ -435,11 +445,14 @@ class UsageSync:
                     head = read_head or ""
             except ResyncNeeded as mismatch:
                 problem = str(mismatch)
+                newest_first = self.newest_first if self._learnt else not newest_first
                 continue
             if not parallel or not aggregate.duplicates or (repeated is not None and repeated <= aggregate.duplicates):
                 if aggregate.duplicates:
                     log.warning("request ids listed more than once; each is counted once",
                                 day=day, repeated=len(aggregate.duplicates))  # fmt: skip
+                if newest_first != self.newest_first:
+                    self._learn(day, newest_first=newest_first)
                 if newest_first:
                     return aggregate, self._newest_cursor(day, aggregate, head)
                 return aggregate, self._cursor_after(day, aggregate, boundary, head)
@@ -464,6 +477,10 @@ class UsageSync:
                 continue
             self._learn(cursor.day, newest_first=newest_first)
             return result
+        if cursor.newest_first and not cursor.page_fingerprint:
+            # Newest first explained nothing, and there is no end of the list saved to try the other
+            # order with: the full read starts oldest first, which leaves a cursor fit for both.
+            self.newest_first = False
         raise problem or ResyncNeeded("nothing saved to check the list against")
 
     def _incremental_newest(self, cursor: UsageCursor) -> tuple[Aggregate, UsageCursor]:
@@ -500,12 +517,22 @@ class UsageSync:
             boundary_id=ids[-1] if ids else "",
             page_fingerprint=fingerprint(ids),
             head_ids=head,
+            page_size=self.client.page_size,
         )
 
     def _newest_cursor(self, day: dt.date, aggregate: Aggregate, head: str) -> UsageCursor:
         """Where a list that shows the newest first was left: its head (its last record moves
         with every new one, so there is no page of it to find again)."""
-        return UsageCursor(day, self.settings, aggregate.rows, "", "", head_ids=head, newest_first=True)
+        return UsageCursor(
+            day,
+            self.settings,
+            aggregate.rows,
+            "",
+            "",
+            head_ids=head,
+            newest_first=True,
+            page_size=self.client.page_size,
+        )
 
     def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
         keep_from = self.clock.today() - dt.timedelta(days=1)
@@ -537,6 +564,9 @@ class UsageSync:
                 self._previous = (day, self._aggregate, self._created)
         if self._day == today:
             log.info("resuming usage sync", day=today, records=self._aggregate.records)
+            saved_size = self._cursor.page_size if self._cursor is not None else 0
+            if 0 < saved_size < self.client.page_size:  # the service caps its pages
+                self.client.adopt_cap(saved_size)
 
     def _finalise(self, day: dt.date) -> None:
         """The old day's last full pull, for records that arrived late."""

@@ -23,6 +23,21 @@ from tests.conftest import PAGE
 from tests.test_usage_sync import PageCounter, as_truth
 
 
+def oldest_totals(sim: Simulator, count: int) -> dict[tuple[str, str], dict[str, int]]:
+    """The simulator's totals over the day's first `count` records (in the order they were made)."""
+    totals: dict[tuple[str, str], dict[str, int]] = {}
+    for index in range(count):
+        r = sim.usage_record(sim.clock.today(), index)
+        t = totals.setdefault(
+            (r["endpoint"], r["model"]), dict.fromkeys(("requests", "prompt", "completion", "cached"), 0)
+        )
+        t["requests"] += 1
+        t["prompt"] += r["promptTokens"]
+        t["completion"] += r["completionTokens"]
+        t["cached"] += r["promptCachedTokens"]
+    return totals
+
+
 def append_when_served(sim: Simulator, page: int, count: int) -> None:
     """Add `count` records once, just before `page` is served (a parallel read is under way)."""
     fired = []
@@ -287,3 +302,47 @@ def test_a_day_saved_without_its_ids_is_read_afresh(
         reopened.close()
     assert snapshot.records == 420
     assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+
+
+def test_a_newest_first_day_busier_than_a_page_per_read_is_read_from_the_first_refresh(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    """More than a page of records arrives during every read: the first page read again cannot
+    show the list shifting (it shifted by more than a page), so the read in the order assumed
+    fails, and the next read is in the other order."""
+    sim.newest_first = True
+    sim.add_usage(1234)
+    sim.before_usage_page = lambda page_num: sim.add_usage(120) if page_num == 5 else None
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    snapshot = sync.refresh()
+    assert sync.newest_first
+    # The list as one read's first page showed it: the records before some arrival, each once.
+    assert (snapshot.records - 1234) % 120 == 0
+    assert as_truth(snapshot) == oldest_totals(sim, snapshot.records)
+    sim.before_usage_page = None
+    assert as_truth(sync.refresh()) == sim.usage_totals()
+
+
+def test_an_order_learnt_from_a_late_record_at_the_head_is_unlearnt_at_the_cost_of_one_full_read(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    """Oldest first, a late record landing at the head looks like one new record of a list shown
+    newest first. The next records at the end show otherwise: one full read, and polls are
+    incremental again."""
+    sim.add_usage(1234)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync.refresh()
+    sim.add_usage(20)
+    sync.refresh()
+    sim.insert_usage(1, at=0)
+    assert as_truth(sync.refresh()) == sim.usage_totals()
+    resyncs = []
+    for _ in range(4):
+        sim.add_usage(20)
+        counter = PageCounter(sim)
+        snapshot = sync.refresh()
+        assert as_truth(snapshot) == sim.usage_totals()
+        resyncs.append(snapshot.resyncs)
+    assert resyncs[-1] <= 1
+    assert not sync.newest_first
+    assert counter.pages <= 2

@@ -425,3 +425,18 @@ def test_run_names_a_state_directory_it_cannot_create(tmp_path: Path, live: tupl
     [line] = result.stderr.splitlines()
     assert line.startswith(f"inference-cost-exporter: state file {state}: cannot create its directory ")
     assert "cannot listen" not in line
+
+
+def test_a_file_this_version_wrote_can_still_be_written_by_the_version_before(tmp_path: Path) -> None:
+    """What this version adds to a day's cursor (the list's order, its head, a capped page
+    size) lives in a table of its own: the previous version's seven-value insert still fits."""
+    store = StateStore(tmp_path / "state.db")
+    day = dt.date(2026, 11, 22)
+    cursor = UsageCursor(day, "s", 3, "", "", head_ids="00" * 8, newest_first=True, page_size=40)
+    store.save_usage(cursor, [], 1.0, day)
+    assert store.load_usage(day) == (cursor, [])
+    store.close()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute(
+            "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)", ("2026-11-22", "s", 4, "", "", 0, 2.0)
+        )

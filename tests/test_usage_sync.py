@@ -357,3 +357,25 @@ def test_a_service_that_caps_its_pages_loses_nothing(
         polled = sync.refresh()
         assert as_truth(polled) == sim.usage_totals()
         assert counter.pages <= math.ceil(new / 40) + 3
+
+
+def test_a_capped_page_size_survives_a_restart(
+    sim: Simulator, small_pages: BillingClient, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    sim.usage_page_cap = 40
+    sim.add_usage(1234)
+    store = StateStore(tmp_path / "state.db")
+    make_sync(small_pages, clock, store).refresh()
+    store.close()
+    sim.add_usage(30)
+    config = validate({"billing": billing_section(sim, server, page_size=PAGE)}, {})
+    with BillingClient.from_config(config.billing, clock) as client:  # a new process asks for PAGE again
+        reopened = StateStore(tmp_path / "state.db")
+        try:
+            counter = PageCounter(sim)
+            snapshot = make_sync(client, clock, reopened).refresh()
+        finally:
+            reopened.close()
+    assert as_truth(snapshot) == sim.usage_totals()
+    assert snapshot.resyncs == 0
+    assert counter.pages <= 3
