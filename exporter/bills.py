@@ -6,21 +6,21 @@ days settle.
 
 Forecast (current month) = the complete days' sum + max(today so far, average) + average ×
 days after today, where average is that of the trailing 7 complete days (fewer at the start
-of a month when the previous month is not at hand; with no complete day at all, today so
-far stands for the average). Today's forecast is max(today so far, average). A past month's
+of a month when the previous month is neither fetched nor held in the history; with no complete
+day at all, today so far stands for the average). Today's forecast is max(today so far, average). A past month's
 forecast is its total.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
 from exporter.clock import Clock, days_in_period, previous_period
 from exporter.schema import BudgetConfig
-from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills
+from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, Latest, MonthBills
 
 TRAILING_DAYS = 7
 
@@ -69,10 +69,18 @@ def forecast(
 
 
 class BillsSource:
-    def __init__(self, client: BillingClient, clock: Clock, grace_days: int) -> None:
+    def __init__(
+        self,
+        client: BillingClient,
+        clock: Clock,
+        grace_days: int,
+        history: Callable[[], HistorySnapshot | None] = lambda: None,
+    ) -> None:
         self.client = client
         self.clock = clock
         self.grace_days = grace_days
+        self.history = history
+        """The past months held, for the days before this month in the forecast's trailing window."""
 
     def periods(self, today: dt.date) -> list[str]:
         current = self.clock.period(today)
@@ -87,9 +95,11 @@ class BillsSource:
         by_items = [daily_amounts(items, "item") for _, _, items in fetched]
         item_days = [per_day(by_item) for by_item in by_items]
         months = []
+        history = self.history()
+        held = history.item_days(previous_period(fetched[0][0])) if history is not None else None
         for index, (period, instances, _) in enumerate(fetched):
             by_item = by_items[index]
-            previous = item_days[1] if index == 0 and len(item_days) > 1 else None
+            previous = (item_days[1] if len(item_days) > 1 else held) if index == 0 else None
             month_end, today_end = forecast(period, today, item_days[index], previous)
             months.append(
                 MonthBills(

@@ -26,6 +26,7 @@ from exporter.clock import Clock
 from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
 from exporter.config import ConfigError, load
 from exporter.exposition import Exposition
+from exporter.history import HistorySource
 from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
 from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, ProbeConfig
@@ -48,6 +49,8 @@ class _SkippedRunNotice(logging.Filter):
 
 
 SKIPPED_RUN_NOTICE = _SkippedRunNotice()
+HISTORY_CHECK = 3600.0
+"""Seconds between looks at the history: each past month is fetched again once per billing day."""
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -76,7 +79,9 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
 def _client_settings(billing: BillingConfig) -> dict[str, object]:
     """What the billing client and the usage sync are built from: the rest (intervals, grace days)
     changes on a reload without a new client."""
-    return billing.model_dump(exclude={"bills_interval", "usage_interval", "previous_month_grace_days"})
+    return billing.model_dump(
+        exclude={"bills_interval", "usage_interval", "previous_month_grace_days", "history_months"}
+    )
 
 
 class Sources:
@@ -89,6 +94,7 @@ class Sources:
 
     client: BillingClient
     bills: BillsSource
+    history: HistorySource
     usage: UsageSync
 
     def __init__(
@@ -120,13 +126,17 @@ class Sources:
         )
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
-            self.bills = previous.bills
+            self.bills, self.history = previous.bills, previous.history
             self.bills.grace_days = config.billing.previous_month_grace_days
+            self.history.months = config.billing.history_months
         else:
             self.client = BillingClient.from_config(
                 config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
             )
-            self.bills = BillsSource(self.client, clock, config.billing.previous_month_grace_days)
+            self.bills = BillsSource(
+                self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history
+            )
+            self.history = HistorySource(self.client, clock, state, config.billing.history_months)
             self.usage = UsageSync(
                 self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
             )
@@ -135,6 +145,9 @@ class Sources:
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
+        if config.billing.history_months:
+            self.refreshers["history"] = self._history
+            self.intervals["history"] = HISTORY_CHECK
         for probe in config.probes:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval
@@ -154,6 +167,9 @@ class Sources:
     def _bills(self) -> None:
         self.latest.bills = self.bills.refresh()
 
+    def _history(self) -> None:
+        self.latest.history = self.history.refresh()
+
     def _usage(self) -> None:
         self.latest.usage = self.usage.refresh()
 
@@ -164,7 +180,7 @@ class Sources:
         """The sources whose way of refreshing this config changed (they run again at once)."""
         changed = {name for name in self.refreshers if name not in previous.refreshers}
         if self.client is not previous.client:
-            changed |= {"bills", "usage"}
+            changed |= {"bills", "usage", "history"} & set(self.refreshers)
         changed |= {probe_source(n) for n, r in self.probes.items() if previous.probes.get(n) is not r}
         return changed
 

@@ -119,6 +119,8 @@ class BillingConfig(Strict):
     concurrency: Annotated[int, Field(ge=1, le=32)] = 4
     timeout: Interval = 30.0
     previous_month_grace_days: Annotated[int, Field(ge=0, le=27)] = 3
+    history_months: Annotated[int, Field(ge=0, le=24)] = 3
+    """Past months of daily bills kept for anomaly baselines, the month-start forecast and backtests."""
     per_api_key: bool = False
 
     @field_validator("secret_access_key")

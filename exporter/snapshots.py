@@ -51,6 +51,32 @@ class BillsSnapshot:
         return self.months[0]
 
 
+@dataclass(frozen=True)
+class MonthHistory:
+    """A past month's daily bills, as fetched on `fetched` (a billing day)."""
+
+    period: str
+    by_endpoint: tuple[DailyAmount, ...]
+    by_item: tuple[DailyAmount, ...]
+    fetched: dt.date
+
+
+@dataclass(frozen=True)
+class HistorySnapshot:
+    months: Mapping[str, MonthHistory] = field(default_factory=lambda: MappingProxyType({}))
+    """By period, oldest first; a month that could never be fetched is absent (never zeros)."""
+
+    def item_days(self, period: str) -> dict[dt.date, Decimal] | None:
+        """The account's payable amount per day of `period`, or None when it is not held."""
+        month = self.months.get(period)
+        if month is None:
+            return None
+        days: dict[dt.date, Decimal] = {}
+        for a in month.by_item:
+            days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+        return days
+
+
 @dataclass(frozen=True, slots=True)
 class UsageKey:
     endpoint_id: str
@@ -152,6 +178,7 @@ class Latest:
 
     bills: BillsSnapshot | None = None
     usage: UsageSnapshot | None = None
+    history: HistorySnapshot | None = None
     probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)

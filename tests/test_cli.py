@@ -142,7 +142,8 @@ def test_once_prints_amounts_that_sum_to_the_simulators_totals(
     for key, amount in estimated.items():
         expected = (Decimal(usage[key]["prompt"]) * 4 + Decimal(usage[key]["completion"]) * 16) / 1_000_000
         assert abs(amount - expected) < Decimal("1e-9")
-    assert samples(out, "inference_exporter_refresh_success") == [({"source": "bills"}, 1), ({"source": "usage"}, 1)]
+    refreshed = [({"source": source}, 1) for source in ("bills", "history", "usage")]
+    assert samples(out, "inference_exporter_refresh_success") == refreshed
     assert "component=urllib3" in result.stderr  # debug logging was on, and still no secret in it
     assert sim.secret_access_key not in out + result.stderr
 

@@ -56,7 +56,7 @@ def test_ready_after_each_source_refreshed_once(daemon: Daemon, sim: Simulator) 
     url = daemon.server.url
     wait_for(lambda: is_ready(url))
     body = requests.get(f"{url}/readyz", timeout=5).json()
-    assert body == {"ready": True, "sources": {"bills": "ok", "usage": "ok"}}
+    assert body == {"ready": True, "sources": {"bills": "ok", "history": "ok", "usage": "ok"}}
     assert requests.get(f"{url}/healthz", timeout=5).text == "ok\n"
     page = requests.get(f"{url}/", timeout=5).text
     assert '<a href="/metrics">' in page

@@ -8,6 +8,7 @@ over 500. Data are deterministic functions of a seed, so a test can ask the simu
 own totals. Latency, time to first token and faults are injectable.
 """
 
+from exporter.sim.history import SpendModel, Spike
 from exporter.sim.model import (
     API_KEYS,
     DEFAULT_ENDPOINTS,
@@ -29,5 +30,7 @@ __all__ = [
     "SimPrice",
     "Simulator",
     "SimulatorServer",
+    "SpendModel",
+    "Spike",
     "prices_from_config",
 ]

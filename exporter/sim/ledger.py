@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from exporter.clock import Clock, days_in_period
+from exporter.sim.history import SpendModel
 from exporter.sim.model import (
     API_KEYS,
     CACHED_PROMPT_ITEM,
@@ -56,6 +57,7 @@ class Ledger:
     records_billed: int
     before_usage_page: Callable[[int], None] | None
     usage_page_cap: int | None
+    spend: SpendModel | None
     total_as_number: bool
 
     # -- data -----------------------------------------------------------------------------
@@ -64,12 +66,14 @@ class Ledger:
         year, month = (int(p) for p in period.split("-"))
         today = self.clock.today()
         days = [dt.date(year, month, d) for d in range(1, days_in_period(period) + 1)]
-        return [d for d in days if d <= today]
+        opened = self.spend.start if self.spend is not None else dt.date.min  # no bills before the account opened
+        return [d for d in days if opened <= d <= today]
 
     def charge(self, period: str, day: dt.date, endpoint: Endpoint, item: str) -> tuple[Decimal, Decimal]:
         """The payable amount and usage of one endpoint, item and day: a revised amount if there is
         one; with `prices` and records that day, the records' tokens of that item × its price;
-        else deterministic random amounts (so that past days of the month have bills too)."""
+        else the spend model's amount (`spend`: weekly rhythm, noise, growth, spikes) when one is
+        set, or deterministic random amounts (so that past days have bills too)."""
         override = self._bill_overrides.get((period, day, endpoint.endpoint_id, item))
         prices = self.prices
         counted = self._count_tokens(day) if prices is not None else None
@@ -80,6 +84,8 @@ class Ledger:
         tokens_drawn = Decimal(_unit(self.seed, "tokens", day, endpoint.endpoint_id, item) % 5_000_000)
         if override is not None:
             return override, tokens_drawn
+        if self.spend is not None:
+            return self.spend.amount(day, endpoint.endpoint_id, item), tokens_drawn
         amount = Decimal(_unit(self.seed, "amount", day, endpoint.endpoint_id, item) % 9_000_000_000).scaleb(-8)
         return amount, tokens_drawn
 

@@ -14,6 +14,7 @@ from typing import Any
 from exporter.clock import Clock
 from exporter.sim.billing_api import BillingAPI
 from exporter.sim.chat_api import ChatAPI
+from exporter.sim.history import SpendModel, Spike
 from exporter.sim.model import (
     DEFAULT_ENDPOINTS,
     Endpoint,
@@ -56,6 +57,9 @@ class Simulator(BillingAPI, ChatAPI):
     silently); None: as many as asked."""
     total_as_number: bool = False
     """Write a usage page's `total` as a JSON number instead of the documented string."""
+    spend: SpendModel | None = None
+    """Bill days without usage records of their own from this model (months of history with a
+    weekly rhythm, noise, growth and spikes); None: deterministic random amounts."""
     prices: Mapping[str, SimPrice] | None = None
     """Per model name. When set, a day with usage records is billed from them at these prices
     (see `charge`); change it with `set_prices`, which also drops bills computed at the old ones."""
@@ -159,6 +163,15 @@ class Simulator(BillingAPI, ChatAPI):
         missing = sorted({e.model for e in self.endpoints} - set(prices)) if prices is not None else []
         if missing:
             raise ValueError(f"no simulator price for model(s) {', '.join(missing)}")
+
+    def add_spike(self, day: dt.date, group: str, factor: float) -> None:
+        """`factor` × the usual spend on `day` for `group` (an endpoint id, an item, or "" for all)."""
+        if self.spend is None:
+            raise ValueError("spikes need a spend model (Simulator.spend)")
+        with self._lock:
+            self.spend.spikes.append(Spike(day, group, factor))
+            self._bills_version += 1
+            self._bill_cache.clear()
 
     def revise_bill(self, day: dt.date, endpoint_id: str, item: str, amount: Decimal) -> None:
         with self._lock:

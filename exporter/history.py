@@ -1,0 +1,96 @@
+"""Past months of daily bills, kept in the state file: the base of the anomaly baseline, the
+month-start forecast and backtests.
+
+`billing.history_months` months before the current one are fetched at start-up (those the state
+file does not hold from today already) and again once a day, since past months get revised too:
+at most 2 × `history_months` bills requests (more for months longer than a page) per billing day,
+whatever the bills interval. A month the API refuses, or answers with no records, is logged and
+skipped: the copy fetched before (if any) is kept, and a month never fetched is absent, never read
+as zero spend (a zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from decimal import Decimal
+from types import MappingProxyType
+
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, ClientClosed
+from exporter.bills import daily_amounts
+from exporter.clock import Clock, previous_period
+from exporter.logs import get_logger
+from exporter.snapshots import DailyAmount, HistorySnapshot, MonthHistory
+from exporter.state import StateStore
+
+log = get_logger(__name__)
+
+
+def past_periods(current: str, count: int) -> list[str]:
+    """The `count` billing months before `current`, oldest first."""
+    periods: list[str] = []
+    for _ in range(count):
+        current = previous_period(current)
+        periods.append(current)
+    return periods[::-1]
+
+
+def _encode(amounts: Iterable[DailyAmount]) -> str:
+    return json.dumps(
+        [[a.day.isoformat(), a.key, a.product, a.project_id, str(a.payable), str(a.usage)] for a in amounts]
+    )
+
+
+def _decode(period: str, text: str) -> tuple[DailyAmount, ...]:
+    return tuple(
+        DailyAmount(period, dt.date.fromisoformat(day), key, product, project, Decimal(payable), Decimal(usage))
+        for day, key, product, project, payable, usage in json.loads(text)
+    )
+
+
+class HistorySource:
+    def __init__(self, client: BillingClient, clock: Clock, state: StateStore, months: int) -> None:
+        self.client = client
+        self.clock = clock
+        self.state = state
+        self.months = months
+
+    def _stored(self) -> dict[str, MonthHistory]:
+        held = {}
+        for period, by_endpoint, by_item, fetched in self.state.load_history():
+            held[period] = MonthHistory(
+                period, _decode(period, by_endpoint), _decode(period, by_item), dt.date.fromisoformat(fetched)
+            )
+        return held
+
+    def refresh(self) -> HistorySnapshot:
+        """Fetch the months not fetched today yet. A month refused on its own is skipped; when
+        every month tried fails, the refresh fails (with what the state file holds kept)."""
+        today = self.clock.today()
+        periods = past_periods(self.clock.period(today), self.months)
+        held = self._stored()
+        due = [period for period in periods if period not in held or held[period].fetched != today]
+        failures: list[BillingError] = []
+        for period in due:
+            kept = "the copy fetched before" if period in held else "nothing"
+            try:
+                instances = self.client.bills(period, GROUP_TERM_INSTANCE)
+                items = self.client.bills(period, GROUP_TERM_ITEM)
+            except ClientClosed:
+                raise
+            except BillingError as error:
+                failures.append(error)
+                log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
+                continue
+            if not instances or not items:
+                log.warning("history month skipped: the API listed no bills for it", period=period, kept=kept)
+                continue
+            month = MonthHistory(period, daily_amounts(instances, "instance"), daily_amounts(items, "item"), today)
+            self.state.save_history(
+                period, _encode(month.by_endpoint), _encode(month.by_item), today.isoformat(), keep_from=periods[0]
+            )
+            held[period] = month
+        if due and len(failures) == len(due):
+            raise failures[0]
+        return HistorySnapshot(MappingProxyType({p: held[p] for p in periods if p in held}))

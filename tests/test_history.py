@@ -1,0 +1,113 @@
+"""Past months of daily bills: fetched once a billing day, kept in the state file, never read as
+zero spend when the API refuses a month or lists nothing for it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from decimal import Decimal
+
+import pytest
+
+from exporter.billing import BillingClient, BillingError
+from exporter.bills import BillsSource, forecast
+from exporter.clock import Clock, FrozenClock, previous_period
+from exporter.history import HistorySource, past_periods
+from exporter.sim import Fault, Simulator, SpendModel
+from exporter.state import StateStore
+from tests.conftest import SHANGHAI
+from tests.helpers import logged
+
+BILLS = "/api/v1/bills/details"
+
+
+@pytest.fixture
+def modelled(sim: Simulator) -> Simulator:
+    """Bills from 1 June 2026 on, with a weekly rhythm (the clock stands on 22 November)."""
+    sim.spend = SpendModel(start=dt.date(2026, 6, 1))
+    return sim
+
+
+def served(sim: Simulator) -> int:
+    return sim.requests_served.get(BILLS, 0)
+
+
+def test_past_periods_cross_the_year() -> None:
+    assert past_periods("2027-02", 3) == ["2026-11", "2026-12", "2027-01"]
+
+
+def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
+    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    history = HistorySource(client, clock, store, months=3).refresh()
+    assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
+    for period, month in history.months.items():
+        by_item = sum(a.payable for a in month.by_item)
+        assert by_item == sum(a.payable for a in month.by_endpoint) == modelled.bill_totals(period)["total"]
+    before = served(modelled)
+    again = HistorySource(client, clock, store, months=3).refresh()  # a restart the same day
+    assert served(modelled) == before
+    assert again == history
+
+    day = dt.date(2026, 10, 9)
+    endpoint = modelled.endpoints[0]
+    modelled.revise_bill(day, endpoint.endpoint_id, "ITEM_PROMPT_TOKEN", Decimal("1234.56"))
+    frozen.set(dt.datetime(2026, 11, 23, 0, 0, 5, tzinfo=SHANGHAI))  # the next billing day
+    revised = HistorySource(client, clock, store, months=3).refresh()
+    assert served(modelled) == before + 6  # each month, by endpoint and by item
+    assert revised.months["2026-10"].fetched == dt.date(2026, 11, 23)
+    assert sum(a.payable for a in revised.months["2026-10"].by_item) == modelled.bill_totals("2026-10")["total"]
+
+
+def test_a_month_the_api_refuses_is_skipped_never_zero(
+    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.WARNING)
+    modelled.inject(Fault("status", BILLS, status=403))  # the first request: the oldest month's
+    history = HistorySource(client, clock, store, months=3).refresh()
+    assert list(history.months) == ["2026-09", "2026-10"]
+    assert history.item_days("2026-08") is None
+    (skipped,) = logged(caplog.records, "history month skipped", period="2026-08")
+    assert skipped.fields["kept"] == "nothing"  # type: ignore[attr-defined]
+
+    kept = history.months["2026-10"]
+    modelled.inject(Fault("status", BILLS, status=403, times=100))
+    frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI))  # the next day: every month is due again
+    with pytest.raises(BillingError):  # every month tried failed: the refresh fails, honestly
+        HistorySource(client, clock, store, months=3).refresh()
+    assert {row[0]: row[3] for row in store.load_history()}["2026-10"] == "2026-11-22"  # the copy was kept
+    modelled.clear_faults()
+    assert HistorySource(client, clock, store, months=3).refresh().months["2026-10"].by_item == kept.by_item
+
+
+def test_a_month_before_the_account_opened_is_absent(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim.spend = SpendModel(start=dt.date(2026, 10, 1))
+    caplog.set_level(logging.WARNING)
+    history = HistorySource(client, clock, store, months=3).refresh()
+    assert list(history.months) == ["2026-10"]
+    assert {
+        r.fields["period"] for r in logged(caplog.records, "history month skipped: the API listed no bills for it")
+    } == {  # type: ignore[attr-defined]
+        "2026-08",
+        "2026-09",
+    }
+
+
+def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
+    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 3, 12, 0, tzinfo=SHANGHAI))  # past the grace days (0 here)
+    history = HistorySource(client, clock, store, months=2).refresh()
+    alone = BillsSource(client, clock, grace_days=0).refresh().current
+    with_history = BillsSource(client, clock, grace_days=0, history=lambda: history).refresh().current
+    days = {a.day: Decimal(0) for a in with_history.by_item}
+    for a in with_history.by_item:
+        days[a.day] += a.payable
+    october = history.item_days(previous_period("2026-11"))
+    assert october is not None
+    assert (with_history.forecast, with_history.today_forecast) == forecast("2026-11", clock.today(), days, october)
+    # without it, the two complete days of November stand for the week: a weekend-heavy guess
+    assert alone.forecast == forecast("2026-11", clock.today(), days, None)[0] != with_history.forecast
