@@ -604,12 +604,15 @@ class BillingClient:
             size = len(records)
             yield page_num, records, total
 
-    def bills(self, period: str, group_term: str) -> list[BillRecord]:
-        """Every daily bill record of a month for one grouping, all pages."""
-        what = f"bills {period} {group_term}"
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        """Every daily bill record of a month for one grouping (of one endpoint's charges only,
+        with `instance_id`), all pages."""
+        what = f"bills {period} {group_term}" + (f" {instance_id}" if instance_id else "")
         params: dict[str, str | int] = {"period": period, "group_period": GROUP_PERIOD_DAILY, "group_term": group_term}
         if self.project_id:
             params["project_id"] = self.project_id
+        if instance_id:
+            params["instance_id"] = instance_id
 
         def fetch(page_num: int, page_size: int) -> tuple[tuple[BillRecord, ...], int]:
             data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": page_size})

@@ -30,8 +30,8 @@ from exporter.snapshots import probe_source
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
-RULE_KINDS = ("threshold-rule", "budget-rule")
-"""The tags of a rule's two types, which pydantic puts in an error's location."""
+RULE_KINDS = ("threshold-rule", "budget-rule", "anomaly-rule")
+"""The tags of a rule's types, which pydantic puts in an error's location."""
 
 
 log = get_logger(__name__)
@@ -49,6 +49,8 @@ _NOT_FOR_KIND = {
     "budget-rule": "does not apply to a budget rule (it fires once per tier per period)",
     "threshold-rule": "does not apply to a threshold rule (a rule has either `signal` with `threshold`, "
     "or `budget` with `tiers`)",
+    "anomaly-rule": "does not apply to a spend_anomaly rule (it has `by`, `min_amount`, `min_percent` and "
+    "`sensitivity`: see the README)",
 }
 """Messages for a key of the other kind of rule (pydantic puts the kind after the rule's index)."""
 

@@ -2,11 +2,13 @@
 month-start forecast and backtests.
 
 `billing.history_months` months before the current one are fetched at start-up (those the state
-file does not hold from today already) and again once a day, since past months get revised too:
-at most 2 × `history_months` bills requests (more for months longer than a page) per billing day,
-whatever the bills interval. A month the API refuses, or answers with no records, is logged and
-skipped: the copy fetched before (if any) is kept, and a month never fetched is absent, never read
-as zero spend (a zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
+file does not hold from today already) and again once a day, since past months get revised too;
+with them, once a day, each endpoint's charges by item (what names the items behind an
+endpoint's anomaly), for those months and the current one. Per billing day, whatever the bills
+interval: (history_months + 1) × (2 + endpoints) bills requests (more for months longer than a
+page). A month the API refuses, or answers with no records, is logged and skipped: the copy
+fetched before (if any) is kept, and a month never fetched is absent, never read as zero spend (a
+zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
 """
 
 from __future__ import annotations
@@ -58,39 +60,69 @@ class HistorySource:
 
     def _stored(self) -> dict[str, MonthHistory]:
         held = {}
-        for period, by_endpoint, by_item, fetched in self.state.load_history():
+        for period, by_endpoint, by_item, items_by_endpoint, fetched in self.state.load_history():
+            split = {
+                endpoint: _decode(period, json.dumps(rows)) for endpoint, rows in json.loads(items_by_endpoint).items()
+            }
             held[period] = MonthHistory(
-                period, _decode(period, by_endpoint), _decode(period, by_item), dt.date.fromisoformat(fetched)
+                period,
+                _decode(period, by_endpoint),
+                _decode(period, by_item),
+                dt.date.fromisoformat(fetched),
+                MappingProxyType(split),
             )
         return held
 
+    def _fetch(self, period: str, today: dt.date) -> MonthHistory | None:
+        """One month: by endpoint, by item, and each endpoint's charges by item; None if the
+        API listed nothing for it. Raises BillingError when a request fails."""
+        instances = self.client.bills(period, GROUP_TERM_INSTANCE)
+        items = self.client.bills(period, GROUP_TERM_ITEM)
+        if not instances or not items:
+            return None
+        by_endpoint = daily_amounts(instances, "instance")
+        split = {
+            endpoint: daily_amounts(self.client.bills(period, GROUP_TERM_ITEM, instance_id=endpoint), "item")
+            for endpoint in sorted({a.key for a in by_endpoint})
+        }
+        return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
+
     def refresh(self) -> HistorySnapshot:
-        """Fetch the months not fetched today yet. A month refused on its own is skipped; when
-        every month tried fails, the refresh fails (with what the state file holds kept)."""
+        """Fetch the months not fetched today yet, and the current month once a day. A month
+        refused on its own is skipped; when every month tried fails, the refresh fails (with
+        what the state file holds kept)."""
         today = self.clock.today()
-        periods = past_periods(self.clock.period(today), self.months)
+        current = self.clock.period(today)
+        periods = past_periods(current, self.months)
         held = self._stored()
-        due = [period for period in periods if period not in held or held[period].fetched != today]
+        due = [period for period in [*periods, current] if period not in held or held[period].fetched != today]
         failures: list[BillingError] = []
         for period in due:
             kept = "the copy fetched before" if period in held else "nothing"
             try:
-                instances = self.client.bills(period, GROUP_TERM_INSTANCE)
-                items = self.client.bills(period, GROUP_TERM_ITEM)
+                month = self._fetch(period, today)
             except ClientClosed:
                 raise
             except BillingError as error:
                 failures.append(error)
                 log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
                 continue
-            if not instances or not items:
-                log.warning("history month skipped: the API listed no bills for it", period=period, kept=kept)
+            if month is None:
+                if period != current:
+                    log.warning("history month skipped: the API listed no bills for it", period=period, kept=kept)
                 continue
-            month = MonthHistory(period, daily_amounts(instances, "instance"), daily_amounts(items, "item"), today)
+            split = json.dumps(
+                {endpoint: json.loads(_encode(rows)) for endpoint, rows in month.items_by_endpoint.items()}
+            )
             self.state.save_history(
-                period, _encode(month.by_endpoint), _encode(month.by_item), today.isoformat(), keep_from=periods[0]
+                period,
+                _encode(month.by_endpoint),
+                _encode(month.by_item),
+                split,
+                today.isoformat(),
+                keep_from=(periods or [current])[0],
             )
             held[period] = month
         if due and len(failures) == len(due):
             raise failures[0]
-        return HistorySnapshot(MappingProxyType({p: held[p] for p in periods if p in held}))
+        return HistorySnapshot(MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current))

@@ -231,7 +231,7 @@ class ThresholdRule(_Rule):
     @field_validator("signal")
     @classmethod
     def _known_signal(cls, signal: str) -> str:
-        names = [repr(name) for name in _signals()]
+        names = [repr(name) for name in [*_signals(), ANOMALY_SIGNAL]]
         if signal not in _signals():
             raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
         return signal
@@ -273,17 +273,45 @@ class BudgetRule(_Rule):
         return self
 
 
+ANOMALY_SIGNAL = "spend_anomaly"
+ANOMALY_FIELDS = ("day", "actual", "expected", "impact", "impact_percent", "contributors", "value")
+"""What an anomaly rule's annotations may name, besides its `by` labels."""
+
+
+class AnomalyRule(_Rule):
+    """A complete day's spend per `by` group judged against what its history makes expected
+    (see `exporter.anomaly`): fires when the impact passes both floors."""
+
+    signal: Literal["spend_anomaly"]
+    by: tuple[Literal["endpoint_id", "item"], ...] = Field((), max_length=1)
+    min_amount: Amount
+    min_percent: Annotated[Decimal, Field(ge=0)]
+    sensitivity: Annotated[Decimal, Field(gt=0, le=100)] = Decimal(3)
+
+    @model_validator(mode="after")
+    def _shape(self) -> AnomalyRule:
+        self._check({*ANOMALY_FIELDS, *self.by})
+        return self
+
+
 def _rule_kind(rule: Any) -> str:
     if isinstance(rule, dict):
+        if rule.get("signal") == ANOMALY_SIGNAL:
+            return "anomaly-rule"
         return "budget-rule" if rule.get("budget") is not None and rule.get("signal") is None else "threshold-rule"
+    if isinstance(rule, AnomalyRule):
+        return "anomaly-rule"
     return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
 
 
 RuleConfig = Annotated[
-    Annotated[ThresholdRule, Tag("threshold-rule")] | Annotated[BudgetRule, Tag("budget-rule")],
+    Annotated[ThresholdRule, Tag("threshold-rule")]
+    | Annotated[BudgetRule, Tag("budget-rule")]
+    | Annotated[AnomalyRule, Tag("anomaly-rule")],
     Discriminator(_rule_kind),
 ]
-"""A rule is a threshold rule (`signal`) or a budget rule (`budget`): the keys it has say which."""
+"""A rule is a threshold rule (`signal` with `threshold`), a budget rule (`budget`) or an
+anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
 
 
 class _Notifier(Strict):

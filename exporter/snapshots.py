@@ -59,12 +59,16 @@ class MonthHistory:
     by_endpoint: tuple[DailyAmount, ...]
     by_item: tuple[DailyAmount, ...]
     fetched: dt.date
+    items_by_endpoint: Mapping[str, tuple[DailyAmount, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Each endpoint's charges by item (what names the items of an endpoint behind an anomaly)."""
 
 
 @dataclass(frozen=True)
 class HistorySnapshot:
     months: Mapping[str, MonthHistory] = field(default_factory=lambda: MappingProxyType({}))
     """By period, oldest first; a month that could never be fetched is absent (never zeros)."""
+    current: MonthHistory | None = None
+    """The current month as fetched once today, for its endpoints' charges by item."""
 
     def item_days(self, period: str) -> dict[dt.date, Decimal] | None:
         """The account's payable amount per day of `period`, or None when it is not held."""

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS bill_history (
     period TEXT PRIMARY KEY,
     by_endpoint TEXT NOT NULL,
     by_item TEXT NOT NULL,
-    fetched TEXT NOT NULL
+    fetched TEXT NOT NULL,
+    items_by_endpoint TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS usage_head (
     day TEXT PRIMARY KEY,
@@ -532,19 +533,24 @@ class StateStore:
             day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
         ), totals
 
-    def load_history(self) -> list[tuple[str, str, str, str]]:
-        """Every past month held: (period, its daily bills by endpoint and by item as JSON, the day fetched)."""
+    def load_history(self) -> list[tuple[str, str, str, str, str]]:
+        """Every month held: (period, its daily bills by endpoint, by item, and each endpoint's by
+        item, as JSON; the day fetched)."""
         with self._reading() as db:
-            rows: list[tuple[str, str, str, str]] = db.execute(
-                "SELECT period, by_endpoint, by_item, fetched FROM bill_history ORDER BY period"
+            rows: list[tuple[str, str, str, str, str]] = db.execute(
+                "SELECT period, by_endpoint, by_item, items_by_endpoint, fetched FROM bill_history ORDER BY period"
             ).fetchall()
         return rows
 
-    def save_history(self, period: str, by_endpoint: str, by_item: str, fetched: str, *, keep_from: str) -> None:
-        """Replace one past month's bills; forget the months before `keep_from`."""
+    def save_history(
+        self, period: str, by_endpoint: str, by_item: str, items_by_endpoint: str, fetched: str, *, keep_from: str
+    ) -> None:
+        """Replace one month's bills; forget the months before `keep_from`."""
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO bill_history VALUES (?, ?, ?, ?)", (period, by_endpoint, by_item, fetched)
+                "INSERT OR REPLACE INTO bill_history (period, by_endpoint, by_item, items_by_endpoint, fetched)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (period, by_endpoint, by_item, items_by_endpoint, fetched),
             )
             db.execute("DELETE FROM bill_history WHERE period < ?", (keep_from,))
 

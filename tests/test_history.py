@@ -42,8 +42,14 @@ def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
     history = HistorySource(client, clock, store, months=3).refresh()
     assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
     for period, month in history.months.items():
+        totals = modelled.bill_totals(period)
         by_item = sum(a.payable for a in month.by_item)
-        assert by_item == sum(a.payable for a in month.by_endpoint) == modelled.bill_totals(period)["total"]
+        assert by_item == sum(a.payable for a in month.by_endpoint) == totals["total"]
+        for endpoint in modelled.endpoints:  # each endpoint's charges by item add up to its own
+            split = month.items_by_endpoint[endpoint.endpoint_id]
+            assert sum(a.payable for a in split) == totals[endpoint.endpoint_id]
+    assert history.current is not None
+    assert history.current.period == "2026-11"
     before = served(modelled)
     again = HistorySource(client, clock, store, months=3).refresh()  # a restart the same day
     assert served(modelled) == before
@@ -54,7 +60,8 @@ def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
     modelled.revise_bill(day, endpoint.endpoint_id, "ITEM_PROMPT_TOKEN", Decimal("1234.56"))
     frozen.set(dt.datetime(2026, 11, 23, 0, 0, 5, tzinfo=SHANGHAI))  # the next billing day
     revised = HistorySource(client, clock, store, months=3).refresh()
-    assert served(modelled) == before + 6  # each month, by endpoint and by item
+    endpoints = len(modelled.endpoints)
+    assert served(modelled) == before + 4 * (2 + endpoints)  # each month and this one: both groupings, each endpoint
     assert revised.months["2026-10"].fetched == dt.date(2026, 11, 23)
     assert sum(a.payable for a in revised.months["2026-10"].by_item) == modelled.bill_totals("2026-10")["total"]
 
@@ -76,7 +83,7 @@ def test_a_month_the_api_refuses_is_skipped_never_zero(
     frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI))  # the next day: every month is due again
     with pytest.raises(BillingError):  # every month tried failed: the refresh fails, honestly
         HistorySource(client, clock, store, months=3).refresh()
-    assert {row[0]: row[3] for row in store.load_history()}["2026-10"] == "2026-11-22"  # the copy was kept
+    assert {row[0]: row[4] for row in store.load_history()}["2026-10"] == "2026-11-22"  # the copy was kept
     modelled.clear_faults()
     assert HistorySource(client, clock, store, months=3).refresh().months["2026-10"].by_item == kept.by_item
 

@@ -28,6 +28,7 @@ class AlertsCollector(Collector):
             if alert.state in ("pending", "firing"):
                 alerts.add_sample("inference_alerts", {**alert.labels, "alertstate": alert.state}, 1.0)
         yield alerts
+        yield from self._anomalies()
         sent = CounterMetricFamily(
             "inference_alert_notifications", "Notifications delivered (the receiver answered 2xx).", labels=["notifier"]
         )
@@ -55,3 +56,25 @@ class AlertsCollector(Collector):
         )
         state.add_metric([], 0.0 if self.engine.db.store.write_error else 1.0)
         yield from (sent, failed, pending, state)
+
+    def _anomalies(self) -> Iterator[Metric]:
+        """The last judged day of each spend_anomaly rule, per group (only when there are such rules)."""
+        judged = list(self.engine.judged.values())
+        if not judged:
+            return
+        expected = Metric(
+            "inference_spend_expected_daily_amount",
+            "What a spend_anomaly rule's baseline expected its group to spend on the last complete day judged.",
+            "gauge",
+        )
+        impact = Metric(
+            "inference_spend_anomaly_impact_amount",
+            "Actual minus expected payable amount of that day (an anomaly when it passes the rule's floors).",
+            "gauge",
+        )
+        for rule, day, findings in judged:
+            for finding in findings:
+                labels = {**dict(finding.group), "alertname": rule.alert, "day": day}
+                expected.add_sample("inference_spend_expected_daily_amount", labels, float(finding.judgement.expected))
+                impact.add_sample("inference_spend_anomaly_impact_amount", labels, float(finding.judgement.impact))
+        yield from (expected, impact)

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Literal
 
-from exporter.alerts import rules, signals
+from exporter.alerts import anomalies, rules, signals
 from exporter.clock import Clock
 from exporter.logs import get_logger
-from exporter.schema import AlertsConfig, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
+from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
 from exporter.snapshots import Latest
 from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
 
@@ -85,6 +85,8 @@ def rule_id(rule: RuleConfig) -> str:
     annotations, threshold or `for` keeps it, so budget tiers already paged are not paged again)."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
         identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
+    elif isinstance(rule, AnomalyRule):
+        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
     else:
         identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
@@ -115,6 +117,8 @@ class Engine:
     notifiers: Sequence[str] = ()
     """Names of the notifiers that get one notification per state change (not Alertmanager)."""
     alerts: dict[str, Alert] = field(default_factory=dict)
+    judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding]]] = field(default_factory=dict)
+    """Per anomaly rule: the day last judged and each group's judgement (for the metrics)."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -155,6 +159,8 @@ class Engine:
                 rule_ids.add(rule_id(rule))
                 if isinstance(rule, BudgetRule):
                     self._budget(db, rule, now)
+                elif isinstance(rule, AnomalyRule):
+                    self._anomaly(db, rule, now)
                 else:
                     self._signal(db, rule, now)
             for key, alert in list(self.alerts.items()):
@@ -165,7 +171,8 @@ class Engine:
                 elif expired or gone:
                     del self.alerts[key]
                     self.db.delete_state(db, key)
-            self._repeat(db, now)
+            once = {rule_id(rule) for rule in self.config.rules if isinstance(rule, AnomalyRule)}
+            self._repeat(db, now, skip=once)
             self._enqueue(db, now)
         return self._transitions - before
 
@@ -193,6 +200,47 @@ class Engine:
                 del self.alerts[alert.key]
                 self.db.delete_state(db, alert.key)
             elif now - alert.last_true >= rule.keep_firing_for:
+                self._resolve(db, alert, now)
+
+    def _anomaly(self, db: sqlite3.Connection, rule: AnomalyRule, now: float) -> None:
+        """One alert per anomalous group and day (`day` is a label): a revised bill updates it
+        without notifying again; when the next day is judged, or a revision makes the day usual,
+        it resolves."""
+        findings = anomalies.find(rule, self.latest, self.clock)
+        if findings is None:
+            return  # no trustworthy bills now: the rule's alerts keep their state
+        rid = rule_id(rule)
+        day = anomalies.judged_day(self.clock).isoformat()
+        self.judged = {**self.judged, rid: (rule, day, findings)}  # replaced whole: scrapes read it unlocked
+        active: set[str] = set()
+        for finding in findings:
+            judged = finding.judgement
+            if not judged.anomalous:
+                continue
+            group = dict(finding.group)
+            labels = {"alertname": rule.alert, **rule.labels, **group, "day": day}
+            percent = "n/a" if judged.impact_percent is None else f"{judged.impact_percent:.0f}"
+            fields = {
+                **group,
+                "day": day,
+                "actual": fmt(judged.actual),
+                "expected": fmt(judged.expected),
+                "impact": fmt(judged.impact),
+                "impact_percent": percent,
+                "contributors": anomalies.describe(finding.contributors) or "n/a",
+                "value": fmt(judged.impact),
+            }
+            who = ", ".join(f"{k}={v}" for k, v in group.items()) or "the account"
+            default = (
+                f"{rule.alert}: {who} spent {fields['actual']} on {day}, {fields['impact']} ({percent}%) above "
+                f"the expected {fields['expected']}"
+            )
+            annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fields["value"]}
+            key = fingerprint(labels | {"__rule__": rid})
+            active.add(key)
+            self._active(db, rid, key, labels, annotations, fields["value"], 0.0, now)
+        for alert in list(self.alerts.values()):
+            if alert.rule == rid and alert.key not in active and alert.state == "firing":
                 self._resolve(db, alert, now)
 
     def _active(
@@ -259,9 +307,11 @@ class Engine:
         key = fingerprint(labels | {"period": period, "__rule__": rid})
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
-    def _repeat(self, db: sqlite3.Connection, now: float) -> None:
+    def _repeat(self, db: sqlite3.Connection, now: float, skip: set[str]) -> None:
+        """Remind of firing alerts every `repeat_interval`; not those of `skip` (a day's spend
+        anomaly is told once)."""
         for alert in self.alerts.values():
-            if alert.state != "firing":
+            if alert.state != "firing" or alert.rule in skip:
                 continue
             for notifier in self.notifiers:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:

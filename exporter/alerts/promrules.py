@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from exporter.alerts.signals import SIGNALS, NotExpressible
-from exporter.schema import AlertsConfig, BudgetConfig, BudgetRule, ThresholdRule
+from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, ThresholdRule
 
 
 def expression(rule: ThresholdRule) -> str:
@@ -84,6 +84,13 @@ def rule_file(alerts: AlertsConfig, budgets: tuple[BudgetConfig, ...]) -> tuple[
         if isinstance(rule, BudgetRule):
             budget = next(b for b in budgets if b.name == rule.budget)
             entries.extend(budget_rules(rule, budget))
+            continue
+        if isinstance(rule, AnomalyRule):
+            skipped.append(
+                f"alerts.rules[{index}] ({rule.alert}): skipped: a spend anomaly is judged by the exporter only "
+                "(its baseline needs the months of history it keeps; alert on its own notifications, or on "
+                "inference_spend_anomaly_impact_amount)"
+            )
             continue
         try:
             entries.append(signal_rule(rule))

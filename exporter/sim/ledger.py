@@ -134,18 +134,21 @@ class Ledger:
         self.records_billed += read
         return tokens
 
-    def bill_rows(self, period: str, group_term: str, project_id: str = "") -> list[dict[str, str]]:
-        """A month's rows for one grouping; cached, since every page of a request needs them."""
-        key = (period, group_term, project_id, self.clock.today(), self.endpoints, self._bills_version)
+    def bill_rows(
+        self, period: str, group_term: str, project_id: str = "", instance_id: str = ""
+    ) -> list[dict[str, str]]:
+        """A month's rows for one grouping, of one endpoint's charges with `instance_id`; cached,
+        since every page of a request needs them."""
+        key = (period, group_term, project_id, instance_id, self.clock.today(), self.endpoints, self._bills_version)
         with self._lock:
             rows = self._bill_cache.get(key)
         if rows is None:
-            rows = self._bill_rows(period, group_term, project_id)
+            rows = self._bill_rows(period, group_term, project_id, instance_id)
             with self._lock:
                 self._bill_cache = {key: rows} | dict(list(self._bill_cache.items())[:7])
         return rows
 
-    def _bill_rows(self, period: str, group_term: str, project_id: str) -> list[dict[str, str]]:
+    def _bill_rows(self, period: str, group_term: str, project_id: str, instance_id: str) -> list[dict[str, str]]:
         rows = []
         for day in self._billed_days(period):
             start = self.clock.day_start(day).astimezone(dt.UTC)
@@ -156,7 +159,11 @@ class Ledger:
                 "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "endTime": (start + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }
-            endpoints = [e for e in self.endpoints if not project_id or e.project_id == project_id]
+            endpoints = [
+                e
+                for e in self.endpoints
+                if (not project_id or e.project_id == project_id) and (not instance_id or e.endpoint_id == instance_id)
+            ]
             charges = {(e, item): self.charge(period, day, e, item) for e in endpoints for item in ITEMS}
             if group_term == "GROUP_TERM_INSTANCE":
                 for e in endpoints:

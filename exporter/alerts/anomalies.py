@@ -1,0 +1,128 @@
+"""`spend_anomaly` rules: the day that ended, per group, judged against its history.
+
+The series are the daily payable amounts the exporter holds: the past months (`history`) and the
+months the bills source fetches (fresher, so they win for the same month). A day missing from both
+is unknown, never zero. Each evaluation judges the last complete day in the billing time zone;
+once the next day ends, that one is judged instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from exporter.alerts.signals import Labels, fresh
+from exporter.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
+from exporter.clock import Clock
+from exporter.logs import get_logger
+from exporter.schema import AnomalyRule
+from exporter.snapshots import DailyAmount, Latest
+
+log = get_logger(__name__)
+
+Series = dict[dt.date, Decimal]
+_said: set[tuple[str, Labels]] = set()
+"""(rule, group) pairs already logged as having too little history."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One group's judgement of one day, with the sub-groups carrying its impact."""
+
+    group: Labels
+    judgement: Judgement
+    contributors: tuple[tuple[str, Decimal], ...]
+
+
+@dataclass(frozen=True)
+class Bills:
+    """The daily bills a judgement reads: by endpoint, by item, and each endpoint's by item."""
+
+    by_endpoint: tuple[DailyAmount, ...] = ()
+    by_item: tuple[DailyAmount, ...] = ()
+    items_by_endpoint: Mapping[str, tuple[DailyAmount, ...]] = field(default_factory=dict)
+
+
+def held(latest: Latest) -> Bills:
+    """The past months held and the months the bills source fetched (fresher: they win for the same month)."""
+    months: dict[str, tuple[tuple[DailyAmount, ...], tuple[DailyAmount, ...]]] = {}
+    split: dict[str, tuple[DailyAmount, ...]] = {}
+    history = latest.history
+    for past in [*history.months.values(), *([history.current] if history.current else [])] if history else []:
+        months[past.period] = (past.by_endpoint, past.by_item)
+        for endpoint, rows in past.items_by_endpoint.items():
+            split[endpoint] = split.get(endpoint, ()) + rows
+    for month in latest.bills.months if latest.bills else ():
+        months[month.period] = (month.by_endpoint, month.by_item)
+    by_endpoint = tuple(a for endpoints, _ in months.values() for a in endpoints)
+    by_item = tuple(a for _, items in months.values() for a in items)
+    return Bills(by_endpoint, by_item, split)
+
+
+def _series(amounts: Iterable[DailyAmount]) -> dict[str, Series]:
+    """Per key (an endpoint id or an item), its amount per day."""
+    series: dict[str, Series] = {}
+    for a in amounts:
+        days = series.setdefault(a.key, {})
+        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return series
+
+
+def _total(parts: Mapping[str, Series]) -> Series:
+    total: Series = {}
+    for days in parts.values():
+        for day, amount in days.items():
+            total[day] = total.get(day, Decimal(0)) + amount
+    return total
+
+
+def judged_day(clock: Clock) -> dt.date:
+    """The last complete day in the billing time zone."""
+    return clock.today() - dt.timedelta(days=1)
+
+
+def find(rule: AnomalyRule, latest: Latest, clock: Clock, day: dt.date | None = None) -> list[Finding] | None:
+    """Each group's judgement of `day` (the last complete one by default); None when the bills
+    cannot be trusted right now (the engine then keeps the rule's alerts as they are)."""
+    bills = latest.bills
+    if bills is None or not fresh(latest, "bills") or bills.today != clock.today():
+        return None
+    return judge_groups(rule, held(latest), day or judged_day(clock))
+
+
+def judge_groups(rule: AnomalyRule, bills: Bills, day: dt.date) -> list[Finding]:
+    """Judge `day` for every group of `rule`; an anomaly names the sub-groups carrying it: the
+    endpoints of the account or of an item, the items of an endpoint."""
+    endpoints, items = _series(bills.by_endpoint), _series(bills.by_item)
+    split = {endpoint: _series(rows) for endpoint, rows in bills.items_by_endpoint.items()}
+    groups: dict[Labels, tuple[Series, Mapping[str, Series]]]
+    if rule.by == ("endpoint_id",):
+        groups = {(("endpoint_id", key),): (days, split.get(key, {})) for key, days in endpoints.items()}
+    elif rule.by == ("item",):
+        groups = {
+            (("item", key),): (days, {e: by_item[key] for e, by_item in split.items() if key in by_item})
+            for key, days in items.items()
+        }
+    else:
+        groups = {(): (_total(items), endpoints)}
+    findings = []
+    for group, (series, parts) in sorted(groups.items()):
+        judgement = judge(
+            series, day, min_amount=rule.min_amount, min_percent=rule.min_percent, sensitivity=rule.sensitivity
+        )
+        if judgement is None:
+            if day in series and (rule.alert, group) not in _said:
+                _said.add((rule.alert, group))
+                log.info("spend anomaly not judged: too little history for this group", alertname=rule.alert,
+                         group=dict(group) or "account", needs_days=MIN_HISTORY_DAYS)  # fmt: skip
+            continue
+        shares = tuple(contributors(parts, day)) if parts and judgement.anomalous else ()
+        findings.append(Finding(group, judgement, shares))
+    return findings
+
+
+def describe(shares: Iterable[tuple[str, Decimal]]) -> str:
+    """`{contributors}`: `ep-a 72%, ep-b 20%`."""
+    return ", ".join(f"{name} {share * 100:.0f}%" for name, share in shares)

@@ -1,0 +1,171 @@
+"""spend_anomaly rules end to end: the daemon against the simulator's months of history (a weekly
+rhythm, noise, growth) with a spike injected, a webhook receiver, a frozen clock in Shanghai."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from exporter.clock import Clock, FrozenClock
+from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
+from tests.conftest import SHANGHAI
+from tests.helpers import Receiver, logged, named, scrape
+from tests.test_alerts import make_daemon, refreshed, settle, statuses, to_hook
+
+YESTERDAY = dt.date(2026, 11, 21)  # the clock stands on 22 November: the 21st is the day judged
+
+RULE = {
+    "alert": "SpendAnomaly",
+    "signal": "spend_anomaly",
+    "by": ["endpoint_id"],
+    "min_amount": "20",
+    "min_percent": 30,
+    "labels": {"severity": "warning"},
+    "annotations": {"summary": "{endpoint_id} spent {actual} on {day}, {impact_percent}% over {expected}"},
+}
+
+
+@pytest.fixture
+def spiked(sim: Simulator) -> Simulator:
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    sim.add_spike(YESTERDAY, sim.endpoints[1].endpoint_id, 2.5)
+    return sim
+
+
+def spent(sim: Simulator, day: dt.date, endpoint_index: int) -> Decimal:
+    endpoint = sim.endpoints[endpoint_index]
+    return sum((sim.charge(f"{day:%Y-%m}", day, endpoint, item)[0] for item in ITEMS), Decimal(0))
+
+
+def refresh_all(daemon: object) -> None:
+    for source in ("history", "bills"):
+        assert refreshed(daemon, source)  # type: ignore[arg-type]
+
+
+def test_a_spike_fires_once_is_updated_by_a_revision_and_resolves_when_the_next_day_is_judged(
+    spiked: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, RULE))
+    try:
+        refresh_all(daemon)
+        assert statuses(receiver) == ["firing"]
+        (alert,) = receiver.bodies()[0]["alerts"]
+        target = spiked.endpoints[1].endpoint_id
+        assert alert["labels"] == {"alertname": "SpendAnomaly", "severity": "warning", "endpoint_id": target,
+                                   "day": "2026-11-21"}  # fmt: skip
+        actual = spent(spiked, YESTERDAY, 1)
+        assert alert["annotations"]["summary"].startswith(
+            f"{target} spent {actual.quantize(Decimal('0.01'))} on 2026-11-21"
+        )
+        series = scrape(daemon.server.url)
+        impacts = {
+            dict(labels)["endpoint_id"]: v
+            for labels, v in named(series, "inference_spend_anomaly_impact_amount").items()
+        }
+        expected = {
+            dict(labels)["endpoint_id"]: v
+            for labels, v in named(series, "inference_spend_expected_daily_amount").items()
+        }
+        assert set(impacts) == {e.endpoint_id for e in spiked.endpoints}
+        for endpoint_id, impact in impacts.items():
+            index = [e.endpoint_id for e in spiked.endpoints].index(endpoint_id)
+            assert abs(
+                Decimal(str(impact)) + Decimal(str(expected[endpoint_id])) - spent(spiked, YESTERDAY, index)
+            ) < Decimal("0.01")
+        assert impacts[target] == max(impacts.values())
+
+        # The bill of the 21st is revised upwards: the same anomaly, updated, not notified again.
+        spiked.revise_bill(YESTERDAY, target, ITEMS[0], Decimal(500))
+        refresh_all(daemon)
+        assert statuses(receiver) == ["firing"]
+        assert named(scrape(daemon.server.url), "inference_alerts")
+
+        # The 22nd ends and is usual: the anomaly of the 21st resolves, once.
+        frozen.set(dt.datetime(2026, 11, 23, 0, 5, tzinfo=SHANGHAI))
+        refresh_all(daemon)
+        settle(daemon)
+        assert statuses(receiver) == ["firing", "resolved"]
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_the_account_rule_names_the_endpoint_that_carries_the_impact(
+    spiked: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    rule = {k: v for k, v in RULE.items() if k not in ("by", "annotations")} | {
+        "alert": "AccountAnomaly",
+        "annotations": {"summary": "{contributors}"},
+    }
+    daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, rule))
+    try:
+        refresh_all(daemon)
+        (alert,) = receiver.bodies()[0]["alerts"]
+        assert "endpoint_id" not in alert["labels"]
+        first = alert["annotations"]["summary"].split(",")[0]
+        assert first.startswith(f"{spiked.endpoints[1].endpoint_id} ")
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_group_with_under_two_weeks_of_history_is_not_judged_and_says_so_once(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    sim.spend = SpendModel(start=dt.date(2026, 11, 12))  # the account opened ten days ago
+    sim.add_spike(YESTERDAY, "", 4.0)
+    caplog.set_level(logging.INFO)
+    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))
+    try:
+        refresh_all(daemon)
+        refresh_all(daemon)
+        assert statuses(receiver) == []
+        said = logged(caplog.records, "spend anomaly not judged: too little history for this group")
+        assert len(said) == len(sim.endpoints)
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_endpoint_anomaly_names_the_item_that_carries_it(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    target = sim.endpoints[2].endpoint_id
+    sim.revise_bill(YESTERDAY, target, ITEMS[2], Decimal(400))  # one item of one endpoint, far over its usual
+    rule = RULE | {"annotations": {"summary": "{contributors}"}}
+    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, rule))
+    try:
+        refresh_all(daemon)
+        (alert,) = receiver.bodies()[0]["alerts"]
+        assert alert["labels"]["endpoint_id"] == target
+        assert alert["annotations"]["summary"].startswith(f"{ITEMS[2]} ")
+    finally:
+        daemon.stop(grace=5)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"by": ["model"]}, "alerts.rules[0].by[0] (alert SpendAnomaly): must be one of 'endpoint_id' or 'item'"),
+        ({"by": ["endpoint_id", "item"]}, "alerts.rules[0].by (alert SpendAnomaly): Tuple should have at most 1 item"),
+        ({"threshold": "5"}, "alerts.rules[0].threshold (alert SpendAnomaly): does not apply to a spend_anomaly rule"),
+        ({"min_amount": None}, "alerts.rules[0].min_amount (alert SpendAnomaly): "),
+        ({"min_percent": -1}, "alerts.rules[0].min_percent (alert SpendAnomaly): "),
+        ({"sensitivity": 0}, "alerts.rules[0].sensitivity (alert SpendAnomaly): "),
+        ({"annotations": {"summary": "{nope}"}}, "annotation 'summary' names unknown field {nope}"),
+    ],
+)
+def test_a_bad_anomaly_rule_is_a_config_error_at_its_place(change: dict, message: str) -> None:
+    from exporter.config import ConfigError, validate
+
+    rule = {k: v for k, v in (RULE | change).items() if v is not None}
+    document = {
+        "billing": {"url": "https://x", "access_key_id": "a", "secret_access_key": "b"},
+        "alerts": {"rules": [rule]},
+    }
+    with pytest.raises(ConfigError) as raised:
+        validate(document, {})
+    assert any(message in problem for problem in raised.value.details), raised.value.details
