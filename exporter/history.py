@@ -51,6 +51,21 @@ def _decode(period: str, text: str) -> tuple[DailyAmount, ...]:
     )
 
 
+def fetch_month(client: BillingClient, period: str, today: dt.date) -> MonthHistory | None:
+    """One month's daily bills: by endpoint, by item, and each endpoint's charges by item; None if
+    the API listed nothing for it. Raises BillingError when a request fails."""
+    instances = client.bills(period, GROUP_TERM_INSTANCE)
+    items = client.bills(period, GROUP_TERM_ITEM)
+    if not instances or not items:
+        return None
+    by_endpoint = daily_amounts(instances, "instance")
+    split = {
+        endpoint: daily_amounts(client.bills(period, GROUP_TERM_ITEM, instance_id=endpoint), "item")
+        for endpoint in sorted({a.key for a in by_endpoint})
+    }
+    return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
+
+
 class HistorySource:
     def __init__(self, client: BillingClient, clock: Clock, state: StateStore, months: int) -> None:
         self.client = client
@@ -73,20 +88,6 @@ class HistorySource:
             )
         return held
 
-    def _fetch(self, period: str, today: dt.date) -> MonthHistory | None:
-        """One month: by endpoint, by item, and each endpoint's charges by item; None if the
-        API listed nothing for it. Raises BillingError when a request fails."""
-        instances = self.client.bills(period, GROUP_TERM_INSTANCE)
-        items = self.client.bills(period, GROUP_TERM_ITEM)
-        if not instances or not items:
-            return None
-        by_endpoint = daily_amounts(instances, "instance")
-        split = {
-            endpoint: daily_amounts(self.client.bills(period, GROUP_TERM_ITEM, instance_id=endpoint), "item")
-            for endpoint in sorted({a.key for a in by_endpoint})
-        }
-        return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
-
     def refresh(self) -> HistorySnapshot:
         """Fetch the months not fetched today yet, and the current month once a day. A month
         refused on its own is skipped; when every month tried fails, the refresh fails (with
@@ -100,7 +101,7 @@ class HistorySource:
         for period in due:
             kept = "the copy fetched before" if period in held else "nothing"
             try:
-                month = self._fetch(period, today)
+                month = fetch_month(self.client, period, today)
             except ClientClosed:
                 raise
             except BillingError as error:

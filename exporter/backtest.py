@@ -1,0 +1,185 @@
+"""Replay the bill-based rules over past months: what would have fired, and when.
+
+Every rule the daemon judges from bills (`spend` thresholds, budgets with their tiers and
+`spend_anomaly`) runs through the daemon's own alert engine, day by day, on the bills as they
+stood at the end of each day (every day's final amounts: revisions made later are in them) and the
+months of history the daemon would have held before it. Each day is evaluated twice, a rule's
+longest `for` apart, ending on the day's last second, so a rule with a `for` fires on the day its
+condition held all evening. A `spend_anomaly` of a day is judged on the next one, as the daemon
+does; its `day` label says which day it is about.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from types import MappingProxyType
+
+from exporter.alerts.engine import Alert, Engine
+from exporter.billing import BillingClient
+from exporter.bills import forecast, per_day
+from exporter.clock import Clock, FrozenClock, days_in_period, previous_period
+from exporter.history import fetch_month, past_periods
+from exporter.logs import get_logger
+from exporter.schema import AlertsConfig, Config, ThresholdRule
+from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory
+from exporter.state import AlertStore, StateStore
+
+log = get_logger(__name__)
+
+REPLAYED_SIGNALS = ("spend",)
+"""Threshold signals a backtest replays; the others need what bills do not hold (usage, probes)."""
+
+
+@dataclass(frozen=True)
+class Fired:
+    day: dt.date
+    alert: Alert
+
+    def document(self) -> dict[str, object]:
+        return {
+            "day": self.day.isoformat(),
+            "alertname": self.alert.labels["alertname"],
+            "labels": self.alert.labels,
+            "value": self.alert.value,
+            "annotations": {k: v for k, v in self.alert.annotations.items() if k != "value"},
+        }
+
+    def line(self) -> str:
+        labels = " ".join(f"{k}={v}" for k, v in self.alert.labels.items() if k != "alertname")
+        summary = self.alert.annotations.get("summary", "")
+        return f"{self.day}  {self.alert.labels['alertname']}  {labels}  value={self.alert.value}  {summary}"
+
+
+def replayable(alerts: AlertsConfig) -> tuple[AlertsConfig, list[str]]:
+    """The rules a backtest replays, and a note for each it leaves out."""
+    kept, notes = [], []
+    for index, rule in enumerate(alerts.rules):
+        if isinstance(rule, ThresholdRule) and rule.signal not in REPLAYED_SIGNALS:
+            notes.append(f"alerts.rules[{index}] ({rule.alert}): skipped: `{rule.signal}` is not in the bills")
+            continue
+        kept.append(rule)
+    return alerts.model_copy(update={"rules": kept}), notes
+
+
+def fetch(client: BillingClient, periods: Sequence[str], today: dt.date) -> dict[str, MonthHistory]:
+    """The months' bills; a month the API lists nothing for is left out (and said)."""
+    months = {}
+    for period in periods:
+        month = fetch_month(client, period, today)
+        if month is None:
+            log.warning("backtest: the API listed no bills for this month", period=period)
+            continue
+        months[period] = month
+    return months
+
+
+def _upto(month: MonthHistory, day: dt.date) -> MonthHistory:
+    """The month as it stood at the end of `day`."""
+    return replace(
+        month,
+        by_endpoint=tuple(a for a in month.by_endpoint if a.day <= day),
+        by_item=tuple(a for a in month.by_item if a.day <= day),
+        items_by_endpoint=MappingProxyType(
+            {e: tuple(a for a in rows if a.day <= day) for e, rows in month.items_by_endpoint.items()}
+        ),
+    )
+
+
+def _bills(months: dict[str, MonthHistory], day: dt.date, period: str, grace_days: int) -> BillsSnapshot:
+    """What the bills source would have held at the end of `day`."""
+    current = _upto(months[period], day) if period in months else MonthHistory(period, (), (), day)
+    previous = previous_period(period)
+    shown = [current] + ([months[previous]] if day.day <= grace_days and previous in months else [])
+    before = per_day(months[previous].by_item) if previous in months else None
+    snapshot = []
+    for index, month in enumerate(shown):
+        month_end, today_end = forecast(month.period, day, per_day(month.by_item), before if index == 0 else None)
+        snapshot.append(
+            MonthBills(
+                month.period,
+                month.by_endpoint,
+                month.by_item,
+                sum((a.payable for a in month.by_item), Decimal(0)),
+                month_end,
+                today_end,
+            )
+        )
+    return BillsSnapshot(tuple(snapshot), day)
+
+
+def days(first: str, last: str, until: dt.date) -> Iterator[dt.date]:
+    """Every day of the months `first` … `last`, up to `until`."""
+    year, month = (int(part) for part in first.split("-"))
+    day = dt.date(year, month, 1)
+    end_year, end_month = (int(part) for part in last.split("-"))
+    end = dt.date(end_year, end_month, days_in_period(last))
+    while day <= min(end, until):
+        yield day
+        day += dt.timedelta(days=1)
+
+
+def replay(config: Config, months: dict[str, MonthHistory], first: str, last: str, until: dt.date) -> list[Fired]:
+    """Each alert that would have fired over `first` … `last` (not after `until`), when it would have."""
+    alerts, _ = replayable(config.alerts)
+    frozen = FrozenClock(dt.datetime.combine(dt.date(2000, 1, 1), dt.time(), config.billing.zone))
+    clock = Clock(config.billing.zone, frozen)
+    latest = Latest()
+    store = StateStore(":memory:")
+    engine = Engine(alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"])
+    hold = max(
+        (r.for_ for r in alerts.rules if isinstance(r, ThresholdRule)), default=0.0
+    )  # the longest `for`: a day's condition is taken to hold at least that long before its end
+    fired: list[Fired] = []
+    firing: set[str] = set()
+    try:
+        for day in days(first, last, until):
+            period = f"{day:%Y-%m}"
+            held = past_periods(period, config.billing.history_months)
+            latest.history = HistorySnapshot(
+                MappingProxyType({p: months[p] for p in held if p in months}),
+                _upto(months[period], day) if period in months else None,
+            )
+            latest.bills = _bills(months, day, period, config.billing.previous_month_grace_days)
+            end = dt.datetime.combine(day, dt.time(23, 59, 59), config.billing.zone)
+            for instant in (end - dt.timedelta(seconds=hold), end) if hold else (end,):
+                frozen.set(instant)
+                latest.record("bills", success=True, at=instant.timestamp(), duration=0.0)
+                engine.evaluate()
+            now = {a.key: a for a in engine.current() if a.state == "firing"}
+            new = sorted(now.keys() - firing, key=lambda key: (now[key].labels["alertname"], key))
+            fired += [Fired(day, now[key]) for key in new]
+            firing = set(now)
+    finally:
+        store.close()
+    return fired
+
+
+def render(fired: Sequence[Fired], form: str) -> str:
+    if form == "json":
+        return "".join(json.dumps(f.document(), sort_keys=False) + "\n" for f in fired)
+    return "".join(f.line() + "\n" for f in fired)
+
+
+def backtest(config: Config, first: str, last: str, clock: Clock) -> tuple[list[Fired], list[str]]:
+    """Fetch `first` … `last` (and the history months before them) and replay them; with the
+    notes on what was left out. Days from today on are not replayed (they have not ended)."""
+    today = clock.today()
+    periods = [*past_periods(first, config.billing.history_months), *month_range(first, last)]
+    with BillingClient.from_config(config.billing, clock) as client:
+        months = fetch(client, [p for p in periods if p <= clock.period(today)], today)
+    _, notes = replayable(config.alerts)
+    notes += [f"{p}: no bills" for p in month_range(first, last) if p not in months and p <= clock.period(today)]
+    return replay(config, months, first, last, today - dt.timedelta(days=1)), notes
+
+
+def month_range(first: str, last: str) -> list[str]:
+    """`first` … `last`, as periods."""
+    periods = [first]
+    while periods[-1] < last:
+        year, month = (int(part) for part in periods[-1].split("-"))
+        periods.append(f"{year + month // 12:04d}-{month % 12 + 1:02d}")
+    return periods
