@@ -23,6 +23,7 @@ from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.daemon import build_exposition
+from exporter.history import HistorySource
 from exporter.probe import ProbeRunner
 from exporter.schema import Config
 from exporter.sim import Simulator, SimulatorServer
@@ -46,7 +47,9 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
             "probes": [{"name": "chat-prod", "model": sim.endpoints[0].endpoint_id, "scenario": "thinking"}],
             "alerts": {
                 "rules": [{"alert": "UsageHigh", "signal": "requests", "by": ["model"], "threshold": 1,
-                           "labels": {"severity": "warning"}}],
+                           "labels": {"severity": "warning"}},
+                          {"alert": "SpendAnomaly", "signal": "spend_anomaly", "by": ["endpoint_id"],
+                           "min_amount": "20", "min_percent": 30}],
                 "notifiers": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:1/hook"}],
             },
         },
@@ -64,6 +67,7 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         latest.usage = usage.refresh()
         latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
         latest.bills = BillsSource(client, clock, 3).refresh()
+        latest.history = HistorySource(client, clock, StateStore(":memory:"), 2).refresh()
         latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     assert config.inference is not None
     runner = ProbeRunner(config.probes[0], config.inference)
@@ -79,7 +83,9 @@ def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, froze
     engine = Engine(
         config.alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills", "usage"], ["hook"]
     )
+    latest.record("bills", success=True, at=frozen().timestamp(), duration=1.0)  # fresh for the anomaly rule
     engine.evaluate()
+    latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     dispatcher = Dispatcher(config.alerts.notifiers, engine.db, clock, engine.current, "http://exporter:9877")
     return build_exposition(config, latest, clock, AlertsCollector(engine, dispatcher)).render()[0]
 
