@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -16,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.alerts.promrules import rule_file
-from exporter.billing import BillingError
+from exporter.backfill import BackfillError, backfill, months, target_labels
+from exporter.billing import BillingClient, BillingError
 from exporter.clock import Clock
 from exporter.config import ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
@@ -26,7 +29,7 @@ from exporter.snapshots import Latest
 from exporter.state import StateError, StateStore, location_problem
 
 if TYPE_CHECKING:
-    from exporter.sim import Simulator
+    from exporter.sim import Simulator, SpendModel
 
 log = get_logger("exporter")
 
@@ -34,6 +37,7 @@ DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
+EXIT_USAGE = 2
 SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 REFUSED_KEY = ("http_401", "http_403")
 
@@ -99,6 +103,80 @@ def cmd_rules(args: argparse.Namespace) -> int:
     for note in skipped:
         print(f"{args.config}: {note}", file=sys.stderr)
     sys.stdout.write(text)
+    return 0
+
+
+def _period(value: str) -> str:
+    """`--from` / `--to`: a billing month, YYYY-MM."""
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a month (YYYY-MM)")
+    return value
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from exporter.backtest import backtest, render
+
+    config = _load(args.config)
+    setup_logging(config.log.level, config.log.format, config.secret_values())
+    clock = Clock(config.billing.zone)
+    last = args.to or clock.period()
+    if args.start > last:
+        print(f"inference-cost-exporter: backtest: --from {args.start} is after --to {last}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.start > clock.period():
+        print(f"inference-cost-exporter: backtest: --from {args.start} has not begun yet", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        fired, notes = backtest(config, args.start, last, clock)
+    except BillingError as error:
+        print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
+        return EXIT_SOURCE
+    for note in notes:
+        print(f"{args.config}: {note}", file=sys.stderr)
+    sys.stdout.write(render(fired, args.format))
+    return 0
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    setup_logging(config.log.level, config.log.format, config.secret_values())
+    clock = Clock(config.billing.zone)
+    try:
+        periods = months(args.first, args.last, clock.period())
+        target = target_labels(args.label)
+    except ValueError as error:
+        print(f"inference-cost-exporter backfill: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    output = Path(args.output)
+    with BillingClient.from_config(config.billing, clock) as client:
+        try:
+            result = backfill(
+                client,
+                clock,
+                periods,
+                output,
+                grace_days=config.billing.previous_month_grace_days,
+                history=config.billing.history_months > 0,
+                target=target,
+            )
+        except BackfillError as error:
+            print(f"inference-cost-exporter backfill: {error}", file=sys.stderr)
+            return EXIT_SOURCE
+        except OSError as error:
+            reason = error.strerror or error
+            print(f"inference-cost-exporter backfill: cannot write {output}: {reason}", file=sys.stderr)
+            return EXIT_USAGE
+    for period, why in result.skipped:
+        print(f"inference-cost-exporter backfill: {period} skipped: {why}", file=sys.stderr)
+    if not {"job", "instance"} <= {name for name, _ in target}:
+        print("inference-cost-exporter backfill: note: Prometheus adds `job` and `instance` to the live series; "
+              "without --label job=... --label instance=... as your scrape config sets them, the backfilled "
+              "series stay apart from the live ones", file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {output}: {', '.join(result.written)}: {result.series:,} series, {result.samples:,} samples "
+        f"from {result.start:%Y-%m-%d %H:%M} to {result.end:%Y-%m-%d %H:%M} ({config.billing.timezone}), "
+        f"{output.stat().st_size / 1e6:,.1f} MB"
+    )
     return 0
 
 
@@ -181,6 +259,17 @@ def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
             sim.inject(Fault("status", "/v1/chat/completions", status=rng.choice((429, 502, 503))))
 
 
+def demo_history(today: dt.date) -> SpendModel:
+    """Four months of past bills with a weekly rhythm, and yesterday one endpoint spending three
+    times its usual: what the demo's SpendAnomaly rule fires on."""
+    from exporter.sim import DEFAULT_ENDPOINTS, SpendModel, Spike
+
+    yesterday = today - dt.timedelta(days=1)
+    return SpendModel(
+        start=today - dt.timedelta(days=120), spikes=[Spike(yesterday, DEFAULT_ENDPOINTS[1].endpoint_id, 3.0)]
+    )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from exporter.sim import Simulator, prices_from_config
 
@@ -188,6 +277,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     listen = _listen(args.listen)
     _hold_signals()
     sim = Simulator(time_to_first_token=0.05, chunk_delay=0.01)
+    sim.spend = demo_history(sim.clock.today())
     sim.add_usage(20_000)
     sim_server = sim.serve("127.0.0.1", 0)
     workdir = tempfile.TemporaryDirectory(prefix="inference-cost-exporter-demo-")
@@ -309,6 +399,44 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _config_option(rules)
     rules.set_defaults(func=cmd_rules)
+
+    replay = _command(
+        commands, "backtest", "replay the bill-based alert rules over past months: what would have fired, when",
+        "Fetch the months' daily bills (and the history months before them) and replay every rule judged from "
+        "bills (spend thresholds, budgets with tiers, spend_anomaly) day by day, as the daemon would have; print "
+        "each alert that would have fired, once, on the day it would have. Exits 1 for a bad config, 2 when the "
+        "API refuses or cannot be reached or the months make no sense.",
+    )  # fmt: skip
+    _config_option(replay)
+    replay.add_argument("--from", dest="start", required=True, type=_period, metavar="YYYY-MM", help="first month")
+    replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
+    replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
+    replay.set_defaults(func=cmd_backtest)
+
+    backfill_command = _command(
+        commands, "backfill", "past months' bill series as OpenMetrics, for promtool to load into Prometheus",
+        "Fetch the daily bills of the months --from ... --to and write the series the exporter exposes from them, "
+        "with timestamps every 5 minutes as a Prometheus scraping it would have stored them, as OpenMetrics text for "
+        "`promtool tsdb create-blocks-from openmetrics FILE DIR`. Only complete days (of this month: before today). "
+        "A month the API refuses or lists nothing for is skipped and said. Exits 2 for a bad --from, --to, --label "
+        "or --output, and when nothing could be written.",
+    )  # fmt: skip
+    _config_option(backfill_command)
+    backfill_command.add_argument("--from", dest="first", required=True, metavar="YYYY-MM", help="the first month")
+    backfill_command.add_argument(
+        "--to", dest="last", metavar="YYYY-MM", help="the last month (when not given: this month, its complete days)"
+    )
+    backfill_command.add_argument(
+        "--output", required=True, metavar="FILE", help="the file to write (replaced when complete)"
+    )
+    backfill_command.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a label your Prometheus adds to the exporter's series (job, instance); repeat for each",
+    )
+    backfill_command.set_defaults(func=cmd_backfill)
 
     demo = _command(
         commands, "demo", "the embedded simulator and the daemon, no credentials needed",

@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter.backtest import backtest, render
 from exporter.clock import Clock
@@ -95,3 +97,52 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
     assert len(lines) == len(fired)
     assert set(lines[0]) == {"day", "alertname", "labels", "value", "annotations"}
     assert render(fired, "text").count("\n") == len(fired)
+
+
+def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_sense(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    from exporter.clock import previous_period
+    from tests.test_cli import run, write_config
+
+    sim, server = live
+    today = Clock().today()  # the command runs on the real clock
+    last = previous_period(f"{today:%Y-%m}")
+    first = previous_period(last)
+    spike = dt.date(int(first[:4]), int(first[5:]), 16)
+    sim.spend = SpendModel(start=spike - dt.timedelta(days=120))
+    sim.add_spike(spike, sim.endpoints[0].endpoint_id, 3.0)
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["alerts"] = {
+        "rules": [
+            {
+                "alert": "Anomaly",
+                "signal": "spend_anomaly",
+                "by": ["endpoint_id"],
+                "min_amount": "20",
+                "min_percent": 30,
+            },
+            {"alert": "Tokens", "signal": "tokens", "threshold": 1},
+        ]
+    }
+    config.write_text(yaml.safe_dump(document))
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    result = run("backtest", "--config", str(config), "--from", first, "--to", last, "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(line["day"], line["labels"]["day"], line["labels"]["endpoint_id"]) for line in lines] == [
+        ((spike + dt.timedelta(days=1)).isoformat(), spike.isoformat(), sim.endpoints[0].endpoint_id)
+    ]
+    assert "alerts.rules[1] (Tokens): skipped: `tokens` is not in the bills" in result.stderr
+    assert sim.secret_access_key not in result.stdout + result.stderr
+
+    for args, message in [
+        (["--from", "2026-13"], "'2026-13' is not a month (YYYY-MM)"),
+        (["--from", last, "--to", first], f"--from {last} is after --to {first}"),
+        (["--from", "2999-01", "--to", "2999-02"], "--from 2999-01 has not begun yet"),
+    ]:
+        refused = run("backtest", "--config", str(config), *args, env=env)
+        assert refused.returncode == 2
+        assert message in refused.stderr
+        assert refused.stdout == ""

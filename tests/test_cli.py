@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.sim import Fault, Simulator, SimulatorServer
+from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
@@ -232,6 +232,14 @@ def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
         series = scrape(url)
         assert sum(v for (name, _), v in series.items() if name == "inference_usage_requests_total") >= 20_000
         assert value(series, "inference_budget_amount", budget="monthly") == 15000
+
+        # yesterday one endpoint spent three times its usual: the demo's anomaly rule fires on it
+        def anomalies() -> list[dict[str, dict[str, str]]]:
+            alerts = requests.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+            return [a for a in alerts if a["labels"]["alertname"] == "SpendAnomaly" and a["state"] == "firing"]
+
+        fired = wait_for(anomalies, timeout=30)
+        assert [a["labels"]["endpoint_id"] for a in fired] == [DEFAULT_ENDPOINTS[1].endpoint_id]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=15) == 0
     finally:
