@@ -177,6 +177,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         f"from {result.start:%Y-%m-%d %H:%M} to {result.end:%Y-%m-%d %H:%M} ({config.billing.timezone}), "
         f"{output.stat().st_size / 1e6:,.1f} MB"
     )
+    print(f"load it with: promtool tsdb create-blocks-from openmetrics --max-block-duration=486h {output} DIR")
     return 0
 
 

@@ -1,0 +1,425 @@
+"""backfill: the bill series as a Prometheus scraping the exporter would have stored them.
+
+Checked sample by sample against the live exporter's own collectors (frozen clock), then end to
+end as a user runs it: the command as a process, the real promtool turning its file into blocks,
+the real Prometheus answering PromQL (and the dashboard's month panels) over the backfilled months
+with the simulator's figures to the cent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import requests
+
+from exporter.backfill import STEP, BackfillError, Month, _Calendar, backfill, fetch, months, render, target_labels
+from exporter.billing import BillingAPIError, BillingClient, BillRecord, SignatureRejected
+from exporter.bills import BillsSource
+from exporter.clock import Clock, FrozenClock, previous_period
+from exporter.collectors import BillsCollector, ExporterCollector
+from exporter.config import validate
+from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, SpendModel
+from exporter.snapshots import DailyAmount, Latest
+from tests.conftest import SHANGHAI, billing_section, require_binary
+from tests.helpers import free_port, serve_binary
+from tests.test_cli import run, write_config
+from tests.test_prometheus_e2e import panel_queries
+
+CENT = Decimal("0.01")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+ENDPOINT = "inference_bill_endpoint_daily_payable_amount"
+MONTH_TO_DATE = "inference_bill_month_to_date_payable_amount"
+TODAY = "inference_billing_today_info"
+JOB = ("job", "inference-cost-exporter")
+INSTANCE = ("instance", "exporter:9877")
+Key = tuple[str, frozenset[tuple[str, str]]]
+
+
+def key(series: str) -> Key:
+    name, _, labels = series.partition("{")
+    return name, frozenset(LABEL.findall(labels))
+
+
+def scan(path: Path, instants: set[int]) -> tuple[dict[int, dict[Key, str]], dict[str, tuple[int, int, int]]]:
+    """The value text of every series at each of `instants`, and each series' first and last
+    sample time and sample count. Fails where the file breaks what promtool and OpenMetrics need:
+    one family block per name, each series' samples together, in time order, `STEP` apart."""
+    at: dict[int, dict[Key, str]] = {t: {} for t in instants}
+    spans: dict[str, tuple[int, int, int]] = {}
+    families: list[str] = []
+    current, first, last, count = "", 0, 0, 0
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("# TYPE "):
+                families.append(line.split()[2])
+                continue
+            if line.startswith("#"):
+                continue
+            series, value, stamp = line.rsplit(" ", 2)
+            instant = int(stamp)
+            if series != current:
+                if current:
+                    spans[current] = (first, last, count)
+                assert series not in spans, f"{series}: its samples are not together"
+                assert series.partition("{")[0] == families[-1], f"{series} outside its family's block"
+                current, first, last, count = series, instant, instant, 1
+            else:
+                assert instant == last + STEP, f"{series}: {instant} after {last}"
+                last, count = instant, count + 1
+            if instant in at:
+                at[instant][key(series)] = value
+    spans[current] = (first, last, count)
+    assert len(families) == len(set(families)), families
+    return at, spans
+
+
+def live_series(client: BillingClient, clock: Clock, frozen: FrozenClock, instant: dt.datetime) -> dict[Key, float]:
+    """What the live exporter's bills and calendar collectors expose at `instant`."""
+    frozen.set(instant)
+    latest = Latest()
+    latest.bills = BillsSource(client, clock, 3).refresh()
+    families = [*BillsCollector(latest).collect(), *ExporterCollector(latest, clock).collect()]
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in families
+        if family.name.startswith(("inference_bill_", "inference_billing_"))
+        for s in family.samples
+    }
+
+
+def day_amount(sim: Simulator, day: dt.date, endpoint_id: str | None = None) -> Decimal:
+    """The simulator's payable amount of a day, for one endpoint or the account."""
+    period = f"{day:%Y-%m}"
+    endpoints = [e for e in sim.endpoints if endpoint_id in (None, e.endpoint_id)]
+    return sum((sim.charge(period, day, e, item)[0] for e in endpoints for item in ITEMS), Decimal(0))
+
+
+@pytest.fixture
+def output(tmp_path: Path) -> Iterator[Path]:
+    """Where a backfill goes; removed afterwards (hundreds of megabytes: not for pytest to keep)."""
+    path = tmp_path / "backfill.om"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_every_sample_is_what_the_live_exporter_showed_then(
+    sim: Simulator, server: SimulatorServer, frozen: FrozenClock, clock: Clock, output: Path
+) -> None:
+    sim.spend = SpendModel(start=dt.date(2026, 6, 1))
+    frozen.set(dt.datetime(2026, 11, 5, 10, 0, tzinfo=SHANGHAI))
+    config = validate({"billing": billing_section(sim, server, history_months=0)}, {})
+    at = lambda day: int(clock.day_start(day).timestamp())  # noqa: E731
+    with BillingClient.from_config(config.billing, clock) as client:
+        result = backfill(client, clock, months("2026-10", None, "2026-11"), output, grace_days=3, history=False)
+        assert result.written == ("2026-10", "2026-11")
+        assert not result.skipped
+        assert (result.start, result.end) == (
+            clock.day_start(dt.date(2026, 10, 1)),
+            clock.day_start(dt.date(2026, 11, 5)),
+        )
+        # The first day (the forecast averages September's last week, as in the grace days), a
+        # grace day of September, mid-month, the month's last day, a grace day of October, and
+        # yesterday (today, 5 November, is not complete: not written).
+        checked = [dt.date(2026, 10, d) for d in (1, 2, 16, 31)] + [dt.date(2026, 11, d) for d in (2, 4)]
+        day_ends = {day: at(day + dt.timedelta(days=1)) - STEP for day in checked}
+        samples, spans = scan(output, set(day_ends.values()))
+        for day in checked:
+            shown = live_series(client, clock, frozen, clock.day_start(day) + dt.timedelta(hours=23, minutes=55))
+            expected = {k: v for k, v in shown.items() if dict(k[1])["period"] in result.written}
+            assert {k: float(v) for k, v in samples[day_ends[day]].items()} == expected, day
+
+    assert sum(count for _, _, count in spans.values()) == result.samples
+    assert len(spans) == result.series
+    assert max(last for _, last, _ in spans.values()) == at(dt.date(2026, 11, 5)) - STEP
+    assert not [s for s in spans if 'day="2026-11-05"' in s]
+    # A day's series from its start for as long as the exporter shows its month: to 3 November
+    # (the grace days) for October's, to the end of what is written for November's.
+    alpha = 'endpoint_id="ep-20261101-alpha",product="PRODUCT_INFERENCE_ENDPOINT",project_id="proj-main"}'
+    october = spans[f'inference_bill_endpoint_daily_payable_amount{{period="2026-10",day="2026-10-16",{alpha}']
+    assert october[:2] == (at(dt.date(2026, 10, 16)), at(dt.date(2026, 11, 4)) - STEP)
+    november = spans[f'inference_bill_endpoint_daily_payable_amount{{period="2026-11",day="2026-11-03",{alpha}']
+    assert november[:2] == (at(dt.date(2026, 11, 3)), at(dt.date(2026, 11, 5)) - STEP)
+    info = spans['inference_billing_today_info{day="2026-10-16",period="2026-10"}']
+    assert info == (at(dt.date(2026, 10, 16)), at(dt.date(2026, 10, 17)) - STEP, 288)
+    # Exact decimals: the month's total and a day's amount as the simulator sums them.
+    last_day = samples[day_ends[dt.date(2026, 10, 31)]]
+    assert last_day[key('inference_bill_month_to_date_payable_amount{period="2026-10"}')] == str(
+        sim.bill_totals("2026-10")["total"]
+    )
+    day_16 = samples[day_ends[dt.date(2026, 10, 16)]]
+    series = f'inference_bill_endpoint_daily_payable_amount{{period="2026-10",day="2026-10-16",{alpha}'
+    assert Decimal(day_16[key(series)]) == day_amount(sim, dt.date(2026, 10, 16), "ep-20261101-alpha")
+
+
+def test_amounts_are_written_as_exact_decimals_and_labels_escaped(clock: Clock) -> None:
+    day = dt.date(2026, 10, 5)
+    amounts = [Decimal("0.1"), Decimal("0.2"), Decimal("1E+2"), Decimal("12.30"), Decimal("0.00000001")]
+    odd = DailyAmount("2026-10", day, 'ep"odd\\one\nout', "P", "", Decimal("0.1") + Decimal("0.2"), Decimal(0))
+    items = tuple(DailyAmount("2026-10", day, f"ITEM_{n}", "P", "", a, a * 3) for n, a in enumerate(amounts))
+    month = Month("2026-10", by_endpoint=(odd,), by_item=items)
+    calendar = _Calendar(clock, 3)
+    start = int(clock.day_start(day).timestamp())
+    out = io.StringIO()
+    render(out, {"2026-10": month}, calendar, (start, start + 2 * STEP), history=False, target=(JOB,))
+    lines = out.getvalue().splitlines()
+    assert (
+        f'inference_bill_endpoint_daily_payable_amount{{period="2026-10",day="2026-10-05",'
+        f'endpoint_id="ep\\"odd\\\\one\\nout",product="P",project_id="",job="inference-cost-exporter"}} 0.3 {start}'
+    ) in lines
+    values = [line.rsplit(" ", 2)[1] for line in lines if line.startswith("inference_bill_item_daily_payable_amount")]
+    assert values == [v for v in ("0.1", "0.2", "100", "12.30", "0.00000001") for _ in range(2)]
+    to_date = 'inference_bill_month_to_date_payable_amount{period="2026-10",job="inference-cost-exporter"}'
+    assert f"{to_date} 112.60000001 {start}" in lines
+    assert lines[-1] == "# EOF"
+
+
+class Answers:
+    """A billing client whose answers per month are given: records, or an error to raise."""
+
+    def __init__(self, answers: dict[str, list[BillRecord] | Exception]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def bills(self, period: str, group_term: str) -> list[BillRecord]:
+        self.asked.append(period)
+        answer = self.answers[period]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_month_refused_or_empty_is_left_out_never_zeros(clock: Clock, tmp_path: Path) -> None:
+    record = BillRecord("2026-09", dt.date(2026, 9, 3), "ep-1", "", "P", "", Decimal("5.5"), Decimal(1))
+    refused = BillingAPIError("bills 2026-08: code 100500", status=200, code=100500, message="internal")
+    client = Answers({"2026-07": [], "2026-08": refused, "2026-09": [record]})
+    found, skipped = fetch(client, ["2026-07", "2026-08", "2026-09"])  # type: ignore[arg-type]
+    assert list(found) == ["2026-09"]
+    assert skipped == [("2026-07", "the API listed no bills for it"), ("2026-08", "the API refused it")]
+
+    output = tmp_path / "backfill.om"
+    output.write_text("an earlier backfill\n")
+    nothing = Answers({"2026-07": [], "2026-08": refused})
+    with pytest.raises(BackfillError, match="nothing written"):
+        backfill(nothing, clock, ["2026-07", "2026-08"], output, grace_days=3, history=True)  # type: ignore[arg-type]
+    assert output.read_text() == "an earlier backfill\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["backfill.om"]
+
+    signature = SignatureRejected("signature rejected (HTTP 401)", status=401, code=None, message="")
+    with pytest.raises(BackfillError, match="signature rejected"):
+        backfill(Answers({"2026-07": signature}), clock, ["2026-07", "2026-08"], output, grace_days=3, history=True)  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "error"),
+    [
+        ("2026-13", None, "argument --from: '2026-13' is not a month (YYYY-MM)"),
+        ("2026-9", None, "argument --from: '2026-9' is not a month (YYYY-MM)"),
+        ("2026-09", "26-10", "argument --to: '26-10' is not a month (YYYY-MM)"),
+        ("2026-10", "2026-09", "argument --from: 2026-10 is after --to 2026-09"),
+        ("2026-12", None, "argument --from: 2026-12 is in the future (this month is 2026-11)"),
+        ("2026-10", "2027-01", "argument --to: 2027-01 is in the future (this month is 2026-11)"),
+        ("2024-01", "2026-10", "34 months from 2024-01 to 2026-10: at most 24 at once"),
+    ],
+)
+def test_bad_months_are_refused_with_the_reason(first: str, last: str | None, error: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(error)}$"):
+        months(first, last, "2026-11")
+
+
+def test_months_run_from_the_first_to_the_last_across_a_year() -> None:
+    assert months("2025-11", "2026-02", "2026-11") == ["2025-11", "2025-12", "2026-01", "2026-02"]
+    assert months("2026-11", None, "2026-11") == ["2026-11"]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "error"),
+    [
+        (["job"], "argument --label: 'job' is not NAME=VALUE (a Prometheus label name, a value)"),
+        (["job="], "argument --label: 'job=' is not NAME=VALUE (a Prometheus label name, a value)"),
+        (["1job=x"], "argument --label: '1job=x' is not NAME=VALUE (a Prometheus label name, a value)"),
+        (["__name__=x"], "argument --label: '__name__=x' is not NAME=VALUE (a Prometheus label name, a value)"),
+        (["day=x"], "argument --label: day is a label of the bill series themselves"),
+        (["job=a", "job=b"], "argument --label: job is given twice"),
+    ],
+)
+def test_bad_labels_are_refused_with_the_reason(pairs: list[str], error: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(error)}$"):
+        target_labels(pairs)
+    assert target_labels(["job=a", "instance=h:1"]) == (("job", "a"), ("instance", "h:1"))
+
+
+# --- the command, as a process ----------------------------------------------------------------
+
+
+def billing_months(count: int) -> list[str]:
+    """The `count` months before this one (the billing zone's, on the real clock), oldest first."""
+    periods = [Clock(SHANGHAI).period()]
+    for _ in range(count):
+        periods.insert(0, previous_period(periods[0]))
+    return periods[:-1]
+
+
+@pytest.fixture
+def spending() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    """A simulator on the real clock (the command signs with it) billing five months of history."""
+    sim = Simulator(spend=SpendModel(start=dt.date.today() - dt.timedelta(days=160)))
+    server = sim.serve()
+    yield sim, server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--from", "2026-13"],
+        ["--from", "2026-10", "--to", "2026-09"],
+        ["--from", "2999-01"],
+        ["--from", "2026-10", "--label", "job"],
+        ["--from", "2026-10", "--output", "/nonexistent-directory/backfill.om"],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer], args: list[str]
+) -> None:
+    sim, server = spending
+    config = write_config(tmp_path, sim, server)
+    result = run("backfill", "--config", str(config), "--output", str(tmp_path / "out.om"), *args,
+                 env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("inference-cost-exporter backfill: ")
+    assert not (tmp_path / "out.om").exists()
+
+
+def test_refused_credentials_write_nothing_and_name_no_secret(
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = spending
+    (tmp_path / "out.om").write_text("kept\n")
+    wrong = "wrong-" + sim.secret_access_key[::-1]
+    month = billing_months(1)[0]
+    result = run("backfill", "--config", str(write_config(tmp_path, sim, server, log_level="debug")), "--from", month,
+                 "--to", month, "--output", str(tmp_path / "out.om"), env={"TEST_BILLING_SECRET": wrong})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "signature" in result.stderr.splitlines()[-1]
+    assert wrong not in result.stderr + result.stdout
+    assert (tmp_path / "out.om").read_text() == "kept\n"
+
+
+def query(url: str, expr: str, at: float) -> list[dict]:
+    body = requests.get(f"{url}/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}, timeout=10).json()
+    assert body["status"] == "success", f"{expr}: {body.get('error')}"
+    return body["data"]["result"]
+
+
+def test_prometheus_answers_over_the_backfilled_months_with_the_simulators_figures(
+    tmp_path: Path, output: Path, spending: tuple[Simulator, SimulatorServer]
+) -> None:
+    promtool, prometheus = require_binary("promtool"), require_binary("prometheus")
+    sim, server = spending
+    refused, *written = billing_months(4)
+    sim.inject(Fault("code", "/api/v1/bills", times=1))  # the first request: the first month's
+    config = write_config(tmp_path, sim, server)
+    result = run("backfill", "--config", str(config), "--from", refused, "--to", written[-1], "--output", str(output),
+                 "--label", "=".join(JOB), "--label", "=".join(INSTANCE),
+                 env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"inference-cost-exporter backfill: {refused} skipped: the API refused it" in result.stderr
+    assert "note:" not in result.stderr
+    assert sim.secret_access_key not in result.stderr + result.stdout
+    assert result.stdout.startswith(f"wrote {output}: {', '.join(written)}: ")
+    assert subprocess.run(["grep", "-qF", sim.secret_access_key, str(output)]).returncode == 1
+
+    # promtool's lint over one instant of the file (every series alive then, their HELP and TYPE),
+    # and its OpenMetrics parser over all of it, into blocks as the README says.
+    mid = Clock(SHANGHAI).day_start(dt.date.fromisoformat(f"{written[1]}-15")) + dt.timedelta(hours=12)
+    instant = ["grep", "-E", f"^#| {int(mid.timestamp())}$", str(output)]
+    excerpt = subprocess.run(instant, capture_output=True, check=True).stdout
+    assert excerpt.count(b"\n") > 100
+    lint = subprocess.run([promtool, "check", "metrics"], input=excerpt, capture_output=True, timeout=60)
+    assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+    blocks = tmp_path / "data"
+    load = ["tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=486h", str(output), str(blocks)]
+    created = subprocess.run([promtool, *load], capture_output=True, text=True, timeout=300)
+    assert created.returncode == 0, created.stderr
+    output.unlink()
+
+    (tmp_path / "prometheus.yml").write_text("scrape_configs: []\n")
+    port = free_port()
+    command = [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={blocks}",
+               "--storage.tsdb.retention.time=10y", f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    with contextmanager(serve_binary)(command, port) as url:
+        for period in written:
+            check_month(url, sim, period)
+        check_edges(url, sim, refused, written[-1])
+
+
+def check_month(url: str, sim: Simulator, period: str) -> None:
+    """PromQL over one backfilled month gives the simulator's figures, and so do the dashboard's
+    panels that pick this month or today (`and on(period|day) inference_billing_today_info`)."""
+    at = lambda day: Clock(SHANGHAI).day_start(day).timestamp()  # noqa: E731
+    first = dt.date.fromisoformat(f"{period}-01")
+    following = (first + dt.timedelta(days=31)).replace(day=1)
+    truth = sim.bill_totals(period)
+    target = f'job="{JOB[1]}",instance="{INSTANCE[1]}"'
+    month_end = at(following) - 1  # the month's last second: every day of it is shown
+
+    by_endpoint = query(url, f'sum by (endpoint_id) ({ENDPOINT}{{period="{period}"}})', month_end)
+    assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]).quantize(CENT) for r in by_endpoint} == {
+        e.endpoint_id: truth[e.endpoint_id] for e in sim.endpoints
+    }
+    by_item = query(url, f'sum by (item) (inference_bill_item_daily_payable_amount{{period="{period}"}})', month_end)
+    assert {r["metric"]["item"]: Decimal(r["value"][1]).quantize(CENT) for r in by_item} == {i: truth[i] for i in ITEMS}
+    to_date = query(url, f'{MONTH_TO_DATE}{{period="{period}",{target}}}', month_end)
+    assert [Decimal(r["value"][1]) for r in to_date] == [truth["total"]]
+
+    day = first + dt.timedelta(days=9)  # one day's value at its end; no series before it began
+    amounts = query(url, f'{ENDPOINT}{{day="{day}",{target}}}', at(day + dt.timedelta(days=1)) - 1)
+    assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]) for r in amounts} == {
+        e.endpoint_id: day_amount(sim, day, e.endpoint_id) for e in sim.endpoints
+    }
+    assert query(url, f'{ENDPOINT}{{day="{day}"}}', at(day) - 60) == []
+
+    day = first + dt.timedelta(days=19)
+    instant = at(day) + 12 * 3600 + 599  # 4:59 after a sample: found only with samples 5 minutes apart
+    panels = [(title, expr) for title, expr in panel_queries() if "inference_billing_today_info" in expr]
+    assert len(panels) >= 4
+    for title, expr in panels:
+        answer = query(url, expr, instant)
+        assert answer, f"{title}: {expr} on {day}"
+        assert {r["metric"].get("period", period) for r in answer} == {period}, title
+        assert all(first <= dt.date.fromisoformat(r["metric"].get("day", str(day))) <= day for r in answer), title
+    month_to_date = query(url, f"{MONTH_TO_DATE} and on(period) {TODAY}", instant)
+    expected = sum((day_amount(sim, first + dt.timedelta(days=n)) for n in range(20)), Decimal(0))
+    assert [Decimal(r["value"][1]) for r in month_to_date] == [expected]
+    bars = query(url, f"sum by (day, endpoint_id) ({ENDPOINT} and on(period) {TODAY})", instant)
+    assert len(bars) == 20 * len(sim.endpoints)
+    today = query(url, f"sum by (endpoint_id) ({ENDPOINT} and on(day) {TODAY})", instant)
+    assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]) for r in today} == {
+        e.endpoint_id: day_amount(sim, day, e.endpoint_id) for e in sim.endpoints
+    }
+
+
+def check_edges(url: str, sim: Simulator, refused: str, last: str) -> None:
+    """The refused month is absent (never zeros); the last month stays through the next one's
+    grace days (3), then goes."""
+    clock = Clock(SHANGHAI)
+    at = lambda day: clock.day_start(day).timestamp()  # noqa: E731
+    first = dt.date.fromisoformat(f"{refused}-01")
+    assert query(url, f'{{__name__=~"inference_bill_.+",period="{refused}"}}', at(first) + 20 * 86400) == []
+    start = dt.date.fromisoformat(f"{last}-01")
+    following = (start + dt.timedelta(days=31)).replace(day=1)
+    second_day = at(following) + 86400 + 43200
+    shown = query(url, f'count({ENDPOINT}{{period="{last}"}})', second_day)
+    if second_day < min(at(following + dt.timedelta(days=3)), at(clock.today()), time.time() - 3 * 3600):
+        assert [int(r["value"][1]) for r in shown] == [(following - start).days * len(sim.endpoints)]
+    assert query(url, f'{ENDPOINT}{{period="{last}"}}', at(following + dt.timedelta(days=3)) + 43200) == []
