@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.alerts.engine import Alert, Engine
+from exporter.alerts.engine import Alert, Engine, rule_ids
 from exporter.billing import BillingClient
 from exporter.bills import forecast, per_day
 from exporter.clock import Clock, FrozenClock, days_in_period, previous_period
 from exporter.history import fetch_month, past_periods
 from exporter.logs import get_logger
-from exporter.schema import AlertsConfig, Config, ThresholdRule
+from exporter.schema import AlertsConfig, AnomalyRule, Config, ThresholdRule
 from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory
 from exporter.state import AlertStore, StateStore
 
@@ -89,12 +89,18 @@ def _upto(month: MonthHistory, day: dt.date) -> MonthHistory:
     )
 
 
-def _bills(months: dict[str, MonthHistory], day: dt.date, period: str, grace_days: int) -> BillsSnapshot:
-    """What the bills source would have held at the end of `day`."""
-    current = _upto(months[period], day) if period in months else MonthHistory(period, (), (), day)
+def _bills(
+    months: dict[str, MonthHistory], day: dt.date, upto: dt.date, grace_days: int, history: bool
+) -> BillsSnapshot:
+    """What the bills source would have held on `day` with the days up to `upto` billed: the
+    previous month during the grace days, its days in the forecast's trailing week only where the
+    daemon would have held them (then, or from its history)."""
+    period = f"{day:%Y-%m}"
+    current = _upto(months[period], upto) if period in months else MonthHistory(period, (), (), day)
     previous = previous_period(period)
-    shown = [current] + ([months[previous]] if day.day <= grace_days and previous in months else [])
-    before = per_day(months[previous].by_item) if previous in months else None
+    in_grace = day.day <= grace_days
+    shown = [current] + ([months[previous]] if in_grace and previous in months else [])
+    before = per_day(months[previous].by_item) if previous in months and (in_grace or history) else None
     snapshot = []
     for index, month in enumerate(shown):
         month_end, today_end = forecast(month.period, day, per_day(month.by_item), before if index == 0 else None)
@@ -111,48 +117,62 @@ def _bills(months: dict[str, MonthHistory], day: dt.date, period: str, grace_day
     return BillsSnapshot(tuple(snapshot), day)
 
 
-def days(first: str, last: str, until: dt.date) -> Iterator[dt.date]:
-    """Every day of the months `first` … `last`, up to `until`."""
+def days(first: str, last: str) -> tuple[dt.date, dt.date]:
+    """The first and last day of the months `first` … `last`."""
     year, month = (int(part) for part in first.split("-"))
-    day = dt.date(year, month, 1)
     end_year, end_month = (int(part) for part in last.split("-"))
-    end = dt.date(end_year, end_month, days_in_period(last))
-    while day <= min(end, until):
-        yield day
-        day += dt.timedelta(days=1)
+    return dt.date(year, month, 1), dt.date(end_year, end_month, days_in_period(last))
 
 
-def replay(config: Config, months: dict[str, MonthHistory], first: str, last: str, until: dt.date) -> list[Fired]:
-    """Each alert that would have fired over `first` … `last` (not after `until`), when it would have."""
+def replay(config: Config, months: dict[str, MonthHistory], first: str, last: str, today: dt.date) -> list[Fired]:
+    """Each alert that would have fired over the complete days of `first` … `last` (before
+    `today`), on the day it would have fired; a day's spend anomaly fires the day after it, the
+    one after the range included.
+
+    Each day is evaluated as it began (its own bills not in yet: the daemon's `today` windows
+    start from nothing, so an alert on them fires anew each day) and as it ended (its final
+    bills), twice then, the longest `for` apart, so a rule with a `for` fires on the day its
+    condition held all evening.
+    """
     alerts, _ = replayable(config.alerts)
     frozen = FrozenClock(dt.datetime.combine(dt.date(2000, 1, 1), dt.time(), config.billing.zone))
     clock = Clock(config.billing.zone, frozen)
     latest = Latest()
     store = StateStore(":memory:")
-    engine = Engine(alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"])
-    hold = max(
-        (r.for_ for r in alerts.rules if isinstance(r, ThresholdRule)), default=0.0
-    )  # the longest `for`: a day's condition is taken to hold at least that long before its end
+    history = config.billing.history_months > 0
+    engine = Engine(alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"], history=history)
+    anomaly_rules = {rid for rule, rid in zip(alerts.rules, rule_ids(alerts.rules), strict=True)
+                     if isinstance(rule, AnomalyRule)}  # fmt: skip
+    hold = max((r.for_ for r in alerts.rules if isinstance(r, ThresholdRule)), default=0.0)
+    start, end = days(first, last)
+    end = min(end, today - dt.timedelta(days=1))
     fired: list[Fired] = []
     firing: set[str] = set()
+    day = start
     try:
-        for day in days(first, last, until):
+        while day <= min(end + dt.timedelta(days=1), today):
             period = f"{day:%Y-%m}"
             held = past_periods(period, config.billing.history_months)
-            latest.history = HistorySnapshot(
-                MappingProxyType({p: months[p] for p in held if p in months}),
-                _upto(months[period], day) if period in months else None,
-            )
-            latest.bills = _bills(months, day, period, config.billing.previous_month_grace_days)
-            end = dt.datetime.combine(day, dt.time(23, 59, 59), config.billing.zone)
-            for instant in (end - dt.timedelta(seconds=hold), end) if hold else (end,):
+            evening = [] if day > end else [24 * 3600 - 1 - hold, 24 * 3600 - 1] if hold else [24 * 3600 - 1]
+            for upto, seconds in [(day - dt.timedelta(days=1), 30.0)] + [(day, s) for s in evening]:
+                latest.history = HistorySnapshot(
+                    MappingProxyType({p: months[p] for p in held if p in months}),
+                    _upto(months[period], upto) if period in months else None,
+                    as_of=day,
+                )
+                latest.bills = _bills(months, day, upto, config.billing.previous_month_grace_days, history)
+                instant = dt.datetime.combine(day, dt.time(), config.billing.zone) + dt.timedelta(seconds=seconds)
                 frozen.set(instant)
                 latest.record("bills", success=True, at=instant.timestamp(), duration=0.0)
                 engine.evaluate()
-            now = {a.key: a for a in engine.current() if a.state == "firing"}
-            new = sorted(now.keys() - firing, key=lambda key: (now[key].labels["alertname"], key))
-            fired += [Fired(day, now[key]) for key in new]
-            firing = set(now)
+                now = {a.key: a for a in engine.current() if a.state == "firing"}
+                for key in sorted(now.keys() - firing, key=lambda key: (now[key].labels["alertname"], key)):
+                    alert = now[key]
+                    about = dt.date.fromisoformat(alert.labels["day"]) if alert.rule in anomaly_rules else day
+                    if start <= about <= end:
+                        fired.append(Fired(day, alert))
+                firing = set(now)
+            day += dt.timedelta(days=1)
     finally:
         store.close()
     return fired
@@ -173,7 +193,7 @@ def backtest(config: Config, first: str, last: str, clock: Clock) -> tuple[list[
         months = fetch(client, [p for p in periods if p <= clock.period(today)], today)
     _, notes = replayable(config.alerts)
     notes += [f"{p}: no bills" for p in month_range(first, last) if p not in months and p <= clock.period(today)]
-    return replay(config, months, first, last, today - dt.timedelta(days=1)), notes
+    return replay(config, months, first, last, today), notes
 
 
 def month_range(first: str, last: str) -> list[str]:

@@ -49,8 +49,9 @@ class _SkippedRunNotice(logging.Filter):
 
 
 SKIPPED_RUN_NOTICE = _SkippedRunNotice()
-HISTORY_CHECK = 3600.0
-"""Seconds between looks at the history: each past month is fetched again once per billing day."""
+HISTORY_CHECK = 600.0
+"""Seconds between looks at the history (each month is fetched once per billing day): at most
+this long after midnight, the day that ended is judged for anomalies."""
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -123,6 +124,7 @@ class Sources:
             latest,
             sources=lambda: list(self.refreshers),
             notifiers=[n.name for n in config.alerts.notifiers if not isinstance(n, AlertmanagerNotifier)],
+            history=config.billing.history_months > 0,
         )
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
@@ -148,6 +150,8 @@ class Sources:
         if config.billing.history_months:
             self.refreshers["history"] = self._history
             self.intervals["history"] = HISTORY_CHECK
+        else:
+            latest.history = None  # (a reload that turns it off: nothing stale is judged on)
         for probe in config.probes:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from collections.abc import Iterable
 from decimal import Decimal
 from types import MappingProxyType
@@ -24,9 +25,12 @@ from exporter.bills import daily_amounts
 from exporter.clock import Clock, previous_period
 from exporter.logs import get_logger
 from exporter.snapshots import DailyAmount, HistorySnapshot, MonthHistory
-from exporter.state import StateStore
+from exporter.state import StateError, StateStore
 
 log = get_logger(__name__)
+
+RETRY_AFTER = 3600.0
+"""Seconds before a month the API refused is asked for again."""
 
 
 def past_periods(current: str, count: int) -> list[str]:
@@ -72,6 +76,12 @@ class HistorySource:
         self.clock = clock
         self.state = state
         self.months = months
+        self._empty: dict[str, dt.date] = {}
+        """Months the API listed nothing for, and the day it said so (not asked again that day)."""
+        self._retry_at: dict[str, float] = {}
+        """Months the API refused, and when (monotonic) to try again."""
+        self._unsaved: dict[str, MonthHistory] = {}
+        """Months fetched that the state file refused to keep."""
 
     def _stored(self) -> dict[str, MonthHistory]:
         held = {}
@@ -90,13 +100,20 @@ class HistorySource:
 
     def refresh(self) -> HistorySnapshot:
         """Fetch the months not fetched today yet, and the current month once a day. A month
-        refused on its own is skipped; when every month tried fails, the refresh fails (with
-        what the state file holds kept)."""
+        refused on its own is skipped (and tried again an hour later), one listing nothing is not
+        asked for again that day; when every month tried fails, the refresh fails (with what the
+        state file holds kept)."""
         today = self.clock.today()
         current = self.clock.period(today)
         periods = past_periods(current, self.months)
-        held = self._stored()
-        due = [period for period in [*periods, current] if period not in held or held[period].fetched != today]
+        held = {**self._stored(), **self._unsaved}
+        due = [
+            period
+            for period in [*periods, current]
+            if (period not in held or held[period].fetched != today)
+            and self._empty.get(period) != today
+            and self._retry_at.get(period, 0.0) <= time.monotonic()
+        ]
         failures: list[BillingError] = []
         for period in due:
             kept = "the copy fetched before" if period in held else "nothing"
@@ -106,24 +123,32 @@ class HistorySource:
                 raise
             except BillingError as error:
                 failures.append(error)
+                self._retry_at[period] = time.monotonic() + RETRY_AFTER
                 log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
                 continue
             if month is None:
+                self._empty[period] = today
                 if period != current:
                     log.warning("history month skipped: the API listed no bills for it", period=period, kept=kept)
                 continue
-            split = json.dumps(
-                {endpoint: json.loads(_encode(rows)) for endpoint, rows in month.items_by_endpoint.items()}
-            )
-            self.state.save_history(
-                period,
-                _encode(month.by_endpoint),
-                _encode(month.by_item),
-                split,
-                today.isoformat(),
-                keep_from=(periods or [current])[0],
-            )
+            self._save(month, today, keep_from=(periods or [current])[0])
             held[period] = month
         if due and len(failures) == len(due):
             raise failures[0]
-        return HistorySnapshot(MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current))
+        return HistorySnapshot(
+            MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
+        )
+
+    def _save(self, month: MonthHistory, today: dt.date, keep_from: str) -> None:
+        """Into the state file; if it refuses the write, the month is kept here (and used) anyway."""
+        split = json.dumps({e: json.loads(_encode(rows)) for e, rows in month.items_by_endpoint.items()})
+        try:
+            self.state.save_history(
+                month.period, _encode(month.by_endpoint), _encode(month.by_item), split, today.isoformat(),
+                keep_from=keep_from,
+            )  # fmt: skip
+        except StateError as error:
+            self._unsaved[month.period] = month
+            log.warning("history month not saved; kept in memory", period=month.period, error=str(error)[:200])
+        else:
+            self._unsaved.pop(month.period, None)

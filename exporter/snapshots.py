@@ -69,6 +69,8 @@ class HistorySnapshot:
     """By period, oldest first; a month that could never be fetched is absent (never zeros)."""
     current: MonthHistory | None = None
     """The current month as fetched once today, for its endpoints' charges by item."""
+    as_of: dt.date | None = None
+    """The billing day of the refresh that made it."""
 
     def item_days(self, period: str) -> dict[dt.date, Decimal] | None:
         """The account's payable amount per day of `period`, or None when it is not held."""

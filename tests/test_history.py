@@ -118,3 +118,41 @@ def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
     assert (with_history.forecast, with_history.today_forecast) == forecast("2026-11", clock.today(), days, october)
     # without it, the two complete days of November stand for the week: a weekend-heavy guess
     assert alone.forecast == forecast("2026-11", clock.today(), days, None)[0] != with_history.forecast
+
+
+def test_a_month_listing_nothing_is_asked_once_a_day_and_a_refused_one_an_hour_later(
+    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter import history as module
+
+    sim.spend = SpendModel(start=dt.date(2026, 10, 1))  # August and September list nothing
+    source = HistorySource(client, clock, store, months=3)
+    source.refresh()
+    before = served(sim)
+    source.refresh()
+    assert served(sim) == before  # the empty months are not asked again today
+
+    sim.inject(Fault("status", BILLS, status=403))
+    source._empty.clear()  # (as on the next day)
+    source.refresh()  # August refused
+    asked = served(sim)
+    source.refresh()
+    assert served(sim) == asked  # not again within the hour...
+    monkeypatch.setattr(module, "RETRY_AFTER", 0.0)
+    source._retry_at.clear()
+    source.refresh()
+    assert served(sim) > asked  # ...but after it
+
+
+def test_a_state_file_that_refuses_the_history_still_has_it_used(
+    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.state import StateError
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise StateError(store.path, "attempt to write a readonly database")
+
+    monkeypatch.setattr(store, "save_history", refuse)
+    history = HistorySource(client, clock, store, months=2).refresh()
+    assert list(history.months) == ["2026-09", "2026-10"]
+    assert history.as_of == clock.today()

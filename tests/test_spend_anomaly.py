@@ -169,3 +169,44 @@ def test_a_bad_anomaly_rule_is_a_config_error_at_its_place(change: dict, message
     with pytest.raises(ConfigError) as raised:
         validate(document, {})
     assert any(message in problem for problem in raised.value.details), raised.value.details
+
+
+def test_two_rules_on_the_same_groups_with_other_floors_each_keep_their_own_alert(
+    spiked: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    """A warning and a critical rule with one alert name: neither resolves the other's alert."""
+    critical = RULE | {"min_amount": "100", "labels": {"severity": "critical"}}
+    daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, RULE, critical))
+    try:
+        refresh_all(daemon)
+        for _ in range(4):
+            frozen.advance(dt.timedelta(minutes=1))
+            settle(daemon)
+        assert statuses(receiver) == ["firing", "firing"]
+        severities = sorted(a["labels"]["severity"] for body in receiver.bodies() for a in body["alerts"])
+        assert severities == ["critical", "warning"]
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_restart_mid_day_waits_for_the_history_rather_than_resolve_and_fire_again(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 10, 12, 0, tzinfo=SHANGHAI))  # this month alone: nine days, too few
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    sim.add_spike(dt.date(2026, 11, 9), sim.endpoints[1].endpoint_id, 2.5)
+    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))
+    try:
+        refresh_all(daemon)
+    finally:
+        daemon.stop(grace=5)
+    assert statuses(receiver) == ["firing"]
+    again = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))  # same state file
+    try:
+        assert refreshed(again, "bills")  # bills first: this month alone is under two weeks of history
+        assert refreshed(again, "history")
+        settle(again)
+        assert statuses(receiver) == ["firing"]  # neither resolved in between nor fired a second time
+        assert named(scrape(again.server.url), "inference_alerts")
+    finally:
+        again.stop(grace=5)

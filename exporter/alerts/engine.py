@@ -92,6 +92,19 @@ def rule_id(rule: RuleConfig) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
+def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
+    """Each rule's id; a rule that watches the same as one before it (the same alert name and
+    signal, another threshold or severity) gets `-2`, `-3`, … after it, so the two never take each
+    other's alerts."""
+    seen: dict[str, int] = {}
+    ids = []
+    for rule in rules:
+        base = rule_id(rule)
+        seen[base] = seen.get(base, 0) + 1
+        ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
+    return ids
+
+
 def fmt(value: Decimal, signal: str | None = None) -> str:
     """A figure for people: 2 decimals from 1 up, 4 below, no exponent; counts as whole numbers."""
     if signal is not None and signals.SIGNALS[signal].counts:
@@ -117,6 +130,8 @@ class Engine:
     notifiers: Sequence[str] = ()
     """Names of the notifiers that get one notification per state change (not Alertmanager)."""
     alerts: dict[str, Alert] = field(default_factory=dict)
+    history: bool = False
+    """History is configured: anomaly rules wait for the day's history before they judge."""
     judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding]]] = field(default_factory=dict)
     """Per anomaly rule: the day last judged and each group's judgement (for the metrics)."""
 
@@ -154,33 +169,31 @@ class Engine:
         with self.db.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
-            rule_ids = set()
-            for rule in self.config.rules:
-                rule_ids.add(rule_id(rule))
+            ids = rule_ids(self.config.rules)
+            for rule, rid in zip(self.config.rules, ids, strict=True):
                 if isinstance(rule, BudgetRule):
-                    self._budget(db, rule, now)
+                    self._budget(db, rule, rid, now)
                 elif isinstance(rule, AnomalyRule):
-                    self._anomaly(db, rule, now)
+                    self._anomaly(db, rule, rid, now)
                 else:
-                    self._signal(db, rule, now)
+                    self._signal(db, rule, rid, now)
             for key, alert in list(self.alerts.items()):
-                gone = alert.rule not in rule_ids  # its rule was removed by a reload
+                gone = alert.rule not in ids  # its rule was removed by a reload
                 expired = alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
                 if gone and alert.state != "resolved":
                     self._resolve(db, alert, now)
                 elif expired or gone:
                     del self.alerts[key]
                     self.db.delete_state(db, key)
-            once = {rule_id(rule) for rule in self.config.rules if isinstance(rule, AnomalyRule)}
+            once = {rid for rule, rid in zip(self.config.rules, ids, strict=True) if isinstance(rule, AnomalyRule)}
             self._repeat(db, now, skip=once)
             self._enqueue(db, now)
         return self._transitions - before
 
-    def _signal(self, db: sqlite3.Connection, rule: ThresholdRule, now: float) -> None:
+    def _signal(self, db: sqlite3.Connection, rule: ThresholdRule, rid: str, now: float) -> None:
         values = signals.evaluate(rule, self.latest, self.clock, self.sources())
         if values is None:
             return  # no trustworthy data: every alert of this rule keeps its state
-        rid = rule_id(rule)
         active: set[str] = set()
         for group, value in values.items():
             if not rules.COMPARE[rule.op](value, rule.threshold):
@@ -202,14 +215,16 @@ class Engine:
             elif now - alert.last_true >= rule.keep_firing_for:
                 self._resolve(db, alert, now)
 
-    def _anomaly(self, db: sqlite3.Connection, rule: AnomalyRule, now: float) -> None:
+    def _anomaly(self, db: sqlite3.Connection, rule: AnomalyRule, rid: str, now: float) -> None:
         """One alert per anomalous group and day (`day` is a label): a revised bill updates it
         without notifying again; when the next day is judged, or a revision makes the day usual,
         it resolves."""
+        history = self.latest.history
+        if self.history and (history is None or history.as_of != self.clock.today()):
+            return  # the baseline (and the items behind an endpoint) come with today's history: not yet
         findings = anomalies.find(rule, self.latest, self.clock)
         if findings is None:
             return  # no trustworthy bills now: the rule's alerts keep their state
-        rid = rule_id(rule)
         day = anomalies.judged_day(self.clock).isoformat()
         self.judged = {**self.judged, rid: (rule, day, findings)}  # replaced whole: scrapes read it unlocked
         active: set[str] = set()
@@ -239,8 +254,12 @@ class Engine:
             key = fingerprint(labels | {"__rule__": rid})
             active.add(key)
             self._active(db, rid, key, labels, annotations, fields["value"], 0.0, now)
+        judged_groups = {finding.group for finding in findings}
         for alert in list(self.alerts.values()):
-            if alert.rule == rid and alert.key not in active and alert.state == "firing":
+            if alert.rule != rid or alert.key in active or alert.state != "firing":
+                continue
+            alert_group: signals.Labels = tuple(sorted((name, alert.labels.get(name, "")) for name in rule.by))
+            if alert.labels.get("day") != day or alert_group in judged_groups:  # a new day, or judged usual now
                 self._resolve(db, alert, now)
 
     def _active(
@@ -275,13 +294,12 @@ class Engine:
         if not inhibited:
             self._notify(db, resolved, "resolved", now)
 
-    def _budget(self, db: sqlite3.Connection, rule: BudgetRule, now: float) -> None:
+    def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
         measured = rules.budget_ratio(budget, self.latest, self.clock)
         if measured is None:
             return
         period, ratio = measured
-        rid = rule_id(rule)
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing" and alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
