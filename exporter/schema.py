@@ -387,6 +387,23 @@ class ServerConfig(Strict):
     """How receivers reach this exporter (links in notifications); the listen address by default."""
 
 
+RECONCILED_COUNTS = Literal["prompt", "prompt_uncached", "cached_prompt", "completion"]
+DEFAULT_RECONCILED_ITEMS: dict[str, RECONCILED_COUNTS] = {
+    "ITEM_PROMPT_TOKEN": "prompt_uncached",
+    "ITEM_CACHED_PROMPT_TOKEN": "cached_prompt",
+    "ITEM_COMPLETION_TOKEN": "completion",
+}
+
+
+class ReconciliationConfig(Strict):
+    items: dict[str, RECONCILED_COUNTS] = Field(default_factory=lambda: dict(DEFAULT_RECONCILED_ITEMS))
+    """Billing item → the usage count it bills."""
+    settle: Duration = 6 * 3600.0
+    """How long after a day ends its bill and usage are taken as final."""
+    days_per_refresh: Annotated[int, Field(ge=1, le=31)] = 2
+    """Past days whose usage is read per usage refresh (the API cost of reconciling, spread out)."""
+
+
 class StateConfig(Strict):
     path: Text = "./inference-cost-exporter.db"
 
@@ -406,6 +423,7 @@ class Config(Strict):
     server: ServerConfig = ServerConfig()
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
+    reconciliation: ReconciliationConfig = ReconciliationConfig()
 
     def secret_values(self) -> list[str]:
         """Every secret in the config, and the path of each secret URL (what a library may log of it)."""

@@ -46,6 +46,21 @@ CREATE TABLE IF NOT EXISTS bill_history (
     fetched TEXT NOT NULL,
     items_by_endpoint TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS settled_days (
+    day TEXT PRIMARY KEY,
+    read REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settled_usage (
+    day TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL,
+    api_key TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    prompt INTEGER NOT NULL,
+    completion INTEGER NOT NULL,
+    cached INTEGER NOT NULL,
+    PRIMARY KEY (day, endpoint, model, api_key)
+);
 CREATE TABLE IF NOT EXISTS usage_head (
     day TEXT PRIMARY KEY,
     head_ids TEXT NOT NULL,
@@ -532,6 +547,31 @@ class StateStore:
         return UsageCursor(
             day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
         ), totals
+
+    def load_settled_usage(self, first: dt.date) -> dict[dt.date, list[UsageRow]]:
+        """The settled days read from `first` on, each with its per-key sums (none for a day without usage)."""
+        with self._reading() as db:
+            days = [row[0] for row in db.execute("SELECT day FROM settled_days WHERE day >= ?", (first.isoformat(),))]
+            rows = db.execute(
+                "SELECT day, endpoint, model, api_key, requests, prompt, completion, cached FROM settled_usage"
+                " WHERE day >= ?",
+                (first.isoformat(),),
+            ).fetchall()
+        held: dict[dt.date, list[UsageRow]] = {dt.date.fromisoformat(day): [] for day in days}
+        for day, *row in rows:
+            if (when := dt.date.fromisoformat(day)) in held:
+                held[when].append(tuple(row))
+        return held
+
+    def save_settled_usage(self, day: dt.date, rows: Sequence[UsageRow], *, keep_from: dt.date) -> None:
+        """One settled day's per-key sums; forget the days before `keep_from`."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM settled_usage WHERE day = ? OR day < ?", (day.isoformat(), keep_from.isoformat()))
+            db.executemany(
+                "INSERT INTO settled_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day.isoformat(), *row) for row in rows]
+            )
+            db.execute("DELETE FROM settled_days WHERE day < ?", (keep_from.isoformat(),))
+            db.execute("INSERT OR REPLACE INTO settled_days VALUES (?, ?)", (day.isoformat(), time.time()))
 
     def load_history(self) -> list[tuple[str, str, str, str, str]]:
         """Every month held: (period, its daily bills by endpoint, by item, and each endpoint's by

@@ -460,6 +460,10 @@ class UsageSync:
             problem = f"{len(repeated)} request ids read twice"
         raise RecordError(f"usage {day}: {problem} in {FULL_READS} reads in a row")
 
+    def read_day(self, day: dt.date) -> Aggregate:
+        """One whole day's usage, read afresh (each request counted once); nothing is saved."""
+        return self._full(day)[0]
+
     def _incremental(self, cursor: UsageCursor) -> tuple[Aggregate, UsageCursor]:
         """The records added since `cursor`, read in the order the list was last seen in; if its
         checks fail and there are new records, in the other (the service may list either way)."""

@@ -53,6 +53,7 @@ class Ledger:
     _day_tokens: dict[dt.date, _DayTokens]
     _bills_version: int
     _bill_overrides: dict[tuple[str, dt.date, str, str], Decimal]
+    _distortions: list[tuple[dt.date, Decimal, str, str]]
     _bill_cache: dict[tuple[Any, ...], list[dict[str, str]]]
     records_billed: int
     before_usage_page: Callable[[int], None] | None
@@ -78,9 +79,12 @@ class Ledger:
         prices = self.prices
         counted = self._count_tokens(day) if prices is not None else None
         if prices is not None and counted is not None:
-            tokens = counted.get((endpoint.endpoint_id, item), 0)
+            tokens = Decimal(counted.get((endpoint.endpoint_id, item), 0))
+            for when, factor, endpoint_id, which in self._distortions:
+                if when == day and endpoint_id in ("", endpoint.endpoint_id) and which in ("", item):
+                    tokens *= factor
             amount = tokens * prices[endpoint.model].per_item()[item] / MILLION
-            return (amount if override is None else override), Decimal(tokens)
+            return (amount if override is None else override), tokens
         tokens_drawn = Decimal(_unit(self.seed, "tokens", day, endpoint.endpoint_id, item) % 5_000_000)
         if override is not None:
             return override, tokens_drawn

@@ -80,6 +80,7 @@ class Simulator(BillingAPI, ChatAPI):
         self._nonce_expiry: deque[tuple[float, str]] = deque()
         self._faults: list[Fault] = []
         self._bill_overrides: dict[tuple[str, dt.date, str, str], Decimal] = {}
+        self._distortions: list[tuple[dt.date, Decimal, str, str]] = []
         self._bill_cache: dict[tuple[Any, ...], list[dict[str, str]]] = {}
         self._day_prefixes: dict[dt.date, tuple[str, dt.datetime]] = {}
         self._fragments: dict[Endpoint, str] = {}
@@ -170,6 +171,15 @@ class Simulator(BillingAPI, ChatAPI):
             raise ValueError("spikes need a spend model (Simulator.spend)")
         with self._lock:
             self.spend.spikes.append(Spike(day, group, factor))
+            self._bills_version += 1
+            self._bill_cache.clear()
+
+    def distort_bill(self, day: dt.date, factor: Decimal, *, endpoint_id: str = "", item: str = "") -> None:
+        """Bill `factor` × the tokens the records count (and their price) on `day`, for one
+        endpoint and/or item (all when not given): a bill that disagrees with the usage it lists.
+        Only bills computed from records at `prices` are affected."""
+        with self._lock:
+            self._distortions.append((day, factor, endpoint_id, item))
             self._bills_version += 1
             self._bill_cache.clear()
 

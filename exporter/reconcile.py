@@ -1,0 +1,171 @@
+"""Reconciliation: the tokens (and amounts) the bill charges against those the usage records count.
+
+For each settled day (`reconciliation.settle` after it ended) of the months the bills source
+holds, its usage is read once in full and kept as per-day sums per (endpoint, model[, api key])
+in the state file, never raw records (`SettledUsage`, a few days per usage refresh, after today's
+sync). Then, per day:
+
+- tokens: each billing item's `usageValue` against the count it bills (`reconciliation.items`:
+  prompt, prompt_uncached, cached_prompt or completion), summed over the day's records;
+  gap = (billed − counted) ÷ counted;
+- amounts: each endpoint's payable amount against its tokens × `prices`, where prices cover every
+  model the endpoint served that day; gap = (billed − estimated) ÷ estimated.
+
+A day whose usage could not be read has no figures (it is read again later), never a gap of −100%.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from exporter.billing import BillingClient, BillingError, ClientClosed
+from exporter.clock import Clock
+from exporter.logs import get_logger
+from exporter.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
+from exporter.snapshots import BillsSnapshot
+from exporter.state import StateStore, UsageRow
+from exporter.usage_sync import UsageSync, estimate
+
+log = get_logger(__name__)
+
+COUNTS = ("prompt", "prompt_uncached", "cached_prompt", "completion")
+DEFAULT_ITEMS = DEFAULT_RECONCILED_ITEMS
+
+
+def count(rows: Iterable[UsageRow], which: str) -> int:
+    """A day's tokens of one kind, over its per-key sums."""
+    total = 0
+    for _, _, _, _, prompt, completion, cached in rows:
+        total += {
+            "prompt": prompt,
+            "prompt_uncached": prompt - cached,
+            "cached_prompt": cached,
+            "completion": completion,
+        }[which]
+    return total
+
+
+def ratio(billed: Decimal, counted: Decimal) -> Decimal | None:
+    """(billed − counted) ÷ counted; None when nothing was counted (then 0 billed is no gap, and
+    anything billed is a gap no ratio can say)."""
+    if counted == 0:
+        return Decimal(0) if billed == 0 else None
+    return (billed - counted) / counted
+
+
+@dataclass(frozen=True)
+class TokenGap:
+    day: dt.date
+    item: str
+    billed: Decimal
+    counted: int
+    ratio: Decimal | None
+
+
+@dataclass(frozen=True)
+class AmountGap:
+    day: dt.date
+    endpoint_id: str
+    billed: Decimal
+    estimated: Decimal
+    ratio: Decimal | None
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    tokens: tuple[TokenGap, ...] = ()
+    amounts: tuple[AmountGap, ...] = ()
+
+    @property
+    def last_day(self) -> dt.date | None:
+        days = [g.day for g in self.tokens] + [g.day for g in self.amounts]
+        return max(days) if days else None
+
+
+def reconcile(
+    bills: BillsSnapshot,
+    settled: Mapping[dt.date, list[UsageRow]],
+    items: Mapping[str, str],
+    prices: Iterable[PriceConfig],
+) -> Reconciliation:
+    """Every settled day the bills hold, billed against counted."""
+    priced = {p.model: p for p in prices}
+    billed_tokens: dict[tuple[dt.date, str], Decimal] = {}
+    billed_amounts: dict[tuple[dt.date, str], Decimal] = {}
+    for month in bills.months:
+        for a in month.by_item:
+            if a.day in settled and a.key in items:
+                billed_tokens[a.day, a.key] = billed_tokens.get((a.day, a.key), Decimal(0)) + a.usage
+        for a in month.by_endpoint:
+            if a.day in settled:
+                billed_amounts[a.day, a.key] = billed_amounts.get((a.day, a.key), Decimal(0)) + a.payable
+    tokens = tuple(
+        TokenGap(day, item, billed, counted, ratio(billed, Decimal(counted)))
+        for (day, item), billed in sorted(billed_tokens.items())
+        for counted in [count(settled[day], items[item])]
+    )
+    amounts = []
+    for (day, endpoint), billed in sorted(billed_amounts.items()):
+        rows = [row for row in settled[day] if row[0] == endpoint]
+        if not rows or any(row[1] not in priced for row in rows):
+            continue  # no tokens counted, or a model without a price: nothing to estimate with
+        estimated = sum(
+            (estimate(priced[model], prompt, completion, cached) or Decimal(0)
+             for _, model, _, _, prompt, completion, cached in rows),
+            Decimal(0),
+        )  # fmt: skip
+        amounts.append(AmountGap(day, endpoint, billed, estimated, ratio(billed, estimated)))
+    return Reconciliation(tokens, tuple(amounts))
+
+
+class SettledUsage:
+    """Past days' usage, each read once in full after it settles, kept as per-day sums."""
+
+    def __init__(
+        self,
+        client: BillingClient,
+        clock: Clock,
+        state: StateStore,
+        *,
+        settle: float,
+        days_per_refresh: int,
+        per_api_key: bool,
+    ) -> None:
+        self.clock = clock
+        self.state = state
+        self.settle = dt.timedelta(seconds=settle)
+        self.days_per_refresh = days_per_refresh
+        self.reader = UsageSync(client, clock, state, per_api_key=per_api_key)
+
+    def settled_days(self, first: dt.date) -> list[dt.date]:
+        """The days from `first` that have settled by now, oldest first."""
+        now = self.clock.now()
+        days = []
+        day = first
+        while self.clock.day_start(day + dt.timedelta(days=1)) + self.settle <= now:
+            days.append(day)
+            day += dt.timedelta(days=1)
+        return days
+
+    def refresh(self, first: dt.date) -> dict[dt.date, list[UsageRow]]:
+        """Read up to `days_per_refresh` settled days from `first` on that are not held yet (the
+        most recent first: the one an alert would judge), and return every held one from `first`.
+        A day whose read fails stays unread (and is tried again next time); the others go on."""
+        held = self.state.load_settled_usage(first)
+        due = [day for day in self.settled_days(first) if day not in held][::-1][: self.days_per_refresh]
+        for day in due:
+            try:
+                aggregate = self.reader.read_day(day)
+            except ClientClosed:
+                raise
+            except BillingError as error:  # a failed day is read again on a later refresh
+                log.warning("settled usage not read; tried again later", day=day, error=str(error)[:200])
+                continue
+            rows = aggregate.table()
+            self.state.save_settled_usage(day, rows, keep_from=first)
+            held[day] = rows
+            log.info("settled usage read", day=day, records=aggregate.records)
+        return held

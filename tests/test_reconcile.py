@@ -1,0 +1,133 @@
+"""Reconciliation against the simulator, whose bills are computed from its own usage records at
+a price table: agreement to the token, an injected gap found where it is and nowhere else, failed
+reads retried (never a gap of −100%), restarts that do not read a day twice, and the month's turn."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from exporter.billing import BillingClient
+from exporter.bills import BillsSource
+from exporter.clock import Clock, FrozenClock
+from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
+from exporter.schema import PriceConfig
+from exporter.sim import Fault, Simulator, prices_from_config
+from exporter.state import StateStore
+from tests.conftest import SHANGHAI
+
+USAGES = "/api/v1/usages/details"
+PRICES = (
+    PriceConfig(model="model-a", prompt_per_million=Decimal(4), cached_prompt_per_million=Decimal(1),
+                completion_per_million=Decimal(16)),
+    PriceConfig(model="model-b", prompt_per_million=Decimal(2), cached_prompt_per_million=Decimal("0.5"),
+                completion_per_million=Decimal(8)),
+)  # fmt: skip
+DAYS = [dt.date(2026, 11, d) for d in range(15, 22)]
+SIX_HOURS = 6 * 3600.0
+
+
+@pytest.fixture
+def priced(sim: Simulator) -> Simulator:
+    """A week of past days with usage records, billed from them at the config's prices."""
+    sim.set_prices(prices_from_config(PRICES))
+    for n, day in enumerate(DAYS):
+        sim.add_usage(150 + 40 * n, day)
+    return sim
+
+
+def settled_usage(client: BillingClient, clock: Clock, store: StateStore, per_refresh: int = 10) -> SettledUsage:
+    return SettledUsage(client, clock, store, settle=SIX_HOURS, days_per_refresh=per_refresh, per_api_key=False)
+
+
+def read_all(source: SettledUsage, first: dt.date) -> dict[dt.date, list]:
+    held = source.refresh(first)
+    while len(held) < len(source.settled_days(first)):
+        held = source.refresh(first)
+    return held
+
+
+def served(sim: Simulator) -> int:
+    return sim.requests_served.get(USAGES, 0)
+
+
+def test_consistent_bills_and_records_agree_to_the_token(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    assert sorted(held) == DAYS  # today (the 22nd) has not ended, let alone settled
+    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    assert {g.day for g in result.tokens} == set(DAYS)
+    assert len(result.tokens) == len(DAYS) * 3
+    for gap in result.tokens:
+        assert gap.counted == gap.billed > 0
+        assert gap.ratio == 0
+    assert len(result.amounts) == len(DAYS) * len(priced.endpoints)
+    for amount in result.amounts:
+        assert amount.billed == amount.estimated > 0
+        assert amount.ratio == 0
+
+
+def test_a_five_percent_gap_is_found_on_its_day_and_item_and_nowhere_else(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    day = DAYS[3]
+    priced.distort_bill(day, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    off = [(g.day, g.item) for g in result.tokens if g.ratio != 0]
+    assert off == [(day, "ITEM_COMPLETION_TOKEN")]
+    (gap,) = [g for g in result.tokens if g.ratio != 0]
+    assert abs(gap.ratio - Decimal("0.05")) < Decimal("0.0001")  # type: ignore[operator]
+    # every endpoint's amount that day is off by the completion share of it, and only that day
+    assert {a.day for a in result.amounts if a.ratio != 0} == {day}
+
+
+def test_a_day_whose_usage_read_fails_is_read_later_and_never_shown_as_a_gap(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    source = settled_usage(client, clock, store, per_refresh=1)
+    priced.inject(Fault("status", USAGES, status=400))  # the first read (the most recent day) is refused
+    held = source.refresh(DAYS[0])
+    assert held == {}
+    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    assert result.tokens == ()  # no figures, rather than −100%
+    assert result.amounts == ()
+    assert sorted(source.refresh(DAYS[0])) == [DAYS[-1]]  # read on the next refresh
+
+
+def test_each_day_is_read_once_most_recent_first_a_few_per_refresh_and_not_again_after_a_restart(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    source = settled_usage(client, clock, store, per_refresh=2)
+    assert sorted(source.refresh(DAYS[0])) == DAYS[-2:]
+    read_all(source, DAYS[0])
+    before = served(priced)
+    restarted = settled_usage(client, clock, store, per_refresh=2)
+    assert sorted(restarted.refresh(DAYS[0])) == DAYS
+    assert served(priced) == before
+
+
+def test_a_day_is_read_only_once_it_has_settled(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 22, 5, 59, tzinfo=SHANGHAI))
+    assert settled_usage(client, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 20)
+    frozen.set(dt.datetime(2026, 11, 22, 6, 0, tzinfo=SHANGHAI))
+    assert settled_usage(client, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 21)
+
+
+def test_the_previous_months_last_days_stay_reconciled_in_the_grace_days(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    last = dt.date(2026, 11, 30)
+    for day in [dt.date(2026, 11, d) for d in range(22, 31)] + [dt.date(2026, 12, 1)]:
+        priced.add_usage(120, day)  # every day with records (a day without any is billed at random)
+    frozen.set(dt.datetime(2026, 12, 2, 9, 0, tzinfo=SHANGHAI))
+    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    assert last in held
+    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    assert {g.day for g in result.tokens} >= {last}
+    assert all(g.ratio == 0 for g in result.tokens)
