@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -260,6 +261,12 @@ def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
             sim.inject(Fault("status", "/v1/chat/completions", status=rng.choice((429, 502, 503))))
 
 
+def demo_reconciled_days(today: dt.date) -> list[dt.date]:
+    """Three settled days the demo has usage records for (its bills computed from them); on the
+    middle one the bill charges 5% more completion tokens than the records count."""
+    return [today - dt.timedelta(days=back) for back in (3, 4, 5)]
+
+
 def demo_history(today: dt.date) -> SpendModel:
     """Four months of past bills with a weekly rhythm, and yesterday one endpoint spending three
     times its usual: what the demo's SpendAnomaly rule fires on."""
@@ -280,6 +287,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sim = Simulator(time_to_first_token=0.05, chunk_delay=0.01)
     sim.spend = demo_history(sim.clock.today())
     sim.add_usage(20_000)
+    settled = demo_reconciled_days(sim.clock.today())
+    for day in settled:  # settled days with usage records, billed from them ...
+        sim.add_usage(2_000, day)
+    sim.distort_bill(settled[1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")  # ... one of them off
     sim_server = sim.serve("127.0.0.1", 0)
     workdir = tempfile.TemporaryDirectory(prefix="inference-cost-exporter-demo-")
     config = load(

@@ -149,6 +149,51 @@ class BudgetCollector(Collector):
         yield from (amount, used, forecast)
 
 
+class ReconciliationCollector(Collector):
+    """Per settled day: billed against counted tokens per item, billed against estimated amounts per endpoint."""
+
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def version(self) -> object:
+        return self.latest.reconciliation
+
+    def collect(self) -> Iterator[Metric]:
+        result = self.latest.reconciliation
+        if result is None:
+            return
+        billed = GaugeMetricFamily(
+            "inference_reconciliation_billed_tokens",
+            f"Tokens a settled day's bill charges for the item (usageValue). {CACHED}",
+            labels=["day", "item"],
+        )
+        counted = GaugeMetricFamily(
+            "inference_reconciliation_counted_tokens",
+            "Tokens of the kind the item bills, counted from that day's usage records.",
+            labels=["day", "item"],
+        )
+        token_gap = GaugeMetricFamily(
+            "inference_reconciliation_token_gap_ratio",
+            "(billed − counted) ÷ counted tokens of the item that day (absent when none were counted).",
+            labels=["day", "item"],
+        )
+        amount_gap = GaugeMetricFamily(
+            "inference_reconciliation_amount_gap_ratio",
+            "(billed − estimated) ÷ estimated payable amount of the endpoint that day, where prices cover its models.",
+            labels=["day", "endpoint_id"],
+        )
+        for gap in result.tokens:
+            labels = [gap.day.isoformat(), gap.item]
+            billed.add_metric(labels, float(gap.billed))
+            counted.add_metric(labels, float(gap.counted))
+            if gap.ratio is not None:
+                token_gap.add_metric(labels, float(gap.ratio))
+        for amount in result.amounts:
+            if amount.ratio is not None:
+                amount_gap.add_metric([amount.day.isoformat(), amount.endpoint_id], float(amount.ratio))
+        yield from (billed, counted, token_gap, amount_gap)
+
+
 class ExporterCollector(Collector):
     """The exporter's own health: per-source refresh status, API calls, build, billing calendar."""
 

@@ -6,7 +6,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -23,16 +23,24 @@ from exporter.alerts.notifiers import Dispatcher
 from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
-from exporter.collectors import BillsCollector, BudgetCollector, ExporterCollector, ProbeCollector, UsageCollector
+from exporter.collectors import (
+    BillsCollector,
+    BudgetCollector,
+    ExporterCollector,
+    ProbeCollector,
+    ReconciliationCollector,
+    UsageCollector,
+)
 from exporter.config import ConfigError, load
 from exporter.exposition import Exposition
 from exporter.history import HistorySource
 from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
+from exporter.reconcile import SettledUsage, reconcile
 from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, ProbeConfig
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
-from exporter.state import AlertStore, StateError, StateStore
+from exporter.state import AlertStore, StateError, StateStore, UsageRow
 from exporter.usage_sync import UsageSync
 
 log = get_logger(__name__)
@@ -70,6 +78,7 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
             BillsCollector(latest),
             UsageCollector(latest, config.billing.per_api_key),
             BudgetCollector(latest, config.budgets),
+            ReconciliationCollector(latest),
             ProbeCollector(latest),
             ExporterCollector(latest, clock),
             *more,
@@ -144,6 +153,14 @@ class Sources:
             )
             if previous is not None:
                 self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
+        self.clock = clock
+        self.settled = SettledUsage(
+            self.client, clock, state,
+            settle=config.reconciliation.settle,
+            days_per_refresh=config.reconciliation.days_per_refresh,
+            per_api_key=config.billing.per_api_key,
+        )  # fmt: skip
+        self._settled: Mapping[dt.date, list[UsageRow]] = previous._settled if previous is not None else {}
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
@@ -170,12 +187,28 @@ class Sources:
 
     def _bills(self) -> None:
         self.latest.bills = self.bills.refresh()
+        self._reconcile()
 
     def _history(self) -> None:
         self.latest.history = self.history.refresh()
 
     def _usage(self) -> None:
         self.latest.usage = self.usage.refresh()
+        # Then (today's figures are out already) a few settled days, each read once in full.
+        today = self.clock.today()
+        first = today.replace(day=1)
+        if today.day <= self.config.billing.previous_month_grace_days:
+            first = (first - dt.timedelta(days=1)).replace(day=1)  # the last month's last days settle now
+        try:
+            self._settled = self.settled.refresh(first)
+        except StateError as error:
+            log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        if self.latest.bills is not None:
+            rec = self.config.reconciliation
+            self.latest.reconciliation = reconcile(self.latest.bills, self._settled, rec.items, self.config.prices)
 
     def _probe(self, runner: ProbeRunner) -> None:
         self.latest.publish_probe(runner.run())

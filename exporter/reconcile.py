@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.billing import BillingClient, BillingError, ClientClosed
 from exporter.clock import Clock
 from exporter.logs import get_logger
 from exporter.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
-from exporter.snapshots import BillsSnapshot
+from exporter.snapshots import AmountGap, BillsSnapshot, Reconciliation, TokenGap
 from exporter.state import StateStore, UsageRow
 from exporter.usage_sync import UsageSync, estimate
 
@@ -54,35 +53,6 @@ def ratio(billed: Decimal, counted: Decimal) -> Decimal | None:
     if counted == 0:
         return Decimal(0) if billed == 0 else None
     return (billed - counted) / counted
-
-
-@dataclass(frozen=True)
-class TokenGap:
-    day: dt.date
-    item: str
-    billed: Decimal
-    counted: int
-    ratio: Decimal | None
-
-
-@dataclass(frozen=True)
-class AmountGap:
-    day: dt.date
-    endpoint_id: str
-    billed: Decimal
-    estimated: Decimal
-    ratio: Decimal | None
-
-
-@dataclass(frozen=True)
-class Reconciliation:
-    tokens: tuple[TokenGap, ...] = ()
-    amounts: tuple[AmountGap, ...] = ()
-
-    @property
-    def last_day(self) -> dt.date | None:
-        days = [g.day for g in self.tokens] + [g.day for g in self.amounts]
-        return max(days) if days else None
 
 
 def reconcile(

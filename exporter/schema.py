@@ -244,6 +244,8 @@ class ThresholdRule(_Rule):
                 raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
         if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
             raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+        if self.signal == "reconciliation_gap" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("reconciliation_gap is by item (tokens) or by endpoint_id (amounts), not both")
         if self.window not in signal.windows:
             windows = ", ".join(signal.windows)
             raise ValueError(f"signal {self.signal!r} has no `{self.window}` window (it has {windows})")

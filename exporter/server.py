@@ -35,7 +35,7 @@ from exporter.clock import iso
 from exporter.exposition import GZIP_LEVEL
 from exporter.logs import get_logger
 from exporter.schema import BudgetConfig, ServerConfig
-from exporter.snapshots import Latest
+from exporter.snapshots import Latest, Reconciliation
 
 log = get_logger(__name__)
 
@@ -325,6 +325,39 @@ def _level(ratio: Decimal) -> str:
     return "bad" if ratio >= 1 else "wait" if ratio >= Decimal("0.8") else "ok"
 
 
+AGREES = Decimal("0.001")
+"""A gap ratio within ±0.1% is agreement on the landing page (the metrics give every ratio)."""
+
+
+def _gap(ratio: Decimal | None) -> str:
+    return "billed, none counted" if ratio is None else f"{ratio:+.2%}"
+
+
+def _disagreements(result: Reconciliation | None) -> str:
+    """The settled days whose bill disagrees with the usage counted (tokens per item, amounts per endpoint)."""
+    if result is None or result.last_day is None:
+        return "<p>No settled day has been reconciled yet.</p>"
+    rows = [
+        f"<tr><td>{g.day}</td><td>{html.escape(g.item)}</td><td>tokens</td><td>{g.billed:f}</td>"
+        f"<td>{g.counted}</td><td class=bad>{_gap(g.ratio)}</td></tr>"
+        for g in result.tokens
+        if g.ratio is None or abs(g.ratio) > AGREES
+    ] + [
+        f"<tr><td>{a.day}</td><td>{html.escape(a.endpoint_id)}</td><td>amount</td><td>{a.billed:f}</td>"
+        f"<td>{a.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(a.ratio)}</td></tr>"
+        for a in result.amounts
+        if a.ratio is None or abs(a.ratio) > AGREES
+    ]
+    days = len({g.day for g in result.tokens} | {a.day for a in result.amounts})
+    if not rows:
+        return f"<p class=ok>The {days} settled days reconciled agree with the usage counted (within 0.1%).</p>"
+    return (
+        f"<p>{len(rows)} figures of {days} settled days disagree with the usage counted:</p>"
+        "<table><tr><th>day</th><th>item or endpoint</th><th>what</th><th>billed</th><th>counted or estimated</th>"
+        "<th>gap</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
 def landing_page(view: View) -> str:
     now = view.now()
     rows = []
@@ -382,6 +415,7 @@ def landing_page(view: View) -> str:
         if probe_rows
         else "<p>No probe has run.</p>"
     )
+    reconciliation = _disagreements(view.latest.reconciliation)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
 <style>
@@ -403,6 +437,8 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 {probes}
 <h2>Firing alerts</h2>
 {alerts}
+<h2>Bill against usage</h2>
+{reconciliation}
 </body></html>
 """
 

@@ -83,6 +83,41 @@ class HistorySnapshot:
         return days
 
 
+@dataclass(frozen=True)
+class TokenGap:
+    """One settled day's billed tokens of one item against the tokens the usage records count."""
+
+    day: dt.date
+    item: str
+    billed: Decimal
+    counted: int
+    ratio: Decimal | None
+    """(billed − counted) ÷ counted; None when nothing was counted but something billed."""
+
+
+@dataclass(frozen=True)
+class AmountGap:
+    """One settled day's payable amount of one endpoint against its tokens × prices."""
+
+    day: dt.date
+    endpoint_id: str
+    billed: Decimal
+    estimated: Decimal
+    ratio: Decimal | None
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    tokens: tuple[TokenGap, ...] = ()
+    amounts: tuple[AmountGap, ...] = ()
+
+    @property
+    def last_day(self) -> dt.date | None:
+        """The last settled day with figures."""
+        days = [g.day for g in self.tokens] + [g.day for g in self.amounts]
+        return max(days) if days else None
+
+
 @dataclass(frozen=True, slots=True)
 class UsageKey:
     endpoint_id: str
@@ -185,6 +220,7 @@ class Latest:
     bills: BillsSnapshot | None = None
     usage: UsageSnapshot | None = None
     history: HistorySnapshot | None = None
+    reconciliation: Reconciliation | None = None
     probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)

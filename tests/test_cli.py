@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import signal
@@ -16,8 +17,9 @@ import pytest
 import requests
 import yaml
 
+from exporter.clock import Clock
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
-from tests.helpers import Receiver, free_port, scrape, value, wait_for
+from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
@@ -240,6 +242,18 @@ def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
 
         fired = wait_for(anomalies, timeout=30)
         assert [a["labels"]["endpoint_id"] for a in fired] == [DEFAULT_ENDPOINTS[1].endpoint_id]
+
+        # and of its settled days with usage records, one is billed 5% more completion tokens than counted
+        def gaps() -> dict[tuple[str, str], float]:
+            found = named(scrape(url), "inference_reconciliation_token_gap_ratio")
+            return {(dict(labels)["day"], dict(labels)["item"]): v for labels, v in found.items()}
+
+        wait_for(lambda: len({day for day, _ in gaps()}) == 3, timeout=60)
+        off = {key: round(v, 4) for key, v in gaps().items() if v != 0}
+        middle = (Clock().today() - dt.timedelta(days=4)).isoformat()  # the billing zone's days
+        assert off == {(middle, "ITEM_COMPLETION_TOKEN"): 0.05}
+        page = requests.get(f"{url}/", timeout=5).text
+        assert f"<td>{middle}</td><td>ITEM_COMPLETION_TOKEN</td>" in page
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=15) == 0
     finally:

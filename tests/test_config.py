@@ -64,7 +64,7 @@ def test_config_is_frozen() -> None:
          "probes[0].expect_content: not a valid regular expression (missing ), unterminated subpattern at position 0)"),
         ({"billing": BILLING, "alerts": {"rules": [{"alert": "A", "signal": "cost", "threshold": 1}]}},
          "alerts.rules[0].signal (alert A): must be one of 'spend', 'estimated_spend', 'tokens', 'requests', "
-         "'probe_latency', 'probe_success', 'data_age' or 'spend_anomaly'"),
+         "'probe_latency', 'probe_success', 'data_age', 'reconciliation_gap' or 'spend_anomaly'"),
         ({"billing": BILLING, "alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": "x"}]}},
          "alerts.rules[0].threshold (alert A): not a number"),
         ({"billing": BILLING, "budgets": [{"name": "m", "amount": 1}],
@@ -162,7 +162,7 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
 def test_the_example_config_is_valid() -> None:
     environ = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
     config = load(ROOT / "config.example.yaml", environ)
-    names = ["EndpointDailySpendHigh", "MonthlyBudget", "SpendAnomaly", "BillsStale"]
+    names = ["EndpointDailySpendHigh", "MonthlyBudget", "SpendAnomaly", "BillDisagreesWithUsage", "BillsStale"]
     assert [r.alert for r in config.alerts.rules] == names
 
 

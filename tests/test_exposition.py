@@ -25,6 +25,7 @@ from exporter.config import validate
 from exporter.daemon import build_exposition
 from exporter.history import HistorySource
 from exporter.probe import ProbeRunner
+from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.schema import Config
 from exporter.sim import Simulator, SimulatorServer
 from exporter.snapshots import Latest
@@ -68,6 +69,9 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
         latest.bills = BillsSource(client, clock, 3).refresh()
         latest.history = HistorySource(client, clock, StateStore(":memory:"), 2).refresh()
+        settled = SettledUsage(client, clock, StateStore(":memory:"), settle=6 * 3600, days_per_refresh=2,
+                               per_api_key=False).refresh(clock.today().replace(day=1))  # fmt: skip
+        latest.reconciliation = reconcile(latest.bills, settled, DEFAULT_ITEMS, config.prices)
         latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     assert config.inference is not None
     runner = ProbeRunner(config.probes[0], config.inference)

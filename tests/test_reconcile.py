@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+import requests
 
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
 from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.schema import PriceConfig
-from exporter.sim import Fault, Simulator, prices_from_config
+from exporter.sim import Fault, Simulator, SimulatorServer, prices_from_config
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
+from tests.helpers import Receiver, named, scrape
 
 USAGES = "/api/v1/usages/details"
 PRICES = (
@@ -131,3 +134,33 @@ def test_the_previous_months_last_days_stay_reconciled_in_the_grace_days(
     result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
     assert {g.day for g in result.tokens} >= {last}
     assert all(g.ratio == 0 for g in result.tokens)
+
+
+def test_the_daemon_alerts_on_the_last_settled_days_gap_and_exposes_every_days_figures(
+    priced: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+) -> None:
+    from tests.test_alerts import make_daemon, refreshed, statuses, to_hook
+
+    priced.distort_bill(DAYS[-1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    rule = {"alert": "BillDisagrees", "signal": "reconciliation_gap", "by": ["item"], "threshold": "0.01",
+            "annotations": {"summary": "{item}: the bill is {value} off the usage counted"}}  # fmt: skip
+    prices = [p.model_dump(mode="json") for p in PRICES]
+    daemon = make_daemon(priced, server, clock, tmp_path, to_hook(receiver, rule), prices=prices)
+    try:
+        assert refreshed(daemon, "usage")  # today first, then the two most recent settled days
+        assert refreshed(daemon, "bills")
+        assert statuses(receiver) == ["firing"]
+        (alert,) = receiver.bodies()[0]["alerts"]
+        assert alert["labels"]["item"] == "ITEM_COMPLETION_TOKEN"
+        assert alert["annotations"]["summary"] == "ITEM_COMPLETION_TOKEN: the bill is 0.0500 off the usage counted"
+        series = scrape(daemon.server.url)
+        gaps = {
+            (dict(k)["day"], dict(k)["item"]): v
+            for k, v in named(series, "inference_reconciliation_token_gap_ratio").items()
+        }
+        assert {day for day, _ in gaps} == {DAYS[-1].isoformat(), DAYS[-2].isoformat()}
+        assert {key for key, v in gaps.items() if v != 0} == {(DAYS[-1].isoformat(), "ITEM_COMPLETION_TOKEN")}
+        page = requests.get(f"{daemon.server.url}/", timeout=5).text
+        assert f"<td>{DAYS[-1]}</td><td>ITEM_COMPLETION_TOKEN</td><td>tokens</td>" in page
+    finally:
+        daemon.stop(grace=5)

@@ -222,6 +222,34 @@ def data_age_promql(rule: ThresholdRule) -> str:
     return _aggregate(age, rule.by, "max")
 
 
+# --- reconciliation ---------------------------------------------------------------------------
+
+
+def reconciliation_gap(rule: ThresholdRule, context: Context) -> Values | None:
+    """The last settled day's absolute gap ratio: tokens per item (the largest, without `by`), or
+    amounts per endpoint when the rule names `endpoint_id`. A gap with nothing counted to divide
+    by has no ratio and is left out."""
+    result = context.latest.reconciliation
+    if result is None or not fresh(context.latest, "bills"):
+        return None
+    day = result.last_day
+    if day is None:
+        return {}  # nothing settled yet: no group to judge
+    if "endpoint_id" in {*rule.by, *rule.where}:
+        pairs = [(group_of({"endpoint_id": a.endpoint_id}, rule), a.ratio) for a in result.amounts if a.day == day]
+    else:
+        pairs = [(group_of({"item": g.item}, rule), g.ratio) for g in result.tokens if g.day == day]
+    groups: Values = {}
+    for group, gap in pairs:
+        if group is not None and gap is not None:
+            groups[group] = max(groups.get(group, Decimal(0)), abs(gap))
+    return groups
+
+
+def reconciliation_promql(rule: ThresholdRule) -> str:
+    raise NotExpressible("which day has settled is known to the exporter only")
+
+
 USAGE_LABELS = ("endpoint_id", "model", "api_key")
 PROBE_LABELS = ("probe", "endpoint_id", "scenario")
 
@@ -263,6 +291,9 @@ SIGNALS: dict[str, Signal] = {
         needs="probes",
     ),
     "data_age": Signal(labels=("source",), evaluate=data_age, promql=data_age_promql),
+    "reconciliation_gap": Signal(
+        labels=("item", "endpoint_id"), evaluate=reconciliation_gap, promql=reconciliation_promql
+    ),
 }
 """The signals a threshold rule may name, by name."""
 
