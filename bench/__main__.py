@@ -1,6 +1,6 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import anomaly, backtest, faults, probe, render, sync
+from bench import anomaly, backtest, faults, probe, reconcile, render, sync
 
 if __name__ == "__main__":
     sync.main([])
@@ -9,3 +9,4 @@ if __name__ == "__main__":
     faults.main([])
     anomaly.main([])
     backtest.main([])
+    reconcile.main([])
