@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
             (together if n % 2 else alone).append(time.perf_counter() - started)
             if n % 2:
                 calls.clear()
-                store.save_settled_usage(today, [], keep_from=today)  # forget the day: read it again
+                store.save_settled_usage(today, [], settled.account, keep_from=today)  # forget the day: read it again
                 settled.refresh(today - dt.timedelta(days=1))
                 pages = len(calls)
         client.close()

@@ -176,6 +176,7 @@ class Sources:
             dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
         self.dispatcher = dispatcher
         self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, dispatcher))
+        self._reconcile()  # a reload's items and prices apply at once
 
     def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
         """The same probe keeps its runner (and its histograms and counters) across a reload."""

@@ -17,6 +17,7 @@ A day whose usage could not be read has no figures (it is read again later), nev
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
@@ -29,6 +30,9 @@ from exporter.state import StateStore, UsageRow
 from exporter.usage_sync import UsageSync, estimate
 
 log = get_logger(__name__)
+
+RETRY_AFTER = 900.0
+"""Seconds before a settled day whose read failed is tried again."""
 
 COUNTS = ("prompt", "prompt_uncached", "cached_prompt", "completion")
 DEFAULT_ITEMS = DEFAULT_RECONCILED_ITEMS
@@ -61,16 +65,22 @@ def reconcile(
     items: Mapping[str, str],
     prices: Iterable[PriceConfig],
 ) -> Reconciliation:
-    """Every settled day the bills hold, billed against counted."""
+    """Every settled day of the months the bills hold, billed against counted. A line the bill
+    leaves out bills nothing: a day's mapped item, or an endpoint with usage, missing from it is
+    a gap of −100%, not a day without figures."""
     priced = {p.model: p for p in prices}
-    billed_tokens: dict[tuple[dt.date, str], Decimal] = {}
-    billed_amounts: dict[tuple[dt.date, str], Decimal] = {}
+    periods = {month.period for month in bills.months}
+    days = sorted(day for day in settled if f"{day:%Y-%m}" in periods)
+    billed_tokens: dict[tuple[dt.date, str], Decimal] = {(day, item): Decimal(0) for day in days for item in items}
+    billed_amounts: dict[tuple[dt.date, str], Decimal] = {
+        (day, row[0]): Decimal(0) for day in days for row in settled[day]
+    }
     for month in bills.months:
         for a in month.by_item:
-            if a.day in settled and a.key in items:
-                billed_tokens[a.day, a.key] = billed_tokens.get((a.day, a.key), Decimal(0)) + a.usage
+            if (a.day, a.key) in billed_tokens:
+                billed_tokens[a.day, a.key] += a.usage
         for a in month.by_endpoint:
-            if a.day in settled:
+            if a.day in settled and f"{a.day:%Y-%m}" in periods:
                 billed_amounts[a.day, a.key] = billed_amounts.get((a.day, a.key), Decimal(0)) + a.payable
     tokens = tuple(
         TokenGap(day, item, billed, counted, ratio(billed, Decimal(counted)))
@@ -80,8 +90,8 @@ def reconcile(
     amounts = []
     for (day, endpoint), billed in sorted(billed_amounts.items()):
         rows = [row for row in settled[day] if row[0] == endpoint]
-        if not rows or any(row[1] not in priced for row in rows):
-            continue  # no tokens counted, or a model without a price: nothing to estimate with
+        if any(row[1] not in priced for row in rows):
+            continue  # a model without a price: nothing to estimate with
         estimated = sum(
             (estimate(priced[model], prompt, completion, cached) or Decimal(0)
              for _, model, _, _, prompt, completion, cached in rows),
@@ -109,6 +119,10 @@ class SettledUsage:
         self.settle = dt.timedelta(seconds=settle)
         self.days_per_refresh = days_per_refresh
         self.reader = UsageSync(client, clock, state, per_api_key=per_api_key)
+        self.account = f"{client.base_url};{self.reader.settings}"
+        """What the days held were read from: days read from another account or project are read again."""
+        self._retry_at: dict[dt.date, float] = {}
+        """Days whose read failed, and when (monotonic) to try again: the others go first meanwhile."""
 
     def settled_days(self, first: dt.date) -> list[dt.date]:
         """The days from `first` that have settled by now, oldest first."""
@@ -124,18 +138,22 @@ class SettledUsage:
         """Read up to `days_per_refresh` settled days from `first` on that are not held yet (the
         most recent first: the one an alert would judge), and return every held one from `first`.
         A day whose read fails stays unread (and is tried again next time); the others go on."""
-        held = self.state.load_settled_usage(first)
-        due = [day for day in self.settled_days(first) if day not in held][::-1][: self.days_per_refresh]
+        held = self.state.load_settled_usage(first, self.account)
+        now = time.monotonic()
+        due = [day for day in self.settled_days(first) if day not in held and self._retry_at.get(day, 0.0) <= now][
+            ::-1
+        ][: self.days_per_refresh]
         for day in due:
             try:
                 aggregate = self.reader.read_day(day)
             except ClientClosed:
                 raise
-            except BillingError as error:  # a failed day is read again on a later refresh
+            except BillingError as error:  # a failed day is read again later; the others go first meanwhile
+                self._retry_at[day] = time.monotonic() + RETRY_AFTER
                 log.warning("settled usage not read; tried again later", day=day, error=str(error)[:200])
                 continue
             rows = aggregate.table()
-            self.state.save_settled_usage(day, rows, keep_from=first)
+            self.state.save_settled_usage(day, rows, self.account, keep_from=first)
             held[day] = rows
             log.info("settled usage read", day=day, records=aggregate.records)
         return held

@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS bill_history (
 );
 CREATE TABLE IF NOT EXISTS settled_days (
     day TEXT PRIMARY KEY,
-    read REAL NOT NULL
+    read REAL NOT NULL,
+    account TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS settled_usage (
     day TEXT NOT NULL,
@@ -548,10 +549,16 @@ class StateStore:
             day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
         ), totals
 
-    def load_settled_usage(self, first: dt.date) -> dict[dt.date, list[UsageRow]]:
-        """The settled days read from `first` on, each with its per-key sums (none for a day without usage)."""
+    def load_settled_usage(self, first: dt.date, account: str) -> dict[dt.date, list[UsageRow]]:
+        """The settled days read from `first` on from `account`, each with its per-key sums (none
+        for a day without usage)."""
         with self._reading() as db:
-            days = [row[0] for row in db.execute("SELECT day FROM settled_days WHERE day >= ?", (first.isoformat(),))]
+            days = [
+                row[0]
+                for row in db.execute(
+                    "SELECT day FROM settled_days WHERE day >= ? AND account = ?", (first.isoformat(), account)
+                )
+            ]
             rows = db.execute(
                 "SELECT day, endpoint, model, api_key, requests, prompt, completion, cached FROM settled_usage"
                 " WHERE day >= ?",
@@ -563,7 +570,7 @@ class StateStore:
                 held[when].append(tuple(row))
         return held
 
-    def save_settled_usage(self, day: dt.date, rows: Sequence[UsageRow], *, keep_from: dt.date) -> None:
+    def save_settled_usage(self, day: dt.date, rows: Sequence[UsageRow], account: str, *, keep_from: dt.date) -> None:
         """One settled day's per-key sums; forget the days before `keep_from`."""
         with self.transaction() as db:
             db.execute("DELETE FROM settled_usage WHERE day = ? OR day < ?", (day.isoformat(), keep_from.isoformat()))
@@ -571,7 +578,7 @@ class StateStore:
                 "INSERT INTO settled_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day.isoformat(), *row) for row in rows]
             )
             db.execute("DELETE FROM settled_days WHERE day < ?", (keep_from.isoformat(),))
-            db.execute("INSERT OR REPLACE INTO settled_days VALUES (?, ?)", (day.isoformat(), time.time()))
+            db.execute("INSERT OR REPLACE INTO settled_days VALUES (?, ?, ?)", (day.isoformat(), time.time(), account))
 
     def load_history(self) -> list[tuple[str, str, str, str, str]]:
         """Every month held: (period, its daily bills by endpoint, by item, and each endpoint's by

@@ -98,7 +98,9 @@ def test_a_day_whose_usage_read_fails_is_read_later_and_never_shown_as_a_gap(
     result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
     assert result.tokens == ()  # no figures, rather than −100%
     assert result.amounts == ()
-    assert sorted(source.refresh(DAYS[0])) == [DAYS[-1]]  # read on the next refresh
+    assert sorted(source.refresh(DAYS[0])) == [DAYS[-2]]  # the others go first meanwhile ...
+    source._retry_at.clear()  # (a quarter of an hour later)
+    assert sorted(source.refresh(DAYS[0])) == [DAYS[-2], DAYS[-1]]  # ... and it is read then
 
 
 def test_each_day_is_read_once_most_recent_first_a_few_per_refresh_and_not_again_after_a_restart(
@@ -164,3 +166,59 @@ def test_the_daemon_alerts_on_the_last_settled_days_gap_and_exposes_every_days_f
         assert f"<td>{DAYS[-1]}</td><td>ITEM_COMPLETION_TOKEN</td><td>tokens</td>" in page
     finally:
         daemon.stop(grace=5)
+
+
+def test_a_line_the_bill_leaves_out_is_a_gap_of_minus_one_not_a_day_without_figures(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    from dataclasses import replace
+
+    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    bills = BillsSource(client, clock, 3).refresh()
+    day, endpoint = DAYS[2], priced.endpoints[0].endpoint_id
+    month = bills.months[0]
+    partial = replace(
+        month,
+        by_item=tuple(a for a in month.by_item if not (a.day == day and a.key == "ITEM_COMPLETION_TOKEN")),
+        by_endpoint=tuple(a for a in month.by_endpoint if not (a.day == day and a.key == endpoint)),
+    )
+    result = reconcile(replace(bills, months=(partial,)), held, DEFAULT_ITEMS, PRICES)
+    off = {(g.day, g.item): g.ratio for g in result.tokens if g.ratio != 0}
+    assert off == {(day, "ITEM_COMPLETION_TOKEN"): -1}
+    assert {(a.day, a.endpoint_id): a.ratio for a in result.amounts if a.ratio != 0} == {(day, endpoint): -1}
+
+
+def test_days_read_from_another_account_are_read_again(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    read_all(settled_usage(client, clock, store), DAYS[0])
+    other = SettledUsage(client, clock, store, settle=SIX_HOURS, days_per_refresh=10, per_api_key=True)
+    before = served(priced)
+    assert other.refresh(DAYS[0]) != {}  # (per api key: another reading of the account)
+    assert served(priced) > before
+
+
+def test_the_signal_judges_each_group_on_its_own_last_day_and_a_bill_for_nothing_counted_is_a_full_gap(
+    clock: Clock,
+) -> None:
+    from exporter.alerts.signals import evaluate
+    from exporter.config import validate
+    from exporter.snapshots import AmountGap, BillsSnapshot, Latest, Reconciliation
+
+    latest = Latest()
+    latest.bills = BillsSnapshot((), clock.today())
+    latest.record("bills", success=True, at=0.0, duration=0.0)
+    a, b = DAYS[-2], DAYS[-1]
+    latest.reconciliation = Reconciliation(
+        amounts=(
+            AmountGap(a, "ep-1", Decimal(110), Decimal(100), Decimal("0.1")),  # no figure on the last day
+            AmountGap(b, "ep-2", Decimal(5), Decimal(0), None),  # billed, nothing counted
+            AmountGap(a, "ep-2", Decimal(100), Decimal(100), Decimal(0)),
+        )
+    )
+    rule_config = {"alert": "Gap", "signal": "reconciliation_gap", "by": ["endpoint_id"], "threshold": 0}
+    billing = {"url": "https://x", "access_key_id": "a", "secret_access_key": "b"}
+    config = validate({"billing": billing, "alerts": {"rules": [rule_config]}}, {})
+    (rule,) = config.alerts.rules
+    values = evaluate(rule, latest, clock, ["bills"])  # type: ignore[arg-type]
+    assert values == {(("endpoint_id", "ep-1"),): Decimal("0.1"), (("endpoint_id", "ep-2"),): Decimal(1)}

@@ -11,6 +11,7 @@ as it is, so a failing source never reads as zero spend.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -226,23 +227,26 @@ def data_age_promql(rule: ThresholdRule) -> str:
 
 
 def reconciliation_gap(rule: ThresholdRule, context: Context) -> Values | None:
-    """The last settled day's absolute gap ratio: tokens per item (the largest, without `by`), or
-    amounts per endpoint when the rule names `endpoint_id`. A gap with nothing counted to divide
-    by has no ratio and is left out."""
+    """Each group's absolute gap ratio on its last settled day with a figure: tokens per item (the
+    largest, without `by`), or amounts per endpoint when the rule names `endpoint_id`. A bill for
+    what nothing counted (no ratio) is a gap of 1: all of it unexplained."""
     result = context.latest.reconciliation
     if result is None or not fresh(context.latest, "bills"):
         return None
-    day = result.last_day
-    if day is None:
-        return {}  # nothing settled yet: no group to judge
     if "endpoint_id" in {*rule.by, *rule.where}:
-        pairs = [(group_of({"endpoint_id": a.endpoint_id}, rule), a.ratio) for a in result.amounts if a.day == day]
+        figures = [(a.day, {"endpoint_id": a.endpoint_id}, a.ratio) for a in result.amounts]
     else:
-        pairs = [(group_of({"item": g.item}, rule), g.ratio) for g in result.tokens if g.day == day]
+        figures = [(g.day, {"item": g.item}, g.ratio) for g in result.tokens]
+    last: dict[tuple[str, ...], dt.date] = {}
+    for day, labels, _ in figures:
+        key = tuple(labels.values())
+        last[key] = max(last.get(key, day), day)
     groups: Values = {}
-    for group, gap in pairs:
-        if group is not None and gap is not None:
-            groups[group] = max(groups.get(group, Decimal(0)), abs(gap))
+    for day, labels, gap in figures:
+        group = group_of(labels, rule)
+        if group is not None and day == last[tuple(labels.values())]:
+            value = Decimal(1) if gap is None else abs(gap)
+            groups[group] = max(groups.get(group, Decimal(0)), value)
     return groups
 
 
