@@ -23,21 +23,6 @@ from tests.conftest import PAGE
 from tests.test_usage_sync import PageCounter, as_truth
 
 
-def oldest_totals(sim: Simulator, count: int) -> dict[tuple[str, str], dict[str, int]]:
-    """The simulator's totals over the day's first `count` records (in the order they were made)."""
-    totals: dict[tuple[str, str], dict[str, int]] = {}
-    for index in range(count):
-        r = sim.usage_record(sim.clock.today(), index)
-        t = totals.setdefault(
-            (r["endpoint"], r["model"]), dict.fromkeys(("requests", "prompt", "completion", "cached"), 0)
-        )
-        t["requests"] += 1
-        t["prompt"] += r["promptTokens"]
-        t["completion"] += r["completionTokens"]
-        t["cached"] += r["promptCachedTokens"]
-    return totals
-
-
 def append_when_served(sim: Simulator, page: int, count: int) -> None:
     """Add `count` records once, just before `page` is served (a parallel read is under way)."""
     fired = []
@@ -318,7 +303,7 @@ def test_a_newest_first_day_busier_than_a_page_per_read_is_read_from_the_first_r
     assert sync.newest_first
     # The list as one read's first page showed it: the records before some arrival, each once.
     assert (snapshot.records - 1234) % 120 == 0
-    assert as_truth(snapshot) == oldest_totals(sim, snapshot.records)
+    assert as_truth(snapshot) == sim.usage_totals(oldest=snapshot.records)
     sim.before_usage_page = None
     assert as_truth(sync.refresh()) == sim.usage_totals()
 

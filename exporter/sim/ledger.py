@@ -248,13 +248,16 @@ class Ledger:
         return (self.usage_record(day, i) for i in indices)
 
     def usage_totals(
-        self, day: dt.date | None = None, *, distinct: bool = False
+        self, day: dt.date | None = None, *, distinct: bool = False, oldest: int | None = None
     ) -> dict[tuple[str, str], dict[str, int]]:
         """The simulator's own sums for a day, per (endpoint, model): of every record it lists, or
-        with `distinct`, of every request (one it lists twice counted once)."""
+        with `distinct`, of every request (one it lists twice counted once); with `oldest`, of the
+        day's first `oldest` records as they were made, wherever they are listed."""
         totals: dict[tuple[str, str], dict[str, int]] = {}
         seen: set[str] = set()
-        for r in self.usage_records(day or self.clock.today()):
+        day = day or self.clock.today()
+        records = self.usage_records(day) if oldest is None else (self.usage_record(day, i) for i in range(oldest))
+        for r in records:
             if distinct and r["requestId"] in seen:
                 continue
             seen.add(r["requestId"])
