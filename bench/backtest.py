@@ -11,8 +11,8 @@ import argparse
 import datetime as dt
 import time
 
-from exporter.backtest import backtest, month_range
-from exporter.clock import Clock, FrozenClock
+from exporter.backtest import backtest
+from exporter.clock import Clock, FrozenClock, periods_between
 from exporter.config import validate
 from exporter.sim import Simulator, SpendModel
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = Clock(now_fn=FrozenClock(TODAY.replace(tzinfo=Clock().tz)))
     sim = Simulator(clock=clock, spend=SpendModel(start=dt.date(2026, 1, 1)))
     server = sim.serve()
-    periods = month_range("2026-01", "2026-10")[-args.months :]
+    periods = periods_between("2026-01", "2026-10")[-args.months :]
     rules = [
         {"alert": f"Anomaly{n}", "signal": "spend_anomaly", "by": by, "min_amount": "20", "min_percent": 30}
         for n, by in enumerate(([], ["endpoint_id"], ["item"]))

@@ -37,7 +37,7 @@ from prometheus_client.core import Metric
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, SignatureRejected
 from exporter.bills import daily_amounts, forecast, per_day
-from exporter.clock import Clock, previous_period
+from exporter.clock import PERIOD, Clock, period_at, period_index, periods_between, previous_period
 from exporter.collectors import BillsCollector, ExporterCollector
 from exporter.logs import get_logger
 from exporter.snapshots import DailyAmount, Latest
@@ -53,7 +53,6 @@ data carry no staleness markers to end it)."""
 HEAD_BLOCK = dt.timedelta(hours=3)
 """Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
 MAX_MONTHS = 24
-MONTH = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 OWN_LABELS = frozenset({"period", "day", "endpoint_id", "item", "product", "project_id"})
 ENDPOINT_DAILY = "inference_bill_endpoint_daily_payable_amount"
@@ -91,19 +90,10 @@ class Result:
 # --- the command's arguments ----------------------------------------------------------------
 
 
-def _index(period: str) -> int:
-    year, month = (int(part) for part in period.split("-"))
-    return year * 12 + month - 1
-
-
-def _period(index: int) -> str:
-    return f"{index // 12:04d}-{index % 12 + 1:02d}"
-
-
 def months(first: str, last: str | None, current: str) -> list[str]:
     """`--from` … `--to` (this month when not given), oldest first; ValueError with a one-line reason."""
     for option, text in (("--from", first), ("--to", last)):
-        if text is not None and not MONTH.fullmatch(text):
+        if text is not None and not PERIOD.fullmatch(text):
             raise ValueError(f"argument {option}: {text!r} is not a month (YYYY-MM)")
     last = last or current
     for option, text in (("--from", first), ("--to", last)):
@@ -111,10 +101,10 @@ def months(first: str, last: str | None, current: str) -> list[str]:
             raise ValueError(f"argument {option}: {text} is in the future (this month is {current})")
     if first > last:
         raise ValueError(f"argument --from: {first} is after --to {last}")
-    count = _index(last) - _index(first) + 1
-    if count > MAX_MONTHS:
-        raise ValueError(f"{count} months from {first} to {last}: at most {MAX_MONTHS} at once")
-    return [_period(_index(first) + n) for n in range(count)]
+    periods = periods_between(first, last)
+    if len(periods) > MAX_MONTHS:
+        raise ValueError(f"{len(periods)} months from {first} to {last}: at most {MAX_MONTHS} at once")
+    return periods
 
 
 def target_labels(pairs: Iterable[str]) -> Labels:
@@ -200,7 +190,7 @@ class _Calendar:
 
     def hidden_from(self, period: str) -> dt.date:
         """The first day the exporter no longer shows `period`: after the next month's grace days."""
-        return _first_day(_period(_index(period) + 1)) + dt.timedelta(days=self.grace_days)
+        return _first_day(period_at(period_index(period) + 1)) + dt.timedelta(days=self.grace_days)
 
 
 class _Writer:

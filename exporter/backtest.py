@@ -21,8 +21,8 @@ from types import MappingProxyType
 from exporter.alerts.engine import Alert, Engine, rule_ids
 from exporter.billing import BillingClient
 from exporter.bills import forecast, per_day
-from exporter.clock import Clock, FrozenClock, days_in_period, previous_period
-from exporter.history import fetch_month, past_periods
+from exporter.clock import Clock, FrozenClock, days_in_period, periods_before, periods_between, previous_period
+from exporter.history import fetch_month
 from exporter.logs import get_logger
 from exporter.schema import AlertsConfig, AnomalyRule, Config, ThresholdRule
 from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory
@@ -152,7 +152,7 @@ def replay(config: Config, months: dict[str, MonthHistory], first: str, last: st
     try:
         while day <= min(end + dt.timedelta(days=1), today):
             period = f"{day:%Y-%m}"
-            held = past_periods(period, config.billing.history_months)
+            held = periods_before(period, config.billing.history_months)
             evening = [] if day > end else [24 * 3600 - 1 - hold, 24 * 3600 - 1] if hold else [24 * 3600 - 1]
             for upto, seconds in [(day - dt.timedelta(days=1), 30.0)] + [(day, s) for s in evening]:
                 latest.history = HistorySnapshot(
@@ -188,18 +188,9 @@ def backtest(config: Config, first: str, last: str, clock: Clock) -> tuple[list[
     """Fetch `first` … `last` (and the history months before them) and replay them; with the
     notes on what was left out. Days from today on are not replayed (they have not ended)."""
     today = clock.today()
-    periods = [*past_periods(first, config.billing.history_months), *month_range(first, last)]
+    periods = [*periods_before(first, config.billing.history_months), *periods_between(first, last)]
     with BillingClient.from_config(config.billing, clock) as client:
         months = fetch(client, [p for p in periods if p <= clock.period(today)], today)
     _, notes = replayable(config.alerts)
-    notes += [f"{p}: no bills" for p in month_range(first, last) if p not in months and p <= clock.period(today)]
+    notes += [f"{p}: no bills" for p in periods_between(first, last) if p not in months and p <= clock.period(today)]
     return replay(config, months, first, last, today), notes
-
-
-def month_range(first: str, last: str) -> list[str]:
-    """`first` … `last`, as periods."""
-    periods = [first]
-    while periods[-1] < last:
-        year, month = (int(part) for part in periods[-1].split("-"))
-        periods.append(f"{year + month // 12:04d}-{month % 12 + 1:02d}")
-    return periods

@@ -6,7 +6,6 @@ import argparse
 import datetime as dt
 import os
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from exporter import __version__
 from exporter.alerts.promrules import rule_file
 from exporter.backfill import BackfillError, backfill, months, target_labels
 from exporter.billing import BillingClient, BillingError
-from exporter.clock import Clock
+from exporter.clock import PERIOD, Clock
 from exporter.config import ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.logs import get_logger, setup_logging
@@ -109,7 +108,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 def _period(value: str) -> str:
     """`--from` / `--to`: a billing month, YYYY-MM."""
-    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", value):
+    if not PERIOD.fullmatch(value):
         raise argparse.ArgumentTypeError(f"{value!r} is not a month (YYYY-MM)")
     return value
 

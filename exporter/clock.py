@@ -7,6 +7,7 @@ Every notion of "day" in the exporter comes from here, never from the host's zon
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from zoneinfo import ZoneInfo
@@ -46,10 +47,32 @@ def iso(timestamp: float | None) -> str:
     return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def previous_period(period: str) -> str:
+PERIOD = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+"""A billing month as written: YYYY-MM."""
+
+
+def period_index(period: str) -> int:
+    """Months since year 0: periods as numbers, to count and step by."""
     year, month = (int(part) for part in period.split("-"))
-    year, month = (year - 1, 12) if month == 1 else (year, month - 1)
-    return f"{year:04d}-{month:02d}"
+    return year * 12 + month - 1
+
+
+def period_at(index: int) -> str:
+    return f"{index // 12:04d}-{index % 12 + 1:02d}"
+
+
+def previous_period(period: str) -> str:
+    return period_at(period_index(period) - 1)
+
+
+def periods_between(first: str, last: str) -> list[str]:
+    """`first` … `last` (both included), oldest first."""
+    return [period_at(index) for index in range(period_index(first), period_index(last) + 1)]
+
+
+def periods_before(period: str, count: int) -> list[str]:
+    """The `count` billing months before `period`, oldest first."""
+    return [period_at(period_index(period) - n) for n in range(count, 0, -1)]
 
 
 def days_in_period(period: str) -> int:

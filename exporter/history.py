@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, ClientClosed
 from exporter.bills import daily_amounts
-from exporter.clock import Clock, previous_period
+from exporter.clock import Clock, periods_before
 from exporter.logs import get_logger
 from exporter.snapshots import DailyAmount, HistorySnapshot, MonthHistory
 from exporter.state import StateError, StateStore
@@ -31,15 +31,6 @@ log = get_logger(__name__)
 
 RETRY_AFTER = 3600.0
 """Seconds before a month the API refused is asked for again."""
-
-
-def past_periods(current: str, count: int) -> list[str]:
-    """The `count` billing months before `current`, oldest first."""
-    periods: list[str] = []
-    for _ in range(count):
-        current = previous_period(current)
-        periods.append(current)
-    return periods[::-1]
 
 
 def _encode(amounts: Iterable[DailyAmount]) -> str:
@@ -105,7 +96,7 @@ class HistorySource:
         state file holds kept)."""
         today = self.clock.today()
         current = self.clock.period(today)
-        periods = past_periods(current, self.months)
+        periods = periods_before(current, self.months)
         held = {**self._stored(), **self._unsaved}
         due = [
             period

@@ -11,8 +11,8 @@ import pytest
 
 from exporter.billing import BillingClient, BillingError
 from exporter.bills import BillsSource, forecast
-from exporter.clock import Clock, FrozenClock, previous_period
-from exporter.history import HistorySource, past_periods
+from exporter.clock import Clock, FrozenClock, periods_before, previous_period
+from exporter.history import HistorySource
 from exporter.sim import Fault, Simulator, SpendModel
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
@@ -33,7 +33,7 @@ def served(sim: Simulator) -> int:
 
 
 def test_past_periods_cross_the_year() -> None:
-    assert past_periods("2027-02", 3) == ["2026-11", "2026-12", "2027-01"]
+    assert periods_before("2027-02", 3) == ["2026-11", "2026-12", "2027-01"]
 
 
 def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
