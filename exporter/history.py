@@ -33,16 +33,15 @@ RETRY_AFTER = 3600.0
 """Seconds before a month the API refused is asked for again."""
 
 
-def _encode(amounts: Iterable[DailyAmount]) -> str:
-    return json.dumps(
-        [[a.day.isoformat(), a.key, a.product, a.project_id, str(a.payable), str(a.usage)] for a in amounts]
-    )
+def _rows(amounts: Iterable[DailyAmount]) -> list[list[str]]:
+    """Daily amounts as JSON-ready rows (amounts as their exact decimal text)."""
+    return [[a.day.isoformat(), a.key, a.product, a.project_id, str(a.payable), str(a.usage)] for a in amounts]
 
 
-def _decode(period: str, text: str) -> tuple[DailyAmount, ...]:
+def _amounts(period: str, rows: Iterable[list[str]]) -> tuple[DailyAmount, ...]:
     return tuple(
         DailyAmount(period, dt.date.fromisoformat(day), key, product, project, Decimal(payable), Decimal(usage))
-        for day, key, product, project, payable, usage in json.loads(text)
+        for day, key, product, project, payable, usage in rows
     )
 
 
@@ -71,19 +70,17 @@ class HistorySource:
         """Months the API listed nothing for, and the day it said so (not asked again that day)."""
         self._retry_at: dict[str, float] = {}
         """Months the API refused, and when (monotonic) to try again."""
-        self._unsaved: dict[str, MonthHistory] = {}
-        """Months fetched that the state file refused to keep."""
+        self._held: dict[str, MonthHistory] | None = None
+        """The months held: read from the state file once, then kept here (also those it refused to keep)."""
 
     def _stored(self) -> dict[str, MonthHistory]:
         held = {}
         for period, by_endpoint, by_item, items_by_endpoint, fetched in self.state.load_history():
-            split = {
-                endpoint: _decode(period, json.dumps(rows)) for endpoint, rows in json.loads(items_by_endpoint).items()
-            }
+            split = {endpoint: _amounts(period, rows) for endpoint, rows in json.loads(items_by_endpoint).items()}
             held[period] = MonthHistory(
                 period,
-                _decode(period, by_endpoint),
-                _decode(period, by_item),
+                _amounts(period, json.loads(by_endpoint)),
+                _amounts(period, json.loads(by_item)),
                 dt.date.fromisoformat(fetched),
                 MappingProxyType(split),
             )
@@ -97,7 +94,9 @@ class HistorySource:
         today = self.clock.today()
         current = self.clock.period(today)
         periods = periods_before(current, self.months)
-        held = {**self._stored(), **self._unsaved}
+        if self._held is None:
+            self._held = self._stored()
+        held = self._held
         due = [
             period
             for period in [*periods, current]
@@ -132,14 +131,11 @@ class HistorySource:
 
     def _save(self, month: MonthHistory, today: dt.date, keep_from: str) -> None:
         """Into the state file; if it refuses the write, the month is kept here (and used) anyway."""
-        split = json.dumps({e: json.loads(_encode(rows)) for e, rows in month.items_by_endpoint.items()})
+        split = json.dumps({e: _rows(rows) for e, rows in month.items_by_endpoint.items()})
         try:
             self.state.save_history(
-                month.period, _encode(month.by_endpoint), _encode(month.by_item), split, today.isoformat(),
-                keep_from=keep_from,
+                month.period, json.dumps(_rows(month.by_endpoint)), json.dumps(_rows(month.by_item)), split,
+                today.isoformat(), keep_from=keep_from,
             )  # fmt: skip
         except StateError as error:
-            self._unsaved[month.period] = month
             log.warning("history month not saved; kept in memory", period=month.period, error=str(error)[:200])
-        else:
-            self._unsaved.pop(month.period, None)

@@ -156,3 +156,15 @@ def test_a_state_file_that_refuses_the_history_still_has_it_used(
     history = HistorySource(client, clock, store, months=2).refresh()
     assert list(history.months) == ["2026-09", "2026-10"]
     assert history.as_of == clock.today()
+
+
+def test_the_state_file_is_read_once_then_the_months_are_kept_in_memory(
+    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loads = []
+    load = store.load_history
+    monkeypatch.setattr(store, "load_history", lambda: loads.append(1) or load())
+    source = HistorySource(client, clock, store, months=2)
+    first = source.refresh()
+    assert source.refresh() == first  # every ten minutes: nothing fetched, nothing read
+    assert loads == [1]
