@@ -83,13 +83,11 @@ def judged_day(clock: Clock) -> dt.date:
     return clock.today() - dt.timedelta(days=1)
 
 
-def find(rule: AnomalyRule, latest: Latest, clock: Clock, day: dt.date | None = None) -> list[Finding] | None:
-    """Each group's judgement of `day` (the last complete one by default); None when the bills
-    cannot be trusted right now (the engine then keeps the rule's alerts as they are)."""
+def trusted(latest: Latest, clock: Clock) -> bool:
+    """The bills are fresh and of today: a judgement may be made (else the engine keeps the
+    rule's alerts as they are)."""
     bills = latest.bills
-    if bills is None or not fresh(latest, "bills") or bills.today != clock.today():
-        return None
-    return judge_groups(rule, held(latest), day or judged_day(clock))
+    return bills is not None and fresh(latest, "bills") and bills.today == clock.today()
 
 
 def judge_groups(rule: AnomalyRule, bills: Bills, day: dt.date) -> list[Finding]:

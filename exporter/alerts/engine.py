@@ -139,6 +139,8 @@ class Engine:
         self._lock = threading.Lock()
         self._transitions = 0
         self._sent = self.db.load_sent()
+        self._anomaly_inputs: dict[str, tuple[object, object, str]] = {}
+        """Per anomaly rule, the snapshots and day its last judgement was made from."""
         self._queued: list[tuple[str, Alert, str]] = []
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
         self._load()
@@ -222,10 +224,17 @@ class Engine:
         history = self.latest.history
         if self.history and (history is None or history.as_of != self.clock.today()):
             return  # the baseline (and the items behind an endpoint) come with today's history: not yet
-        findings = anomalies.find(rule, self.latest, self.clock)
-        if findings is None:
+        if not anomalies.trusted(self.latest, self.clock):
             return  # no trustworthy bills now: the rule's alerts keep their state
-        day = anomalies.judged_day(self.clock).isoformat()
+        judged_day = anomalies.judged_day(self.clock)
+        day = judged_day.isoformat()
+        bills = self.latest.bills
+        earlier = self._anomaly_inputs.get(rid)
+        if earlier is not None and earlier[0] is bills and earlier[1] is history and earlier[2] == day:
+            findings = self.judged[rid][2]  # the same snapshots and day: the same judgement
+        else:
+            findings = anomalies.judge_groups(rule, anomalies.held(self.latest), judged_day)
+            self._anomaly_inputs[rid] = (bills, history, day)
         self.judged = {**self.judged, rid: (rule, day, findings)}  # replaced whole: scrapes read it unlocked
         active: set[str] = set()
         for finding in findings:
