@@ -34,7 +34,6 @@ log = get_logger(__name__)
 RETRY_AFTER = 900.0
 """Seconds before a settled day whose read failed is tried again."""
 
-COUNTS = ("prompt", "prompt_uncached", "cached_prompt", "completion")
 DEFAULT_ITEMS = DEFAULT_RECONCILED_ITEMS
 
 
