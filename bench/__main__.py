@@ -1,10 +1,11 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import anomaly, backtest, faults, probe, reconcile, render, sync
+from bench import anomaly, backtest, chart, faults, probe, reconcile, render, sync
 
 if __name__ == "__main__":
     sync.main([])
     render.main([])
+    chart.main([])
     probe.main([])
     faults.main([])
     anomaly.main([])

@@ -19,8 +19,7 @@ from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
 from exporter.clock import Clock, days_in_period, previous_period
-from exporter.schema import BudgetConfig
-from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, Latest, MonthBills
+from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills
 
 TRAILING_DAYS = 7
 
@@ -112,22 +111,3 @@ class BillsSource:
                 )
             )
         return BillsSnapshot(months=tuple(months), today=today)
-
-
-def budget_status(
-    latest: Latest, budgets: Iterable[BudgetConfig]
-) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
-    """Each budget with its used and forecast ratios (None before the first bills)."""
-    snapshot = latest.bills
-    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
-    for budget in budgets:
-        if snapshot is None:
-            status.append((budget, None))
-            continue
-        month = snapshot.current
-        if budget.period == "month":
-            spent, projected = month.month_to_date, month.forecast
-        else:
-            spent, projected = month.spend_on(snapshot.today), month.today_forecast
-        status.append((budget, (spent / budget.amount, projected / budget.amount)))
-    return status

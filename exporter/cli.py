@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import random
 import signal
@@ -17,16 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter import __version__
+from exporter.alerts.engine import Alert
 from exporter.alerts.promrules import rule_file
 from exporter.backfill import BackfillError, backfill, months, target_labels
 from exporter.billing import BillingClient, BillingError
 from exporter.clock import PERIOD, Clock
 from exporter.config import ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
+from exporter.digest import text as digest_text
 from exporter.logs import get_logger, setup_logging
 from exporter.schema import Config
 from exporter.snapshots import Latest
-from exporter.state import StateError, StateStore, location_problem
+from exporter.state import StateError, StateStore, location_problem, peek
 
 if TYPE_CHECKING:
     from exporter.sim import Simulator, SpendModel
@@ -95,6 +98,49 @@ def cmd_once(args: argparse.Namespace) -> int:
     finally:
         sources.close()
     return 0
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if args.send and config.digest is None:
+        print(f"{args.config}: digest: not configured; `--send` sends through `digest.notifiers`", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(config.log.level, config.log.format, config.secret_values())
+    schedule = config.digest.schedule if config.digest is not None else "daily"
+    clock = Clock(config.billing.zone)
+    latest = Latest()
+    store = StateStore(":memory:")
+    sources = Sources(config, latest, clock, store, external_url=config.server.external_url or "")
+    try:
+        for name in ("bills", "history", "usage"):
+            if name not in sources.refreshers:
+                continue
+            try:
+                sources.refreshers[name]()
+            except BillingError as error:
+                print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
+                return EXIT_SOURCE
+            latest.record(name, success=True, at=time.time(), duration=0.0)
+        sources.engine.evaluate()  # judges the anomaly rules on these bills (nothing is sent from here)
+        today = clock.today()
+        # The probe runs and firing alerts are the running daemon's, read from its state file.
+        held = peek(config.state.path, *sources.digest_span(today, schedule))
+        runs, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
+        if held is None:
+            print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
+        body = sources.digest(today, schedule, config.server.external_url or "", runs=runs, alerts=alerts)
+        sys.stdout.write(digest_text(body))
+        if not args.send:
+            return 0
+        assert config.digest is not None
+        sources.dispatcher.store.enqueue_digest(f"now:{time.time()}", config.digest.notifiers, body, time.time())
+        sources.dispatcher.deliver()
+        left = sources.dispatcher.pending()
+        for name in config.digest.notifiers:
+            print(f"{name}: {'not sent' if left.get(name) else 'sent'}", file=sys.stderr)
+        return EXIT_SOURCE if any(left.values()) else 0
+    finally:
+        sources.close()
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -402,6 +448,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="if the state file is corrupt, keep it as <path>.corrupt-TIMESTAMP and start with a fresh one",
     )
     run.set_defaults(func=cmd_run)
+
+    digest = _command(
+        commands, "digest", "print the digest of the day before (or send it now)",
+        "Fetch the bills (and history and usage) now and print the digest the daemon sends at `digest.at`: "
+        "yesterday's spend against its expected amount, month to date, forecast, budgets, top endpoints and items, "
+        "anomalies, reconciliation gaps, and, from the daemon's state file when there is one, its firing alerts and "
+        "each probe's success ratio and p95 time to first token. With --send, also send it now through "
+        "`digest.notifiers` (once, without retries; this does not count as the daemon's digest of the day). Exits 1 "
+        "for a bad config, 2 when an API refuses or a notifier does not take it.",
+    )  # fmt: skip
+    _config_option(digest)
+    digest.add_argument("--send", action="store_true", help="send it through digest.notifiers too")
+    digest.set_defaults(func=cmd_digest)
 
     rules = _command(
         commands, "rules", "the YAML alert rules as a Prometheus alerting-rule file",

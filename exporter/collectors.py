@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.bills import budget_status
+from exporter.budgets import budget_status
 from exporter.clock import Clock
-from exporter.schema import BudgetConfig
+from exporter.schema import BudgetConfig, PriceConfig
 from exporter.snapshots import Histogram, Latest, UsageKey, UsageTotals
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
@@ -122,12 +122,21 @@ def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
 
 
 class BudgetCollector(Collector):
-    def __init__(self, latest: Latest, budgets: Iterable[BudgetConfig]) -> None:
+    def __init__(self, latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = ()) -> None:
         self.latest = latest
         self.budgets = tuple(budgets)
+        self.prices = tuple(prices)
+        self.on_usage = any(budget.on_usage for budget in self.budgets)
+        self._version: tuple[object, ...] = ()
 
     def version(self) -> object:
-        return self.latest.bills
+        """The snapshots the figures are made from, as one object while none of them changes (the
+        exposition caches a block while its version is the same object)."""
+        latest = self.latest
+        current = (latest.bills, latest.history, *((latest.usage, latest.settled) if self.on_usage else ()))
+        if len(current) != len(self._version) or any(a is not b for a, b in zip(current, self._version, strict=True)):
+            self._version = current
+        return self._version
 
     def collect(self) -> Iterator[Metric]:
         amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
@@ -141,7 +150,7 @@ class BudgetCollector(Collector):
             f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
             labels=["budget"],
         )
-        for budget, ratios in budget_status(self.latest, self.budgets):
+        for budget, ratios in budget_status(self.latest, self.budgets, self.prices):
             amount.add_metric([budget.name], float(budget.amount))
             if ratios is not None:
                 used.add_metric([budget.name], float(ratios[0]))

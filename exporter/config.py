@@ -105,6 +105,55 @@ def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[st
     return None
 
 
+def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
+    """Scopes that cannot be priced or can never match, each naming its budget."""
+    problems: list[tuple[Location, str]] = []
+    billing: dict[str, Any] = document["billing"] if isinstance(document.get("billing"), dict) else {}
+    priced = {item.get("model") for _, item in _items(document, "prices")}
+    for where, budget in _items(document, "budgets"):
+        scope = budget.get("where")
+        if not isinstance(scope, dict):
+            continue
+        model, api_key, project = scope.get("model"), scope.get("api_key"), scope.get("project_id")
+        if model is not None and model not in priced:
+            problems.append(((*where, "where", "model"), f"model {model!r} has no entry in `prices`"))
+        if api_key is not None and not priced:
+            problems.append(
+                ((*where, "where", "api_key"), "a scope on api_key is priced from `prices`, which is empty")
+            )
+        if api_key is not None and billing.get("per_api_key") is not True:
+            problems.append(
+                (
+                    (*where, "where", "api_key"),
+                    "usage is counted per API key only with `billing.per_api_key: true`",
+                )
+            )
+        wanted = billing.get("project_id")
+        if project is not None and isinstance(wanted, str) and wanted and project != wanted:
+            problems.append(((*where, "where", "project_id"), f"matches nothing: `billing.project_id` is {wanted!r}"))
+    return problems
+
+
+def _digest_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
+    digest = document.get("digest")
+    names = digest.get("notifiers") if isinstance(digest, dict) else None
+    if not isinstance(names, list):
+        return []
+    kinds = {item.get("name"): item.get("type") for _, item in _items(document, "alerts", "notifiers")}
+    problems: list[tuple[Location, str]] = []
+    for index, name in enumerate(names):
+        if name not in kinds:
+            known = ", ".join(sorted(str(k) for k in kinds if kinds[k] != "alertmanager")) or "none"
+            problems.append((("digest", "notifiers", index), f"unknown notifier {name!r} (known: {known})"))
+        elif kinds[name] == "alertmanager":
+            problems.append(
+                (("digest", "notifiers", index), f"{name!r} is an Alertmanager: it takes alerts, not a digest")
+            )
+        elif kinds[name] == "pagerduty":
+            problems.append((("digest", "notifiers", index), f"{name!r} is PagerDuty: a digest is not an incident"))
+    return problems
+
+
 def cross_check(document: dict[str, Any]) -> list[str]:
     """Problems between sections: duplicate names, references to what is not defined, rules that
     can match nothing. Each at its location."""
@@ -126,6 +175,8 @@ def cross_check(document: dict[str, Any]) -> list[str]:
         unmatchable = _unmatchable(rule, probes)
         if unmatchable is not None:
             problems.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
+    problems += _budget_scopes(document)
+    problems += _digest_notifiers(document)
     return [f"{location(where)}{_rule_name(document, where)}: {problem}" for where, problem in problems]
 
 
@@ -253,7 +304,14 @@ def _message(error: Any) -> str:
 
 
 def _rule_name(document: dict[str, Any], path: tuple[int | str, ...]) -> str:
-    """` (alert NAME)` for a location inside `alerts.rules[i]`, so a message names its rule."""
+    """` (alert NAME)` for a location inside `alerts.rules[i]`, ` (budget 'NAME')` inside
+    `budgets[i]`, so a message names its rule or budget."""
+    if len(path) >= 2 and path[0] == "budgets" and isinstance(path[1], int) and path[2:] != ("name",):
+        try:
+            budget = document["budgets"][path[1]]["name"]
+        except (KeyError, IndexError, TypeError):
+            return ""
+        return f" (budget {budget!r})" if isinstance(budget, str) else ""
     if len(path) < 3 or path[:2] != ("alerts", "rules") or not isinstance(path[2], int):
         return ""
     try:
@@ -280,8 +338,9 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
         for error in invalid.errors():
             path = tuple(
                 "for" if p == "for_" else p
-                for p in error["loc"]
+                for n, p in enumerate(error["loc"])
                 if not (isinstance(p, str) and (p.endswith("Notifier") or p in RULE_KINDS))
+                and not (n == 3 and error["loc"][:2] == ("alerts", "notifiers"))  # the `type` it was read as
             )
             if path not in missing:
                 loc = error["loc"]

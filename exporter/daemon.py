@@ -6,10 +6,12 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -18,7 +20,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client.registry import Collector
 
 from exporter.alerts.collector import AlertsCollector
-from exporter.alerts.engine import Engine
+from exporter.alerts.engine import Alert, Engine
 from exporter.alerts.notifiers import Dispatcher
 from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
@@ -32,12 +34,13 @@ from exporter.collectors import (
     UsageCollector,
 )
 from exporter.config import ConfigError, load
+from exporter.digest import FiringAlert, ProbeStat, build, span
 from exporter.exposition import Exposition
 from exporter.history import HistorySource
 from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
 from exporter.reconcile import SettledUsage, reconcile
-from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, ProbeConfig
+from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, DigestConfig, ProbeConfig
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore, UsageRow
@@ -60,8 +63,28 @@ SKIPPED_RUN_NOTICE = _SkippedRunNotice()
 HISTORY_CHECK = 600.0
 """Seconds between looks at the history (each month is fetched once per billing day): at most
 this long after midnight, the day that ended is judged for anomalies."""
+PROBE_RUNS_KEPT = 9 * 86400.0
+"""Seconds a probe run is kept for the digest (a week and its edges)."""
+DIGEST_WAIT = 3600.0
+"""Seconds past its time a digest waits for the day's bills (and history) before it goes with what there is."""
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
+
+
+def digest_due(config: DigestConfig, now: dt.datetime, clock: Clock) -> dt.date | None:
+    """The day whose digest is due at `now`: the last scheduled time passed, if it is at most half
+    a period ago (a digest missed for longer is skipped: the next one is nearer)."""
+    hour, minute = config.time
+    today = clock.today()
+    period = 7 if config.schedule == "weekly" else 1
+    for back in range(period + 1):
+        day = today - dt.timedelta(days=back)
+        if config.schedule == "weekly" and day.weekday() != 0:
+            continue
+        scheduled = clock.day_start(day) + dt.timedelta(hours=hour, minutes=minute)
+        if scheduled <= now:
+            return day if now - scheduled <= dt.timedelta(days=period / 2) else None
+    return None
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -77,7 +100,7 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
         [
             BillsCollector(latest),
             UsageCollector(latest, config.billing.per_api_key),
-            BudgetCollector(latest, config.budgets),
+            BudgetCollector(latest, config.budgets, config.prices),
             ReconciliationCollector(latest),
             ProbeCollector(latest),
             ExporterCollector(latest, clock),
@@ -134,6 +157,7 @@ class Sources:
             sources=lambda: list(self.refreshers),
             notifiers=[n.name for n in config.alerts.notifiers if not isinstance(n, AlertmanagerNotifier)],
             history=config.billing.history_months > 0,
+            prices=config.prices,
         )
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
@@ -154,6 +178,7 @@ class Sources:
             if previous is not None:
                 self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
         self.clock = clock
+        self.state = state
         self.settled = SettledUsage(
             self.client, clock, state,
             settle=config.reconciliation.settle,
@@ -202,6 +227,7 @@ class Sources:
             first = (first - dt.timedelta(days=1)).replace(day=1)  # the last month's last days settle now
         try:
             self._settled = self.settled.refresh(first)
+            self.latest.settled = MappingProxyType(dict(self._settled))
         except StateError as error:
             log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
         self._reconcile()
@@ -212,7 +238,52 @@ class Sources:
             self.latest.reconciliation = reconcile(self.latest.bills, self._settled, rec.items, self.config.prices)
 
     def _probe(self, runner: ProbeRunner) -> None:
-        self.latest.publish_probe(runner.run())
+        snapshot = runner.run()
+        self.latest.publish_probe(snapshot)
+        now = self.clock.now().timestamp()
+        try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
+            self.state.record_probe_run(
+                snapshot.probe, now, snapshot.last.success, snapshot.last.time_to_first_token,
+                keep_from=now - PROBE_RUNS_KEPT,
+            )  # fmt: skip
+        except StateError as error:
+            log.warning("probe run not kept for the digest: the state file refused it", error=str(error)[:200])
+
+    def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
+        """The timestamps the digest sent on `sent_on` covers: [start, end)."""
+        first, day = span(schedule, sent_on)
+        return self.clock.day_start(first).timestamp(), self.clock.day_start(day + dt.timedelta(days=1)).timestamp()
+
+    def digest(
+        self,
+        sent_on: dt.date,
+        schedule: str,
+        url: str,
+        *,
+        runs: Sequence[tuple[str, bool, float | None]] | None = None,
+        alerts: Sequence[Alert] | None = None,
+    ) -> dict[str, Any]:
+        """The digest sent on `sent_on` from what this config's sources hold now; the probe runs
+        and alerts are this daemon's unless given (`digest` the command reads a daemon's file)."""
+        if runs is None:
+            runs = self.state.probe_runs(*self.digest_span(sent_on, schedule))
+        per_probe: dict[str, list[tuple[bool, float | None]]] = {name: [] for name in self.probes}
+        for probe, success, ttft in runs:
+            per_probe.setdefault(probe, []).append((success, ttft))
+        probes = [
+            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for s, t in rs if s and t is not None])
+            for name, rs in sorted(per_probe.items())
+        ]
+        firing = [
+            FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
+            for a in (self.engine.current() if alerts is None else alerts)
+            if a.state == "firing"
+        ]
+        anomalies = {rule.alert: (day_judged, findings) for rule, day_judged, findings in self.engine.judged.values()}
+        return build(
+            self.latest, schedule=schedule, sent_on=sent_on, budgets=self.config.budgets, prices=self.config.prices,
+            anomalies=anomalies, alerts=firing, probes=probes, url=url,
+        )  # fmt: skip
 
     def changed(self, previous: Sources) -> set[str]:
         """The sources whose way of refreshing this config changed (they run again at once)."""
@@ -279,6 +350,7 @@ class Daemon:
             sources=lambda: list(self.sources.refreshers),
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,
+            prices=lambda: self.sources.config.prices,
             now=lambda: self.clock.now().timestamp(),
         )
         host, port = parse_listen(listen or config.server.listen)
@@ -410,9 +482,48 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
+        self.digest_cycle()
         self.dispatcher.poke()
         if changes:
             self.dispatcher.resend_alertmanager()
+
+    def digest_cycle(self) -> bool:
+        """Queue the digest when its time has come and it was not queued before (once per day or
+        week, across restarts: one missed while the daemon was down goes late, up to half its
+        period late). It waits for today's bills (and history) up to DIGEST_WAIT. True if queued."""
+        config = self.config.digest
+        if config is None:
+            return False
+        now = self.clock.now()
+        sent_on = digest_due(config, now, self.clock)
+        if sent_on is None:
+            return False
+        key = f"{config.schedule}:{sent_on.isoformat()}"
+        with self._busy():
+            try:
+                if self.dispatcher.store.digest_made(key):
+                    return False
+                scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
+                if not self._digest_ready() and now < scheduled + dt.timedelta(seconds=DIGEST_WAIT):
+                    return False
+                body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config))
+                queued = self.dispatcher.store.enqueue_digest(key, config.notifiers, body, now.timestamp())
+            except StateError as error:
+                log.error("digest not queued: the state file refused it (tried again in a minute)", error=str(error))
+                return False
+        if queued:
+            log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers))
+            self.dispatcher.poke()
+        return queued
+
+    def _digest_ready(self) -> bool:
+        """Today's bills are in, and today's history when there is one: the day summarised is complete."""
+        today = self.clock.today()
+        bills, history = self.latest.bills, self.latest.history
+        health = self.latest.health.get("bills")
+        if bills is None or bills.today != today or health is None or not health.success:
+            return False
+        return self.config.billing.history_months == 0 or (history is not None and history.as_of == today)
 
     def deliver(self) -> None:
         """Deliver what is due here and now (the workers do it by themselves; tests and the soak

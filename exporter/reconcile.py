@@ -35,6 +35,8 @@ RETRY_AFTER = 900.0
 """Seconds before a settled day whose read failed is tried again."""
 
 DEFAULT_ITEMS = DEFAULT_RECONCILED_ITEMS
+AGREES = Decimal("0.001")
+"""A gap this small or smaller is agreement (rounding on the bill)."""
 
 
 def count(rows: Iterable[UsageRow], which: str) -> int:

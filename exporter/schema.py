@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from decimal import Decimal
+from email.utils import parseaddr
 from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
@@ -186,10 +187,48 @@ def _above_zero(amount: Decimal) -> Decimal:
     return amount
 
 
+BILLED_SCOPE = ("endpoint_id", "item", "product", "project_id")
+"""What a budget's `where` may name to be measured on the bills."""
+USAGE_SCOPE = ("model", "api_key")
+"""What makes a budget measured on usage × prices instead (`endpoint_id` may join them)."""
+
+
 class BudgetConfig(Strict):
     name: Name
     amount: Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_above_zero)]
     period: Literal["month", "day"] = "month"
+    where: dict[str, Text] = Field(default_factory=dict)
+    """The share of the account the budget covers (every label must match); the whole account when empty."""
+
+    @model_validator(mode="after")
+    def _scope(self) -> BudgetConfig:
+        keys = set(self.where)
+        for key in sorted(keys - {*BILLED_SCOPE, *USAGE_SCOPE}):
+            raise ValueError(
+                f"`where` cannot name {key!r}: a budget is scoped on {', '.join(BILLED_SCOPE)} (billed)"
+                f" or {', '.join(USAGE_SCOPE)} (usage × prices)"
+            )
+        if {"endpoint_id", "item"} <= keys:
+            raise ValueError("`where` names endpoint_id and item: bills are by endpoint or by item, not both")
+        if {"project_id", "item"} <= keys:
+            raise ValueError("`where` names project_id and item: the bills' lines by item carry no project")
+        if keys & set(USAGE_SCOPE) and keys & {"item", "product", "project_id"}:
+            raise ValueError(
+                "`where` mixes usage labels (model, api_key) with billed ones (item, product, project_id):"
+                " usage records carry only endpoint_id, model and api_key"
+            )
+        api_key = self.where.get("api_key")
+        if api_key is not None and "*" not in api_key:
+            raise ValueError(
+                "`where.api_key` must be the masked key as usage records show it (a prefix and asterisks,"
+                " e.g. sk-ab****): a full key never matches, and does not belong in the config"
+            )
+        return self
+
+    @property
+    def on_usage(self) -> bool:
+        """Measured on usage × prices (the scope names a model or an API key), not on the bills."""
+        return bool(set(self.where) & set(USAGE_SCOPE))
 
 
 def _signals() -> dict[str, Signal]:
@@ -341,8 +380,60 @@ class PagerDutyNotifier(_Notifier):
     url: HttpUrl = "https://events.pagerduty.com/v2/enqueue"
 
 
+def _email_address(value: str) -> str:
+    """`someone@example.com` or `Someone <someone@example.com>`."""
+    _, address = parseaddr(value)
+    if not re.fullmatch(r"[^@\s<>,;]+@[^@\s<>,;]+\.[^@\s<>,;.]+", address):
+        raise ValueError(f"{value!r} is not an email address")
+    return value
+
+
+EmailAddress = Annotated[str, AfterValidator(_email_address)]
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{value!r} is not HOST:PORT (e.g. smtp.example.com:587)")
+    return value
+
+
+class EmailNotifier(_Notifier):
+    """SMTP: alerts and digests as plain text plus HTML."""
+
+    type: Literal["email"]
+    smtp: Annotated[str, AfterValidator(_host_port)]
+    from_: EmailAddress = Field(alias="from")
+    to: Annotated[tuple[EmailAddress, ...], Field(min_length=1)]
+    username: Text | None = None
+    password: SecretStr | None = None
+    starttls: bool = True
+    """Upgrade the connection with STARTTLS (the server's certificate is verified) before anything is sent."""
+    ca_file: Text | None = None
+    """CA certificates (PEM) to verify the server with, instead of the system's."""
+
+    @model_validator(mode="after")
+    def _login(self) -> EmailNotifier:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("`username` and `password` go together")
+        if self.username is not None and not self.starttls:
+            raise ValueError("a login needs `starttls: true` (the password would cross the network in clear)")
+        if self.ca_file is not None and not Path(self.ca_file).is_file():
+            raise ValueError(f"ca_file {self.ca_file!r} does not exist")
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.smtp.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.smtp.rpartition(":")[2])
+
+
 Notifier = Annotated[
-    AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier, Field(discriminator="type")
+    AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier | EmailNotifier,
+    Field(discriminator="type"),
 ]
 
 
@@ -351,6 +442,25 @@ class AlertsConfig(Strict):
     repeat_interval: Interval = 4 * 3600.0
     rules: tuple[RuleConfig, ...] = ()
     notifiers: tuple[Notifier, ...] = ()
+
+
+def _time_of_day(value: str) -> str:
+    if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+        raise ValueError(f"{value!r} is not a time of day as HH:MM (00:00 to 23:59)")
+    return value
+
+
+class DigestConfig(Strict):
+    """A summary of the day before, sent at `at` in the billing time zone (weekly: on Mondays)."""
+
+    schedule: Literal["daily", "weekly"] = "daily"
+    at: Annotated[str, AfterValidator(_time_of_day)] = "09:00"
+    notifiers: Annotated[tuple[Name, ...], Field(min_length=1)]
+
+    @property
+    def time(self) -> tuple[int, int]:
+        hour, minute = self.at.split(":")
+        return int(hour), int(minute)
 
 
 class TlsConfig(Strict):
@@ -426,6 +536,7 @@ class Config(Strict):
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
     reconciliation: ReconciliationConfig = ReconciliationConfig()
+    digest: DigestConfig | None = None
 
     def secret_values(self) -> list[str]:
         """Every secret in the config, and the path of each secret URL (what a library may log of it)."""

@@ -30,11 +30,12 @@ from urllib.parse import urlsplit
 
 from exporter import __version__
 from exporter.alerts.engine import Alert
-from exporter.bills import budget_status
+from exporter.budgets import budget_status
+from exporter.chart import month_chart
 from exporter.clock import iso
 from exporter.exposition import GZIP_LEVEL
 from exporter.logs import get_logger
-from exporter.schema import BudgetConfig, ServerConfig
+from exporter.schema import BudgetConfig, PriceConfig, ServerConfig
 from exporter.snapshots import Latest, Reconciliation
 
 log = get_logger(__name__)
@@ -56,6 +57,8 @@ class View:
     the server would (Exposition does: from pieces cached per snapshot)."""
     alerts: Callable[[], Sequence[Alert]] = list
     budgets: Callable[[], Sequence[BudgetConfig]] = tuple
+    prices: Callable[[], Sequence[PriceConfig]] = tuple
+    """What budgets scoped on usage are priced with."""
     now: Callable[[], float] = time.time
     """The billing clock's time, which the sources' timestamps are in."""
 
@@ -358,6 +361,11 @@ def _disagreements(result: Reconciliation | None) -> str:
     )
 
 
+def _scope(budget: BudgetConfig) -> str:
+    what = ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items())) or "account"
+    return f"{what} (usage × prices)" if budget.on_usage else what
+
+
 def landing_page(view: View) -> str:
     now = view.now()
     rows = []
@@ -386,17 +394,18 @@ def landing_page(view: View) -> str:
         else "<p>No alert is firing.</p>"
     )
     budget_rows = "".join(
-        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(b.period)}</td><td>{b.amount:f}</td>"
+        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(_scope(b))}</td><td>{html.escape(b.period)}</td>"
+        f"<td>{b.amount:f}</td>"
         + (
             f"<td class={_level(r[0])}>{r[0]:.1%}</td><td class={_level(r[1])}>{r[1]:.1%}</td>"
             if r
             else "<td class=wait>—</td><td class=wait>—</td>"
         )
         + "</tr>"
-        for b, r in budget_status(view.latest, view.budgets())
+        for b, r in budget_status(view.latest, view.budgets(), view.prices())
     )
     budgets = (
-        "<table><tr><th>budget</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"
+        "<table><tr><th>budget</th><th>scope</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"
         + budget_rows
         + "</table>"
         if budget_rows
@@ -416,6 +425,10 @@ def landing_page(view: View) -> str:
         else "<p>No probe has run.</p>"
     )
     reconciliation = _disagreements(view.latest.reconciliation)
+    bills = view.latest.bills
+    # The account's monthly budgets: a scoped one against the whole account's bars would mislead.
+    monthly = [(b.name, b.amount) for b in view.budgets() if b.period == "month" and not b.where]
+    chart = month_chart(bills.current, bills.today, monthly) if bills is not None else "<p>No bills yet.</p>"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
 <style>
@@ -427,6 +440,8 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 <h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
 <p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a>
  · <a href="/api/v1/alerts">Alerts (JSON)</a></p>
+<h2>This month</h2>
+{chart}
 <h2>Sources</h2>
 <table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>
 {"".join(rows)}

@@ -8,10 +8,12 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
+
+from exporter.state import UsageRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,8 @@ class Latest:
     usage: UsageSnapshot | None = None
     history: HistorySnapshot | None = None
     reconciliation: Reconciliation | None = None
+    settled: Mapping[dt.date, Sequence[UsageRow]] = field(default_factory=lambda: MappingProxyType({}))
+    """Past days' usage sums, each read in full once it settled (`reconcile.SettledUsage`)."""
     probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)

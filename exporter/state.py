@@ -19,11 +19,11 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from exporter.logs import get_logger
 
@@ -111,6 +111,27 @@ CREATE TABLE IF NOT EXISTS outbox (
     last_error TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (notifier, delivered, id);
+CREATE TABLE IF NOT EXISTS digest_outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    notifier TEXT NOT NULL,
+    event TEXT NOT NULL,
+    created REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL,
+    delivered REAL,
+    last_error TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS digests (
+    key TEXT PRIMARY KEY,
+    made REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS probe_runs (
+    probe TEXT NOT NULL,
+    at REAL NOT NULL,
+    success INTEGER NOT NULL,
+    time_to_first_token REAL
+);
+CREATE INDEX IF NOT EXISTS probe_runs_at ON probe_runs (at);
 """
 
 
@@ -215,6 +236,27 @@ def move_aside(path: str | Path) -> str:
         if os.path.lexists(path + suffix):
             os.rename(path + suffix, target + suffix)
     return target
+
+
+def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bool, float | None]], list[str]] | None:
+    """Read only, beside the daemon that owns it: a state file's probe runs in [start, end) and its
+    alert states (JSON bodies); None when there is no such file or it cannot be read."""
+    if not Path(path).is_file():
+        return None
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            runs = db.execute(
+                "SELECT probe, success, time_to_first_token FROM probe_runs WHERE at >= ? AND at < ? ORDER BY at",
+                (start, end),
+            ).fetchall()
+            bodies = [body for (body,) in db.execute("SELECT body FROM alert_state")]
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        log.warning("state file not read", path=str(path), error=str(error))
+        return None
+    return [(probe, bool(success), ttft) for probe, success, ttft in runs], bodies
 
 
 class StateStore:
@@ -601,6 +643,21 @@ class StateStore:
             )
             db.execute("DELETE FROM bill_history WHERE period < ?", (keep_from,))
 
+    def record_probe_run(self, probe: str, at: float, success: bool, ttft: float | None, *, keep_from: float) -> None:
+        """One probe run (for the digest's success ratios and percentiles); forget runs before `keep_from`."""
+        with self.transaction() as db:
+            db.execute("INSERT INTO probe_runs VALUES (?, ?, ?, ?)", (probe, at, int(success), ttft))
+            db.execute("DELETE FROM probe_runs WHERE at < ?", (keep_from,))
+
+    def probe_runs(self, start: float, end: float) -> list[tuple[str, bool, float | None]]:
+        """(probe, success, time to first token) of the runs in [start, end)."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT probe, success, time_to_first_token FROM probe_runs WHERE at >= ? AND at < ? ORDER BY at",
+                (start, end),
+            ).fetchall()
+        return [(probe, bool(success), ttft) for probe, success, ttft in rows]
+
     def load_usage_ids(self, day: dt.date) -> bytes:
         """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
         with self._reading() as db:
@@ -706,6 +763,15 @@ class OutboxEntry:
     event: GroupEvent
     attempts: int
     next_attempt: float
+    digest: dict[str, Any] | None = None
+    """A digest (`exporter.digest`) instead of an alert group: `event` is then empty."""
+
+    @property
+    def table(self) -> str:
+        return "outbox" if self.digest is None else "digest_outbox"
+
+
+NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
 
 
 class AlertStore:
@@ -757,38 +823,65 @@ class AlertStore:
             (notifier, json.dumps(event), now, now),
         )
 
-    def head(self, notifier: str) -> OutboxEntry | None:
-        """The oldest undelivered notification for a notifier: delivery is in order, one at a time."""
+    def digest_made(self, key: str) -> bool:
         with self.store._reading() as db:
-            row = db.execute(
-                "SELECT id, notifier, event, attempts, next_attempt FROM outbox"
-                " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
-                (notifier,),
-            ).fetchone()
+            return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
+
+    def enqueue_digest(self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float) -> bool:
+        """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
+        queued before (a restart, a second look at the same time)."""
+        with self.store.transaction() as db:
+            if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
+                return False
+            text = json.dumps(body)
+            db.executemany(
+                "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
+                [(name, text, now, now) for name in notifiers],
+            )
+            db.execute("DELETE FROM digests WHERE made < ?", (now - 60 * 86400,))
+        return True
+
+    def head(self, notifier: str) -> OutboxEntry | None:
+        """The oldest undelivered notification for a notifier: delivery is in order, one at a time;
+        alerts first, then digests (kept apart, so a version without digests never reads one)."""
+        with self.store._reading() as db:
+            for table in ("outbox", "digest_outbox"):
+                row = db.execute(
+                    f"SELECT id, notifier, event, attempts, next_attempt FROM {table}"  # noqa: S608 - one of two names
+                    " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
+                    (notifier,),
+                ).fetchone()
+                if row is not None:
+                    break
         if row is None:
             return None
         entry_id, name, event, attempts, next_attempt = row
+        if table == "digest_outbox":
+            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, digest=json.loads(event))
         return OutboxEntry(entry_id, name, read_event(event), attempts, next_attempt)
 
-    def delivered(self, entry_id: int, now: float, dropped: str = "") -> None:
+    def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
+        assert table in ("outbox", "digest_outbox")
         with self.store.transaction() as db:
             db.execute(
-                "UPDATE outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
+                f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
                 (now, dropped, entry_id),
             )
-            db.execute("DELETE FROM outbox WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))
+            db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))  # noqa: S608
 
-    def failed(self, entry_id: int, next_attempt: float, error: str) -> None:
+    def failed(self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox") -> None:
+        assert table in ("outbox", "digest_outbox")
         with self.store.transaction() as db:
             db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, next_attempt = ?, last_error = ? WHERE id = ?",
+                f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ? WHERE id = ?",  # noqa: S608
                 (next_attempt, error[:500], entry_id),
             )
 
     def pending_count(self) -> dict[str, int]:
         with self.store._reading() as db:
             rows = db.execute(
-                "SELECT notifier, COUNT(*) FROM outbox WHERE delivered IS NULL GROUP BY notifier"
+                "SELECT notifier, COUNT(*) FROM (SELECT notifier FROM outbox WHERE delivered IS NULL"
+                " UNION ALL SELECT notifier FROM digest_outbox WHERE delivered IS NULL) GROUP BY notifier"
             ).fetchall()
         return dict(rows)

@@ -138,3 +138,6 @@ def receiver() -> Iterator[object]:
     receiver = Receiver()
     yield receiver
     receiver.stop()
+
+
+from tests.smtp import ca, ca_file, mailbox, start_smtp  # noqa: E402, F401 - fixtures for every test module

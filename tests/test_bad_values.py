@@ -95,7 +95,7 @@ def test_once_exits_2_with_one_line_naming_the_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("amount", ["1_000", "١٢٣", "NaN", "1e400", "Infinity"])
 def test_config_amounts_are_decimal_text_too(sim: Simulator, server: SimulatorServer, amount: str) -> None:
-    with pytest.raises(ConfigError, match=r"budgets\[0\]\.amount: not a number|budgets\[0\]\.amount: out of range"):
+    with pytest.raises(ConfigError, match=r"budgets\[0\]\.amount \(budget 'b'\): (not a number|out of range)"):
         validate({"billing": billing_section(sim, server), "budgets": [{"name": "b", "amount": amount}]}, {})
 
 

@@ -1,22 +1,30 @@
 """The README's metrics reference is generated from the exposition itself, so it cannot drift.
 
-`UPDATE_README=1 pytest tests/test_docs.py` rewrites the table after a deliberate change.
+`UPDATE_README=1 pytest tests/test_docs.py` rewrites the table (and the example digest) after a
+deliberate change.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import re
 import typing
+from decimal import Decimal
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from exporter.clock import Clock, FrozenClock
+from exporter.digest import text as digest_text
 from exporter.sim import Simulator, SimulatorServer
 from tests.test_exposition import full_exposition
 
+SHANGHAI = ZoneInfo("Asia/Shanghai")
 README = Path(__file__).parent.parent / "README.md"
 START, END = "<!-- metrics-reference:start -->", "<!-- metrics-reference:end -->"
 LABELS_FROM_RULES = {"inference_alerts": "alertname, alertstate, and the rule's `by` labels and `labels`"}
@@ -86,3 +94,74 @@ def test_readme_documents_every_config_key() -> None:
     in_code = config_keys(Config)
     assert in_code - documented == set(), "config keys the README does not document"
     assert documented - in_code == set(), "keys the README documents that the config does not have"
+
+
+DIGEST_START, DIGEST_END = "<!-- example-digest:start -->", "<!-- example-digest:end -->"
+JSON_START, JSON_END = "<!-- example-digest-json:start -->", "<!-- example-digest-json:end -->"
+
+
+def example_digest() -> dict:
+    """The demo's account at 09:00 on 2026-11-23: four months of history with yesterday's spike,
+    settled days with one bill 5% off, and a day of probe runs (their timings fixed here, so the
+    example does not change from run to run)."""
+    from exporter.cli import DEMO_CONFIG, demo_history, demo_reconciled_days
+    from exporter.config import load
+    from exporter.daemon import Sources
+    from exporter.sim import prices_from_config
+    from exporter.snapshots import Latest
+    from exporter.state import StateStore
+
+    frozen = FrozenClock(dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    sim = Simulator(clock=clock)
+    sim.spend = demo_history(clock.today())
+    settled = demo_reconciled_days(clock.today())
+    for day in settled:
+        sim.add_usage(2_000, day)
+    sim.distort_bill(settled[1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    server = sim.serve()
+    try:
+        environ = {
+            "SIM_URL": server.url, "SIM_ACCESS_KEY_ID": sim.access_key_id, "SIM_API_KEY": sim.api_key,
+            "SIM_SECRET_ACCESS_KEY": sim.secret_access_key, "STATE_DIR": "/tmp",
+        }  # fmt: skip
+        config = load(DEMO_CONFIG, environ)
+        sim.set_prices(prices_from_config(config.prices))
+        latest = Latest()
+        sources = Sources(config, latest, clock, StateStore(":memory:"))
+        try:
+            for name in ("bills", "history", "usage", "usage"):  # two settled days per usage refresh
+                sources.refreshers[name]()
+                latest.record(name, success=True, at=frozen().timestamp(), duration=0.0)
+            sources.engine.evaluate()
+            yesterday = clock.day_start(clock.today() - dt.timedelta(days=1)).timestamp()
+            for minute in range(0, 1440, 5):  # a run every 5 minutes; two failed, first tokens 300-540 ms
+                ttft = 0.3 + (minute * 7 % 241) / 1000
+                success = minute not in (605, 610)
+                sources.state.record_probe_run("chat-stream", yesterday + minute * 60, success, ttft, keep_from=0)
+            return sources.digest(clock.today(), "daily", "http://localhost:9877")
+        finally:
+            sources.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.integration  # the simulator on loopback
+def test_readme_shows_the_example_digest_as_the_code_writes_it() -> None:
+    body = example_digest()
+    plain = digest_text(body)
+    abridged = {k: (v[:2] if isinstance(v, list) else v) for k, v in body.items()}
+    example = "```json\n" + json.dumps(abridged, indent=1, ensure_ascii=False) + "\n```"
+    text = README.read_text()
+    block = "```\n" + plain + "```"
+    if os.environ.get("UPDATE_README"):
+        text = re.sub(f"{DIGEST_START}.*{DIGEST_END}", f"{DIGEST_START}\n{block}\n{DIGEST_END}", text, flags=re.DOTALL)
+        text = re.sub(f"{JSON_START}.*{JSON_END}", f"{JSON_START}\n{example}\n{JSON_END}", text, flags=re.DOTALL)
+        README.write_text(text)
+    assert text.split(DIGEST_START, 1)[1].split(DIGEST_END, 1)[0].strip() == block, "rerun with UPDATE_README=1"
+    assert text.split(JSON_START, 1)[1].split(JSON_END, 1)[0].strip() == example, "rerun with UPDATE_README=1"
+    # What the example must show, whatever its figures: the spike, the 5% gap, the probes.
+    assert "Spend anomalies" in plain
+    assert "ep-20261101-beta" in plain.split("Spend anomalies", 1)[1]
+    assert "ITEM_COMPLETION_TOKEN: billed" in plain
+    assert "chat-stream: 99% of 288 runs succeeded" in plain

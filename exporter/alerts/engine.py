@@ -21,7 +21,15 @@ from typing import Literal
 from exporter.alerts import anomalies, rules, signals
 from exporter.clock import Clock
 from exporter.logs import get_logger
-from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, RuleConfig, ThresholdRule
+from exporter.schema import (
+    AlertsConfig,
+    AnomalyRule,
+    BudgetConfig,
+    BudgetRule,
+    PriceConfig,
+    RuleConfig,
+    ThresholdRule,
+)
 from exporter.snapshots import Latest
 from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
 
@@ -132,6 +140,8 @@ class Engine:
     alerts: dict[str, Alert] = field(default_factory=dict)
     history: bool = False
     """History is configured: anomaly rules wait for the day's history before they judge."""
+    prices: Sequence[PriceConfig] = ()
+    """What budgets scoped on usage are priced with."""
     judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding]]] = field(default_factory=dict)
     """Per anomaly rule: the day last judged and each group's judgement (for the metrics)."""
 
@@ -305,7 +315,7 @@ class Engine:
 
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
-        measured = rules.budget_ratio(budget, self.latest, self.clock)
+        measured = rules.budget_ratio(budget, self.latest, self.clock, self.prices)
         if measured is None:
             return
         period, ratio = measured

@@ -1,8 +1,8 @@
-"""Delivering alert notifications: Alertmanager, Alertmanager-style webhooks, Slack, PagerDuty.
+"""Delivering alert notifications: Alertmanager, Alertmanager-style webhooks, Slack, PagerDuty, email.
 
 Every notifier has its own worker thread, so a slow or dead receiver delays only its own queue:
 never another receiver, the alert evaluation or a refresh. Each delivery has one deadline for
-the whole exchange (`post.post_json`), and a redirect is a failure, never followed.
+the whole exchange (`post.post_json`, `email.send`), and a redirect is a failure, never followed.
 
 Alertmanager gets every active alert re-sent each minute (`endsAt` = now + 4 × resend) and each
 resolved one, with `endsAt` at its resolve time, for 15 minutes: Alertmanager deduplicates, and
@@ -11,7 +11,10 @@ state change (the engine groups the alerts that changed together; a message show
 and says how many more), taken in order from the SQLite outbox; a failed delivery stays at the
 head of its notifier's queue and is retried with backoff, across restarts. A notification is
 marked delivered right after the receiver's 2xx, so nothing is sent twice for one state change
-as far as that 2xx tells.
+as far as that 2xx tells (for email: the SMTP server's answer to the message; every attempt at
+one notification has the same Message-ID, as a webhook's has the same `notificationId`). A
+notification the receiver refuses outright (an HTTP 3xx or 4xx, an SMTP 5xx) is dropped after
+GIVE_UP_AFTER attempts; other failures are retried until they succeed.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from exporter import __version__
+from exporter import __version__, digest
+from exporter.alerts import email
 from exporter.alerts.engine import Alert
 from exporter.alerts.post import DeadlineExceeded, post_json
 from exporter.billing import network_cause
 from exporter.clock import Clock, iso
 from exporter.logs import get_logger
-from exporter.schema import AlertmanagerNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
-from exporter.state import AlertStore, GroupEvent, StateError
+from exporter.schema import AlertmanagerNotifier, EmailNotifier, PagerDutyNotifier, SlackNotifier, WebhookNotifier
+from exporter.state import AlertStore, GroupEvent, OutboxEntry, StateError
 
 log = get_logger(__name__)
 
@@ -43,8 +47,9 @@ POLL = 2.0
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
 GIVE_UP_AFTER = 5
-"""Attempts after which a notification the receiver refuses outright (a 3xx, a 4xx but 408/429) is
-dropped, so one bad message cannot block its notifier's queue for ever."""
+"""Attempts after which a notification the receiver refuses outright (a 3xx, a 4xx but 408/429, an
+SMTP 5xx to its sender, recipients or data) is dropped, so one bad message cannot block its
+notifier's queue for ever."""
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 WEBHOOK_ALERTS = 100
 SLACK_ALERTS = 10
@@ -53,7 +58,7 @@ PAGERDUTY_ALERTS = 20
 
 USER_AGENT = f"inference-cost-exporter/{__version__}"
 
-OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier
+OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier | EmailNotifier
 AnyNotifier = AlertmanagerNotifier | OutboxNotifier
 
 
@@ -164,8 +169,10 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
 
 
 def _refused(reason: str) -> bool:
-    """A 3xx, or a 4xx other than 408 and 429: the receiver will not take this message, however
-    often it comes."""
+    """A 3xx, or a 4xx other than 408 and 429; an SMTP server's 5xx to the message (`email.send`
+    words only those so): the receiver will not take this message, however often it comes."""
+    if reason.startswith("SMTP 5"):
+        return True
     return reason.startswith(("HTTP 3", "HTTP 4")) and reason not in ("HTTP 408", "HTTP 429")
 
 
@@ -329,16 +336,23 @@ class Dispatcher:
             reason = f"connection failed: {network_cause(error)}"
         else:
             if 200 <= answer.status < 300:
-                with self._counts:
-                    self.sent[notifier] = self.sent.get(notifier, 0) + 1
-                    recovered = (notifier, target) in self._failing
-                    self._failing.discard((notifier, target))
-                if recovered:
-                    log.info("notifier recovered", **_fields(notifier, target))
-                return None
+                return self._outcome(notifier, None, target)
             reason = f"HTTP {answer.status}"
             if 300 <= answer.status < 400:
                 reason += f" (redirect to {answer.location or 'nowhere'}; a notification is never followed)"
+        return self._outcome(notifier, reason, target)
+
+    def _outcome(self, notifier: str, reason: str | None, target: str = "") -> str | None:
+        """Count one delivery's outcome (None: it went through) and log a notifier's (or one of
+        its targets') first failure and its recovery, once each; returns `reason`."""
+        if reason is None:
+            with self._counts:
+                self.sent[notifier] = self.sent.get(notifier, 0) + 1
+                recovered = (notifier, target) in self._failing
+                self._failing.discard((notifier, target))
+            if recovered:
+                log.info("notifier recovered", **_fields(notifier, target))
+            return None
         with self._counts:
             self.failed[notifier] = self.failed.get(notifier, 0) + 1
             first = (notifier, target) not in self._failing
@@ -347,7 +361,41 @@ class Dispatcher:
             log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
         return reason
 
-    def _format(self, notifier: OutboxNotifier, event: GroupEvent, entry: int) -> tuple[str, object] | None:
+    def _send(self, notifier: OutboxNotifier, entry: OutboxEntry) -> str | None:
+        """Deliver one outbox notification to one notifier, however that notifier takes it; None
+        when done with (delivered, or nothing to tell this notifier), else why it failed (counted
+        and logged already)."""
+        if entry.digest is not None:
+            return self._send_digest(notifier, entry.digest, entry.id)
+        event = entry.event
+        if isinstance(notifier, EmailNotifier):
+            subject, text, html = email.alert_message(event, self.external_url)
+            message_id = email.message_id(event["dedup_key"], entry.id)
+            reason = email.send(notifier, subject, text, html, message_id=message_id, deadline=self.deadline)
+            return self._outcome(notifier.name, reason)
+        message = self._format(notifier, event, entry.id)
+        return None if message is None else self._post(notifier.name, *message)
+
+    def _send_digest(self, notifier: OutboxNotifier, body: dict[str, Any], entry: int) -> str | None:
+        """A digest: the webhook gets it as JSON as it is, Slack as blocks, email as text and HTML;
+        PagerDuty none (the config refuses it: a digest is not an incident)."""
+        if isinstance(notifier, EmailNotifier):
+            message_id = email.message_id(f"digest-{body['schedule']}-{body['day']}", entry)
+            reason = email.send(
+                notifier, digest.subject(body), digest.text(body), digest.html(body),
+                message_id=message_id, deadline=self.deadline,
+            )  # fmt: skip
+            return self._outcome(notifier.name, reason)
+        if isinstance(notifier, WebhookNotifier):
+            return self._post(notifier.name, notifier.url, body)
+        if isinstance(notifier, SlackNotifier):
+            return self._post(notifier.name, notifier.url.get_secret_value(), digest.slack(body))
+        return None
+
+    def _format(
+        self, notifier: WebhookNotifier | SlackNotifier | PagerDutyNotifier, event: GroupEvent, entry: int
+    ) -> tuple[str, object] | None:
+        """The URL and JSON body of an HTTP notification; None when there is nothing to send."""
         if isinstance(notifier, WebhookNotifier):
             notification = f"{event['dedup_key']}-{entry}"
             return notifier.url, webhook_payload(event, notifier.name, self.external_url, notification)
@@ -358,7 +406,8 @@ class Dispatcher:
 
     def deliver(self) -> int:
         """Send what is due now for every outbox notifier, here and now (a worker busy with the
-        same notifier is waited for); returns how many were delivered."""
+        same notifier is waited for); returns how many notifications were done with (delivered,
+        or nothing to tell that notifier)."""
         return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
 
     def _record(self, name: str, write: Callable[[], None]) -> None:
@@ -382,19 +431,18 @@ class Dispatcher:
                 now = self.clock.now().timestamp()
                 if entry is None or entry.next_attempt > now:
                     break
-                message = self._format(notifier, entry.event, entry.id)
-                reason = None if message is None else self._post(name, *message)
+                reason = self._send(notifier, entry)
                 now = self.clock.now().timestamp()
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
-                    self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason))
+                    self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
                     continue
                 if reason is not None:
                     pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
-                    self._record(name, partial(self.store.failed, entry.id, now + pause, reason))
+                    self._record(name, partial(self.store.failed, entry.id, now + pause, reason, table=entry.table))
                     break
-                self._record(name, partial(self.store.delivered, entry.id, now))
-                delivered += message is not None
+                self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
+                delivered += 1
         return delivered
 
     def alertmanager_payload(self) -> list[dict[str, Any]]:

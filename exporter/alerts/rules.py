@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 
 from exporter.alerts.signals import fresh
-from exporter.bills import budget_status
+from exporter.budgets import figures
 from exporter.clock import Clock
-from exporter.schema import BudgetConfig
+from exporter.schema import BudgetConfig, PriceConfig
 from exporter.snapshots import Latest
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
@@ -22,13 +22,21 @@ COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
 }
 
 
-def budget_ratio(budget: BudgetConfig, latest: Latest, clock: Clock) -> tuple[str, Decimal] | None:
-    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used, from fresh bills
-    of today only (what the metrics show may be older); None when there are none."""
-    bills = latest.bills
+def budget_ratio(
+    budget: BudgetConfig, latest: Latest, clock: Clock, prices: Sequence[PriceConfig] = ()
+) -> tuple[str, Decimal] | None:
+    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used, from fresh
+    figures of today only (bills, or usage for a scope priced from usage; what the metrics show
+    may be older); None when there are none."""
     today = clock.today()
-    if bills is None or not fresh(latest, "bills") or bills.today != today:
+    source = "usage" if budget.on_usage else "bills"
+    if budget.on_usage:
+        day = latest.usage.day if latest.usage is not None else None
+    else:
+        day = latest.bills.today if latest.bills is not None else None
+    if day != today or not fresh(latest, source):
         return None
-    ((_, ratios),) = budget_status(latest, [budget])
-    assert ratios is not None
-    return (bills.current.period if budget.period == "month" else today.isoformat()), ratios[0]
+    found = figures(budget, latest, prices)
+    if found is None:
+        return None
+    return found.period, found.spent / budget.amount

@@ -1,0 +1,286 @@
+"""Email notifications: one message (plain text and HTML) per alert group, sent over SMTP.
+
+`send` makes one SMTP exchange (connect, EHLO, STARTTLS with the server's certificate verified,
+login, the message, QUIT) under one deadline: a timer shuts the connection down when it passes,
+whatever the exchange is waiting for (the greeting, a reply, the TLS handshake), since a socket's
+timeout bounds each read, not a server that answers one line every few seconds. (A host name
+that takes long to resolve is the one wait this cannot cut, as for the HTTP notifiers.) It never
+raises for a network, TLS or SMTP fault: it returns a short reason, which names no credential
+and nothing of the message. A reason that starts with `SMTP 5` is the server refusing this
+message (its sender, its recipients or its content) for good; every other one (4xx, a refused
+login, a missing STARTTLS, a certificate, the network, the deadline) is worth retrying.
+
+Every attempt at one notification carries the same Message-ID, so a receiver can drop a repeat
+(a server that took the message but whose answer was lost to the deadline gets it again).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import re
+import smtplib
+import socket
+import ssl
+import threading
+import time
+from contextlib import suppress
+from email.message import EmailMessage
+from email.utils import formatdate
+from functools import cache
+
+from exporter.billing import network_cause
+from exporter.schema import EmailNotifier
+from exporter.state import GroupEvent
+
+ALERTS = 20
+"""Alerts a message lists in full; the rest are counted ("and N more")."""
+SUBJECT = 200
+"""The longest subject, in characters (a summary may be any length)."""
+DOMAIN = "inference-cost-exporter"
+"""The right-hand side of the Message-IDs made here."""
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def _line(text: str) -> str:
+    """One line of text: control characters (line breaks too) become a space."""
+    return _CONTROL.sub(" ", text).strip()
+
+
+def _when(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def message_id(dedup_key: str, entry: int) -> str:
+    """The Message-ID of one outbox notification: the same on every attempt to deliver it."""
+    key = re.sub(r"[^A-Za-z0-9-]", "", dedup_key)[:64] or "alert"
+    return f"<{key}.{entry}@{DOMAIN}>"
+
+
+def alert_message(event: GroupEvent, external_url: str) -> tuple[str, str, str]:
+    """Subject, plain text and HTML for one group event: its status and rule, then each alert's
+    summary, labels and start (at most ALERTS of them, and how many more), and a link to the
+    exporter. Everything from the alerts is escaped in the HTML: labels and annotations may hold
+    anything."""
+    status, name = event["status"].upper(), event["alertname"]
+    alerts, total = event["alerts"], event["total"]
+    if total == 1 and alerts:
+        headline = f"[{status}] {name}: {alerts[0]['annotations'].get('summary', name)}"
+    else:
+        headline = f"[{status}] {name}: {total} alerts"
+    subject = _line(headline)
+    if len(subject) > SUBJECT:
+        subject = subject[: SUBJECT - 1] + "…"
+    shown = alerts[:ALERTS]
+    more = total - len(shown)
+    link = f"{external_url}/"
+
+    text = [_line(headline), ""]
+    items = []
+    for alert in shown:
+        summary = alert["annotations"].get("summary", alert["key"])
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(alert["labels"].items()) if k != "alertname")
+        since = f"since {_when(alert['starts_at'])}"
+        if alert["ends_at"] is not None and alert["status"] != "firing":
+            since += f", resolved {_when(alert['ends_at'])}"
+        text += [f"- {_line(summary)}", f"  {_line(labels) or 'no labels'}", f"  {since}"]
+        items.append(
+            f"<li><strong>{html.escape(summary)}</strong><br>"
+            f"<code>{html.escape(labels or 'no labels')}</code><br>"
+            f"<small>{html.escape(since)}</small></li>"
+        )
+    if more > 0:
+        text.append(f"and {more} more")
+    text += ["", f"Exporter: {link}", ""]
+    body = [
+        "<!DOCTYPE html>",
+        '<html><head><meta charset="utf-8"></head><body>',
+        f"<h2>{html.escape(headline)}</h2>",
+        "<ul>",
+        *items,
+        "</ul>",
+        f"<p>and {more} more</p>" if more > 0 else "",
+        f'<p><a href="{html.escape(link)}">{html.escape(link)}</a></p>',
+        "</body></html>",
+        "",
+    ]
+    return subject, "\n".join(text), "\n".join(line for line in body if line)
+
+
+def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, message_id: str) -> EmailMessage:
+    """multipart/alternative: the plain text, then the HTML."""
+    message = EmailMessage()
+    message["From"] = notifier.from_
+    message["To"] = ", ".join(notifier.to)
+    message["Subject"] = _line(subject)
+    message["Date"] = formatdate(usegmt=True)
+    message["Message-ID"] = message_id
+    message.set_content(text)
+    message.add_alternative(html_body, subtype="html")
+    return message
+
+
+@cache
+def _local_hostname() -> str:
+    """The name given in EHLO (looked up once, not on every delivery)."""
+    return socket.getfqdn()
+
+
+class _Cut:
+    """Shuts the exchange's sockets down when the deadline passes (the timer calls it): the
+    connection, and its TLS socket once STARTTLS has made one."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._done = False
+        self._lock = threading.Lock()
+
+    def watch(self, sock: socket.socket) -> None:
+        """A socket of the exchange, as soon as it exists (shut down at once if the deadline has passed)."""
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:
+                self._shutdown(sock)
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            for sock in self._sockets:
+                self._shutdown(sock)
+
+    @staticmethod
+    def _shutdown(sock: socket.socket) -> None:
+        with suppress(OSError):  # already closed
+            # The plain socket's shutdown (on a TLS socket too): it wakes a thread blocked in recv
+            # or in the handshake, where close alone would not.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def done(self) -> None:
+        """No cut after this, then every socket of the exchange closed (in that order: once closed,
+        a socket's number may be another file's)."""
+        with self._lock:
+            self._done = True
+        for sock in self._sockets:
+            sock.close()
+
+
+class _Client(smtplib.SMTP):
+    """smtplib's client (it connects and reads the greeting as it is made), showing its connection
+    to `cut` as soon as there is one."""
+
+    def __init__(self, cut: _Cut, host: str, port: int, timeout: float) -> None:
+        self._cut = cut
+        super().__init__(host, port, local_hostname=_local_hostname(), timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = socket.create_connection((host, port), timeout, self.source_address)
+        self._cut.watch(sock)
+        return sock
+
+
+class _Failed(Exception):
+    """A step of the exchange failed for a reason already put in words."""
+
+
+def _exchange(smtp: smtplib.SMTP, notifier: EmailNotifier, message: EmailMessage, cut: _Cut, ends: float) -> None:
+    smtp.ehlo_or_helo_if_needed()
+    if notifier.starttls:
+        if not smtp.has_extn("starttls"):
+            raise _Failed("STARTTLS required but the server does not offer it (nothing was sent)")
+        try:  # verifies the server's certificate and name, against `ca_file` or the system's CAs
+            context = ssl.create_default_context(cafile=notifier.ca_file)
+        except (OSError, ValueError) as error:
+            raise _Failed(f"TLS: cannot load ca_file ({type(error).__name__})") from None
+        if smtp.sock is not None:
+            # The handshake cannot be cut (the plain socket is handed over to TLS before it starts),
+            # but a TLS socket's timeout bounds the whole handshake, not each read: the time left.
+            smtp.sock.settimeout(max(0.001, ends - time.monotonic()))
+        try:
+            smtp.starttls(context=context)
+        except smtplib.SMTPResponseException as error:
+            raise _Failed(f"STARTTLS refused (SMTP {error.smtp_code})") from None
+        if smtp.sock is not None:
+            cut.watch(smtp.sock)
+        smtp.ehlo_or_helo_if_needed()  # again: what the server said before TLS no longer counts
+    if notifier.username is not None and notifier.password is not None:
+        try:
+            smtp.login(notifier.username, notifier.password.get_secret_value())
+        except smtplib.SMTPAuthenticationError as error:
+            raise _Failed(f"login refused (SMTP {error.smtp_code})") from None
+        except smtplib.SMTPNotSupportedError:
+            raise _Failed("login impossible: the server offers no AUTH") from None
+        except UnicodeError:
+            raise _Failed("login impossible: the username or password is not ASCII") from None
+        except smtplib.SMTPException as error:
+            if type(error) is not smtplib.SMTPException:  # a disconnection, an EHLO refused: told below
+                raise
+            raise _Failed("login impossible: the server offers no AUTH method smtplib supports") from None
+    try:
+        smtp.send_message(message)  # a partial refusal returns: the others have it, so it is not sent again
+    except smtplib.SMTPRecipientsRefused as error:
+        codes = sorted(code for code, _ in error.recipients.values())
+        transient = [code for code in codes if not 500 <= code < 600]
+        raise _Failed(f"SMTP {(transient or codes or [0])[0]} (recipient refused)") from None
+    except smtplib.SMTPSenderRefused as error:
+        if error.smtp_code == 530:  # the server wants a login the config does not give: not this message's fault
+            raise _Failed("login required (SMTP 530)") from None
+        raise _Failed(f"SMTP {error.smtp_code} (sender refused)") from None
+    except smtplib.SMTPDataError as error:
+        raise _Failed(f"SMTP {error.smtp_code} (message refused)") from None
+    except smtplib.SMTPNotSupportedError:
+        raise _Failed("the server cannot take non-ASCII addresses (no SMTPUTF8)") from None
+    with suppress(OSError, smtplib.SMTPException):  # the message is in: a failed goodbye changes nothing
+        smtp.quit()
+
+
+def _reason(error: Exception) -> str:
+    """A failure in words; never the server's own text (it may echo an address or the login)."""
+    if isinstance(error, _Failed):
+        return str(error)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        detail = error.verify_message or ""
+        return f"TLS: certificate verify failed ({detail})" if detail else "TLS: certificate verify failed"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS: {error.reason or 'handshake failed'}"
+    if isinstance(error, smtplib.SMTPServerDisconnected):
+        return "connection failed: the server closed the connection"
+    if isinstance(error, smtplib.SMTPConnectError):
+        return f"the server refused the connection (SMTP {error.smtp_code})"
+    if isinstance(error, smtplib.SMTPHeloError):
+        return f"EHLO refused (SMTP {error.smtp_code})"
+    if isinstance(error, smtplib.SMTPResponseException):
+        return f"unexpected answer (SMTP {error.smtp_code})"
+    if isinstance(error, OSError):
+        return f"connection failed: {network_cause(error)}"
+    return f"SMTP exchange failed ({type(error).__name__})"
+
+
+def send(
+    notifier: EmailNotifier, subject: str, text: str, html: str, *, message_id: str, deadline: float
+) -> str | None:
+    """Send one message; None once the server has taken it, else a short reason (see the module's
+    docstring). The whole exchange ends within about `deadline` seconds."""
+    ends = time.monotonic() + deadline
+    cut = _Cut()
+    timer = threading.Timer(deadline, cut)
+    timer.daemon = True
+    timer.start()
+    smtp = None
+    try:
+        message = build(notifier, subject, text, html, message_id)
+        smtp = _Client(cut, notifier.host, notifier.port, deadline)
+        _exchange(smtp, notifier, message, cut, ends)
+    except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
+        if cut.fired or time.monotonic() >= ends:  # cut, or a timeout set to the time left (the handshake's)
+            return f"deadline exceeded (no complete exchange within {deadline:g}s)"
+        return _reason(error)
+    finally:
+        timer.cancel()
+        cut.done()
+        if smtp is not None:
+            smtp.close()  # its reader too, which holds the socket open
+    return None

@@ -1,0 +1,191 @@
+"""What each budget has used of its period, and what it is forecast to use, for every scope.
+
+A budget without `where` covers the account: the month to date and forecast of the bills. A
+scope on billed labels (`endpoint_id`, `item`, `product`, `project_id`) sums the bills' lines it
+matches: by endpoint when it names an endpoint or a project (the bills' lines by item carry no
+project), by item otherwise (the item grouping covers every charge). A scope on usage labels
+(`model`, `api_key`, with `endpoint_id` if wanted) prices the matching usage with `prices`:
+today's counters, yesterday as its last pull left it, and the settled days read in full before.
+Either way the forecast is the bills' (`bills.forecast`), on the scope's own days.
+
+Figures are given only when every day they add up is known: a usage scope's month waits until
+each past day of the month has been read, and a row of a model without a price leaves the
+scope without figures rather than low ones (a failing source never reads as zero spend).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from exporter.bills import TRAILING_DAYS, forecast
+from exporter.clock import previous_period
+from exporter.schema import BudgetConfig, PriceConfig
+from exporter.snapshots import DailyAmount, Latest, UsageSnapshot
+from exporter.state import UsageRow
+from exporter.usage_sync import estimate
+
+Days = dict[dt.date, Decimal]
+
+
+@dataclass(frozen=True)
+class BudgetFigures:
+    period: str
+    """The budget period measured: `2026-11`, or `2026-11-22` for a daily budget."""
+    spent: Decimal
+    projected: Decimal
+    """Forecast at the period's end."""
+    source: str
+    """`bills` or `usage`: whose freshness the figures stand on."""
+
+    def ratios(self, amount: Decimal) -> tuple[Decimal, Decimal]:
+        return self.spent / amount, self.projected / amount
+
+
+def _billed(amounts: Iterable[DailyAmount], where: Mapping[str, str], key: str) -> Days:
+    days: Days = {}
+    for a in amounts:
+        if (
+            where.get(key, a.key) == a.key
+            and where.get("product", a.product) == a.product
+            and where.get("project_id", a.project_id) == a.project_id
+        ):
+            days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return days
+
+
+def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | None:
+    """The scope's billed amount per day of `period`: from the bills, or else the history."""
+    by_endpoint = bool({"endpoint_id", "project_id"} & set(budget.where))  # item lines carry no project
+    key = "endpoint_id" if by_endpoint else "item"
+    bills = latest.bills
+    for month in bills.months if bills is not None else ():
+        if month.period == period:
+            return _billed(month.by_endpoint if by_endpoint else month.by_item, budget.where, key)
+    held = latest.history.months.get(period) if latest.history is not None else None
+    if held is None:
+        return None
+    return _billed(held.by_endpoint if by_endpoint else held.by_item, budget.where, key)
+
+
+class _Pricer:
+    """Usage rows of one scope, priced; `unpriced` once a matching row's model has no price."""
+
+    def __init__(self, where: Mapping[str, str], prices: Sequence[PriceConfig]) -> None:
+        self.where = where
+        self.prices = {p.model: p for p in prices}
+        self.unpriced = False
+
+    def matches(self, endpoint: str, model: str, api_key: str) -> bool:
+        w = self.where
+        return (
+            w.get("endpoint_id", endpoint) == endpoint
+            and w.get("model", model) == model
+            and w.get("api_key", api_key) == api_key
+        )
+
+    def price(self, model: str, prompt: int, completion: int, cached: int) -> Decimal:
+        amount = estimate(self.prices.get(model), prompt, completion, cached)
+        if amount is None:
+            self.unpriced = True
+            return Decimal(0)
+        return amount
+
+    def rows(self, rows: Iterable[UsageRow]) -> Decimal:
+        return sum(
+            (self.price(m, p, c, k) for e, m, a, _, p, c, k in rows if self.matches(e, m, a)),
+            Decimal(0),
+        )
+
+    def snapshot(self, usage: UsageSnapshot) -> Decimal:
+        return sum(
+            (
+                self.price(key.model, t.prompt_tokens, t.completion_tokens, t.cached_prompt_tokens)
+                for key, t in usage.totals.items()
+                if self.matches(key.endpoint_id, key.model, key.api_key)
+            ),
+            Decimal(0),
+        )
+
+
+def _usage_days(latest: Latest, pricer: _Pricer, first: dt.date) -> Days | None:
+    """The scope's priced usage per day from `first` to today (None while a day is unknown)."""
+    usage = latest.usage
+    if usage is None:
+        return None
+    known: Days = {day: pricer.rows(rows) for day, rows in latest.settled.items() if day >= first}
+    known[usage.day] = pricer.snapshot(usage)
+    if usage.previous_day is not None and usage.previous_day.day not in known:
+        known[usage.previous_day.day] = pricer.snapshot(usage.previous_day)
+    day = first
+    while day < usage.day:
+        if day not in known:
+            return None
+        day += dt.timedelta(days=1)
+    return {day: amount for day, amount in known.items() if day <= usage.day}
+
+
+def _window_before(today: dt.date, days: Days) -> Days | None:
+    """The last month's days in today's trailing window, when every one of them is known."""
+    first = today.replace(day=1)
+    window = [today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)]
+    wanted = [d for d in window if d < first]
+    if not wanted or any(d not in days for d in wanted):
+        return None
+    return {d: days[d] for d in wanted}
+
+
+def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] = ()) -> BudgetFigures | None:
+    """What the budget has used of its current period and is forecast to use; None while unknown."""
+    bills = latest.bills
+    if budget.on_usage:
+        return _usage_figures(budget, latest, prices)
+    if bills is None:
+        return None
+    today, month = bills.today, bills.current
+    if not budget.where:
+        days: Days | None = None
+        spent, month_end, today_end = month.month_to_date, month.forecast, month.today_forecast
+    else:
+        days = _billed_month(latest, budget, month.period) or {}
+        last = _billed_month(latest, budget, previous_period(month.period))
+        month_end, today_end = forecast(month.period, today, days, last)
+        spent = sum(days.values(), Decimal(0))
+    if budget.period == "month":
+        return BudgetFigures(month.period, spent, month_end, "bills")
+    spent_today = month.spend_on(today) if days is None else days.get(today, Decimal(0))
+    return BudgetFigures(today.isoformat(), spent_today, today_end, "bills")
+
+
+def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig]) -> BudgetFigures | None:
+    usage = latest.usage
+    if usage is None:
+        return None
+    today = usage.day
+    pricer = _Pricer(budget.where, prices)
+    first = today.replace(day=1)
+    window_start = today - dt.timedelta(days=TRAILING_DAYS)
+    days = _usage_days(latest, pricer, first if budget.period == "month" else min(first, window_start))
+    if days is None and budget.period == "day":  # the day's figure stands alone; the window only sharpens it
+        days = _usage_days(latest, pricer, today)
+    if days is None or pricer.unpriced:
+        return None
+    period = f"{today:%Y-%m}"
+    month_days = {d: a for d, a in days.items() if d >= first}
+    month_end, today_end = forecast(period, today, month_days, _window_before(today, days))
+    if budget.period == "month":
+        return BudgetFigures(period, sum(month_days.values(), Decimal(0)), month_end, "usage")
+    return BudgetFigures(today.isoformat(), days[today], today_end, "usage")
+
+
+def budget_status(
+    latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = ()
+) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
+    """Each budget with its used and forecast ratios (None while its figures are unknown)."""
+    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
+    for budget in budgets:
+        found = figures(budget, latest, prices)
+        status.append((budget, None if found is None else found.ratios(budget.amount)))
+    return status

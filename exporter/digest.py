@@ -1,0 +1,356 @@
+"""The digest: what happened yesterday (or last week), in one message.
+
+`build` gathers it from the daemon's snapshots as a JSON-able mapping, the webhook's body as the
+design gives it: amounts as decimal strings, ratios and percentages as numbers. That mapping is
+what the outbox keeps, so a digest delivered late says what it said when it was made. `text`,
+`html` and `slack` render it for people.
+
+Spend is the summarised span's (`first_day` to `day`, one day or a week): the total, the expected
+amount from the anomaly baseline (`exporter.anomaly`, the account's series; absent where it has
+too little history), the top endpoints and items with their change against the span before, the
+month's total through `day` and its forecast. Then budgets, the anomalies the rules found, the
+settled days whose bill disagrees with the usage counted, the alerts firing, and each probe's
+success ratio and 95th percentile time to first token over the span.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html as _html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from exporter.alerts.anomalies import Finding, held
+from exporter.anomaly import judge
+from exporter.budgets import figures
+from exporter.reconcile import AGREES
+from exporter.schema import BudgetConfig, PriceConfig
+from exporter.snapshots import DailyAmount, Latest
+
+TOP = 5
+CENT = Decimal("0.01")
+SLACK_TEXT = 3000
+
+
+@dataclass(frozen=True)
+class ProbeStat:
+    probe: str
+    runs: int
+    successes: int
+    ttfts: Sequence[float]
+    """Time to first token of the successful runs that had one, in seconds."""
+
+
+@dataclass(frozen=True)
+class FiringAlert:
+    labels: Mapping[str, str]
+    summary: str
+    since: float | None
+
+
+def span(schedule: str, sent_on: dt.date) -> tuple[dt.date, dt.date]:
+    """The days a digest sent on `sent_on` summarises: the day before, or the 7 days before."""
+    day = sent_on - dt.timedelta(days=1)
+    return (day - dt.timedelta(days=6) if schedule == "weekly" else day), day
+
+
+def _money(amount: Decimal | None) -> str | None:
+    return None if amount is None else f"{amount.quantize(CENT):f}"
+
+
+def _percent(now: Decimal, before: Decimal | None) -> float | None:
+    if before is None or before == 0:
+        return None
+    return round(float((now - before) / before * 100), 1)
+
+
+def _sums(amounts: Iterable[DailyAmount], first: dt.date, last: dt.date) -> dict[str, Decimal]:
+    sums: dict[str, Decimal] = {}
+    for a in amounts:
+        if first <= a.day <= last:
+            sums[a.key] = sums.get(a.key, Decimal(0)) + a.payable
+    return sums
+
+
+def _days(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
+    days: dict[dt.date, Decimal] = {}
+    for a in amounts:
+        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return days
+
+
+def _top(key: str, amounts: Sequence[DailyAmount], first: dt.date, last: dt.date, width: int) -> list[dict[str, Any]]:
+    now = _sums(amounts, first, last)
+    before = _sums(amounts, first - dt.timedelta(days=width), first - dt.timedelta(days=1))
+    known_before = any(first - dt.timedelta(days=width) <= a.day < first for a in amounts)
+    ranked = sorted(now.items(), key=lambda pair: (-pair[1], pair[0]))[:TOP]
+    return [
+        {
+            key: name,
+            "amount": _money(amount),
+            "change_percent": _percent(amount, before.get(name, Decimal(0)) if known_before else None),
+        }
+        for name, amount in ranked
+    ]
+
+
+def p95(values: Sequence[float]) -> float | None:
+    """The nearest-rank 95th percentile."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def build(
+    latest: Latest,
+    *,
+    schedule: str,
+    sent_on: dt.date,
+    budgets: Sequence[BudgetConfig] = (),
+    prices: Sequence[PriceConfig] = (),
+    anomalies: Mapping[str, tuple[str, Sequence[Finding]]] | None = None,
+    alerts: Sequence[FiringAlert] = (),
+    probes: Sequence[ProbeStat] = (),
+    url: str = "",
+) -> dict[str, Any]:
+    """The digest sent on `sent_on` (see the module's docstring). `anomalies`: per alert name, the
+    day judged and its findings."""
+    first, day = span(schedule, sent_on)
+    width = (day - first).days + 1
+    bills = held(latest)
+    totals = _days(bills.by_item)
+    known = [d for d in (first + dt.timedelta(days=n) for n in range(width)) if d in totals]
+    spend = sum((totals[d] for d in known), Decimal(0)) if known else None
+    expected: Decimal | None = Decimal(0)
+    for d in (first + dt.timedelta(days=n) for n in range(width)):
+        judged = judge(totals, d, min_amount=Decimal(0), min_percent=Decimal(0))
+        expected = None if judged is None or expected is None else expected + judged.expected
+    period = f"{day:%Y-%m}"
+    month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
+    current = latest.bills.current if latest.bills is not None else None
+    forecast = current.forecast if current is not None and current.period == period else None
+    if current is not None and current.period > period:
+        forecast = sum(month_days.values(), Decimal(0))  # a month that has ended: its total
+    digest: dict[str, Any] = {
+        "kind": "digest",
+        "schedule": schedule,
+        "first_day": first.isoformat(),
+        "day": day.isoformat(),
+        "period": period,
+        "spend": _money(spend),
+        "yesterday": _money(totals.get(day)),
+        "expected": _money(expected),
+        "month_to_date": _money(sum(month_days.values(), Decimal(0)) if month_days else None),
+        "forecast": _money(forecast),
+        "budgets": [],
+        "top_endpoints": _top("endpoint_id", bills.by_endpoint, first, day, width),
+        "top_items": _top("item", bills.by_item, first, day, width),
+        "anomalies": [],
+        "reconciliation": [],
+        "alerts": [],
+        "probes": [],
+        "url": url,
+    }
+    for budget in budgets:
+        found = figures(budget, latest, prices)
+        used, projected = found.ratios(budget.amount) if found is not None else (None, None)
+        digest["budgets"].append(
+            {
+                "budget": budget.name,
+                "period": budget.period,
+                "amount": f"{budget.amount:f}",
+                "used_ratio": None if used is None else round(float(used), 4),
+                "forecast_ratio": None if projected is None else round(float(projected), 4),
+            }
+        )
+    for alertname, (judged_day, findings) in sorted((anomalies or {}).items()):
+        if not first.isoformat() <= judged_day <= day.isoformat():
+            continue
+        for finding in findings:
+            if finding.judgement.anomalous:
+                j = finding.judgement
+                digest["anomalies"].append(
+                    {
+                        "alertname": alertname,
+                        "day": judged_day,
+                        "labels": dict(finding.group),
+                        "actual": _money(j.actual),
+                        "expected": _money(j.expected),
+                        "impact_percent": None if j.impact_percent is None else float(j.impact_percent),
+                        "contributors": [{"name": n, "share": float(s)} for n, s in finding.contributors],
+                    }
+                )
+    rec = latest.reconciliation
+    oldest = first - dt.timedelta(days=1)  # the day before settles in the span's first hours
+    for gap in rec.tokens if rec is not None else ():
+        if oldest <= gap.day <= day and (gap.ratio is None or abs(gap.ratio) > AGREES):
+            digest["reconciliation"].append(
+                {
+                    "day": gap.day.isoformat(),
+                    "item": gap.item,
+                    "billed": f"{gap.billed:f}",
+                    "counted": str(gap.counted),
+                    "gap_percent": None if gap.ratio is None else round(float(gap.ratio * 100), 2),
+                }
+            )
+    for amount in rec.amounts if rec is not None else ():
+        if oldest <= amount.day <= day and (amount.ratio is None or abs(amount.ratio) > AGREES):
+            digest["reconciliation"].append(
+                {
+                    "day": amount.day.isoformat(),
+                    "endpoint_id": amount.endpoint_id,
+                    "billed": _money(amount.billed),
+                    "estimated": _money(amount.estimated),
+                    "gap_percent": None if amount.ratio is None else round(float(amount.ratio * 100), 2),
+                }
+            )
+    for alert in alerts:
+        digest["alerts"].append(
+            {
+                "alertname": alert.labels.get("alertname", ""),
+                "labels": {k: v for k, v in sorted(alert.labels.items()) if k != "alertname"},
+                "summary": alert.summary,
+                "since": None if alert.since is None else dt.datetime.fromtimestamp(alert.since, dt.UTC).isoformat(),
+            }
+        )
+    for stat in probes:
+        digest["probes"].append(
+            {
+                "probe": stat.probe,
+                "runs": stat.runs,
+                "success_ratio": round(stat.successes / stat.runs, 4) if stat.runs else None,
+                "time_to_first_token_p95_seconds": None if (p := p95(stat.ttfts)) is None else round(p, 3),
+            }
+        )
+    return digest
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def _span_name(d: Mapping[str, Any]) -> str:
+    return d["day"] if d["first_day"] == d["day"] else f"{d['first_day']} to {d['day']}"
+
+
+def subject(d: Mapping[str, Any]) -> str:
+    what = "Weekly" if d["schedule"] == "weekly" else "Daily"
+    spend = d["spend"] if d["spend"] is not None else "unknown"
+    expected = f" (expected {d['expected']})" if d["expected"] else ""
+    return f"{what} inference spend {_span_name(d)}: {spend}{expected}"
+
+
+def _change(value: float | None) -> str:
+    return "new" if value is None else f"{value:+.1f}%"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """The digest as titled lists of lines (plain text; each renderer escapes or formats them)."""
+    unknown = "unknown (no bills for it yet)"
+    span_word = "Last week" if d["schedule"] == "weekly" else "Yesterday"
+    spend = [f"{span_word} ({_span_name(d)}): {d['spend'] if d['spend'] is not None else unknown}"]
+    if d["expected"] is not None:
+        spend.append(f"Expected: {d['expected']}")
+    spend.append(f"Month to date ({d['period']}): {d['month_to_date'] or unknown}")
+    if d["forecast"] is not None:
+        spend.append(f"Forecast for {d['period']}: {d['forecast']}")
+    sections = [("Spend", spend)]
+    if d["budgets"]:
+        sections.append(
+            (
+                "Budgets",
+                [
+                    f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
+                    f" forecast {_ratio(b['forecast_ratio'])}"
+                    for b in d["budgets"]
+                ],
+            )
+        )
+    against = "the week before" if d["schedule"] == "weekly" else "the day before"
+    for title, key, rows in (
+        ("Top endpoints", "endpoint_id", d["top_endpoints"]),
+        ("Top items", "item", d["top_items"]),
+    ):
+        if rows:
+            sections.append(
+                (
+                    f"{title} (change against {against})",
+                    [f"{r[key]}: {r['amount']} ({_change(r['change_percent'])})" for r in rows],
+                )
+            )
+    if d["anomalies"]:
+        lines = []
+        for a in d["anomalies"]:
+            group = ", ".join(f"{k}={v}" for k, v in a["labels"].items()) or "account"
+            share = ", ".join(f"{c['name']} {c['share']:.0%}" for c in a["contributors"])
+            impact = "" if a["impact_percent"] is None else f" ({a['impact_percent']:+.0f}%)"
+            lines.append(
+                f"{a['alertname']} {a['day']} {group}: {a['actual']} against {a['expected']} expected{impact}"
+                + (f"; {share}" if share else "")
+            )
+        sections.append(("Spend anomalies", lines))
+    if d["reconciliation"]:
+        lines = []
+        for g in d["reconciliation"]:
+            gap = "billed, none counted" if g["gap_percent"] is None else f"{g['gap_percent']:+.2f}%"
+            if "item" in g:
+                lines.append(f"{g['day']} {g['item']}: billed {g['billed']} tokens, counted {g['counted']} ({gap})")
+            else:
+                lines.append(f"{g['day']} {g['endpoint_id']}: billed {g['billed']}, estimated {g['estimated']} ({gap})")
+        sections.append(("Bill against usage", lines))
+    firing = []
+    for a in d["alerts"]:
+        labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
+        firing.append(f"{a['alertname']}: {a['summary']}" + (f" [{labels}]" if labels else ""))
+    sections.append(("Firing alerts", firing or ["none"]))
+    if d["probes"]:
+        lines = []
+        for p in d["probes"]:
+            ttft = p["time_to_first_token_p95_seconds"]
+            lines.append(
+                f"{p['probe']}: {_ratio(p['success_ratio'])} of {p['runs']} runs succeeded"
+                + ("" if ttft is None else f", p95 time to first token {ttft * 1000:.0f} ms")
+            )
+        sections.append(("Probes", lines))
+    return sections
+
+
+def text(d: Mapping[str, Any]) -> str:
+    out = [subject(d), ""]
+    for title, lines in _sections(d):
+        out += [title, *(f"  {line}" for line in lines), ""]
+    if d["url"]:
+        out.append(d["url"] + "/")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def html(d: Mapping[str, Any]) -> str:
+    e = _html.escape
+    parts = [f"<h2>{e(subject(d))}</h2>"]
+    for title, lines in _sections(d):
+        parts.append(f"<h3>{e(title)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")
+    if d["url"]:
+        parts.append(f'<p><a href="{e(d["url"])}/">{e(d["url"])}/</a></p>')
+    return '<!doctype html><html><body style="font-family: sans-serif">' + "".join(parts) + "</body></html>"
+
+
+def _mrkdwn(value: str) -> str:
+    """Slack's three escapes, so names from the API cannot format or link."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack(d: Mapping[str, Any]) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text": subject(d)[:150]}}]
+    for title, lines in _sections(d):
+        body = f"*{_mrkdwn(title)}*\n" + "\n".join(f"• {_mrkdwn(line)}" for line in lines)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": body[:SLACK_TEXT]}})
+    if d["url"]:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{d['url']}/|exporter>"}]})
+    return {"text": subject(d), "blocks": blocks}

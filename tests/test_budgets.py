@@ -1,0 +1,250 @@
+"""Scoped budgets end to end: the daemon against the simulator, truth from the simulator's own sums."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from exporter.alerts.promrules import rule_file
+from exporter.clock import Clock, FrozenClock
+from exporter.config import validate
+from exporter.daemon import Daemon
+from exporter.sim import ITEMS, Simulator, SimulatorServer
+from exporter.sim.model import API_KEYS, MILLION
+from tests.conftest import billing_section
+from tests.helpers import Receiver, scrape, value
+
+pytestmark = pytest.mark.integration
+
+PRICES = [
+    {"model": "model-a", "prompt_per_million": "4", "cached_prompt_per_million": "1", "completion_per_million": "16"},
+    {"model": "model-b", "prompt_per_million": "2", "completion_per_million": "8"},
+]
+PRICE = {p["model"]: p for p in PRICES}
+
+
+def priced(sim: Simulator, day: dt.date, *, model: str | None = None, api_key: str | None = None) -> Decimal:
+    """The simulator's records of `day` in the scope, priced by hand."""
+    total = Decimal(0)
+    for r in sim.usage_records(day):
+        if (model is not None and r["model"] != model) or (api_key is not None and r["apikey"] != api_key):
+            continue
+        price = PRICE[r["model"]]
+        cached_price = Decimal(price.get("cached_prompt_per_million", price["prompt_per_million"]))
+        total += (
+            (r["promptTokens"] - r["promptCachedTokens"]) * Decimal(price["prompt_per_million"])
+            + r["promptCachedTokens"] * cached_price
+            + r["completionTokens"] * Decimal(price["completion_per_million"])
+        ) / MILLION
+    return total
+
+
+def billed(sim: Simulator, day: dt.date, *, endpoint_id: str | None = None, item: str | None = None) -> Decimal:
+    return sum(
+        (
+            sim.charge(f"{day:%Y-%m}", day, e, i)[0]
+            for e in sim.endpoints
+            for i in ITEMS
+            if endpoint_id in (None, e.endpoint_id) and item in (None, i)
+        ),
+        Decimal(0),
+    )
+
+
+def by_hand_forecast(days: list[Decimal], today: dt.date, month_days: int) -> Decimal:
+    """Complete days + max(today, trailing average) + trailing average × the days after today."""
+    *complete, so_far = days
+    window = complete[-7:]
+    average = sum(window, Decimal(0)) / len(window)
+    return sum(complete, Decimal(0)) + max(so_far, average) + average * (month_days - today.day)
+
+
+def start(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, **extra: object) -> Daemon:
+    billing = billing_section(sim, server) | extra.pop("billing", {})  # type: ignore[operator]
+    document = {"billing": billing, "state": {"path": str(tmp_path / "state.db")}} | extra
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    return daemon
+
+
+def test_budgets_on_an_endpoint_and_on_an_item_measure_only_their_share_of_the_bills(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    today = clock.today()
+    endpoint = sim.endpoints[1].endpoint_id
+    budgets = [
+        {"name": "account", "amount": "10000"},
+        {"name": "team", "amount": "2000", "where": {"endpoint_id": endpoint}},
+        {"name": "completion-today", "amount": "50", "period": "day", "where": {"item": ITEMS[-1]}},
+        {"name": "main-project", "amount": "3000", "where": {"project_id": "proj-main"}},
+    ]
+    daemon = start(sim, server, clock, tmp_path, budgets=budgets)
+    try:
+        assert daemon.refresh("bills")
+        series = scrape(daemon.server.url)
+        days = [today.replace(day=d) for d in range(1, today.day + 1)]
+
+        team = [billed(sim, d, endpoint_id=endpoint) for d in days]
+        assert value(series, "inference_budget_used_ratio", budget="team") == pytest.approx(
+            float(sum(team) / 2000), rel=1e-12
+        )
+        assert value(series, "inference_budget_forecast_ratio", budget="team") == pytest.approx(
+            float(by_hand_forecast(team, today, 30) / 2000), rel=1e-12
+        )
+        completion = [billed(sim, d, item=ITEMS[-1]) for d in days]
+        assert value(series, "inference_budget_used_ratio", budget="completion-today") == pytest.approx(
+            float(completion[-1] / 50), rel=1e-12
+        )
+        main = sum(
+            billed(sim, d, endpoint_id=e.endpoint_id)
+            for d in days
+            for e in sim.endpoints
+            if e.project_id == "proj-main"
+        )
+        assert value(series, "inference_budget_used_ratio", budget="main-project") == pytest.approx(
+            float(main / 3000), rel=1e-12
+        )
+        account = sum(billed(sim, d) for d in days)
+        assert value(series, "inference_budget_used_ratio", budget="account") == pytest.approx(
+            float(account / 10000), rel=1e-12
+        )
+        assert 0 < sum(team) < account  # a share, not the whole
+    finally:
+        daemon.stop()
+
+
+def test_a_budget_on_an_endpoint_fires_its_tiers_from_that_endpoint_alone(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    today = clock.today()
+    team, other = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+    spent = sum(billed(sim, today.replace(day=d), endpoint_id=team) for d in range(1, today.day + 1))
+    budgets = [{"name": "team", "amount": str(spent / Decimal("0.7")), "where": {"endpoint_id": team}}]
+    rule = {"alert": "TeamBudget", "budget": "team", "tiers": [0.5, 0.8, 1.0]}
+    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    daemon = start(sim, server, clock, tmp_path, budgets=budgets, alerts=alerts)
+    try:
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5"]
+
+        sim.revise_bill(today, other, ITEMS[0], Decimal("100000"))  # another endpoint's spend: not the team's
+        frozen.advance(dt.timedelta(minutes=5))
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5"]
+
+        sim.revise_bill(
+            today, team, ITEMS[0], sim.charge(f"{today:%Y-%m}", today, sim.endpoints[0], ITEMS[0])[0] + spent
+        )
+        frozen.advance(dt.timedelta(minutes=5))
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5", "1"]
+        assert receiver.bodies()[-1]["alerts"][0]["labels"]["budget"] == "team"
+    finally:
+        daemon.stop()
+
+
+def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 4, 15, 0, tzinfo=clock.tz))
+    today = clock.today()
+    days = [today.replace(day=d) for d in range(1, today.day + 1)]
+    for n, day in enumerate(days):
+        sim.add_usage(300 + 50 * n, day)
+    key = API_KEYS[1]
+    budgets = [
+        {"name": "model-a-today", "amount": "5", "period": "day", "where": {"model": "model-a"}},
+        {"name": "batch-key", "amount": "20", "where": {"api_key": key}},
+    ]
+    daemon = start(
+        sim, server, clock, tmp_path, budgets=budgets, prices=PRICES,
+        billing={"per_api_key": True}, reconciliation={"days_per_refresh": 1},
+    )  # fmt: skip
+    try:
+        # Each refresh syncs today and reads one past day (the 3rd, 2nd, then the 1st: all settled by 15:00).
+        for _ in range(3):
+            assert value(scrape(daemon.server.url), "inference_budget_used_ratio", budget="batch-key") is None
+            assert daemon.refresh("usage")
+            series = scrape(daemon.server.url)
+            assert value(series, "inference_budget_used_ratio", budget="model-a-today") == pytest.approx(
+                float(priced(sim, today, model="model-a") / 5), rel=1e-12
+            )
+            assert value(series, "inference_budget_amount", budget="batch-key") == 20
+        # The month waited until every past day was read: never a ratio of only some days.
+        month = [priced(sim, d, api_key=key) for d in days]
+        assert value(series, "inference_budget_used_ratio", budget="batch-key") == pytest.approx(
+            float(sum(month) / 20), rel=1e-12
+        )
+        assert value(series, "inference_budget_forecast_ratio", budget="batch-key") == pytest.approx(
+            float(by_hand_forecast(month, today, 30) / 20), rel=1e-12
+        )
+
+        sim.add_usage(500)  # more today: the usage budgets move with the usage, not the bills
+        frozen.advance(dt.timedelta(minutes=5))
+        assert daemon.refresh("usage")
+        series = scrape(daemon.server.url)
+        assert value(series, "inference_budget_used_ratio", budget="model-a-today") == pytest.approx(
+            float(priced(sim, today, model="model-a") / 5), rel=1e-12
+        )
+        month = [priced(sim, d, api_key=key) for d in days]
+        assert value(series, "inference_budget_used_ratio", budget="batch-key") == pytest.approx(
+            float(sum(month) / 20), rel=1e-12
+        )
+    finally:
+        daemon.stop()
+
+
+def test_a_usage_budget_fires_and_a_model_without_a_price_leaves_it_without_figures(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    sim.add_usage(400)
+    key = API_KEYS[0]
+    spent = priced(sim, clock.today(), api_key=key)
+    budgets = [{"name": "key-today", "amount": str(spent / Decimal("0.9")), "period": "day", "where": {"api_key": key}}]
+    rule = {"alert": "KeyBudget", "budget": "key-today", "tiers": [0.8, 1.0]}
+    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+    daemon = start(
+        sim, server, clock, tmp_path, budgets=budgets, prices=PRICES, alerts=alerts, billing={"per_api_key": True}
+    )
+    try:
+        daemon.refresh("usage")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert [b["alerts"][0]["labels"] for b in receiver.bodies()] == [
+            {"alertname": "KeyBudget", "budget": "key-today", "tier": "0.8"}
+        ]
+    finally:
+        daemon.stop()
+
+    only_a = [PRICE["model-a"]]  # the key also calls model-b, which now has no price
+    daemon = start(sim, server, clock, tmp_path, budgets=budgets, prices=only_a, billing={"per_api_key": True})
+    try:
+        daemon.refresh("usage")
+        series = scrape(daemon.server.url)
+        assert value(series, "inference_budget_used_ratio", budget="key-today") is None
+    finally:
+        daemon.stop()
+
+
+def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simulator, server: SimulatorServer) -> None:
+    config = validate(
+        {
+            "billing": billing_section(sim, server),
+            "budgets": [{"name": "team", "amount": "2000", "where": {"endpoint_id": "ep-1"}}],
+            "alerts": {"rules": [{"alert": "TeamBudget", "budget": "team", "tiers": [0.5, 1.0]}]},
+        },
+        {},
+    )
+    text, skipped = rule_file(config.alerts, config.budgets)
+    assert skipped == []
+    assert 'inference_budget_used_ratio{budget="team"} >= 0.5' in text
+    assert 'inference_budget_used_ratio{budget="team"} >= 1' in text

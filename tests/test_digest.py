@@ -1,0 +1,183 @@
+"""The digest: when it is due, what it says, and how each receiver gets it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from exporter.alerts.anomalies import Finding
+from exporter.anomaly import Judgement
+from exporter.clock import Clock, FrozenClock
+from exporter.daemon import digest_due
+from exporter.digest import FiringAlert, ProbeStat, build, html, p95, slack, span, subject, text
+from exporter.schema import BudgetConfig, DigestConfig
+from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, Reconciliation, TokenGap
+
+SHANGHAI = ZoneInfo("Asia/Shanghai")
+SENT_ON = dt.date(2026, 11, 23)  # a Monday
+
+
+def at(day: dt.date, hour: int, minute: int = 0) -> tuple[Clock, dt.datetime]:
+    now = dt.datetime.combine(day, dt.time(hour, minute), SHANGHAI)
+    return Clock(SHANGHAI, FrozenClock(now)), now
+
+
+@pytest.mark.parametrize(
+    ("schedule", "day", "hour", "minute", "due"),
+    [
+        ("daily", SENT_ON, 8, 59, None),  # yesterday's 09:00 is 24 h ago: skipped, today's comes in a minute
+        ("daily", SENT_ON, 9, 0, SENT_ON),
+        ("daily", SENT_ON, 20, 59, SENT_ON),  # sent late, up to half a day
+        ("daily", SENT_ON, 21, 1, None),
+        ("daily", SENT_ON + dt.timedelta(days=1), 0, 30, None),  # 15 h late: the next one is nearer
+        ("weekly", SENT_ON, 8, 0, None),
+        ("weekly", SENT_ON, 9, 0, SENT_ON),
+        ("weekly", SENT_ON + dt.timedelta(days=3), 20, 0, SENT_ON),
+        ("weekly", SENT_ON + dt.timedelta(days=4), 9, 0, None),
+    ],
+)
+def test_a_digest_is_due_from_its_time_until_half_its_period_has_passed(
+    schedule: str, day: dt.date, hour: int, minute: int, due: dt.date | None
+) -> None:
+    clock, now = at(day, hour, minute)
+    config = DigestConfig(schedule=schedule, at="09:00", notifiers=("hook",))  # type: ignore[arg-type]
+    assert digest_due(config, now, clock) == due
+
+
+def test_the_span_is_the_day_before_or_the_seven_days_before() -> None:
+    assert span("daily", SENT_ON) == (dt.date(2026, 11, 22), dt.date(2026, 11, 22))
+    assert span("weekly", SENT_ON) == (dt.date(2026, 11, 16), dt.date(2026, 11, 22))
+
+
+def amounts(key: str, per_day: dict[dt.date, Decimal]) -> list[DailyAmount]:
+    return [DailyAmount(f"{d:%Y-%m}", d, key, "prod", "proj", amount, amount) for d, amount in per_day.items()]
+
+
+def month(days: int = 22) -> Latest:
+    """Two endpoints and two items: ep-a spends 100 a day, ep-b 50 (200 on the 22nd)."""
+    dates = [dt.date(2026, 11, d) for d in range(1, days + 1)]
+    a = {d: Decimal(100) for d in dates}
+    b = {d: Decimal(200 if d.day == 22 else 50) for d in dates}
+    by_endpoint = tuple(amounts("ep-a", a) + amounts("ep-b", b))
+    by_item = tuple(
+        amounts("ITEM_PROMPT_TOKEN", {d: a[d] / 2 + b[d] / 2 for d in dates})
+        + amounts("ITEM_COMPLETION_TOKEN", {d: a[d] / 2 + b[d] / 2 for d in dates})
+    )
+    total = sum((x.payable for x in by_item), Decimal(0))
+    bills = MonthBills("2026-11", by_endpoint, by_item, total, total + Decimal(1000), Decimal(150))
+    latest = Latest()
+    latest.bills = BillsSnapshot((bills,), dt.date(2026, 11, 23))
+    return latest
+
+
+def test_the_daily_digest_says_what_yesterday_cost_against_the_day_before_and_its_baseline() -> None:
+    latest = month()
+    d = build(latest, schedule="daily", sent_on=SENT_ON, url="http://exporter:9877")
+    assert d["kind"] == "digest"
+    assert (d["day"], d["first_day"], d["period"]) == ("2026-11-22", "2026-11-22", "2026-11")
+    assert d["yesterday"] == d["spend"] == "300.00"
+    # 21 days of 150 before it, every weekday alike: the baseline expects 150.
+    assert d["expected"] == "150.00"
+    assert d["month_to_date"] == f"{150 * 21 + 300}.00"
+    assert d["forecast"] == f"{150 * 21 + 300 + 1000}.00"
+    assert d["top_endpoints"] == [
+        {"endpoint_id": "ep-b", "amount": "200.00", "change_percent": 300.0},
+        {"endpoint_id": "ep-a", "amount": "100.00", "change_percent": 0.0},
+    ]
+    assert [i["item"] for i in d["top_items"]] == ["ITEM_COMPLETION_TOKEN", "ITEM_PROMPT_TOKEN"]
+    json.dumps(d)  # the webhook body as it is kept in the outbox
+
+
+def test_the_weekly_digest_sums_the_week_and_compares_it_with_the_week_before() -> None:
+    d = build(month(), schedule="weekly", sent_on=SENT_ON)
+    assert (d["first_day"], d["day"]) == ("2026-11-16", "2026-11-22")
+    assert d["spend"] == f"{150 * 6 + 300}.00"
+    assert d["yesterday"] == "300.00"
+    ep_b = next(e for e in d["top_endpoints"] if e["endpoint_id"] == "ep-b")
+    assert ep_b == {"endpoint_id": "ep-b", "amount": "500.00", "change_percent": round((500 - 350) / 350 * 100, 1)}
+
+
+def test_too_little_history_gives_no_expected_amount_rather_than_a_guess() -> None:
+    d = build(month(days=8), schedule="daily", sent_on=dt.date(2026, 11, 9))
+    assert d["spend"] == "150.00"
+    assert d["expected"] is None
+    assert "Expected" not in text(d)
+
+
+def test_no_bills_for_the_day_reads_unknown_never_zero() -> None:
+    d = build(Latest(), schedule="daily", sent_on=SENT_ON)
+    assert d["spend"] is None
+    assert d["month_to_date"] is None
+    assert "Yesterday (2026-11-22): unknown" in text(d)
+
+
+def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
+    latest = month()
+    latest.reconciliation = Reconciliation(
+        tokens=(
+            TokenGap(dt.date(2026, 11, 21), "ITEM_COMPLETION_TOKEN", Decimal(1050), 1000, Decimal("0.05")),
+            TokenGap(dt.date(2026, 11, 21), "ITEM_PROMPT_TOKEN", Decimal(1000), 1000, Decimal(0)),
+        )
+    )
+    finding = Finding(
+        (("endpoint_id", "ep-b"),),
+        Judgement(dt.date(2026, 11, 22), Decimal(200), Decimal(50), Decimal(150), Decimal(300), True),
+        (("ITEM_PROMPT_TOKEN", Decimal("0.5")),),
+    )
+    d = build(
+        latest,
+        schedule="daily",
+        sent_on=SENT_ON,
+        budgets=[BudgetConfig(name="monthly", amount=Decimal(5000))],
+        anomalies={"SpendAnomaly": ("2026-11-22", [finding])},
+        alerts=[FiringAlert({"alertname": "SpendAnomaly", "endpoint_id": "ep-b"}, "ep-b spent 200", 0.0)],
+        probes=[ProbeStat("chat", 4, 3, [0.2, 0.4, 0.3]), ProbeStat("idle", 0, 0, [])],
+    )
+    assert d["budgets"] == [
+        {"budget": "monthly", "period": "month", "amount": "5000", "used_ratio": 0.69, "forecast_ratio": 0.89}
+    ]
+    assert d["anomalies"][0] | {"contributors": None} == {
+        "alertname": "SpendAnomaly", "day": "2026-11-22", "labels": {"endpoint_id": "ep-b"}, "actual": "200.00",
+        "expected": "50.00", "impact_percent": 300.0, "contributors": None,
+    }  # fmt: skip
+    assert d["reconciliation"] == [
+        {"day": "2026-11-21", "item": "ITEM_COMPLETION_TOKEN", "billed": "1050", "counted": "1000", "gap_percent": 5.0}
+    ]  # the item that agrees is not news
+    assert d["alerts"][0]["alertname"] == "SpendAnomaly"
+    assert d["probes"] == [
+        {"probe": "chat", "runs": 4, "success_ratio": 0.75, "time_to_first_token_p95_seconds": 0.4},
+        {"probe": "idle", "runs": 0, "success_ratio": None, "time_to_first_token_p95_seconds": None},
+    ]
+    body = text(d)
+    for line in (
+        "monthly (month, 5000): used 69%, forecast 89%",
+        "SpendAnomaly 2026-11-22 endpoint_id=ep-b: 200.00 against 50.00 expected (+300%); ITEM_PROMPT_TOKEN 50%",
+        "2026-11-21 ITEM_COMPLETION_TOKEN: billed 1050 tokens, counted 1000 (+5.00%)",
+        "SpendAnomaly: ep-b spent 200 [endpoint_id=ep-b]",
+        "chat: 75% of 4 runs succeeded, p95 time to first token 400 ms",
+    ):
+        assert line in body
+
+
+def test_names_from_the_api_cannot_inject_markup_into_html_or_slack() -> None:
+    latest = month()
+    hostile = "<script>alert(1)</script>&<!here>"
+    d = build(latest, schedule="daily", sent_on=SENT_ON, alerts=[FiringAlert({"alertname": "A"}, hostile, None)])
+    assert hostile not in html(d)
+    assert "&lt;script&gt;" in html(d)
+    rendered = json.dumps(slack(d))
+    assert "<script>" not in rendered
+    assert "<!here>" not in rendered
+    assert "&lt;!here&gt;" in rendered
+    assert slack(d)["text"] == subject(d)
+
+
+def test_p95_is_the_nearest_rank() -> None:
+    assert p95([]) is None
+    assert p95([1.0]) == 1.0
+    assert p95([float(n) for n in range(1, 101)]) == 95.0
+    assert p95([float(n) for n in range(1, 21)]) == 19.0

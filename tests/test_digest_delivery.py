@@ -1,0 +1,261 @@
+"""The digest end to end: the daemon against the simulator, sent through a webhook receiver, Slack's
+format and a real SMTP server, once a day whatever restarts, outages and late starts happen."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.clock import Clock, FrozenClock
+from exporter.config import validate
+from exporter.daemon import DIGEST_WAIT, Daemon
+from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer
+from tests.conftest import billing_section
+from tests.helpers import Receiver, wait_for
+from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
+
+pytestmark = pytest.mark.integration
+
+TODAY = dt.date(2026, 11, 22)
+YESTERDAY = TODAY - dt.timedelta(days=1)
+
+
+def spent(sim: Simulator, day: dt.date, endpoint_id: str | None = None) -> Decimal:
+    return sum(
+        (
+            sim.charge(f"{day:%Y-%m}", day, e, item)[0]
+            for e in sim.endpoints
+            for item in ITEMS
+            if endpoint_id in (None, e.endpoint_id)
+        ),
+        Decimal(0),
+    )
+
+
+def document(sim: Simulator, server: SimulatorServer, tmp_path: Path, notifiers: list[dict], **extra: object) -> dict:
+    return {
+        "billing": billing_section(sim, server, history_months=0),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"notifiers": notifiers},
+        "digest": {"at": "09:00", "notifiers": [n["name"] for n in notifiers]},
+    } | extra
+
+
+def start(doc: dict, clock: Clock) -> Daemon:
+    daemon = Daemon(validate(doc, {}), clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    return daemon
+
+
+def cycle(daemon: Daemon, *, bills: bool = True) -> None:
+    """What the daemon does each minute: refresh (when asked), evaluate (which looks at the digest), deliver."""
+    if bills:
+        daemon.refresh("bills")
+    daemon.alert_cycle()
+    daemon.deliver()
+
+
+def digests(receiver: Receiver) -> list[dict]:
+    return [b for b in receiver.bodies() if b.get("kind") == "digest"]
+
+
+def test_the_daily_digest_goes_once_at_its_time_whatever_restarts_and_repeats(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    frozen.set(dt.datetime(2026, 11, 22, 8, 0, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    first_url = daemon.server.url
+    try:
+        cycle(daemon)
+        assert digests(receiver) == []  # yesterday's 09:00 is 23 h ago: skipped; today's is not due yet
+        frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+        cycle(daemon)
+        (body,) = digests(receiver)
+        for _ in range(3):
+            frozen.advance(dt.timedelta(minutes=1))
+            cycle(daemon)
+    finally:
+        daemon.stop()
+    daemon = start(doc, clock)  # a restart the same day
+    try:
+        cycle(daemon)
+        assert len(digests(receiver)) == 1
+    finally:
+        daemon.stop()
+
+    assert body["url"] == first_url
+    assert (body["day"], body["period"]) == (YESTERDAY.isoformat(), "2026-11")
+    assert Decimal(body["yesterday"]) == spent(sim, YESTERDAY).quantize(Decimal("0.01"))
+    month = sum((spent(sim, TODAY.replace(day=d)) for d in range(1, YESTERDAY.day + 1)), Decimal(0))
+    assert Decimal(body["month_to_date"]) == month.quantize(Decimal("0.01"))
+    assert Decimal(body["forecast"]) > month
+    ranked = sorted(sim.endpoints, key=lambda e: -spent(sim, YESTERDAY, e.endpoint_id))
+    assert [t["endpoint_id"] for t in body["top_endpoints"]] == [e.endpoint_id for e in ranked]
+    for top in body["top_endpoints"]:
+        before = spent(sim, YESTERDAY - dt.timedelta(days=1), top["endpoint_id"])
+        change = (spent(sim, YESTERDAY, top["endpoint_id"]) - before) / before * 100
+        assert top["change_percent"] == pytest.approx(float(change), abs=0.051)
+
+
+def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sends_it_late(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    frozen.set(dt.datetime(2026, 11, 22, 13, 30, tzinfo=clock.tz))  # started after 09:00: the digest goes late
+    receiver.refuse = 2
+    daemon = start(doc, clock)
+    try:
+        cycle(daemon)
+        assert receiver.attempts == 1
+        assert digests(receiver) == []
+    finally:
+        daemon.stop()
+    daemon = start(doc, clock)  # a restart while it waits in the outbox
+    try:
+        for _ in range(6):
+            frozen.advance(dt.timedelta(minutes=10))  # past every backoff
+            cycle(daemon)
+        assert receiver.attempts == 3
+        assert len(digests(receiver)) == 1
+        assert digests(receiver)[0]["day"] == YESTERDAY.isoformat()
+        assert daemon.dispatcher.pending() == {}
+    finally:
+        daemon.stop()
+
+
+def test_it_waits_for_todays_bills_then_goes_with_what_there_is(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    try:
+        cycle(daemon, bills=False)
+        assert digests(receiver) == []  # no bills yet: a digest of unknowns would be worse than a late one
+        frozen.advance(dt.timedelta(seconds=DIGEST_WAIT - 60))
+        cycle(daemon, bills=False)
+        assert digests(receiver) == []
+        frozen.advance(dt.timedelta(seconds=60))
+        cycle(daemon, bills=False)
+        (body,) = digests(receiver)
+        assert body["yesterday"] is None  # unknown, never zero
+        assert body["month_to_date"] is None
+    finally:
+        daemon.stop()
+
+
+def test_slack_gets_blocks_and_email_gets_text_and_html_over_tls(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver,
+    start_smtp: Start, mailbox: Mailbox, ca_file: str,
+) -> None:  # fmt: skip
+    smtp = start_smtp()
+    notifiers = [
+        {"name": "chat", "type": "slack", "url": f"{receiver.url}/slack"},
+        {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{smtp.port}", "from": FROM, "to": TO,
+         "username": USER, "password": PASSWORD, "ca_file": ca_file},
+    ]  # fmt: skip
+    doc = document(sim, server, tmp_path, notifiers)
+    frozen.set(dt.datetime(2026, 11, 22, 9, 5, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    try:
+        cycle(daemon)
+        wait_for(lambda: mailbox.messages)
+    finally:
+        daemon.stop()
+    (slack,) = receiver.bodies("/slack")
+    assert slack["text"].startswith(f"Daily inference spend {YESTERDAY}: ")
+    assert [b["type"] for b in slack["blocks"]][:2] == ["header", "section"]
+    assert any("Top endpoints" in b.get("text", {}).get("text", "") for b in slack["blocks"])
+    (mail,) = mailbox.messages
+    assert mail.tls
+    assert mail.login == USER
+    assert mail.message["Subject"] == slack["text"]
+    plain = mail.message.get_body(("plain",))
+    rich = mail.message.get_body(("html",))
+    assert plain is not None
+    assert rich is not None
+    amount = f"{spent(sim, YESTERDAY).quantize(Decimal('0.01'))}"
+    assert f"Yesterday ({YESTERDAY}): {amount}" in plain.get_content()
+    assert f"Yesterday ({YESTERDAY}): {amount}" in rich.get_content()
+
+
+def test_the_digest_counts_the_probe_runs_of_the_day(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(
+        sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}],
+        inference={"url": server.url, "api_key": sim.api_key},
+        probes=[{"name": "chat", "model": sim.endpoints[0].endpoint_id}],
+    )  # fmt: skip
+    frozen.set(dt.datetime(2026, 11, 21, 23, 0, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    try:
+        for _ in range(3):
+            daemon.refresh("probe:chat")
+            frozen.advance(dt.timedelta(minutes=10))
+        sim.inject(Fault("status", path="/", status=500))
+        daemon.refresh("probe:chat")  # yesterday's fourth run fails
+        sim.inject(Fault("status", path="/", status=500))
+        frozen.set(dt.datetime(2026, 11, 22, 0, 30, tzinfo=clock.tz))  # today: not in yesterday's digest
+        daemon.refresh("probe:chat")
+        frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+        cycle(daemon)
+    finally:
+        daemon.stop()
+    (body,) = digests(receiver)
+    (probe,) = body["probes"]
+    assert probe["probe"] == "chat"
+    assert probe["runs"] == 4
+    assert probe["success_ratio"] == 0.75
+    assert 0 < probe["time_to_first_token_p95_seconds"] < 30
+
+
+@pytest.fixture
+def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    """A simulator on the real clock: the command runs in a process of its own, on the real clock too."""
+    sim = Simulator(clock=Clock(clock_zone()))
+    server = sim.serve()
+    yield sim, server
+    server.stop()
+
+
+def test_the_digest_command_prints_it_and_sends_it_when_asked(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(*live, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    command = [sys.executable, "-m", "exporter.cli", "digest", "--config", str(path)]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert printed.returncode == 0, printed.stderr
+    today = dt.datetime.now(clock_zone()).date()
+    yesterday = today - dt.timedelta(days=1)
+    assert printed.stdout.startswith(f"Daily inference spend {yesterday}: ")
+    assert "Top endpoints (change against the day before)" in printed.stdout
+    assert "no state file" in printed.stderr  # no daemon ran here: no probe runs or alerts to tell
+    assert digests(receiver) == []
+
+    sent = subprocess.run([*command, "--send"], capture_output=True, text=True, timeout=60, check=False)
+    assert sent.returncode == 0, sent.stderr
+    assert "hook: sent" in sent.stderr
+    (body,) = digests(receiver)
+    assert body["day"] == yesterday.isoformat()
+
+    receiver.refuse = 10
+    refused = subprocess.run([*command, "--send"], capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    assert "hook: not sent" in refused.stderr
+
+
+def clock_zone() -> dt.tzinfo:
+    from zoneinfo import ZoneInfo
+
+    return ZoneInfo("Asia/Shanghai")

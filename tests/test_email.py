@@ -1,0 +1,426 @@
+"""Email notifications: the message itself, then delivery through a real Dispatcher over a real
+state file to a real SMTP server on loopback (aiosmtpd) that requires STARTTLS, with a
+certificate from a test CA (trustme), and a login; and to scripted servers that stall."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import socket
+import sqlite3
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import trustme
+
+from exporter.alerts import email
+from exporter.alerts.engine import Alert
+from exporter.alerts.notifiers import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
+from exporter.clock import Clock, FrozenClock
+from exporter.schema import EmailNotifier
+from exporter.state import AlertStore, GroupEvent, StateStore
+from tests.helpers import free_port, logged, wait_for
+from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start, server_tls
+
+EXTERNAL_URL = "http://exporter.example:9877"
+INCIDENT = "0123456789abcdef"
+STARTED = dt.datetime(2026, 11, 22, 1, 50, tzinfo=dt.UTC).timestamp()
+DUE_AGAIN = dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1)
+"""Past the longest backoff: a failed notification is due again."""
+
+
+# -- the message --
+
+
+def group(status: str = "firing", count: int = 1, **labels: str) -> GroupEvent:
+    """A rule's group event as the engine queues it: `count` alerts that changed to `status`."""
+    alerts = [
+        Alert(
+            f"key-{n}", "rule", {"alertname": "SpendHigh", "endpoint_id": f"ep-{n}", **labels},
+            {"summary": f"ep-{n} spent 12.00 today (over 10.00)"}, status,  # type: ignore[arg-type]
+            STARTED, "12.00", STARTED, fired_at=STARTED,
+            resolved_at=STARTED + 600 if status == "resolved" else None,
+        ).event(status)
+        for n in range(count)
+    ]  # fmt: skip
+    return {
+        "status": status,
+        "alertname": "SpendHigh",
+        "dedup_key": INCIDENT,
+        "alerts": alerts[:100],
+        "total": count,
+        "still_firing": count if status == "firing" else 0,
+    }
+
+
+def test_a_message_lists_the_alerts_with_their_labels_start_and_a_link() -> None:
+    subject, text, html = email.alert_message(group(), EXTERNAL_URL)
+    assert subject == "[FIRING] SpendHigh: ep-0 spent 12.00 today (over 10.00)"
+    assert "ep-0 spent 12.00 today (over 10.00)" in text
+    assert "endpoint_id=ep-0" in text
+    assert "since 2026-11-22 01:50:00 UTC" in text
+    assert f"{EXTERNAL_URL}/" in text
+    assert f'<a href="{EXTERNAL_URL}/">' in html
+    resolved = email.alert_message(group("resolved"), EXTERNAL_URL)
+    assert resolved[0].startswith("[RESOLVED] SpendHigh")
+    assert "resolved 2026-11-22 02:00:00 UTC" in resolved[1]
+
+
+def test_a_big_group_is_counted_not_listed() -> None:
+    subject, text, html = email.alert_message(group(count=250), EXTERNAL_URL)
+    assert subject == "[FIRING] SpendHigh: 250 alerts"
+    assert text.count("endpoint_id=ep-") == email.ALERTS
+    assert f"and {250 - email.ALERTS} more" in text
+    assert html.count("<li>") == email.ALERTS
+    assert f"and {250 - email.ALERTS} more" in html
+
+
+def test_labels_and_annotations_are_escaped_and_the_subject_is_one_line() -> None:
+    event = group(team='<script>alert("x")</script> & co')
+    event["alerts"][0]["annotations"]["summary"] = "<b>spent</b>\r\nBcc: victim@example.com"
+    subject, text, html = email.alert_message(event, EXTERNAL_URL)
+    assert "\n" not in subject
+    assert "\r" not in subject
+    assert subject == "[FIRING] SpendHigh: <b>spent</b> Bcc: victim@example.com"
+    assert "<script>" not in html
+    assert "<b>" not in html
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in html
+    assert "&lt;b&gt;spent&lt;/b&gt;" in html
+    assert "\nBcc:" not in text  # a summary stays on its line in the text too
+    message = email.build(notifier(1), subject, text, html, "<a@b>")
+    assert message["Bcc"] is None
+    assert message["Subject"] == subject
+
+
+def test_message_ids_are_stable_per_notification_and_differ_between_them() -> None:
+    first = email.message_id(INCIDENT, 7)
+    assert first == email.message_id(INCIDENT, 7) == f"<{INCIDENT}.7@inference-cost-exporter>"
+    assert email.message_id(INCIDENT, 8) != first
+    assert email.message_id("odd <key>@x", 1) == "<oddkeyx.1@inference-cost-exporter>"
+
+
+def notifier(port: int, **overrides: object) -> EmailNotifier:
+    document = {
+        "name": "mail", "type": "email", "smtp": f"127.0.0.1:{port}", "from": FROM, "to": TO,
+        "username": USER, "password": PASSWORD,
+    } | overrides  # fmt: skip
+    return EmailNotifier.model_validate({k: v for k, v in document.items() if v is not None})
+
+
+@pytest.fixture
+def alert_store(store: StateStore) -> AlertStore:
+    """The alert tables of a real state file (tmp_path/state.db)."""
+    return AlertStore(store)
+
+
+def dispatcher_for(notifier: EmailNotifier, alert_store: AlertStore, clock: Clock) -> Dispatcher:
+    return Dispatcher([notifier], alert_store, clock, list, EXTERNAL_URL)
+
+
+def queue(alert_store: AlertStore, clock: Clock, event: GroupEvent) -> None:
+    with alert_store.store.transaction() as db:
+        alert_store.enqueue(db, "mail", event, clock.now().timestamp())
+
+
+def outbox(tmp_path: Path) -> list[tuple[int, int, float | None, str]]:
+    """(id, attempts, delivered, last_error) of every outbox row, as the state file holds them."""
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        return db.execute("SELECT id, attempts, delivered, last_error FROM outbox ORDER BY id").fetchall()
+
+
+def assert_no_secret(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """Neither the password nor the username in the exporter's log lines or the stored reasons."""
+    for record in caplog.records:
+        if record.name.startswith("exporter"):
+            line = f"{record.getMessage()} {getattr(record, 'fields', {})}"
+            assert PASSWORD not in line
+            assert USER not in line
+    for *_, reason in outbox(tmp_path):
+        assert PASSWORD not in reason
+        assert USER not in reason
+
+
+@pytest.mark.integration
+def test_firing_then_resolved_arrive_as_text_and_html_over_tls_after_a_login(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    server = start_smtp()
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    assert dispatcher.deliver() == 1
+    queue(alert_store, clock, group("resolved"))
+    assert dispatcher.deliver() == 1
+    assert dispatcher.deliver() == 0
+
+    firing, resolved = mailbox.messages
+    assert [m.tls for m in mailbox.messages] == [True, True]  # STARTTLS was used
+    assert [m.login for m in mailbox.messages] == [USER, USER]
+    assert mailbox.mails == [True, True]  # nothing went in clear
+    assert firing.mail_from == "exporter@example.com"
+    assert firing.rcpt_tos == TO
+    message = firing.message
+    assert message["Subject"] == "[FIRING] SpendHigh: ep-0 spent 12.00 today (over 10.00)"
+    assert resolved.message["Subject"].startswith("[RESOLVED] SpendHigh")
+    assert message["From"] == FROM
+    assert message["To"] == ", ".join(TO)
+    assert message["Date"] is not None
+    assert message.get_content_type() == "multipart/alternative"
+    parts = list(message.iter_parts())
+    assert [p.get_content_type() for p in parts] == ["text/plain", "text/html"]
+    assert "endpoint_id=ep-0" in parts[0].get_content()
+    assert f'<a href="{EXTERNAL_URL}/">' in parts[1].get_content()
+    (first_id, *_), (second_id, *_) = outbox(tmp_path)
+    assert message["Message-ID"] == email.message_id(INCIDENT, first_id)
+    assert resolved.message["Message-ID"] == email.message_id(INCIDENT, second_id) != message["Message-ID"]
+    assert dispatcher.sent == {"mail": 2}
+    assert dispatcher.failed == {"mail": 0}
+    assert not logged(caplog.records, "notification failed")
+    assert_no_secret(caplog, tmp_path)
+
+
+@pytest.mark.integration
+def test_a_wrong_password_fails_without_naming_it_is_retried_and_never_dropped(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.DEBUG, logger="exporter")
+    server = start_smtp()
+    wrong = notifier(server.port, ca_file=ca_file, password="not-the-" + PASSWORD)
+    dispatcher = dispatcher_for(wrong, alert_store, clock)
+    queue(alert_store, clock, group())
+    for _ in range(GIVE_UP_AFTER + 1):  # a login refused is not this message's fault: it is kept
+        assert dispatcher.deliver() == 0
+        frozen.advance(DUE_AGAIN)
+    ((_, attempts, delivered, reason),) = outbox(tmp_path)
+    assert (attempts, delivered) == (GIVE_UP_AFTER + 1, None)
+    assert reason == "login refused (SMTP 535)"
+    assert len(mailbox.logins) >= GIVE_UP_AFTER + 1
+    assert not any(mailbox.logins)
+    assert mailbox.mails == []
+    assert dispatcher.failed == {"mail": GIVE_UP_AFTER + 1}
+    (failure,) = logged(caplog.records, "notification failed")  # once, not on every retry
+    assert failure.fields == {"notifier": "mail", "reason": "login refused (SMTP 535)"}  # type: ignore[attr-defined]
+    assert_no_secret(caplog, tmp_path)
+    assert "not-the-" not in caplog.text
+
+    dispatcher.configure([notifier(server.port, ca_file=ca_file)], EXTERNAL_URL)  # the password fixed
+    assert dispatcher.deliver() == 1
+    assert len(mailbox.messages) == 1
+    assert logged(caplog.records, "notifier recovered", notifier="mail")
+
+
+@pytest.mark.integration
+def test_a_temporary_refusal_is_retried_with_the_same_message_id_and_delivered_once(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path,
+) -> None:  # fmt: skip
+    server = start_smtp()
+    mailbox.data_replies = ["451 4.3.0 Try again later"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file), alert_store, clock)
+    queue(alert_store, clock, group())
+    assert dispatcher.deliver() == 0
+    ((_, attempts, _, reason),) = outbox(tmp_path)
+    assert (attempts, reason) == (1, "SMTP 451 (message refused)")
+    assert dispatcher.deliver() == 0  # not before its backoff
+    assert len(mailbox.attempts) == 1
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 1
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 0
+    assert len(mailbox.messages) == 1
+    refused, taken = mailbox.attempts
+    assert refused["Message-ID"] == taken["Message-ID"] == mailbox.messages[0].message["Message-ID"]
+    assert dispatcher.sent == {"mail": 1}
+    assert dispatcher.failed == {"mail": 1}
+
+
+@pytest.mark.integration
+def test_a_permanent_refusal_is_dropped_after_the_last_attempt_and_the_queue_moves_on(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="exporter")
+    server = start_smtp()
+    mailbox.rcpt_replies = ["550 5.1.1 No such mailbox"] * GIVE_UP_AFTER
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=["nobody@example.com"]), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    queue(alert_store, clock, group("resolved"))
+    for _ in range(GIVE_UP_AFTER - 1):
+        assert dispatcher.deliver() == 0
+        frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 1  # the last attempt drops the first; the second goes through
+    (_, attempts, dropped_at, reason), (_, _, delivered, _) = outbox(tmp_path)
+    assert (attempts, reason) == (GIVE_UP_AFTER, "SMTP 550 (recipient refused)")
+    assert dropped_at is not None
+    assert delivered is not None
+    assert [m.message["Subject"].split("]")[0] for m in mailbox.messages] == ["[RESOLVED"]
+    assert mailbox.attempts == [mailbox.messages[0].message]  # a refused recipient: no data was sent
+    (dropped,) = logged(caplog.records, "notification dropped", notifier="mail")
+    assert dropped.fields["attempts"] == GIVE_UP_AFTER  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_a_server_without_starttls_gets_nothing_when_starttls_is_required(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, tmp_path: Path
+) -> None:
+    server = start_smtp(tls=None)
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file), alert_store, clock)
+    queue(alert_store, clock, group())
+    assert dispatcher.deliver() == 0
+    ((_, _, delivered, reason),) = outbox(tmp_path)
+    assert delivered is None
+    assert reason == "STARTTLS required but the server does not offer it (nothing was sent)"
+    assert (mailbox.mails, mailbox.logins, mailbox.attempts) == ([], [], [])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("names", "trusted"),
+    [(("127.0.0.1",), False), (("smtp.example.com",), True)],
+    ids=["unknown-ca", "another-name"],
+)
+def test_a_certificate_that_does_not_verify_fails_before_the_login(
+    start_smtp: Start, mailbox: Mailbox, ca: trustme.CA, ca_file: str, alert_store: AlertStore, clock: Clock,
+    tmp_path: Path, names: tuple[str, ...], trusted: bool,
+) -> None:  # fmt: skip
+    server = start_smtp(tls=server_tls(ca, *names))
+    mail = notifier(server.port, ca_file=ca_file if trusted else None)  # untrusted: the system's CAs
+    dispatcher = dispatcher_for(mail, alert_store, clock)
+    queue(alert_store, clock, group())
+    assert dispatcher.deliver() == 0
+    ((_, _, _, reason),) = outbox(tmp_path)
+    assert reason.startswith("TLS: certificate verify failed")
+    assert (mailbox.mails, mailbox.logins, mailbox.attempts) == ([], [], [])
+
+
+@pytest.mark.integration
+def test_a_server_that_is_down_gets_the_message_once_when_it_comes_up(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path,
+) -> None:  # fmt: skip
+    port = free_port()
+    dispatcher = dispatcher_for(notifier(port, ca_file=ca_file), alert_store, clock)
+    queue(alert_store, clock, group())
+    assert dispatcher.deliver() == 0
+    ((_, _, _, reason),) = outbox(tmp_path)
+    assert reason == "connection failed: connection refused"
+
+    start_smtp(port=port)
+    frozen.advance(DUE_AGAIN)
+    dispatcher.start()  # the notifier's own worker delivers it
+    try:
+        wait_for(lambda: dispatcher.sent["mail"] == 1, timeout=30)
+        dispatcher.poke()
+        wait_for(lambda: not dispatcher.pending().get("mail"), timeout=30)
+    finally:
+        dispatcher.close()
+        assert dispatcher.join(30)
+    assert len(mailbox.messages) == 1
+    assert dispatcher.deliver() == 0
+    assert len(mailbox.messages) == 1
+
+
+class StallingServer:
+    """A scripted SMTP server on loopback that stalls in one `phase` of the exchange, sending a
+    little every `interval` so that no read ever waits long: `greeting` (an endless multi-line
+    greeting), `handshake` (it offers STARTTLS, then sends a TLS record announcing 16 KiB one
+    byte at a time) or `data` (it takes the message, then answers with an endless multi-line 250),
+    over TLS after STARTTLS when it has a `tls` context."""
+
+    def __init__(self, phase: str, tls: ssl.SSLContext | None = None, interval: float = 0.2) -> None:
+        self.phase = phase
+        self.tls = tls
+        self.interval = interval
+        self.connections = 0
+        self._stop = threading.Event()
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(4)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _drip(self, connection: socket.socket, first: bytes, then: bytes) -> None:
+        connection.sendall(first)
+        while not self._stop.wait(self.interval):
+            connection.sendall(then)
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                if self.phase == "greeting":
+                    self._drip(connection, b"220-stall.test\r\n", b"220-still here\r\n")
+                    return
+                connection.sendall(b"220 stall.test ESMTP\r\n")
+                self._converse(connection)
+            except OSError:
+                return
+
+    def _converse(self, connection: socket.socket) -> None:
+        with connection.makefile("rb") as lines:
+            for line in lines:
+                command = line[:4].upper()
+                if command in (b"EHLO", b"HELO"):
+                    connection.sendall(b"250-stall.test\r\n250-STARTTLS\r\n250 8BITMIME\r\n")
+                elif line[:8].upper() == b"STARTTLS":
+                    connection.sendall(b"220 go ahead\r\n")
+                    if self.phase == "handshake" or self.tls is None:
+                        self._drip(connection, bytes([0x16, 0x03, 0x03, 0x40, 0x00]), b"\x00")
+                        return
+                    with self.tls.wrap_socket(connection, server_side=True) as secure:
+                        self._converse(secure)
+                    return
+                elif command == b"DATA":
+                    connection.sendall(b"354 go ahead\r\n")
+                    for data in lines:
+                        if data == b".\r\n":
+                            break
+                    self._drip(connection, b"250-almost\r\n", b"250-almost\r\n")
+                    return
+                elif command == b"QUIT":
+                    connection.sendall(b"221 bye\r\n")
+                    return
+                else:
+                    connection.sendall(b"250 OK\r\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("phase", "starttls"), [("greeting", False), ("handshake", True), ("data", False), ("data", True)]
+)
+def test_a_server_that_stalls_holds_a_delivery_no_longer_than_the_deadline(
+    phase: str, starttls: bool, ca: trustme.CA, ca_file: str, alert_store: AlertStore, clock: Clock, tmp_path: Path
+) -> None:
+    server = StallingServer(phase, server_tls(ca, "127.0.0.1"))
+    mail = notifier(server.port, ca_file=ca_file, starttls=starttls, username=None, password=None)
+    dispatcher = dispatcher_for(mail, alert_store, clock)
+    dispatcher.deadline = 1.0
+    queue(alert_store, clock, group())
+    try:
+        started = time.monotonic()
+        assert dispatcher.deliver() == 0
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop()
+    assert elapsed < 10  # 1 s, and a busy machine's slack; without the cut it would never end
+    assert server.connections == 1
+    ((_, attempts, delivered, reason),) = outbox(tmp_path)
+    assert (attempts, delivered) == (1, None)  # kept, to be tried again
+    assert reason == "deadline exceeded (no complete exchange within 1s)"
