@@ -279,10 +279,18 @@ class Sources:
             for a in (self.engine.current() if alerts is None else alerts)
             if a.state == "firing"
         ]
+        at = self.config.digest.time if self.config.digest is not None else (9, 0)
+        sent_at = self.clock.day_start(sent_on) + dt.timedelta(hours=at[0], minutes=at[1])
+        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
+        last = sent_on
+        while self.clock.day_start(last + dt.timedelta(days=1)) + settle > sent_at:
+            last -= dt.timedelta(days=1)
+        first_day, final_day = span(schedule, sent_on)
+        settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
         anomalies = {rule.alert: (day_judged, findings) for rule, day_judged, findings in self.engine.judged.values()}
         return build(
             self.latest, schedule=schedule, sent_on=sent_on, budgets=self.config.budgets, prices=self.config.prices,
-            anomalies=anomalies, alerts=firing, probes=probes, url=url,
+            anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
         )  # fmt: skip
 
     def changed(self, previous: Sources) -> set[str]:

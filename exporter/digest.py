@@ -9,7 +9,8 @@ Spend is the summarised span's (`first_day` to `day`, one day or a week): the to
 amount from the anomaly baseline (`exporter.anomaly`, the account's series; absent where it has
 too little history), the top endpoints and items with their change against the span before, the
 month's total through `day` and its forecast. Then budgets, the anomalies the rules found, the
-settled days whose bill disagrees with the usage counted, the alerts firing, and each probe's
+days that settled since the digest before whose bill disagrees with the usage counted, the alerts
+firing, and each probe's
 success ratio and 95th percentile time to first token over the span.
 """
 
@@ -115,10 +116,12 @@ def build(
     anomalies: Mapping[str, tuple[str, Sequence[Finding]]] | None = None,
     alerts: Sequence[FiringAlert] = (),
     probes: Sequence[ProbeStat] = (),
+    settled: tuple[dt.date, dt.date] | None = None,
     url: str = "",
 ) -> dict[str, Any]:
     """The digest sent on `sent_on` (see the module's docstring). `anomalies`: per alert name, the
-    day judged and its findings."""
+    day judged and its findings. `settled`: the days that settled since the digest before (each
+    day's reconciliation gaps are told once); the span by default."""
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
     bills = held(latest)
@@ -185,9 +188,9 @@ def build(
                     }
                 )
     rec = latest.reconciliation
-    oldest = first - dt.timedelta(days=1)  # the day before settles in the span's first hours
+    oldest, newest = settled or (first, day)
     for gap in rec.tokens if rec is not None else ():
-        if oldest <= gap.day <= day and (gap.ratio is None or abs(gap.ratio) > AGREES):
+        if oldest <= gap.day <= newest and (gap.ratio is None or abs(gap.ratio) > AGREES):
             digest["reconciliation"].append(
                 {
                     "day": gap.day.isoformat(),
@@ -198,7 +201,7 @@ def build(
                 }
             )
     for amount in rec.amounts if rec is not None else ():
-        if oldest <= amount.day <= day and (amount.ratio is None or abs(amount.ratio) > AGREES):
+        if oldest <= amount.day <= newest and (amount.ratio is None or abs(amount.ratio) > AGREES):
             digest["reconciliation"].append(
                 {
                     "day": amount.day.isoformat(),
@@ -265,7 +268,7 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     if d["budgets"]:
         sections.append(
             (
-                "Budgets",
+                "Budgets (as they stand now)",
                 [
                     f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
                     f" forecast {_ratio(b['forecast_ratio'])}"
@@ -314,6 +317,9 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
         lines = []
         for p in d["probes"]:
             ttft = p["time_to_first_token_p95_seconds"]
+            if not p["runs"]:
+                lines.append(f"{p['probe']}: no runs")
+                continue
             lines.append(
                 f"{p['probe']}: {_ratio(p['success_ratio'])} of {p['runs']} runs succeeded"
                 + ("" if ttft is None else f", p95 time to first token {ttft * 1000:.0f} ms")

@@ -136,6 +136,7 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
         anomalies={"SpendAnomaly": ("2026-11-22", [finding])},
         alerts=[FiringAlert({"alertname": "SpendAnomaly", "endpoint_id": "ep-b"}, "ep-b spent 200", 0.0)],
         probes=[ProbeStat("chat", 4, 3, [0.2, 0.4, 0.3]), ProbeStat("idle", 0, 0, [])],
+        settled=(dt.date(2026, 11, 21), dt.date(2026, 11, 21)),
     )
     assert d["budgets"] == [
         {"budget": "monthly", "period": "month", "amount": "5000", "used_ratio": 0.69, "forecast_ratio": 0.89}
@@ -159,8 +160,12 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
         "2026-11-21 ITEM_COMPLETION_TOKEN: billed 1050 tokens, counted 1000 (+5.00%)",
         "SpendAnomaly: ep-b spent 200 [endpoint_id=ep-b]",
         "chat: 75% of 4 runs succeeded, p95 time to first token 400 ms",
+        "idle: no runs",
     ):
         assert line in body
+    # A day's gaps are told by the digest that first sees it settled, not again the day after.
+    later = build(latest, schedule="daily", sent_on=SENT_ON, settled=(SENT_ON - dt.timedelta(1),) * 2)
+    assert later["reconciliation"] == []
 
 
 def test_names_from_the_api_cannot_inject_markup_into_html_or_slack() -> None:

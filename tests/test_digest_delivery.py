@@ -16,10 +16,11 @@ import yaml
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.daemon import DIGEST_WAIT, Daemon
-from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer
+from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from tests.conftest import billing_section
 from tests.helpers import Receiver, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
+from tests.test_budgets import PRICES
 
 pytestmark = pytest.mark.integration
 
@@ -259,3 +260,32 @@ def clock_zone() -> dt.tzinfo:
     from zoneinfo import ZoneInfo
 
     return ZoneInfo("Asia/Shanghai")
+
+
+def test_a_days_bill_gap_is_told_by_the_first_digest_after_it_settles_and_not_again(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    hook = [{"name": "hook", "type": "webhook", "url": receiver.url}]
+    doc = document(sim, server, tmp_path, hook, prices=PRICES, reconciliation={"settle": "30h"})
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))  # days with records are billed from them
+    off = YESTERDAY - dt.timedelta(days=1)  # the 20th: it settles at 06:00 on the 22nd, after 30 h
+    for day in (off, YESTERDAY, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    try:
+        daemon.refresh("usage")  # today's sync, then the settled days, the most recent first
+        cycle(daemon)
+        frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=clock.tz))
+        sim.add_usage(500)  # the 23rd has records too
+        daemon.refresh("usage")
+        cycle(daemon)
+    finally:
+        daemon.stop()
+    first, second = digests(receiver)
+    assert [(g["day"], g.get("item"), g["gap_percent"]) for g in first["reconciliation"] if "item" in g] == [
+        (off.isoformat(), "ITEM_COMPLETION_TOKEN", 5.0)
+    ]
+    assert second["day"] == TODAY.isoformat()
+    assert second["reconciliation"] == []  # the 21st, settled since, agrees; the 20th was told the day before

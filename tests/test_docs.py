@@ -118,7 +118,8 @@ def example_digest() -> dict:
     settled = demo_reconciled_days(clock.today())
     for day in settled:
         sim.add_usage(2_000, day)
-    sim.distort_bill(settled[1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    # The newest of them is off by 5%, and settles (after 48 h here) just before this digest.
+    sim.distort_bill(settled[0], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
     server = sim.serve()
     try:
         environ = {
@@ -126,11 +127,14 @@ def example_digest() -> dict:
             "SIM_SECRET_ACCESS_KEY": sim.secret_access_key, "STATE_DIR": "/tmp",
         }  # fmt: skip
         config = load(DEMO_CONFIG, environ)
+        config = config.model_copy(
+            update={"reconciliation": config.reconciliation.model_copy(update={"settle": 48 * 3600.0})}
+        )
         sim.set_prices(prices_from_config(config.prices))
         latest = Latest()
         sources = Sources(config, latest, clock, StateStore(":memory:"))
         try:
-            for name in ("bills", "history", "usage", "usage"):  # two settled days per usage refresh
+            for name in ("bills", "history", "usage"):  # the two newest settled days
                 sources.refreshers[name]()
                 latest.record(name, success=True, at=frozen().timestamp(), duration=0.0)
             sources.engine.evaluate()

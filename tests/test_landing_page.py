@@ -40,7 +40,11 @@ def daemon(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
         "billing": billing_section(sim, server),
         "inference": {"url": server.url, "api_key": sim.api_key},
         "probes": [{"name": "chat-stream", "model": sim.endpoints[0].endpoint_id}],
-        "budgets": [{"name": "monthly", "amount": "9000"}, {"name": "daily", "amount": "500", "period": "day"}],
+        "budgets": [
+            {"name": "monthly", "amount": "9000"},
+            {"name": "daily", "amount": "500", "period": "day"},
+            {"name": "alpha-team", "amount": "3500", "where": {"endpoint_id": sim.endpoints[0].endpoint_id}},
+        ],
         "alerts": {
             "rules": [
                 {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.9], "labels": {"severity": "critical"}}
