@@ -24,7 +24,7 @@ from exporter.bills import forecast, per_day
 from exporter.clock import Clock, FrozenClock, days_in_period, periods_before, periods_between, previous_period
 from exporter.history import fetch_month
 from exporter.logs import get_logger
-from exporter.schema import AlertsConfig, AnomalyRule, Config, ThresholdRule
+from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, Config, ThresholdRule
 from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory
 from exporter.state import AlertStore, StateStore
 
@@ -54,12 +54,16 @@ class Fired:
         return f"{self.day}  {self.alert.labels['alertname']}  {labels}  value={self.alert.value}  {summary}"
 
 
-def replayable(alerts: AlertsConfig) -> tuple[AlertsConfig, list[str]]:
+def replayable(alerts: AlertsConfig, budgets: Sequence[BudgetConfig] = ()) -> tuple[AlertsConfig, list[str]]:
     """The rules a backtest replays, and a note for each it leaves out."""
     kept, notes = [], []
+    on_usage = {budget.name for budget in budgets if budget.on_usage}
     for index, rule in enumerate(alerts.rules):
         if isinstance(rule, ThresholdRule) and rule.signal not in REPLAYED_SIGNALS:
             notes.append(f"alerts.rules[{index}] ({rule.alert}): skipped: `{rule.signal}` is not in the bills")
+            continue
+        if isinstance(rule, BudgetRule) and rule.budget in on_usage:
+            notes.append(f"alerts.rules[{index}] ({rule.alert}): skipped: budget {rule.budget!r} is priced from usage")
             continue
         kept.append(rule)
     return alerts.model_copy(update={"rules": kept}), notes
@@ -134,7 +138,7 @@ def replay(config: Config, months: dict[str, MonthHistory], first: str, last: st
     bills), twice then, the longest `for` apart, so a rule with a `for` fires on the day its
     condition held all evening.
     """
-    alerts, _ = replayable(config.alerts)
+    alerts, _ = replayable(config.alerts, config.budgets)
     frozen = FrozenClock(dt.datetime.combine(dt.date(2000, 1, 1), dt.time(), config.billing.zone))
     clock = Clock(config.billing.zone, frozen)
     latest = Latest()
@@ -191,6 +195,6 @@ def backtest(config: Config, first: str, last: str, clock: Clock) -> tuple[list[
     periods = [*periods_before(first, config.billing.history_months), *periods_between(first, last)]
     with BillingClient.from_config(config.billing, clock) as client:
         months = fetch(client, [p for p in periods if p <= clock.period(today)], today)
-    _, notes = replayable(config.alerts)
+    _, notes = replayable(config.alerts, config.budgets)
     notes += [f"{p}: no bills" for p in periods_between(first, last) if p not in months and p <= clock.period(today)]
     return replay(config, months, first, last, today), notes

@@ -44,10 +44,15 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
 ) -> None:
     threshold = Decimal(160)
     budget = spent(history, dt.date(2026, 9, 1)) * 30  # a month's budget somewhere inside September's spend
+    team = history.endpoints[1].endpoint_id
+    team_budget = spent(history, dt.date(2026, 9, 1), 1) * 25  # an endpoint's, crossed late in each month
     config = validate(
         {
             "billing": billing_section(history, server),
-            "budgets": [{"name": "monthly", "amount": str(budget)}],
+            "budgets": [{"name": "monthly", "amount": str(budget)},
+                        {"name": "team", "amount": str(team_budget), "where": {"endpoint_id": team}},
+                        {"name": "model-a", "amount": "5", "where": {"model": "model-a"}}],
+            "prices": [{"model": "model-a", "prompt_per_million": 1, "completion_per_million": 2}],
             "alerts": {
                 "rules": [
                     {"alert": "DailyHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(threshold),
@@ -56,13 +61,18 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
                     {"alert": "Anomaly", "signal": "spend_anomaly", "by": ["endpoint_id"], "min_amount": "20",
                      "min_percent": 30},
                     {"alert": "Requests", "signal": "requests", "threshold": 1},
+                    {"alert": "TeamBudget", "budget": "team", "tiers": [1.0]},
+                    {"alert": "ModelBudget", "budget": "model-a", "tiers": [1.0]},
                 ]
             },
         },
         {},
     )  # fmt: skip
     fired, notes = backtest(config, "2026-09", "2026-10", clock)
-    assert notes == ["alerts.rules[3] (Requests): skipped: `requests` is not in the bills"]
+    assert notes == [
+        "alerts.rules[3] (Requests): skipped: `requests` is not in the bills",
+        "alerts.rules[5] (ModelBudget): skipped: budget 'model-a' is priced from usage",
+    ]
     by_rule: dict[str, list[tuple[dt.date, dict[str, str]]]] = {}
     for f in fired:
         by_rule.setdefault(f.alert.labels["alertname"], []).append((f.day, f.alert.labels))
@@ -88,6 +98,18 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
                 expected_tiers.append((d, f"{max(reached):g}"))
                 crossed |= {t for t in (0.5, 1.0) if total / budget >= Decimal(str(t))}
     assert [(d, labels["tier"]) for d, labels in by_rule["Budget"]] == expected_tiers
+
+    # TeamBudget: the scoped budget crosses on the day its endpoint's month to date does, alone
+    expected_team = []
+    for month in (9, 10):
+        total = Decimal(0)
+        for d in days_of(dt.date(2026, month, 1), dt.date(2026, month + 1, 1) - dt.timedelta(days=1)):
+            total += spent(history, d, 1)
+            if total >= team_budget:
+                expected_team.append((d, team))
+                break
+    assert expected_team  # crossed at least once: the test means something
+    assert [(d, labels["tier"]) for d, labels in by_rule["TeamBudget"]] == [(d, "1") for d, _ in expected_team]
 
     # Anomaly: each spike, judged the day after it, about the day it happened, in its endpoint alone
     assert [(d, labels["day"], labels["endpoint_id"]) for d, labels in by_rule["Anomaly"]] == [

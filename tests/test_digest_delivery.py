@@ -289,3 +289,30 @@ def test_a_days_bill_gap_is_told_by_the_first_digest_after_it_settles_and_not_ag
     ]
     assert second["day"] == TODAY.isoformat()
     assert second["reconciliation"] == []  # the 21st, settled since, agrees; the 20th was told the day before
+
+
+def test_an_smtp_server_that_refuses_gets_the_digest_later_once_with_the_same_message_id(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    start_smtp: Start, mailbox: Mailbox, ca_file: str,
+) -> None:  # fmt: skip
+    smtp = start_smtp()
+    mail = {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{smtp.port}", "from": FROM, "to": TO,
+            "username": USER, "password": PASSWORD, "ca_file": ca_file}  # fmt: skip
+    doc = document(sim, server, tmp_path, [mail])
+    mailbox.data_replies = ["451 4.3.0 try again later", "421 4.7.0 too busy"]
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = start(doc, clock)
+    try:
+        cycle(daemon)
+        assert len(mailbox.attempts) == 1
+        assert mailbox.messages == []
+        for _ in range(6):
+            frozen.advance(dt.timedelta(minutes=10))
+            cycle(daemon, bills=False)
+        assert len(mailbox.attempts) == 3
+        (delivered,) = mailbox.messages
+        assert {m["Message-ID"] for m in mailbox.attempts} == {delivered.message["Message-ID"]}
+        assert delivered.message["Subject"].startswith(f"Daily inference spend {YESTERDAY}")
+        assert daemon.dispatcher.pending() == {}
+    finally:
+        daemon.stop()
