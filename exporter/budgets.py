@@ -110,21 +110,13 @@ class _Pricer:
         )
 
 
-def _usage_days(latest: Latest, pricer: _Pricer, first: dt.date) -> Days | None:
-    """The scope's priced usage per day from `first` to today (None while a day is unknown)."""
-    usage = latest.usage
-    if usage is None:
-        return None
-    known: Days = {day: pricer.rows(rows) for day, rows in latest.settled.items() if day >= first}
-    known[usage.day] = pricer.snapshot(usage)
+def _usage_known(latest: Latest, usage: UsageSnapshot, pricer: _Pricer) -> Days:
+    """The scope's priced usage on every day known: the settled days, yesterday's last pull, today."""
+    known: Days = {day: pricer.rows(rows) for day, rows in latest.settled.items()}
     if usage.previous_day is not None and usage.previous_day.day not in known:
         known[usage.previous_day.day] = pricer.snapshot(usage.previous_day)
-    day = first
-    while day < usage.day:
-        if day not in known:
-            return None
-        day += dt.timedelta(days=1)
-    return {day: amount for day, amount in known.items() if day <= usage.day}
+    known[usage.day] = pricer.snapshot(usage)
+    return known
 
 
 def _window_before(today: dt.date, days: Days) -> Days | None:
@@ -165,19 +157,38 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
         return None
     today = usage.day
     pricer = _Pricer(budget.where, prices)
-    first = today.replace(day=1)
-    window_start = today - dt.timedelta(days=TRAILING_DAYS)
-    days = _usage_days(latest, pricer, first if budget.period == "month" else min(first, window_start))
-    if days is None and budget.period == "day":  # the day's figure stands alone; the window only sharpens it
-        days = _usage_days(latest, pricer, today)
-    if days is None or pricer.unpriced:
+    known = _usage_known(latest, usage, pricer)
+    if pricer.unpriced:
         return None
+    if budget.period == "day":
+        # Today's forecast as the bills': max(so far, the trailing week's average), over the days known.
+        so_far = known[today]
+        window = [known[d] for d in (today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)) if d in known]
+        average = sum(window, Decimal(0)) / len(window) if window else so_far
+        return BudgetFigures(today.isoformat(), so_far, max(so_far, average), "usage")
+    first = today.replace(day=1)
+    month_days = {first + dt.timedelta(days=n): known.get(first + dt.timedelta(days=n)) for n in range(today.day)}
+    if any(amount is None for amount in month_days.values()):
+        return None  # a past day of the month not read yet: no month figure rather than a low one
+    days = {d: a for d, a in month_days.items() if a is not None}
     period = f"{today:%Y-%m}"
-    month_days = {d: a for d, a in days.items() if d >= first}
-    month_end, today_end = forecast(period, today, month_days, _window_before(today, days))
-    if budget.period == "month":
-        return BudgetFigures(period, sum(month_days.values(), Decimal(0)), month_end, "usage")
-    return BudgetFigures(today.isoformat(), days[today], today_end, "usage")
+    month_end, _ = forecast(period, today, days, _window_before(today, known))
+    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end, "usage")
+
+
+def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | None:
+    """What a budget's scope spent in `period` by the bills held (a month that has ended, for the
+    digest on the 1st); None for a scope priced from usage, or a month not held."""
+    if budget.on_usage:
+        return None
+    if not budget.where:
+        for month in latest.bills.months if latest.bills is not None else ():
+            if month.period == period:
+                return month.month_to_date
+        held = latest.history.months.get(period) if latest.history is not None else None
+        return None if held is None else sum((a.payable for a in held.by_item), Decimal(0))
+    days = _billed_month(latest, budget, period)
+    return None if days is None else sum(days.values(), Decimal(0))
 
 
 def budget_status(

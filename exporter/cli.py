@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.alerts.engine import Alert
+from exporter.alerts.notifiers import Dispatcher
 from exporter.alerts.promrules import rule_file
 from exporter.backfill import BackfillError, backfill, months, target_labels
 from exporter.billing import BillingClient, BillingError
@@ -29,7 +30,7 @@ from exporter.digest import text as digest_text
 from exporter.logs import get_logger, setup_logging
 from exporter.schema import Config
 from exporter.snapshots import Latest
-from exporter.state import StateError, StateStore, location_problem, peek
+from exporter.state import AlertStore, StateError, StateStore, location_problem, peek
 
 if TYPE_CHECKING:
     from exporter.sim import Simulator, SpendModel
@@ -121,7 +122,6 @@ def cmd_digest(args: argparse.Namespace) -> int:
                 print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
                 return EXIT_SOURCE
             latest.record(name, success=True, at=time.time(), duration=0.0)
-        sources.engine.evaluate()  # judges the anomaly rules on these bills (nothing is sent from here)
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
@@ -133,9 +133,12 @@ def cmd_digest(args: argparse.Namespace) -> int:
         if not args.send:
             return 0
         assert config.digest is not None
-        sources.dispatcher.store.enqueue_digest(f"now:{time.time()}", config.digest.notifiers, body, time.time())
-        sources.dispatcher.deliver()
-        left = sources.dispatcher.pending()
+        # A dispatcher of its own, with the digest's notifiers only and nothing else queued.
+        chosen = [n for n in config.alerts.notifiers if n.name in config.digest.notifiers]
+        sender = Dispatcher(chosen, AlertStore(store), clock, list, config.server.external_url or "")
+        sender.store.enqueue_digest(f"now:{time.time()}", config.digest.notifiers, body, time.time())
+        sender.deliver()
+        left = sender.pending()
         for name in config.digest.notifiers:
             print(f"{name}: {'not sent' if left.get(name) else 'sent'}", file=sys.stderr)
         return EXIT_SOURCE if any(left.values()) else 0

@@ -40,7 +40,7 @@ from exporter.history import HistorySource
 from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
 from exporter.reconcile import SettledUsage, reconcile
-from exporter.schema import AlertmanagerNotifier, BillingConfig, Config, DigestConfig, ProbeConfig
+from exporter.schema import AlertmanagerNotifier, AnomalyRule, BillingConfig, Config, DigestConfig, ProbeConfig
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore, UsageRow
@@ -63,10 +63,11 @@ SKIPPED_RUN_NOTICE = _SkippedRunNotice()
 HISTORY_CHECK = 600.0
 """Seconds between looks at the history (each month is fetched once per billing day): at most
 this long after midnight, the day that ended is judged for anomalies."""
-PROBE_RUNS_KEPT = 9 * 86400.0
-"""Seconds a probe run is kept for the digest (a week and its edges)."""
+PROBE_RUNS_KEPT = 12 * 86400.0
+"""Seconds a probe run is kept for the digest: a weekly one may go 3.5 days late, about the week before."""
 DIGEST_WAIT = 3600.0
-"""Seconds past its time a digest waits for the day's bills (and history) before it goes with what there is."""
+"""Seconds a due digest waits for the day's bills (and history), from its time or from the start if
+later, before it goes with what there is."""
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
 
@@ -287,7 +288,7 @@ class Sources:
             last -= dt.timedelta(days=1)
         first_day, final_day = span(schedule, sent_on)
         settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
-        anomalies = {rule.alert: (day_judged, findings) for rule, day_judged, findings in self.engine.judged.values()}
+        anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
         return build(
             self.latest, schedule=schedule, sent_on=sent_on, budgets=self.config.budgets, prices=self.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
@@ -340,6 +341,7 @@ class Daemon:
         self._alerts_due = threading.Event()
         self._alerts_error = ""
         self._stopping = threading.Event()
+        self._started = self.clock.now()
         self._intervals: dict[str, float] = {}
         self._again: set[str] = set()
         """Sources to refresh once more as soon as the run in flight ends (a reload changed them)."""
@@ -498,7 +500,15 @@ class Daemon:
     def digest_cycle(self) -> bool:
         """Queue the digest when its time has come and it was not queued before (once per day or
         week, across restarts: one missed while the daemon was down goes late, up to half its
-        period late). It waits for today's bills (and history) up to DIGEST_WAIT. True if queued."""
+        period late). It waits for today's bills (and history) up to DIGEST_WAIT from its time or
+        from the start, whichever is later. True if queued; never raises (alerting goes on)."""
+        try:
+            return self._digest()
+        except Exception:  # a bug here must not stop the alert worker; it is logged with its traceback
+            log.exception("digest crashed")
+            return False
+
+    def _digest(self) -> bool:
         config = self.config.digest
         if config is None:
             return False
@@ -512,7 +522,8 @@ class Daemon:
                 if self.dispatcher.store.digest_made(key):
                     return False
                 scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
-                if not self._digest_ready() and now < scheduled + dt.timedelta(seconds=DIGEST_WAIT):
+                waited_from = max(scheduled, self._started)
+                if not self._digest_ready() and now < waited_from + dt.timedelta(seconds=DIGEST_WAIT):
                     return False
                 body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config))
                 queued = self.dispatcher.store.enqueue_digest(key, config.notifiers, body, now.timestamp())

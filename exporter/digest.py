@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from exporter.alerts.anomalies import Finding, held
+from exporter.alerts.anomalies import held, judge_groups
 from exporter.anomaly import judge
-from exporter.budgets import figures
+from exporter.budgets import figures, month_spent
 from exporter.reconcile import AGREES
-from exporter.schema import BudgetConfig, PriceConfig
+from exporter.schema import AnomalyRule, BudgetConfig, PriceConfig
 from exporter.snapshots import DailyAmount, Latest
 
 TOP = 5
@@ -113,21 +113,23 @@ def build(
     sent_on: dt.date,
     budgets: Sequence[BudgetConfig] = (),
     prices: Sequence[PriceConfig] = (),
-    anomalies: Mapping[str, tuple[str, Sequence[Finding]]] | None = None,
+    anomalies: Sequence[AnomalyRule] = (),
     alerts: Sequence[FiringAlert] = (),
     probes: Sequence[ProbeStat] = (),
     settled: tuple[dt.date, dt.date] | None = None,
     url: str = "",
 ) -> dict[str, Any]:
-    """The digest sent on `sent_on` (see the module's docstring). `anomalies`: per alert name, the
-    day judged and its findings. `settled`: the days that settled since the digest before (each
-    day's reconciliation gaps are told once); the span by default."""
+    """The digest sent on `sent_on` (see the module's docstring). `anomalies`: the spend anomaly
+    rules, each judged on every day of the span as the daemon judges it. `settled`: the days that
+    settled since the digest before (each day's reconciliation gaps are told once); the span by
+    default."""
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
     bills = held(latest)
     totals = _days(bills.by_item)
-    known = [d for d in (first + dt.timedelta(days=n) for n in range(width)) if d in totals]
-    spend = sum((totals[d] for d in known), Decimal(0)) if known else None
+    days = [first + dt.timedelta(days=n) for n in range(width)]
+    # A day without bills is unknown (a failed fetch), never zero: the span's total is then unknown.
+    spend = sum((totals[d] for d in days), Decimal(0)) if all(d in totals for d in days) else None
     expected: Decimal | None = Decimal(0)
     for d in (first + dt.timedelta(days=n) for n in range(width)):
         judged = judge(totals, d, min_amount=Decimal(0), min_percent=Decimal(0))
@@ -159,6 +161,13 @@ def build(
         "url": url,
     }
     for budget in budgets:
+        ended = month_spent(budget, latest, period) if current is not None and current.period > period else None
+        if budget.period == "month" and ended is not None:  # the 1st: how the month that ended stands
+            ratio = round(float(ended / budget.amount), 4)
+            digest["budgets"].append(
+                {"budget": budget.name, "period": "month", "of": period, "amount": f"{budget.amount:f}",
+                 "used_ratio": ratio, "forecast_ratio": ratio}
+            )  # fmt: skip
         found = figures(budget, latest, prices)
         used, projected = found.ratios(budget.amount) if found is not None else (None, None)
         digest["budgets"].append(
@@ -170,16 +179,16 @@ def build(
                 "forecast_ratio": None if projected is None else round(float(projected), 4),
             }
         )
-    for alertname, (judged_day, findings) in sorted((anomalies or {}).items()):
-        if not first.isoformat() <= judged_day <= day.isoformat():
-            continue
-        for finding in findings:
-            if finding.judgement.anomalous:
+    for rule in anomalies:
+        for on in days:
+            for finding in judge_groups(rule, bills, on):
+                if not finding.judgement.anomalous:
+                    continue
                 j = finding.judgement
                 digest["anomalies"].append(
                     {
-                        "alertname": alertname,
-                        "day": judged_day,
+                        "alertname": rule.alert,
+                        "day": on.isoformat(),
                         "labels": dict(finding.group),
                         "actual": _money(j.actual),
                         "expected": _money(j.expected),
@@ -268,10 +277,12 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     if d["budgets"]:
         sections.append(
             (
-                "Budgets (as they stand now)",
+                "Budgets",
                 [
-                    f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
-                    f" forecast {_ratio(b['forecast_ratio'])}"
+                    f"{b['budget']} ({b['of']}, ended, {b['amount']}): used {_ratio(b['used_ratio'])}"
+                    if "of" in b
+                    else f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
+                    f" forecast {_ratio(b['forecast_ratio'])} (now)"
                     for b in d["budgets"]
                 ],
             )

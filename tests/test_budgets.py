@@ -159,7 +159,7 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
     today = clock.today()
     days = [today.replace(day=d) for d in range(1, today.day + 1)]
     for n, day in enumerate(days):
-        sim.add_usage(300 + 50 * n, day)
+        sim.add_usage(100 if day == today else 300 + 50 * n, day)  # today so far below the usual day
     key = API_KEYS[1]
     budgets = [
         {"name": "model-a-today", "amount": "5", "period": "day", "where": {"model": "model-a"}},
@@ -171,12 +171,19 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
     )  # fmt: skip
     try:
         # Each refresh syncs today and reads one past day (the 3rd, 2nd, then the 1st: all settled by 15:00).
-        for _ in range(3):
+        so_far = priced(sim, today, model="model-a")
+        for read in range(1, 4):
             assert value(scrape(daemon.server.url), "inference_budget_used_ratio", budget="batch-key") is None
             assert daemon.refresh("usage")
             series = scrape(daemon.server.url)
             assert value(series, "inference_budget_used_ratio", budget="model-a-today") == pytest.approx(
-                float(priced(sim, today, model="model-a") / 5), rel=1e-12
+                float(so_far / 5), rel=1e-12
+            )
+            # Today's forecast: max(so far, the average of the past days read so far), never of zeros.
+            past = [priced(sim, today - dt.timedelta(days=n), model="model-a") for n in range(1, read + 1)]
+            assert so_far < min(past)  # so the forecast is the average's
+            assert value(series, "inference_budget_forecast_ratio", budget="model-a-today") == pytest.approx(
+                float(max(so_far, sum(past) / len(past)) / 5), rel=1e-12
             )
             assert value(series, "inference_budget_amount", budget="batch-key") == 20
         # The month waited until every past day was read: never a ratio of only some days.

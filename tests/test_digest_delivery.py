@@ -132,6 +132,24 @@ def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sen
         daemon.stop()
 
 
+def test_a_start_long_after_the_time_still_waits_for_the_bills(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+) -> None:
+    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    frozen.set(dt.datetime(2026, 11, 22, 10, 30, tzinfo=clock.tz))  # 90 minutes after 09:00
+    daemon = start(doc, clock)
+    try:
+        daemon.refresh("usage")  # another source finishes first and starts an evaluation
+        cycle(daemon, bills=False)
+        assert digests(receiver) == []
+        frozen.advance(dt.timedelta(seconds=30))
+        cycle(daemon)  # the bills arrive
+        (body,) = digests(receiver)
+        assert Decimal(body["yesterday"]) == spent(sim, YESTERDAY).quantize(Decimal("0.01"))
+    finally:
+        daemon.stop()
+
+
 def test_it_waits_for_todays_bills_then_goes_with_what_there_is(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -231,7 +249,11 @@ def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
 def test_the_digest_command_prints_it_and_sends_it_when_asked(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path, receiver: Receiver
 ) -> None:
-    doc = document(*live, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    oncall = Receiver()  # takes alerts, not the digest: --send must not page it
+    notifiers = [{"name": "hook", "type": "webhook", "url": receiver.url},
+                 {"name": "oncall", "type": "webhook", "url": oncall.url}]  # fmt: skip
+    doc = document(*live, tmp_path, notifiers[:1]) | {"budgets": [{"name": "tiny", "amount": "0.01"}]}
+    doc["alerts"] = {"notifiers": notifiers, "rules": [{"alert": "Tiny", "budget": "tiny", "tiers": [1.0]}]}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(doc))
     command = [sys.executable, "-m", "exporter.cli", "digest", "--config", str(path)]
@@ -249,6 +271,10 @@ def test_the_digest_command_prints_it_and_sends_it_when_asked(
     assert "hook: sent" in sent.stderr
     (body,) = digests(receiver)
     assert body["day"] == yesterday.isoformat()
+
+    assert [b.get("kind", b.get("status")) for b in receiver.bodies()] == ["digest"]  # no alert either
+    assert oncall.bodies() == []
+    oncall.stop()
 
     receiver.refuse = 10
     refused = subprocess.run([*command, "--send"], capture_output=True, text=True, timeout=60, check=False)
