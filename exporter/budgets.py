@@ -192,11 +192,16 @@ def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | 
 
 
 def budget_status(
-    latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = ()
+    latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = (), today: dt.date | None = None
 ) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
-    """Each budget with its used and forecast ratios (None while its figures are unknown)."""
+    """Each budget with its used and forecast ratios (None while its figures are unknown, and,
+    given `today`, while they are of a period that has ended: just after midnight, before the
+    new day's bills)."""
     status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
+    current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
     for budget in budgets:
         found = figures(budget, latest, prices)
+        if found is not None and current is not None and found.period not in current:
+            found = None
         status.append((budget, None if found is None else found.ratios(budget.amount)))
     return status

@@ -59,7 +59,7 @@ def _money(amount: Decimal) -> str:
 
 def nice_scale(highest: float) -> tuple[float, float]:
     """A round axis maximum covering `highest`, and its tick step (1, 2, 2.5 or 5 × a power of ten; ≤ 5 steps)."""
-    if not highest > 0:
+    if not highest >= 0.01:  # nothing (or a cent's fraction) to show: an axis of one unit
         highest = 1.0
     raw = highest / 5
     magnitude = 10.0 ** math.floor(math.log10(raw))
@@ -120,6 +120,8 @@ def _stacks(month: MonthBills, top: int) -> tuple[list[str], dict[str, Decimal],
     amounts: dict[tuple[dt.date, str], Decimal] = {}
     totals: dict[str, Decimal] = {}
     for row in month.by_endpoint:
+        if row.period != month.period or f"{row.day:%Y-%m}" != month.period:
+            continue  # a day outside the month is not drawn, so it neither scales nor counts
         amounts[row.day, row.key] = amounts.get((row.day, row.key), Decimal(0)) + row.payable
         totals[row.key] = totals.get(row.key, Decimal(0)) + row.payable
     ranked = sorted(totals, key=lambda key: (-totals[key], key))

@@ -122,8 +122,15 @@ def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
 
 
 class BudgetCollector(Collector):
-    def __init__(self, latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = ()) -> None:
+    def __init__(
+        self,
+        latest: Latest,
+        budgets: Iterable[BudgetConfig],
+        prices: Sequence[PriceConfig] = (),
+        clock: Clock | None = None,
+    ) -> None:
         self.latest = latest
+        self.clock = clock
         self.budgets = tuple(budgets)
         self.prices = tuple(prices)
         self.on_usage = any(budget.on_usage for budget in self.budgets)
@@ -133,8 +140,13 @@ class BudgetCollector(Collector):
         """The snapshots the figures are made from, as one object while none of them changes (the
         exposition caches a block while its version is the same object)."""
         latest = self.latest
-        current = (latest.bills, latest.history, *((latest.usage, latest.settled) if self.on_usage else ()))
-        if len(current) != len(self._version) or any(a is not b for a, b in zip(current, self._version, strict=True)):
+        today = self.clock.today() if self.clock is not None else None  # a new day ends the day's figures
+        current = (today, latest.bills, latest.history, *((latest.usage, latest.settled) if self.on_usage else ()))
+        if (
+            len(current) != len(self._version)
+            or current[0] != self._version[0]
+            or any(a is not b for a, b in zip(current[1:], self._version[1:], strict=True))
+        ):
             self._version = current
         return self._version
 
@@ -150,7 +162,9 @@ class BudgetCollector(Collector):
             f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
             labels=["budget"],
         )
-        for budget, ratios in budget_status(self.latest, self.budgets, self.prices):
+        for budget, ratios in budget_status(
+            self.latest, self.budgets, self.prices, self.clock.today() if self.clock is not None else None
+        ):
             amount.add_metric([budget.name], float(budget.amount))
             if ratios is not None:
                 used.add_metric([budget.name], float(ratios[0]))

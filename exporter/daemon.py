@@ -101,7 +101,7 @@ def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collec
         [
             BillsCollector(latest),
             UsageCollector(latest, config.billing.per_api_key),
-            BudgetCollector(latest, config.budgets, config.prices),
+            BudgetCollector(latest, config.budgets, config.prices, clock),
             ReconciliationCollector(latest),
             ProbeCollector(latest),
             ExporterCollector(latest, clock),
@@ -361,6 +361,7 @@ class Daemon:
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,
             prices=lambda: self.sources.config.prices,
+            today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
         )
         host, port = parse_listen(listen or config.server.listen)
@@ -613,6 +614,13 @@ class Daemon:
                 CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz),
                 args=["usage"],
                 id="rollover",
+            )
+            # And the new day's bills: a daily budget's figures of the day that ended are not shown as today's.
+            self.scheduler.add_job(
+                self.refresh,
+                CronTrigger(hour=0, minute=0, second=10, timezone=self.clock.tz),
+                args=["bills"],
+                id="rollover-bills",
             )
             self.scheduler.start()
         log.info("listening", url=self.server.url, sources=",".join(self.sources.refreshers))

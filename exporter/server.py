@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import enum
 import errno
 import gzip
@@ -59,6 +60,8 @@ class View:
     budgets: Callable[[], Sequence[BudgetConfig]] = tuple
     prices: Callable[[], Sequence[PriceConfig]] = tuple
     """What budgets scoped on usage are priced with."""
+    today: Callable[[], dt.date | None] = lambda: None
+    """The billing zone's day: a budget's figures of a day or month that has ended are not shown as current."""
     now: Callable[[], float] = time.time
     """The billing clock's time, which the sources' timestamps are in."""
 
@@ -402,7 +405,7 @@ def landing_page(view: View) -> str:
             else "<td class=wait>—</td><td class=wait>—</td>"
         )
         + "</tr>"
-        for b, r in budget_status(view.latest, view.budgets(), view.prices())
+        for b, r in budget_status(view.latest, view.budgets(), view.prices(), view.today())
     )
     budgets = (
         "<table><tr><th>budget</th><th>scope</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"

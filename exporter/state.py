@@ -829,11 +829,12 @@ class AlertStore:
 
     def enqueue_digest(self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float) -> bool:
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
-        queued before (a restart, a second look at the same time)."""
+        queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
+        receiver can tell digests apart and drop a repeat."""
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
-            text = json.dumps(body)
+            text = json.dumps({**body, "id": key})
             db.executemany(
                 "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
                 [(name, text, now, now) for name in notifiers],

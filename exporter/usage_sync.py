@@ -261,6 +261,9 @@ class UsageSync:
         self._cursor: UsageCursor | None = None
         self._created = 0.0
         self._published: UsageSnapshot | None = None
+        self._published_prices: object = None
+        """The price table `_published` was priced with: a poll with nothing new still reprices
+        after a reload whose new prices arrived while a refresh was running."""
         """The last snapshot returned (a poll that finds nothing new returns it again)."""
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
@@ -297,6 +300,7 @@ class UsageSync:
         if self._day is None or self._cursor is None:
             return None
         self._published = self._snapshot(self._day, self._aggregate, self._created)
+        self._published_prices = self.prices
         return self._published
 
     # -- paging --
@@ -622,9 +626,11 @@ class UsageSync:
             and cursor == self._cursor
             and aggregate.rows == self._aggregate.rows
             and aggregate.sums == self._aggregate.sums
+            and self._published_prices is self.prices
         ):
             return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
         self._save(cursor, aggregate)  # first: if the state file refuses it, nothing here has moved
         self._cursor, self._aggregate = cursor, aggregate
         self._published = self._snapshot(today, aggregate, self._created)
+        self._published_prices = self.prices
         return self._published

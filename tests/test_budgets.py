@@ -7,6 +7,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import requests
 
 from exporter.alerts.promrules import rule_file
 from exporter.clock import Clock, FrozenClock
@@ -255,3 +256,34 @@ def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simul
     assert skipped == []
     assert 'inference_budget_used_ratio{budget="team"} >= 0.5' in text
     assert 'inference_budget_used_ratio{budget="team"} >= 1' in text
+
+
+def test_after_midnight_the_figures_of_the_day_and_month_that_ended_are_not_shown_as_current(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 30, 23, 0, tzinfo=clock.tz))
+    budgets = [{"name": "month", "amount": "10000"}, {"name": "day", "amount": "500", "period": "day"}]
+    daemon = start(sim, server, clock, tmp_path, budgets=budgets)
+    try:
+        assert daemon.refresh("bills")
+        before = scrape(daemon.server.url)
+        assert value(before, "inference_budget_used_ratio", budget="day") is not None
+        assert value(before, "inference_budget_used_ratio", budget="month") is not None
+
+        frozen.set(dt.datetime(2026, 12, 1, 0, 0, 5, tzinfo=clock.tz))  # the new day's bills not fetched yet
+        after = scrape(daemon.server.url)
+        for name in ("day", "month"):
+            assert value(after, "inference_budget_used_ratio", budget=name) is None  # unknown, not November's
+            assert value(after, "inference_budget_forecast_ratio", budget=name) is None
+            assert value(after, "inference_budget_amount", budget=name) is not None
+        page = requests.get(f"{daemon.server.url}/", timeout=5).text
+        assert "<td>day</td><td>account</td><td>day</td><td>500</td><td class=wait>—</td>" in page
+
+        assert daemon.refresh("bills")
+        fresh = scrape(daemon.server.url)
+        december_first = dt.date(2026, 12, 1)
+        assert value(fresh, "inference_budget_used_ratio", budget="day") == pytest.approx(
+            float(billed(sim, december_first) / 500), rel=1e-12
+        )
+    finally:
+        daemon.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from html.parser import HTMLParser
 
@@ -401,3 +401,13 @@ def test_the_landing_page_shows_the_chart_with_the_accounts_monthly_budgets_only
     used = sum((a.payable for a in month.by_endpoint if a.key == "ep-1"), Decimal(0)) / team.amount
     assert f"<td>team</td><td>endpoint_id=ep-1</td><td>month</td><td>3000</td><td class=ok>{used:.1%}</td>" in page
     assert not math.isnan(chart.scale)
+
+
+def test_a_row_dated_outside_the_month_neither_scales_nor_counts_and_a_tiny_budget_draws() -> None:
+    month = month_of("2026-11", TODAY, simple_rows(22))
+    stray = DailyAmount("2026-11", dt.date(2026, 10, 31), "ep-0", "P", "proj", Decimal(1000), Decimal(0))
+    with_stray = replace(month, by_endpoint=(*month.by_endpoint, stray))
+    assert parse_chart(month_chart(with_stray, TODAY, [])).scale == parse_chart(month_chart(month, TODAY, [])).scale
+    empty = month_of("2026-11", TODAY, [(1, "ep-0", "P", "proj", "0")])
+    chart = parse_chart(month_chart(empty, TODAY, [("tiny", Decimal("1E-321"))]))
+    assert chart.scale > 0

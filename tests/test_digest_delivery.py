@@ -93,6 +93,7 @@ def test_the_daily_digest_goes_once_at_its_time_whatever_restarts_and_repeats(
         daemon.stop()
 
     assert body["url"] == first_url
+    assert body["id"] == f"daily:{TODAY}"  # the digest sent on the 22nd (about the 21st): receivers drop repeats by it
     assert (body["day"], body["period"]) == (YESTERDAY.isoformat(), "2026-11")
     assert Decimal(body["yesterday"]) == spent(sim, YESTERDAY).quantize(Decimal("0.01"))
     month = sum((spent(sim, TODAY.replace(day=d)) for d in range(1, YESTERDAY.day + 1)), Decimal(0))
@@ -271,6 +272,7 @@ def test_the_digest_command_prints_it_and_sends_it_when_asked(
     assert "hook: sent" in sent.stderr
     (body,) = digests(receiver)
     assert body["day"] == yesterday.isoformat()
+    assert body["id"].startswith("now:")  # not the daemon's digest of the day: a receiver keeps both
 
     assert [b.get("kind", b.get("status")) for b in receiver.bodies()] == ["digest"]  # no alert either
     assert oncall.bodies() == []

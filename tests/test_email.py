@@ -95,6 +95,14 @@ def test_labels_and_annotations_are_escaped_and_the_subject_is_one_line() -> Non
     assert message["Subject"] == subject
 
 
+def test_a_lone_surrogate_from_the_api_cannot_make_a_message_that_never_sends() -> None:
+    event = group(endpoint_id="ep-\ud800-x")  # JSON lets a service send one; UTF-8 cannot carry it
+    event["alerts"][0]["annotations"]["summary"] = "ep-\ud800-x spent 12"
+    subject, text, html = email.alert_message(event, EXTERNAL_URL)
+    raw = email.build(notifier(1), subject, text, html, "<a@b>").as_bytes()
+    assert b"ep-?-x" in raw
+
+
 def test_message_ids_are_stable_per_notification_and_differ_between_them() -> None:
     first = email.message_id(INCIDENT, 7)
     assert first == email.message_id(INCIDENT, 7) == f"<{INCIDENT}.7@inference-cost-exporter>"

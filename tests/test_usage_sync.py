@@ -245,6 +245,25 @@ def test_new_prices_reprice_today_and_the_finalised_day_before(
             assert now.totals[key].estimated_payable == totals.estimated_payable * 1000
 
 
+def test_prices_taken_while_a_poll_ran_apply_at_the_next_poll_even_with_nothing_new(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    from exporter.schema import PriceConfig
+
+    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+    sim.add_usage(150)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    first = sync.refresh()
+    # What a reload does when a usage refresh holds the lock: the prices only (see Daemon._reprice).
+    sync.prices = {p.model: p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000})
+                   for p in cheap}  # fmt: skip
+    later = sync.refresh()  # nothing new upstream
+    assert later is not first
+    for key, totals in first.totals.items():
+        assert later.totals[key].estimated_payable == totals.estimated_payable * 1000
+    assert sync.refresh() is later  # and then nothing new is nothing new again
+
+
 def test_a_poll_that_finds_nothing_new_rewrites_nothing(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:

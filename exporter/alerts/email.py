@@ -48,6 +48,12 @@ def _line(text: str) -> str:
     return _CONTROL.sub(" ", text).strip()
 
 
+def _encodable(text: str) -> str:
+    """Text UTF-8 can carry: a lone surrogate (JSON lets an API send one) becomes "?", so one odd
+    name cannot make a message that fails for ever."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _when(timestamp: float) -> str:
     return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -113,11 +119,11 @@ def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, mess
     message = EmailMessage()
     message["From"] = notifier.from_
     message["To"] = ", ".join(notifier.to)
-    message["Subject"] = _line(subject)
+    message["Subject"] = _line(_encodable(subject))
     message["Date"] = formatdate(usegmt=True)
     message["Message-ID"] = message_id
-    message.set_content(text)
-    message.add_alternative(html_body, subtype="html")
+    message.set_content(_encodable(text))
+    message.add_alternative(_encodable(html_body), subtype="html")
     return message
 
 

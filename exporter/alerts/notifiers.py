@@ -380,7 +380,7 @@ class Dispatcher:
         """A digest: the webhook gets it as JSON as it is, Slack as blocks, email as text and HTML;
         PagerDuty none (the config refuses it: a digest is not an incident)."""
         if isinstance(notifier, EmailNotifier):
-            message_id = email.message_id(f"digest-{body['schedule']}-{body['day']}", entry)
+            message_id = email.message_id(f"digest-{body.get('id') or body['day']}", entry)
             reason = email.send(
                 notifier, digest.subject(body), digest.text(body), digest.html(body),
                 message_id=message_id, deadline=self.deadline,
