@@ -119,8 +119,9 @@ def _stacks(month: MonthBills, top: int) -> tuple[list[str], dict[str, Decimal],
     or project are summed."""
     amounts: dict[tuple[dt.date, str], Decimal] = {}
     totals: dict[str, Decimal] = {}
+    year, number = (int(part) for part in month.period.split("-"))
     for row in month.by_endpoint:
-        if row.period != month.period or f"{row.day:%Y-%m}" != month.period:
+        if row.day.month != number or row.day.year != year:
             continue  # a day outside the month is not drawn, so it neither scales nor counts
         amounts[row.day, row.key] = amounts.get((row.day, row.key), Decimal(0)) + row.payable
         totals[row.key] = totals.get(row.key, Decimal(0)) + row.payable
