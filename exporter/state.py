@@ -29,7 +29,20 @@ from exporter.logs import get_logger
 
 log = get_logger(__name__)
 
-SCHEMA = """
+OUTBOX_COLUMNS = """
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    notifier TEXT NOT NULL,
+    event TEXT NOT NULL,
+    created REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt REAL NOT NULL,
+    delivered REAL,
+    last_error TEXT NOT NULL DEFAULT ''
+"""
+"""An outbox's rows: the alerts' (`outbox`) and the digests' (`digest_outbox`, apart, so a version
+without digests never reads one)."""
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS usage_cursor (
     day TEXT PRIMARY KEY,
     settings TEXT NOT NULL,
@@ -100,27 +113,9 @@ CREATE TABLE IF NOT EXISTS budget_tiers (
     tier REAL NOT NULL,
     PRIMARY KEY (rule, period, tier)
 );
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    notifier TEXT NOT NULL,
-    event TEXT NOT NULL,
-    created REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt REAL NOT NULL,
-    delivered REAL,
-    last_error TEXT NOT NULL DEFAULT ''
-);
+CREATE TABLE IF NOT EXISTS outbox ({OUTBOX_COLUMNS});
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (notifier, delivered, id);
-CREATE TABLE IF NOT EXISTS digest_outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    notifier TEXT NOT NULL,
-    event TEXT NOT NULL,
-    created REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt REAL NOT NULL,
-    delivered REAL,
-    last_error TEXT NOT NULL DEFAULT ''
-);
+CREATE TABLE IF NOT EXISTS digest_outbox ({OUTBOX_COLUMNS});
 CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL

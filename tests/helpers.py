@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -157,44 +159,51 @@ def serve_binary(command: list[str], port: int, timeout: float = 60.0) -> Iterat
         process.wait(timeout=15)
 
 
-class DripReceiver:
-    """A receiver that reads a request, sends its status line and headers, then one byte of body
-    every `interval` seconds for as long as the client stays (a slow proxy, a stuck service)."""
+class LoopbackServer:
+    """A TCP server on 127.0.0.1 that hands each connection to `serve` on a thread of its own, and
+    counts them; `stop` closes the listener, and `stopping` is set for the conversations to end."""
 
-    def __init__(self, interval: float = 1.0) -> None:
-        import socket
-        import threading
-
-        self.interval = interval
+    def __init__(self, backlog: int = 16) -> None:
         self.connections = 0
+        self.stopping = threading.Event()
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/hook"
-        self._stop = threading.Event()
+        self._listener.listen(backlog)
+        self.port: int = self._listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import threading
-
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 connection, _ = self._listener.accept()
             except OSError:
                 return
             self.connections += 1
-            threading.Thread(target=self._drip, args=(connection,), daemon=True).start()
+            threading.Thread(target=self.serve, args=(connection,), daemon=True).start()
 
-    def _drip(self, connection: object) -> None:
-        with connection:  # type: ignore[attr-defined]
-            try:
-                connection.recv(65536)  # type: ignore[attr-defined]
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")  # type: ignore[attr-defined]
-                while not self._stop.wait(self.interval):
-                    connection.sendall(b".")  # type: ignore[attr-defined]
-            except OSError:
-                return
+    def serve(self, connection: socket.socket) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stopping.set()
         self._listener.close()
+
+
+class DripReceiver(LoopbackServer):
+    """A receiver that reads a request, sends its status line and headers, then one byte of body
+    every `interval` seconds for as long as the client stays (a slow proxy, a stuck service)."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+
+    def serve(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+                while not self.stopping.wait(self.interval):
+                    connection.sendall(b".")
+            except OSError:
+                return

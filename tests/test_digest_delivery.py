@@ -49,6 +49,11 @@ def document(sim: Simulator, server: SimulatorServer, tmp_path: Path, notifiers:
     } | extra
 
 
+def hook(receiver: Receiver) -> list[dict]:
+    """`alerts.notifiers` with one webhook notifier, `hook`, posting to `receiver`."""
+    return [{"name": "hook", "type": "webhook", "url": receiver.url}]
+
+
 def start(doc: dict, clock: Clock) -> Daemon:
     daemon = Daemon(validate(doc, {}), clock=clock, listen="127.0.0.1:0")
     daemon.start(schedule=False)
@@ -70,7 +75,7 @@ def digests(receiver: Receiver) -> list[dict]:
 def test_the_daily_digest_goes_once_at_its_time_whatever_restarts_and_repeats(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    doc = document(sim, server, tmp_path, hook(receiver))
     frozen.set(dt.datetime(2026, 11, 22, 8, 0, tzinfo=clock.tz))
     daemon = start(doc, clock)
     first_url = daemon.server.url
@@ -110,7 +115,7 @@ def test_the_daily_digest_goes_once_at_its_time_whatever_restarts_and_repeats(
 def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sends_it_late(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    doc = document(sim, server, tmp_path, hook(receiver))
     frozen.set(dt.datetime(2026, 11, 22, 13, 30, tzinfo=clock.tz))  # started after 09:00: the digest goes late
     receiver.refuse = 2
     daemon = start(doc, clock)
@@ -136,7 +141,7 @@ def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sen
 def test_a_start_long_after_the_time_still_waits_for_the_bills(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    doc = document(sim, server, tmp_path, hook(receiver))
     frozen.set(dt.datetime(2026, 11, 22, 10, 30, tzinfo=clock.tz))  # 90 minutes after 09:00
     daemon = start(doc, clock)
     try:
@@ -154,7 +159,7 @@ def test_a_start_long_after_the_time_still_waits_for_the_bills(
 def test_it_waits_for_todays_bills_then_goes_with_what_there_is(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    doc = document(sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}])
+    doc = document(sim, server, tmp_path, hook(receiver))
     frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
     daemon = start(doc, clock)
     try:
@@ -211,7 +216,7 @@ def test_the_digest_counts_the_probe_runs_of_the_day(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
     doc = document(
-        sim, server, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}],
+        sim, server, tmp_path, hook(receiver),
         inference={"url": server.url, "api_key": sim.api_key},
         probes=[{"name": "chat", "model": sim.endpoints[0].endpoint_id}],
     )  # fmt: skip
@@ -293,8 +298,7 @@ def clock_zone() -> dt.tzinfo:
 def test_a_days_bill_gap_is_told_by_the_first_digest_after_it_settles_and_not_again(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
 ) -> None:
-    hook = [{"name": "hook", "type": "webhook", "url": receiver.url}]
-    doc = document(sim, server, tmp_path, hook, prices=PRICES, reconciliation={"settle": "30h"})
+    doc = document(sim, server, tmp_path, hook(receiver), prices=PRICES, reconciliation={"settle": "30h"})
     sim.set_prices(prices_from_config(validate(doc, {}).prices))  # days with records are billed from them
     off = YESTERDAY - dt.timedelta(days=1)  # the 20th: it settles at 06:00 on the 22nd, after 30 h
     for day in (off, YESTERDAY, TODAY):

@@ -9,7 +9,6 @@ import logging
 import socket
 import sqlite3
 import ssl
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from exporter.alerts.notifiers import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
 from exporter.clock import Clock, FrozenClock
 from exporter.schema import EmailNotifier
 from exporter.state import AlertStore, GroupEvent, StateStore
-from tests.helpers import free_port, logged, wait_for
+from tests.helpers import LoopbackServer, free_port, logged, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start, server_tls
 
 EXTERNAL_URL = "http://exporter.example:9877"
@@ -333,7 +332,7 @@ def test_a_server_that_is_down_gets_the_message_once_when_it_comes_up(
     assert len(mailbox.messages) == 1
 
 
-class StallingServer:
+class StallingServer(LoopbackServer):
     """A scripted SMTP server on loopback that stalls in one `phase` of the exchange, sending a
     little every `interval` so that no read ever waits long: `greeting` (an endless multi-line
     greeting), `handshake` (it offers STARTTLS, then sends a TLS record announcing 16 KiB one
@@ -341,32 +340,17 @@ class StallingServer:
     over TLS after STARTTLS when it has a `tls` context."""
 
     def __init__(self, phase: str, tls: ssl.SSLContext | None = None, interval: float = 0.2) -> None:
+        super().__init__(backlog=4)
         self.phase = phase
         self.tls = tls
         self.interval = interval
-        self.connections = 0
-        self._stop = threading.Event()
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(4)
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _drip(self, connection: socket.socket, first: bytes, then: bytes) -> None:
         connection.sendall(first)
-        while not self._stop.wait(self.interval):
+        while not self.stopping.wait(self.interval):
             connection.sendall(then)
 
-    def _serve(self, connection: socket.socket) -> None:
+    def serve(self, connection: socket.socket) -> None:
         with connection:
             try:
                 if self.phase == "greeting":
@@ -403,10 +387,6 @@ class StallingServer:
                     return
                 else:
                     connection.sendall(b"250 OK\r\n")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._listener.close()
 
 
 @pytest.mark.integration
