@@ -67,9 +67,11 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{config.state.path}: {problem}",
             file=sys.stderr,
         )
+    digest = config.digest
+    sends = f"; digest {digest.schedule} at {digest.at} to {', '.join(digest.notifiers)}" if digest else ""
     print(
         f"{args.config}: valid ({len(config.probes)} probes, {len(config.budgets)} budgets, "
-        f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers)"
+        f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers{sends})"
     )
     return 0
 

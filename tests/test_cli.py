@@ -80,6 +80,7 @@ def test_check_accepts_the_example_and_exits_zero() -> None:
     result = run("check", "--config", "config.example.yaml", env=env)
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout
+    assert "; digest daily at 09:00 to hook)" in result.stdout
 
 
 def test_check_prints_every_error_and_exits_one(tmp_path: Path) -> None:
