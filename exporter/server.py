@@ -236,8 +236,8 @@ class ExporterServer(ThreadingHTTPServer):
                 if not any(c.phase is Phase.CLOSING for c in self._connections.values()):
                     waiting = [(s, c) for s, c in self._connections.items() if c.phase in _WAITING]
                     if waiting:
+                        self.evicted += 1  # counted first: the client may see the hang-up before the next line
                         self._cut(*min(waiting, key=lambda item: item[1].since), reason="evicted")
-                        self.evicted += 1
                 self._slots.wait(REAP_INTERVAL)
             if self._stopping.is_set():
                 raise OSError("server shutting down")
@@ -266,8 +266,8 @@ class ExporterServer(ThreadingHTTPServer):
             with self._slots:
                 for request, connection in self._connections.items():
                     if connection.phase in _WAITING and connection.deadline <= now:
+                        self.timed_out += 1  # counted first: the client may see the hang-up before the next line
                         self._cut(request, connection, reason="deadline")
-                        self.timed_out += 1
 
     def _cut(self, request: socket.socket, connection: _Connection, reason: str) -> None:
         """Shut the connection down, which wakes its thread from recv(); that thread closes it. Closing it here
