@@ -340,6 +340,7 @@ class Daemon:
         self._alerts_lock = threading.Lock()
         self._alerts_due = threading.Event()
         self._alerts_error = ""
+        self._digest_error = ""
         self._stopping = threading.Event()
         self._started = self.clock.now()
         self._intervals: dict[str, float] = {}
@@ -511,7 +512,7 @@ class Daemon:
 
     def _digest(self) -> bool:
         config = self.config.digest
-        if config is None:
+        if config is None or self._stopping.is_set():  # (stopping: the state file is about to close)
             return False
         now = self.clock.now()
         sent_on = digest_due(config, now, self.clock)
@@ -529,8 +530,14 @@ class Daemon:
                 body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config))
                 queued = self.dispatcher.store.enqueue_digest(key, config.notifiers, body, now.timestamp())
             except StateError as error:
-                log.error("digest not queued: the state file refused it (tried again in a minute)", error=str(error))
+                if self._digest_error != str(error):
+                    log.error("digest not queued: the state file refused it (tried again each evaluation)",
+                              error=str(error))  # fmt: skip
+                self._digest_error = str(error)
                 return False
+        if self._digest_error:
+            log.info("digest queueing recovered")
+            self._digest_error = ""
         if queued:
             log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers))
             self.dispatcher.poke()
