@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from exporter.bills import TRAILING_DAYS, forecast
+from exporter.bills import TRAILING_DAYS, forecast, per_day
 from exporter.clock import previous_period
 from exporter.schema import BudgetConfig, PriceConfig
 from exporter.snapshots import DailyAmount, Latest, UsageSnapshot
@@ -37,23 +37,19 @@ class BudgetFigures:
     spent: Decimal
     projected: Decimal
     """Forecast at the period's end."""
-    source: str
-    """`bills` or `usage`: whose freshness the figures stand on."""
 
     def ratios(self, amount: Decimal) -> tuple[Decimal, Decimal]:
         return self.spent / amount, self.projected / amount
 
 
 def _billed(amounts: Iterable[DailyAmount], where: Mapping[str, str], key: str) -> Days:
-    days: Days = {}
-    for a in amounts:
-        if (
-            where.get(key, a.key) == a.key
-            and where.get("product", a.product) == a.product
-            and where.get("project_id", a.project_id) == a.project_id
-        ):
-            days[a.day] = days.get(a.day, Decimal(0)) + a.payable
-    return days
+    return per_day(
+        a
+        for a in amounts
+        if where.get(key, a.key) == a.key
+        and where.get("product", a.product) == a.product
+        and where.get("project_id", a.project_id) == a.project_id
+    )
 
 
 def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | None:
@@ -137,18 +133,16 @@ def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] 
     if bills is None:
         return None
     today, month = bills.today, bills.current
-    if not budget.where:
-        days: Days | None = None
-        spent, month_end, today_end = month.month_to_date, month.forecast, month.today_forecast
-    else:
+    if budget.where:
         days = _billed_month(latest, budget, month.period) or {}
         last = _billed_month(latest, budget, previous_period(month.period))
         month_end, today_end = forecast(month.period, today, days, last)
-        spent = sum(days.values(), Decimal(0))
+    else:  # the account: the bills' own figures, so the budget agrees with their metrics to the cent
+        days = per_day(month.by_item)
+        month_end, today_end = month.forecast, month.today_forecast
     if budget.period == "month":
-        return BudgetFigures(month.period, spent, month_end, "bills")
-    spent_today = month.spend_on(today) if days is None else days.get(today, Decimal(0))
-    return BudgetFigures(today.isoformat(), spent_today, today_end, "bills")
+        return BudgetFigures(month.period, sum(days.values(), Decimal(0)), month_end)
+    return BudgetFigures(today.isoformat(), days.get(today, Decimal(0)), today_end)
 
 
 def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig]) -> BudgetFigures | None:
@@ -165,7 +159,7 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
         so_far = known[today]
         window = [known[d] for d in (today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)) if d in known]
         average = sum(window, Decimal(0)) / len(window) if window else so_far
-        return BudgetFigures(today.isoformat(), so_far, max(so_far, average), "usage")
+        return BudgetFigures(today.isoformat(), so_far, max(so_far, average))
     first = today.replace(day=1)
     month_days = {first + dt.timedelta(days=n): known.get(first + dt.timedelta(days=n)) for n in range(today.day)}
     if any(amount is None for amount in month_days.values()):
@@ -173,7 +167,7 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
     days = {d: a for d, a in month_days.items() if a is not None}
     period = f"{today:%Y-%m}"
     month_end, _ = forecast(period, today, days, _window_before(today, known))
-    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end, "usage")
+    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end)
 
 
 def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | None:
@@ -181,12 +175,6 @@ def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | 
     digest on the 1st); None for a scope priced from usage, or a month not held."""
     if budget.on_usage:
         return None
-    if not budget.where:
-        for month in latest.bills.months if latest.bills is not None else ():
-            if month.period == period:
-                return month.month_to_date
-        held = latest.history.months.get(period) if latest.history is not None else None
-        return None if held is None else sum((a.payable for a in held.by_item), Decimal(0))
     days = _billed_month(latest, budget, period)
     return None if days is None else sum(days.values(), Decimal(0))
 

@@ -6,11 +6,10 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
@@ -43,7 +42,7 @@ from exporter.reconcile import SettledUsage, reconcile
 from exporter.schema import AlertmanagerNotifier, AnomalyRule, BillingConfig, Config, DigestConfig, ProbeConfig
 from exporter.server import ExporterServer, View
 from exporter.snapshots import Latest, probe_source
-from exporter.state import AlertStore, StateError, StateStore, UsageRow
+from exporter.state import AlertStore, StateError, StateStore
 from exporter.usage_sync import UsageSync
 
 log = get_logger(__name__)
@@ -186,7 +185,6 @@ class Sources:
             days_per_refresh=config.reconciliation.days_per_refresh,
             per_api_key=config.billing.per_api_key,
         )  # fmt: skip
-        self._settled: Mapping[dt.date, list[UsageRow]] = previous._settled if previous is not None else {}
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
@@ -227,16 +225,20 @@ class Sources:
         if today.day <= self.config.billing.previous_month_grace_days:
             first = (first - dt.timedelta(days=1)).replace(day=1)  # the last month's last days settle now
         try:
-            self._settled = self.settled.refresh(first)
-            self.latest.settled = MappingProxyType(dict(self._settled))
+            settled = self.settled.refresh(first)
         except StateError as error:
             log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
-        self._reconcile()
+            return
+        if settled is not self.latest.settled:  # a day read, or the window moved: judged again
+            self.latest.settled = settled
+            self._reconcile()
 
     def _reconcile(self) -> None:
         if self.latest.bills is not None:
             rec = self.config.reconciliation
-            self.latest.reconciliation = reconcile(self.latest.bills, self._settled, rec.items, self.config.prices)
+            self.latest.reconciliation = reconcile(
+                self.latest.bills, self.latest.settled, rec.items, self.config.prices
+            )
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()

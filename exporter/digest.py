@@ -26,8 +26,9 @@ from typing import Any
 
 from exporter.alerts.anomalies import held, judge_groups
 from exporter.anomaly import judge
+from exporter.bills import per_day
 from exporter.budgets import figures, month_spent
-from exporter.reconcile import AGREES
+from exporter.reconcile import disagrees
 from exporter.schema import AnomalyRule, BudgetConfig, PriceConfig
 from exporter.snapshots import DailyAmount, Latest
 
@@ -76,13 +77,6 @@ def _sums(amounts: Iterable[DailyAmount], first: dt.date, last: dt.date) -> dict
     return sums
 
 
-def _days(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
-    days: dict[dt.date, Decimal] = {}
-    for a in amounts:
-        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
-    return days
-
-
 def _top(key: str, amounts: Sequence[DailyAmount], first: dt.date, last: dt.date, width: int) -> list[dict[str, Any]]:
     now = _sums(amounts, first, last)
     before = _sums(amounts, first - dt.timedelta(days=width), first - dt.timedelta(days=1))
@@ -126,7 +120,7 @@ def build(
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
     bills = held(latest)
-    totals = _days(bills.by_item)
+    totals = per_day(bills.by_item)
     days = [first + dt.timedelta(days=n) for n in range(width)]
     # A day without bills is unknown (a failed fetch), never zero: the span's total is then unknown.
     spend = sum((totals[d] for d in days), Decimal(0)) if all(d in totals for d in days) else None
@@ -199,7 +193,7 @@ def build(
     rec = latest.reconciliation
     oldest, newest = settled or (first, day)
     for gap in rec.tokens if rec is not None else ():
-        if oldest <= gap.day <= newest and (gap.ratio is None or abs(gap.ratio) > AGREES):
+        if oldest <= gap.day <= newest and disagrees(gap.ratio):
             digest["reconciliation"].append(
                 {
                     "day": gap.day.isoformat(),
@@ -210,7 +204,7 @@ def build(
                 }
             )
     for amount in rec.amounts if rec is not None else ():
-        if oldest <= amount.day <= newest and (amount.ratio is None or abs(amount.ratio) > AGREES):
+        if oldest <= amount.day <= newest and disagrees(amount.ratio):
             digest["reconciliation"].append(
                 {
                     "day": amount.day.isoformat(),

@@ -20,6 +20,7 @@ import datetime as dt
 import time
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
+from types import MappingProxyType
 
 from exporter.billing import BillingClient, BillingError, ClientClosed
 from exporter.clock import Clock
@@ -37,6 +38,11 @@ RETRY_AFTER = 900.0
 DEFAULT_ITEMS = DEFAULT_RECONCILED_ITEMS
 AGREES = Decimal("0.001")
 """A gap this small or smaller is agreement (rounding on the bill)."""
+
+
+def disagrees(ratio: Decimal | None) -> bool:
+    """A gap ratio beyond rounding, or a bill for what nothing counted (None)."""
+    return ratio is None or abs(ratio) > AGREES
 
 
 def count(rows: Iterable[UsageRow], which: str) -> int:
@@ -124,6 +130,9 @@ class SettledUsage:
         """What the days held were read from: days read from another account or project are read again."""
         self._retry_at: dict[dt.date, float] = {}
         """Days whose read failed, and when (monotonic) to try again: the others go first meanwhile."""
+        self._held: Mapping[dt.date, list[UsageRow]] | None = None
+        """The days held from `_first` on: read from the state file once, then kept here."""
+        self._first = dt.date.max
 
     def settled_days(self, first: dt.date) -> list[dt.date]:
         """The days from `first` that have settled by now, oldest first."""
@@ -135,11 +144,17 @@ class SettledUsage:
             day += dt.timedelta(days=1)
         return days
 
-    def refresh(self, first: dt.date) -> dict[dt.date, list[UsageRow]]:
+    def refresh(self, first: dt.date) -> Mapping[dt.date, list[UsageRow]]:
         """Read up to `days_per_refresh` settled days from `first` on that are not held yet (the
-        most recent first: the one an alert would judge), and return every held one from `first`.
-        A day whose read fails stays unread (and is tried again next time); the others go on."""
-        held = self.state.load_settled_usage(first, self.account)
+        most recent first: the one an alert would judge), and return every held one from `first`:
+        the same mapping as last time when nothing changed, else a new one. A day whose read fails
+        stays unread (and is tried again next time); the others go on."""
+        if self._held is None or first < self._first:
+            self._held = MappingProxyType(self.state.load_settled_usage(first, self.account))
+        elif first > self._first:
+            self._held = MappingProxyType({day: rows for day, rows in self._held.items() if day >= first})
+        self._first = first
+        held = dict(self._held)
         now = time.monotonic()
         due = [day for day in self.settled_days(first) if day not in held and self._retry_at.get(day, 0.0) <= now][
             ::-1
@@ -156,5 +171,6 @@ class SettledUsage:
             rows = aggregate.table()
             self.state.save_settled_usage(day, rows, self.account, keep_from=first)
             held[day] = rows
+            self._held = MappingProxyType(dict(held))  # kept as soon as saved: a later day's failure loses nothing
             log.info("settled usage read", day=day, records=aggregate.records)
-        return held
+        return self._held

@@ -36,6 +36,7 @@ from exporter.chart import month_chart
 from exporter.clock import iso
 from exporter.exposition import GZIP_LEVEL
 from exporter.logs import get_logger
+from exporter.reconcile import disagrees
 from exporter.schema import BudgetConfig, PriceConfig, ServerConfig
 from exporter.snapshots import Latest, Reconciliation
 
@@ -331,10 +332,6 @@ def _level(ratio: Decimal) -> str:
     return "bad" if ratio >= 1 else "wait" if ratio >= Decimal("0.8") else "ok"
 
 
-AGREES = Decimal("0.001")
-"""A gap ratio within ±0.1% is agreement on the landing page (the metrics give every ratio)."""
-
-
 def _gap(ratio: Decimal | None) -> str:
     return "billed, none counted" if ratio is None else f"{ratio:+.2%}"
 
@@ -347,12 +344,12 @@ def _disagreements(result: Reconciliation | None) -> str:
         f"<tr><td>{g.day}</td><td>{html.escape(g.item)}</td><td>tokens</td><td>{g.billed:f}</td>"
         f"<td>{g.counted}</td><td class=bad>{_gap(g.ratio)}</td></tr>"
         for g in result.tokens
-        if g.ratio is None or abs(g.ratio) > AGREES
+        if disagrees(g.ratio)
     ] + [
         f"<tr><td>{a.day}</td><td>{html.escape(a.endpoint_id)}</td><td>amount</td><td>{a.billed:f}</td>"
         f"<td>{a.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(a.ratio)}</td></tr>"
         for a in result.amounts
-        if a.ratio is None or abs(a.ratio) > AGREES
+        if disagrees(a.ratio)
     ]
     days = len({g.day for g in result.tokens} | {a.day for a in result.amounts})
     if not rows:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
@@ -223,7 +223,7 @@ class Latest:
     usage: UsageSnapshot | None = None
     history: HistorySnapshot | None = None
     reconciliation: Reconciliation | None = None
-    settled: Mapping[dt.date, Sequence[UsageRow]] = field(default_factory=lambda: MappingProxyType({}))
+    settled: Mapping[dt.date, list[UsageRow]] = field(default_factory=lambda: MappingProxyType({}))
     """Past days' usage sums, each read in full once it settled (`reconcile.SettledUsage`)."""
     probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))

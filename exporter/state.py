@@ -29,6 +29,20 @@ from exporter.logs import get_logger
 
 log = get_logger(__name__)
 
+USAGE_SUMS_COLUMNS = """
+    day TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL,
+    api_key TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    prompt INTEGER NOT NULL,
+    completion INTEGER NOT NULL,
+    cached INTEGER NOT NULL,
+    PRIMARY KEY (day, endpoint, model, api_key)
+"""
+"""A day's usage sums per (endpoint, model, api key): today's and yesterday's (`usage_totals`), and
+the settled days read in full (`settled_usage`)."""
+
 OUTBOX_COLUMNS = """
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     notifier TEXT NOT NULL,
@@ -64,34 +78,14 @@ CREATE TABLE IF NOT EXISTS settled_days (
     read REAL NOT NULL,
     account TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS settled_usage (
-    day TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    model TEXT NOT NULL,
-    api_key TEXT NOT NULL,
-    requests INTEGER NOT NULL,
-    prompt INTEGER NOT NULL,
-    completion INTEGER NOT NULL,
-    cached INTEGER NOT NULL,
-    PRIMARY KEY (day, endpoint, model, api_key)
-);
+CREATE TABLE IF NOT EXISTS settled_usage ({USAGE_SUMS_COLUMNS});
 CREATE TABLE IF NOT EXISTS usage_head (
     day TEXT PRIMARY KEY,
     head_ids TEXT NOT NULL,
     newest_first INTEGER NOT NULL,
     page_size INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS usage_totals (
-    day TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    model TEXT NOT NULL,
-    api_key TEXT NOT NULL,
-    requests INTEGER NOT NULL,
-    prompt INTEGER NOT NULL,
-    completion INTEGER NOT NULL,
-    cached INTEGER NOT NULL,
-    PRIMARY KEY (day, endpoint, model, api_key)
-);
+CREATE TABLE IF NOT EXISTS usage_totals ({USAGE_SUMS_COLUMNS});
 CREATE TABLE IF NOT EXISTS usage_ids (
     day TEXT PRIMARY KEY,
     ids BLOB NOT NULL
@@ -116,6 +110,7 @@ CREATE TABLE IF NOT EXISTS budget_tiers (
 CREATE TABLE IF NOT EXISTS outbox ({OUTBOX_COLUMNS});
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (notifier, delivered, id);
 CREATE TABLE IF NOT EXISTS digest_outbox ({OUTBOX_COLUMNS});
+CREATE INDEX IF NOT EXISTS digest_outbox_pending ON digest_outbox (notifier, delivered, id);
 CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL
@@ -241,17 +236,27 @@ def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bo
     try:
         db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
         try:
-            runs = db.execute(
-                "SELECT probe, success, time_to_first_token FROM probe_runs WHERE at >= ? AND at < ? ORDER BY at",
-                (start, end),
-            ).fetchall()
-            bodies = [body for (body,) in db.execute("SELECT body FROM alert_state")]
+            runs = _probe_runs(db, start, end)
+            bodies = [body for _, body in _alert_states(db).values()]
         finally:
             db.close()
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
         return None
-    return [(probe, bool(success), ttft) for probe, success, ttft in runs], bodies
+    return runs, bodies
+
+
+def _probe_runs(db: sqlite3.Connection, start: float, end: float) -> list[tuple[str, bool, float | None]]:
+    """(probe, success, time to first token) of the runs in [start, end)."""
+    rows = db.execute(
+        "SELECT probe, success, time_to_first_token FROM probe_runs WHERE at >= ? AND at < ? ORDER BY at", (start, end)
+    ).fetchall()
+    return [(probe, bool(success), ttft) for probe, success, ttft in rows]
+
+
+def _alert_states(db: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+    """Each alert's key → (its rule, its state as JSON)."""
+    return {key: (rule, body) for key, rule, body in db.execute("SELECT key, rule, body FROM alert_state")}
 
 
 class StateStore:
@@ -647,11 +652,7 @@ class StateStore:
     def probe_runs(self, start: float, end: float) -> list[tuple[str, bool, float | None]]:
         """(probe, success, time to first token) of the runs in [start, end)."""
         with self._reading() as db:
-            rows = db.execute(
-                "SELECT probe, success, time_to_first_token FROM probe_runs WHERE at >= ? AND at < ? ORDER BY at",
-                (start, end),
-            ).fetchall()
-        return [(probe, bool(success), ttft) for probe, success, ttft in rows]
+            return _probe_runs(db, start, end)
 
     def load_usage_ids(self, day: dt.date) -> bytes:
         """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
@@ -781,8 +782,7 @@ class AlertStore:
 
     def load_states(self) -> dict[str, tuple[str, str]]:
         with self.store._reading() as db:
-            rows = db.execute("SELECT key, rule, body FROM alert_state").fetchall()
-        return {key: (rule, body) for key, rule, body in rows}
+            return _alert_states(db)
 
     def load_sent(self) -> dict[tuple[str, str], float]:
         with self.store._reading() as db:

@@ -115,6 +115,23 @@ def test_each_day_is_read_once_most_recent_first_a_few_per_refresh_and_not_again
     assert served(priced) == before
 
 
+def test_the_days_held_are_read_from_the_state_file_once_and_unchanged_they_are_the_same_mapping(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = settled_usage(client, clock, store, per_refresh=len(DAYS))
+    loads = []
+    load = store.load_settled_usage
+    monkeypatch.setattr(store, "load_settled_usage", lambda *args: loads.append(args) or load(*args))
+    held = source.refresh(DAYS[0])
+    assert sorted(held) == DAYS
+    again = source.refresh(DAYS[0])
+    assert again is held  # nothing read: the daemon judges nothing again
+    assert len(loads) == 1
+    later = source.refresh(DAYS[1])  # the window moves on (a new month): no state file read either
+    assert sorted(later) == DAYS[1:]
+    assert len(loads) == 1
+
+
 def test_a_day_is_read_only_once_it_has_settled(
     priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
