@@ -36,11 +36,11 @@ from typing import TextIO
 from prometheus_client.core import Metric
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, SignatureRejected
-from exporter.bills import daily_amounts, forecast, per_day
-from exporter.clock import PERIOD, Clock, period_at, period_index, periods_between, previous_period
+from exporter.bills import daily_amounts, forecast
+from exporter.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
 from exporter.collectors import BillsCollector, ExporterCollector
 from exporter.logs import get_logger
-from exporter.snapshots import DailyAmount, Latest
+from exporter.snapshots import DailyAmount, Latest, per_day
 
 log = get_logger(__name__)
 
@@ -164,11 +164,6 @@ def _days_before(client: BillingClient, period: str) -> dict[dt.date, Decimal] |
 # --- the file ----------------------------------------------------------------------------
 
 
-def _first_day(period: str) -> dt.date:
-    year, month = (int(part) for part in period.split("-"))
-    return dt.date(year, month, 1)
-
-
 def _number(amount: Decimal) -> str:
     """The decimal itself, never in exponent form (the API's digits, or an exact sum of them)."""
     return format(amount, "f")
@@ -190,7 +185,7 @@ class _Calendar:
 
     def hidden_from(self, period: str) -> dt.date:
         """The first day the exporter no longer shows `period`: after the next month's grace days."""
-        return _first_day(period_at(period_index(period) + 1)) + dt.timedelta(days=self.grace_days)
+        return first_day(period_at(period_index(period) + 1)) + dt.timedelta(days=self.grace_days)
 
 
 class _Writer:
@@ -247,7 +242,7 @@ def _month_figures(
     """(day, month to date, forecast) for each day the exporter shows the month, as at that day's
     end; `before`: the account's days of the month before, if at hand."""
     days = per_day(month.by_item)
-    day = _first_day(month.period)
+    day = first_day(month.period)
     while day < calendar.hidden_from(month.period) and calendar.at(day) < until:
         so_far = {d: amount for d, amount in days.items() if d <= day}
         previous = before if history or day.day <= calendar.grace_days else None
@@ -344,7 +339,7 @@ def backfill(
     """
     calendar = _Calendar(clock, grace_days)
     now = clock.now()
-    start = calendar.at(_first_day(periods[0]))
+    start = calendar.at(first_day(periods[0]))
     end = min(
         calendar.at(calendar.hidden_from(periods[-1])),
         calendar.at(now.date()),

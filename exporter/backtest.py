@@ -20,12 +20,20 @@ from types import MappingProxyType
 
 from exporter.alerts.engine import Alert, Engine, rule_ids
 from exporter.billing import BillingClient
-from exporter.bills import forecast, per_day
-from exporter.clock import Clock, FrozenClock, days_in_period, periods_before, periods_between, previous_period
+from exporter.bills import forecast
+from exporter.clock import (
+    Clock,
+    FrozenClock,
+    days_in_period,
+    first_day,
+    periods_before,
+    periods_between,
+    previous_period,
+)
 from exporter.history import fetch_month
 from exporter.logs import get_logger
 from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, Config, ThresholdRule
-from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory
+from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory, per_day
 from exporter.state import AlertStore, StateStore
 
 log = get_logger(__name__)
@@ -123,9 +131,7 @@ def _bills(
 
 def days(first: str, last: str) -> tuple[dt.date, dt.date]:
     """The first and last day of the months `first` … `last`."""
-    year, month = (int(part) for part in first.split("-"))
-    end_year, end_month = (int(part) for part in last.split("-"))
-    return dt.date(year, month, 1), dt.date(end_year, end_month, days_in_period(last))
+    return first_day(first), first_day(last).replace(day=days_in_period(last))
 
 
 def replay(config: Config, months: dict[str, MonthHistory], first: str, last: str, today: dt.date) -> list[Fired]:

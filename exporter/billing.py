@@ -352,6 +352,11 @@ def _retry_after(response: requests.Response) -> float | None:
 # --- the client ---------------------------------------------------------------------------
 
 
+def capped(page_num: int, count: int, page_size: int, total: int) -> bool:
+    """A first page shorter than asked while `total` says more records exist: the service caps its pages at `count`."""
+    return page_num == 1 and 0 < count < min(page_size, total)
+
+
 class BillingClient:
     def __init__(
         self,
@@ -572,7 +577,7 @@ class BillingClient:
 
         records, total = self._one(sized, first_page)
         yield first_page, records, total
-        if first_page == 1 and 0 < len(records) < min(page_size, total):
+        if capped(first_page, len(records), page_size, total):
             page_size = len(records)
             on_cap(page_size)
         elif len(records) < page_size:
@@ -674,6 +679,6 @@ class BillingClient:
         """One page of a day's usage records (page 1 also tells whether the service caps pages)."""
         fetch, page_size = self._usage_fetch(day), self.page_size
         records, total = self._one(lambda n: fetch(n, page_size), page_num)
-        if page_num == 1 and 0 < len(records) < min(page_size, total):
+        if capped(page_num, len(records), page_size, total):
             self.adopt_cap(len(records))
         return UsagePage(page_num=page_num, records=records, total=total)

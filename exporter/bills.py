@@ -19,7 +19,7 @@ from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
 from exporter.clock import Clock, days_in_period, previous_period
-from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills
+from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills, per_day
 
 TRAILING_DAYS = 7
 
@@ -36,13 +36,6 @@ def daily_amounts(records: Iterable[BillRecord], key: str) -> tuple[DailyAmount,
         DailyAmount(period, day, label, product, project, payable, usage)
         for (period, day, label, product, project), (payable, usage) in sorted(sums.items())
     )
-
-
-def per_day(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
-    days: dict[dt.date, Decimal] = {}
-    for a in amounts:
-        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
-    return days
 
 
 def forecast(

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from exporter.bills import TRAILING_DAYS, forecast, per_day
+from exporter.bills import TRAILING_DAYS, forecast
 from exporter.clock import previous_period
 from exporter.schema import BudgetConfig, PriceConfig
-from exporter.snapshots import DailyAmount, Latest, UsageSnapshot
+from exporter.snapshots import DailyAmount, Latest, UsageSnapshot, per_day
 from exporter.state import UsageRow
 from exporter.usage_sync import estimate
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from exporter.clock import days_in_period
+from exporter.clock import days_in_period, first_day
 from exporter.snapshots import MonthBills
 
 TOP_ENDPOINTS = 8
@@ -119,9 +119,9 @@ def _stacks(month: MonthBills, top: int) -> tuple[list[str], dict[str, Decimal],
     or project are summed."""
     amounts: dict[tuple[dt.date, str], Decimal] = {}
     totals: dict[str, Decimal] = {}
-    year, number = (int(part) for part in month.period.split("-"))
+    start = first_day(month.period)
     for row in month.by_endpoint:
-        if row.day.month != number or row.day.year != year:
+        if row.day.month != start.month or row.day.year != start.year:
             continue  # a day outside the month is not drawn, so it neither scales nor counts
         amounts[row.day, row.key] = amounts.get((row.day, row.key), Decimal(0)) + row.payable
         totals[row.key] = totals.get(row.key, Decimal(0)) + row.payable
@@ -279,12 +279,11 @@ def month_chart(
         return "<p>No bills yet.</p>"
     period = month.period
     days = days_in_period(period)
-    year, number = (int(part) for part in period.split("-"))
-    first = dt.date(year, number, 1)
+    first = first_day(period)
     shown, totals, stacks, others = _stacks(month, top)
 
     # Where today is: in this month, or after it (every day complete), or (oddly) before it.
-    if (today.year, today.month) == (year, number):
+    if (today.year, today.month) == (first.year, first.month):
         today_day, days_left = today.day, days - today.day
     else:
         today_day, days_left = (days + 1 if today > first else 0), 0

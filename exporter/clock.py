@@ -75,9 +75,14 @@ def periods_before(period: str, count: int) -> list[str]:
     return [period_at(period_index(period) - n) for n in range(count, 0, -1)]
 
 
-def days_in_period(period: str) -> int:
+def first_day(period: str) -> dt.date:
+    """The first day of the billing month `YYYY-MM`."""
     year, month = (int(part) for part in period.split("-"))
-    following = dt.date(year + month // 12, month % 12 + 1, 1)
+    return dt.date(year, month, 1)
+
+
+def days_in_period(period: str) -> int:
+    following = first_day(period_at(period_index(period) + 1))
     return (following - dt.timedelta(days=1)).day
 
 

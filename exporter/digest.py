@@ -25,12 +25,11 @@ from decimal import Decimal
 from typing import Any
 
 from exporter.alerts.anomalies import held, judge_groups
-from exporter.anomaly import judge
-from exporter.bills import per_day
+from exporter.anomaly import judge_all
 from exporter.budgets import figures, month_spent
 from exporter.reconcile import disagrees
 from exporter.schema import AnomalyRule, BudgetConfig, PriceConfig
-from exporter.snapshots import DailyAmount, Latest
+from exporter.snapshots import DailyAmount, Latest, per_day
 
 TOP = 5
 CENT = Decimal("0.01")
@@ -124,10 +123,8 @@ def build(
     days = [first + dt.timedelta(days=n) for n in range(width)]
     # A day without bills is unknown (a failed fetch), never zero: the span's total is then unknown.
     spend = sum((totals[d] for d in days), Decimal(0)) if all(d in totals for d in days) else None
-    expected: Decimal | None = Decimal(0)
-    for d in (first + dt.timedelta(days=n) for n in range(width)):
-        judged = judge(totals, d, min_amount=Decimal(0), min_percent=Decimal(0))
-        expected = None if judged is None or expected is None else expected + judged.expected
+    judged = judge_all(totals, days, min_amount=Decimal(0), min_percent=Decimal(0))  # the baseline, not alerts
+    expected = sum((j.expected for j in judged.values()), Decimal(0)) if len(judged) == width else None
     period = f"{day:%Y-%m}"
     month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
     current = latest.bills.current if latest.bills is not None else None

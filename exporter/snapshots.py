@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
@@ -27,6 +27,14 @@ class DailyAmount:
     project_id: str
     payable: Decimal
     usage: Decimal
+
+
+def per_day(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
+    """The payable amount per day, over any rows (one key's, a scope's, the account's by item)."""
+    days: dict[dt.date, Decimal] = {}
+    for a in amounts:
+        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return days
 
 
 @dataclass(frozen=True)
@@ -77,12 +85,7 @@ class HistorySnapshot:
     def item_days(self, period: str) -> dict[dt.date, Decimal] | None:
         """The account's payable amount per day of `period`, or None when it is not held."""
         month = self.months.get(period)
-        if month is None:
-            return None
-        days: dict[dt.date, Decimal] = {}
-        for a in month.by_item:
-            days[a.day] = days.get(a.day, Decimal(0)) + a.payable
-        return days
+        return None if month is None else per_day(month.by_item)
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from html.parser import HTMLParser
 
 import pytest
 
-from exporter.bills import forecast, per_day
+from exporter.bills import forecast
 from exporter.chart import COLOURS, OTHER_COLOUR, month_chart, nice_scale
 from exporter.clock import days_in_period
 from exporter.schema import BudgetConfig
 from exporter.server import View, landing_page
-from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills
+from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, per_day
 
 CENT = Decimal("0.01")
 PX = 0.011

@@ -18,7 +18,7 @@ from exporter.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
 from exporter.clock import Clock
 from exporter.logs import get_logger
 from exporter.schema import AnomalyRule
-from exporter.snapshots import DailyAmount, Latest
+from exporter.snapshots import DailyAmount, Latest, per_day
 
 log = get_logger(__name__)
 
@@ -70,14 +70,6 @@ def _series(amounts: Iterable[DailyAmount]) -> dict[str, Series]:
     return series
 
 
-def _total(parts: Mapping[str, Series]) -> Series:
-    total: Series = {}
-    for days in parts.values():
-        for day, amount in days.items():
-            total[day] = total.get(day, Decimal(0)) + amount
-    return total
-
-
 def judged_day(clock: Clock) -> dt.date:
     """The last complete day in the billing time zone."""
     return clock.today() - dt.timedelta(days=1)
@@ -104,7 +96,7 @@ def judge_groups(rule: AnomalyRule, bills: Bills, day: dt.date) -> list[Finding]
             for key, days in items.items()
         }
     else:
-        groups = {(): (_total(items), endpoints)}
+        groups = {(): (per_day(bills.by_item), endpoints)}
     findings = []
     for group, (series, parts) in sorted(groups.items()):
         judgement = judge(

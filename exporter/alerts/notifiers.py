@@ -369,23 +369,23 @@ class Dispatcher:
             return self._send_digest(notifier, entry.digest, entry.id)
         event = entry.event
         if isinstance(notifier, EmailNotifier):
-            subject, text, html = email.alert_message(event, self.external_url)
-            message_id = email.message_id(event["dedup_key"], entry.id)
-            reason = email.send(notifier, subject, text, html, message_id=message_id, deadline=self.deadline)
-            return self._outcome(notifier.name, reason)
+            return self._email(notifier, email.alert_message(event, self.external_url), event["dedup_key"], entry.id)
         message = self._format(notifier, event, entry.id)
         return None if message is None else self._post(notifier.name, *message)
+
+    def _email(self, notifier: EmailNotifier, message: tuple[str, str, str], key: str, entry: int) -> str | None:
+        """(subject, text, HTML) by SMTP, with a Message-ID the same on every attempt of this entry."""
+        subject, text, html = message
+        message_id = email.message_id(key, entry)
+        reason = email.send(notifier, subject, text, html, message_id=message_id, deadline=self.deadline)
+        return self._outcome(notifier.name, reason)
 
     def _send_digest(self, notifier: OutboxNotifier, body: dict[str, Any], entry: int) -> str | None:
         """A digest: the webhook gets it as JSON as it is, Slack as blocks, email as text and HTML;
         PagerDuty none (the config refuses it: a digest is not an incident)."""
         if isinstance(notifier, EmailNotifier):
-            message_id = email.message_id(f"digest-{body.get('id') or body['day']}", entry)
-            reason = email.send(
-                notifier, digest.subject(body), digest.text(body), digest.html(body),
-                message_id=message_id, deadline=self.deadline,
-            )  # fmt: skip
-            return self._outcome(notifier.name, reason)
+            message = digest.subject(body), digest.text(body), digest.html(body)
+            return self._email(notifier, message, f"digest-{body.get('id') or body['day']}", entry)
         if isinstance(notifier, WebhookNotifier):
             return self._post(notifier.name, notifier.url, body)
         if isinstance(notifier, SlackNotifier):

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from exporter.bills import forecast, per_day
+from exporter.bills import forecast
 from exporter.clock import Clock
-from exporter.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, probe_source
+from exporter.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, per_day, probe_source
 
 if TYPE_CHECKING:
     from exporter.schema import ThresholdRule
