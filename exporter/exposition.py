@@ -93,9 +93,14 @@ class Exposition:
 
     def prepare(self) -> None:
         """Render and compress new snapshots' blocks now (after a refresh), in both formats, so
-        that scrapes, plain or Prometheus' OpenMetrics, find them cached."""
+        that scrapes, plain or Prometheus' OpenMetrics, find them cached. Only the cached pieces:
+        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it."""
         for accept in ("", OPENMETRICS_ACCEPT):
-            self.render(accept, gzipped=True)
+            encoder, content_type = choose_encoder(accept)
+            for index in range(len(self.collectors)):
+                block = self._block(index, encoder, content_type)
+                if block.version is not None:
+                    self._piece((index, content_type), block)
 
     def _block(self, index: int, encoder: Encoder, content_type: str) -> _Block:
         """A collector's block: cached for its snapshot's version, else rendered (and cached)."""

@@ -67,7 +67,10 @@ class SeenIds:
 
     def add(self, request_id: str) -> bool:
         """Remember `request_id`; False if it was seen before."""
-        digest = _digest(request_id)
+        return self.add_digest(_digest(request_id))
+
+    def add_digest(self, digest: int) -> bool:
+        """Remember a request id by its `_digest` (when the caller has it already)."""
         bucket = self._buckets[digest >> 52]
         at = bisect_left(bucket, digest)
         if at < len(bucket) and bucket[at] == digest:
@@ -120,19 +123,23 @@ class Aggregate:
 
     def add(self, records: Iterable[UsageRecord]) -> None:
         for r in records:
-            self.rows += 1
-            if not self.seen.add(r.request_id):
-                self.duplicates.add(r.request_id)
-                continue
-            key = UsageKey(r.endpoint, r.model, r.apikey if self.per_api_key else "")
-            sums = self.sums.get(key)
-            if sums is None:
-                sums = self.sums[key] = [0, 0, 0, 0]
-            sums[0] += 1
-            sums[1] += r.prompt_tokens
-            sums[2] += r.completion_tokens
-            sums[3] += r.cached_prompt_tokens
-            self.records += 1
+            self.count(r, _digest(r.request_id))
+
+    def count(self, r: UsageRecord, digest: int) -> None:
+        """One record, its request id's `_digest` already made: counted unless its id was seen."""
+        self.rows += 1
+        if not self.seen.add_digest(digest):
+            self.duplicates.add(r.request_id)
+            return
+        key = UsageKey(r.endpoint, r.model, r.apikey if self.per_api_key else "")
+        sums = self.sums.get(key)
+        if sums is None:
+            sums = self.sums[key] = [0, 0, 0, 0]
+        sums[0] += 1
+        sums[1] += r.prompt_tokens
+        sums[2] += r.completion_tokens
+        sums[3] += r.cached_prompt_tokens
+        self.records += 1
 
     def table(self) -> list[UsageRow]:
         return [(k.endpoint_id, k.model, k.api_key, *v) for k, v in self.sums.items()]  # type: ignore[misc]
@@ -224,7 +231,7 @@ class _Frame:
                 continue
             self.slots[at], self.filled[at] = digest, 1
             if at < self.new:
-                self.aggregate.add((record,))
+                self.aggregate.count(record, digest)
 
     def hole(self) -> int:
         """The first slot no page has filled yet; -1 when none is left."""
@@ -261,10 +268,10 @@ class UsageSync:
         self._cursor: UsageCursor | None = None
         self._created = 0.0
         self._published: UsageSnapshot | None = None
+        """The last snapshot returned (a poll that finds nothing new returns it again)."""
         self._published_prices: object = None
         """The price table `_published` was priced with: a poll with nothing new still reprices
         after a reload whose new prices arrived while a refresh was running."""
-        """The last snapshot returned (a poll that finds nothing new returns it again)."""
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
