@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Alert, Engine
 from exporter.alerts.notifiers import Dispatcher
+from exporter.alerts.signals import todays_bills, todays_history
 from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
 from exporter.clock import Clock
@@ -547,12 +548,9 @@ class Daemon:
 
     def _digest_ready(self) -> bool:
         """Today's bills are in, and today's history when there is one: the day summarised is complete."""
-        today = self.clock.today()
-        bills, history = self.latest.bills, self.latest.history
-        health = self.latest.health.get("bills")
-        if bills is None or bills.today != today or health is None or not health.success:
+        if not todays_bills(self.latest, self.clock):
             return False
-        return self.config.billing.history_months == 0 or (history is not None and history.as_of == today)
+        return self.config.billing.history_months == 0 or todays_history(self.latest, self.clock)
 
     def deliver(self) -> None:
         """Deliver what is due here and now (the workers do it by themselves; tests and the soak

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from exporter.alerts.signals import Labels, fresh
+from exporter.alerts.signals import Labels
 from exporter.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
 from exporter.clock import Clock
 from exporter.logs import get_logger
@@ -73,13 +73,6 @@ def _series(amounts: Iterable[DailyAmount]) -> dict[str, Series]:
 def judged_day(clock: Clock) -> dt.date:
     """The last complete day in the billing time zone."""
     return clock.today() - dt.timedelta(days=1)
-
-
-def trusted(latest: Latest, clock: Clock) -> bool:
-    """The bills are fresh and of today: a judgement may be made (else the engine keeps the
-    rule's alerts as they are)."""
-    bills = latest.bills
-    return bills is not None and fresh(latest, "bills") and bills.today == clock.today()
 
 
 def judge_groups(rule: AnomalyRule, bills: Bills, day: dt.date) -> list[Finding]:

@@ -232,9 +232,9 @@ class Engine:
         without notifying again; when the next day is judged, or a revision makes the day usual,
         it resolves."""
         history = self.latest.history
-        if self.history and (history is None or history.as_of != self.clock.today()):
+        if self.history and not signals.todays_history(self.latest, self.clock):
             return  # the baseline (and the items behind an endpoint) come with today's history: not yet
-        if not anomalies.trusted(self.latest, self.clock):
+        if not signals.todays_bills(self.latest, self.clock):
             return  # no trustworthy bills now: the rule's alerts keep their state
         judged_day = anomalies.judged_day(self.clock)
         day = judged_day.isoformat()

@@ -6,7 +6,7 @@ import operator
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 
-from exporter.alerts.signals import fresh
+from exporter.alerts.signals import fresh, todays_bills
 from exporter.budgets import figures
 from exporter.clock import Clock
 from exporter.schema import BudgetConfig, PriceConfig
@@ -28,13 +28,12 @@ def budget_ratio(
     """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used, from fresh
     figures of today only (bills, or usage for a scope priced from usage; what the metrics show
     may be older); None when there are none."""
-    today = clock.today()
-    source = "usage" if budget.on_usage else "bills"
     if budget.on_usage:
-        day = latest.usage.day if latest.usage is not None else None
+        usage = latest.usage
+        current = usage is not None and usage.day == clock.today() and fresh(latest, "usage")
     else:
-        day = latest.bills.today if latest.bills is not None else None
-    if day != today or not fresh(latest, source):
+        current = todays_bills(latest, clock)
+    if not current:
         return None
     found = figures(budget, latest, prices)
     if found is None:

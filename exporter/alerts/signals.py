@@ -67,6 +67,17 @@ def fresh(latest: Latest, source: str) -> bool:
     return health is not None and health.success
 
 
+def todays_bills(latest: Latest, clock: Clock) -> bool:
+    """The bills are fresh and of today's billing day: a judgement may be made on them."""
+    bills = latest.bills
+    return bills is not None and fresh(latest, "bills") and bills.today == clock.today()
+
+
+def todays_history(latest: Latest, clock: Clock) -> bool:
+    """The history was refreshed today (its baselines and per-endpoint items are the day's)."""
+    return latest.history is not None and latest.history.as_of == clock.today()
+
+
 def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
     """The group a series belongs to, or None when `where` excludes it."""
     if any(labels.get(name) != value for name, value in rule.where.items()):
@@ -111,7 +122,7 @@ def _bill_key(rule: ThresholdRule) -> str:
 
 def spend(rule: ThresholdRule, context: Context) -> Values | None:
     bills, today = context.latest.bills, context.clock.today()
-    if bills is None or not fresh(context.latest, "bills") or bills.today != today:
+    if bills is None or not todays_bills(context.latest, context.clock):
         return None
     key = _bill_key(rule)
 
