@@ -15,12 +15,11 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from types import MappingProxyType
 
 from exporter.alerts.engine import Alert, Engine, rule_ids
 from exporter.billing import BillingClient
-from exporter.bills import forecast
+from exporter.bills import month_bills
 from exporter.clock import (
     Clock,
     FrozenClock,
@@ -33,7 +32,7 @@ from exporter.clock import (
 from exporter.history import fetch_month
 from exporter.logs import get_logger
 from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, Config, ThresholdRule
-from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthBills, MonthHistory, per_day
+from exporter.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthHistory, per_day
 from exporter.state import AlertStore, StateStore
 
 log = get_logger(__name__)
@@ -113,19 +112,10 @@ def _bills(
     in_grace = day.day <= grace_days
     shown = [current] + ([months[previous]] if in_grace and previous in months else [])
     before = per_day(months[previous].by_item) if previous in months and (in_grace or history) else None
-    snapshot = []
-    for index, month in enumerate(shown):
-        month_end, today_end = forecast(month.period, day, per_day(month.by_item), before if index == 0 else None)
-        snapshot.append(
-            MonthBills(
-                month.period,
-                month.by_endpoint,
-                month.by_item,
-                sum((a.payable for a in month.by_item), Decimal(0)),
-                month_end,
-                today_end,
-            )
-        )
+    snapshot = [
+        month_bills(month.period, day, month.by_endpoint, month.by_item, before if index == 0 else None)
+        for index, month in enumerate(shown)
+    ]
     return BillsSnapshot(tuple(snapshot), day)
 
 

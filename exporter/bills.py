@@ -60,6 +60,20 @@ def forecast(
     return complete + max(so_far, average) + average * (days_in_period(period) - today.day), max(so_far, average)
 
 
+def month_bills(
+    period: str,
+    today: dt.date,
+    by_endpoint: tuple[DailyAmount, ...],
+    by_item: tuple[DailyAmount, ...],
+    previous: dict[dt.date, Decimal] | None,
+) -> MonthBills:
+    """A month's bills as of `today`, with its month to date (from the item lines, which cover
+    every charge) and forecast; `previous`: last month's days, when held."""
+    month_end, today_end = forecast(period, today, per_day(by_item), previous)
+    month_to_date = sum((a.payable for a in by_item), Decimal(0))
+    return MonthBills(period, by_endpoint, by_item, month_to_date, month_end, today_end)
+
+
 class BillsSource:
     def __init__(
         self,
@@ -85,22 +99,17 @@ class BillsSource:
             for period in self.periods(today)
         ]
         by_items = [daily_amounts(items, "item") for _, _, items in fetched]
-        item_days = [per_day(by_item) for by_item in by_items]
-        months = []
+        # Last month's days for this month's trailing week: fetched in the grace days, else held.
         history = self.history()
-        held = history.item_days(previous_period(fetched[0][0])) if history is not None else None
-        for index, (period, instances, _) in enumerate(fetched):
-            by_item = by_items[index]
-            previous = (item_days[1] if len(item_days) > 1 else held) if index == 0 else None
-            month_end, today_end = forecast(period, today, item_days[index], previous)
-            months.append(
-                MonthBills(
-                    period=period,
-                    by_endpoint=daily_amounts(instances, "instance"),
-                    by_item=by_item,
-                    month_to_date=sum((a.payable for a in by_item), Decimal(0)),
-                    forecast=month_end,
-                    today_forecast=today_end,
-                )
+        before: dict[dt.date, Decimal] | None
+        if len(by_items) > 1:
+            before = per_day(by_items[1])
+        else:
+            before = history.item_days(previous_period(fetched[0][0])) if history is not None else None
+        months = [
+            month_bills(
+                period, today, daily_amounts(instances, "instance"), by_items[index], before if index == 0 else None
             )
+            for index, (period, instances, _) in enumerate(fetched)
+        ]
         return BillsSnapshot(months=tuple(months), today=today)
