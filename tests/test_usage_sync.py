@@ -44,6 +44,17 @@ def as_truth(snapshot: UsageSnapshot) -> dict[tuple[str, str], dict[str, int]]:
     }
 
 
+def refresh_restarted(sim: Simulator, client: BillingClient, clock: Clock, path: Path) -> tuple[UsageSnapshot, int]:
+    """A new sync on the state file at `path` (a restart) refreshes once: its snapshot, and the pages it read."""
+    reopened = StateStore(path)
+    try:
+        counter = PageCounter(sim)
+        snapshot = make_sync(client, clock, reopened).refresh()
+    finally:
+        reopened.close()
+    return snapshot, counter.pages
+
+
 class PageCounter:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
@@ -157,11 +168,8 @@ def test_a_restart_resumes_from_sqlite_without_a_full_pull(
     store.close()
 
     sim.add_usage(150)
-    reopened = StateStore(tmp_path / "state.db")
-    counter = PageCounter(sim)
-    snapshot = make_sync(small_pages, clock, reopened).refresh()
-    reopened.close()
-    assert counter.pages <= math.ceil(150 / PAGE) + 2
+    snapshot, pages = refresh_restarted(sim, small_pages, clock, tmp_path / "state.db")
+    assert pages <= math.ceil(150 / PAGE) + 2
     assert snapshot.records == 2495
     assert as_truth(snapshot) == sim.usage_totals()
 
@@ -322,15 +330,10 @@ def test_the_order_learnt_survives_a_restart(
     sync.refresh()
     store.close()
     sim.add_usage(230)
-    reopened = StateStore(tmp_path / "state.db")
-    try:
-        counter = PageCounter(sim)
-        snapshot = make_sync(small_pages, clock, reopened).refresh()
-    finally:
-        reopened.close()
+    snapshot, pages = refresh_restarted(sim, small_pages, clock, tmp_path / "state.db")
     assert as_truth(snapshot) == sim.usage_totals()
     assert snapshot.resyncs == 0
-    assert counter.pages == (3 if newest_first else math.ceil((655 % PAGE + 230) / PAGE) + 1)
+    assert pages == (3 if newest_first else math.ceil((655 % PAGE + 230) / PAGE) + 1)
 
 
 @pytest.mark.parametrize("at", [0, 1, 333, 1100])
@@ -389,12 +392,7 @@ def test_a_capped_page_size_survives_a_restart(
     sim.add_usage(30)
     config = validate({"billing": billing_section(sim, server, page_size=PAGE)}, {})
     with BillingClient.from_config(config.billing, clock) as client:  # a new process asks for PAGE again
-        reopened = StateStore(tmp_path / "state.db")
-        try:
-            counter = PageCounter(sim)
-            snapshot = make_sync(client, clock, reopened).refresh()
-        finally:
-            reopened.close()
+        snapshot, pages = refresh_restarted(sim, client, clock, tmp_path / "state.db")
     assert as_truth(snapshot) == sim.usage_totals()
     assert snapshot.resyncs == 0
-    assert counter.pages <= 3
+    assert pages <= 3
