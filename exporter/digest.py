@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from exporter import mrkdwn
 from exporter.alerts.anomalies import held, judge_groups
 from exporter.anomaly import judge_all
 from exporter.budgets import figures, month_spent
@@ -33,7 +34,6 @@ from exporter.snapshots import DailyAmount, Latest, per_day
 
 TOP = 5
 CENT = Decimal("0.01")
-SLACK_TEXT = 3000
 
 
 @dataclass(frozen=True)
@@ -349,16 +349,13 @@ def html(d: Mapping[str, Any]) -> str:
     return '<!doctype html><html><body style="font-family: sans-serif">' + "".join(parts) + "</body></html>"
 
 
-def _mrkdwn(value: str) -> str:
-    """Slack's three escapes, so names from the API cannot format or link."""
-    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def slack(d: Mapping[str, Any]) -> dict[str, Any]:
-    blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text": subject(d)[:150]}}]
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": mrkdwn.cap(subject(d), mrkdwn.HEADER)}}
+    ]
     for title, lines in _sections(d):
-        body = f"*{_mrkdwn(title)}*\n" + "\n".join(f"• {_mrkdwn(line)}" for line in lines)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": body[:SLACK_TEXT]}})
+        body = f"*{mrkdwn.escape(title)}*\n" + "\n".join(f"• {mrkdwn.escape(line)}" for line in lines)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn.cap(body)}})
     if d["url"]:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{d['url']}/|exporter>"}]})
-    return {"text": subject(d), "blocks": blocks}
+    return {"text": mrkdwn.cap(mrkdwn.escape(subject(d))), "blocks": blocks}

@@ -15,11 +15,12 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,23 @@ OUTBOX_COLUMNS = """
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt REAL NOT NULL,
     delivered REAL,
-    last_error TEXT NOT NULL DEFAULT ''
+    last_error TEXT NOT NULL DEFAULT '',
+    recipients TEXT NOT NULL DEFAULT ''
 """
 """An outbox's rows: the alerts' (`outbox`) and the digests' (`digest_outbox`, apart, so a version
-without digests never reads one)."""
+without digests never reads one). `recipients` (JSON) lists the email recipients still owed the
+message after others took it ('' while nobody has)."""
+
+OUTBOXES = ("outbox", "digest_outbox")
+
+LAYOUT = 1
+"""The layout this version writes (`PRAGMA user_version`). 0: alert rules were told apart by their
+position in the config; 1: by what they watch and their labels (`alerts.engine.rule_ids`), the
+alert tables rewritten once by `AlertStore.adopt_rule_ids`."""
+
+FIRST_ID_RANGE = 2**48
+"""A new outbox numbers its rows from a random point below this: notification ids and Message-IDs
+(which carry the row's number) then never repeat those of another state file (one lost, or reset)."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS usage_cursor (
@@ -282,6 +296,8 @@ class StateStore:
         self._closed = False
         self.write_error = ""
         """How the last write transaction failed ("" if it was committed)."""
+        self.layout = LAYOUT
+        """The file's layout as found when it was opened (see LAYOUT)."""
         self.moved_aside: str | None = None
         """Where a corrupt file was moved by `reset`, if it was."""
         if self.path == ":memory:":
@@ -331,6 +347,8 @@ class StateStore:
             try:
                 (version,) = db.execute("PRAGMA user_version").fetchone()
                 db.execute(f"PRAGMA user_version = {int(version)}")
+                self.layout = int(version)
+                _upgrade_outboxes(db)
                 db.execute("COMMIT")
             finally:
                 if db.in_transaction:
@@ -698,6 +716,20 @@ class StateStore:
             db.execute("DELETE FROM usage_totals WHERE day < ?", (keep_from.isoformat(),))
 
 
+def _upgrade_outboxes(db: sqlite3.Connection) -> None:
+    """Give outboxes made by earlier versions the `recipients` column, and a new (empty, never
+    used) outbox its random first id."""
+    for table in OUTBOXES:
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if "recipients" not in columns:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN recipients TEXT NOT NULL DEFAULT ''")
+        numbered = db.execute("SELECT 1 FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+        if numbered is None and db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is None:  # noqa: S608
+            db.execute(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, secrets.randbelow(FIRST_ID_RANGE))
+            )
+
+
 def _install(staging: str, path: str) -> None:
     """Put `staging` at `path`, unless a file appeared there meanwhile."""
     try:
@@ -761,6 +793,8 @@ class OutboxEntry:
     next_attempt: float
     digest: dict[str, Any] | None = None
     """A digest (`exporter.digest`) instead of an alert group: `event` is then empty."""
+    recipients: tuple[str, ...] = ()
+    """The email recipients still owed it when others took it already; () while nobody has."""
 
     @property
     def table(self) -> str:
@@ -841,9 +875,9 @@ class AlertStore:
         """The oldest undelivered notification for a notifier: delivery is in order, one at a time;
         alerts first, then digests (kept apart, so a version without digests never reads one)."""
         with self.store._reading() as db:
-            for table in ("outbox", "digest_outbox"):
+            for table in OUTBOXES:
                 row = db.execute(
-                    f"SELECT id, notifier, event, attempts, next_attempt FROM {table}"  # noqa: S608 - one of two names
+                    f"SELECT id, notifier, event, attempts, next_attempt, recipients FROM {table}"  # noqa: S608 - one of two names
                     " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
                     (notifier,),
                 ).fetchone()
@@ -851,14 +885,15 @@ class AlertStore:
                     break
         if row is None:
             return None
-        entry_id, name, event, attempts, next_attempt = row
+        entry_id, name, event, attempts, next_attempt, recipients = row
+        owed = tuple(json.loads(recipients)) if recipients else ()
         if table == "digest_outbox":
-            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, digest=json.loads(event))
-        return OutboxEntry(entry_id, name, read_event(event), attempts, next_attempt)
+            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, json.loads(event), owed)
+        return OutboxEntry(entry_id, name, read_event(event), attempts, next_attempt, recipients=owed)
 
     def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
-        assert table in ("outbox", "digest_outbox")
+        assert table in OUTBOXES
         with self.store.transaction() as db:
             db.execute(
                 f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
@@ -866,13 +901,88 @@ class AlertStore:
             )
             db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))  # noqa: S608
 
-    def failed(self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox") -> None:
-        assert table in ("outbox", "digest_outbox")
+    def failed(
+        self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox", recipients: Sequence[str] = ()
+    ) -> None:
+        """A failed attempt; `recipients`: the email recipients still owed it, when others took it."""
+        assert table in OUTBOXES
         with self.store.transaction() as db:
             db.execute(
-                f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ? WHERE id = ?",  # noqa: S608
-                (next_attempt, error[:500], entry_id),
+                f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ?,"  # noqa: S608
+                " recipients = CASE WHEN ? = '' THEN recipients ELSE ? END WHERE id = ?",
+                (next_attempt, error[:500], *[json.dumps(list(recipients)) if recipients else ""] * 2, entry_id),
             )
+
+    def discard(self, keep: Iterable[str], now: float, reason: str) -> dict[str, int]:
+        """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
+        reload removed, or that is no longer one with a queue); how many per notifier."""
+        kept = sorted(set(keep))
+        marks = ",".join("?" * len(kept))
+        dropped: dict[str, int] = {}
+        with self.store.transaction() as db:
+            for table in OUTBOXES:
+                where = f"delivered IS NULL AND notifier NOT IN ({marks})"
+                rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
+                for name, count in rows.fetchall():
+                    dropped[name] = dropped.get(name, 0) + count
+                db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
+        return dropped
+
+    def alert_states(self, keys: Iterable[str]) -> dict[str, str]:
+        """The current state of each of these alerts that is kept (one resolved long ago is not)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, str] = {}
+        with self.store._reading() as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, json_extract(body, '$.state') FROM alert_state WHERE key IN ({marks})"  # noqa: S608
+                rows = db.execute(query, chunk).fetchall()
+                found.update(rows)
+        return found
+
+    @property
+    def legacy_rule_ids(self) -> bool:
+        """The file's alerts were saved with rule ids that depend on the rules' order (layout 0)."""
+        return self.store.layout < 1
+
+    def adopt_rule_ids(self, moves: Mapping[str, str], rekey: Callable[[dict[str, Any], str], dict[str, Any]]) -> int:
+        """Rewrite the alert tables from old rule ids to new ones, once per file: each saved alert of a
+        moved rule becomes `rekey(body, new id)` (its new key, the incident it opened kept), its
+        alert_sent rows and queued notifications follow its key, and budget tiers fired follow their
+        rule. Marks the file as layout 1. Returns how many alerts moved."""
+        with self.store.transaction() as db:
+            # Read everything, then write: an old id may be another rule's new one.
+            renamed: dict[str, str] = {}
+            alerts = []
+            for old_key, rule, text in db.execute("SELECT key, rule, body FROM alert_state").fetchall():
+                if rule in moves:
+                    body = rekey(json.loads(text), moves[rule])
+                    renamed[old_key] = body["key"]
+                    alerts.append((body["key"], moves[rule], json.dumps(body)))
+            sent = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
+            tiers = db.execute("SELECT rule, period, tier FROM budget_tiers").fetchall()
+            db.executemany("DELETE FROM alert_state WHERE key = ?", [(key,) for key in renamed])
+            db.executemany("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?)", alerts)
+            db.execute("DELETE FROM alert_sent")
+            db.executemany(
+                "INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)",
+                [(renamed.get(key, key), notifier, at) for key, notifier, at in sent],
+            )
+            db.execute("DELETE FROM budget_tiers")
+            db.executemany(
+                "INSERT OR IGNORE INTO budget_tiers VALUES (?, ?, ?)",
+                [(moves.get(rule, rule), period, tier) for rule, period, tier in tiers],
+            )
+            if renamed:
+                for entry_id, text in db.execute("SELECT id, event FROM outbox WHERE delivered IS NULL").fetchall():
+                    event = read_event(text)
+                    for alert in event["alerts"]:
+                        alert["key"] = renamed.get(alert["key"], alert["key"])
+                    db.execute("UPDATE outbox SET event = ? WHERE id = ?", (json.dumps(event), entry_id))
+            db.execute(f"PRAGMA user_version = {LAYOUT}")
+        self.store.layout = LAYOUT
+        return len(renamed)
 
     def pending_count(self) -> dict[str, int]:
         with self.store._reading() as db:

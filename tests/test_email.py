@@ -5,6 +5,7 @@ certificate from a test CA (trustme), and a login; and to scripted servers that 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import socket
 import sqlite3
@@ -128,7 +129,11 @@ def dispatcher_for(notifier: EmailNotifier, alert_store: AlertStore, clock: Cloc
 
 
 def queue(alert_store: AlertStore, clock: Clock, event: GroupEvent) -> None:
+    """Queue `event` with its alerts' new state, in one transaction, as the engine does (a
+    notification whose alerts are no longer in its state is never delivered)."""
     with alert_store.store.transaction() as db:
+        for alert in event["alerts"]:
+            alert_store.save_state(db, alert["key"], "rule", json.dumps({"state": event["status"]}))
         alert_store.enqueue(db, "mail", event, clock.now().timestamp())
 
 
@@ -255,7 +260,9 @@ def test_a_permanent_refusal_is_dropped_after_the_last_attempt_and_the_queue_mov
     server = start_smtp()
     mailbox.rcpt_replies = ["550 5.1.1 No such mailbox"] * GIVE_UP_AFTER
     dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=["nobody@example.com"]), alert_store, clock)
-    queue(alert_store, clock, group("firing"))
+    refused = group("firing")
+    refused["alerts"][0]["key"] = "another-alert"  # still firing when the other resolves
+    queue(alert_store, clock, refused)
     queue(alert_store, clock, group("resolved"))
     for _ in range(GIVE_UP_AFTER - 1):
         assert dispatcher.deliver() == 0
@@ -269,6 +276,62 @@ def test_a_permanent_refusal_is_dropped_after_the_last_attempt_and_the_queue_mov
     assert mailbox.attempts == [mailbox.messages[0].message]  # a refused recipient: no data was sent
     (dropped,) = logged(caplog.records, "notification dropped", notifier="mail")
     assert dropped.fields["attempts"] == GIVE_UP_AFTER  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_a_recipient_refused_for_now_gets_the_message_later_and_the_others_only_once(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="exporter")
+    server = start_smtp()
+    mailbox.rcpt_replies = ["450 4.2.1 Mailbox busy, try again later"]  # the first recipient, once
+    to = ["ops@example.com", "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    assert dispatcher.deliver() == 0  # not done with: one recipient is still owed it
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"]]
+    ((_, attempts, delivered, reason),) = outbox(tmp_path)
+    assert (attempts, delivered, reason) == (1, None, "SMTP 450 (recipients refused: 1)")
+    (refused,) = logged(caplog.records, "email recipient refused the notification for now; retried to them only")
+    assert refused.fields["recipient"] == "ops@example.com"  # type: ignore[attr-defined]
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 1
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 0
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"], ["ops@example.com"]]
+    first, second = (m.message for m in mailbox.messages)
+    assert first["Message-ID"] == second["Message-ID"]
+    assert first["To"] == second["To"] == ", ".join(to)  # the header names everyone, as it should
+    assert dispatcher.failed == {"mail": 1}
+    assert logged(caplog.records, "email recipient took a notification again", recipient="ops@example.com")
+
+
+@pytest.mark.integration
+def test_a_recipient_refused_for_good_is_logged_once_counted_and_never_tried_again(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="exporter")
+    server = start_smtp()
+    mailbox.rcpt_replies = ["550 5.1.1 No such mailbox"]
+    to = ["gone@example.com", "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    assert dispatcher.deliver() == 1
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 0
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"]]
+    ((_, _, delivered, reason),) = outbox(tmp_path)
+    assert delivered is not None
+    assert reason == ""
+    (refused,) = logged(
+        caplog.records, "email recipient refused the notification for good; it is not sent to them again"
+    )
+    assert refused.fields["recipient"] == "gone@example.com"  # type: ignore[attr-defined]
+    assert refused.fields["reason"] == "SMTP 550"  # type: ignore[attr-defined]
+    assert dispatcher.sent == {"mail": 1}
+    assert dispatcher.failed == {"mail": 1}
 
 
 @pytest.mark.integration

@@ -40,6 +40,14 @@ class AlertsCollector(Collector):
         for name in sorted(self.dispatcher.sent):
             sent.add_metric([name], self.dispatcher.sent[name])
             failed.add_metric([name], self.dispatcher.failed[name])
+        discarded = CounterMetricFamily(
+            "inference_alert_notifications_discarded",
+            "Queued notifications never delivered: reason=notifier_removed (their notifier left the config),"
+            " superseded (their alerts changed state again before delivery).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.dispatcher.discarded.items()):
+            discarded.add_metric([reason], count)
         pending = GaugeMetricFamily(
             "inference_alert_notifications_pending",
             "Notifications in the outbox waiting for delivery.",
@@ -55,7 +63,7 @@ class AlertsCollector(Collector):
             " then not saved; the log names the file and the fault).",
         )
         state.add_metric([], 0.0 if self.engine.db.store.write_error else 1.0)
-        yield from (sent, failed, pending, state)
+        yield from (sent, failed, discarded, pending, state)
 
     def _anomalies(self) -> Iterator[Metric]:
         """The last judged day of each spend_anomaly rule, per group (only when there are such rules)."""

@@ -24,7 +24,9 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate
 from functools import cache
@@ -192,7 +194,16 @@ class _Failed(Exception):
     """A step of the exchange failed for a reason already put in words."""
 
 
-def _exchange(smtp: smtplib.SMTP, notifier: EmailNotifier, message: EmailMessage, cut: _Cut, ends: float) -> None:
+def _exchange(
+    smtp: smtplib.SMTP,
+    notifier: EmailNotifier,
+    message: EmailMessage,
+    cut: _Cut,
+    ends: float,
+    recipients: Sequence[str],
+) -> dict[str, int]:
+    """The exchange; the recipients the server refused while it took the message for others, with
+    the SMTP code of each."""
     smtp.ehlo_or_helo_if_needed()
     if notifier.starttls:
         if not smtp.has_extn("starttls"):
@@ -226,7 +237,8 @@ def _exchange(smtp: smtplib.SMTP, notifier: EmailNotifier, message: EmailMessage
                 raise
             raise _Failed("login impossible: the server offers no AUTH method smtplib supports") from None
     try:
-        smtp.send_message(message)  # a partial refusal returns: the others have it, so it is not sent again
+        # A partial refusal returns: the others have the message, so it must not be sent to them again.
+        refused = smtp.send_message(message, to_addrs=list(recipients))
     except smtplib.SMTPRecipientsRefused as error:
         codes = sorted(code for code, _ in error.recipients.values())
         transient = [code for code in codes if not 500 <= code < 600]
@@ -241,6 +253,7 @@ def _exchange(smtp: smtplib.SMTP, notifier: EmailNotifier, message: EmailMessage
         raise _Failed("the server cannot take non-ASCII addresses (no SMTPUTF8)") from None
     with suppress(OSError, smtplib.SMTPException):  # the message is in: a failed goodbye changes nothing
         smtp.quit()
+    return {address: code for address, (code, _) in refused.items()}
 
 
 def _reason(error: Exception) -> str:
@@ -265,11 +278,28 @@ def _reason(error: Exception) -> str:
     return f"SMTP exchange failed ({type(error).__name__})"
 
 
+@dataclass(frozen=True)
+class Sent:
+    """What became of one message: `reason` None once the server took it (see the module's
+    docstring); `refused`, the recipients it refused meanwhile (address: SMTP code): a 4xx is
+    worth sending to that recipient again, a 5xx is not."""
+
+    reason: str | None
+    refused: dict[str, int] = field(default_factory=dict)
+
+
 def send(
-    notifier: EmailNotifier, subject: str, text: str, html: str, *, message_id: str, deadline: float
-) -> str | None:
-    """Send one message; None once the server has taken it, else a short reason (see the module's
-    docstring). The whole exchange ends within about `deadline` seconds."""
+    notifier: EmailNotifier,
+    subject: str,
+    text: str,
+    html: str,
+    *,
+    message_id: str,
+    deadline: float,
+    recipients: Sequence[str] = (),
+) -> Sent:
+    """Send one message to `recipients` (all of `notifier.to` when empty; the To: header names them
+    all either way). The whole exchange ends within about `deadline` seconds."""
     ends = time.monotonic() + deadline
     cut = _Cut()
     timer = threading.Timer(deadline, cut)
@@ -279,14 +309,14 @@ def send(
     try:
         message = build(notifier, subject, text, html, message_id)
         smtp = _Client(cut, notifier.host, notifier.port, deadline)
-        _exchange(smtp, notifier, message, cut, ends)
+        refused = _exchange(smtp, notifier, message, cut, ends, recipients or notifier.to)
     except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
         if cut.fired or time.monotonic() >= ends:  # cut, or a timeout set to the time left (the handshake's)
-            return f"deadline exceeded (no complete exchange within {deadline:g}s)"
-        return _reason(error)
+            return Sent(f"deadline exceeded (no complete exchange within {deadline:g}s)")
+        return Sent(_reason(error))
     finally:
         timer.cancel()
         cut.done()
         if smtp is not None:
             smtp.close()  # its reader too, which holds the socket open
-    return None
+    return Sent(None, refused)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
@@ -61,11 +62,16 @@ class Alert:
     grouped: bool = False
     """Created by a version that groups a rule's alerts into one incident. Alerts saved before it
     keep their own incident key, so their resolve closes the incident they opened."""
+    incident_key: str = ""
+    """The incident it opened, kept when its rule's id moved (`adopt_legacy_ids`), so its resolve
+    closes that incident."""
 
     @property
     def incident(self) -> str:
         """What one incident covers: a rule's alerts; for a budget, its period (so every tier of
         one budget in one period escalates one incident rather than opening another)."""
+        if self.incident_key:
+            return self.incident_key
         if self.period:
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
         return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
@@ -101,9 +107,27 @@ def rule_id(rule: RuleConfig) -> str:
 
 
 def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """Each rule's id; a rule that watches the same as one before it (the same alert name and
-    signal, another threshold or severity) gets `-2`, `-3`, … after it, so the two never take each
-    other's alerts."""
+    """Each rule's id, whatever its position and whatever rules come before or after it. Rules that
+    watch the same thing under one alert name (warning and critical tiers) are told apart by their
+    labels, as Alertmanager tells their alerts apart; so a rule with labels has them in its id, and
+    changing them makes it another rule (its alerts resolve, the new ones fire). Rules alike in that
+    too (only their threshold differs) are told apart by the rest of their settings."""
+    bases = [rule_id(rule) for rule in rules]
+    labelled = [(base, json.dumps(sorted(rule.labels.items()))) for base, rule in zip(bases, rules, strict=True)]
+    twins = Counter(labelled)
+    ids = []
+    for rule, (base, labels) in zip(rules, labelled, strict=True):
+        parts = [labels] if rule.labels else []
+        if twins[(base, labels)] > 1:
+            parts.append(rule.model_dump_json(exclude={"annotations"}))
+        ids.append(f"{base}-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]}" if parts else base)
+    return ids
+
+
+def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
+    """The ids versions before `rule_ids` gave: the second rule watching the same thing as an
+    earlier one got `-2`, and so on (so reordering them swapped their alerts). Read only to move
+    the alerts those versions saved."""
     seen: dict[str, int] = {}
     ids = []
     for rule in rules:
@@ -111,6 +135,44 @@ def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
         seen[base] = seen.get(base, 0) + 1
         ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
     return ids
+
+
+def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Which new id each old one (`legacy_rule_ids`) becomes. A rule's saved alerts tell which rule
+    made them (its alert name and labels are theirs), whatever the rules' order now; where they
+    cannot tell (rules alike in their labels too) or there are none (a budget's tiers fired, its
+    alerts long resolved), the rule at the old id's position now."""
+    new = rule_ids(rules)
+    bases = [rule_id(rule) for rule in rules]
+    moves: dict[str, str] = {}
+    for old, body in saved:  # (rule id, alert) as saved
+        if old in moves:
+            continue
+        labels = json.loads(body)["labels"]
+        makers = {
+            rid
+            for rule, base, rid in zip(rules, bases, new, strict=True)
+            if base == old.split("-")[0]
+            and labels.get("alertname") == rule.alert
+            and rule.labels.items() <= labels.items()
+        }
+        if len(makers) == 1:
+            moves[old] = makers.pop()
+    for old, rid in zip(legacy_rule_ids(rules), new, strict=True):
+        moves.setdefault(old, rid)
+    return {old: rid for old, rid in moves.items() if old != rid}
+
+
+def alert_key(labels: dict[str, str], rule: str, period: str = "") -> str:
+    """An alert's key: its labels under its rule (and a budget's period)."""
+    return fingerprint(labels | ({"period": period} if period else {}) | {"__rule__": rule})
+
+
+def _rekey(body: dict[str, object], rule: str) -> dict[str, object]:
+    """A saved alert (as `asdict` wrote it) moved to the rule id `rule`, keeping its incident."""
+    alert = Alert(**body)  # type: ignore[arg-type]
+    moved = replace(alert, rule=rule, key=alert_key(alert.labels, rule, alert.period), incident_key=alert.incident)
+    return asdict(moved)
 
 
 def fmt(value: Decimal, signal: str | None = None) -> str:
@@ -153,6 +215,17 @@ class Engine:
         """Per anomaly rule, the snapshots and day its last judgement was made from."""
         self._queued: list[tuple[str, Alert, str]] = []
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
+        self._load()
+        self.adopt_legacy_ids()
+
+    def adopt_legacy_ids(self) -> None:
+        """Alerts saved by a version whose rule ids depended on the rules' order move to their
+        rule's id now (once per state file), so an upgrade re-pages nothing."""
+        if not self.db.legacy_rule_ids:
+            return
+        moved = self.db.adopt_rule_ids(legacy_moves(self.config.rules, self.db.load_states().values()), _rekey)
+        if moved:
+            log.info("saved alerts moved to their rules' new ids", alerts=moved)
         self._load()
 
     def _load(self) -> None:
@@ -215,7 +288,7 @@ class Engine:
             fields = {**dict(group), "value": shown, "threshold": limit}
             default = f"{rule.alert}: {rule.signal} {shown} {rule.op} {limit}"
             annotations = {"summary": default} | render(rule.annotations, fields) | {"value": shown}
-            key = fingerprint(labels | {"__rule__": rid})
+            key = alert_key(labels, rid)
             active.add(key)
             self._active(db, rid, key, labels, annotations, shown, rule.for_, now)
         for alert in list(self.alerts.values()):
@@ -270,7 +343,7 @@ class Engine:
                 f"the expected {fields['expected']}"
             )
             annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fields["value"]}
-            key = fingerprint(labels | {"__rule__": rid})
+            key = alert_key(labels, rid)
             active.add(key)
             self._active(db, rid, key, labels, annotations, fields["value"], 0.0, now)
         judged_groups = {finding.group for finding in findings}
@@ -341,7 +414,7 @@ class Engine:
         default = f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         self.db.mark_tiers(db, rid, period, crossed)
-        key = fingerprint(labels | {"period": period, "__rule__": rid})
+        key = alert_key(labels, rid, period)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
     def _repeat(self, db: sqlite3.Connection, now: float, skip: set[str]) -> None:

@@ -24,10 +24,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
-from exporter import __version__, digest
+from exporter import __version__, digest, mrkdwn
 from exporter.alerts import email
 from exporter.alerts.engine import Alert
 from exporter.alerts.post import DeadlineExceeded, post_json
@@ -53,10 +54,25 @@ notifier's queue for ever."""
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 WEBHOOK_ALERTS = 100
 SLACK_ALERTS = 10
-SLACK_TEXT = 3000
 PAGERDUTY_ALERTS = 20
 
 USER_AGENT = f"inference-cost-exporter/{__version__}"
+
+REMOVED = "its notifier was removed from the config"
+SUPERSEDED = "its alerts changed state again before it could be delivered"
+DISCARDED = ("notifier_removed", "superseded")
+"""Why a queued notification is never delivered: its notifier left the config (`configure`), or
+every alert in it changed state again meanwhile (`_current`)."""
+
+
+class Attempt(NamedTuple):
+    """One delivery attempt: `reason` None when done with (delivered, or nothing to tell this
+    notifier), else why it failed (counted and logged already); `owed`, the email recipients a
+    retry goes to when others took it already."""
+
+    reason: str | None
+    owed: tuple[str, ...] = ()
+
 
 OutboxNotifier = WebhookNotifier | SlackNotifier | PagerDutyNotifier | EmailNotifier
 AnyNotifier = AlertmanagerNotifier | OutboxNotifier
@@ -105,27 +121,32 @@ def webhook_payload(event: GroupEvent, receiver: str, external_url: str, notific
 
 
 def slack_payload(event: GroupEvent, external_url: str) -> dict[str, Any]:
+    """Slack's text and blocks for one group: every name in them escaped (`mrkdwn`), since labels
+    and summaries carry names from the API, and each text capped at Slack's limit."""
     status = event["status"].upper()
-    name = event["alertname"]
+    name = mrkdwn.escape(event["alertname"])
     alerts, total = event["alerts"], event["total"]
     if total == 1:
-        summary = alerts[0]["annotations"].get("summary", name)
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(alerts[0]["labels"].items()) if k != "alertname")
+        summary = mrkdwn.escape(alerts[0]["annotations"].get("summary", event["alertname"]))
+        pairs = sorted(alerts[0]["labels"].items())
         text, detail = f"[{status}] {name}: {summary}", f"*[{status}] {name}*\n{summary}"
     else:
-        lines = [f"• {a['annotations'].get('summary', a['key'])}" for a in alerts[:SLACK_ALERTS]]
+        lines = [f"• {mrkdwn.escape(a['annotations'].get('summary', a['key']))}" for a in alerts[:SLACK_ALERTS]]
         more = _more(len(lines), total)
-        common = _common([a["labels"] for a in alerts])
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(common.items()) if k != "alertname")
+        pairs = sorted(_common([a["labels"] for a in alerts]).items())
         text = f"[{status}] {name}: {total} alerts"
         detail = f"*[{status}] {name}: {total} alerts*\n" + "\n".join(lines) + (f"\n…{more}" if more else "")
+    labels = ", ".join(f"{mrkdwn.escape(k)}={mrkdwn.escape(v)}" for k, v in pairs if k != "alertname")
+    link = f" · <{external_url}/|exporter>"
     return {
-        "text": text,
+        "text": mrkdwn.cap(text),
         "blocks": [
-            {"type": "section", "text": {"type": "mrkdwn", "text": detail[:SLACK_TEXT]}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn.cap(detail)}},
             {
                 "type": "context",
-                "elements": [{"type": "mrkdwn", "text": f"{labels or 'no labels'} · <{external_url}/|exporter>"}],
+                "elements": [
+                    {"type": "mrkdwn", "text": mrkdwn.cap(labels or "no labels", mrkdwn.TEXT - len(link)) + link}
+                ],
             },
         ],
     }
@@ -238,6 +259,8 @@ class Dispatcher:
         self.deadline = DEADLINE
         self.sent: dict[str, int] = {}
         self.failed: dict[str, int] = {}
+        self.discarded: dict[str, int] = dict.fromkeys(DISCARDED, 0)
+        """Notifications never delivered, and why (a DISCARDED reason)."""
         self._notifiers: dict[str, AnyNotifier] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._workers: dict[str, _Worker] = {}
@@ -256,6 +279,10 @@ class Dispatcher:
     # -- configuration and workers --
 
     def configure(self, notifiers: Sequence[AnyNotifier], external_url: str) -> None:
+        """Deliver for these notifiers from now on. What waits in the outbox for a notifier that is
+        no longer one of them (removed, or now an Alertmanager) is dropped, logged and counted: it
+        was decided for a config that is gone, and a notifier added again later under its name
+        starts with an empty queue rather than with state changes that are long out of date."""
         self.external_url = external_url
         self._notifiers = {n.name: n for n in notifiers}
         with self._counts:
@@ -263,8 +290,23 @@ class Dispatcher:
             self.failed = {name: self.failed.get(name, 0) for name in self._notifiers}
         for name in self._notifiers:
             self._locks.setdefault(name, threading.Lock())
+        self._drop_orphans()
         if self._running:
             self._start_workers()
+
+    def _drop_orphans(self) -> None:
+        """Drop the queues of notifiers no longer configured (a state file that refuses is left as
+        it is: nothing is delivered from those queues meanwhile, and the next reload tries again)."""
+        try:
+            dropped = self.store.discard([n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), REMOVED)
+        except StateError as error:
+            log.error("could not drop the queues of removed notifiers", error=str(error))
+            return
+        for name, count in sorted(dropped.items()):
+            log.warning("queued notifications dropped: their notifier is no longer configured",
+                        notifier=name, notifications=count)  # fmt: skip
+            with self._counts:
+                self.discarded["notifier_removed"] += count
 
     @property
     def alertmanagers(self) -> list[AlertmanagerNotifier]:
@@ -361,36 +403,83 @@ class Dispatcher:
             log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
         return reason
 
-    def _send(self, notifier: OutboxNotifier, entry: OutboxEntry) -> str | None:
-        """Deliver one outbox notification to one notifier, however that notifier takes it; None
-        when done with (delivered, or nothing to tell this notifier), else why it failed (counted
-        and logged already)."""
+    def _send(self, notifier: OutboxNotifier, entry: OutboxEntry) -> Attempt:
+        """Deliver one outbox notification to one notifier, however that notifier takes it."""
         if entry.digest is not None:
-            return self._send_digest(notifier, entry.digest, entry.id)
+            return self._send_digest(notifier, entry)
         event = entry.event
         if isinstance(notifier, EmailNotifier):
-            return self._email(notifier, email.alert_message(event, self.external_url), event["dedup_key"], entry.id)
+            return self._email(notifier, email.alert_message(event, self.external_url), event["dedup_key"], entry)
         message = self._format(notifier, event, entry.id)
-        return None if message is None else self._post(notifier.name, *message)
+        return Attempt(None if message is None else self._post(notifier.name, *message))
 
-    def _email(self, notifier: EmailNotifier, message: tuple[str, str, str], key: str, entry: int) -> str | None:
-        """(subject, text, HTML) by SMTP, with a Message-ID the same on every attempt of this entry."""
+    def _email(self, notifier: EmailNotifier, message: tuple[str, str, str], key: str, entry: OutboxEntry) -> Attempt:
+        """(subject, text, HTML) by SMTP, with a Message-ID the same on every attempt of this entry,
+        to the recipients still owed it. Recipients the server refuses while it takes the message
+        for others: a permanent refusal (5xx) is logged naming the recipient, counted, and never
+        tried again; a temporary one (4xx) is retried to that recipient only."""
         subject, text, html = message
-        message_id = email.message_id(key, entry)
-        reason = email.send(notifier, subject, text, html, message_id=message_id, deadline=self.deadline)
-        return self._outcome(notifier.name, reason)
+        message_id = email.message_id(key, entry.id)
+        name = notifier.name
+        sent = email.send(
+            notifier, subject, text, html, message_id=message_id, deadline=self.deadline, recipients=entry.recipients
+        )
+        if sent.reason is not None:
+            return Attempt(self._outcome(name, sent.reason))
+        self._outcome(name, None)
+        owed = []
+        for address, code in sorted(sent.refused.items()):
+            with self._counts:
+                self.failed[name] = self.failed.get(name, 0) + 1
+                first = (name, address) not in self._failing
+                self._failing.add((name, address))
+            if 500 <= code < 600:
+                log.error("email recipient refused the notification for good; it is not sent to them again",
+                          notifier=name, recipient=address, reason=f"SMTP {code}")  # fmt: skip
+                continue
+            owed.append(address)
+            if first:
+                log.warning("email recipient refused the notification for now; retried to them only",
+                            notifier=name, recipient=address, reason=f"SMTP {code}")  # fmt: skip
+        for address in set(entry.recipients or notifier.to) - set(sent.refused):
+            with self._counts:
+                recovered = (name, address) in self._failing
+                self._failing.discard((name, address))
+            if recovered:
+                log.info("email recipient took a notification again", notifier=name, recipient=address)
+        if owed:
+            return Attempt(f"SMTP {min(sent.refused[a] for a in owed)} (recipients refused: {len(owed)})", tuple(owed))
+        return Attempt(None)
 
-    def _send_digest(self, notifier: OutboxNotifier, body: dict[str, Any], entry: int) -> str | None:
+    def _send_digest(self, notifier: OutboxNotifier, entry: OutboxEntry) -> Attempt:
         """A digest: the webhook gets it as JSON as it is, Slack as blocks, email as text and HTML;
         PagerDuty none (the config refuses it: a digest is not an incident)."""
+        body = entry.digest
+        assert body is not None
         if isinstance(notifier, EmailNotifier):
             message = digest.subject(body), digest.text(body), digest.html(body)
             return self._email(notifier, message, f"digest-{body.get('id') or body['day']}", entry)
         if isinstance(notifier, WebhookNotifier):
-            return self._post(notifier.name, notifier.url, body)
+            return Attempt(self._post(notifier.name, notifier.url, body))
         if isinstance(notifier, SlackNotifier):
-            return self._post(notifier.name, notifier.url.get_secret_value(), digest.slack(body))
-        return None
+            return Attempt(self._post(notifier.name, notifier.url.get_secret_value(), digest.slack(body)))
+        return Attempt(None)
+
+    def _current(self, entry: OutboxEntry) -> OutboxEntry | None:
+        """The notification with only the alerts whose state it tells is still theirs: a `firing`
+        for alerts that fire now, a `resolved` for alerts that do not (None when that leaves none).
+        A state change that was overtaken while it waited (a receiver down, a queue held back) is
+        never delivered as if it were news; the change that overtook it is queued behind it."""
+        event = entry.event
+        alerts = event["alerts"]
+        states = self.store.alert_states(alert["key"] for alert in alerts)
+        firing = event["status"] == "firing"
+        kept = [alert for alert in alerts if (states.get(alert["key"]) == "firing") == firing]
+        if len(kept) == len(alerts):
+            return entry
+        if not kept:
+            return None
+        return replace(entry, event={**event, "alerts": kept, "total": event["total"] - (len(alerts) - len(kept))})
 
     def _format(
         self, notifier: WebhookNotifier | SlackNotifier | PagerDutyNotifier, event: GroupEvent, entry: int
@@ -427,11 +516,19 @@ class Dispatcher:
             if name in self._unsaved:
                 self._record(name, self._unsaved[name])
             while not self._closed and isinstance(notifier := self._notifiers.get(name), OutboxNotifier):
-                entry = self.store.head(name)
+                head = self.store.head(name)
                 now = self.clock.now().timestamp()
-                if entry is None or entry.next_attempt > now:
+                if head is None or head.next_attempt > now:
                     break
-                reason = self._send(notifier, entry)
+                entry = head if head.digest is not None else self._current(head)
+                if entry is None:
+                    self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
+                    with self._counts:
+                        self.discarded["superseded"] += 1
+                    log.info("queued notification dropped: its alerts changed state again since",
+                             notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
+                    continue
+                reason, owed = self._send(notifier, entry)
                 now = self.clock.now().timestamp()
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
@@ -439,7 +536,10 @@ class Dispatcher:
                     continue
                 if reason is not None:
                     pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
-                    self._record(name, partial(self.store.failed, entry.id, now + pause, reason, table=entry.table))
+                    failed = partial(
+                        self.store.failed, entry.id, now + pause, reason, table=entry.table, recipients=owed
+                    )
+                    self._record(name, failed)
                     break
                 self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
                 delivered += 1

@@ -1,0 +1,371 @@
+"""Nothing lost, repeated or falsified when the config changes under running state: rules reordered
+or inserted, notifiers removed and added again, a state file started afresh, a file saved by the
+version that told rules apart by their position."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.alerts import notifiers
+from exporter.alerts.engine import legacy_rule_ids, rule_ids
+from exporter.alerts.notifiers import slack_payload
+from exporter.clock import Clock, FrozenClock
+from exporter.config import load, validate
+from exporter.daemon import Daemon
+from exporter.mrkdwn import TEXT
+from exporter.sim import Simulator, SimulatorServer
+from exporter.state import AlertStore, GroupEvent, StateStore
+from tests.conftest import DATA, billing_section
+from tests.helpers import Receiver, logged, named, scrape
+
+WARNING = {
+    "alert": "EndpointSpend",
+    "signal": "spend",
+    "by": ["endpoint_id"],
+    "threshold": "1",
+    "labels": {"severity": "warning"},
+}
+CRITICAL = WARNING | {"threshold": "2", "labels": {"severity": "critical"}}
+BUDGET = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.1, 0.2], "labels": {"severity": "page"}}
+RULES = [WARNING, CRITICAL, BUDGET]
+"""The rules `tests/data/state-layout0.db` was written with (by the version before layout 1)."""
+
+
+def ids(rules: list[dict]) -> list[str]:
+    billing = {"url": "http://x", "access_key_id": "a", "secret_access_key": "s"}
+    document = {"billing": billing, "budgets": [{"name": "month", "amount": "1"}], "alerts": {"rules": rules}}
+    return rule_ids(validate(document, {}).alerts.rules)
+
+
+def legacy_ids(rules: list[dict]) -> list[str]:
+    billing = {"url": "http://x", "access_key_id": "a", "secret_access_key": "s"}
+    document = {"billing": billing, "budgets": [{"name": "month", "amount": "1"}], "alerts": {"rules": rules}}
+    return legacy_rule_ids(validate(document, {}).alerts.rules)
+
+
+# -- rule identity, without a server --
+
+
+def test_a_rules_id_survives_reordering_and_inserting_rules() -> None:
+    warning, critical, budget = ids(RULES)
+    assert len({warning, critical, budget}) == 3
+    other = {"alert": "Other", "signal": "spend", "threshold": "5"}
+    inserted = WARNING | {"threshold": "1.5", "labels": {"severity": "info"}}  # a third tier of the same alert
+    assert ids([CRITICAL, BUDGET, WARNING]) == [critical, budget, warning]
+    assert ids([other, CRITICAL, inserted, WARNING, BUDGET])[1:] == [critical, ids([inserted])[0], warning, budget]
+    # What the old ids did: the second rule of a kind took the other's id when the two swapped.
+    assert legacy_ids([WARNING, CRITICAL])[0] == legacy_ids([CRITICAL, WARNING])[0]
+
+
+def test_only_a_change_to_what_a_rule_watches_or_its_labels_moves_its_id() -> None:
+    (warning,) = ids([WARNING])
+    assert ids([WARNING | {"threshold": "7", "for": "5m", "annotations": {"summary": "x"}}]) == [warning]
+    assert ids([WARNING | {"by": []}]) != [warning]
+    assert ids([WARNING | {"labels": {"severity": "page"}}]) != [warning]
+    # A rule without labels keeps the id every earlier version gave it.
+    bare = {k: v for k, v in WARNING.items() if k != "labels"}
+    assert ids([bare]) == legacy_ids([bare])
+
+
+def test_rules_alike_but_for_their_threshold_are_told_apart_in_any_order() -> None:
+    low, high = WARNING | {"labels": {}}, WARNING | {"labels": {}, "threshold": "9"}
+    first, second = ids([low, high])
+    assert first != second
+    assert ids([high, low]) == [second, first]
+
+
+# -- Slack, without a server --
+
+
+HOSTILE = "<!channel> <https://evil.example/login|Billing console: re-enter your key> & *bold*"
+
+
+def event(summary: str, count: int = 1, **labels: str) -> GroupEvent:
+    alerts = [
+        {
+            "key": f"k{n}",
+            "dedup_key": "d",
+            "status": "firing",
+            "labels": {"alertname": "EndpointSpend", **labels},
+            "annotations": {"summary": summary},
+            "starts_at": 0.0,
+            "ends_at": None,
+            "value": "1",
+        }
+        for n in range(count)
+    ]
+    return {"status": "firing", "alertname": "EndpointSpend", "dedup_key": "d", "alerts": alerts,  # type: ignore[typeddict-item]
+            "total": count, "still_firing": count}  # fmt: skip
+
+
+def texts(payload: dict) -> list[str]:
+    return [payload["text"], payload["blocks"][0]["text"]["text"], payload["blocks"][1]["elements"][0]["text"]]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_every_name_in_a_slack_alert_is_escaped(count: int) -> None:
+    payload = slack_payload(event(f"{HOSTILE} spent 120.00", count, endpoint_id=HOSTILE), "http://exporter:9877")
+    for text in texts(payload):
+        assert "<!channel>" not in text
+        assert "<https://evil" not in text
+        assert "&lt;!channel&gt;" in text or (count > 1 and text == payload["text"])
+    assert payload["blocks"][1]["elements"][0]["text"].endswith(" · <http://exporter:9877/|exporter>")
+
+
+def test_slack_texts_stay_within_slacks_limits_and_never_end_inside_an_escape() -> None:
+    huge = "<&>" * 5000
+    payload = slack_payload(event(huge, 1, endpoint_id=huge), "http://exporter:9877")
+    for text in texts(payload):
+        assert len(text) <= TEXT
+        assert not text.rstrip("…").endswith(("&", "&a", "&am", "&amp", "&l", "&lt", "&g", "&gt"))
+    assert payload["blocks"][1]["elements"][0]["text"].endswith("|exporter>")  # our own link is never cut
+
+
+# -- ids across state files --
+
+
+def test_a_fresh_state_file_numbers_its_notifications_apart_from_another(tmp_path: Path) -> None:
+    first_ids = []
+    for name in ("old.db", "new.db"):
+        store = StateStore(tmp_path / name)
+        alerts = AlertStore(store)
+        with store.transaction() as db:
+            alerts.enqueue(db, "hook", event("x"), 1.0)
+        alerts.enqueue_digest("daily:2026-11-22", ["hook"], {"day": "2026-11-22"}, 1.0)
+        first_ids.append((alerts.head("hook").id,))  # type: ignore[union-attr]
+        with sqlite3.connect(tmp_path / name) as db:
+            first_ids[-1] += (db.execute("SELECT id FROM digest_outbox").fetchone()[0],)
+        store.close()
+    (alert_a, digest_a), (alert_b, digest_b) = first_ids
+    assert alert_a != alert_b
+    assert digest_a != digest_b
+
+
+# -- the daemon --
+
+
+@pytest.fixture
+def hook() -> Iterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+class Deployment:
+    """A daemon on a config file that a test rewrites and reloads."""
+
+    def __init__(self, sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> None:
+        self.sim, self.server, self.clock = sim, server, clock
+        self.path = tmp_path / "config.yaml"
+        self.state = tmp_path / "state.db"
+        self.daemon: Daemon | None = None
+
+    def write(self, rules: list[dict], notifiers: list[dict], state: Path | None = None) -> None:
+        self.path.write_text(
+            yaml.safe_dump(
+                {
+                    "billing": billing_section(self.sim, self.server, history_months=0),
+                    "budgets": [{"name": "month", "amount": "1"}],
+                    "alerts": {"rules": rules, "notifiers": notifiers},
+                    "state": {"path": str(state or self.state)},
+                }
+            )
+        )
+
+    def start(self) -> Daemon:
+        self.daemon = Daemon(load(self.path), config_path=self.path, clock=self.clock, listen="127.0.0.1:0")
+        self.daemon.start(schedule=False)
+        return self.daemon
+
+    def evaluate(self) -> None:
+        assert self.daemon is not None
+        self.daemon.refresh("bills")
+        self.daemon.alert_cycle()
+        self.daemon.deliver()
+
+    def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+            self.daemon = None
+
+
+@pytest.fixture
+def deployment(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(sim, server, clock, tmp_path)
+    yield deployment
+    deployment.stop()
+
+
+def webhook(receiver: Receiver, name: str = "hook", path: str = "") -> dict:
+    return {"name": name, "type": "webhook", "url": receiver.url + path}
+
+
+def told(receiver: Receiver) -> list[tuple[str, str, int]]:
+    return [(b["status"], b["commonLabels"].get("severity", ""), len(b["alerts"])) for b in receiver.bodies()]
+
+
+@pytest.mark.integration
+def test_reordering_and_inserting_tiers_sends_nothing(deployment: Deployment, hook: Receiver) -> None:
+    deployment.write(RULES, [webhook(hook)])
+    daemon = deployment.start()
+    deployment.evaluate()
+    first = told(hook)
+    assert sorted(first) == [("firing", "critical", 3), ("firing", "page", 1), ("firing", "warning", 3)]
+    firing = {a.key for a in daemon.sources.engine.current() if a.state == "firing"}
+    between = WARNING | {"threshold": "1.5", "labels": {"severity": "info"}}
+    for rules in ([BUDGET, CRITICAL, WARNING], [CRITICAL, between, BUDGET, WARNING]):
+        deployment.write(rules, [webhook(hook)])
+        assert daemon.reload()
+        deployment.evaluate()
+        still = {a.key for a in daemon.sources.engine.current() if a.state == "firing"}
+        assert firing <= still  # the same alerts, never resolved and fired again
+    assert told(hook)[len(first) :] == [("firing", "info", 3)]  # only the rule that was inserted
+
+
+@pytest.mark.integration
+def test_alerts_saved_by_the_previous_layout_keep_their_ids_and_incidents(
+    deployment: Deployment, hook: Receiver, frozen: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """tests/data/state-layout0.db: written by the version before layout 1 with RULES (tiers
+    told apart by position), every alert firing and told to `hook`, three notifications still
+    queued for `late` (its receiver refused them)."""
+    caplog.set_level(logging.INFO, logger="exporter")
+    shutil.copy(DATA / "state-layout0.db", deployment.state)
+    with sqlite3.connect(deployment.state) as db:
+        queued = {row[0] for row in db.execute("SELECT id FROM outbox WHERE delivered IS NULL")}
+        incidents = {row[0] for row in db.execute("SELECT json_extract(body, '$.key') FROM alert_state")}
+    late = Receiver()
+    try:
+        deployment.write([CRITICAL, WARNING, BUDGET], [webhook(hook), webhook(late, "late")])  # reordered, too
+        daemon = deployment.start()
+        (moved,) = logged(caplog.records, "saved alerts moved to their rules' new ids")
+        assert moved.fields["alerts"] == 7  # type: ignore[attr-defined]
+        frozen.advance(dt.timedelta(seconds=notifiers.BACKOFF_MAX * 1.2 + 1))  # `late` is due again
+        deployment.evaluate()
+        assert told(hook) == []  # no re-page after the upgrade
+        assert sorted(told(late)) == [("firing", "critical", 3), ("firing", "page", 1), ("firing", "warning", 3)]
+        assert {int(b["notificationId"].rsplit("-", 1)[1]) for b in late.bodies()} == queued
+        alerts = daemon.sources.engine.current()
+        assert [a.state for a in alerts] == ["firing"] * 7
+        assert len(incidents) == 7
+        with sqlite3.connect(deployment.state) as db:
+            (layout,) = db.execute("PRAGMA user_version").fetchone()
+        assert layout == 1
+        # Their incidents stay those opened before the upgrade: each resolve closes the one it opened.
+        opened = {b["commonLabels"]["severity"]: b["notificationId"].rsplit("-", 1)[0] for b in late.bodies()}
+        deployment.write([], [webhook(hook), webhook(late, "late")])  # the rules go; their alerts resolve
+        assert daemon.reload()
+        deployment.evaluate()
+        closed = {
+            b["commonLabels"]["severity"]: b["notificationId"].rsplit("-", 1)[0]
+            for b in late.bodies()
+            if b["status"] == "resolved"
+        }
+        assert closed == opened
+    finally:
+        late.stop()
+
+
+@pytest.mark.integration
+def test_a_removed_notifiers_queue_is_dropped_and_never_delivered_when_it_comes_back(
+    deployment: Deployment, frozen: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter")
+    down = Receiver()
+    down.refuse = 10**6
+    try:
+        deployment.write([WARNING], [webhook(down)])
+        daemon = deployment.start()
+        deployment.evaluate()
+        assert daemon.dispatcher.pending() == {"hook": 1}
+        deployment.write([WARNING | {"threshold": "1000000"}], [])  # removed; its alerts resolve meanwhile
+        assert daemon.reload()
+        deployment.evaluate()
+        assert daemon.dispatcher.pending() == {}
+        (dropped,) = logged(caplog.records, "queued notifications dropped: their notifier is no longer configured")
+        assert dropped.fields == {"notifier": "hook", "notifications": 1}  # type: ignore[attr-defined]
+        series = scrape(daemon.server.url)
+        assert (
+            named(series, "inference_alert_notifications_discarded_total")[frozenset({("reason", "notifier_removed")})]
+            == 1
+        )
+        frozen.advance(dt.timedelta(days=20))
+        down.refuse = 0
+        deployment.write([WARNING | {"threshold": "1000000"}], [webhook(down)])  # back, under the same name
+        assert daemon.reload()
+        deployment.evaluate()
+        assert down.bodies() == []
+    finally:
+        down.stop()
+
+
+@pytest.mark.integration
+def test_a_restart_without_a_notifier_drops_its_queue_and_its_digests(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="exporter")
+    down = Receiver()
+    down.refuse = 10**6
+    try:
+        deployment.write([WARNING], [webhook(down), webhook(down, "other")])
+        deployment.start()
+        deployment.evaluate()
+        deployment.stop()
+        store = StateStore(deployment.state)
+        AlertStore(store).enqueue_digest("daily:2026-11-21", ["hook", "other"], {"day": "2026-11-21"}, 1.0)
+        store.close()
+        deployment.write([WARNING], [webhook(down, "other")])
+        daemon = deployment.start()
+        assert daemon.dispatcher.pending() == {"other": 2}  # its alert and its digest; none for `hook`
+        assert daemon.dispatcher.discarded["notifier_removed"] == 2
+        assert logged(caplog.records, "queued notifications dropped: their notifier is no longer configured",
+                      notifier="hook")  # fmt: skip
+    finally:
+        down.stop()
+
+
+@pytest.mark.integration
+def test_a_state_change_overtaken_while_it_waited_is_never_delivered(
+    deployment: Deployment, frozen: FrozenClock
+) -> None:
+    down = Receiver()
+    down.refuse = 10**6
+    try:
+        deployment.write([WARNING], [webhook(down)])
+        daemon = deployment.start()
+        deployment.evaluate()  # fires; the receiver refuses
+        deployment.write([WARNING | {"threshold": "1000000"}], [webhook(down)])
+        assert daemon.reload()
+        deployment.evaluate()  # resolves; queued behind the firing
+        assert daemon.dispatcher.pending() == {"hook": 2}
+        down.refuse = 0
+        frozen.advance(dt.timedelta(seconds=notifiers.BACKOFF_MAX * 1.2 + 1))
+        daemon.deliver()
+        assert [b["status"] for b in down.bodies()] == ["resolved"]  # the firing it overtook is not news
+        assert daemon.dispatcher.discarded["superseded"] == 1
+        assert daemon.dispatcher.pending() == {}
+    finally:
+        down.stop()
+
+
+@pytest.mark.integration
+def test_notification_ids_never_repeat_after_a_fresh_state_file(deployment: Deployment, hook: Receiver) -> None:
+    for state in ("old.db", "new.db"):  # the same config; the second run on a fresh state file
+        deployment.write([WARNING], [webhook(hook)], deployment.state.with_name(state))
+        daemon = deployment.start()
+        deployment.evaluate()
+        deployment.write([WARNING | {"threshold": "1000000"}], [webhook(hook)], deployment.state.with_name(state))
+        assert daemon.reload()
+        deployment.evaluate()
+        deployment.stop()
+    sent = [(b["notificationId"], b["status"]) for b in hook.bodies()]
+    assert [status for _, status in sent] == ["firing", "resolved"] * 2
+    assert len({notification for notification, _ in sent}) == 4
