@@ -1,18 +1,22 @@
 """Soak: the daemon against the simulator with random faults, appends (some while a day's pages
-are being read), config reloads (half of them replacing the billing client mid-refresh), a
-receiver that drips its answers beside a healthy one, and day and month rollovers on a fast
-clock; then every figure checked against the simulator's truth.
+are being read), config reloads (half of them replacing the billing client mid-refresh, each
+reversing the order of the rules, every third removing a notifier while it is failing and the
+next adding it back), a receiver that drips its answers beside a healthy one, and day and month
+rollovers on a fast clock; then every figure checked against the simulator's truth.
 
-    python -m bench.soak [--minutes 10] [--speed 600]
+    python -m bench.soak [--minutes 10] [--speed 600] [--examples 200]
 
 Prints the checks and two ratios: alerts delivered ÷ alerts due (must be exactly 1), and the
-RSS growth between the first quarter and the end. `tests/test_soak.py` runs a short one.
+RSS growth between the first quarter and the end. Then it runs the property-based test of config
+changes (`tests/test_config_changes_property.py`) with `--examples` examples, where `make test`
+runs a few. `tests/test_soak.py` runs a short soak.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import random
 import resource
@@ -25,16 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
 from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import load
 from exporter.daemon import Daemon
 from exporter.sim import Fault, Simulator
 from tests.helpers import DripReceiver, Receiver, named, scrape, value
+from tests.test_config_changes_property import Pipeline
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 PATHS = ("/api/v1/bills/details", "/api/v1/usages/details", "/v1/chat/completions")
 KINDS = ("status", "status", "drop", "reset", "malformed", "code")
+CANARY = {"alert": "Canary", "signal": "probe_success", "op": "<", "threshold": 2}
+"""A rule that fires whenever the probe has run (its success is 0 or 1)."""
 
 
 def fast_clock(start: dt.datetime, speed: float) -> Clock:
@@ -76,6 +86,17 @@ def _repeat(stop: threading.Event, every: float, action: Callable[[], None]) -> 
     return thread
 
 
+def _changes(receiver: Receiver) -> dict[str, list[tuple[str, str, str]]]:
+    """What a receiver was told of each alert, as it knows alerts (by their labels): (status,
+    startsAt, endsAt) in order."""
+    told: dict[str, list[tuple[str, str, str]]] = {}
+    for body in receiver.bodies():
+        for alert in body["alerts"]:
+            labels = json.dumps(sorted(alert["labels"].items()))
+            told.setdefault(labels, []).append((alert["status"], alert["startsAt"], alert["endsAt"]))
+    return told
+
+
 def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: float = 0.05) -> Report:
     """Run for `duration` real seconds from 22:00 on 30 November (Shanghai), `speed` × real time."""
     rng = random.Random(seed)
@@ -84,6 +105,11 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     sim.add_usage(3000)
     server = sim.serve()
     receiver = Receiver()
+    flaky = Receiver()
+    """A notifier that fails, is removed while failing, and comes back (at a path per return)."""
+    returns: dict[str, int] = {"/flaky/0": 0}
+    """Per return of `flaky`, the last outbox id when it came back: nothing older may reach it."""
+    left_queued = True
     drip = DripReceiver(interval=0.5)
     report = Report()
     scratch = tempfile.TemporaryDirectory(prefix="soak-")
@@ -100,12 +126,16 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
                 "evaluation_interval": "300ms",
                 "repeat_interval": "2h",  # in billing-clock time: about 12 s at 600×
                 "rules": [
-                    {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": 120},
+                    {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": 120,
+                     "labels": {"severity": "warning"}},
+                    {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": 180,
+                     "labels": {"severity": "critical"}},
                     {"alert": "DailyBudget", "budget": "daily", "tiers": [0.5, 0.9]},
                     {"alert": "ProbeDown", "signal": "probe_success", "op": "<", "threshold": 1},
                 ],
                 "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url},
-                              {"name": "slow", "type": "webhook", "url": drip.url}],
+                              {"name": "slow", "type": "webhook", "url": drip.url},
+                              {"name": "flaky", "type": "webhook", "url": f"{flaky.url}/flaky/0"}],
             },
             "state": {"path": str(workdir / "state.db")},
         }
@@ -135,12 +165,35 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
             append()
 
     def reload() -> None:
-        """Every other reload changes `billing` (a new client, abandoning a refresh in flight)."""
+        """Every other reload changes `billing` (a new client, abandoning a refresh in flight); each
+        reverses the rules (two tiers share an alert name); `flaky` fails before every third, which
+        removes it, and the next brings it back, healthy, at a new path."""
+        nonlocal left_queued
         report.reloads += 1
         document["billing"]["concurrency"] = 3 if report.reloads % 2 else 4
         document["budgets"][0]["amount"] = str(400 + report.reloads % 3)
+        alerts = document["alerts"]
+        alerts["rules"].reverse()
+        step = report.reloads % 3
+        back = step == 1 and all(n["name"] != "flaky" for n in alerts["notifiers"])
+        if step == 2:  # `flaky` fails, and a rule that always fires gives it something to queue
+            flaky.refuse = 10**9
+            alerts["rules"].append(CANARY)
+        elif step == 0:
+            alerts["notifiers"] = [n for n in alerts["notifiers"] if n["name"] != "flaky"]
+            alerts["rules"] = [r for r in alerts["rules"] if r != CANARY]
+        elif back:
+            flaky.refuse = 0
+            url = f"{flaky.url}/flaky/{report.reloads}"
+            alerts["notifiers"] = [*alerts["notifiers"], {"name": "flaky", "type": "webhook", "url": url}]
+            with sqlite3.connect(workdir / "state.db") as db:  # whatever was queued before it came back
+                (last,) = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'").fetchone()
+            returns[f"/flaky/{report.reloads}"] = last
         path.write_text(json.dumps(document))
-        daemon.reload()
+        if not daemon.reload():
+            report.checks["every reload was taken"] = False
+        if step == 0:
+            left_queued = left_queued and "flaky" not in daemon.dispatcher.pending()
 
     def refuse() -> None:
         if rng.random() < fault_rate:
@@ -229,12 +282,29 @@ def run_soak(duration: float, speed: float = 600.0, seed: int = 1, fault_rate: f
     report.checks["no notification delivered twice"] = len(set(identities)) == len(identities)
     report.checks["every alert due was delivered"] = report.delivered == report.due > 0
     report.checks["usage stayed fresh beside the dripping receiver"] = report.oldest < 5.0
+    firing_again = [
+        labels
+        for labels, changes in _changes(receiver).items()
+        for (status, _, ended), (next_status, started, _) in itertools.pairwise(changes)
+        if (status, next_status) == ("resolved", "firing") and ended == started
+    ]
+    report.checks["reversing the rules resolved and fired nothing again"] = firing_again == []
+    stale = [
+        r["body"]["notificationId"]
+        for r in flaky.received
+        if int(r["body"]["notificationId"].rsplit("-", 1)[1]) <= returns[r["path"]]
+    ]
+    report.checks["a notifier removed while failing kept no queue"] = (
+        left_queued and daemon.dispatcher.discarded["notifier_removed"] > 0
+    )
+    report.checks["added back, it got nothing queued before"] = stale == [] and len(returns) > 1
     report.checks["the dripping receiver was tried, and never counted delivered"] = (
         drip.connections > 0 and daemon.dispatcher.sent["slow"] == 0
     )
     daemon.stop(grace=5)
     server.stop()
     receiver.stop()
+    flaky.stop()
     drip.stop()
     scratch.cleanup()
     return report
@@ -244,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--speed", type=float, default=600.0)
+    parser.add_argument("--examples", type=int, default=200, help="property-based examples of config changes")
     args = parser.parse_args(argv)
     report = run_soak(args.minutes * 60, args.speed)
     simulated = dt.timedelta(seconds=args.minutes * 60 * args.speed)
@@ -257,6 +328,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{report.delivered / report.due if report.due else float('nan'):.2f}  (must be exactly 1)")  # fmt: skip
     print(f"  oldest usage data while its refresh_success said 1: {report.oldest:.1f} s real")
     print(f"  peak RSS {report.rss_start:.1f} MB after the first quarter, {report.rss_end:.1f} MB at the end")
+    if args.examples:
+        started = time.monotonic()
+        run_state_machine_as_test(Pipeline, settings=settings(Pipeline.TestCase.settings, max_examples=args.examples))
+        print(f"  config changes: {args.examples} random sequences of reloads held every property "
+              f"({time.monotonic() - started:.0f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ and their exact sums; Prometheus reads each as the same float the live expositio
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +55,9 @@ data carry no staleness markers to end it)."""
 HEAD_BLOCK = dt.timedelta(hours=3)
 """Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
 MAX_MONTHS = 24
+"""The most months `backfill` and `backtest` take at once (`check_range`). Each month costs a few
+bills requests (and a backfill some 30 MB of file per endpoint and item), so a slip such as
+`--from 2000-01` would make well over a thousand: such a range is refused before the first."""
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 OWN_LABELS = frozenset({"period", "day", "endpoint_id", "item", "product", "project_id"})
 ENDPOINT_DAILY = "inference_bill_endpoint_daily_payable_amount"
@@ -61,6 +66,14 @@ ITEM_USAGE = "inference_bill_item_daily_usage"
 MONTH_TO_DATE = "inference_bill_month_to_date_payable_amount"
 MONTH_FORECAST = "inference_bill_month_forecast_payable_amount"
 TODAY_INFO = "inference_billing_today_info"
+FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+"""What an --output that is not a regular file may be, to name it."""
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -101,10 +114,15 @@ def months(first: str, last: str | None, current: str) -> list[str]:
             raise ValueError(f"argument {option}: {text} is in the future (this month is {current})")
     if first > last:
         raise ValueError(f"argument --from: {first} is after --to {last}")
-    periods = periods_between(first, last)
-    if len(periods) > MAX_MONTHS:
-        raise ValueError(f"{len(periods)} months from {first} to {last}: at most {MAX_MONTHS} at once")
-    return periods
+    check_range(first, last)
+    return periods_between(first, last)
+
+
+def check_range(first: str, last: str) -> None:
+    """ValueError with a one-line reason when `first` … `last` holds more than MAX_MONTHS months."""
+    count = period_index(last) - period_index(first) + 1
+    if count > MAX_MONTHS:
+        raise ValueError(f"{count} months from {first} to {last}: at most {MAX_MONTHS} at once")
 
 
 def target_labels(pairs: Iterable[str]) -> Labels:
@@ -306,15 +324,34 @@ def render(
     return writer.series, writer.samples
 
 
+def _refuse_unless_regular(path: Path) -> None:
+    """FileExistsError when `path` is there and is not a regular file (or a link to one): the
+    replace would put a regular file in place of a FIFO, a device node (as root, in /dev), a
+    socket or a directory. A new path, or a link to nothing, is written as a new file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "something else")
+    if path.is_symlink():
+        kind = f"a symbolic link to {kind}"
+    raise FileExistsError(errno.EEXIST, f"it is {kind}, not a regular file (left as it is)", str(path))
+
+
 @contextmanager
 def _replacing(path: Path) -> Iterator[TextIO]:
     """A file beside `path` that replaces it once complete, and is removed if anything fails: a
-    failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first."""
+    failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first.
+    What is at `path` is checked then and again just before the replace, as a run takes minutes."""
+    _refuse_unless_regular(path)
     partial = path.with_name(f".{path.name}.partial")
     out = partial.open("w", encoding="utf-8", newline="\n", buffering=1 << 20)
     try:
         with out:
             yield out
+        _refuse_unless_regular(path)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -335,7 +372,8 @@ def backfill(
 
     `grace_days` and `history` as the exporter's `billing.previous_month_grace_days` and
     `billing.history_months > 0`. BackfillError when nothing could be written (`output` is then
-    left as it was); OSError when `output` cannot be written.
+    left as it was); OSError when `output` cannot be written, FileExistsError when it is there and
+    is not a regular file (it is left as it is too).
     """
     calendar = _Calendar(clock, grace_days)
     now = clock.now()

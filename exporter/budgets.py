@@ -11,21 +11,28 @@ Either way the forecast is the bills' (`bills.forecast`), on the scope's own day
 Figures are given only when every day they add up is known: a usage scope's month waits until
 each past day of the month has been read, and a row of a model without a price leaves the
 scope without figures rather than low ones (a failing source never reads as zero spend).
+
+A scope that matches nothing (a misspelt endpoint, item, model or key) would read 0% for ever,
+green everywhere: `scope_matched` says whether it matched anything its source holds, and
+`judge_scopes` logs it once when it does not.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.bills import TRAILING_DAYS, forecast
 from exporter.clock import previous_period
+from exporter.logs import get_logger
 from exporter.schema import BudgetConfig, PriceConfig
-from exporter.snapshots import DailyAmount, Latest, UsageSnapshot, per_day
+from exporter.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageSnapshot, per_day
 from exporter.state import UsageRow
 from exporter.usage_sync import estimate
+
+log = get_logger(__name__)
 
 Days = dict[dt.date, Decimal]
 
@@ -42,10 +49,15 @@ class BudgetFigures:
         return self.spent / amount, self.projected / amount
 
 
-def _billed(amounts: Iterable[DailyAmount], where: Mapping[str, str], key: str) -> Days:
-    return per_day(
+def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
+    """The lines of `month` a billed scope takes: by endpoint when it names an endpoint or a
+    project (the lines by item carry no project), by item otherwise."""
+    where = budget.where
+    by_endpoint = bool({"endpoint_id", "project_id"} & set(where))
+    key = "endpoint_id" if by_endpoint else "item"
+    return (
         a
-        for a in amounts
+        for a in (month.by_endpoint if by_endpoint else month.by_item)
         if where.get(key, a.key) == a.key
         and where.get("product", a.product) == a.product
         and where.get("project_id", a.project_id) == a.project_id
@@ -54,16 +66,20 @@ def _billed(amounts: Iterable[DailyAmount], where: Mapping[str, str], key: str) 
 
 def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | None:
     """The scope's billed amount per day of `period`: from the bills, or else the history."""
-    by_endpoint = bool({"endpoint_id", "project_id"} & set(budget.where))  # item lines carry no project
-    key = "endpoint_id" if by_endpoint else "item"
     bills = latest.bills
     for month in bills.months if bills is not None else ():
         if month.period == period:
-            return _billed(month.by_endpoint if by_endpoint else month.by_item, budget.where, key)
+            return per_day(_scoped(budget, month))
     held = latest.history.months.get(period) if latest.history is not None else None
-    if held is None:
-        return None
-    return _billed(held.by_endpoint if by_endpoint else held.by_item, budget.where, key)
+    return None if held is None else per_day(_scoped(budget, held))
+
+
+def _usage_in_scope(where: Mapping[str, str], endpoint: str, model: str, api_key: str) -> bool:
+    return (
+        where.get("endpoint_id", endpoint) == endpoint
+        and where.get("model", model) == model
+        and where.get("api_key", api_key) == api_key
+    )
 
 
 class _Pricer:
@@ -75,12 +91,7 @@ class _Pricer:
         self.unpriced = False
 
     def matches(self, endpoint: str, model: str, api_key: str) -> bool:
-        w = self.where
-        return (
-            w.get("endpoint_id", endpoint) == endpoint
-            and w.get("model", model) == model
-            and w.get("api_key", api_key) == api_key
-        )
+        return _usage_in_scope(self.where, endpoint, model, api_key)
 
     def price(self, model: str, prompt: int, completion: int, cached: int) -> Decimal:
         amount = estimate(self.prices.get(model), prompt, completion, cached)
@@ -193,3 +204,51 @@ def budget_status(
             found = None
         status.append((budget, None if found is None else found.ratios(budget.amount)))
     return status
+
+
+def scope_matched(budget: BudgetConfig, latest: Latest) -> bool | None:
+    """Whether the budget's `where` matches anything the source it is scoped on holds: a line of
+    the bills (their months, and the history's) for a billed scope; a key of the usage (today,
+    the finalised day before, the settled days) for a usage scope. True without `where`; None
+    until that source has refreshed, and while it holds nothing at all (an account without a
+    single line says nothing about a scope)."""
+    where = budget.where
+    if not where:
+        return True
+    if budget.on_usage:
+        usage = latest.usage
+        if usage is None:
+            return None
+        keys = [*usage.totals, *(usage.previous_day.totals if usage.previous_day is not None else ())]
+        held = [(k.endpoint_id, k.model, k.api_key) for k in keys]
+        held += [(e, m, a) for rows in latest.settled.values() for e, m, a, *_ in rows]
+        return any(_usage_in_scope(where, *key) for key in held) if held else None
+    if latest.bills is None:
+        return None
+    months = [*latest.bills.months, *(latest.history.months.values() if latest.history is not None else ())]
+    if not any(month.by_endpoint or month.by_item for month in months):
+        return None
+    return any(next(_scoped(budget, month), None) is not None for month in months)
+
+
+def _scope_text(budget: BudgetConfig) -> str:
+    """`endpoint_id=ep-1, model=m`."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items()))
+
+
+def judge_scopes(latest: Latest, budgets: Iterable[BudgetConfig]) -> list[tuple[BudgetConfig, bool | None]]:
+    """Each budget with `scope_matched`. A scope that matches nothing is logged as a warning once,
+    and again only after it matched something in between (the memory of it is `latest`'s, so a
+    reload that keeps the scope says nothing new)."""
+    judged: list[tuple[BudgetConfig, bool | None]] = []
+    for budget in budgets:
+        matched = scope_matched(budget, latest)
+        if matched is not None and latest.note_scope(budget.name, _scope_text(budget), matched):
+            log.warning(
+                "budget scope matches nothing; the budget reads 0% until it does",
+                budget=budget.name,
+                scope=_scope_text(budget),
+                source="usage" if budget.on_usage else "bills",
+            )
+        judged.append((budget, matched))
+    return judged

@@ -21,7 +21,7 @@ from exporter import __version__
 from exporter.alerts.engine import Alert
 from exporter.alerts.notifiers import Dispatcher
 from exporter.alerts.promrules import rule_file
-from exporter.backfill import BackfillError, backfill, months, target_labels
+from exporter.backfill import MAX_MONTHS, BackfillError, backfill, check_range, months, target_labels
 from exporter.billing import BillingClient, BillingError
 from exporter.clock import PERIOD, Clock
 from exporter.config import ConfigError, load, load_checked
@@ -176,6 +176,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.start > clock.period():
         print(f"inference-cost-exporter: backtest: --from {args.start} has not begun yet", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_range(args.start, last)
+    except ValueError as error:
+        print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
         fired, notes = backtest(config, args.start, last, clock)
@@ -480,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Fetch the months' daily bills (and the history months before them) and replay every rule judged from "
         "bills (spend thresholds, budgets with tiers, spend_anomaly) day by day, as the daemon would have; print "
         "each alert that would have fired, once, on the day it would have. Exits 1 for a bad config, 2 when the "
-        "API refuses or cannot be reached or the months make no sense.",
+        f"API refuses or cannot be reached or the months make no sense (or are more than {MAX_MONTHS}).",
     )  # fmt: skip
     _config_option(replay)
     replay.add_argument("--from", dest="start", required=True, type=_period, metavar="YYYY-MM", help="first month")

@@ -37,7 +37,27 @@ class Clock:
         return f"{day.year:04d}-{day.month:02d}"
 
     def day_start(self, day: dt.date) -> dt.datetime:
-        return dt.datetime.combine(day, dt.time(), self.tz)
+        """The first instant of `day`, in the billing zone (see `day_start`)."""
+        return day_start(day, self.tz).astimezone(self.tz)
+
+
+def day_start(day: dt.date, tz: ZoneInfo) -> dt.datetime:
+    """The first instant of `day` in `tz`, in UTC: its midnight, or, where the clocks skip midnight (Santiago goes
+    from 23:59:59 to 01:00 one night in September), the instant they jump."""
+    midnight = dt.datetime.combine(day, dt.time())
+    # A skipped midnight reads as two instants: by the offset before the jump (fold=0, after it) and by the offset
+    # after it (fold=1, before it); a repeated one too, the first of them being the day's start.
+    low, high = sorted(midnight.replace(tzinfo=tz, fold=fold).astimezone(dt.UTC) for fold in (0, 1))
+    if low.astimezone(tz).date() >= day:
+        return low
+    first, last = int(low.timestamp()), int(high.timestamp())
+    while last - first > 1:  # the jump, to the second: zones change on whole seconds
+        middle = (first + last) // 2
+        if dt.datetime.fromtimestamp(middle, tz).date() >= day:
+            last = middle
+        else:
+            first = middle
+    return dt.datetime.fromtimestamp(last, dt.UTC)
 
 
 def iso(timestamp: float | None) -> str:

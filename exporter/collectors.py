@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.budgets import budget_status
+from exporter.budgets import budget_status, judge_scopes
 from exporter.clock import Clock
 from exporter.schema import BudgetConfig, PriceConfig
 from exporter.snapshots import Histogram, Latest, UsageKey, UsageTotals
@@ -162,6 +162,12 @@ class BudgetCollector(Collector):
             f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
             labels=["budget"],
         )
+        matched = GaugeMetricFamily(
+            "inference_budget_scope_matched",
+            "1 if anything the budget's source holds (bill lines, or usage records) matches its `where`, else 0:"
+            f" a misspelt scope would read 0% for ever; 1 without `where`. {CACHED}",
+            labels=["budget"],
+        )
         for budget, ratios in budget_status(
             self.latest, self.budgets, self.prices, self.clock.today() if self.clock is not None else None
         ):
@@ -169,7 +175,10 @@ class BudgetCollector(Collector):
             if ratios is not None:
                 used.add_metric([budget.name], float(ratios[0]))
                 forecast.add_metric([budget.name], float(ratios[1]))
-        yield from (amount, used, forecast)
+        for budget, found in judge_scopes(self.latest, self.budgets):
+            if found is not None:
+                matched.add_metric([budget.name], 1.0 if found else 0.0)
+        yield from (amount, used, forecast, matched)
 
 
 class ReconciliationCollector(Collector):

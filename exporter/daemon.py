@@ -11,10 +11,11 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client.registry import Collector
 
@@ -24,7 +25,7 @@ from exporter.alerts.notifiers import Dispatcher
 from exporter.alerts.signals import todays_bills, todays_history
 from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
-from exporter.clock import Clock
+from exporter.clock import Clock, day_start
 from exporter.collectors import (
     BillsCollector,
     BudgetCollector,
@@ -41,7 +42,7 @@ from exporter.logs import get_logger, mask_more
 from exporter.probe import ProbeRunner
 from exporter.reconcile import SettledUsage, reconcile
 from exporter.schema import AlertmanagerNotifier, AnomalyRule, BillingConfig, Config, DigestConfig, ProbeConfig
-from exporter.server import ExporterServer, View
+from exporter.server import Credentials, ExporterServer, TlsError, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.usage_sync import UsageSync
@@ -70,6 +71,37 @@ DIGEST_WAIT = 3600.0
 later, before it goes with what there is."""
 JITTER_FRACTION = 0.1
 MAX_JITTER = 30.0
+ROLLOVER_USAGE = dt.timedelta(seconds=5)
+"""How long into a billing day the usage day is rolled over."""
+ROLLOVER_BILLS = dt.timedelta(seconds=10)
+"""How long into a billing day its bills are fetched."""
+
+
+class DailyTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler has no type hints
+    """Fires once on each day of `tz`, `delay` after the day's first instant.
+
+    Not a CronTrigger(hour=0, …): APScheduler 3.11's skips the day after a spring-forward (New York, Berlin,
+    Sydney) and never returns on a midnight that repeats (Havana); its CalendarIntervalTrigger skips the days
+    whose midnight does not exist (Santiago, Beirut).
+    """
+
+    def __init__(self, tz: ZoneInfo, delay: dt.timedelta) -> None:
+        self.tz = tz
+        self.delay = delay
+
+    def get_next_fire_time(self, previous_fire_time: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+        """The first run after `previous_fire_time` (the next day's, even if that is past: the scheduler coalesces
+        missed runs); for a job starting, the first at or after `now`."""
+        after = previous_fire_time or now
+        day = (after.astimezone(dt.UTC) - self.delay).astimezone(self.tz).date() - dt.timedelta(days=1)
+        while True:
+            fire = day_start(day, self.tz) + self.delay  # (in UTC: elapsed time, whatever the clocks do)
+            if fire > previous_fire_time if previous_fire_time is not None else fire >= now:
+                return fire.astimezone(self.tz)
+            day += dt.timedelta(days=1)
+
+    def __str__(self) -> str:
+        return f"daily, {self.delay} into the day in {self.tz.key}"
 
 
 def digest_due(config: DigestConfig, now: dt.datetime, clock: Clock) -> dt.date | None:
@@ -370,6 +402,8 @@ class Daemon:
         )
         host, port = parse_listen(listen or config.server.listen)
         self.server = ExporterServer((host, port), view, config.server)
+        self._listen = None if listen else config.server.listen
+        """The configured address the server listens on; None when `--listen` overrides the config's."""
         self.dispatcher = Dispatcher(
             config.alerts.notifiers,
             AlertStore(self.state),
@@ -616,24 +650,19 @@ class Daemon:
         if schedule:
             self._schedule()
             # Roll the usage day over right after the billing zone's midnight, not up to an interval later.
-            self.scheduler.add_job(
-                self.refresh,
-                CronTrigger(hour=0, minute=0, second=5, timezone=self.clock.tz),
-                args=["usage"],
-                id="rollover",
-            )
+            rollover = DailyTrigger(self.clock.tz, ROLLOVER_USAGE)
+            self.scheduler.add_job(self.refresh, rollover, args=["usage"], id="rollover")
             # And the new day's bills: a daily budget's figures of the day that ended are not shown as today's.
-            self.scheduler.add_job(
-                self.refresh,
-                CronTrigger(hour=0, minute=0, second=10, timezone=self.clock.tz),
-                args=["bills"],
-                id="rollover-bills",
-            )
+            rollover_bills = DailyTrigger(self.clock.tz, ROLLOVER_BILLS)
+            self.scheduler.add_job(self.refresh, rollover_bills, args=["bills"], id="rollover-bills")
             self.scheduler.start()
         log.info("listening", url=self.server.url, sources=",".join(self.sources.refreshers))
 
     def reload(self) -> bool:
-        """Load the config file again; a bad one is refused and the running one kept."""
+        """Load the config file again; a bad one is refused and the running one kept, as is one whose certificate
+        or key does not load. The server's certificate, key and password apply to the next connections and
+        requests (the files are read again); the listen address and state.path change only on restart, which the
+        log says at warning."""
         if self.config_path is None:
             return False
         try:
@@ -642,15 +671,24 @@ class Daemon:
             log.error("config reload refused (keeping the running config)", errors="; ".join(error.details))
             self.latest.reloaded(success=False)
             return False
-        if config.server != self.config.server:
-            log.warning("config reload: server settings change only on restart")
-        if config.state != self.config.state:
-            log.warning("config reload: state.path changes only on restart")
         if config.billing.timezone != self.config.billing.timezone:
             log.error("config reload refused: billing.timezone changes only on restart (the days would disagree)")
             self.latest.reloaded(success=False)
             return False
         mask_more(config.secret_values())
+        try:  # read again even where the paths are the same: a renewed certificate often keeps them
+            credentials = Credentials.load(config.server)
+        except TlsError as error:
+            log.error("config reload refused (keeping the running config)", error=str(error))
+            self.latest.reloaded(success=False)
+            return False
+        if self._listen is not None and config.server.listen != self._listen:
+            log.warning(
+                "config reload: server.listen changes only on restart", listening=self.server.url,
+                configured=config.server.listen,
+            )  # fmt: skip
+        if config.state != self.config.state:
+            log.warning("config reload: state.path changes only on restart")
         with self._alerts_lock:  # the new engine loads the alert state no evaluation is writing
             old = self.sources
             try:
@@ -662,6 +700,7 @@ class Daemon:
                 log.error("config reload refused (keeping the running config)", error=str(error))
                 self.latest.reloaded(success=False)
                 return False
+            self.server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
         self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
         if config.prices != old.config.prices:

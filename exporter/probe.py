@@ -2,8 +2,9 @@
 
 Each configured probe sends one small request per interval (chat, json, tools or thinking;
 streamed or not), times it (headers, first token, gaps between chunks, end to end), checks the
-answer, and names a failure with one reason from a fixed list. The error text goes to the log,
-never into a label. The API key is sent as a Bearer token and never logged.
+answer (reading no more of it than an answer of its `max_tokens` can be), and names a failure with
+one reason from a fixed list. The error text goes to the log, never into a label. The API key is
+sent as a Bearer token and never logged.
 """
 
 from __future__ import annotations
@@ -36,11 +37,25 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 REASONS = (
     "http_401", "http_403", "http_404", "http_429", "http_4xx", "http_5xx", "timeout_connect", "timeout_first_token",
     "timeout_total", "stall", "stream_error", "truncated", "invalid_json", "tool_call_missing", "tool_args_invalid",
-    "usage_missing", "content_mismatch", "connection",
+    "usage_missing", "content_mismatch", "connection", "answer_too_large",
 )  # fmt: skip
 CONNECT_TIMEOUT = 10.0
 READ_SIZE = 64 * 1024
 """The most body bytes taken in one read; a read returns whatever has arrived, up to this."""
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""How much of an answer (decoded) a probe reads, streamed or not, before it fails the run as
+`answer_too_large` and closes the connection (`answer_cap`). A probe's answer is `max_tokens` (16
+by default) tokens: streamed, an event of a few hundred bytes each; whole, a few bytes each. A
+server sending more is broken or hostile, and reading on would hold all it sends in memory (an
+endless stream took 262 MB in 10 s, within the probe's deadline)."""
+ANSWER_BYTES_PER_TOKEN = 512
+"""Room for each token of `max_tokens` where that is more than MAX_ANSWER_BYTES holds, so that a
+probe allowed a long answer (a thinking model's; up to 65536 tokens, 32 MiB) can take it: a real
+server's stream event for one token (envelope, id, model, delta) is about 250 bytes."""
+MAX_LINE_BYTES = 1024 * 1024
+"""The longest line of a stream: an event line holds one delta, hundreds of bytes (a whole answer
+of 65536 tokens in one delta is under this). Without it a line that never ends would be buffered
+whole, up to the answer's cap."""
 TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -95,12 +110,15 @@ def request_body(probe: ProbeConfig) -> dict[str, Any]:
 
 
 def sse_events(chunks: Iterable[bytes]) -> Iterator[str]:
-    """The `data:` payloads of a server-sent event stream, one per event, as they complete."""
+    """The `data:` payloads of a server-sent event stream, one per event, as they complete; a line
+    longer than MAX_LINE_BYTES is a ProbeFailure."""
     buffer = b""
     data: list[str] = []
     for chunk in itertools.chain(chunks, [b"\n\n"]):  # a last event not closed by a blank line still counts
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
+        if len(buffer) > MAX_LINE_BYTES or any(len(raw) > MAX_LINE_BYTES for raw in lines):
+            raise ProbeFailure("answer_too_large", f"a stream line is over {MAX_LINE_BYTES:,} bytes")
         for raw in lines:
             line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
             if not line:
@@ -244,6 +262,11 @@ def check_answer(probe: ProbeConfig, answer: Answer, checks: dict[str, bool]) ->
             checks["reasoning"] = bool(answer.reasoning)
 
 
+def answer_cap(probe: ProbeConfig) -> int:
+    """The most answer bytes (decoded) a run of `probe` reads (see MAX_ANSWER_BYTES)."""
+    return max(MAX_ANSWER_BYTES, probe.max_tokens * ANSWER_BYTES_PER_TOKEN)
+
+
 def _http_reason(status: int) -> str:
     if status in (401, 403, 404, 429):
         return f"http_{status}"
@@ -376,12 +399,18 @@ class ProbeRunner:
     ) -> Iterator[bytes]:
         """The body (decoded) as it arrives, whatever its framing; the first-token and whole-request
         deadlines are checked on every piece, so a server trickling keep-alive bytes cannot hold the
-        probe past them.
+        probe past them, and the body past `answer_cap` is a ProbeFailure, so an endless one cannot
+        fill memory (counted decoded: a small gzip body can inflate to any size).
 
         `read1` hands over whatever has arrived. `iter_content(chunk_size=None)` would read a body that
         has neither chunks nor a length (it ends when the connection closes) to its end before yielding.
         """
+        cap = answer_cap(self.probe)
+        read = 0
         while chunk := response.raw.read1(READ_SIZE, decode_content=True):
+            read += len(chunk)
+            if read > cap:
+                raise ProbeFailure("answer_too_large", f"the answer is over {cap:,} bytes")
             elapsed = time.perf_counter() - started
             if self.probe.stream and timing.get("first_token") is None and elapsed > first_deadline:
                 raise ProbeFailure("timeout_first_token", f"no token after {elapsed:.1f}s")

@@ -3,6 +3,9 @@
 A threaded server: a slow client never holds up a scrape, and a scrape only renders the
 current snapshots (it never waits on the API). Slow clients cannot exhaust it either: connections
 are capped, and a request's line and headers (TLS handshake included) have one overall deadline.
+A request whose framing is ambiguous (two Content-Length, a space before a colon…) is refused
+with a 400, and a bug in a handler is a 500: each one log line, never a traceback on stderr.
+The certificate, key and password are swapped on a reload for the connections and requests that follow.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import gzip
 import hmac
 import html
 import json
+import re
 import resource
 import socket
 import ssl
@@ -23,15 +27,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
+from email.message import Message
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from exporter import __version__
 from exporter.alerts.engine import Alert
-from exporter.budgets import budget_status
+from exporter.budgets import budget_status, scope_matched
 from exporter.chart import month_chart
 from exporter.clock import iso
 from exporter.exposition import GZIP_LEVEL
@@ -81,6 +87,8 @@ ACCEPT_BACKOFF = 0.1
 """Pause after accept() fails for want of descriptors or memory: the pending connection keeps the listening socket
 readable, so retrying at once would spin."""
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_CLIENT_GONE = (ConnectionError, ssl.SSLError, TimeoutError)
+"""What a connection raises when its client hangs up, stalls or fails TLS: no fault of the server's."""
 
 
 def connection_cap(wanted: int) -> int:
@@ -115,6 +123,55 @@ class _Connection:
     deadline: float
 
 
+class TlsError(OSError):
+    """The certificate or its key cannot be loaded. An OSError, as the ssl module's own errors are: at start-up
+    it is reported as the server failing to come up."""
+
+
+_TLS_REASONS = {"KEY_VALUES_MISMATCH": "the key is not the certificate's"}
+"""OpenSSL's reasons, in words."""
+
+
+def _no_passphrase() -> NoReturn:
+    """Answers OpenSSL when a key is encrypted: its own default asks on the terminal, and the start-up or the reload
+    would wait for an answer there."""
+    raise TlsError("the key is encrypted; an unencrypted key is needed")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What the server serves new connections and requests with; replaced whole on a reload, so a request sees
+    one certificate and one password, never half of a change."""
+
+    tls: ssl.SSLContext | None
+    auth: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    """The basic-auth user and password, UTF-8; out of the repr, so that no log line or traceback can show them."""
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> Credentials:
+        """Read the certificate and key files now: a renewed certificate often keeps its paths, so they are read
+        again on each reload, not only when the config names other files."""
+        tls = None
+        if config.tls is not None:
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            try:
+                tls.load_cert_chain(config.tls.cert_file, config.tls.key_file, password=_no_passphrase)
+            except OSError as error:  # unreadable, not PEM, encrypted, or a key that is not the certificate's
+                if isinstance(error, ssl.SSLError):  # its "[SSL] PEM lib (_ssl.c:3905)" only says a file is not PEM
+                    detail = _TLS_REASONS.get(error.reason, error.reason) or "a file is not in PEM format"
+                else:
+                    detail = error.strerror or str(error)
+                raise TlsError(
+                    f"server.tls: cannot load the certificate {config.tls.cert_file!r} with the key "
+                    f"{config.tls.key_file!r}: {detail}"
+                ) from None
+        auth = None
+        if config.basic_auth is not None:
+            auth = (config.basic_auth.username.encode(), config.basic_auth.password.get_secret_value().encode())
+        return cls(tls, auth)
+
+
 class ExporterServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -142,21 +199,20 @@ class ExporterServer(ThreadingHTTPServer):
         """Guards _connections and the counters; notified whenever a slot may have come free."""
         self._stopping = threading.Event()
         self._accept_failing = False
+        self.credentials = Credentials.load(config)  # first: a bad certificate leaves no socket bound
         super().__init__(address, _Handler)
         self.view = view
-        self.auth: tuple[str, str] | None = None
-        if config.basic_auth is not None:
-            self.auth = (config.basic_auth.username, config.basic_auth.password.get_secret_value())
-        self.scheme = "http"
-        if config.tls is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
-            # The handshake happens in the request's own thread (see _Handler.setup), so a client
-            # that connects and says nothing cannot hold up the accept loop.
-            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
-            self.scheme = "https"
         self._thread: threading.Thread | None = None
+
+    def use(self, credentials: Credentials) -> None:
+        """Serve with these from now on: new connections get the new certificate, and every request from now on
+        (on a kept-alive connection too) is checked against the new password; connections in flight keep their
+        TLS session."""
+        self.credentials = credentials
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.credentials.tls is None else "https"
 
     @property
     def url(self) -> str:
@@ -167,12 +223,14 @@ class ExporterServer(ThreadingHTTPServer):
         return f"{self.scheme}://{host}:{port}"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up or fails the TLS handshake is its own problem, not a server error."""
+        """A socket's trouble (a client that hangs up, or fails the TLS handshake) is the client's problem, not a
+        server error. Anything else is one log line with its traceback as a field, not the stdlib's traceback
+        printed to stderr (a handler's own errors are answered before this, see _Handler.handle)."""
         error = sys.exc_info()[1]
-        if isinstance(error, ConnectionError | ssl.SSLError | TimeoutError):
+        if isinstance(error, OSError):
             log.debug("http client dropped", address=client_address[0], error=str(error))
             return
-        super().handle_error(request, client_address)
+        log.exception("http connection crashed", address=client_address[0])
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, args=(0.1,), name="http", daemon=True)
@@ -224,6 +282,16 @@ class ExporterServer(ThreadingHTTPServer):
         # would hold the body until the client's delayed ACK (about 40 ms a response).
         with contextlib.suppress(OSError):
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tls = self.credentials.tls
+        if tls is not None:
+            # Each connection is wrapped with the context of the moment, so a reload's certificate serves the
+            # next connection. The handshake happens in the request's own thread (see _Handler.setup), so a
+            # client that connects and says nothing cannot hold up the accept loop.
+            try:
+                request = tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            except OSError:
+                request.close()
+                raise
         now = time.monotonic()
         with self._slots:
             self._connections[request] = _Connection(str(address[0]), Phase.HEADERS, now, now + self.header_deadline)
@@ -394,8 +462,9 @@ def landing_page(view: View) -> str:
         else "<p>No alert is firing.</p>"
     )
     budget_rows = "".join(
-        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(_scope(b))}</td><td>{html.escape(b.period)}</td>"
-        f"<td>{b.amount:f}</td>"
+        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(_scope(b))}"
+        + ("<br><span class=bad>matches nothing</span>" if scope_matched(b, view.latest) is False else "")
+        + f"</td><td>{html.escape(b.period)}</td><td>{b.amount:f}</td>"
         + (
             f"<td class={_level(r[0])}>{r[0]:.1%}</td><td class={_level(r[1])}>{r[1]:.1%}</td>"
             if r
@@ -460,12 +529,95 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 
 MAX_URL = 8192
 MAX_HEADER_BYTES = 16384
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""A header name (RFC 9110 §5.6.2)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""What a header value must not hold (RFC 9110 §5.5): NUL, CR, LF (a folded line) and every other control but tab."""
+_DIGITS = re.compile(r"[0-9]+")
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
+"""A weight (RFC 9110 §12.4.2)."""
+_ONCE = ("Content-Length", "Host")
+"""Headers a request may hold once: two are two readings of one request (RFC 9112 §3.2, §6.3)."""
+
+
+def target_path(command: str, target: str) -> str | None:
+    """The path a request asks for: its target's in origin form (`/metrics?x`) or absolute form
+    (`http://host/metrics`, which RFC 9112 §3.2.2 has a server accept), or `*` for `OPTIONS *`. None for any other
+    target, and for one that cannot be parsed (`http://[x/`)."""
+    if target == "*" and command == "OPTIONS":
+        return target
+    try:
+        parts = urlsplit(target)
+    except ValueError:
+        return None
+    if target.startswith("/"):
+        return parts.path
+    if parts.scheme.lower() in ("http", "https") and parts.netloc:
+        return parts.path or "/"
+    return None
+
+
+def header_problem(headers: Message) -> str | None:
+    """Why a request's headers are refused, or None if they are not.
+
+    What a proxy in front may read another way is refused, not guessed at (RFC 9112 §5.1, §5.2, §6.3): a line that
+    is not `name: value` (the stdlib's parser takes it and every line after it for a body, so `Content-Length : 5`
+    would go unseen), a folded line, a control character, two Content-Length (or Host), a Content-Length that is not
+    one number, and Transfer-Encoding beside Content-Length.
+    """
+    if headers.defects or headers.get_payload():
+        return "a header line that is not NAME: VALUE"
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            return "a header name that is not a token"
+        if _CONTROL.search(value):
+            return f"a folded line or a control character in {name}"  # (a token: nothing to escape)
+    for name in _ONCE:
+        if len(headers.get_all(name, [])) > 1:
+            return f"more than one {name}"
+    length = headers.get("Content-Length")
+    if length is not None and not _DIGITS.fullmatch(length.strip(" \t")):
+        return "a Content-Length that is not a number"
+    if length is not None and "Transfer-Encoding" in headers:
+        return "both Transfer-Encoding and Content-Length"
+    return None
+
+
+def accepts_gzip(fields: Sequence[str]) -> bool:
+    """Whether a client that sent these Accept-Encoding fields takes gzip, and prefers it at least as much as the
+    body as it is (RFC 9110 §12.5.3).
+
+    `gzip;q=0`, or `*;q=0` with no `gzip` of its own, says gzip is not acceptable; `gzip;q=0.5, identity` prefers the
+    plain body. Codings and parameters are case-insensitive, `x-gzip` is gzip (§8.4.1.3), and a weight that is not
+    one (`q=2`) counts as 0: the plain body is never wrong.
+    """
+    weights: dict[str, float] = {}
+    for element in ",".join(fields).split(","):
+        coding, *parameters = (part.strip() for part in element.split(";"))
+        if not coding:
+            continue
+        weight = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                value = value.strip()
+                weight = float(value) if _QVALUE.fullmatch(value) else 0.0
+        coding = coding.lower()
+        weights["gzip" if coding == "x-gzip" else coding] = weight
+    gzip_weight = weights.get("gzip", weights.get("*", 0.0))
+    # Not named, the plain body is acceptable but the least preferred: a client that names gzip gets it.
+    identity_weight = weights.get("identity", weights.get("*", 0.0))
+    return gzip_weight > 0 and gzip_weight >= identity_weight
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.1"
     timeout = 30  # a client that stalls mid-request is dropped, not waited on forever
+    target = "/"
+    """The path the request asks for, from its checked target (see parse_request)."""
+    answered = False
+    """Whether this request's response has begun: after that, a crash can only cut the connection."""
 
     def setup(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):
@@ -474,11 +626,21 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
 
     def handle(self) -> None:
-        """The stdlib's keep-alive loop, with the connection idle between requests (see ExporterServer.enter)."""
+        """The stdlib's keep-alive loop, with the connection idle between requests (see ExporterServer.enter). A bug
+        that escapes a request is a 500 and one log line (see _crashed), not the stdlib's traceback on stderr."""
         self.close_connection = True
+        try:
+            self._handle_one()
+            while not self.close_connection and self._next_request():
+                self._handle_one()
+        except _CLIENT_GONE:
+            raise  # no fault of the server's: ExporterServer.handle_error says it at debug
+        except Exception:
+            self._crashed()
+
+    def _handle_one(self) -> None:
+        self.answered = False
         self.handle_one_request()
-        while not self.close_connection and self._next_request():
-            self.handle_one_request()
 
     def _next_request(self) -> bool:
         """Wait, idle, for the next request's first byte; its header deadline starts there."""
@@ -492,30 +654,61 @@ class _Handler(BaseHTTPRequestHandler):
 
     def parse_request(self) -> bool:
         """Reads the headers; from then on the header deadline no longer applies. A connection cut meanwhile saw
-        its headers end early: that truncated request gets no answer."""
+        its headers end early: that truncated request gets no answer. One the stdlib takes but whose target or
+        headers are malformed or ambiguous is refused with a 400 (see target_path and header_problem)."""
         parsed = super().parse_request()
         if not self.server.enter(self.request, Phase.BUSY):
             self.close_connection = True
             return False
-        return parsed
+        if not parsed:
+            return False
+        path = target_path(self.command, self.path)
+        problem = "a target that is neither a path nor a URL" if path is None else header_problem(self.headers)
+        if path is None or problem is not None:
+            self._refuse(400, f"bad request: {problem}")
+            return False
+        self.target = path
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's refusals (a bad request line, a line too long, too many headers, an unknown method) as this
+        server's own: plain text, the connection closed, one log line."""
+        if self.request_version == "HTTP/0.9":
+            # A request line the stdlib could not read leaves HTTP/0.9, whose answers have no status line: the
+            # client would see a page, not a refusal.
+            self.request_version = self.protocol_version
+        self._refuse(code, message or HTTPStatus(code).phrase)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http request", line=format % args)
 
     def _accepts_gzip(self) -> bool:
-        return "gzip" in self.headers.get("Accept-Encoding", "")
+        return accepts_gzip(self.headers.get_all("Accept-Encoding", []))
 
     def _send(
-        self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None, gzipped: bool = False
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: dict[str, str] | None = None,
+        gzipped: bool = False,
+        *,
+        logged: bool = True,
     ) -> None:
         """Send a response, gzipped (one member: curl and other libcurl clients stop after the
-        first) when the client accepts it and it is worth it; `gzipped`: it is already."""
+        first) when the client accepts it and it is worth it; `gzipped`: it is already. `logged`: with the access
+        line at debug (a refusal or a crash has its own line instead)."""
         headers = dict(headers or {})
-        if not gzipped and self._accepts_gzip() and len(body) > 1024:
+        if not gzipped and len(body) > 1024 and self._accepts_gzip():
             body, gzipped = gzip.compress(body, compresslevel=GZIP_LEVEL), True
         if gzipped:
             headers["Content-Encoding"] = "gzip"
-        self.send_response(status)
+        self.answered = True
+        if logged:
+            self.log_request(status)
+        self.send_response_only(status)
+        self.send_header("Server", self.version_string())
+        self.send_header("Date", self.date_time_string())
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for name, value in headers.items():
@@ -525,7 +718,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _authorised(self) -> bool:
-        if self.server.auth is None:
+        auth = self.server.credentials.auth  # once: a reload may swap it meanwhile
+        if auth is None:
             return True
         scheme, _, encoded = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "basic":
@@ -534,16 +728,34 @@ class _Handler(BaseHTTPRequestHandler):
             username, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        expected_user, expected_password = self.server.auth
-        user_ok = hmac.compare_digest(username.encode(), expected_user.encode())
-        return hmac.compare_digest(password.encode(), expected_password.encode()) and user_ok
+        expected_user, expected_password = auth
+        user_ok = hmac.compare_digest(username.encode(), expected_user)
+        return hmac.compare_digest(password.encode(), expected_password) and user_ok
 
     def do_HEAD(self) -> None:
         self.do_GET()
 
     def _refuse(self, status: int, reason: str, **headers: str) -> None:
+        """Answer `status` and close the connection: what else the client sent is never read, so it cannot be
+        taken for a request of its own. One log line, at info: a client's mistake, or someone probing."""
+        log.info(
+            "http request refused", status=status, reason=reason, address=self.client_address[0],
+            request=self.requestline[:200],
+        )  # fmt: skip
         self.close_connection = True
-        self._send(status, f"{reason}\n".encode(), "text/plain", {"Connection": "close", **headers})
+        body = f"{reason}\n".encode()
+        self._send(status, body, "text/plain; charset=utf-8", {"Connection": "close", **headers}, logged=False)
+
+    def _crashed(self) -> None:
+        """A bug: one log line, at error, with the traceback as a field; a 500 unless the response has begun (then
+        only cutting the connection can tell the client). The connection closes either way: how much of the
+        request was read is unknown."""
+        log.exception("http request crashed", address=self.client_address[0], request=self.requestline[:200])
+        self.close_connection = True
+        if not self.answered:
+            with contextlib.suppress(OSError):  # the client may be gone already
+                body = b"internal server error\n"
+                self._send(500, body, "text/plain; charset=utf-8", {"Connection": "close"}, logged=False)
 
     def do_POST(self) -> None:
         self._refuse(405, "method not allowed", Allow="GET, HEAD")
@@ -557,10 +769,11 @@ class _Handler(BaseHTTPRequestHandler):
         if sum(len(name) + len(value) for name, value in self.headers.items()) > MAX_HEADER_BYTES:
             self._refuse(431, "request header fields too large")
             return
-        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+        has_body = bool(self.headers.get("Content-Length", "0").strip(" \t").lstrip("0"))  # (checked: digits)
+        if has_body or "Transfer-Encoding" in self.headers:
             self._refuse(413, "this server takes no request body")
             return
-        path = urlsplit(self.path).path
+        path = self.target
         view = self.server.view
         if path not in OPEN_PATHS and not self._authorised():
             self._send(401, b"unauthorised\n", "text/plain", {"WWW-Authenticate": 'Basic realm="exporter"'})

@@ -236,6 +236,8 @@ class Latest:
     clock_skew: float | None = None
     config_reload_success: bool = True
     config_reload_timestamp: float = field(default_factory=time.time)
+    _missed_scopes: dict[str, str] = field(default_factory=dict)
+    """Budgets whose scope matched nothing when last judged, with that scope (`budgets.judge_scopes`)."""
 
     @property
     def health(self) -> Mapping[str, SourceHealth]:
@@ -266,6 +268,18 @@ class Latest:
         self.config_reload_success = success
         if success:
             self.config_reload_timestamp = time.time()
+
+    def note_scope(self, budget: str, scope: str, matched: bool) -> bool:
+        """Note whether `budget`'s `scope` matched anything; True when its matching nothing is news:
+        not noted yet for this scope since the budget last matched. Kept here, for the daemon's
+        lifetime, since a reload builds the budgets' collector anew."""
+        with self._lock:
+            if matched:
+                self._missed_scopes.pop(budget, None)
+                return False
+            news = self._missed_scopes.get(budget) != scope
+            self._missed_scopes[budget] = scope
+            return news
 
     def count_api_call(self, api: str, code: str) -> None:
         with self._lock:

@@ -104,6 +104,17 @@ CREATE TABLE IF NOT EXISTS usage_ids (
     day TEXT PRIMARY KEY,
     ids BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS usage_amounts (
+    day TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL,
+    api_key TEXT NOT NULL,
+    amount TEXT NOT NULL,
+    prompt INTEGER NOT NULL,
+    completion INTEGER NOT NULL,
+    cached INTEGER NOT NULL,
+    PRIMARY KEY (day, endpoint, model, api_key)
+);
 CREATE TABLE IF NOT EXISTS alert_state (
     key TEXT PRIMARY KEY,
     rule TEXT NOT NULL,
@@ -672,6 +683,23 @@ class StateStore:
         with self._reading() as db:
             return _probe_runs(db, start, end)
 
+    def load_usage_amounts(self, day: dt.date) -> list[tuple[str, str, str, str, int, int, int]]:
+        """What today's estimate counters counted (`usage_sync.Counted`), per (endpoint, model, api
+        key): the amount as exact decimal text and the prompt, completion and cached tokens it covers."""
+        with self._reading() as db:
+            return db.execute(
+                "SELECT endpoint, model, api_key, amount, prompt, completion, cached FROM usage_amounts WHERE day = ?",
+                (day.isoformat(),),
+            ).fetchall()
+
+    def save_usage_amounts(self, day: dt.date, rows: Sequence[tuple[str, str, str, str, int, int, int]]) -> None:
+        """Replace the counted amounts with `day`'s (only today's are ever read)."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM usage_amounts")
+            db.executemany(
+                "INSERT INTO usage_amounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day.isoformat(), *row) for row in rows]
+            )
+
     def load_usage_ids(self, day: dt.date) -> bytes:
         """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
         with self._reading() as db:
@@ -915,7 +943,9 @@ class AlertStore:
 
     def discard(self, keep: Iterable[str], now: float, reason: str) -> dict[str, int]:
         """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
-        reload removed, or that is no longer one with a queue); how many per notifier."""
+        reload removed, or that is no longer one with a queue), and forget what was sent to them (one
+        added again under the same name is then told what fires, as a new one is); how many were
+        waiting, per notifier."""
         kept = sorted(set(keep))
         marks = ",".join("?" * len(kept))
         dropped: dict[str, int] = {}
@@ -926,6 +956,7 @@ class AlertStore:
                 for name, count in rows.fetchall():
                     dropped[name] = dropped.get(name, 0) + count
                 db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
+            db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
         return dropped
 
     def alert_states(self, keys: Iterable[str]) -> dict[str, str]:

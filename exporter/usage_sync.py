@@ -17,6 +17,13 @@ full read of the day, which itself tries the other order when its first attempt 
 At the billing day's rollover the old day gets one last full pull (late records) and is kept
 as the finalised previous day; today's counters start from zero. Cursor and totals live in the
 state store, so a restart resumes without downloading the day again.
+
+Today's estimated amount is a counter: each poll prices the tokens it counted with the prices of
+that moment and adds them, so new prices (a reload, or a restart on an edited config) price
+only what is counted from then on, and the counter never goes down with a price cut. What it
+counted is kept in the state store beside the day's totals (`usage_amounts`), so a restart
+resumes it where it stood. The finalised previous day is a gauge, priced whole with the prices
+of the moment.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import math
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from types import MappingProxyType
 
@@ -151,15 +159,59 @@ class Aggregate:
 
 
 def estimate(price: PriceConfig | None, prompt: int, completion: int, cached: int) -> Decimal | None:
-    """Tokens × configured prices; cached prompt tokens are part of the prompt tokens."""
-    if price is None:
-        return None
+    """`cost`, or None for a model without a configured price."""
+    return None if price is None else cost(price, prompt, completion, cached)
+
+
+def cost(price: PriceConfig, prompt: int, completion: int, cached: int) -> Decimal:
+    """Tokens × a model's configured price; cached prompt tokens are part of the prompt tokens."""
     cached_price = (
         price.prompt_per_million if price.cached_prompt_per_million is None else price.cached_prompt_per_million
     )
     return (
         (prompt - cached) * price.prompt_per_million + cached * cached_price + completion * price.completion_per_million
     ) / MILLION
+
+
+Tokens = tuple[int, int, int]
+"""prompt, completion, cached: what an estimate is made of."""
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What today's estimate counter of one key has counted: `amount` for the tokens `covered`,
+    each priced by the prices in effect when it was counted."""
+
+    amount: Decimal
+    covered: Tokens
+
+
+NOTHING_COUNTED = Counted(Decimal(0), (0, 0, 0))
+
+
+def count(
+    counted: Mapping[UsageKey, Counted], aggregate: Aggregate, prices: Mapping[str, PriceConfig]
+) -> dict[UsageKey, Counted]:
+    """`counted`, with the tokens `aggregate` holds beyond it priced by `prices` and added.
+
+    A key whose model has no price is left as it was: its tokens are priced by the first price
+    its model gets (a price added to the config covers the day so far; nothing went out at a
+    lower figure meanwhile, since a key without a price has no counter). An amount that covers
+    more tokens than the key holds (saved before a crash cut short a reset, or counted on a list
+    read afresh that shows fewer) is not trusted: that key's tokens are priced afresh.
+    """
+    after = dict(counted)
+    for key, (_, prompt, completion, cached) in aggregate.sums.items():
+        price = prices.get(key.model)
+        before = after.get(key, NOTHING_COUNTED)
+        if not all(had <= has for had, has in zip(before.covered, (prompt, completion, cached), strict=True)):
+            before = after[key] = NOTHING_COUNTED
+        if price is None or before.covered == (prompt, completion, cached):
+            continue
+        p, c, k = before.covered
+        amount = before.amount + cost(price, prompt - p, completion - c, cached - k)
+        after[key] = Counted(amount, (prompt, completion, cached))
+    return after
 
 
 def fingerprint(ids: Iterable[str]) -> str:
@@ -267,6 +319,10 @@ class UsageSync:
         self._aggregate = Aggregate(per_api_key)
         self._cursor: UsageCursor | None = None
         self._created = 0.0
+        self._counted: dict[UsageKey, Counted] = {}
+        """What today's estimate counters counted, key by key (see `count`)."""
+        self._saved: dict[UsageKey, Counted] = {}
+        """`_counted` as the state store holds it."""
         self._published: UsageSnapshot | None = None
         """The last snapshot returned (a poll that finds nothing new returns it again)."""
         self._published_prices: object = None
@@ -285,28 +341,47 @@ class UsageSync:
     # -- snapshots --
 
     def _snapshot(
-        self, day: dt.date, aggregate: Aggregate, created: float, *, with_previous: bool = True
+        self,
+        day: dt.date,
+        aggregate: Aggregate,
+        created: float,
+        prices: Mapping[str, PriceConfig],
+        counted: Mapping[UsageKey, Counted] | None = None,
     ) -> UsageSnapshot:
-        totals = {
-            key: UsageTotals(r, p, c, k, estimate(self.prices.get(key.model), p, c, k))
-            for key, (r, p, c, k) in aggregate.sums.items()
-        }
-        previous = self._previous if with_previous else None
+        """Today's figures, given what its counters `counted`, with the finalised day before; or,
+        without, that day before, every token priced with `prices` (its figures are gauges)."""
+        totals = {}
+        for key, (r, p, c, k) in aggregate.sums.items():
+            price = prices.get(key.model)
+            if price is None:
+                amount = None
+            elif counted is None:
+                amount = cost(price, p, c, k)
+            else:
+                amount = counted.get(key, NOTHING_COUNTED).amount
+            totals[key] = UsageTotals(r, p, c, k, amount)
+        previous = self._previous if counted is not None else None
         return UsageSnapshot(
             day=day,
             totals=MappingProxyType(totals),
             records=aggregate.records,
             created=created,
             resyncs=self.resyncs,
-            previous_day=self._snapshot(*previous, with_previous=False) if previous else None,
+            previous_day=self._snapshot(*previous, prices) if previous else None,
         )
 
     def reprice(self, prices: Iterable[PriceConfig]) -> UsageSnapshot | None:
-        """Take new prices; the figures priced with them (None before the first sync). No API call."""
+        """Take new prices; the figures with them (None before the first sync). No API call.
+
+        Today's estimates are counters: they keep what they counted, and the new prices price the
+        tokens counted from now on (and those of a model that had no price). The finalised day
+        before is priced anew whole. What this counted is saved by the next poll.
+        """
         self.prices = {p.model: p for p in prices}
         if self._day is None or self._cursor is None:
             return None
-        self._published = self._snapshot(self._day, self._aggregate, self._created)
+        self._counted = count(self._counted, self._aggregate, self.prices)
+        self._published = self._snapshot(self._day, self._aggregate, self._created, self.prices, self._counted)
         self._published_prices = self.prices
         return self._published
 
@@ -555,6 +630,19 @@ class UsageSync:
             cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.chunks()
         )
 
+    def _save_counted(self, day: dt.date, counted: dict[UsageKey, Counted]) -> None:
+        """Today's counted amounts, written after the totals they cover (`_save`): a crash between
+        the two leaves them behind the totals, and the next poll prices the tokens between."""
+        rows = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
+        self.state.save_usage_amounts(day, rows)
+        self._saved = counted
+
+    def _load_counted(self, day: dt.date) -> dict[UsageKey, Counted]:
+        return {
+            UsageKey(e, m, a): Counted(Decimal(amount), (p, c, k))
+            for e, m, a, amount, p, c, k in self.state.load_usage_amounts(day)
+        }
+
     # -- the refresh --
 
     def _restore(self, today: dt.date) -> None:
@@ -577,6 +665,8 @@ class UsageSync:
             self._created = self.clock.day_start(day).timestamp()
             if day < today and self._cursor.finalised:
                 self._previous = (day, self._aggregate, self._created)
+            if day == today:
+                self._counted = self._saved = self._load_counted(day)
         if self._day == today:
             log.info("resuming usage sync", day=today, records=self._aggregate.records)
             saved_size = self._cursor.page_size if self._cursor is not None else 0
@@ -607,6 +697,9 @@ class UsageSync:
             self._day, self._finalise_failures = None, 0
         if self._day is None:
             self._day, self._cursor, self._aggregate = today, None, Aggregate(self.per_api_key)
+            # Nothing at a rollover; after a restart that reads the day afresh (its settings
+            # changed), what its counters counted, so that they go on from there.
+            self._counted = self._saved = self._load_counted(today)
             self._created = self.clock.day_start(today).timestamp()
 
         try:
@@ -618,13 +711,18 @@ class UsageSync:
                 self.resyncs += 1
                 log.warning("usage resync", day=today, reason=str(reason))
             aggregate, cursor = self._full(today)
+        before = self._counted
         if any(
             new < old
             for key, sums in self._aggregate.sums.items()
             for new, old in zip(aggregate.sums.get(key, (0, 0, 0, 0)), sums, strict=True)
         ):
-            # Records were removed upstream: the counters reset here, and `created` says when.
+            # Records were removed upstream: the counters reset here, and `created` says when; the
+            # estimates start again from the day's tokens at today's prices.
             self._created = self.clock.now().timestamp()
+            before = {}
+        prices = self.prices  # once: a reload may set new ones while this runs
+        counted = count(before, aggregate, prices)
         published = self._published
         if (
             published is not None
@@ -633,11 +731,14 @@ class UsageSync:
             and cursor == self._cursor
             and aggregate.rows == self._aggregate.rows
             and aggregate.sums == self._aggregate.sums
-            and self._published_prices is self.prices
+            and self._published_prices is prices
+            and counted == self._saved
         ):
             return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
         self._save(cursor, aggregate)  # first: if the state file refuses it, nothing here has moved
-        self._cursor, self._aggregate = cursor, aggregate
-        self._published = self._snapshot(today, aggregate, self._created)
-        self._published_prices = self.prices
+        if counted != self._saved:
+            self._save_counted(today, counted)
+        self._cursor, self._aggregate, self._counted = cursor, aggregate, counted
+        self._published = self._snapshot(today, aggregate, self._created, prices, counted)
+        self._published_prices = prices
         return self._published

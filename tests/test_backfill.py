@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import os
 import re
+import socket
+import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
@@ -21,7 +24,18 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.backfill import STEP, BackfillError, Month, _Calendar, backfill, fetch, months, render, target_labels
+from exporter.backfill import (
+    MAX_MONTHS,
+    STEP,
+    BackfillError,
+    Month,
+    _Calendar,
+    backfill,
+    fetch,
+    months,
+    render,
+    target_labels,
+)
 from exporter.billing import BillingAPIError, BillingClient, BillRecord, SignatureRejected
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock, previous_period
@@ -238,6 +252,7 @@ def test_bad_months_are_refused_with_the_reason(first: str, last: str | None, er
 def test_months_run_from_the_first_to_the_last_across_a_year() -> None:
     assert months("2025-11", "2026-02", "2026-11") == ["2025-11", "2025-12", "2026-01", "2026-02"]
     assert months("2026-11", None, "2026-11") == ["2026-11"]
+    assert len(months("2024-12", None, "2026-11")) == MAX_MONTHS  # the cap itself is allowed
 
 
 @pytest.mark.parametrize(
@@ -298,6 +313,77 @@ def test_bad_arguments_exit_2_with_one_line(
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("inference-cost-exporter backfill: ")
     assert not (tmp_path / "out.om").exists()
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def directory(path: Path) -> Path:
+    path.mkdir()
+    (path / "kept").write_text("kept\n")
+    return path
+
+
+def device(path: Path) -> Path:
+    """A character device: as root, a node of its own with /dev/null's numbers (so that a regression
+    replaces that one, not the machine's /dev/null); else /dev/null itself, which a user cannot replace."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.stat("/dev/null").st_rdev)
+    except PermissionError:
+        return Path("/dev/null")
+    return path
+
+
+def unix_socket(path: Path) -> Path:
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(path))  # the socket file stays after the socket is closed
+    return path
+
+
+def link_to_fifo(path: Path) -> Path:
+    path.symlink_to(fifo(path.with_name("fifo")))
+    return path
+
+
+def identity(path: Path) -> tuple[tuple[int, int, int], ...]:
+    """What the path is, and what it points to: replacing either changes it."""
+    return tuple((s.st_ino, s.st_mode, s.st_rdev) for s in (os.lstat(path), os.stat(path)))
+
+
+@pytest.mark.parametrize(
+    ("make", "kind"),
+    [
+        (fifo, "a FIFO"),
+        (directory, "a directory"),
+        (device, "a character device"),
+        (unix_socket, "a socket"),
+        (link_to_fifo, "a symbolic link to a FIFO"),
+    ],
+    ids=["fifo", "directory", "device", "socket", "link-to-fifo"],
+)
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer], make: Callable[[Path], Path], kind: str
+) -> None:
+    """Replacing it would put a regular file where a FIFO, a device node or a directory was (a device
+    node in /dev, as root): refused with one line naming it, before any month is fetched."""
+    sim, server = spending
+    config = write_config(tmp_path, sim, server)
+    target = make(tmp_path / "out")
+    before = identity(target)
+    month = billing_months(1)[0]
+    result = run("backfill", "--config", str(config), "--from", month, "--to", month, "--output", str(target),
+                 env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"inference-cost-exporter backfill: cannot write {target}: it is {kind}, not a regular file (left as it is)"
+    ]
+    assert identity(target) == before
+    assert not target.with_name(f".{target.name}.partial").exists()
+    if kind == "a directory":
+        assert [p.name for p in target.iterdir()] == ["kept"]
+    assert sim.requests_served == {}
 
 
 def test_refused_credentials_write_nothing_and_name_no_secret(

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.backfill import MAX_MONTHS
 from exporter.backtest import backtest, render
-from exporter.clock import Clock
+from exporter.clock import Clock, period_at, period_index
 from exporter.config import validate
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
-from tests.conftest import billing_section
+from tests.conftest import SHANGHAI, billing_section
 
 SPIKES = [(dt.date(2026, 9, 16), 1, 2.5), (dt.date(2026, 10, 8), 2, 2.0), (dt.date(2026, 10, 31), 0, 2.5)]
 """The last on the last day of the range: judged (and fired) on 1 November, still reported."""
@@ -170,3 +171,26 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
         assert refused.returncode == 2
         assert message in refused.stderr
         assert refused.stdout == ""
+
+
+@pytest.mark.parametrize("first", ["one-over", "2000-01"])
+def test_a_backtest_over_more_months_than_backfill_takes_is_refused_before_any_request(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path, first: str
+) -> None:
+    """`--from 2000-01` once made 1,640 bills requests: the range has backfill's cap, and is refused
+    with one line and exit 2 before the API hears of it."""
+    from tests.test_cli import run, write_config
+
+    sim, server = live
+    current = Clock(SHANGHAI).period()  # the command runs on the real clock, in the config's billing zone
+    if first == "one-over":
+        first = period_at(period_index(current) - MAX_MONTHS)
+    count = period_index(current) - period_index(first) + 1
+    result = run("backtest", "--config", str(write_config(tmp_path, sim, server)), "--from", first,
+                 env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"inference-cost-exporter: backtest: {count} months from {first} to {current}: at most {MAX_MONTHS} at once"
+    ]
+    assert result.stdout == ""
+    assert sim.requests_served == {}

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from exporter.alerts.promrules import rule_file
 from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
+from exporter.config import load, validate
 from exporter.daemon import Daemon
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from exporter.sim.model import API_KEYS, MILLION
 from tests.conftest import billing_section
-from tests.helpers import Receiver, scrape, value
+from tests.helpers import Receiver, logged, scrape, value
 
 pytestmark = pytest.mark.integration
 
@@ -285,5 +287,108 @@ def test_after_midnight_the_figures_of_the_day_and_month_that_ended_are_not_show
         assert value(fresh, "inference_budget_used_ratio", budget="day") == pytest.approx(
             float(billed(sim, december_first) / 500), rel=1e-12
         )
+    finally:
+        daemon.stop()
+
+
+MATCHED = "inference_budget_scope_matched"
+UNMATCHED = "budget scope matches nothing"
+
+
+def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_once(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    endpoint = sim.endpoints[1].endpoint_id
+    budgets = [
+        {"name": "account", "amount": "10000"},
+        {"name": "team", "amount": "2000", "where": {"endpoint_id": endpoint}},
+        {"name": "team-typo", "amount": "2000", "where": {"endpoint_id": endpoint.replace("-", "_")}},
+        {"name": "item-typo", "amount": "50", "period": "day", "where": {"item": "ITEM_COMPLETION_TOKENS"}},
+        {"name": "key", "amount": "20", "where": {"api_key": API_KEYS[0]}},
+        {"name": "key-typo", "amount": "20", "where": {"api_key": "sk-7f3b********"}},
+    ]
+    sim.add_usage(300)
+    caplog.set_level(logging.WARNING, logger="exporter.budgets")
+    daemon = start(sim, server, clock, tmp_path, budgets=budgets, prices=PRICES, billing={"per_api_key": True})
+    try:
+        series = scrape(daemon.server.url)
+        assert value(series, MATCHED, budget="account") == 1  # no `where`: it always matches
+        for name in ("team", "team-typo", "item-typo", "key", "key-typo"):
+            assert value(series, MATCHED, budget=name) is None  # not judged before its source refreshed
+        assert logged(caplog.records, UNMATCHED) == []
+
+        assert daemon.refresh("bills")
+        series = scrape(daemon.server.url)
+        assert value(series, MATCHED, budget="team") == 1
+        assert value(series, MATCHED, budget="team-typo") == 0
+        assert value(series, MATCHED, budget="item-typo") == 0
+        assert value(series, MATCHED, budget="key-typo") is None  # on usage, which has not refreshed
+        assert value(series, "inference_budget_used_ratio", budget="team-typo") == 0  # what would go unnoticed
+        warned = [
+            (r.fields["budget"], r.fields["scope"], r.fields["source"]) for r in logged(caplog.records, UNMATCHED)
+        ]  # type: ignore[attr-defined]
+        assert sorted(warned) == [
+            ("item-typo", "item=ITEM_COMPLETION_TOKENS", "bills"),
+            ("team-typo", f"endpoint_id={endpoint.replace('-', '_')}", "bills"),
+        ]
+        page = requests.get(daemon.server.url + "/", timeout=10).text
+        marked = {row.split("</td>")[0].removeprefix("<td>") for row in page.split("<tr>") if "matches nothing" in row}
+        assert marked == {"team-typo", "item-typo"}  # the landing page says it too
+
+        assert daemon.refresh("usage")
+        series = scrape(daemon.server.url)
+        assert value(series, MATCHED, budget="key") == 1
+        assert value(series, MATCHED, budget="key-typo") == 0
+        assert len(logged(caplog.records, UNMATCHED, budget="key-typo", scope="api_key=sk-7f3b********")) == 1
+
+        for _ in range(2):  # refreshes that find the scopes still matching nothing say nothing new
+            frozen.advance(dt.timedelta(minutes=5))
+            assert daemon.refresh("bills")
+            assert daemon.refresh("usage")
+            scrape(daemon.server.url)
+        assert len(logged(caplog.records, UNMATCHED)) == 3
+    finally:
+        daemon.stop()
+
+
+def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_warned_about_again(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint = sim.endpoints[0].endpoint_id
+    path = tmp_path / "config.yaml"
+
+    def write(scope: str, amount: str = "2000") -> None:
+        budget = {"name": "team", "amount": amount, "where": {"endpoint_id": scope}}
+        document = {
+            "billing": billing_section(sim, server),
+            "budgets": [budget],
+            "state": {"path": str(tmp_path / "s.db")},
+        }
+        path.write_text(yaml.safe_dump(document))
+
+    caplog.set_level(logging.WARNING, logger="exporter.budgets")
+    write("ep-typo")
+    daemon = Daemon(load(path), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    try:
+        assert daemon.refresh("bills")
+        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert len(logged(caplog.records, UNMATCHED, budget="team", scope="endpoint_id=ep-typo")) == 1
+
+        write(endpoint)
+        assert daemon.reload()
+        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 1
+        assert len(logged(caplog.records, UNMATCHED)) == 1
+
+        write("ep-typo")  # it matched something, and now nothing again: that is news
+        assert daemon.reload()
+        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert len(logged(caplog.records, UNMATCHED, budget="team", scope="endpoint_id=ep-typo")) == 2
+
+        write("ep-typo", amount="3000")  # a reload that keeps the miss is not
+        assert daemon.reload()
+        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert len(logged(caplog.records, UNMATCHED)) == 2
     finally:
         daemon.stop()

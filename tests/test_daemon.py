@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import http.client
 import logging
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+import trustme
 import yaml
 
 from exporter.billing import RetryPolicy
 from exporter.clock import Clock
 from exporter.config import validate
 from exporter.daemon import Daemon
+from exporter.logs import LogfmtFormatter
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import Receiver, logged, named, scrape, value, wait_for
@@ -217,3 +223,134 @@ def test_a_run_skipped_for_a_slow_source_is_our_debug_line_not_a_warning(
     finally:
         daemon.stop(grace=5)
     assert not [r for r in caplog.records if "maximum number of running instances" in r.getMessage()]
+
+
+OLD_PASSWORD, NEW_PASSWORD = "old-scrape-pass-0451", "new-scrape-pass-7182"
+
+
+def write_certificate(ca: trustme.CA, directory: Path) -> bytes:
+    """A certificate for 127.0.0.1 by the test CA, written as cert.pem and key.pem in `directory`; its DER."""
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
+    leaf.private_key_pem.write_to_path(str(directory / "key.pem"))
+    return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+
+
+def served_certificate(daemon: Daemon, ca_file: str) -> bytes:
+    """The certificate a new TLS connection to the daemon is shown (DER)."""
+    context = ssl.create_default_context(cafile=ca_file)
+    with (
+        socket.create_connection(daemon.server.server_address[:2], timeout=10) as plain,
+        context.wrap_socket(plain, server_hostname="127.0.0.1") as connection,
+    ):
+        certificate = connection.getpeercert(binary_form=True)
+    assert certificate is not None
+    return certificate
+
+
+def status(daemon: Daemon, password: str, ca_file: str) -> int:
+    url = f"{daemon.server.url}/metrics"
+    return requests.get(url, auth=("prometheus", password), verify=ca_file, timeout=10).status_code
+
+
+@pytest.fixture
+def tls_daemon(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, ca: trustme.CA
+) -> Iterator[tuple[Daemon, dict, Path]]:
+    """A daemon serving HTTPS with basic auth, started from a config file; the document, for the test to change
+    and write again."""
+    write_certificate(ca, tmp_path)
+    path = tmp_path / "config.yaml"
+    document = daemon_config(sim, server, tmp_path) | {
+        "server": {
+            "listen": "127.0.0.1:0",
+            "tls": {"cert_file": str(tmp_path / "cert.pem"), "key_file": str(tmp_path / "key.pem")},
+            "basic_auth": {"username": "prometheus", "password": OLD_PASSWORD},
+        }
+    }
+    path.write_text(yaml.safe_dump(document))
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, retry=FAST)
+    daemon.start(schedule=False)
+    yield daemon, document, path
+    daemon.stop(grace=5)
+
+
+def test_a_reload_rotates_the_password_and_the_certificate_without_dropping_connections(
+    tls_daemon: tuple[Daemon, dict, Path], ca: trustme.CA, ca_file: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    daemon, document, path = tls_daemon
+    caplog.set_level(logging.DEBUG)
+    first = served_certificate(daemon, ca_file)
+    assert status(daemon, OLD_PASSWORD, ca_file) == 200
+    host, port = daemon.server.server_address[:2]
+    kept = http.client.HTTPSConnection(host, port, context=ssl.create_default_context(cafile=ca_file), timeout=10)
+    kept.request("GET", "/healthz")
+    assert kept.getresponse().read() == b"ok\n"
+    in_flight = kept.sock
+
+    second = write_certificate(ca, tmp_path)  # renewed in place: the same paths, new contents
+    document["server"]["basic_auth"]["password"] = NEW_PASSWORD
+    path.write_text(yaml.safe_dump(document))
+    assert daemon.reload() is True
+
+    assert served_certificate(daemon, ca_file) == second != first
+    assert status(daemon, OLD_PASSWORD, ca_file) == 401
+    assert status(daemon, NEW_PASSWORD, ca_file) == 200
+    token = base64.b64encode(f"prometheus:{NEW_PASSWORD}".encode()).decode()
+    kept.request("GET", "/metrics", headers={"Authorization": f"Basic {token}"})  # the connection of before
+    assert kept.getresponse().status == 200
+    assert kept.sock is in_flight
+    assert in_flight.getpeercert(binary_form=True) == first  # its session goes on as it began
+    kept.close()
+    series = scrape(daemon.server.url, verify=ca_file, auth=("prometheus", NEW_PASSWORD))
+    assert value(series, "inference_exporter_config_last_reload_successful") == 1
+    formatter = LogfmtFormatter()
+    for record in caplog.records:
+        line = formatter.format(record)
+        assert OLD_PASSWORD not in line
+        assert NEW_PASSWORD not in line
+
+
+def test_a_reload_whose_certificate_does_not_load_is_refused_whole(
+    tls_daemon: tuple[Daemon, dict, Path], ca: trustme.CA, ca_file: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    daemon, document, path = tls_daemon
+    first = served_certificate(daemon, ca_file)
+    (tmp_path / "cert.pem").write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    document["server"]["basic_auth"]["password"] = NEW_PASSWORD
+    document["budgets"] = [{"name": "monthly", "amount": "40000"}]
+    path.write_text(yaml.safe_dump(document))
+    assert daemon.reload() is False
+
+    [refusal] = logged(caplog.records, "config reload refused")
+    assert refusal.levelno == logging.ERROR
+    assert "server.tls" in refusal.fields["error"]  # type: ignore[attr-defined]
+    assert str(tmp_path / "cert.pem") in refusal.fields["error"]  # type: ignore[attr-defined]
+    assert served_certificate(daemon, ca_file) == first
+    assert status(daemon, NEW_PASSWORD, ca_file) == 401  # nothing of the refused config applies
+    series = scrape(daemon.server.url, verify=ca_file, auth=("prometheus", OLD_PASSWORD))
+    assert value(series, "inference_exporter_config_last_reload_successful") == 0
+    assert value(series, "inference_budget_amount", budget="monthly") == 20000
+
+    second = write_certificate(ca, tmp_path)
+    assert daemon.reload() is True
+    assert served_certificate(daemon, ca_file) == second
+    assert status(daemon, NEW_PASSWORD, ca_file) == 200
+
+
+def test_a_reload_says_the_listen_address_changes_only_on_restart_and_applies_the_rest(
+    tls_daemon: tuple[Daemon, dict, Path], ca_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon, document, path = tls_daemon
+    url = daemon.server.url
+    document["server"]["listen"] = "127.0.0.1:1"
+    document["server"]["basic_auth"]["password"] = NEW_PASSWORD
+    path.write_text(yaml.safe_dump(document))
+    assert daemon.reload() is True
+
+    [warning] = logged(caplog.records, "config reload: server.listen changes only on restart")
+    assert warning.levelno == logging.WARNING
+    assert daemon.server.url == url
+    assert status(daemon, NEW_PASSWORD, ca_file) == 200

@@ -467,9 +467,11 @@ def test_a_notifier_that_changes_type_on_reload_delivers_as_its_new_type(
         daemon.stop()
 
 
-def test_new_prices_apply_at_once_on_reload(
+def test_new_prices_apply_at_once_on_reload_to_what_is_counted_next(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
 ) -> None:
+    """The counter keeps what it counted at the old prices (it never goes down); the records
+    counted after the reload are priced with the new ones, with no refresh needed to take them."""
     sim.add_usage(200)
     path = tmp_path / "config.yaml"
     prices = [{"model": m, "prompt_per_million": "1", "completion_per_million": "2"} for m in ("model-a", "model-b")]
@@ -477,19 +479,35 @@ def test_new_prices_apply_at_once_on_reload(
     write(path, document)
     daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0")
     daemon.start(schedule=False)
+
+    def sample() -> tuple[dict, dict, dict]:
+        series = scrape(daemon.server.url)
+        return (
+            named(series, "inference_usage_estimated_payable_amount_total"),
+            named(series, "inference_usage_prompt_tokens_total"),
+            named(series, "inference_usage_completion_tokens_total"),
+        )
+
     try:
         assert daemon.refresh("usage")
-        before = named(scrape(daemon.server.url), "inference_usage_estimated_payable_amount_total")
+        before, prompt_before, completion_before = sample()
         document["prices"] = [p | {"prompt_per_million": "1000", "completion_per_million": "2000"} for p in prices]
         write(path, document)
         served = dict(sim.requests_served)
         assert daemon.reload()
-        after = named(scrape(daemon.server.url), "inference_usage_estimated_payable_amount_total")
+        assert sample()[0] == before  # what was counted stays counted
         assert sim.requests_served == served  # no refresh was needed
+        sim.add_usage(100)
+        assert daemon.refresh("usage")
+        after, prompt_after, completion_after = sample()
     finally:
         daemon.stop()
     assert before.keys() == after.keys()
-    assert all(after[k] == pytest.approx(before[k] * 1000) for k in before)
+    for key in before:
+        new_tokens = (prompt_after[key] - prompt_before[key]) * 1000 + (
+            completion_after[key] - completion_before[key]
+        ) * 2000
+        assert after[key] - before[key] == pytest.approx(new_tokens / 1_000_000)
 
 
 def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 import threading
 import time
@@ -11,13 +12,15 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from exporter.config import validate
-from exporter.probe import REASONS, ProbeRunner, sse_events
+from exporter.probe import MAX_LINE_BYTES, REASONS, ProbeFailure, ProbeRunner, answer_cap, sse_events
 from exporter.sim import Fault, Simulator, SimulatorServer
 from exporter.snapshots import ProbeSnapshot
+from tests.helpers import LoopbackServer
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 CHAT = "/v1/chat/completions"
@@ -333,3 +336,143 @@ def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
     assert last.time_to_first_token is not None
     assert last.time_to_first_token < gap
     assert last.duration - last.time_to_first_token >= 2 * gap
+
+
+def test_an_endless_sse_line_is_refused_at_the_line_cap() -> None:
+    """A single line that never ends (no newline) is not buffered without end: the parser gives up
+    once the line outgrows MAX_LINE_BYTES, having pulled no more than that from the body."""
+    piece = b"x" * 4096
+    pulled = 0
+
+    def endless_line() -> Iterator[bytes]:
+        nonlocal pulled
+        yield b"data: "
+        for _ in range(4 * MAX_LINE_BYTES // len(piece)):  # bounded, so a parser without the cap ends too
+            pulled += len(piece)
+            yield piece
+
+    with pytest.raises(ProbeFailure) as failure:
+        list(sse_events(endless_line()))
+    assert failure.value.reason == "answer_too_large"
+    assert pulled <= MAX_LINE_BYTES + len(piece)
+
+
+SEND_BUFFER = 64 * 1024
+"""The hostile server's socket send buffer, pinned small so that what it counts as sent is what left it."""
+
+
+def receive_buffer_limit() -> int:
+    """The most a loopback receive buffer can hold: Linux autotunes it up to tcp_rmem's maximum."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 6 * 1024 * 1024  # Linux's default maximum
+
+
+def read_request(connection: socket.socket) -> None:
+    """Read one request, headers and body, so that what arrives next on the connection is its close."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        piece = connection.recv(65536)
+        if not piece:
+            return
+        received += piece
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    left = int(length[1]) - len(body) if length else 0
+    while left > 0 and (piece := connection.recv(left)):
+        left -= len(piece)
+
+
+class EndlessAnswer(LoopbackServer):
+    """A chat endpoint gone wrong: it answers 200, sends `head`, then `piece` over and over, and
+    counts what it managed to send before the client closed the connection (`closed` is then set).
+    It stops sending at `budget` and waits for the close, so that a client that never stops reading
+    cannot take this machine's memory."""
+
+    def __init__(self, framing: str, content_type: str, head: bytes, piece: bytes) -> None:
+        self.framing, self.content_type, self.head, self.piece = framing, content_type, head, piece
+        self.budget = 0
+        """Set before the client connects."""
+        self.sent = 0
+        self.closed = threading.Event()
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def frame(self, data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data) if self.framing == "chunked" else data
+
+    def serve(self, connection: socket.socket) -> None:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        framing = "Transfer-Encoding: chunked" if self.framing == "chunked" else "Connection: close"
+        with connection:
+            try:
+                read_request(connection)
+                connection.sendall(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {self.content_type}\r\n{framing}\r\n\r\n".encode()
+                )
+                if self.head:  # an empty chunk would end a chunked body
+                    connection.sendall(self.frame(self.head))
+                piece = self.frame(self.piece)
+                while self.sent < self.budget:
+                    connection.sendall(piece)
+                    self.sent += len(self.piece)
+                connection.recv(1)  # the budget is spent: wait for the client to give up
+            except OSError:
+                pass
+            self.closed.set()
+
+
+EVENT = (
+    b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+)
+ENDLESS = {
+    "events": (True, "text/event-stream", b"", EVENT * (32 * 1024 // len(EVENT))),
+    "line": (True, "text/event-stream", b"data: ", b"x" * 32 * 1024),
+    "body": (False, "application/json", b'{"choices": [{"message": {"content": "', b"a" * 32 * 1024),
+}
+"""What an endless answer repeats: valid stream events, one line without a newline, or a whole
+(non-streamed) body that never ends; as (stream, Content-Type, head, piece)."""
+
+
+@pytest.mark.integration  # starts its own server
+@pytest.mark.parametrize("framing", FRAMINGS)
+@pytest.mark.parametrize("kind", ENDLESS)
+def test_an_endless_answer_fails_the_run_at_the_cap_and_is_cut_off(framing: str, kind: str) -> None:
+    """The run fails as `answer_too_large` (not at its deadline), the probe closes the connection,
+    and the server sent no more than the cap and what the socket buffers between them hold."""
+    stream, content_type, head, piece = ENDLESS[kind]
+    server = EndlessAnswer(framing, content_type, head, piece)
+    probe_runner = runner_for(server.url, stream=stream, timeout="10s")
+    cap = answer_cap(probe_runner.probe)
+    bound = cap + receive_buffer_limit() + 4 * SEND_BUFFER + len(piece)
+    server.budget = bound + cap  # a probe reading on without a cap shows as more than `bound`
+    try:
+        snapshot = probe_runner.run()
+        assert server.closed.wait(10), "the probe kept the connection open"
+    finally:
+        server.stop()
+        probe_runner.close()
+    assert_failed_once(snapshot, "answer_too_large")
+    assert server.sent <= bound
+
+
+@pytest.mark.integration  # starts its own server
+def test_a_long_answer_within_max_tokens_still_passes() -> None:
+    """The cap grows with `max_tokens`: a streamed answer of that many tokens, each in an event of
+    a real server's size, passes, though it is larger than the cap of a small probe."""
+    tokens = 32768
+    choice = {"index": 0, "delta": {"content": " a"}, "logprobs": None, "finish_reason": None}
+    event = {"id": "chatcmpl-" + "0" * 32, "object": "chat.completion.chunk", "created": 1_700_000_000,
+             "model": "ep", "system_fingerprint": "fp_0", "choices": [choice]}  # fmt: skip
+    last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}  # fmt: skip
+    body = f"data: {json.dumps(event)}\n\n".encode() * tokens + f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode()
+    assert len(body) > answer_cap(runner_for("http://127.0.0.1:1").probe)
+
+    with streaming_server("chunked", lambda: iter([body[i : i + 65536] for i in range(0, len(body), 65536)])) as url:
+        probe_runner = runner_for(url, max_tokens=tokens, timeout="30s")
+        assert answer_cap(probe_runner.probe) >= len(body)
+        last_run = probe_runner.run().last
+    assert (last_run.success, last_run.reason) == (True, None)
+    assert last_run.completion_tokens == tokens

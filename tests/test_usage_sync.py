@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,10 @@ import pytest
 from exporter.billing import BillingClient
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
+from exporter.schema import PriceConfig
 from exporter.sim import Simulator, SimulatorServer
-from exporter.snapshots import UsageSnapshot
-from exporter.state import StateStore
+from exporter.snapshots import UsageSnapshot, UsageTotals
+from exporter.state import StateError, StateStore
 from exporter.usage_sync import UsageSync
 from tests.conftest import PAGE, billing_section
 
@@ -231,45 +233,157 @@ def test_a_long_read_says_it_is_progressing(
     assert [p["pages"] for p in progress] == sorted(p["pages"] for p in progress)
 
 
-def test_new_prices_reprice_today_and_the_finalised_day_before(
+def by_hand(prompt_price: int, completion_price: int, totals: UsageTotals) -> Decimal:
+    """Tokens × a price without a cached prompt price (cached tokens cost what prompt tokens do)."""
+    return Decimal(totals.prompt_tokens * prompt_price + totals.completion_tokens * completion_price) / 1_000_000
+
+
+def tokens_since(now: UsageTotals, then: UsageTotals | None) -> UsageTotals:
+    then = then or UsageTotals()
+    return UsageTotals(
+        prompt_tokens=now.prompt_tokens - then.prompt_tokens,
+        completion_tokens=now.completion_tokens - then.completion_tokens,
+    )
+
+
+def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_from_zero(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
-    from exporter.schema import PriceConfig
+    a_only = [PriceConfig(model="model-a", prompt_per_million=1, completion_per_million=2)]
+    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
+    sim.add_usage(150)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=a_only)
+    first = sync.refresh()
+    assert {k.model for k in first.totals} == {"model-a", "model-b"}
+    again = sync.reprice(dear)
+    assert again is not None
+    assert again.created == first.created
+    for key, totals in first.totals.items():
+        if key.model == "model-a":  # what the counter counted stays counted: it never goes down
+            assert again.totals[key].estimated_payable == totals.estimated_payable == by_hand(1, 2, totals)
+        else:  # a model without a price had no counter: its first price covers the day so far
+            assert totals.estimated_payable is None
+            assert again.totals[key].estimated_payable == by_hand(1000, 2000, totals)
 
+    sim.add_usage(60)
+    later = sync.refresh()
+    for key, totals in later.totals.items():
+        counted = again.totals[key].estimated_payable if key in again.totals else 0
+        assert totals.estimated_payable == counted + by_hand(1000, 2000, tokens_since(totals, again.totals.get(key)))
+    assert later.created == first.created
+
+    frozen.advance(dt.timedelta(days=1))  # past midnight: the new day's counters start from zero
+    sim.add_usage(80, clock.today())
+    today = sync.refresh()
+    assert today.created == clock.day_start(clock.today()).timestamp()
+    assert today.records == 80
+    for totals in today.totals.values():
+        assert totals.estimated_payable == by_hand(1000, 2000, totals)
+    assert today.previous_day is not None  # a gauge: the whole day at the prices of now
+    for totals in today.previous_day.totals.values():
+        assert totals.estimated_payable == by_hand(1000, 2000, totals)
+    repriced = sync.reprice(a_only)
+    assert repriced is not None
+    assert repriced.previous_day is not None
+    for key, totals in today.previous_day.totals.items():
+        expected = by_hand(1, 2, totals) if key.model == "model-a" else None
+        assert repriced.previous_day.totals[key].estimated_payable == expected
+    assert {k: t.estimated_payable for k, t in repriced.totals.items() if k.model == "model-a"} == {
+        k: t.estimated_payable for k, t in today.totals.items() if k.model == "model-a"
+    }
+
+
+def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_before(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
     cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
-    dear = [p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000}) for p in cheap]
     sim.add_usage(150)
     sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
     sync.refresh()
     frozen.advance(dt.timedelta(days=1))
     sim.add_usage(80, clock.today())
     first = sync.refresh()
-    again = sync.reprice(dear)
-    assert again is not None
     assert first.previous_day is not None
-    assert again.previous_day is not None
-    for then, now in ((first, again), (first.previous_day, again.previous_day)):
-        for key, totals in then.totals.items():
-            assert now.totals[key].estimated_payable == totals.estimated_payable * 1000
-
-
-def test_prices_taken_while_a_poll_ran_apply_at_the_next_poll_even_with_nothing_new(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
-) -> None:
-    from exporter.schema import PriceConfig
-
-    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
-    sim.add_usage(150)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
-    first = sync.refresh()
     # What a reload does when a usage refresh holds the lock: the prices only (see Daemon._reprice).
     sync.prices = {p.model: p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000})
                    for p in cheap}  # fmt: skip
-    later = sync.refresh()  # nothing new upstream
-    assert later is not first
-    for key, totals in first.totals.items():
-        assert later.totals[key].estimated_payable == totals.estimated_payable * 1000
+    later = sync.refresh()  # nothing new upstream: the day before is priced anew all the same
+    assert later.previous_day is not None
+    for key, totals in first.previous_day.totals.items():
+        assert later.previous_day.totals[key].estimated_payable == by_hand(1000, 2000, totals)
+    assert {k: t.estimated_payable for k, t in later.totals.items()} == {
+        k: t.estimated_payable for k, t in first.totals.items()
+    }
     assert sync.refresh() is later  # and then nothing new is nothing new again
+    sim.add_usage(40, clock.today())
+    more = sync.refresh()
+    for key, totals in more.totals.items():
+        counted = first.totals[key].estimated_payable if key in first.totals else 0
+        assert totals.estimated_payable == counted + by_hand(1000, 2000, tokens_since(totals, first.totals.get(key)))
+
+
+def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_of_now(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
+    sim.add_usage(400)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    first = sync.refresh()
+    sync.reprice(dear)
+    sim.remove_usage([3, 250])
+    frozen.advance(dt.timedelta(minutes=5))
+    after = sync.refresh()
+    assert after.created == frozen().timestamp() > first.created  # a reset, and `_created` says when
+    for totals in after.totals.values():
+        assert totals.estimated_payable == by_hand(1000, 2000, totals)
+
+
+def test_amounts_left_behind_a_reset_by_a_crash_are_not_trusted_after_a_restart(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
+    sim.add_usage(400)
+    store = StateStore(tmp_path / "state.db")
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    first = sync.refresh()
+    sim.remove_usage([3, 250])
+
+    def crash(*args: object) -> None:  # between the day's totals and the amounts they cover
+        raise StateError(store.path, "the process died here")
+
+    monkeypatch.setattr(UsageSync, "_save_counted", crash)
+    with pytest.raises(StateError):
+        sync.refresh()
+    monkeypatch.undo()
+    store.close()
+    reopened = StateStore(tmp_path / "state.db")
+    try:
+        restarted = UsageSync(small_pages, clock, reopened, per_api_key=False, prices=dear).refresh()
+    finally:
+        reopened.close()
+    assert as_truth(restarted) == sim.usage_totals()
+    shrunk = {key for key, totals in restarted.totals.items() if totals.requests < first.totals[key].requests}
+    assert 1 <= len(shrunk) <= 2
+    for key, totals in restarted.totals.items():  # an amount that covers more than its key's totals is not trusted
+        assert totals.estimated_payable == (by_hand(1000, 2000, totals) if key in shrunk else by_hand(1, 2, totals))
+
+
+def test_a_day_read_afresh_for_new_settings_keeps_what_its_counters_counted(
+    sim: Simulator, server: SimulatorServer, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
+    sim.add_usage(500)
+    first = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap).refresh()
+    config = validate({"billing": billing_section(sim, server, page_size=250)}, {})
+    with BillingClient.from_config(config.billing, clock) as client:  # a reload or restart with another page size…
+        again = UsageSync(client, clock, store, per_api_key=False, prices=dear).refresh()  # …and new prices
+    assert again.created == first.created
+    assert {k: t.estimated_payable for k, t in again.totals.items()} == {
+        k: t.estimated_payable for k, t in first.totals.items()
+    }
 
 
 def test_a_poll_that_finds_nothing_new_rewrites_nothing(

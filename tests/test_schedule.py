@@ -1,0 +1,97 @@
+"""The midnight jobs: every day of the billing zone gets its rollovers exactly once, over a year of DST changes,
+in zones whose clocks skip midnight (Santiago, Beirut) or repeat it (Havana, the Azores) too."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.daemon import Daemon, DailyTrigger
+from exporter.sim import Simulator, SimulatorServer
+from tests.test_daemon import FAST, daemon_config
+
+ZONES = (
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Sydney",
+    "Asia/Shanghai",
+    "America/Santiago",  # 00:00 → 01:00 in September: the day's first instant is 01:00
+    "Asia/Beirut",  # 00:00 → 01:00 in March, and 00:00 → 23:00 the day before in October
+    "America/Havana",  # 01:00 → 00:00 in November: 00:00:05 happens twice
+    "Atlantic/Azores",  # 00:00 → 01:00 in March, 01:00 → 00:00 in October
+)
+YEAR = [dt.date(2026, 1, 1) + dt.timedelta(days=n) for n in range(365)]
+
+
+def fired(trigger: Any, tz: ZoneInfo, year: int = 2026) -> Counter[dt.date]:
+    """Walk the trigger over `year` as the scheduler does (the next run after the last, a second after it ran):
+    how many runs each local day gets."""
+    now = dt.datetime(year - 1, 12, 31, 12, tzinfo=tz)
+    previous, runs = None, Counter[dt.date]()
+    for _ in range(400):
+        fire = trigger.get_next_fire_time(previous, now)
+        if fire.astimezone(tz).year > year:
+            return runs
+        runs[fire.astimezone(tz).date()] += 1
+        previous, now = fire, fire + dt.timedelta(seconds=1)
+    raise AssertionError("more runs than days in the year")
+
+
+def local_day(instant: dt.datetime, tz: ZoneInfo) -> dt.date:
+    return instant.astimezone(tz).date()
+
+
+@pytest.mark.parametrize("zone", ZONES)
+def test_every_day_gets_one_run_five_seconds_into_it(zone: str) -> None:
+    tz = ZoneInfo(zone)
+    trigger = DailyTrigger(tz, dt.timedelta(seconds=5))
+    assert fired(trigger, tz) == Counter(YEAR)  # each day once: none skipped, none twice
+    fire = None
+    for day in YEAR:
+        fire = trigger.get_next_fire_time(fire, dt.datetime(2025, 12, 31, 12, tzinfo=tz))
+        start = fire.astimezone(dt.UTC) - dt.timedelta(seconds=5)  # (in UTC: elapsed time)
+        assert local_day(start, tz) == day  # five seconds after the first instant of the day…
+        assert local_day(start - dt.timedelta(seconds=1), tz) == day - dt.timedelta(days=1)  # …and no later
+
+
+def test_the_first_instant_of_a_day_whose_midnight_is_skipped() -> None:
+    santiago = ZoneInfo("America/Santiago")
+    trigger = DailyTrigger(santiago, dt.timedelta(seconds=5))
+    before = dt.datetime(2026, 9, 5, 23, 59, tzinfo=santiago)
+    fire = trigger.get_next_fire_time(None, before).astimezone(santiago)
+    assert fire.date() == dt.date(2026, 9, 6)
+    assert (fire.time(), fire.utcoffset()) == (dt.time(1, 0, 5), -dt.timedelta(hours=3))  # 01:00 is its first instant
+
+
+def test_a_job_starting_or_resuming_runs_at_the_next_time_not_a_past_one() -> None:
+    new_york = ZoneInfo("America/New_York")
+    trigger = DailyTrigger(new_york, dt.timedelta(seconds=10))
+    due = dt.datetime(2026, 3, 9, 0, 0, 10, tzinfo=new_york)  # the day after the spring-forward
+    assert trigger.get_next_fire_time(None, due - dt.timedelta(hours=3)) == due
+    assert trigger.get_next_fire_time(None, due) == due
+    assert trigger.get_next_fire_time(None, due + dt.timedelta(seconds=1)) == due + dt.timedelta(days=1)
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Europe/Berlin", "Australia/Sydney", "America/Santiago"])
+def test_the_daemons_midnight_jobs_run_every_day_of_the_billing_zone(
+    zone: str, sim: Simulator, server: SimulatorServer, tmp_path: Path
+) -> None:
+    tz = ZoneInfo(zone)
+    start, origin = dt.datetime(2026, 1, 1, 10, 0, tzinfo=tz), time.monotonic()
+    clock = Clock(tz, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
+    document = daemon_config(sim, server, tmp_path, timezone=zone, bills_interval="1h", usage_interval="1h")
+    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon.start()
+    try:
+        for job in ("rollover", "rollover-bills"):
+            assert fired(daemon.scheduler.get_job(job).trigger, tz) == Counter(YEAR), job
+    finally:
+        daemon.stop(grace=5)

@@ -1,0 +1,157 @@
+"""What the HTTP server does with requests that are malformed or ambiguous, over raw sockets to a real server:
+a 400 that closes the connection and one log line, never a traceback; and gzip only when it is acceptable."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.clock import Clock
+from exporter.config import validate
+from exporter.logs import LogfmtFormatter
+from exporter.server import ExporterServer, View
+from exporter.snapshots import Latest
+from tests.test_server import BILLING, start
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def server(clock: Clock) -> Iterator[ExporterServer]:
+    """A server whose kept-alive connections close after 2 s, so that reading to the end never waits long."""
+    server = start({}, clock, idle_deadline=2.0)
+    yield server
+    server.stop()
+
+
+def exchange(server: ExporterServer, data: bytes) -> bytes:
+    """Send `data` on a new connection and read until the server hangs up."""
+    received = []
+    with socket.create_connection(server.server_address[:2], timeout=10) as client:
+        client.sendall(data)
+        while chunk := client.recv(65536):
+            received.append(chunk)
+    return b"".join(received)
+
+
+def responses(raw: bytes) -> list[tuple[int, dict[str, str]]]:
+    """Each response's status and headers (names in lower case), in the order they came."""
+    found = []
+    for part in raw.split(b"HTTP/1.1 ")[1:]:
+        head = part.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+        found.append((int(head[0].split()[0]), {name.lower(): value for name, value in headers.items()}))
+    return found
+
+
+def refused(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The server's log records at info or above."""
+    return [r for r in caplog.records if r.name == "exporter.server" and r.levelno >= logging.INFO]
+
+
+MALFORMED = {
+    "no request line": b"GARBAGE\r\n\r\n",  # the stdlib's refusal, with a status line: HTTP/0.9 has none
+    "an unparseable target": b"GET http://[x/ HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a target that is no path": b"GET metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    "two Content-Length": b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 20\r\n\r\n"
+    b"GET /healthz HTTP/1.1\r\n\r\n",
+    "a Content-Length that is no number": b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0, 0\r\n\r\n",
+    "a space before the colon": b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length : 5\r\n\r\nhello",
+    "a line with no colon": b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\nContent-Length: 5\r\n\r\nhello",
+    "a folded header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n",
+    "a control character in a value": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+    "Transfer-Encoding and Content-Length": b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 5\r\n\r\n0\r\n\r\n",
+    "two Host": b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_request_is_a_400_that_closes_the_connection_and_one_log_line(
+    server: ExporterServer,
+    request_bytes: bytes,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    answer = exchange(server, request_bytes)
+    assert [status for status, _ in responses(answer)] == [400]  # nothing smuggled after it is answered
+    assert responses(answer)[0][1]["connection"] == "close"
+    lines = refused(caplog)
+    assert len(lines) == 1
+    assert lines[0].getMessage() == "http request refused"
+    assert lines[0].fields["status"] == 400  # type: ignore[attr-defined]
+    assert "\n" not in LogfmtFormatter().format(lines[0])
+    assert "Traceback" not in capfd.readouterr().err
+    assert exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok\n")
+
+
+def test_an_absolute_target_is_served(server: ExporterServer) -> None:
+    """RFC 9112 §3.2.2: a server accepts the absolute form of a target."""
+    answer = exchange(server, b"GET http://127.0.0.1/healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert [status for status, _ in responses(answer)] == [200]
+
+
+def test_an_unexpected_exception_in_a_handler_is_a_500_and_one_log_line(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def broken(accept: str) -> tuple[bytes, str]:
+        raise RuntimeError("a bug in the exposition")
+
+    server = ExporterServer(("127.0.0.1", 0), View(Latest(), broken, list), validate({"billing": BILLING}, {}).server)
+    server.start()
+    caplog.set_level(logging.DEBUG)
+    try:
+        answer = exchange(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert [(status, headers["connection"]) for status, headers in responses(answer)] == [(500, "close")]
+        lines = refused(caplog)
+        assert len(lines) == 1
+        assert lines[0].levelno == logging.ERROR
+        assert "\n" not in LogfmtFormatter().format(lines[0])  # the traceback is a field of the line
+        assert "Traceback" not in capfd.readouterr().err
+        healthz = exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert [status for status, _ in responses(healthz)] == [200]
+    finally:
+        server.stop()
+
+
+GZIP = {
+    "gzip": True,
+    "GZIP": True,
+    "x-gzip": True,
+    "gzip, deflate, br": True,
+    "gzip;q=0": False,
+    "gzip; q=0.000": False,
+    "gzip;Q=0": False,
+    "gzip;q=0.5, identity;q=1": False,
+    "gzip;q=1, identity;q=0.5": True,
+    "*": True,
+    "*;q=0": False,
+    "*;q=0, gzip": True,
+    "*, gzip;q=0": False,
+    "deflate, *;q=0.1": True,
+    "identity": False,
+    "br": False,
+    "": False,
+    "gzip;q=2": False,  # not a q-value: not taken as acceptable
+    "gzip;q=abc": False,
+}
+
+
+@pytest.mark.parametrize(("accept_encoding", "gzipped"), GZIP.items(), ids=[repr(k) for k in GZIP])
+def test_gzip_only_when_the_client_finds_it_acceptable(
+    server: ExporterServer, accept_encoding: str, gzipped: bool
+) -> None:
+    answer = exchange(
+        server,
+        f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: {accept_encoding}\r\nConnection: close\r\n\r\n".encode(),
+    )
+    [(status, headers)] = responses(answer)
+    assert status == 200
+    assert (headers.get("content-encoding") == "gzip") is gzipped
+    body = answer.split(b"\r\n\r\n", 1)[1]
+    assert b"inference_exporter_build_info" in (gzip.decompress(body) if gzipped else body)

@@ -1,0 +1,163 @@
+"""The estimate counter under a price change, end to end: the daemon reloads and restarts on its
+state file against the simulator, and the counter keeps what it counted at the prices of the time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.clock import Clock, FrozenClock
+from exporter.config import load
+from exporter.daemon import Daemon
+from exporter.sim import Simulator, SimulatorServer
+from exporter.sim.model import MILLION
+from tests.conftest import billing_section
+from tests.helpers import Series, named, scrape
+
+pytestmark = pytest.mark.integration
+
+COUNTER = "inference_usage_estimated_payable_amount_total"
+CREATED = "inference_usage_estimated_payable_amount_created"
+Key = tuple[str, str]
+
+
+def prices(prompt: str, completion: str) -> list[dict[str, str]]:
+    return [
+        {"model": m, "prompt_per_million": prompt, "completion_per_million": completion} for m in ("model-a", "model-b")
+    ]
+
+
+DEAR, CHEAP, CHEAPER = prices("4", "16"), prices("0.4", "1.6"), prices("0.1", "0.2")
+
+
+def write(path: Path, sim: Simulator, server: SimulatorServer, table: list[dict[str, str]]) -> None:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "billing": billing_section(sim, server, history_months=0),
+                "prices": table,
+                "state": {"path": str(path.parent / "state.db")},
+            }
+        )
+    )
+
+
+def start(path: Path, clock: Clock) -> Daemon:
+    daemon = Daemon(load(path), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start(schedule=False)
+    return daemon
+
+
+def priced(records: Iterable[dict[str, Any]], table: list[dict[str, str]]) -> dict[Key, Decimal]:
+    """The records' tokens × `table`, by hand, per (endpoint, model)."""
+    price = {p["model"]: p for p in table}
+    amounts: dict[Key, Decimal] = {}
+    for r in records:
+        p = price[r["model"]]
+        amount = (
+            r["promptTokens"] * Decimal(p["prompt_per_million"])
+            + r["completionTokens"] * Decimal(p["completion_per_million"])
+        ) / MILLION
+        key = (r["endpoint"], r["model"])
+        amounts[key] = amounts.get(key, Decimal(0)) + amount
+    return amounts
+
+
+def added(*parts: dict[Key, Decimal]) -> dict[Key, Decimal]:
+    total: dict[Key, Decimal] = {}
+    for part in parts:
+        for key, amount in part.items():
+            total[key] = total.get(key, Decimal(0)) + amount
+    return total
+
+
+def by_key(series: Series, name: str) -> dict[Key, float]:
+    return {(dict(labels)["endpoint_id"], dict(labels)["model"]): v for labels, v in named(series, name).items()}
+
+
+def assert_counted(series: Series, expected: dict[Key, Decimal]) -> None:
+    got = by_key(series, COUNTER)
+    assert got.keys() == expected.keys()
+    for key, amount in expected.items():
+        assert got[key] == pytest.approx(float(amount), rel=1e-12), key
+
+
+def test_a_price_cut_by_reload_keeps_what_the_counter_counted_and_prices_only_later_records_anew(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    sim.add_usage(600)
+    write(path, sim, server, DEAR)
+    daemon = start(path, clock)
+    try:
+        assert daemon.refresh("usage")
+        before = scrape(daemon.server.url)
+        counted_dear = list(sim.usage_records(clock.today()))
+        assert_counted(before, priced(counted_dear, DEAR))
+
+        write(path, sim, server, CHEAP)
+        assert daemon.reload()
+        after = scrape(daemon.server.url)
+        assert by_key(after, COUNTER) == by_key(before, COUNTER)  # nothing counted again, nothing went down
+        assert by_key(after, CREATED) == by_key(before, CREATED)
+
+        sim.add_usage(300)
+        frozen.advance(dt.timedelta(minutes=5))
+        assert daemon.refresh("usage")
+        later = scrape(daemon.server.url)
+        ids = {r["requestId"] for r in counted_dear}
+        counted_cheap = [r for r in sim.usage_records(clock.today()) if r["requestId"] not in ids]
+        assert len(counted_cheap) == 300
+        assert_counted(later, added(priced(counted_dear, DEAR), priced(counted_cheap, CHEAP)))
+        assert by_key(later, CREATED) == by_key(before, CREATED)
+    finally:
+        daemon.stop()
+
+
+def test_a_restart_resumes_the_counter_where_it_stood_whatever_the_prices_are_now(
+    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    sim.add_usage(500)
+    write(path, sim, server, DEAR)
+    daemon = start(path, clock)
+    try:
+        assert daemon.refresh("usage")
+        first = list(sim.usage_records(clock.today()))
+        write(path, sim, server, CHEAP)
+        assert daemon.reload()
+        sim.add_usage(200)
+        frozen.advance(dt.timedelta(minutes=5))
+        assert daemon.refresh("usage")
+        stood = scrape(daemon.server.url)
+    finally:
+        daemon.stop()
+    ids = {r["requestId"] for r in first}
+    second = [r for r in sim.usage_records(clock.today()) if r["requestId"] not in ids]
+    assert_counted(stood, added(priced(first, DEAR), priced(second, CHEAP)))
+
+    write(path, sim, server, CHEAPER)  # and the config changed again while it was down
+    frozen.advance(dt.timedelta(minutes=5))
+    daemon = start(path, clock)
+    try:
+        assert daemon.refresh("usage")
+        resumed = scrape(daemon.server.url)
+        assert by_key(resumed, COUNTER) == by_key(stood, COUNTER)
+        assert by_key(resumed, CREATED) == by_key(stood, CREATED)
+
+        sim.add_usage(100)
+        frozen.advance(dt.timedelta(minutes=5))
+        assert daemon.refresh("usage")
+        ids |= {r["requestId"] for r in second}
+        third = [r for r in sim.usage_records(clock.today()) if r["requestId"] not in ids]
+        assert_counted(
+            scrape(daemon.server.url), added(priced(first, DEAR), priced(second, CHEAP), priced(third, CHEAPER))
+        )
+    finally:
+        daemon.stop()
