@@ -24,6 +24,7 @@ from exporter.schema import (
     Config,
     _signals,
     secret_fields,
+    twin_rules,
     webhook_secret,
 )
 from exporter.snapshots import probe_source
@@ -348,6 +349,13 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 message = _NOT_FOR_KIND.get(str(kind)) or _message(error)
                 errors.append(f"{location(path)}{_rule_name(document, path)}: {message}")
     errors += cross_check(document)
+    if not errors:
+        for earlier, later in twin_rules(config.alerts.rules):
+            path = ("alerts", "rules", later)
+            errors.append(
+                f"{location(path)}{_rule_name(document, path)}: makes the same alerts as alerts.rules[{earlier}]"
+                " (the same alert name, what it watches and labels); give one of them other `labels`, a severity"
+            )
     if errors:
         raise ConfigError(errors)
     return config

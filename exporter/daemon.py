@@ -565,7 +565,12 @@ class Daemon:
                 if not self._digest_ready() and now < waited_from + dt.timedelta(seconds=DIGEST_WAIT):
                     return False
                 body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config))
-                queued = self.dispatcher.store.enqueue_digest(key, config.notifiers, body, now.timestamp())
+                # For the notifiers configured now: a reload meanwhile may have removed one (and
+                # dropped its queue), which a digest queued after it must not fill again.
+                with self._alerts_lock:
+                    current = {n.name for n in self.dispatcher.outbox_notifiers}
+                    names = [name for name in config.notifiers if name in current]
+                    queued = self.dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
             except StateError as error:
                 if self._digest_error != str(error):
                     log.error("digest not queued: the state file refused it (tried again each evaluation)",

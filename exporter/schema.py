@@ -7,8 +7,10 @@ document, `Config.secret_values` in a loaded config.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from email.utils import parseaddr
 from pathlib import Path
@@ -353,6 +355,44 @@ RuleConfig = Annotated[
 ]
 """A rule is a threshold rule (`signal` with `threshold`), a budget rule (`budget`) or an
 anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
+
+
+def rule_id(rule: RuleConfig) -> str:
+    """What a rule watches, under its alert name: the same across restarts and reloads while that
+    stays (its threshold, tiers, `for` and annotations may change)."""
+    if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
+        identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
+    elif isinstance(rule, AnomalyRule):
+        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
+    else:
+        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+
+
+def rule_key(rule: RuleConfig) -> str:
+    """A rule's identity: `rule_id`, and its labels when it has some. Rules that watch the same
+    thing under one alert name (warning and critical tiers) are told apart by their labels, as
+    Alertmanager tells their alerts apart, never by their place in the list; so changing a rule's
+    labels makes it another rule (its alerts resolve, the new ones fire), and two rules alike in
+    that too are refused (`twin_rules`): their alerts could not be told apart."""
+    base = rule_id(rule)
+    if not rule.labels:
+        return base  # the id every earlier version gave such a rule
+    labels = json.dumps([json.dumps(sorted(rule.labels.items()))])
+    return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
+
+
+def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
+    """(earlier, later) positions of rules that would make the same alerts."""
+    first: dict[str, int] = {}
+    twins = []
+    for n, rule in enumerate(rules):
+        key = rule_key(rule)
+        if key in first:
+            twins.append((first[key], n))
+        else:
+            first[key] = n
+    return twins
 
 
 class _Notifier(Strict):

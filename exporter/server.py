@@ -81,6 +81,8 @@ IDLE_DEADLINE = 20.0
 its connection, and under the per-read timeout."""
 MAX_CONNECTIONS = 200
 """Connections open at once; lowered to a quarter of the open-file limit when that is smaller (connection_cap)."""
+REASON = 200
+"""The longest reason a refusal gives, in its answer and its log line."""
 REAP_INTERVAL = 0.25
 """How often the deadlines are checked, so how late past its deadline a connection may be cut."""
 ACCEPT_BACKOFF = 0.1
@@ -683,7 +685,8 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http request", line=format % args)
 
     def _accepts_gzip(self) -> bool:
-        return accepts_gzip(self.headers.get_all("Accept-Encoding", []))
+        headers = getattr(self, "headers", None)  # none yet when the request line itself is refused
+        return headers is not None and accepts_gzip(headers.get_all("Accept-Encoding", []))
 
     def _send(
         self,
@@ -738,6 +741,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, reason: str, **headers: str) -> None:
         """Answer `status` and close the connection: what else the client sent is never read, so it cannot be
         taken for a request of its own. One log line, at info: a client's mistake, or someone probing."""
+        reason = reason if len(reason) <= REASON else reason[: REASON - 1] + "…"  # the stdlib's echo the request line
         log.info(
             "http request refused", status=status, reason=reason, address=self.client_address[0],
             request=self.requestline[:200],

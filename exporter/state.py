@@ -14,6 +14,7 @@ import datetime as dt
 import errno
 import fcntl
 import json
+import math
 import os
 import secrets
 import sqlite3
@@ -692,14 +693,6 @@ class StateStore:
                 (day.isoformat(),),
             ).fetchall()
 
-    def save_usage_amounts(self, day: dt.date, rows: Sequence[tuple[str, str, str, str, int, int, int]]) -> None:
-        """Replace the counted amounts with `day`'s (only today's are ever read)."""
-        with self.transaction() as db:
-            db.execute("DELETE FROM usage_amounts")
-            db.executemany(
-                "INSERT INTO usage_amounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day.isoformat(), *row) for row in rows]
-            )
-
     def load_usage_ids(self, day: dt.date) -> bytes:
         """The digests of the request ids counted on `day` (see `usage_sync.SeenIds`); empty if none."""
         with self._reading() as db:
@@ -714,11 +707,19 @@ class StateStore:
         keep_from: dt.date,
         *,
         ids: Sequence[memoryview] = (),
+        amounts: Sequence[tuple[str, str, str, str, int, int, int]] | None = None,
     ) -> None:
         """Replace a day's cursor, totals and request ids seen (in chunks, written into the blob one
-        after the other: no copy of the whole) in one transaction; forget days before `keep_from`."""
+        after the other: no copy of the whole) in one transaction; forget days before `keep_from`.
+        `amounts` (as `load_usage_amounts` reads them) replace the counted amounts in the same
+        transaction, so they never cover other totals than those saved with them."""
         day = cursor.day.isoformat()
         with self.transaction() as db:
+            if amounts is not None:
+                db.execute("DELETE FROM usage_amounts")  # only today's are ever read
+                db.executemany(
+                    "INSERT INTO usage_amounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *a) for a in amounts]
+                )
             db.execute(
                 "INSERT OR REPLACE INTO usage_ids (day, ids) VALUES (?, zeroblob(?))", (day, sum(c.nbytes for c in ids))
             )
@@ -823,6 +824,7 @@ class OutboxEntry:
     """A digest (`exporter.digest`) instead of an alert group: `event` is then empty."""
     recipients: tuple[str, ...] = ()
     """The email recipients still owed it when others took it already; () while nobody has."""
+    created: float = 0.0
 
     @property
     def table(self) -> str:
@@ -899,25 +901,28 @@ class AlertStore:
             db.execute("DELETE FROM digests WHERE made < ?", (now - 60 * 86400,))
         return True
 
-    def head(self, notifier: str) -> OutboxEntry | None:
+    def head(self, notifier: str, now: float = math.inf) -> OutboxEntry | None:
         """The oldest undelivered notification for a notifier: delivery is in order, one at a time;
-        alerts first, then digests (kept apart, so a version without digests never reads one)."""
+        alerts first, then digests (kept apart, so a version without digests never reads one). One
+        that only some email recipients are still owed is out of that order: it is the head only
+        once its retry is due (at `now`), so one full mailbox never holds back the rest."""
         with self.store._reading() as db:
             for table in OUTBOXES:
                 row = db.execute(
-                    f"SELECT id, notifier, event, attempts, next_attempt, recipients FROM {table}"  # noqa: S608 - one of two names
-                    " WHERE notifier = ? AND delivered IS NULL ORDER BY id LIMIT 1",
-                    (notifier,),
+                    f"SELECT id, notifier, event, attempts, next_attempt, recipients, created FROM {table}"  # noqa: S608 - one of two names
+                    " WHERE notifier = ? AND delivered IS NULL AND (recipients = '' OR next_attempt <= ?)"
+                    " ORDER BY id LIMIT 1",
+                    (notifier, now),
                 ).fetchone()
                 if row is not None:
                     break
         if row is None:
             return None
-        entry_id, name, event, attempts, next_attempt, recipients = row
+        entry_id, name, text, attempts, next_attempt, recipients, created = row
         owed = tuple(json.loads(recipients)) if recipients else ()
         if table == "digest_outbox":
-            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, json.loads(event), owed)
-        return OutboxEntry(entry_id, name, read_event(event), attempts, next_attempt, recipients=owed)
+            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, json.loads(text), owed, created)
+        return OutboxEntry(entry_id, name, read_event(text), attempts, next_attempt, None, owed, created)
 
     def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""

@@ -197,8 +197,8 @@ def count(
     A key whose model has no price is left as it was: its tokens are priced by the first price
     its model gets (a price added to the config covers the day so far; nothing went out at a
     lower figure meanwhile, since a key without a price has no counter). An amount that covers
-    more tokens than the key holds (saved before a crash cut short a reset, or counted on a list
-    read afresh that shows fewer) is not trusted: that key's tokens are priced afresh.
+    more tokens than the key holds (counted on a list read afresh that shows fewer) is not trusted:
+    that key's tokens are priced afresh.
     """
     after = dict(counted)
     for key, (_, prompt, completion, cached) in aggregate.sums.items():
@@ -624,18 +624,19 @@ class UsageSync:
             page_size=self.client.page_size,
         )
 
-    def _save(self, cursor: UsageCursor, aggregate: Aggregate) -> None:
+    def _save(self, cursor: UsageCursor, aggregate: Aggregate, counted: dict[UsageKey, Counted] | None = None) -> None:
+        """The day's cursor and totals, and with them (in one transaction) what its counters
+        `counted` when that changed."""
         keep_from = self.clock.today() - dt.timedelta(days=1)
+        amounts = None
+        if counted is not None and counted != self._saved:
+            amounts = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
         self.state.save_usage(
-            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.chunks()
-        )
-
-    def _save_counted(self, day: dt.date, counted: dict[UsageKey, Counted]) -> None:
-        """Today's counted amounts, written after the totals they cover (`_save`): a crash between
-        the two leaves them behind the totals, and the next poll prices the tokens between."""
-        rows = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
-        self.state.save_usage_amounts(day, rows)
-        self._saved = counted
+            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.chunks(),
+            amounts=amounts,
+        )  # fmt: skip
+        if counted is not None:
+            self._saved = counted
 
     def _load_counted(self, day: dt.date) -> dict[UsageKey, Counted]:
         return {
@@ -735,9 +736,7 @@ class UsageSync:
             and counted == self._saved
         ):
             return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
-        self._save(cursor, aggregate)  # first: if the state file refuses it, nothing here has moved
-        if counted != self._saved:
-            self._save_counted(today, counted)
+        self._save(cursor, aggregate, counted)  # first: if the state file refuses it, nothing here has moved
         self._cursor, self._aggregate, self._counted = cursor, aggregate, counted
         self._published = self._snapshot(today, aggregate, self._created, prices, counted)
         self._published_prices = prices

@@ -45,6 +45,8 @@ class Mailbox:
         """Each MAIL command, and whether it came over TLS."""
         self.logins: list[bool] = []
         self.rcpt_replies: list[str] = []
+        self.refuse: dict[str, str] = {}
+        """Recipients answered this reply at RCPT, every time, instead of being accepted."""
         self.data_replies: list[str] = []
 
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, options: list[str]) -> str:  # noqa: N802
@@ -56,6 +58,8 @@ class Mailbox:
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str, options: list[str]) -> str:  # noqa: N802
         if self.rcpt_replies:
             return self.rcpt_replies.pop(0)
+        if address in self.refuse:
+            return self.refuse[address]
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

@@ -314,7 +314,7 @@ def test_a_recipient_refused_for_good_is_logged_once_counted_and_never_tried_aga
 ) -> None:  # fmt: skip
     caplog.set_level(logging.INFO, logger="exporter")
     server = start_smtp()
-    mailbox.rcpt_replies = ["550 5.1.1 No such mailbox"]
+    mailbox.refuse["gone@example.com"] = "550 5.1.1 No such mailbox"
     to = ["gone@example.com", "oncall@example.com"]
     dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
     queue(alert_store, clock, group("firing"))
@@ -325,13 +325,82 @@ def test_a_recipient_refused_for_good_is_logged_once_counted_and_never_tried_aga
     ((_, _, delivered, reason),) = outbox(tmp_path)
     assert delivered is not None
     assert reason == ""
-    (refused,) = logged(
-        caplog.records, "email recipient refused the notification for good; it is not sent to them again"
-    )
+    queue(alert_store, clock, group("resolved"))  # the next one: refused again, not logged again
+    assert dispatcher.deliver() == 1
+    (refused,) = logged(caplog.records, "email recipient refused a notification for good; it is not sent to them again")
     assert refused.fields["recipient"] == "gone@example.com"  # type: ignore[attr-defined]
     assert refused.fields["reason"] == "SMTP 550"  # type: ignore[attr-defined]
-    assert dispatcher.sent == {"mail": 1}
-    assert dispatcher.failed == {"mail": 1}
+    assert dispatcher.sent == {"mail": 2}
+    assert dispatcher.failed == {"mail": 2}  # counted each time it refused
+
+
+@pytest.mark.integration
+def test_a_full_mailbox_holds_back_nothing_and_gets_each_message_once_it_has_room(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock,
+) -> None:  # fmt: skip
+    server = start_smtp()
+    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
+    to = ["full@example.com", "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    other = group("firing")
+    other["alerts"][0]["key"] = "another-alert"
+    queue(alert_store, clock, group("firing"))
+    queue(alert_store, clock, other)
+    for _ in range(3):  # the mailbox stays full: the queue goes on all the same
+        dispatcher.deliver()
+        frozen.advance(DUE_AGAIN)
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"]] * 2
+    del mailbox.refuse["full@example.com"]
+    dispatcher.deliver()
+    assert [m.rcpt_tos for m in mailbox.messages[2:]] == [["full@example.com"]] * 2
+    ids = [m.message["Message-ID"] for m in mailbox.messages]
+    assert ids[:2] == ids[2:]  # each message, once per recipient, under one Message-ID
+    frozen.advance(DUE_AGAIN)
+    dispatcher.deliver()
+    assert len(mailbox.messages) == 4
+    assert dispatcher.pending() == {}
+
+
+@pytest.mark.integration
+def test_a_recipient_owed_a_message_and_then_taken_out_of_to_is_not_sent_it(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock,
+) -> None:  # fmt: skip
+    server = start_smtp()
+    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
+    to = ["full@example.com", "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    dispatcher.deliver()
+    del mailbox.refuse["full@example.com"]
+    dispatcher.configure([notifier(server.port, ca_file=ca_file, to=["oncall@example.com"])], EXTERNAL_URL)
+    frozen.advance(DUE_AGAIN)
+    dispatcher.deliver()
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"]]
+    assert dispatcher.pending() == {}
+
+
+@pytest.mark.integration
+def test_a_recipient_owed_a_message_for_a_day_is_dropped_with_an_error(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="exporter")
+    server = start_smtp()
+    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
+    to = ["full@example.com", "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    dispatcher.deliver()
+    frozen.advance(dt.timedelta(days=1, seconds=1))
+    dispatcher.deliver()
+    ((_, _, delivered, reason),) = outbox(tmp_path)
+    assert delivered is not None
+    assert reason == "the email recipients still owed it refused it for a day"
+    (dropped,) = logged(caplog.records, "email recipients refused a notification for a day; it is dropped for them")
+    assert dropped.fields["recipients"] == "full@example.com"  # type: ignore[attr-defined]
+    assert len(mailbox.messages) == 1
 
 
 @pytest.mark.integration

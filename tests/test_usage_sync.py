@@ -16,7 +16,7 @@ from exporter.config import validate
 from exporter.schema import PriceConfig
 from exporter.sim import Simulator, SimulatorServer
 from exporter.snapshots import UsageSnapshot, UsageTotals
-from exporter.state import StateError, StateStore
+from exporter.state import StateStore
 from exporter.usage_sync import UsageSync
 from tests.conftest import PAGE, billing_section
 
@@ -233,6 +233,11 @@ def test_a_long_read_says_it_is_progressing(
     assert [p["pages"] for p in progress] == sorted(p["pages"] for p in progress)
 
 
+CHEAP = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
+DEAR = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
+"""Prices that make a difference a test can see: DEAR is 1,000 times CHEAP."""
+
+
 def by_hand(prompt_price: int, completion_price: int, totals: UsageTotals) -> Decimal:
     """Tokens × a price without a cached prompt price (cached tokens cost what prompt tokens do)."""
     return Decimal(totals.prompt_tokens * prompt_price + totals.completion_tokens * completion_price) / 1_000_000
@@ -250,12 +255,11 @@ def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_f
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     a_only = [PriceConfig(model="model-a", prompt_per_million=1, completion_per_million=2)]
-    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
     sim.add_usage(150)
     sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=a_only)
     first = sync.refresh()
     assert {k.model for k in first.totals} == {"model-a", "model-b"}
-    again = sync.reprice(dear)
+    again = sync.reprice(DEAR)
     assert again is not None
     assert again.created == first.created
     for key, totals in first.totals.items():
@@ -296,9 +300,8 @@ def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_f
 def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_before(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
-    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
     sim.add_usage(150)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP)
     sync.refresh()
     frozen.advance(dt.timedelta(days=1))
     sim.add_usage(80, clock.today())
@@ -306,7 +309,7 @@ def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_
     assert first.previous_day is not None
     # What a reload does when a usage refresh holds the lock: the prices only (see Daemon._reprice).
     sync.prices = {p.model: p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000})
-                   for p in cheap}  # fmt: skip
+                   for p in CHEAP}  # fmt: skip
     later = sync.refresh()  # nothing new upstream: the day before is priced anew all the same
     assert later.previous_day is not None
     for key, totals in first.previous_day.totals.items():
@@ -325,12 +328,10 @@ def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_
 def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_of_now(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
-    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
-    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
     sim.add_usage(400)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
+    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP)
     first = sync.refresh()
-    sync.reprice(dear)
+    sync.reprice(DEAR)
     sim.remove_usage([3, 250])
     frozen.advance(dt.timedelta(minutes=5))
     after = sync.refresh()
@@ -339,47 +340,14 @@ def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_
         assert totals.estimated_payable == by_hand(1000, 2000, totals)
 
 
-def test_amounts_left_behind_a_reset_by_a_crash_are_not_trusted_after_a_restart(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
-    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
-    sim.add_usage(400)
-    store = StateStore(tmp_path / "state.db")
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap)
-    first = sync.refresh()
-    sim.remove_usage([3, 250])
-
-    def crash(*args: object) -> None:  # between the day's totals and the amounts they cover
-        raise StateError(store.path, "the process died here")
-
-    monkeypatch.setattr(UsageSync, "_save_counted", crash)
-    with pytest.raises(StateError):
-        sync.refresh()
-    monkeypatch.undo()
-    store.close()
-    reopened = StateStore(tmp_path / "state.db")
-    try:
-        restarted = UsageSync(small_pages, clock, reopened, per_api_key=False, prices=dear).refresh()
-    finally:
-        reopened.close()
-    assert as_truth(restarted) == sim.usage_totals()
-    shrunk = {key for key, totals in restarted.totals.items() if totals.requests < first.totals[key].requests}
-    assert 1 <= len(shrunk) <= 2
-    for key, totals in restarted.totals.items():  # an amount that covers more than its key's totals is not trusted
-        assert totals.estimated_payable == (by_hand(1000, 2000, totals) if key in shrunk else by_hand(1, 2, totals))
-
-
 def test_a_day_read_afresh_for_new_settings_keeps_what_its_counters_counted(
     sim: Simulator, server: SimulatorServer, small_pages: BillingClient, clock: Clock, store: StateStore
 ) -> None:
-    cheap = [PriceConfig(model=m, prompt_per_million=1, completion_per_million=2) for m in ("model-a", "model-b")]
-    dear = [PriceConfig(model=m, prompt_per_million=1000, completion_per_million=2000) for m in ("model-a", "model-b")]
     sim.add_usage(500)
-    first = UsageSync(small_pages, clock, store, per_api_key=False, prices=cheap).refresh()
+    first = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP).refresh()
     config = validate({"billing": billing_section(sim, server, page_size=250)}, {})
     with BillingClient.from_config(config.billing, clock) as client:  # a reload or restart with another page size…
-        again = UsageSync(client, clock, store, per_api_key=False, prices=dear).refresh()  # …and new prices
+        again = UsageSync(client, clock, store, per_api_key=False, prices=DEAR).refresh()  # …and new prices
     assert again.created == first.created
     assert {k: t.estimated_payable for k, t in again.totals.items()} == {
         k: t.estimated_payable for k, t in first.totals.items()

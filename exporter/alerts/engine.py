@@ -13,7 +13,6 @@ import hashlib
 import json
 import sqlite3
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
@@ -30,6 +29,8 @@ from exporter.schema import (
     PriceConfig,
     RuleConfig,
     ThresholdRule,
+    rule_id,
+    rule_key,
 )
 from exporter.snapshots import Latest
 from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
@@ -94,34 +95,10 @@ def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
 
 
-def rule_id(rule: RuleConfig) -> str:
-    """Stable across restarts and reloads while the rule watches the same thing (editing its labels,
-    annotations, threshold or `for` keeps it, so budget tiers already paged are not paged again)."""
-    if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
-        identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
-    elif isinstance(rule, AnomalyRule):
-        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
-    else:
-        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
-    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-
-
 def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """Each rule's id, whatever its position and whatever rules come before or after it. Rules that
-    watch the same thing under one alert name (warning and critical tiers) are told apart by their
-    labels, as Alertmanager tells their alerts apart; so a rule with labels has them in its id, and
-    changing them makes it another rule (its alerts resolve, the new ones fire). Rules alike in that
-    too (only their threshold differs) are told apart by the rest of their settings."""
-    bases = [rule_id(rule) for rule in rules]
-    labelled = [(base, json.dumps(sorted(rule.labels.items()))) for base, rule in zip(bases, rules, strict=True)]
-    twins = Counter(labelled)
-    ids = []
-    for rule, (base, labels) in zip(rules, labelled, strict=True):
-        parts = [labels] if rule.labels else []
-        if twins[(base, labels)] > 1:
-            parts.append(rule.model_dump_json(exclude={"annotations"}))
-        ids.append(f"{base}-{hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:8]}" if parts else base)
-    return ids
+    """Each rule's id (`schema.rule_key`), whatever its position and whatever rules come before or
+    after it."""
+    return [rule_key(rule) for rule in rules]
 
 
 def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
@@ -139,9 +116,10 @@ def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
 
 def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Which new id each old one (`legacy_rule_ids`) becomes. A rule's saved alerts tell which rule
-    made them (its alert name and labels are theirs), whatever the rules' order now; where they
-    cannot tell (rules alike in their labels too) or there are none (a budget's tiers fired, its
-    alerts long resolved), the rule at the old id's position now."""
+    made them, whatever the rules' order now: the rule of their alert name and kind whose labels
+    are theirs (the one with the most, so a rule without labels does not take a labelled one's
+    alerts). Where none can tell (a budget's tiers fired, its alerts long resolved), the rule at the
+    old id's position now, as the version that saved them numbered the rules."""
     new = rule_ids(rules)
     bases = [rule_id(rule) for rule in rules]
     moves: dict[str, str] = {}
@@ -149,15 +127,16 @@ def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) 
         if old in moves:
             continue
         labels = json.loads(body)["labels"]
-        makers = {
-            rid
+        makers = [
+            (len(rule.labels), rid)
             for rule, base, rid in zip(rules, bases, new, strict=True)
             if base == old.split("-")[0]
-            and labels.get("alertname") == rule.alert
+            and rule.alert == labels.get("alertname")
             and rule.labels.items() <= labels.items()
-        }
-        if len(makers) == 1:
-            moves[old] = makers.pop()
+        ]
+        best = {rid for count, rid in makers if count == max(count for count, _ in makers)}
+        if len(best) == 1:
+            moves[old] = best.pop()
     for old, rid in zip(legacy_rule_ids(rules), new, strict=True):
         moves.setdefault(old, rid)
     return {old: rid for old, rid in moves.items() if old != rid}

@@ -59,6 +59,10 @@ PAGERDUTY_ALERTS = 20
 USER_AGENT = f"inference-cost-exporter/{__version__}"
 
 REMOVED = "its notifier was removed from the config"
+OWED = "the email recipients still owed it refused it for a day"
+OWED_FOR = 86400.0
+"""How long a notification is retried to email recipients who refuse it for now (4xx) while the
+others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
 SUPERSEDED = "its alerts changed state again before it could be delivered"
 DISCARDED = ("notifier_removed", "superseded")
 """Why a queued notification is never delivered: its notifier left the config (`configure`), or
@@ -421,8 +425,11 @@ class Dispatcher:
         subject, text, html = message
         message_id = email.message_id(key, entry.id)
         name = notifier.name
+        recipients = [r for r in entry.recipients if r in notifier.to] if entry.recipients else list(notifier.to)
+        if not recipients:
+            return Attempt(None)  # those it was still owed to have left `to` since
         sent = email.send(
-            notifier, subject, text, html, message_id=message_id, deadline=self.deadline, recipients=entry.recipients
+            notifier, subject, text, html, message_id=message_id, deadline=self.deadline, recipients=recipients
         )
         if sent.reason is not None:
             return Attempt(self._outcome(name, sent.reason))
@@ -434,14 +441,15 @@ class Dispatcher:
                 first = (name, address) not in self._failing
                 self._failing.add((name, address))
             if 500 <= code < 600:
-                log.error("email recipient refused the notification for good; it is not sent to them again",
-                          notifier=name, recipient=address, reason=f"SMTP {code}")  # fmt: skip
+                if first:
+                    log.error("email recipient refused a notification for good; it is not sent to them again",
+                              notifier=name, recipient=address, reason=f"SMTP {code}")  # fmt: skip
                 continue
             owed.append(address)
             if first:
                 log.warning("email recipient refused the notification for now; retried to them only",
                             notifier=name, recipient=address, reason=f"SMTP {code}")  # fmt: skip
-        for address in set(entry.recipients or notifier.to) - set(sent.refused):
+        for address in set(recipients) - set(sent.refused):
             with self._counts:
                 recovered = (name, address) in self._failing
                 self._failing.discard((name, address))
@@ -477,6 +485,8 @@ class Dispatcher:
         kept = [alert for alert in alerts if (states.get(alert["key"]) == "firing") == firing]
         if len(kept) == len(alerts):
             return entry
+        if not kept and event["total"] > len(alerts):
+            return entry  # it counts alerts it does not show, whose state is unknown here: told as it was
         if not kept:
             return None
         return replace(entry, event={**event, "alerts": kept, "total": event["total"] - (len(alerts) - len(kept))})
@@ -509,17 +519,23 @@ class Dispatcher:
         self._unsaved.pop(name, None)
 
     def _drain(self, name: str) -> int:
-        """Send a notifier's due notifications in order; stop at the first failure. While the state
-        file refuses to record an outcome, nothing more is sent (it would be sent again)."""
+        """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
+        the email recipients still owed one: that holds nothing back). While the state file refuses
+        to record an outcome, nothing more is sent (it would be sent again)."""
         delivered = 0
         with self._locks[name]:
             if name in self._unsaved:
                 self._record(name, self._unsaved[name])
             while not self._closed and isinstance(notifier := self._notifiers.get(name), OutboxNotifier):
-                head = self.store.head(name)
                 now = self.clock.now().timestamp()
+                head = self.store.head(name, now)
                 if head is None or head.next_attempt > now:
                     break
+                if head.recipients and now - head.created > OWED_FOR:
+                    log.error("email recipients refused a notification for a day; it is dropped for them",
+                              notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
+                    self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
+                    continue
                 entry = head if head.digest is not None else self._current(head)
                 if entry is None:
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
@@ -533,6 +549,12 @@ class Dispatcher:
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
                     self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
+                    continue
+                if reason is not None and (owed or entry.recipients):
+                    # Owed to some recipients only (others took it): retried apart, holding nothing back.
+                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
+                    failed = partial(self.store.failed, entry.id, now + pause, reason, recipients=owed)
+                    self._record(name, partial(failed, table=entry.table))
                     continue
                 if reason is not None:
                     pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
