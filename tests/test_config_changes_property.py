@@ -39,7 +39,7 @@ from exporter.sim import ITEMS, Simulator
 from tests.conftest import billing_section
 from tests.helpers import Receiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # examples of a few seconds each, many
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 EXAMPLES = int(os.environ.get("PROPERTY_EXAMPLES", "15"))
