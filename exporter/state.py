@@ -62,10 +62,6 @@ message after others took it ('' while nobody has)."""
 
 OUTBOXES = ("outbox", "digest_outbox")
 
-LAYOUT = 1
-"""The layout this version writes (`PRAGMA user_version`). 0: alert rules were told apart by their
-position in the config; 1: by what they watch and their labels (`alerts.engine.rule_ids`), the
-alert tables rewritten once by `AlertStore.adopt_rule_ids`."""
 
 FIRST_ID_RANGE = 2**48
 """A new outbox numbers its rows from a random point below this: notification ids and Message-IDs
@@ -148,7 +144,13 @@ CREATE TABLE IF NOT EXISTS probe_runs (
     time_to_first_token REAL
 );
 CREATE INDEX IF NOT EXISTS probe_runs_at ON probe_runs (at);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
+"""Every table in the newest layout. Run at each opening: it makes what a file lacks (all of a new
+file); a table an earlier layout made is brought up to date by MIGRATIONS."""
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,7 @@ class StateStore:
         self.write_error = ""
         """How the last write transaction failed ("" if it was committed)."""
         self.layout = LAYOUT
-        """The file's layout as found when it was opened (see LAYOUT)."""
+        """The file's layout as found when it was opened (see MIGRATIONS)."""
         self.moved_aside: str | None = None
         """Where a corrupt file was moved by `reset`, if it was."""
         if self.path == ":memory:":
@@ -353,14 +355,22 @@ class StateStore:
                     corrupt = sqlite3.DatabaseError(f"quick_check: {verdict[:200]}")
                     corrupt.sqlite_errorname = "SQLITE_CORRUPT"
                     raise corrupt
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > LAYOUT:
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} was written by a newer version (layout {version}; this one knows "
+                    f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
+                )
             db.executescript(SCHEMA)
-            # Write once now: a read-only file opens (read-only) without complaint.
+            # Written once now, always: a read-only file opens (read-only) without complaint.
             db.execute("BEGIN IMMEDIATE")
             try:
-                (version,) = db.execute("PRAGMA user_version").fetchone()
-                db.execute(f"PRAGMA user_version = {int(version)}")
-                self.layout = int(version)
-                _upgrade_outboxes(db)
+                for step in MIGRATIONS[version:]:
+                    step(db)
+                db.execute(f"PRAGMA user_version = {LAYOUT}")
+                self.layout = version
+                _number_outboxes(db)
                 db.execute("COMMIT")
             finally:
                 if db.in_transaction:
@@ -745,13 +755,32 @@ class StateStore:
             db.execute("DELETE FROM usage_totals WHERE day < ?", (keep_from.isoformat(),))
 
 
-def _upgrade_outboxes(db: sqlite3.Connection) -> None:
-    """Give outboxes made by earlier versions the `recipients` column, and a new (empty, never
-    used) outbox its random first id."""
+def _to_layout_1(db: sqlite3.Connection) -> None:
+    """Layout 1. Outboxes get `recipients` (the email recipients still owed a message). Alerts
+    saved until now belong to rules told apart by their place in the config: the file says so
+    (`meta.rule_ids`), and the alert engine moves them to their rules' ids the first time it has
+    the config (`AlertStore.adopt_rule_ids`). `usage_amounts` comes with SCHEMA."""
     for table in OUTBOXES:
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if "recipients" not in columns:
             db.execute(f"ALTER TABLE {table} ADD COLUMN recipients TEXT NOT NULL DEFAULT ''")
+    if db.execute("SELECT 1 FROM alert_state LIMIT 1").fetchone() is not None:
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('rule_ids', 'by position')")
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_layout_1,)
+"""The steps from each layout (`PRAGMA user_version`) to the next: a file of layout N gets
+MIGRATIONS[N:], in the transaction that opens it, after SCHEMA has made the tables it lacked (so
+a step changes only tables an earlier layout made). Layout 0 is every version before layout 1.
+Each released layout is kept in tests/data as a file that the tests open and check."""
+
+LAYOUT = len(MIGRATIONS)
+"""The layout this version writes."""
+
+
+def _number_outboxes(db: sqlite3.Connection) -> None:
+    """A new (empty, never used) outbox numbers its rows from a random point (FIRST_ID_RANGE)."""
+    for table in OUTBOXES:
         numbered = db.execute("SELECT 1 FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
         if numbered is None and db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is None:  # noqa: S608
             db.execute(
@@ -979,14 +1008,16 @@ class AlertStore:
 
     @property
     def legacy_rule_ids(self) -> bool:
-        """The file's alerts were saved with rule ids that depend on the rules' order (layout 0)."""
-        return self.store.layout < 1
+        """The file's alerts were saved with rule ids that depend on the rules' order (layout 0), and
+        have not been moved yet."""
+        with self.store._reading() as db:
+            return db.execute("SELECT 1 FROM meta WHERE key = 'rule_ids'").fetchone() is not None
 
     def adopt_rule_ids(self, moves: Mapping[str, str], rekey: Callable[[dict[str, Any], str], dict[str, Any]]) -> int:
         """Rewrite the alert tables from old rule ids to new ones, once per file: each saved alert of a
         moved rule becomes `rekey(body, new id)` (its new key, the incident it opened kept), its
         alert_sent rows and queued notifications follow its key, and budget tiers fired follow their
-        rule. Marks the file as layout 1. Returns how many alerts moved."""
+        rule. Then the file no longer says its ids are by position. Returns how many alerts moved."""
         with self.store.transaction() as db:
             # Read everything, then write: an old id may be another rule's new one.
             renamed: dict[str, str] = {}
@@ -1016,8 +1047,7 @@ class AlertStore:
                     for alert in event["alerts"]:
                         alert["key"] = renamed.get(alert["key"], alert["key"])
                     db.execute("UPDATE outbox SET event = ? WHERE id = ?", (json.dumps(event), entry_id))
-            db.execute(f"PRAGMA user_version = {LAYOUT}")
-        self.store.layout = LAYOUT
+            db.execute("DELETE FROM meta WHERE key = 'rule_ids'")
         return len(renamed)
 
     def pending_count(self) -> dict[str, int]:

@@ -230,8 +230,13 @@ def webhook(receiver: Receiver, name: str = "hook", path: str = "") -> dict:
     return {"name": name, "type": "webhook", "url": receiver.url + path}
 
 
+def alerts_told(receiver: Receiver) -> list[dict]:
+    """The alert notifications a receiver got (not digests)."""
+    return [body for body in receiver.bodies() if "alerts" in body]
+
+
 def told(receiver: Receiver) -> list[tuple[str, str, int]]:
-    return [(b["status"], b["commonLabels"].get("severity", ""), len(b["alerts"])) for b in receiver.bodies()]
+    return [(b["status"], b["commonLabels"].get("severity", ""), len(b["alerts"])) for b in alerts_told(receiver)]
 
 
 @pytest.mark.integration
@@ -256,9 +261,10 @@ def test_reordering_and_inserting_tiers_sends_nothing(deployment: Deployment, ho
 def test_alerts_saved_by_the_previous_layout_keep_their_ids_and_incidents(
     deployment: Deployment, hook: Receiver, frozen: FrozenClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """tests/data/state-layout0.db: written by the version before layout 1 with RULES (tiers
-    told apart by position), every alert firing and told to `hook`, three notifications still
-    queued for `late` (its receiver refused them)."""
+    """tests/data/state-layout0.db: written by the last release of layout 0 with RULES (tiers
+    told apart by position), every alert firing and told to `hook`, three notifications and a
+    digest still queued for `late` (its receiver refused them); besides, that release's usage,
+    history, settled days and a probe run (`tests/test_state_file.py` checks those are kept)."""
     caplog.set_level(logging.INFO, logger="exporter")
     shutil.copy(DATA / "state-layout0.db", deployment.state)
     with sqlite3.connect(deployment.state) as db:
@@ -273,20 +279,21 @@ def test_alerts_saved_by_the_previous_layout_keep_their_ids_and_incidents(
         deployment.evaluate()
         assert told(hook) == []  # no re-page after the upgrade
         assert sorted(told(late)) == [("firing", "critical", 3), ("firing", "page", 1), ("firing", "warning", 3)]
-        assert {int(b["notificationId"].rsplit("-", 1)[1]) for b in late.bodies()} == queued
+        assert {int(b["notificationId"].rsplit("-", 1)[1]) for b in alerts_told(late)} == queued
+        assert [b["id"] for b in late.bodies() if "alerts" not in b] == ["daily:2026-11-21"]  # its digest too
         alerts = daemon.sources.engine.current()
         assert [a.state for a in alerts] == ["firing"] * 7
         with sqlite3.connect(deployment.state) as db:
             (layout,) = db.execute("PRAGMA user_version").fetchone()
         assert layout == 1
         # Their incidents stay those opened before the upgrade: each resolve closes the one it opened.
-        opened = {b["commonLabels"]["severity"]: b["notificationId"].rsplit("-", 1)[0] for b in late.bodies()}
+        opened = {b["commonLabels"]["severity"]: b["notificationId"].rsplit("-", 1)[0] for b in alerts_told(late)}
         deployment.write([], [webhook(hook), webhook(late, "late")])  # the rules go; their alerts resolve
         assert daemon.reload()
         deployment.evaluate()
         closed = {
             b["commonLabels"]["severity"]: b["notificationId"].rsplit("-", 1)[0]
-            for b in late.bodies()
+            for b in alerts_told(late)
             if b["status"] == "resolved"
         }
         assert closed == opened

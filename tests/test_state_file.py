@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import Simulator, SimulatorServer
-from exporter.state import AlertStore, StateError, StateStore, UsageCursor
+from exporter.state import LAYOUT, AlertStore, StateError, StateStore, UsageCursor
+from tests.conftest import DATA
 from tests.helpers import free_port, logged, wait_for
 from tests.test_cli import ready, run, spawn, write_config
 
@@ -440,3 +441,59 @@ def test_a_file_this_version_wrote_can_still_be_written_by_the_version_before(tm
         db.execute(
             "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)", ("2026-11-22", "s", 4, "", "", 0, 2.0)
         )
+
+
+# -- layouts --
+
+
+def table_rows(path: Path) -> dict[str, list[tuple[object, ...]]]:
+    with sqlite3.connect(path) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {name: sorted(db.execute(f"SELECT * FROM {name}").fetchall(), key=repr) for name in names}  # noqa: S608
+
+
+@pytest.mark.parametrize("layout", [0])
+def test_a_file_of_every_earlier_layout_opens_migrated_with_nothing_lost(tmp_path: Path, layout: int) -> None:
+    """tests/data/state-layout<N>.db: written by the last release of each layout (its daemon's
+    usage, history, settled days, probe runs, alerts, tiers and both outboxes with work waiting)."""
+    path = tmp_path / "state.db"
+    shutil.copy(DATA / f"state-layout{layout}.db", path)
+    before = table_rows(path)
+    store = StateStore(path)
+    try:
+        assert store.layout == layout
+        alerts = AlertStore(store)
+        head = alerts.head("late")
+        assert head is not None
+        assert head.recipients == ()  # the column a later layout added reads as nobody owed yet
+        cursor_day = dt.date.fromisoformat(str(before["usage_cursor"][0][0]))
+        loaded = store.load_usage(cursor_day)
+        assert loaded is not None
+        assert len(loaded[1]) == len(before["usage_totals"])
+        assert len(store.load_history()) == len(before["bill_history"])
+    finally:
+        store.close()
+    after = table_rows(path)
+    for table, rows in before.items():
+        if table == "sqlite_sequence":
+            assert after[table] == rows  # the outbox numbering goes on where it was
+            continue
+        width = len(rows[0]) if rows else 0  # columns a later layout added come after the old ones
+        assert sorted((row[:width] for row in after[table]), key=repr) == rows, table
+    with sqlite3.connect(path) as db:
+        (written,) = db.execute("PRAGMA user_version").fetchone()
+    assert written == LAYOUT
+
+
+def test_a_file_written_by_a_newer_version_is_refused_naming_both_layouts(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    StateStore(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {LAYOUT + 1}")
+    with pytest.raises(StateError) as refused:
+        StateStore(path, reset=True)
+    assert f"written by a newer version (layout {LAYOUT + 1}; this one knows layouts up to {LAYOUT})" in str(
+        refused.value
+    )
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (LAYOUT + 1,)  # left as it was
