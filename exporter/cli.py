@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.alerts.engine import Alert
-from exporter.alerts.notifiers import Dispatcher
 from exporter.alerts.promrules import rule_file
 from exporter.backfill import MAX_MONTHS, BackfillError, backfill, check_range, months, target_labels
 from exporter.billing import BillingClient, BillingError
@@ -28,6 +27,7 @@ from exporter.config import ConfigError, load, load_checked
 from exporter.daemon import Daemon, Sources, parse_listen
 from exporter.digest import text as digest_text
 from exporter.logs import get_logger, setup_logging
+from exporter.notify.dispatcher import Dispatcher
 from exporter.schema import Config
 from exporter.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore, location_problem, peek

@@ -20,6 +20,8 @@ from pydantic import (
 )
 
 from exporter.logs import get_logger
+from exporter.notify.kind import ResendKind
+from exporter.notify.registry import KINDS, no_digest
 from exporter.schema import (
     Config,
     _signals,
@@ -140,18 +142,15 @@ def _digest_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
     names = digest.get("notifiers") if isinstance(digest, dict) else None
     if not isinstance(names, list):
         return []
-    kinds = {item.get("name"): item.get("type") for _, item in _items(document, "alerts", "notifiers")}
+    types = {item.get("name"): item.get("type") for _, item in _items(document, "alerts", "notifiers")}
+    kinds = {name: KINDS.get(kind) if isinstance(kind, str) else None for name, kind in types.items()}
     problems: list[tuple[Location, str]] = []
     for index, name in enumerate(names):
         if name not in kinds:
-            known = ", ".join(sorted(str(k) for k in kinds if kinds[k] != "alertmanager")) or "none"
+            known = ", ".join(sorted(str(k) for k, v in kinds.items() if not isinstance(v, ResendKind))) or "none"
             problems.append((("digest", "notifiers", index), f"unknown notifier {name!r} (known: {known})"))
-        elif kinds[name] == "alertmanager":
-            problems.append(
-                (("digest", "notifiers", index), f"{name!r} is an Alertmanager: it takes alerts, not a digest")
-            )
-        elif kinds[name] == "pagerduty":
-            problems.append((("digest", "notifiers", index), f"{name!r} is PagerDuty: a digest is not an incident"))
+        elif (kind := kinds[name]) is not None and (why := no_digest(kind)):
+            problems.append((("digest", "notifiers", index), f"{name!r} {why}"))
     return problems
 
 

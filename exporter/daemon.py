@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 
 from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Alert, Engine
-from exporter.alerts.notifiers import Dispatcher
 from exporter.alerts.signals import todays_bills, todays_history
 from exporter.billing import BillingClient, BillingError, ClientClosed, RetryPolicy
 from exporter.bills import BillsSource
@@ -39,9 +38,11 @@ from exporter.digest import FiringAlert, ProbeStat, build, span
 from exporter.exposition import Exposition
 from exporter.history import HistorySource
 from exporter.logs import get_logger, mask_more
+from exporter.notify.dispatcher import Dispatcher
+from exporter.notify.registry import outbox
 from exporter.probe import ProbeRunner
 from exporter.reconcile import SettledUsage, reconcile
-from exporter.schema import AlertmanagerNotifier, AnomalyRule, BillingConfig, Config, DigestConfig, ProbeConfig
+from exporter.schema import AnomalyRule, BillingConfig, Config, DigestConfig, ProbeConfig
 from exporter.server import Credentials, ExporterServer, TlsError, View
 from exporter.snapshots import Latest, probe_source
 from exporter.state import AlertStore, StateError, StateStore
@@ -188,7 +189,7 @@ class Sources:
             clock,
             latest,
             sources=lambda: list(self.refreshers),
-            notifiers=[n.name for n in config.alerts.notifiers if not isinstance(n, AlertmanagerNotifier)],
+            notifiers=[n.name for n in config.alerts.notifiers if outbox(n) is not None],
             history=config.billing.history_months > 0,
             prices=config.prices,
         )
@@ -534,7 +535,7 @@ class Daemon:
         self.digest_cycle()
         self.dispatcher.poke()
         if changes:
-            self.dispatcher.resend_alertmanager()
+            self.dispatcher.resend()
 
     def digest_cycle(self) -> bool:
         """Queue the digest when its time has come and it was not queued before (once per day or

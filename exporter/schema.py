@@ -396,7 +396,14 @@ def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
 
 
 class _Notifier(Strict):
+    """What every notifier's config has; each kind's model adds its `type` (the key of its kind in
+    `exporter.notify.registry`) and its fields."""
+
     name: Name
+
+    def plain_secrets(self) -> tuple[str, ...]:
+        """Secrets in fields that are not `SecretStr` (a value a URL may carry)."""
+        return ()
 
 
 class AlertmanagerNotifier(_Notifier):
@@ -407,6 +414,9 @@ class AlertmanagerNotifier(_Notifier):
 class WebhookNotifier(_Notifier):
     type: Literal["webhook"]
     url: HttpUrl
+
+    def plain_secrets(self) -> tuple[str, ...]:
+        return (webhook_secret(self.url),)
 
 
 class SlackNotifier(_Notifier):
@@ -471,10 +481,9 @@ class EmailNotifier(_Notifier):
         return int(self.smtp.rpartition(":")[2])
 
 
-Notifier = Annotated[
-    AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier | EmailNotifier,
-    Field(discriminator="type"),
-]
+NotifierConfig = AlertmanagerNotifier | WebhookNotifier | SlackNotifier | PagerDutyNotifier | EmailNotifier
+"""Every kind's model: a new kind's goes here too."""
+Notifier = Annotated[NotifierConfig, Field(discriminator="type")]
 
 
 class AlertsConfig(Strict):
@@ -598,8 +607,7 @@ class Config(Strict):
 
         walk(self)
         for notifier in self.alerts.notifiers:
-            if isinstance(notifier, WebhookNotifier):
-                found.append(webhook_secret(notifier.url))
+            found += notifier.plain_secrets()
         return [value for value in found if value]
 
 

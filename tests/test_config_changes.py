@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerts import notifiers
 from exporter.alerts.engine import legacy_moves, legacy_rule_ids, rule_ids
-from exporter.alerts.notifiers import slack_payload
 from exporter.clock import Clock, FrozenClock
 from exporter.config import ConfigError, load, validate
 from exporter.daemon import Daemon
 from exporter.mrkdwn import TEXT
+from exporter.notify.dispatcher import BACKOFF_MAX
+from exporter.notify.slack import slack_payload
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import AlertStore, GroupEvent, StateStore
 from tests.conftest import DATA, billing_section
@@ -275,7 +275,7 @@ def test_alerts_saved_by_the_previous_layout_keep_their_ids_and_incidents(
         daemon = deployment.start()
         (moved,) = logged(caplog.records, "saved alerts moved to their rules' new ids")
         assert moved.fields["alerts"] == 7  # type: ignore[attr-defined]
-        frozen.advance(dt.timedelta(seconds=notifiers.BACKOFF_MAX * 1.2 + 1))  # `late` is due again
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))  # `late` is due again
         deployment.evaluate()
         assert told(hook) == []  # no re-page after the upgrade
         assert sorted(told(late)) == [("firing", "critical", 3), ("firing", "page", 1), ("firing", "warning", 3)]
@@ -374,7 +374,7 @@ def test_a_state_change_overtaken_while_it_waited_is_never_delivered(
         deployment.evaluate()  # resolves; queued behind the firing
         assert daemon.dispatcher.pending() == {"hook": 2}
         down.refuse = 0
-        frozen.advance(dt.timedelta(seconds=notifiers.BACKOFF_MAX * 1.2 + 1))
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
         daemon.deliver()
         assert [b["status"] for b in down.bodies()] == ["resolved"]  # the firing it overtook is not news
         assert daemon.dispatcher.discarded["superseded"] == 1

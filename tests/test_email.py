@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import trustme
 
-from exporter.alerts import email
 from exporter.alerts.engine import Alert
-from exporter.alerts.notifiers import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
 from exporter.clock import Clock, FrozenClock
+from exporter.notify import email
+from exporter.notify.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
+from exporter.notify.smtp import build
 from exporter.schema import EmailNotifier
 from exporter.state import AlertStore, GroupEvent, StateStore
 from tests.helpers import LoopbackServer, free_port, logged, wait_for
@@ -90,7 +91,7 @@ def test_labels_and_annotations_are_escaped_and_the_subject_is_one_line() -> Non
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in html
     assert "&lt;b&gt;spent&lt;/b&gt;" in html
     assert "\nBcc:" not in text  # a summary stays on its line in the text too
-    message = email.build(notifier(1), subject, text, html, "<a@b>")
+    message = build(notifier(1), subject, text, html, "<a@b>")
     assert message["Bcc"] is None
     assert message["Subject"] == subject
 
@@ -99,7 +100,7 @@ def test_a_lone_surrogate_from_the_api_cannot_make_a_message_that_never_sends() 
     event = group(endpoint_id="ep-\ud800-x")  # JSON lets a service send one; UTF-8 cannot carry it
     event["alerts"][0]["annotations"]["summary"] = "ep-\ud800-x spent 12"
     subject, text, html = email.alert_message(event, EXTERNAL_URL)
-    raw = email.build(notifier(1), subject, text, html, "<a@b>").as_bytes()
+    raw = build(notifier(1), subject, text, html, "<a@b>").as_bytes()
     assert b"ep-?-x" in raw
 
 

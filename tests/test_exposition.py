@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import exposition as exposition_module
 from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Engine
-from exporter.alerts.notifiers import Dispatcher
 from exporter.billing import BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
 from exporter.config import validate
 from exporter.daemon import build_exposition
 from exporter.history import HistorySource
+from exporter.notify.dispatcher import Dispatcher
 from exporter.probe import ProbeRunner
 from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.schema import Config

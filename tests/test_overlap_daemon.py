@@ -514,7 +514,7 @@ def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     clock: Clock, receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     from exporter.alerts.engine import Alert
-    from exporter.alerts.notifiers import Dispatcher
+    from exporter.notify.dispatcher import Dispatcher
     from exporter.schema import AlertmanagerNotifier
     from exporter.state import AlertStore, StateStore
 
@@ -527,7 +527,7 @@ def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     dispatcher = Dispatcher([peers], AlertStore(StateStore(":memory:")), clock, lambda: [alert], "http://exporter")
     dispatcher.deadline = 60.0  # the dripping peer holds its post for as long as the test lets it
     caplog.set_level(logging.INFO)
-    sending = threading.Thread(target=dispatcher.send_alertmanager, daemon=True)
+    sending = threading.Thread(target=dispatcher.resend_now, daemon=True)
     sending.start()
     try:
         (body,) = wait_for(receiver.bodies, timeout=20)  # the healthy peer is not queued behind the other

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.alerts.post import DeadlineExceeded, post_json
+from exporter.notify.post import DeadlineExceeded, post_json
 from tests.helpers import Receiver
 
 

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.alerts.engine import Engine
-from exporter.alerts.notifiers import Dispatcher
+from exporter.notify.dispatcher import Dispatcher
 from exporter.state import StateError
 
 

@@ -1,4 +1,4 @@
-"""Email notifications: one message (plain text and HTML) per alert group, sent over SMTP.
+"""Sending one email over SMTP under one deadline (the `email` kind's transport).
 
 `send` makes one SMTP exchange (connect, EHLO, STARTTLS with the server's certificate verified,
 login, the message, QUIT) under one deadline: a timer shuts the connection down when it passes,
@@ -9,15 +9,10 @@ raises for a network, TLS or SMTP fault: it returns a short reason, which names 
 and nothing of the message. A reason that starts with `SMTP 5` is the server refusing this
 message (its sender, its recipients or its content) for good; every other one (4xx, a refused
 login, a missing STARTTLS, a certificate, the network, the deadline) is worth retrying.
-
-Every attempt at one notification carries the same Message-ID, so a receiver can drop a repeat
-(a server that took the message but whose answer was lost to the deadline gets it again).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import html
 import re
 import smtplib
 import socket
@@ -33,19 +28,11 @@ from functools import cache
 
 from exporter.billing import network_cause
 from exporter.schema import EmailNotifier
-from exporter.state import GroupEvent
-
-ALERTS = 20
-"""Alerts a message lists in full; the rest are counted ("and N more")."""
-SUBJECT = 200
-"""The longest subject, in characters (a summary may be any length)."""
-DOMAIN = "inference-cost-exporter"
-"""The right-hand side of the Message-IDs made here."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
-def _line(text: str) -> str:
+def line(text: str) -> str:
     """One line of text: control characters (line breaks too) become a space."""
     return _CONTROL.sub(" ", text).strip()
 
@@ -56,72 +43,12 @@ def _encodable(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _when(timestamp: float) -> str:
-    return dt.datetime.fromtimestamp(timestamp, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def message_id(dedup_key: str, entry: int) -> str:
-    """The Message-ID of one outbox notification: the same on every attempt to deliver it."""
-    key = re.sub(r"[^A-Za-z0-9-]", "", dedup_key)[:64] or "alert"
-    return f"<{key}.{entry}@{DOMAIN}>"
-
-
-def alert_message(event: GroupEvent, external_url: str) -> tuple[str, str, str]:
-    """Subject, plain text and HTML for one group event: its status and rule, then each alert's
-    summary, labels and start (at most ALERTS of them, and how many more), and a link to the
-    exporter. Everything from the alerts is escaped in the HTML: labels and annotations may hold
-    anything."""
-    status, name = event["status"].upper(), event["alertname"]
-    alerts, total = event["alerts"], event["total"]
-    if total == 1 and alerts:
-        headline = f"[{status}] {name}: {alerts[0]['annotations'].get('summary', name)}"
-    else:
-        headline = f"[{status}] {name}: {total} alerts"
-    subject = _line(headline)
-    if len(subject) > SUBJECT:
-        subject = subject[: SUBJECT - 1] + "…"
-    shown = alerts[:ALERTS]
-    more = total - len(shown)
-    link = f"{external_url}/"
-
-    text = [_line(headline), ""]
-    items = []
-    for alert in shown:
-        summary = alert["annotations"].get("summary", alert["key"])
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(alert["labels"].items()) if k != "alertname")
-        since = f"since {_when(alert['starts_at'])}"
-        if alert["ends_at"] is not None and alert["status"] != "firing":
-            since += f", resolved {_when(alert['ends_at'])}"
-        text += [f"- {_line(summary)}", f"  {_line(labels) or 'no labels'}", f"  {since}"]
-        items.append(
-            f"<li><strong>{html.escape(summary)}</strong><br>"
-            f"<code>{html.escape(labels or 'no labels')}</code><br>"
-            f"<small>{html.escape(since)}</small></li>"
-        )
-    if more > 0:
-        text.append(f"and {more} more")
-    text += ["", f"Exporter: {link}", ""]
-    body = [
-        "<!DOCTYPE html>",
-        '<html><head><meta charset="utf-8"></head><body>',
-        f"<h2>{html.escape(headline)}</h2>",
-        "<ul>",
-        *items,
-        "</ul>",
-        f"<p>and {more} more</p>" if more > 0 else "",
-        f'<p><a href="{html.escape(link)}">{html.escape(link)}</a></p>',
-        "</body></html>",
-        "",
-    ]
-    return subject, "\n".join(text), "\n".join(line for line in body if line)
-
-
 def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, message_id: str) -> EmailMessage:
     """multipart/alternative: the plain text, then the HTML."""
     message = EmailMessage()
     message["From"] = notifier.from_
     message["To"] = ", ".join(notifier.to)
-    message["Subject"] = _line(_encodable(subject))
+    message["Subject"] = line(_encodable(subject))
     message["Date"] = formatdate(usegmt=True)
     message["Message-ID"] = message_id
     message.set_content(_encodable(text))
