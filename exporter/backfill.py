@@ -37,7 +37,7 @@ from typing import TextIO
 
 from prometheus_client.core import Metric
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, SignatureRejected
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected
 from exporter.bills import daily_amounts, forecast
 from exporter.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
 from exporter.collectors import BillsCollector, ExporterCollector
@@ -144,7 +144,7 @@ def target_labels(pairs: Iterable[str]) -> Labels:
 # --- the bills ---------------------------------------------------------------------------
 
 
-def fetch(client: BillingClient, periods: Sequence[str]) -> tuple[dict[str, Month], list[tuple[str, str]]]:
+def fetch(client: BillingAPI, periods: Sequence[str]) -> tuple[dict[str, Month], list[tuple[str, str]]]:
     """Each month's daily bills, by endpoint and by item. A month the API refuses or lists nothing
     for is logged and left out (never written as zeros); a refused signature ends the fetch, since
     every month would be refused alike."""
@@ -168,7 +168,7 @@ def fetch(client: BillingClient, periods: Sequence[str]) -> tuple[dict[str, Mont
     return found, skipped
 
 
-def _days_before(client: BillingClient, period: str) -> dict[dt.date, Decimal] | None:
+def _days_before(client: BillingAPI, period: str) -> dict[dt.date, Decimal] | None:
     """The account's days of the month before the first one written, which the first week's
     forecasts average over (the exporter would have held them)."""
     try:
@@ -359,7 +359,7 @@ def _replacing(path: Path) -> Iterator[TextIO]:
 
 
 def backfill(
-    client: BillingClient,
+    client: BillingAPI,
     clock: Clock,
     periods: Sequence[str],
     output: Path,

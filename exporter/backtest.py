@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from exporter.alerts.engine import Alert, Engine, rule_ids
-from exporter.billing import BillingClient
+from exporter.billing import BillingAPI, BillingClient
 from exporter.bills import month_bills
 from exporter.clock import (
     Clock,
@@ -76,7 +76,7 @@ def replayable(alerts: AlertsConfig, budgets: Sequence[BudgetConfig] = ()) -> tu
     return alerts.model_copy(update={"rules": kept}), notes
 
 
-def fetch(client: BillingClient, periods: Sequence[str], today: dt.date) -> dict[str, MonthHistory]:
+def fetch(client: BillingAPI, periods: Sequence[str], today: dt.date) -> dict[str, MonthHistory]:
     """The months' bills; a month the API lists nothing for is left out (and said)."""
     months = {}
     for period in periods:

@@ -17,7 +17,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 from decimal import Decimal
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillRecord
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillRecord
 from exporter.clock import Clock, days_in_period, previous_period
 from exporter.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills, per_day
 
@@ -77,7 +77,7 @@ def month_bills(
 class BillsSource:
     def __init__(
         self,
-        client: BillingClient,
+        client: BillingAPI,
         clock: Clock,
         grace_days: int,
         history: Callable[[], HistorySnapshot | None] = lambda: None,

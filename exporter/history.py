@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient, BillingError, ClientClosed
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, ClientClosed
 from exporter.bills import daily_amounts
 from exporter.clock import Clock, periods_before
 from exporter.logs import get_logger
@@ -45,7 +45,7 @@ def _amounts(period: str, rows: Iterable[list[str]]) -> tuple[DailyAmount, ...]:
     )
 
 
-def fetch_month(client: BillingClient, period: str, today: dt.date) -> MonthHistory | None:
+def fetch_month(client: BillingAPI, period: str, today: dt.date) -> MonthHistory | None:
     """One month's daily bills: by endpoint, by item, and each endpoint's charges by item; None if
     the API listed nothing for it. Raises BillingError when a request fails."""
     instances = client.bills(period, GROUP_TERM_INSTANCE)
@@ -61,7 +61,7 @@ def fetch_month(client: BillingClient, period: str, today: dt.date) -> MonthHist
 
 
 class HistorySource:
-    def __init__(self, client: BillingClient, clock: Clock, state: StateStore, months: int) -> None:
+    def __init__(self, client: BillingAPI, clock: Clock, state: StateStore, months: int) -> None:
         self.client = client
         self.clock = clock
         self.state = state

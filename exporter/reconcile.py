@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.billing import BillingClient, BillingError, ClientClosed
+from exporter.billing import BillingAPI, BillingError, ClientClosed
 from exporter.clock import Clock
 from exporter.logs import get_logger
 from exporter.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
@@ -113,7 +113,7 @@ class SettledUsage:
 
     def __init__(
         self,
-        client: BillingClient,
+        client: BillingAPI,
         clock: Clock,
         state: StateStore,
         *,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from types import MappingProxyType
 
-from exporter.billing import BillingClient, BillingError, RecordError, UsagePage, UsageRecord
+from exporter.billing import BillingAPI, BillingError, RecordError, UsagePage, UsageRecord
 from exporter.clock import Clock
 from exporter.logs import get_logger
 from exporter.schema import PriceConfig
@@ -301,7 +301,7 @@ class ResyncNeeded(Exception):
 class UsageSync:
     def __init__(
         self,
-        client: BillingClient,
+        client: BillingAPI,
         clock: Clock,
         state: StateStore,
         *,

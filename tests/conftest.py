@@ -17,6 +17,7 @@ from exporter.config import validate
 from exporter.schema import Config
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import StateStore
+from tests.fakes import FakeBilling
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 SERVERS = frozenset({"server", "live", "receiver"})
@@ -97,6 +98,18 @@ def small_pages(sim: Simulator, server: SimulatorServer, clock: Clock) -> Iterat
     config = validate({"billing": billing_section(sim, server, page_size=PAGE, concurrency=3)}, {})
     with BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=lambda s: None)) as client:
         yield client
+
+
+@pytest.fixture
+def fake_pages(sim: Simulator) -> FakeBilling:
+    """`small_pages` in process: usage in pages of PAGE, read from `sim` without HTTP (the unit layer)."""
+    return FakeBilling(sim, page_size=PAGE)
+
+
+@pytest.fixture
+def fake(sim: Simulator) -> FakeBilling:
+    """The billing API on `sim` in process, at the configured page size (the unit layer's `client`)."""
+    return FakeBilling(sim)
 
 
 @pytest.fixture

@@ -1,23 +1,25 @@
-"""Bills snapshots: month to date, forecast, revisions, the previous month's grace days."""
+"""Bills snapshots: month to date, forecast, revisions, the previous month's grace days (on the
+simulator's ledger in process: tests/fakes.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
 
-from exporter.billing import BillingClient
+from exporter.billing import BillingAPI
 from exporter.bills import BillsSource, forecast
 from exporter.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator
 from tests.conftest import SHANGHAI
+from tests.fakes import FakeBilling
 
 
-def source(client: BillingClient, clock: Clock, grace: int = 3) -> BillsSource:
+def source(client: BillingAPI, clock: Clock, grace: int = 3) -> BillsSource:
     return BillsSource(client, clock, grace)
 
 
-def test_month_to_date_equals_the_simulators_total(sim: Simulator, client: BillingClient, clock: Clock) -> None:
-    snapshot = source(client, clock).refresh()
+def test_month_to_date_equals_the_simulators_total(sim: Simulator, fake: FakeBilling, clock: Clock) -> None:
+    snapshot = source(fake, clock).refresh()
     assert [m.period for m in snapshot.months] == ["2026-11"]
     month = snapshot.current
     assert month.month_to_date == sim.bill_totals("2026-11")["total"]
@@ -25,22 +27,22 @@ def test_month_to_date_equals_the_simulators_total(sim: Simulator, client: Billi
     assert {a.day for a in month.by_item} == {dt.date(2026, 11, d) for d in range(1, 23)}
 
 
-def test_revised_bills_replace_the_snapshot(sim: Simulator, client: BillingClient, clock: Clock) -> None:
-    before = source(client, clock).refresh().current.month_to_date
+def test_revised_bills_replace_the_snapshot(sim: Simulator, fake: FakeBilling, clock: Clock) -> None:
+    before = source(fake, clock).refresh().current.month_to_date
     endpoint = sim.endpoints[0]
     day = dt.date(2026, 11, 3)
     old = sim.charge("2026-11", day, endpoint, ITEMS[0])[0]
     sim.revise_bill(day, endpoint.endpoint_id, ITEMS[0], old + Decimal("0.01"))
-    after = source(client, clock).refresh().current
+    after = source(fake, clock).refresh().current
     assert after.month_to_date == before + Decimal("0.01")
     assert after.month_to_date == sim.bill_totals("2026-11")["total"]
 
 
 def test_month_rollover_keeps_the_previous_month_during_the_grace_days(
-    sim: Simulator, client: BillingClient, clock: Clock, frozen: FrozenClock
+    sim: Simulator, fake: FakeBilling, clock: Clock, frozen: FrozenClock
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 30, 16, 0, 30, tzinfo=dt.UTC))  # 00:00:30 on 1 December in Shanghai
-    bills = source(client, clock, grace=3)
+    bills = source(fake, clock, grace=3)
     snapshot = bills.refresh()
     assert [m.period for m in snapshot.months] == ["2026-12", "2026-11"]
     november = snapshot.months[1]
@@ -54,9 +56,9 @@ def test_month_rollover_keeps_the_previous_month_during_the_grace_days(
     assert [m.period for m in bills.refresh().months] == ["2026-12"]
 
 
-def test_january_looks_back_to_december(client: BillingClient, clock: Clock, frozen: FrozenClock) -> None:
+def test_january_looks_back_to_december(fake: FakeBilling, clock: Clock, frozen: FrozenClock) -> None:
     frozen.set(dt.datetime(2027, 1, 2, 9, 0, tzinfo=SHANGHAI))
-    assert [m.period for m in source(client, clock).refresh().months] == ["2027-01", "2026-12"]
+    assert [m.period for m in source(fake, clock).refresh().months] == ["2027-01", "2026-12"]
 
 
 def test_forecast_uses_the_trailing_seven_complete_days() -> None:

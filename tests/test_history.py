@@ -1,5 +1,6 @@
 """Past months of daily bills: fetched once a billing day, kept in the state file, never read as
-zero spend when the API refuses a month or lists nothing for it."""
+zero spend when the API refuses a month or lists nothing for it. On the simulator's ledger in
+process (tests/fakes.py), but for a refusal, which is injected on the wire."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from exporter.history import HistorySource
 from exporter.sim import Fault, Simulator, SpendModel
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
+from tests.fakes import FakeBilling
 from tests.helpers import logged
 
 BILLS = "/api/v1/bills/details"
@@ -37,9 +39,9 @@ def test_past_periods_cross_the_year() -> None:
 
 
 def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
-    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
-    history = HistorySource(client, clock, store, months=3).refresh()
+    history = HistorySource(fake, clock, store, months=3).refresh()
     assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
     for period, month in history.months.items():
         totals = modelled.bill_totals(period)
@@ -51,7 +53,7 @@ def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
     assert history.current is not None
     assert history.current.period == "2026-11"
     before = served(modelled)
-    again = HistorySource(client, clock, store, months=3).refresh()  # a restart the same day
+    again = HistorySource(fake, clock, store, months=3).refresh()  # a restart the same day
     assert served(modelled) == before
     assert again == history
 
@@ -59,7 +61,7 @@ def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
     endpoint = modelled.endpoints[0]
     modelled.revise_bill(day, endpoint.endpoint_id, "ITEM_PROMPT_TOKEN", Decimal("1234.56"))
     frozen.set(dt.datetime(2026, 11, 23, 0, 0, 5, tzinfo=SHANGHAI))  # the next billing day
-    revised = HistorySource(client, clock, store, months=3).refresh()
+    revised = HistorySource(fake, clock, store, months=3).refresh()
     endpoints = len(modelled.endpoints)
     assert served(modelled) == before + 4 * (2 + endpoints)  # each month and this one: both groupings, each endpoint
     assert revised.months["2026-10"].fetched == dt.date(2026, 11, 23)
@@ -89,11 +91,11 @@ def test_a_month_the_api_refuses_is_skipped_never_zero(
 
 
 def test_a_month_before_the_account_opened_is_absent(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, caplog: pytest.LogCaptureFixture
+    sim: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim.spend = SpendModel(start=dt.date(2026, 10, 1))
     caplog.set_level(logging.WARNING)
-    history = HistorySource(client, clock, store, months=3).refresh()
+    history = HistorySource(fake, clock, store, months=3).refresh()
     assert list(history.months) == ["2026-10"]
     assert {
         r.fields["period"] for r in logged(caplog.records, "history month skipped: the API listed no bills for it")
@@ -104,12 +106,12 @@ def test_a_month_before_the_account_opened_is_absent(
 
 
 def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
-    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 3, 12, 0, tzinfo=SHANGHAI))  # past the grace days (0 here)
-    history = HistorySource(client, clock, store, months=2).refresh()
-    alone = BillsSource(client, clock, grace_days=0).refresh().current
-    with_history = BillsSource(client, clock, grace_days=0, history=lambda: history).refresh().current
+    history = HistorySource(fake, clock, store, months=2).refresh()
+    alone = BillsSource(fake, clock, grace_days=0).refresh().current
+    with_history = BillsSource(fake, clock, grace_days=0, history=lambda: history).refresh().current
     days = {a.day: Decimal(0) for a in with_history.by_item}
     for a in with_history.by_item:
         days[a.day] += a.payable
@@ -145,7 +147,7 @@ def test_a_month_listing_nothing_is_asked_once_a_day_and_a_refused_one_an_hour_l
 
 
 def test_a_state_file_that_refuses_the_history_still_has_it_used(
-    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from exporter.state import StateError
 
@@ -153,18 +155,18 @@ def test_a_state_file_that_refuses_the_history_still_has_it_used(
         raise StateError(store.path, "attempt to write a readonly database")
 
     monkeypatch.setattr(store, "save_history", refuse)
-    history = HistorySource(client, clock, store, months=2).refresh()
+    history = HistorySource(fake, clock, store, months=2).refresh()
     assert list(history.months) == ["2026-09", "2026-10"]
     assert history.as_of == clock.today()
 
 
 def test_the_state_file_is_read_once_then_the_months_are_kept_in_memory(
-    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loads = []
     load = store.load_history
     monkeypatch.setattr(store, "load_history", lambda: loads.append(1) or load())
-    source = HistorySource(client, clock, store, months=2)
+    source = HistorySource(fake, clock, store, months=2)
     first = source.refresh()
     assert source.refresh() == first  # every ten minutes: nothing fetched, nothing read
     assert loads == [1]

@@ -1,6 +1,8 @@
 """Reconciliation against the simulator, whose bills are computed from its own usage records at
 a price table: agreement to the token, an injected gap found where it is and nowhere else, failed
-reads retried (never a gap of −100%), restarts that do not read a day twice, and the month's turn."""
+reads retried (never a gap of −100%), restarts that do not read a day twice, and the month's turn.
+On the simulator's ledger in process (tests/fakes.py), but for a refused read, which is injected on
+the wire, and the daemon's own alert."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.billing import BillingClient
+from exporter.billing import BillingAPI, BillingClient
 from exporter.bills import BillsSource
 from exporter.clock import Clock, FrozenClock
 from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
@@ -19,6 +21,7 @@ from exporter.schema import PriceConfig
 from exporter.sim import Fault, Simulator, SimulatorServer, prices_from_config
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
+from tests.fakes import FakeBilling
 from tests.helpers import Receiver, named, scrape
 
 USAGES = "/api/v1/usages/details"
@@ -41,7 +44,7 @@ def priced(sim: Simulator) -> Simulator:
     return sim
 
 
-def settled_usage(client: BillingClient, clock: Clock, store: StateStore, per_refresh: int = 10) -> SettledUsage:
+def settled_usage(client: BillingAPI, clock: Clock, store: StateStore, per_refresh: int = 10) -> SettledUsage:
     return SettledUsage(client, clock, store, settle=SIX_HOURS, days_per_refresh=per_refresh, per_api_key=False)
 
 
@@ -57,11 +60,11 @@ def served(sim: Simulator) -> int:
 
 
 def test_consistent_bills_and_records_agree_to_the_token(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
-    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    held = read_all(settled_usage(fake, clock, store), DAYS[0])
     assert sorted(held) == DAYS  # today (the 22nd) has not ended, let alone settled
-    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    result = reconcile(BillsSource(fake, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
     assert {g.day for g in result.tokens} == set(DAYS)
     assert len(result.tokens) == len(DAYS) * 3
     for gap in result.tokens:
@@ -74,12 +77,12 @@ def test_consistent_bills_and_records_agree_to_the_token(
 
 
 def test_a_five_percent_gap_is_found_on_its_day_and_item_and_nowhere_else(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     day = DAYS[3]
     priced.distort_bill(day, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
-    held = read_all(settled_usage(client, clock, store), DAYS[0])
-    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    held = read_all(settled_usage(fake, clock, store), DAYS[0])
+    result = reconcile(BillsSource(fake, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
     off = [(g.day, g.item) for g in result.tokens if g.ratio != 0]
     assert off == [(day, "ITEM_COMPLETION_TOKEN")]
     (gap,) = [g for g in result.tokens if g.ratio != 0]
@@ -104,21 +107,21 @@ def test_a_day_whose_usage_read_fails_is_read_later_and_never_shown_as_a_gap(
 
 
 def test_each_day_is_read_once_most_recent_first_a_few_per_refresh_and_not_again_after_a_restart(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
-    source = settled_usage(client, clock, store, per_refresh=2)
+    source = settled_usage(fake, clock, store, per_refresh=2)
     assert sorted(source.refresh(DAYS[0])) == DAYS[-2:]
     read_all(source, DAYS[0])
     before = served(priced)
-    restarted = settled_usage(client, clock, store, per_refresh=2)
+    restarted = settled_usage(fake, clock, store, per_refresh=2)
     assert sorted(restarted.refresh(DAYS[0])) == DAYS
     assert served(priced) == before
 
 
 def test_the_days_held_are_read_from_the_state_file_once_and_unchanged_they_are_the_same_mapping(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = settled_usage(client, clock, store, per_refresh=len(DAYS))
+    source = settled_usage(fake, clock, store, per_refresh=len(DAYS))
     loads = []
     load = store.load_settled_usage
     monkeypatch.setattr(store, "load_settled_usage", lambda *args: loads.append(args) or load(*args))
@@ -133,24 +136,24 @@ def test_the_days_held_are_read_from_the_state_file_once_and_unchanged_they_are_
 
 
 def test_a_day_is_read_only_once_it_has_settled(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 22, 5, 59, tzinfo=SHANGHAI))
-    assert settled_usage(client, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 20)
+    assert settled_usage(fake, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 20)
     frozen.set(dt.datetime(2026, 11, 22, 6, 0, tzinfo=SHANGHAI))
-    assert settled_usage(client, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 21)
+    assert settled_usage(fake, clock, store).settled_days(DAYS[0])[-1] == dt.date(2026, 11, 21)
 
 
 def test_the_previous_months_last_days_stay_reconciled_in_the_grace_days(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     last = dt.date(2026, 11, 30)
     for day in [dt.date(2026, 11, d) for d in range(22, 31)] + [dt.date(2026, 12, 1)]:
         priced.add_usage(120, day)  # every day with records (a day without any is billed at random)
     frozen.set(dt.datetime(2026, 12, 2, 9, 0, tzinfo=SHANGHAI))
-    held = read_all(settled_usage(client, clock, store), DAYS[0])
+    held = read_all(settled_usage(fake, clock, store), DAYS[0])
     assert last in held
-    result = reconcile(BillsSource(client, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
+    result = reconcile(BillsSource(fake, clock, 3).refresh(), held, DEFAULT_ITEMS, PRICES)
     assert {g.day for g in result.tokens} >= {last}
     assert all(g.ratio == 0 for g in result.tokens)
 
@@ -186,12 +189,12 @@ def test_the_daemon_alerts_on_the_last_settled_days_gap_and_exposes_every_days_f
 
 
 def test_a_line_the_bill_leaves_out_is_a_gap_of_minus_one_not_a_day_without_figures(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     from dataclasses import replace
 
-    held = read_all(settled_usage(client, clock, store), DAYS[0])
-    bills = BillsSource(client, clock, 3).refresh()
+    held = read_all(settled_usage(fake, clock, store), DAYS[0])
+    bills = BillsSource(fake, clock, 3).refresh()
     day, endpoint = DAYS[2], priced.endpoints[0].endpoint_id
     month = bills.months[0]
     partial = replace(
@@ -206,10 +209,10 @@ def test_a_line_the_bill_leaves_out_is_a_gap_of_minus_one_not_a_day_without_figu
 
 
 def test_days_read_from_another_account_are_read_again(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
-    read_all(settled_usage(client, clock, store), DAYS[0])
-    other = SettledUsage(client, clock, store, settle=SIX_HOURS, days_per_refresh=10, per_api_key=True)
+    read_all(settled_usage(fake, clock, store), DAYS[0])
+    other = SettledUsage(fake, clock, store, settle=SIX_HOURS, days_per_refresh=10, per_api_key=True)
     before = served(priced)
     assert other.refresh(DAYS[0]) != {}  # (per api key: another reading of the account)
     assert served(priced) > before

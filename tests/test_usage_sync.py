@@ -1,4 +1,8 @@
-"""Incremental usage sync against the simulator, with a frozen clock in the billing zone."""
+"""Incremental usage sync on the simulator's ledger, with a frozen clock in the billing zone.
+
+The sync's logic runs on the in-process fake (tests/fakes.py: the unit layer); over HTTP only what
+the client does on the wire with it (pages read in parallel, a cap the client notices and says),
+and that the fake answers as the wire does."""
 
 from __future__ import annotations
 
@@ -10,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from exporter.billing import BillingClient
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingAPIError, BillingClient
 from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
 from exporter.schema import PriceConfig
-from exporter.sim import Simulator, SimulatorServer
+from exporter.sim import Simulator
 from exporter.snapshots import UsageSnapshot, UsageTotals
 from exporter.state import StateStore
 from exporter.usage_sync import UsageSync
-from tests.conftest import PAGE, billing_section
+from tests.conftest import PAGE
+from tests.fakes import FakeBilling
 
 USAGES = "/api/v1/usages/details"
 
@@ -30,7 +34,7 @@ def newest_first(request: pytest.FixtureRequest, sim: Simulator) -> bool:
     return sim.newest_first
 
 
-def make_sync(client: BillingClient, clock: Clock, store: StateStore) -> UsageSync:
+def make_sync(client: BillingAPI, clock: Clock, store: StateStore) -> UsageSync:
     return UsageSync(client, clock, store, per_api_key=False)
 
 
@@ -46,7 +50,7 @@ def as_truth(snapshot: UsageSnapshot) -> dict[tuple[str, str], dict[str, int]]:
     }
 
 
-def refresh_restarted(sim: Simulator, client: BillingClient, clock: Clock, path: Path) -> tuple[UsageSnapshot, int]:
+def refresh_restarted(sim: Simulator, client: BillingAPI, clock: Clock, path: Path) -> tuple[UsageSnapshot, int]:
     """A new sync on the state file at `path` (a restart) refreshes once: its snapshot, and the pages it read."""
     reopened = StateStore(path)
     try:
@@ -71,11 +75,11 @@ class PageCounter:
 
 
 def test_first_sync_reads_the_whole_day(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(1234)
     counter = PageCounter(sim)
-    snapshot = make_sync(small_pages, clock, store).refresh()
+    snapshot = make_sync(fake_pages, clock, store).refresh()
     assert as_truth(snapshot) == sim.usage_totals()
     assert snapshot.records == 1234
     assert counter.pages == math.ceil(1234 / PAGE) + 1  # and the first page again: nothing moved meanwhile
@@ -83,10 +87,10 @@ def test_first_sync_reads_the_whole_day(
 
 @pytest.mark.parametrize(("existing", "new"), [(1234, 1), (1234, 66), (1200, 1000), (1234, 1000), (1299, 250), (1, 0)])
 def test_a_poll_reads_only_pages_that_can_hold_new_records(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, existing: int, new: int
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, existing: int, new: int
 ) -> None:
     sim.add_usage(existing)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     sync.refresh()
     sim.add_usage(new)
     counter = PageCounter(sim)
@@ -97,10 +101,10 @@ def test_a_poll_reads_only_pages_that_can_hold_new_records(
 
 
 def test_reordered_records_trigger_a_full_resync_with_correct_totals(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(950)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     first = sync.refresh()
     sim.reorder_usage()
     sim.add_usage(30)
@@ -111,10 +115,10 @@ def test_reordered_records_trigger_a_full_resync_with_correct_totals(
 
 
 def test_removed_records_trigger_a_resync_and_a_documented_reset(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     sim.add_usage(950)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     first = sync.refresh()
     sim.remove_usage([10, 500])
     frozen.advance(dt.timedelta(minutes=5))
@@ -126,10 +130,10 @@ def test_removed_records_trigger_a_resync_and_a_documented_reset(
 
 
 def test_removing_the_boundary_page_tail_is_caught(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(950)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     sync.refresh()
     sim.remove_usage([949])
     sim.add_usage(1)  # same total as before, different last record
@@ -139,11 +143,11 @@ def test_removing_the_boundary_page_tail_is_caught(
 
 
 def test_day_rollover_at_shanghai_midnight_finalises_yesterday_and_resets(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 22, 15, 55, tzinfo=dt.UTC))  # 23:55 in Shanghai
     sim.add_usage(400)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     assert sync.refresh().records == 400
     sim.add_usage(25)  # late records of the 22nd, seen only by the final pull
     frozen.set(dt.datetime(2026, 11, 22, 16, 0, 5, tzinfo=dt.UTC))  # 00:00:05 on the 23rd in Shanghai
@@ -162,55 +166,53 @@ def test_day_rollover_at_shanghai_midnight_finalises_yesterday_and_resets(
 
 
 def test_a_restart_resumes_from_sqlite_without_a_full_pull(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path
 ) -> None:
     sim.add_usage(2345)
     store = StateStore(tmp_path / "state.db")
-    make_sync(small_pages, clock, store).refresh()
+    make_sync(fake_pages, clock, store).refresh()
     store.close()
 
     sim.add_usage(150)
-    snapshot, pages = refresh_restarted(sim, small_pages, clock, tmp_path / "state.db")
+    snapshot, pages = refresh_restarted(sim, fake_pages, clock, tmp_path / "state.db")
     assert pages <= math.ceil(150 / PAGE) + 2
     assert snapshot.records == 2495
     assert as_truth(snapshot) == sim.usage_totals()
 
 
 def test_a_restart_after_midnight_finalises_the_day_it_missed(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     sim.add_usage(300)
-    make_sync(small_pages, clock, store).refresh()
+    make_sync(fake_pages, clock, store).refresh()
     sim.add_usage(12)
     frozen.advance(dt.timedelta(days=1))
-    snapshot = make_sync(small_pages, clock, store).refresh()  # a new process the next day
+    snapshot = make_sync(fake_pages, clock, store).refresh()  # a new process the next day
     assert snapshot.day == dt.date(2026, 11, 23)
     assert snapshot.records == 0
     assert snapshot.previous_day is not None
     assert snapshot.previous_day.records == 312
-    again = make_sync(small_pages, clock, store).refresh()  # and once more: yesterday is not pulled again
+    again = make_sync(fake_pages, clock, store).refresh()  # and once more: yesterday is not pulled again
     assert again.previous_day is not None
     assert again.previous_day.records == 312
 
 
 def test_changed_settings_start_the_day_afresh(
-    sim: Simulator, server: SimulatorServer, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(500)
-    make_sync(small_pages, clock, store).refresh()
-    config = validate({"billing": billing_section(sim, server, page_size=250)}, {})
-    with BillingClient.from_config(config.billing, clock) as client:
-        counter = PageCounter(sim)
-        snapshot = make_sync(client, clock, store).refresh()
+    make_sync(fake_pages, clock, store).refresh()
+    counter = PageCounter(sim)
+    snapshot = make_sync(FakeBilling(sim, page_size=250), clock, store).refresh()
     assert counter.pages == 3  # two pages, and the first again
     assert snapshot.records == 500
 
 
 def test_per_api_key_splits_the_totals(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(200)
-    snapshot = UsageSync(small_pages, clock, store, per_api_key=True).refresh()
+    snapshot = UsageSync(fake_pages, clock, store, per_api_key=True).refresh()
     keys = {k.api_key for k in snapshot.totals}
     assert keys == {"sk-7f3a********", "sk-19cc********"}
     assert sum(t.requests for t in snapshot.totals.values()) == 200
@@ -252,11 +254,11 @@ def tokens_since(now: UsageTotals, then: UsageTotals | None) -> UsageTotals:
 
 
 def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_from_zero(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     a_only = [PriceConfig(model="model-a", prompt_per_million=1, completion_per_million=2)]
     sim.add_usage(150)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=a_only)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=a_only)
     first = sync.refresh()
     assert {k.model for k in first.totals} == {"model-a", "model-b"}
     again = sync.reprice(DEAR)
@@ -298,10 +300,10 @@ def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_f
 
 
 def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_before(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     sim.add_usage(150)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=CHEAP)
     sync.refresh()
     frozen.advance(dt.timedelta(days=1))
     sim.add_usage(80, clock.today())
@@ -326,10 +328,10 @@ def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_
 
 
 def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_of_now(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     sim.add_usage(400)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=CHEAP)
     first = sync.refresh()
     sync.reprice(DEAR)
     sim.remove_usage([3, 250])
@@ -341,13 +343,12 @@ def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_
 
 
 def test_a_day_read_afresh_for_new_settings_keeps_what_its_counters_counted(
-    sim: Simulator, server: SimulatorServer, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(500)
-    first = UsageSync(small_pages, clock, store, per_api_key=False, prices=CHEAP).refresh()
-    config = validate({"billing": billing_section(sim, server, page_size=250)}, {})
-    with BillingClient.from_config(config.billing, clock) as client:  # a reload or restart with another page size…
-        again = UsageSync(client, clock, store, per_api_key=False, prices=DEAR).refresh()  # …and new prices
+    first = UsageSync(fake_pages, clock, store, per_api_key=False, prices=CHEAP).refresh()
+    client = FakeBilling(sim, page_size=250)  # a reload or restart with another page size…
+    again = UsageSync(client, clock, store, per_api_key=False, prices=DEAR).refresh()  # …and new prices
     assert again.created == first.created
     assert {k: t.estimated_payable for k, t in again.totals.items()} == {
         k: t.estimated_payable for k, t in first.totals.items()
@@ -355,12 +356,12 @@ def test_a_day_read_afresh_for_new_settings_keeps_what_its_counters_counted(
 
 
 def test_a_poll_that_finds_nothing_new_rewrites_nothing(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:
     import sqlite3
 
     sim.add_usage(1234)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     first = sync.refresh()
 
     def saved_at() -> float:
@@ -382,10 +383,10 @@ def test_a_poll_that_finds_nothing_new_rewrites_nothing(
 
 @pytest.mark.parametrize("new", [1, 99, 100, 250, 1000])
 def test_once_the_order_is_known_a_poll_reads_the_new_records_and_little_else(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, newest_first: bool, new: int
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, newest_first: bool, new: int
 ) -> None:
     sim.add_usage(1234)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     sync.refresh()
     sim.add_usage(7)
     sync.refresh()  # new records show where the list puts them
@@ -402,17 +403,17 @@ def test_once_the_order_is_known_a_poll_reads_the_new_records_and_little_else(
 
 
 def test_the_order_learnt_survives_a_restart(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, newest_first: bool
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path, newest_first: bool
 ) -> None:
     sim.add_usage(640)
     store = StateStore(tmp_path / "state.db")
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     sync.refresh()
     sim.add_usage(15)
     sync.refresh()
     store.close()
     sim.add_usage(230)
-    snapshot, pages = refresh_restarted(sim, small_pages, clock, tmp_path / "state.db")
+    snapshot, pages = refresh_restarted(sim, fake_pages, clock, tmp_path / "state.db")
     assert as_truth(snapshot) == sim.usage_totals()
     assert snapshot.resyncs == 0
     assert pages == (3 if newest_first else math.ceil((655 % PAGE + 230) / PAGE) + 1)
@@ -420,10 +421,10 @@ def test_the_order_learnt_survives_a_restart(
 
 @pytest.mark.parametrize("at", [0, 1, 333, 1100])
 def test_a_late_record_landing_mid_list_costs_one_full_read(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, at: int
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, at: int
 ) -> None:
     sim.add_usage(1234)
-    sync = make_sync(small_pages, clock, store)
+    sync = make_sync(fake_pages, clock, store)
     sync.refresh()
     sim.add_usage(40)
     sync.refresh()
@@ -464,17 +465,37 @@ def test_a_service_that_caps_its_pages_loses_nothing(
 
 
 def test_a_capped_page_size_survives_a_restart(
-    sim: Simulator, small_pages: BillingClient, server: SimulatorServer, clock: Clock, tmp_path: Path
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path
 ) -> None:
     sim.usage_page_cap = 40
     sim.add_usage(1234)
     store = StateStore(tmp_path / "state.db")
-    make_sync(small_pages, clock, store).refresh()
+    make_sync(fake_pages, clock, store).refresh()
     store.close()
     sim.add_usage(30)
-    config = validate({"billing": billing_section(sim, server, page_size=PAGE)}, {})
-    with BillingClient.from_config(config.billing, clock) as client:  # a new process asks for PAGE again
-        snapshot, pages = refresh_restarted(sim, client, clock, tmp_path / "state.db")
+    client = FakeBilling(sim, page_size=PAGE)  # a new process asks for PAGE again
+    snapshot, pages = refresh_restarted(sim, client, clock, tmp_path / "state.db")
     assert as_truth(snapshot) == sim.usage_totals()
     assert snapshot.resyncs == 0
     assert pages <= 3
+
+
+def test_the_fake_answers_as_the_wire_does(
+    sim: Simulator, small_pages: BillingClient, fake_pages: FakeBilling, clock: Clock
+) -> None:
+    """The unit layer's fake stays honest: the same records, totals, caps and errors as over HTTP."""
+    sim.add_usage(345)
+    sim.add_usage(12, dt.date(2026, 11, 20))
+    for period, group_term in (("2026-11", GROUP_TERM_ITEM), ("2026-10", GROUP_TERM_INSTANCE)):
+        assert fake_pages.bills(period, group_term) == small_pages.bills(period, group_term)
+    for day in (clock.today(), dt.date(2026, 11, 20), dt.date(2026, 11, 19)):
+        wire = sorted(small_pages.usage_pages(day), key=lambda p: p.page_num)
+        assert sorted(fake_pages.usage_pages(day), key=lambda p: p.page_num) == wire
+        assert fake_pages.usage_page(day, 2) == small_pages.usage_page(day, 2)
+    sim.usage_page_cap = 40
+    assert fake_pages.usage_page(clock.today(), 1) == small_pages.usage_page(clock.today(), 1)
+    assert fake_pages.page_size == small_pages.page_size == 40
+    for api in (small_pages, fake_pages):
+        with pytest.raises(BillingAPIError, match="must not be in the future") as refused:
+            list(api.usage_pages(clock.today() + dt.timedelta(days=1)))
+        assert refused.value.status == 400
