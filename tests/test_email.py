@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trustme
+from aiosmtpd.controller import Controller
 
 from exporter.alerts.engine import Alert
 from exporter.clock import Clock, FrozenClock
@@ -308,17 +309,30 @@ def test_a_recipient_refused_for_now_gets_the_message_later_and_the_others_only_
     assert logged(caplog.records, "email recipient took a notification again", recipient="ops@example.com")
 
 
+def refusing(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, address: str, reply: str
+) -> tuple[Dispatcher, Controller]:
+    """A dispatcher for `address`, whom the server answers `reply` at RCPT every time, and for
+    oncall@example.com, who takes everything; one firing queued."""
+    server = start_smtp()
+    mailbox.refuse[address] = reply
+    to = [address, "oncall@example.com"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    return dispatcher, server
+
+
+FULL = "452 4.2.2 Mailbox full"
+
+
 @pytest.mark.integration
 def test_a_recipient_refused_for_good_is_logged_once_counted_and_never_tried_again(
     start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
     frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.INFO, logger="exporter")
-    server = start_smtp()
-    mailbox.refuse["gone@example.com"] = "550 5.1.1 No such mailbox"
-    to = ["gone@example.com", "oncall@example.com"]
-    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
-    queue(alert_store, clock, group("firing"))
+    gone = "550 5.1.1 No such mailbox"
+    dispatcher, _ = refusing(start_smtp, mailbox, ca_file, alert_store, clock, "gone@example.com", gone)
     assert dispatcher.deliver() == 1
     frozen.advance(DUE_AGAIN)
     assert dispatcher.deliver() == 0
@@ -340,13 +354,9 @@ def test_a_full_mailbox_holds_back_nothing_and_gets_each_message_once_it_has_roo
     start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
     frozen: FrozenClock,
 ) -> None:  # fmt: skip
-    server = start_smtp()
-    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
-    to = ["full@example.com", "oncall@example.com"]
-    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    dispatcher, _ = refusing(start_smtp, mailbox, ca_file, alert_store, clock, "full@example.com", FULL)
     other = group("firing")
     other["alerts"][0]["key"] = "another-alert"
-    queue(alert_store, clock, group("firing"))
     queue(alert_store, clock, other)
     for _ in range(3):  # the mailbox stays full: the queue goes on all the same
         dispatcher.deliver()
@@ -368,11 +378,7 @@ def test_a_recipient_owed_a_message_and_then_taken_out_of_to_is_not_sent_it(
     start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
     frozen: FrozenClock,
 ) -> None:  # fmt: skip
-    server = start_smtp()
-    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
-    to = ["full@example.com", "oncall@example.com"]
-    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
-    queue(alert_store, clock, group("firing"))
+    dispatcher, server = refusing(start_smtp, mailbox, ca_file, alert_store, clock, "full@example.com", FULL)
     dispatcher.deliver()
     del mailbox.refuse["full@example.com"]
     dispatcher.configure([notifier(server.port, ca_file=ca_file, to=["oncall@example.com"])], EXTERNAL_URL)
@@ -388,11 +394,7 @@ def test_a_recipient_owed_a_message_for_a_day_is_dropped_with_an_error(
     frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.INFO, logger="exporter")
-    server = start_smtp()
-    mailbox.refuse["full@example.com"] = "452 4.2.2 Mailbox full"
-    to = ["full@example.com", "oncall@example.com"]
-    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
-    queue(alert_store, clock, group("firing"))
+    dispatcher, _ = refusing(start_smtp, mailbox, ca_file, alert_store, clock, "full@example.com", FULL)
     dispatcher.deliver()
     frozen.advance(dt.timedelta(days=1, seconds=1))
     dispatcher.deliver()
