@@ -21,7 +21,7 @@ from exporter.sim.model import (
 )
 
 
-class BillingAPI(Ledger):
+class BillingService(Ledger):
     """The billing API's answers (a part of `Simulator`)."""
 
     # -- billing API ----------------------------------------------------------------------

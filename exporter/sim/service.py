@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from exporter.clock import Clock
-from exporter.sim.billing_api import BillingAPI
+from exporter.sim.billing_api import BillingService
 from exporter.sim.chat_api import ChatAPI
 from exporter.sim.history import SpendModel, Spike
 from exporter.sim.model import (
@@ -27,7 +27,7 @@ from exporter.sim.server import SimulatorServer
 
 
 @dataclass
-class Simulator(BillingAPI, ChatAPI):
+class Simulator(BillingService, ChatAPI):
     """The service's state. `serve()` puts it on a loopback port."""
 
     clock: Clock = field(default_factory=Clock)
