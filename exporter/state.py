@@ -971,8 +971,8 @@ class AlertStore:
         with self.store.transaction() as db:
             db.execute(
                 f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ?,"  # noqa: S608
-                " recipients = CASE WHEN ? = '' THEN recipients ELSE ? END WHERE id = ?",
-                (next_attempt, error[:500], *[json.dumps(list(recipients)) if recipients else ""] * 2, entry_id),
+                " recipients = COALESCE(NULLIF(?, ''), recipients) WHERE id = ?",
+                (next_attempt, error[:500], json.dumps(list(recipients)) if recipients else "", entry_id),
             )
 
     def discard(self, keep: Iterable[str], now: float, reason: str) -> dict[str, int]:
