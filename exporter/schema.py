@@ -378,7 +378,7 @@ def rule_key(rule: RuleConfig) -> str:
     base = rule_id(rule)
     if not rule.labels:
         return base  # the id every earlier version gave such a rule
-    labels = json.dumps(sorted(rule.labels.items()))
+    labels = json.dumps([json.dumps(sorted(rule.labels.items()))])  # (the shape ids have had since layout 1)
     return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
 
 
