@@ -30,6 +30,7 @@ lint: $(BIN)/inference-cost-exporter
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: $(BIN)/inference-cost-exporter system-deps lint
 	$(BIN)/pytest

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
-from exporter.anomaly import Judgement, contributors, judge_all
+from exporter.model.anomaly import Judgement, contributors, judge_all
 from exporter.sim import DEFAULT_ENDPOINTS, ITEMS, SpendModel, Spike
 
 START = dt.date(2026, 5, 1)

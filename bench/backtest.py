@@ -11,9 +11,9 @@ import argparse
 import datetime as dt
 import time
 
-from exporter.backtest import backtest
-from exporter.clock import Clock, FrozenClock, periods_between
-from exporter.config import validate
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock, periods_between
+from exporter.replay.backtest import backtest
 from exporter.sim import Simulator, SpendModel
 
 TODAY = dt.datetime(2026, 11, 22, 12, 0)

@@ -16,14 +16,14 @@ import requests
 
 from bench.render import render_times
 from exporter.billing import BillingClient
-from exporter.bills import BillsSource
-from exporter.chart import month_chart
-from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.schema import BudgetConfig
-from exporter.server import ExporterServer, View, landing_page
+from exporter.config.load import validate
+from exporter.config.schema import BudgetConfig
+from exporter.core.clock import Clock, FrozenClock
+from exporter.model.snapshots import Latest
 from exporter.sim import Endpoint, Simulator
-from exporter.snapshots import Latest
+from exporter.sources.bills import BillsSource
+from exporter.web.chart import month_chart
+from exporter.web.server import ExporterServer, View, landing_page
 
 TARGET_MS = 20.0
 ZONE = ZoneInfo("Asia/Shanghai")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import requests
 
 from exporter.billing import BillingClient
-from exporter.clock import Clock
-from exporter.config import validate
+from exporter.config.load import validate
+from exporter.core.clock import Clock
 from exporter.sim import Endpoint, Simulator
 
 

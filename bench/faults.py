@@ -9,9 +9,9 @@ import argparse
 import time
 
 from bench.common import SimSettings, client_for, simulator
-from exporter.clock import Clock
+from exporter.core.clock import Clock
+from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
 
 
 def timed_sync(records: int, latency: float, failure_rate: float) -> tuple[float, int]:

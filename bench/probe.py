@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from exporter.config import validate
-from exporter.probe import ProbeRunner
+from exporter.config.load import validate
 from exporter.sim import Simulator
+from exporter.sources.probe import ProbeRunner
 
 FRAMINGS = ("chunked", "close")
 TARGET_MS = 5.0

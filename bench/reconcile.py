@@ -15,11 +15,11 @@ import statistics
 import time
 
 from bench.common import client_for
-from exporter.clock import Clock
-from exporter.reconcile import SettledUsage
+from exporter.core.clock import Clock
 from exporter.sim import Simulator
+from exporter.sources.reconcile import SettledUsage
+from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
 
 PAGE_SIZE = 500
 

@@ -17,15 +17,15 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.common import SimSettings, add_usage, client_for, simulator
-from exporter.bills import BillsSource
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import build_exposition
-from exporter.exposition import GZIP_LEVEL
-from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
+from exporter.app.daemon import build_exposition
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.metrics.exposition import GZIP_LEVEL
+from exporter.model.snapshots import Latest
+from exporter.sources.bills import BillsSource
+from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
+from exporter.web.server import ExporterServer, View
 
 RUNS = 200
 

@@ -32,11 +32,11 @@ from zoneinfo import ZoneInfo
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.clock import Clock
-from exporter.config import load
-from exporter.daemon import Daemon
-from exporter.notify.dispatcher import SUPERSEDED
+from exporter.config.load import load
+from exporter.core.clock import Clock
+from exporter.delivery.dispatcher import SUPERSEDED
 from exporter.sim import Fault, Simulator
 from tests.helpers import DripReceiver, Receiver, named, scrape, value
 from tests.test_config_changes_property import Pipeline

@@ -14,9 +14,9 @@ import sys
 import time
 
 from bench.common import SimSettings, add_usage, client_for, peak_rss_mb, simulator
-from exporter.clock import Clock
+from exporter.core.clock import Clock
+from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
 
 PAGE_SIZE = 500
 CONCURRENCY = 4

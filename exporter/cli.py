@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 from exporter import __version__
 from exporter.alerts.engine import Alert
 from exporter.alerts.promrules import rule_file
-from exporter.backfill import MAX_MONTHS, BackfillError, backfill, check_range, months, target_labels
+from exporter.app.daemon import Daemon, Sources, parse_listen
 from exporter.billing import BillingClient, BillingError
-from exporter.clock import PERIOD, Clock
-from exporter.config import ConfigError, load, load_checked
-from exporter.daemon import Daemon, Sources, parse_listen
-from exporter.digest import text as digest_text
-from exporter.logs import get_logger, setup_logging
-from exporter.notify.dispatcher import Dispatcher
-from exporter.schema import Config
-from exporter.snapshots import Latest
+from exporter.config.load import ConfigError, load, load_checked
+from exporter.config.schema import Config
+from exporter.core.clock import PERIOD, Clock
+from exporter.core.logs import get_logger, setup_logging
+from exporter.delivery.dispatcher import Dispatcher
+from exporter.model.snapshots import Latest
+from exporter.notifiers.digest import text as digest_text
+from exporter.replay.backfill import MAX_MONTHS, BackfillError, backfill, check_range, months, target_labels
 from exporter.state import AlertStore, StateError, StateStore, location_problem, peek
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _period(value: str) -> str:
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:
-    from exporter.backtest import backtest, render
+    from exporter.replay.backtest import backtest, render
 
     config = _load(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())

@@ -12,9 +12,9 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from exporter.billing import BillingClient, RetryPolicy
-from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.schema import Config
+from exporter.config.load import validate
+from exporter.config.schema import Config
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import StateStore
 from tests.fakes import FakeBilling

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.clock import Clock
+from exporter.core.clock import Clock
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
 from tests.helpers import free_port, serve_binary, wait_for

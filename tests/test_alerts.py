@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.daemon import Daemon
+from exporter.app.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import billing_section
 from tests.helpers import Receiver, named, scrape
@@ -359,7 +359,7 @@ def test_rule_ids_are_those_earlier_versions_saved() -> None:
     import json
 
     from exporter.alerts.engine import rule_id
-    from exporter.config import validate
+    from exporter.config.load import validate
 
     def saved_by_earlier_versions(identity: list[object]) -> str:
         return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from exporter.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge, judge_all
+from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge, judge_all
 from exporter.sim import DEFAULT_ENDPOINTS, ITEMS, SpendModel, Spike
 
 MONDAY = dt.date(2026, 6, 1)

@@ -24,7 +24,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.backfill import (
+from exporter.billing import BillingAPIError, BillingClient, BillRecord, SignatureRejected
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock, previous_period
+from exporter.metrics.collectors import BillsCollector, ExporterCollector
+from exporter.model.snapshots import DailyAmount, Latest
+from exporter.replay.backfill import (
     MAX_MONTHS,
     STEP,
     BackfillError,
@@ -36,13 +41,8 @@ from exporter.backfill import (
     render,
     target_labels,
 )
-from exporter.billing import BillingAPIError, BillingClient, BillRecord, SignatureRejected
-from exporter.bills import BillsSource
-from exporter.clock import Clock, FrozenClock, previous_period
-from exporter.collectors import BillsCollector, ExporterCollector
-from exporter.config import validate
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, SpendModel
-from exporter.snapshots import DailyAmount, Latest
+from exporter.sources.bills import BillsSource
 from tests.conftest import SHANGHAI, billing_section, require_binary
 from tests.helpers import free_port, serve_binary
 from tests.test_cli import run, write_config

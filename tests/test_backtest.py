@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.backfill import MAX_MONTHS
-from exporter.backtest import backtest, render
-from exporter.clock import Clock, period_at, period_index
-from exporter.config import validate
+from exporter.config.load import validate
+from exporter.core.clock import Clock, period_at, period_index
+from exporter.replay.backfill import MAX_MONTHS
+from exporter.replay.backtest import backtest, render
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
 from tests.conftest import SHANGHAI, billing_section
 
@@ -127,7 +127,7 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
 def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_sense(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:
-    from exporter.clock import previous_period
+    from exporter.core.clock import previous_period
     from tests.test_cli import run, write_config
 
     sim, server = live

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.clock import Clock
-from exporter.config import ConfigError, validate
-from exporter.daemon import Daemon
+from exporter.config.load import ConfigError, validate
+from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import billing_section, require_binary
 from tests.helpers import named, scrape, value

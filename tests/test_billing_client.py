@@ -19,9 +19,9 @@ from exporter.billing import (
     parse_bill,
     parse_usage,
 )
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.schema import Config
+from exporter.config.load import validate
+from exporter.config.schema import Config
+from exporter.core.clock import Clock
 from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
 

@@ -7,9 +7,10 @@ import datetime as dt
 from decimal import Decimal
 
 from exporter.billing import BillingAPI
-from exporter.bills import BillsSource, forecast
-from exporter.clock import Clock, FrozenClock
+from exporter.core.clock import Clock, FrozenClock
+from exporter.model.forecast import forecast
 from exporter.sim import ITEMS, Simulator
+from exporter.sources.bills import BillsSource
 from tests.conftest import SHANGHAI
 from tests.fakes import FakeBilling
 

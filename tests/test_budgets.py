@@ -12,9 +12,9 @@ import requests
 import yaml
 
 from exporter.alerts.promrules import rule_file
-from exporter.clock import Clock, FrozenClock
-from exporter.config import load, validate
-from exporter.daemon import Daemon
+from exporter.app.daemon import Daemon
+from exporter.config.load import load, validate
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from exporter.sim.model import API_KEYS, MILLION
 from tests.conftest import billing_section
@@ -309,7 +309,7 @@ def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_o
         {"name": "key-typo", "amount": "20", "where": {"api_key": "sk-7f3b********"}},
     ]
     sim.add_usage(300)
-    caplog.set_level(logging.WARNING, logger="exporter.budgets")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.budgets")
     daemon = start(sim, server, clock, tmp_path, budgets=budgets, prices=PRICES, billing={"per_api_key": True})
     try:
         series = scrape(daemon.server.url)
@@ -367,7 +367,7 @@ def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_
         }
         path.write_text(yaml.safe_dump(document))
 
-    caplog.set_level(logging.WARNING, logger="exporter.budgets")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.budgets")
     write("ep-typo")
     daemon = Daemon(load(path), config_path=path, clock=clock, listen="127.0.0.1:0")
     daemon.start(schedule=False)

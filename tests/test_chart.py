@@ -1,4 +1,4 @@
-"""The landing page's month chart (exporter.chart): its bars, forecast and budget lines against the bills."""
+"""The landing page's month chart (exporter.web.chart): its bars, forecast and budget lines against the bills."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from html.parser import HTMLParser
 
 import pytest
 
-from exporter.bills import forecast
-from exporter.chart import COLOURS, OTHER_COLOUR, month_chart, nice_scale
-from exporter.clock import days_in_period
-from exporter.schema import BudgetConfig
-from exporter.server import View, landing_page
-from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, per_day
+from exporter.config.schema import BudgetConfig
+from exporter.core.clock import days_in_period
+from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, per_day
+from exporter.sources.bills import forecast
+from exporter.web.chart import COLOURS, OTHER_COLOUR, month_chart, nice_scale
+from exporter.web.server import View, landing_page
 
 CENT = Decimal("0.01")
 PX = 0.011

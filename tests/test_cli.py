@@ -17,7 +17,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.clock import Clock
+from exporter.core.clock import Clock
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
 

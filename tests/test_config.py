@@ -8,8 +8,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from exporter.config import ConfigError, load, validate
-from exporter.schema import parse_duration
+from exporter.config.load import ConfigError, load, validate
+from exporter.core.fields import parse_duration
 
 ROOT = Path(__file__).parent.parent
 BILLING = {"url": "https://openapi.example.com", "access_key_id": "AK1", "secret_access_key": "${SECRET}"}
@@ -241,7 +241,7 @@ def test_secrets_from_files(tmp_path: Path) -> None:
 
 
 def test_secrets_written_in_the_file_get_a_warning(tmp_path: Path) -> None:
-    from exporter.config import load_checked
+    from exporter.config.load import load_checked
 
     path = tmp_path / "config.yaml"
     path.write_text(
@@ -285,7 +285,7 @@ def test_a_key_of_the_other_kind_of_rule_says_so(rule: dict, expected: list[str]
 
 
 def test_the_secrets_are_the_schema_s_secret_fields_and_a_notifier_s_by_its_type() -> None:
-    from exporter.schema import Config, secret_fields
+    from exporter.config.schema import Config, secret_fields
 
     raw = {
         "billing": {"url": "u", "access_key_id": "a", "secret_access_key": "s1"},
@@ -308,7 +308,7 @@ def test_the_secrets_are_the_schema_s_secret_fields_and_a_notifier_s_by_its_type
 
 
 def test_a_webhook_url_carrying_a_token_written_in_the_file_is_warned_about(tmp_path: Path) -> None:
-    from exporter.config import load_checked
+    from exporter.config.load import load_checked
 
     path = tmp_path / "config.yaml"
     path.write_text(

@@ -16,14 +16,15 @@ import pytest
 import yaml
 
 from exporter.alerts.engine import legacy_moves, legacy_rule_ids, rule_ids
-from exporter.clock import Clock, FrozenClock
-from exporter.config import ConfigError, load, validate
-from exporter.daemon import Daemon
-from exporter.mrkdwn import TEXT
-from exporter.notify.dispatcher import BACKOFF_MAX
-from exporter.notify.slack import slack_payload
+from exporter.app.daemon import Daemon
+from exporter.config.load import ConfigError, load, validate
+from exporter.core.clock import Clock, FrozenClock
+from exporter.core.mrkdwn import TEXT
+from exporter.delivery.dispatcher import BACKOFF_MAX
+from exporter.model.events import GroupEvent
+from exporter.notifiers.slack import slack_payload
 from exporter.sim import Simulator, SimulatorServer
-from exporter.state import AlertStore, GroupEvent, StateStore
+from exporter.state import AlertStore, StateStore
 from tests.conftest import DATA, billing_section
 from tests.helpers import Receiver, logged, named, scrape
 

@@ -31,10 +31,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from exporter.clock import Clock, FrozenClock
-from exporter.config import load
-from exporter.daemon import Daemon
-from exporter.notify.dispatcher import BACKOFF_MAX
+from exporter.app.daemon import Daemon
+from exporter.config.load import load
+from exporter.core.clock import Clock, FrozenClock
+from exporter.delivery.dispatcher import BACKOFF_MAX
 from exporter.sim import ITEMS, Simulator
 from tests.conftest import billing_section
 from tests.helpers import Receiver

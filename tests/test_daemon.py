@@ -17,11 +17,11 @@ import requests
 import trustme
 import yaml
 
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import Daemon
-from exporter.logs import LogfmtFormatter
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.core.logs import LogfmtFormatter
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import Receiver, logged, named, scrape, value, wait_for
@@ -101,7 +101,7 @@ def test_an_outage_keeps_the_last_values_and_recovers(
     before = scrape(url)
     counters_before = named(before, "inference_usage_requests_total")
 
-    caplog.set_level(logging.DEBUG, logger="exporter.daemon")
+    caplog.set_level(logging.DEBUG, logger="exporter.app.daemon")
     sim.inject(Fault("status", status=503, times=10_000))
     first = wait_for(
         lambda: (

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from exporter.alerts.promrules import rule_file
-from exporter.config import load, validate
-from exporter.schema import ServerConfig
+from exporter.config.load import load, validate
+from exporter.config.schema import ServerConfig
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).parent.parent

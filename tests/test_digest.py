@@ -10,11 +10,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.clock import Clock, FrozenClock
-from exporter.daemon import digest_due
-from exporter.digest import FiringAlert, ProbeStat, build, html, p95, slack, span, subject, text
-from exporter.schema import AnomalyRule, BudgetConfig, DigestConfig
-from exporter.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, Reconciliation, TokenGap
+from exporter.app.daemon import digest_due
+from exporter.config.schema import AnomalyRule, BudgetConfig, DigestConfig
+from exporter.core.clock import Clock, FrozenClock
+from exporter.digest.build import FiringAlert, ProbeStat, build, p95, span
+from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, Reconciliation, TokenGap
+from exporter.notifiers.digest import html, slack, subject, text
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 SENT_ON = dt.date(2026, 11, 23)  # a Monday

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.daemon import DIGEST_WAIT, Daemon
+from exporter.app.daemon import DIGEST_WAIT, Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from tests.conftest import billing_section
 from tests.helpers import Receiver, wait_for

@@ -19,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from exporter.clock import Clock, FrozenClock
-from exporter.digest import text as digest_text
+from exporter.core.clock import Clock, FrozenClock
+from exporter.notifiers.digest import text as digest_text
 from exporter.sim import Simulator, SimulatorServer
 from tests.test_exposition import full_exposition
 
@@ -86,7 +86,7 @@ def config_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
 
 
 def test_readme_documents_every_config_key() -> None:
-    from exporter.schema import Config
+    from exporter.config.schema import Config
 
     text = README.read_text()
     table = text.split("<!-- config-reference:start -->", 1)[1].split("<!-- config-reference:end -->", 1)[0]
@@ -104,11 +104,11 @@ def example_digest() -> dict:
     """The demo's account at 09:00 on 2026-11-23: four months of history with yesterday's spike,
     settled days with one bill 5% off, and a day of probe runs (their timings fixed here, so the
     example does not change from run to run)."""
+    from exporter.app.daemon import Sources
     from exporter.cli import DEMO_CONFIG, demo_history, demo_reconciled_days
-    from exporter.config import load
-    from exporter.daemon import Sources
+    from exporter.config.load import load
+    from exporter.model.snapshots import Latest
     from exporter.sim import prices_from_config
-    from exporter.snapshots import Latest
     from exporter.state import StateStore
 
     frozen = FrozenClock(dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI))

@@ -18,12 +18,13 @@ import trustme
 from aiosmtpd.controller import Controller
 
 from exporter.alerts.engine import Alert
-from exporter.clock import Clock, FrozenClock
-from exporter.notify import email
-from exporter.notify.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
-from exporter.notify.smtp import build
-from exporter.schema import EmailNotifier
-from exporter.state import AlertStore, GroupEvent, StateStore
+from exporter.core.clock import Clock, FrozenClock
+from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
+from exporter.model.events import GroupEvent
+from exporter.notifiers import email
+from exporter.notifiers.email import EmailNotifier
+from exporter.notifiers.smtp import build
+from exporter.state import AlertStore, StateStore
 from tests.helpers import LoopbackServer, free_port, logged, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start, server_tls
 

@@ -14,23 +14,23 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import exposition as exposition_module
-from exporter.alerts.collector import AlertsCollector
 from exporter.alerts.engine import Engine
+from exporter.app.daemon import build_exposition
 from exporter.billing import BillingClient
-from exporter.bills import BillsSource
-from exporter.clock import Clock, FrozenClock
-from exporter.config import validate
-from exporter.daemon import build_exposition
-from exporter.history import HistorySource
-from exporter.notify.dispatcher import Dispatcher
-from exporter.probe import ProbeRunner
-from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
-from exporter.schema import Config
+from exporter.config.load import validate
+from exporter.config.schema import Config
+from exporter.core.clock import Clock, FrozenClock
+from exporter.delivery.dispatcher import Dispatcher
+from exporter.metrics import exposition as exposition_module
+from exporter.metrics.alerts import AlertsCollector
+from exporter.model.snapshots import Latest
 from exporter.sim import Simulator, SimulatorServer
-from exporter.snapshots import Latest
+from exporter.sources.bills import BillsSource
+from exporter.sources.history import HistorySource
+from exporter.sources.probe import ProbeRunner
+from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
+from exporter.sources.usage import UsageSync
 from exporter.state import AlertStore, StateStore
-from exporter.usage_sync import UsageSync
 from tests.conftest import DATA, billing_section, require_binary
 
 GOLDEN = DATA / "exposition.golden"
@@ -156,7 +156,7 @@ def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
 def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: pytest.LogCaptureFixture) -> None:
     from prometheus_client.core import GaugeMetricFamily
 
-    from exporter.exposition import Exposition
+    from exporter.metrics.exposition import Exposition
 
     class Fine:
         def collect(self) -> Iterator[GaugeMetricFamily]:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import Series, logged, named, scrape, value

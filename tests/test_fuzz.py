@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.billing import BillingError, parse_bill, parse_envelope, parse_usage
-from exporter.clock import Clock, FrozenClock
-from exporter.config import ConfigError, load, validate
-from exporter.probe import Answer, ProbeFailure, apply_event, apply_response, sse_events
-from exporter.schema import Config
-from exporter.signing import new_nonce, sign_request
+from exporter.billing.signing import new_nonce, sign_request
+from exporter.config.load import ConfigError, load, validate
+from exporter.config.schema import Config
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator
+from exporter.sources.probe import Answer, ProbeFailure, apply_event, apply_response, sse_events
 from tests.conftest import SHANGHAI
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,10 +11,11 @@ from decimal import Decimal
 import pytest
 
 from exporter.billing import BillingClient, BillingError
-from exporter.bills import BillsSource, forecast
-from exporter.clock import Clock, FrozenClock, periods_before, previous_period
-from exporter.history import HistorySource
+from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
+from exporter.model.forecast import forecast
 from exporter.sim import Fault, Simulator, SpendModel
+from exporter.sources.bills import BillsSource
+from exporter.sources.history import HistorySource
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
 from tests.fakes import FakeBilling
@@ -125,7 +126,7 @@ def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
 def test_a_month_listing_nothing_is_asked_once_a_day_and_a_refused_one_an_hour_later(
     sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from exporter import history as module
+    from exporter.sources import history as module
 
     sim.spend = SpendModel(start=dt.date(2026, 10, 1))  # August and September list nothing
     source = HistorySource(client, clock, store, months=3)

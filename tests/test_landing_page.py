@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import Daemon
+from exporter.app.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock
 from exporter.sim import Simulator, SimulatorServer
 from tests.conftest import billing_section, require_binary
 from tests.helpers import named, scrape, value

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.logs import JsonFormatter, LogfmtFormatter, get_logger
+from exporter.core.logs import JsonFormatter, LogfmtFormatter, get_logger
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.helpers import scrape, value, wait_for
 from tests.test_cli import ready, spawn, write_config
@@ -118,7 +118,7 @@ def test_fields_named_like_the_line_s_own_keys_do_not_replace_them(caplog: pytes
 
 @pytest.mark.parametrize("formatter", [LogfmtFormatter(), JsonFormatter()], ids=["text", "json"])
 def test_a_secret_is_masked_however_the_format_escapes_it(formatter: logging.Formatter) -> None:
-    from exporter.logs import MaskingFormatter
+    from exporter.core.logs import MaskingFormatter
 
     secret = 'pa"ss\\word\x0bx'
     masking = MaskingFormatter(formatter, [secret])

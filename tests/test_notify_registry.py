@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import get_args
 
-from exporter.notify.registry import KINDS
-from exporter.schema import NotifierConfig
+from exporter.config.schema import NotifierConfig
+from exporter.notifiers.registry import KINDS
 
 
 def test_every_notifier_model_has_a_kind_and_every_kind_a_model() -> None:

@@ -18,10 +18,10 @@ import pytest
 import requests
 import yaml
 
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock
 from exporter.sim import ITEMS, Endpoint, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
 from tests.helpers import DripReceiver, Receiver, logged, named, scrape, value, wait_for
@@ -130,7 +130,7 @@ def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
             threading.Thread(target=daemon.reload, daemon=True).start()
 
     sim.before_usage_page = reload_once
-    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
     daemon.start()
     watcher = Watcher(daemon)
     try:
@@ -174,7 +174,7 @@ def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stan
             threading.Thread(target=daemon.reload, daemon=True).start()
 
     sim.before_usage_page = reload_once
-    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
     daemon.start()
     try:
         url = daemon.server.url
@@ -375,7 +375,7 @@ def test_an_alert_whose_probe_is_removed_resolves(
 def test_a_probe_rule_with_no_probe_left_is_refused(
     sim: Simulator, server: SimulatorServer, tmp_path: Path, receiver: Receiver
 ) -> None:
-    from exporter.config import ConfigError
+    from exporter.config.load import ConfigError
 
     with pytest.raises(
         ConfigError, match=r"alerts.rules\[0\].signal \(alert ProbeDown\): signal 'probe_success' needs a"
@@ -393,7 +393,7 @@ def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
     sim.add_usage(300)
     document = reload_document(sim, server, tmp_path)
     daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
-    caplog.set_level(logging.INFO, logger="exporter.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
     daemon.start(schedule=False)
     try:
         url = daemon.server.url
@@ -514,8 +514,8 @@ def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     clock: Clock, receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     from exporter.alerts.engine import Alert
-    from exporter.notify.dispatcher import Dispatcher
-    from exporter.schema import AlertmanagerNotifier
+    from exporter.delivery.dispatcher import Dispatcher
+    from exporter.notifiers.alertmanager import AlertmanagerNotifier
     from exporter.state import AlertStore, StateStore
 
     drip = DripReceiver(interval=0.3)

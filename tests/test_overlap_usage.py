@@ -15,10 +15,10 @@ import pytest
 from requests.auth import AuthBase
 
 from exporter.billing import BillingClient, ClientClosed, RecordError
-from exporter.clock import Clock
+from exporter.core.clock import Clock
 from exporter.sim import Simulator
+from exporter.sources.usage import SeenIds, UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import SeenIds, UsageSync
 from tests.conftest import PAGE
 from tests.test_usage_sync import PageCounter, as_truth
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.notify.post import DeadlineExceeded, post_json
+from exporter.core.post import DeadlineExceeded, post_json
 from tests.helpers import Receiver
 
 

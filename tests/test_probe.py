@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import validate
-from exporter.probe import MAX_LINE_BYTES, REASONS, ProbeFailure, ProbeRunner, answer_cap, sse_events
+from exporter.config.load import validate
+from exporter.model.snapshots import ProbeSnapshot
 from exporter.sim import Fault, Simulator, SimulatorServer
-from exporter.snapshots import ProbeSnapshot
+from exporter.sources.probe import MAX_LINE_BYTES, REASONS, ProbeFailure, ProbeRunner, answer_cap, sse_events
 from tests.helpers import LoopbackServer
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
@@ -219,7 +219,7 @@ def test_the_openai_client_speaks_to_the_simulator(sim: Simulator, server: Simul
 
     assert set(json.loads(reply.choices[0].message.content or "")) == {"status", "region"}
 
-    from exporter.probe import TOOL
+    from exporter.sources.probe import TOOL
 
     called = client.chat.completions.create(
         model=model,

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from exporter.alerts.promrules import rule_file
-from exporter.config import validate
+from exporter.config.load import validate
 from tests.conftest import require_binary
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}

@@ -14,11 +14,11 @@ import pytest
 import requests
 
 from exporter.billing import BillingAPI, BillingClient
-from exporter.bills import BillsSource
-from exporter.clock import Clock, FrozenClock
-from exporter.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
-from exporter.schema import PriceConfig
+from exporter.config.schema import PriceConfig
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Fault, Simulator, SimulatorServer, prices_from_config
+from exporter.sources.bills import BillsSource
+from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
 from tests.fakes import FakeBilling
@@ -221,9 +221,9 @@ def test_days_read_from_another_account_are_read_again(
 def test_the_signal_judges_each_group_on_its_own_last_day_and_a_bill_for_nothing_counted_is_a_full_gap(
     clock: Clock,
 ) -> None:
-    from exporter.alerts.signals import evaluate
-    from exporter.config import validate
-    from exporter.snapshots import AmountGap, BillsSnapshot, Latest, Reconciliation
+    from exporter.config.load import validate
+    from exporter.model.signals import evaluate
+    from exporter.model.snapshots import AmountGap, BillsSnapshot, Latest, Reconciliation
 
     latest = Latest()
     latest.bills = BillsSnapshot((), clock.today())

@@ -12,9 +12,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import Daemon, DailyTrigger
+from exporter.app.daemon import Daemon, DailyTrigger
+from exporter.config.load import validate
+from exporter.core.clock import Clock
 from exporter.sim import Simulator, SimulatorServer
 from tests.test_daemon import FAST, daemon_config
 

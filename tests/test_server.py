@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.daemon import build_exposition
-from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
+from exporter.app.daemon import build_exposition
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.model.snapshots import Latest
+from exporter.web.server import ExporterServer, View
 from tests.conftest import require_binary
 from tests.helpers import free_port, wait_for
 
@@ -120,7 +120,7 @@ def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
 
 
 def test_tls_files_must_exist() -> None:
-    from exporter.config import ConfigError
+    from exporter.config.load import ConfigError
 
     with pytest.raises(ConfigError, match=r"server\.tls: file '/nonexistent\.pem' does not exist"):
         validate({"billing": BILLING, "server": {"tls": {"cert_file": "/nonexistent.pem", "key_file": "/x"}}}, {})

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.config import validate
-from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
+from exporter.config.load import validate
+from exporter.model.snapshots import Latest
+from exporter.web.server import ExporterServer, View
 from tests.helpers import wait_for
 from tests.test_server import BILLING, dribble
 
@@ -181,9 +181,9 @@ def test_a_steady_keep_alive_client_keeps_its_connection(serve: Serve) -> None:
 
 OUT_OF_FILES = """
 import logging, os, resource, sys
-from exporter.config import validate
-from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
+from exporter.config.load import validate
+from exporter.web.server import ExporterServer, View
+from exporter.model.snapshots import Latest
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))

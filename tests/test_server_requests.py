@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.clock import Clock
-from exporter.config import validate
-from exporter.logs import LogfmtFormatter
-from exporter.server import ExporterServer, View
-from exporter.snapshots import Latest
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.core.logs import LogfmtFormatter
+from exporter.model.snapshots import Latest
+from exporter.web.server import ExporterServer, View
 from tests.test_server import BILLING, start
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def responses(raw: bytes) -> list[tuple[int, dict[str, str]]]:
 
 def refused(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     """The server's log records at info or above."""
-    return [r for r in caplog.records if r.name == "exporter.server" and r.levelno >= logging.INFO]
+    return [r for r in caplog.records if r.name == "exporter.web.server" and r.levelno >= logging.INFO]
 
 
 MALFORMED = {

@@ -5,7 +5,7 @@ import re
 import pytest
 import requests
 
-from exporter.signing import BillingSigner, quote, sign_request, signature_base, signature_params
+from exporter.billing.signing import BillingSigner, quote, sign_request, signature_base, signature_params
 from tests.conftest import DATA
 
 VECTORS = json.loads((DATA / "signature-vectors.json").read_text())
@@ -118,7 +118,7 @@ def test_the_simulator_accepts_exactly_the_fixed_vectors(vector: dict) -> None:
     signer and the checker shared would still fail here."""
     import datetime as dt
 
-    from exporter.clock import Clock
+    from exporter.core.clock import Clock
     from exporter.sim import Simulator
     from exporter.sim.model import SimulatorError
 

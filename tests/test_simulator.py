@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 import requests
 
-from exporter.clock import FrozenClock
-from exporter.signing import new_nonce, sign_request
+from exporter.billing.signing import new_nonce, sign_request
+from exporter.core.clock import FrozenClock
 from exporter.sim import Simulator, SimulatorServer
 
 BILLS = "/api/v1/bills/details"

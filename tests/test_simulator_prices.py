@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from exporter.app.daemon import Daemon
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient
 from exporter.cli import DEMO_CONFIG
-from exporter.clock import Clock
-from exporter.config import load, validate
-from exporter.daemon import Daemon
-from exporter.schema import Config, PriceConfig
+from exporter.config.load import load, validate
+from exporter.config.schema import Config, PriceConfig
+from exporter.core.clock import Clock
 from exporter.sim import (
     DEFAULT_ENDPOINTS,
     ITEMS,
@@ -26,8 +26,8 @@ from exporter.sim import (
     SimulatorServer,
     prices_from_config,
 )
+from exporter.sources.usage import UsageSync, estimate
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync, estimate
 from tests.conftest import PAGE, SHANGHAI, billing_section
 from tests.helpers import named, scrape, wait_for
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.clock import Clock, FrozenClock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
 from tests.conftest import SHANGHAI
 from tests.helpers import Receiver, logged, named, scrape
@@ -159,7 +159,7 @@ def test_an_endpoint_anomaly_names_the_item_that_carries_it(
     ],
 )
 def test_a_bad_anomaly_rule_is_a_config_error_at_its_place(change: dict, message: str) -> None:
-    from exporter.config import ConfigError, validate
+    from exporter.config.load import ConfigError, validate
 
     rule = {k: v for k, v in (RULE | change).items() if v is not None}
     document = {

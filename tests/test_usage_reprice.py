@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.clock import Clock, FrozenClock
-from exporter.config import load
-from exporter.daemon import Daemon
+from exporter.app.daemon import Daemon
+from exporter.config.load import load
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator, SimulatorServer
 from exporter.sim.model import MILLION
 from tests.conftest import billing_section

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingAPIError, BillingClient
-from exporter.clock import Clock, FrozenClock
-from exporter.schema import PriceConfig
+from exporter.config.schema import PriceConfig
+from exporter.core.clock import Clock, FrozenClock
+from exporter.model.snapshots import UsageSnapshot, UsageTotals
 from exporter.sim import Simulator
-from exporter.snapshots import UsageSnapshot, UsageTotals
+from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.usage_sync import UsageSync
 from tests.conftest import PAGE
 from tests.fakes import FakeBilling
 
@@ -222,12 +222,12 @@ def test_a_long_read_says_it_is_progressing(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore,
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from exporter import usage_sync
+    from exporter.sources import usage as usage_sync
 
     monkeypatch.setattr(usage_sync, "PROGRESS_EVERY", 0.2)
     sim.latency = 0.05  # 20 pages, 3 at a time: about 0.4 s
     sim.add_usage(2000)
-    caplog.set_level(logging.INFO, logger="exporter.usage_sync")
+    caplog.set_level(logging.INFO, logger="exporter.sources.usage")
     make_sync(small_pages, clock, store).refresh()
     progress = [r.fields for r in caplog.records if r.getMessage() == "reading usage"]  # type: ignore[attr-defined]
     assert progress

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from exporter.alerts.signals import Labels
-from exporter.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
-from exporter.clock import Clock
-from exporter.logs import get_logger
-from exporter.schema import AnomalyRule
-from exporter.snapshots import DailyAmount, Latest, per_day
+from exporter.config.schema import AnomalyRule
+from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
+from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
+from exporter.model.signals import Labels
+from exporter.model.snapshots import DailyAmount, Latest, per_day
 
 log = get_logger(__name__)
 

@@ -18,10 +18,8 @@ from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Literal
 
-from exporter.alerts import anomalies, rules, signals
-from exporter.clock import Clock
-from exporter.logs import get_logger
-from exporter.schema import (
+from exporter.alerts import anomalies, rules
+from exporter.config.schema import (
     AlertsConfig,
     AnomalyRule,
     BudgetConfig,
@@ -32,8 +30,12 @@ from exporter.schema import (
     rule_id,
     rule_key,
 )
-from exporter.snapshots import Latest
-from exporter.state import AlertEvent, AlertStore, GroupEvent, StateError
+from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
+from exporter.model import signals
+from exporter.model.events import AlertEvent, GroupEvent
+from exporter.model.snapshots import Latest
+from exporter.state import AlertStore, StateError
 
 log = get_logger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from exporter.alerts.signals import SIGNALS, NotExpressible
-from exporter.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, ThresholdRule
+from exporter.config.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, ThresholdRule
+from exporter.model.signals import SIGNALS, NotExpressible
 
 
 def expression(rule: ThresholdRule) -> str:

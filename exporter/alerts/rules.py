@@ -6,11 +6,11 @@ import operator
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 
-from exporter.alerts.signals import fresh, todays_bills
-from exporter.budgets import figures
-from exporter.clock import Clock
-from exporter.schema import BudgetConfig, PriceConfig
-from exporter.snapshots import Latest
+from exporter.config.schema import BudgetConfig, PriceConfig
+from exporter.core.clock import Clock
+from exporter.model.signals import fresh, todays_bills
+from exporter.model.snapshots import Latest
+from exporter.sources.budgets import figures
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
     ">": operator.gt,

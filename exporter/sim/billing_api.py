@@ -8,7 +8,7 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
-from exporter.signing import content_digest, sign, signature_base
+from exporter.billing.signing import content_digest, sign, signature_base
 from exporter.sim.ledger import Ledger
 from exporter.sim.model import (
     BILLS_QUERY,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
-from exporter.clock import Clock, days_in_period
+from exporter.core.clock import Clock, days_in_period
 from exporter.sim.history import SpendModel
 from exporter.sim.model import (
     API_KEYS,

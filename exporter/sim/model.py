@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from exporter.schema import PriceConfig
+    from exporter.config.schema import PriceConfig
 
 PRODUCT = "PRODUCT_INFERENCE_ENDPOINT"
 ITEMS = ("ITEM_PROMPT_TOKEN", "ITEM_COMPLETION_TOKEN", "ITEM_CACHED_PROMPT_TOKEN")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from exporter.clock import Clock
+from exporter.core.clock import Clock
 from exporter.sim.billing_api import BillingService
 from exporter.sim.chat_api import ChatAPI
 from exporter.sim.history import SpendModel, Spike

@@ -1,0 +1,3 @@
+"""The composition root: the daemon that builds the sources, schedules refreshes, serves and
+reloads, and stops cleanly.
+"""

@@ -1,0 +1,51 @@
+"""The billing API as the sources see it: the `BillingAPI` protocol, its records and errors, the
+signed HTTP client that pages through it (`client`), and the request signature (`signing`).
+"""
+
+from exporter.billing.client import (
+    BILLS_PATH,
+    GROUP_TERM_INSTANCE,
+    GROUP_TERM_ITEM,
+    MAX_USAGE_PAGE_SIZE,
+    USAGES_PATH,
+    BillingAPI,
+    BillingAPIError,
+    BillingClient,
+    BillingError,
+    BillingUnavailable,
+    BillRecord,
+    ClientClosed,
+    Listings,
+    RecordError,
+    RetryPolicy,
+    SignatureRejected,
+    UsagePage,
+    UsageRecord,
+    parse_bill,
+    parse_envelope,
+    parse_usage,
+)
+
+__all__ = [
+    "BILLS_PATH",
+    "GROUP_TERM_INSTANCE",
+    "GROUP_TERM_ITEM",
+    "MAX_USAGE_PAGE_SIZE",
+    "USAGES_PATH",
+    "BillRecord",
+    "BillingAPI",
+    "BillingAPIError",
+    "BillingClient",
+    "BillingError",
+    "BillingUnavailable",
+    "ClientClosed",
+    "Listings",
+    "RecordError",
+    "RetryPolicy",
+    "SignatureRejected",
+    "UsagePage",
+    "UsageRecord",
+    "parse_bill",
+    "parse_envelope",
+    "parse_usage",
+]

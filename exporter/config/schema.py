@@ -1,0 +1,500 @@
+"""The config's schema: typed, validated, frozen models (pydantic), and what each key may hold.
+
+Loading a file (YAML, `${VAR}` and `${file:PATH}`, messages, warnings, checks across sections)
+is `exporter.config.load`'s. The secrets are the `SecretStr` fields: `secret_fields` finds them in a
+document, `Config.secret_values` in a loaded config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Sequence
+from decimal import Decimal
+from pathlib import Path
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from exporter.core.fields import Amount, Duration, HttpUrl, Interval, Name, Strict, Text, parse_amount
+from exporter.model.signals import SIGNALS, Signal
+from exporter.notifiers.kind import NotifierModel
+from exporter.notifiers.registry import KINDS
+
+OPERATORS = (">", ">=", "<", "<=", "==", "!=")
+MAX_TIER = 10
+LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_LABELS = ("alertname", "alertstate")
+
+
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"not a valid regular expression ({error})") from None
+    return pattern
+
+
+class BillingConfig(Strict):
+    url: HttpUrl
+    access_key_id: Text
+    secret_access_key: SecretStr
+    signature_label: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")] = "svc"
+    signature_lifetime: Duration = 300.0
+    timezone: str = "Asia/Shanghai"
+    project_id: str = ""
+    bills_interval: Interval = 900.0
+    usage_interval: Interval = 300.0
+    page_size: Annotated[int, Field(ge=1, le=500)] = 500
+    concurrency: Annotated[int, Field(ge=1, le=32)] = 4
+    timeout: Interval = 30.0
+    previous_month_grace_days: Annotated[int, Field(ge=0, le=27)] = 3
+    history_months: Annotated[int, Field(ge=0, le=24)] = 3
+    """Past months of daily bills kept for anomaly baselines, the month-start forecast and backtests."""
+    per_api_key: bool = False
+
+    @field_validator("secret_access_key")
+    @classmethod
+    def _secret_present(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+class InferenceConfig(Strict):
+    url: HttpUrl
+    api_key: SecretStr
+
+
+class ProbeConfig(Strict):
+    name: Name
+    model: Text
+    scenario: Literal["chat", "json", "tools", "thinking"] = "chat"
+    stream: bool = True
+    interval: Interval = 60.0
+    timeout: Interval = 30.0
+    max_tokens: Annotated[int, Field(ge=1, le=65536)] = 16
+    expect_content: Annotated[str, AfterValidator(_regex)] | None = None
+    expect_keys: tuple[Text, ...] = ()
+    first_token_timeout: Interval | None = None
+    """Deadline for the first token (streaming); `timeout` when unset."""
+    stall_timeout: Interval | None = None
+    """Longest silence allowed between two chunks (streaming); `timeout` when unset."""
+
+    @model_validator(mode="after")
+    def _scenario_keys(self) -> ProbeConfig:
+        if self.expect_keys and self.scenario != "json":
+            raise ValueError("`expect_keys` applies to the `json` scenario only")
+        if self.expect_content and self.scenario not in ("chat", "thinking"):
+            raise ValueError("`expect_content` applies to the `chat` and `thinking` scenarios only")
+        return self
+
+
+class PriceConfig(Strict):
+    model: Text
+    prompt_per_million: Amount
+    cached_prompt_per_million: Amount | None = None
+    completion_per_million: Amount
+
+
+def _above_zero(amount: Decimal) -> Decimal:
+    if amount <= 0:
+        raise ValueError("must be greater than zero")
+    return amount
+
+
+BILLED_SCOPE = ("endpoint_id", "item", "product", "project_id")
+"""What a budget's `where` may name to be measured on the bills."""
+USAGE_SCOPE = ("model", "api_key")
+"""What makes a budget measured on usage × prices instead (`endpoint_id` may join them)."""
+
+
+class BudgetConfig(Strict):
+    name: Name
+    amount: Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_above_zero)]
+    period: Literal["month", "day"] = "month"
+    where: dict[str, Text] = Field(default_factory=dict)
+    """The share of the account the budget covers (every label must match); the whole account when empty."""
+
+    @model_validator(mode="after")
+    def _scope(self) -> BudgetConfig:
+        keys = set(self.where)
+        for key in sorted(keys - {*BILLED_SCOPE, *USAGE_SCOPE}):
+            raise ValueError(
+                f"`where` cannot name {key!r}: a budget is scoped on {', '.join(BILLED_SCOPE)} (billed)"
+                f" or {', '.join(USAGE_SCOPE)} (usage × prices)"
+            )
+        if {"endpoint_id", "item"} <= keys:
+            raise ValueError("`where` names endpoint_id and item: bills are by endpoint or by item, not both")
+        if {"project_id", "item"} <= keys:
+            raise ValueError("`where` names project_id and item: the bills' lines by item carry no project")
+        if keys & set(USAGE_SCOPE) and keys & {"item", "product", "project_id"}:
+            raise ValueError(
+                "`where` mixes usage labels (model, api_key) with billed ones (item, product, project_id):"
+                " usage records carry only endpoint_id, model and api_key"
+            )
+        api_key = self.where.get("api_key")
+        if api_key is not None and "*" not in api_key:
+            raise ValueError(
+                "`where.api_key` must be the masked key as usage records show it (a prefix and asterisks,"
+                " e.g. sk-ab****): a full key never matches, and does not belong in the config"
+            )
+        return self
+
+    @property
+    def on_usage(self) -> bool:
+        """Measured on usage × prices (the scope names a model or an API key), not on the bills."""
+        return bool(set(self.where) & set(USAGE_SCOPE))
+
+
+def _signals() -> dict[str, Signal]:
+    return SIGNALS
+
+
+class _Rule(Strict):
+    alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    def _check(self, fields: set[str]) -> None:
+        """Label names, and annotation templates naming only `fields`."""
+        for name in self.labels:
+            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
+                raise ValueError(f"label {name!r} is not a valid alert label name")
+        for name, template in self.annotations.items():
+            for field in re.findall(r"\{([^{}]*)\}", template):
+                if field not in fields:
+                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
+
+
+class ThresholdRule(_Rule):
+    """A signal per `by` group compared with a threshold (see `exporter.model.signals`)."""
+
+    signal: str
+    window: Literal["today", "month", "month_forecast"] = "today"
+    by: tuple[Name, ...] = ()
+    where: dict[str, str] = Field(default_factory=dict)
+    op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
+    threshold: Amount
+    for_: Duration = Field(0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, signal: str) -> str:
+        names = [repr(name) for name in [*_signals(), ANOMALY_SIGNAL]]
+        if signal not in _signals():
+            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
+        return signal
+
+    @model_validator(mode="after")
+    def _shape(self) -> ThresholdRule:
+        signal = _signals()[self.signal]
+        for name in (*self.by, *self.where):
+            if name not in signal.labels:
+                raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
+        if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+        if self.signal == "reconciliation_gap" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("reconciliation_gap is by item (tokens) or by endpoint_id (amounts), not both")
+        if self.window not in signal.windows:
+            windows = ", ".join(signal.windows)
+            raise ValueError(f"signal {self.signal!r} has no `{self.window}` window (it has {windows})")
+        self._check({"value", "threshold", *self.by, *self.where})
+        return self
+
+
+class BudgetRule(_Rule):
+    """A budget's tiers, each firing once per budget period."""
+
+    budget: Name
+    tiers: Annotated[tuple[float, ...], Field(min_length=1)]
+
+    @field_validator("tiers")
+    @classmethod
+    def _tiers(cls, tiers: tuple[float, ...]) -> tuple[float, ...]:
+        for tier in tiers:
+            if not 0 < tier <= MAX_TIER:
+                raise ValueError(f"tier {tier} is outside (0, {MAX_TIER}]")
+        if list(tiers) != sorted(set(tiers)):
+            raise ValueError("tiers must be increasing and distinct")
+        return tiers
+
+    @model_validator(mode="after")
+    def _shape(self) -> BudgetRule:
+        self._check({"value", "budget", "tier", "amount", "period"})
+        return self
+
+
+ANOMALY_SIGNAL = "spend_anomaly"
+ANOMALY_FIELDS = ("day", "actual", "expected", "impact", "impact_percent", "contributors", "value")
+"""What an anomaly rule's annotations may name, besides its `by` labels."""
+
+
+class AnomalyRule(_Rule):
+    """A complete day's spend per `by` group judged against what its history makes expected
+    (see `exporter.model.anomaly`): fires when the impact passes both floors."""
+
+    signal: Literal["spend_anomaly"]
+    by: tuple[Literal["endpoint_id", "item"], ...] = Field((), max_length=1)
+    min_amount: Amount
+    min_percent: Annotated[Decimal, Field(ge=0)]
+    sensitivity: Annotated[Decimal, Field(gt=0, le=100)] = Decimal(3)
+
+    @model_validator(mode="after")
+    def _shape(self) -> AnomalyRule:
+        self._check({*ANOMALY_FIELDS, *self.by})
+        return self
+
+
+def _rule_kind(rule: Any) -> str:
+    if isinstance(rule, dict):
+        if rule.get("signal") == ANOMALY_SIGNAL:
+            return "anomaly-rule"
+        return "budget-rule" if rule.get("budget") is not None and rule.get("signal") is None else "threshold-rule"
+    if isinstance(rule, AnomalyRule):
+        return "anomaly-rule"
+    return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
+
+
+RuleConfig = Annotated[
+    Annotated[ThresholdRule, Tag("threshold-rule")]
+    | Annotated[BudgetRule, Tag("budget-rule")]
+    | Annotated[AnomalyRule, Tag("anomaly-rule")],
+    Discriminator(_rule_kind),
+]
+"""A rule is a threshold rule (`signal` with `threshold`), a budget rule (`budget`) or an
+anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
+
+
+def rule_id(rule: RuleConfig) -> str:
+    """What a rule watches, under its alert name: the same across restarts and reloads while that
+    stays (its threshold, tiers, `for` and annotations may change)."""
+    if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
+        identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
+    elif isinstance(rule, AnomalyRule):
+        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
+    else:
+        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+
+
+def rule_key(rule: RuleConfig) -> str:
+    """A rule's identity: `rule_id`, and its labels when it has some. Rules that watch the same
+    thing under one alert name (warning and critical tiers) are told apart by their labels, as
+    Alertmanager tells their alerts apart, never by their place in the list; so changing a rule's
+    labels makes it another rule (its alerts resolve, the new ones fire), and two rules alike in
+    that too are refused (`twin_rules`): their alerts could not be told apart."""
+    base = rule_id(rule)
+    if not rule.labels:
+        return base  # the id every earlier version gave such a rule
+    labels = json.dumps([json.dumps(sorted(rule.labels.items()))])  # (the shape ids have had since layout 1)
+    return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
+
+
+def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
+    """(earlier, later) positions of rules that would make the same alerts."""
+    first: dict[str, int] = {}
+    twins = []
+    for n, rule in enumerate(rules):
+        key = rule_key(rule)
+        if key in first:
+            twins.append((first[key], n))
+        else:
+            first[key] = n
+    return twins
+
+
+if TYPE_CHECKING:
+    NotifierConfig = NotifierModel
+else:
+    NotifierConfig = Union[tuple(kind.model for kind in KINDS.values())]  # noqa: UP007 (built from the registry)
+"""Every kind's model, from `exporter.notifiers.registry`: a new kind is its module and its entry there."""
+Notifier = Annotated[NotifierConfig, Field(discriminator="type")]
+
+
+class AlertsConfig(Strict):
+    evaluation_interval: Interval = 60.0
+    repeat_interval: Interval = 4 * 3600.0
+    rules: tuple[RuleConfig, ...] = ()
+    notifiers: tuple[Notifier, ...] = ()
+
+
+def _time_of_day(value: str) -> str:
+    if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+        raise ValueError(f"{value!r} is not a time of day as HH:MM (00:00 to 23:59)")
+    return value
+
+
+class DigestConfig(Strict):
+    """A summary of the day before, sent at `at` in the billing time zone (weekly: on Mondays)."""
+
+    schedule: Literal["daily", "weekly"] = "daily"
+    at: Annotated[str, AfterValidator(_time_of_day)] = "09:00"
+    notifiers: Annotated[tuple[Name, ...], Field(min_length=1)]
+
+    @property
+    def time(self) -> tuple[int, int]:
+        hour, minute = self.at.split(":")
+        return int(hour), int(minute)
+
+
+class TlsConfig(Strict):
+    cert_file: Text
+    key_file: Text
+
+    @model_validator(mode="after")
+    def _readable(self) -> TlsConfig:
+        for path in (self.cert_file, self.key_file):
+            if not Path(path).is_file():
+                raise ValueError(f"file {path!r} does not exist")
+        return self
+
+
+class BasicAuthConfig(Strict):
+    username: Text
+    password: SecretStr
+
+
+def _port_in_range(address: str) -> str:
+    if int(address.rpartition(":")[2]) > 65535:
+        raise ValueError("the port must be 0 to 65535")
+    return address
+
+
+ListenAddress = Annotated[
+    str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$"), AfterValidator(_port_in_range)
+]
+
+
+class ServerConfig(Strict):
+    listen: ListenAddress = ":9877"
+    tls: TlsConfig | None = None
+    basic_auth: BasicAuthConfig | None = None
+    external_url: HttpUrl | None = None
+    """How receivers reach this exporter (links in notifications); the listen address by default."""
+
+
+RECONCILED_COUNTS = Literal["prompt", "prompt_uncached", "cached_prompt", "completion"]
+DEFAULT_RECONCILED_ITEMS: dict[str, RECONCILED_COUNTS] = {
+    "ITEM_PROMPT_TOKEN": "prompt_uncached",
+    "ITEM_CACHED_PROMPT_TOKEN": "cached_prompt",
+    "ITEM_COMPLETION_TOKEN": "completion",
+}
+
+
+class ReconciliationConfig(Strict):
+    items: dict[str, RECONCILED_COUNTS] = Field(default_factory=lambda: dict(DEFAULT_RECONCILED_ITEMS))
+    """Billing item → the usage count it bills."""
+    settle: Duration = 6 * 3600.0
+    """How long after a day ends its bill and usage are taken as final."""
+    days_per_refresh: Annotated[int, Field(ge=1, le=31)] = 2
+    """Past days whose usage is read per usage refresh (the API cost of reconciling, spread out)."""
+
+
+class StateConfig(Strict):
+    path: Text = "./inference-cost-exporter.db"
+
+
+class LogConfig(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class Config(Strict):
+    billing: BillingConfig
+    inference: InferenceConfig | None = None
+    probes: tuple[ProbeConfig, ...] = ()
+    prices: tuple[PriceConfig, ...] = ()
+    budgets: tuple[BudgetConfig, ...] = ()
+    alerts: AlertsConfig = AlertsConfig()
+    server: ServerConfig = ServerConfig()
+    state: StateConfig = StateConfig()
+    log: LogConfig = LogConfig()
+    reconciliation: ReconciliationConfig = ReconciliationConfig()
+    digest: DigestConfig | None = None
+
+    def secret_values(self) -> list[str]:
+        """Every secret in the config, and the path of each secret URL (what a library may log of it)."""
+        found: list[str] = []
+
+        def walk(node: object) -> None:
+            if isinstance(node, SecretStr):
+                value = node.get_secret_value()
+                found.append(value)
+                path = urlsplit(value).path
+                if value.startswith(("http://", "https://")) and len(path) > 1:
+                    found.append(path)
+            elif isinstance(node, BaseModel):
+                for name in type(node).model_fields:
+                    walk(getattr(node, name))
+            elif isinstance(node, tuple):
+                for item in node:
+                    walk(item)
+
+        walk(self)
+        for notifier in self.alerts.notifiers:
+            found += notifier.plain_secrets()
+        return [value for value in found if value]
+
+
+Found = Iterator[tuple[tuple[int | str, ...], Any]]
+
+
+def secret_fields(model: type[BaseModel], raw: Any, path: tuple[int | str, ...] = ()) -> Found:
+    """The values a document holds at the schema's secret keys (its `SecretStr` fields), with their
+    locations; a list of notifiers is read by each item's `type`."""
+    if not isinstance(raw, dict):
+        return
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key in raw:
+            yield from _secrets_in(field.annotation, raw[key], (*path, key))
+
+
+def _secrets_in(annotation: Any, raw: Any, path: tuple[int | str, ...]) -> Found:
+    if annotation is SecretStr:
+        yield path, raw
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield from secret_fields(annotation, raw, path)
+    elif get_origin(annotation) is Annotated:
+        yield from _secrets_in(get_args(annotation)[0], raw, path)
+    elif get_origin(annotation) is tuple and isinstance(raw, list):
+        for index, item in enumerate(raw):
+            yield from _secrets_in(get_args(annotation)[0], item, (*path, index))
+    elif get_origin(annotation) in (Union, UnionType):
+        members = [m for m in get_args(annotation) if m is not type(None)]
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        for member in members:
+            model = get_args(member)[0] if get_origin(member) is Annotated else member
+            fields = getattr(model, "model_fields", {})
+            if "type" in fields and kind not in get_args(fields["type"].annotation):
+                continue  # another type of notifier
+            yield from _secrets_in(member, raw, path)

@@ -1,0 +1,75 @@
+"""The config's building blocks every section uses: strict frozen models, durations, amounts,
+names and URLs, each with the message a user reads when a value does not fit."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from exporter.core.decimals import parse_decimal
+
+DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """`30s`, `5m`, `1h30m`, `500ms` or a number of seconds → seconds."""
+    if isinstance(value, bool):
+        raise ValueError("not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value and DURATION.sub("", value) == "":
+        seconds = sum(float(n) * DURATION_UNITS[unit] for n, unit in DURATION.findall(value))
+    else:
+        raise ValueError("not a duration (use e.g. 30s, 5m, 1h)")
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return seconds
+
+
+def parse_amount(value: Any) -> Decimal:
+    """An amount or price: decimal text or a number, as the billing API would write it."""
+    try:
+        return parse_decimal(value)
+    except ValueError as error:
+        raise ValueError("not a number" if str(error).startswith("not a decimal") else str(error)) from None
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than zero")
+    return seconds
+
+
+def _non_negative(amount: Decimal) -> Decimal:
+    if amount < 0:
+        raise ValueError("must not be negative")
+    return amount
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+Interval = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
+
+Amount = Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_non_negative)]
+
+Name = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+Text = Annotated[str, Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _http_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise ValueError("must be an http:// or https:// URL")
+    return url.rstrip("/")
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]

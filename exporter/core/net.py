@@ -1,0 +1,42 @@
+"""Why a network exchange failed, in words a log reader acts on (DNS, refused, TLS, timeout, reset)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Iterator
+
+import requests
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and what lies under it (requests wraps urllib3, which wraps the socket's error)."""
+    seen: set[int] = set()
+    stack = [error]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        under = (current.__cause__, current.__context__, getattr(current, "reason", None), *current.args)
+        stack += [e for e in under if isinstance(e, BaseException)]
+
+
+def network_cause(error: BaseException) -> str:
+    """Why a connection failed, in words: DNS, refused, TLS verification, timeout, reset."""
+    causes = list(_causes(error))
+    for kind, words in (
+        (socket.gaierror, "the host name does not resolve (DNS)"),
+        (ssl.SSLCertVerificationError, "TLS certificate verification failed"),
+        (ssl.SSLError, "TLS failed"),
+        (ConnectionRefusedError, "connection refused"),
+        (ConnectionResetError, "connection reset"),
+        (TimeoutError, "timed out"),
+        (requests.Timeout, "timed out"),
+    ):
+        match = next((c for c in causes if isinstance(c, kind)), None)
+        if match is not None:
+            detail = getattr(match, "verify_message", "") or ""
+            return f"{words} ({detail})" if detail else words
+    return type(error).__name__

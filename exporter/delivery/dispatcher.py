@@ -1,0 +1,404 @@
+"""Delivering alert notifications for every configured notifier, whatever its kind.
+
+Every notifier has its own worker thread, so a slow or dead receiver delays only its own queue:
+never another receiver, the alert evaluation or a refresh. Each delivery has one deadline for
+the whole exchange (`post.post_json`, `smtp.send`), and a redirect is a failure, never followed.
+
+The dispatcher never looks at a notifier's kind: it asks the registry (`registry.kind`). A kind
+that is resent (Alertmanager) gets every active alert from its worker each `every` seconds, and
+at once when alert states change. The others get one message per rule and state change (the
+engine groups the alerts that changed together; a message shows a capped list and says how many
+more), taken in order from the SQLite outbox; a failed delivery stays at the head of its
+notifier's queue and is retried with backoff, across restarts. A notification is marked
+delivered right after the receiver's 2xx, so nothing is sent twice for one state change as far
+as that 2xx tells (for email: the SMTP server's answer to the message; every attempt at one
+notification has the same Message-ID, as a webhook's has the same `notificationId`). A
+notification the receiver refuses outright (an HTTP 3xx or 4xx, an SMTP 5xx) is dropped after
+GIVE_UP_AFTER attempts; other failures are retried until they succeed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from exporter import __version__
+from exporter.alerts.engine import Alert
+from exporter.config.schema import NotifierConfig
+from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
+from exporter.core.net import network_cause
+from exporter.core.post import DeadlineExceeded, post_json
+from exporter.notifiers.kind import Attempt, OutboxKind
+from exporter.notifiers.registry import kind, outbox
+from exporter.state import AlertStore, OutboxEntry, StateError
+
+log = get_logger(__name__)
+
+DEADLINE = 10.0
+"""The longest one delivery may take, connection to last byte of the answer."""
+POLL = 2.0
+"""How often a worker looks at its queue when nothing wakes it (retries fall due)."""
+BACKOFF_FIRST = 5.0
+BACKOFF_MAX = 300.0
+GIVE_UP_AFTER = 5
+"""Attempts after which a notification the receiver refuses outright (a 3xx, a 4xx but 408/429, an
+SMTP 5xx to its sender, recipients or data) is dropped, so one bad message cannot block its
+notifier's queue for ever."""
+
+USER_AGENT = f"inference-cost-exporter/{__version__}"
+
+REMOVED = "its notifier was removed from the config"
+OWED = "the email recipients still owed it refused it for a day"
+OWED_FOR = 86400.0
+"""How long a notification is retried to email recipients who refuse it for now (4xx) while the
+others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
+SUPERSEDED = "its alerts changed state again before it could be delivered"
+DISCARDED = ("notifier_removed", "superseded")
+"""Why a queued notification is never delivered: its notifier left the config (`configure`), or
+every alert in it changed state again meanwhile (`_current`)."""
+
+
+def _refused(reason: str) -> bool:
+    """A 3xx, or a 4xx other than 408 and 429; an SMTP server's 5xx to the message (`smtp.send`
+    words only those so): the receiver will not take this message, however often it comes."""
+    if reason.startswith("SMTP 5"):
+        return True
+    return reason.startswith(("HTTP 3", "HTTP 4")) and reason not in ("HTTP 408", "HTTP 429")
+
+
+class _Worker:
+    """A notifier's own thread: wakes when poked or every `interval`, then runs `work`."""
+
+    def __init__(self, name: str, work: Callable[[], object], interval: float) -> None:
+        self.interval = interval
+        self._work = work
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"notify-{name}", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(max(0.0, timeout))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._work()
+            except StateError as error:
+                log.error("notification delivery paused", error=str(error))
+            except Exception:  # a bug must not stop delivery for good; it is logged with its traceback
+                log.exception("notification delivery crashed")
+
+
+def _fields(notifier: str, target: str) -> dict[str, Any]:
+    """Log fields naming a notifier, and which of its URLs when it has several."""
+    return {"notifier": notifier, "target": target} if target else {"notifier": notifier}
+
+
+class Dispatcher:
+    """Delivers for every configured notifier; one for the daemon's life, reconfigured on reload
+    (a notifier keeps its queue, its worker and its counters while its name stays). It is the
+    `kind.Delivery` its kinds send through."""
+
+    def __init__(
+        self,
+        notifiers: Sequence[NotifierConfig],
+        store: AlertStore,
+        clock: Clock,
+        alerts: Callable[[], list[Alert]],
+        external_url: str,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.alerts = alerts
+        self.deadline = DEADLINE
+        self.sent: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.discarded: dict[str, int] = dict.fromkeys(DISCARDED, 0)
+        """Notifications never delivered, and why (a DISCARDED reason)."""
+        self._notifiers: dict[str, NotifierConfig] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._kinds: dict[str, type] = {}
+        self._retired: list[_Worker] = []
+        self._unsaved: dict[str, Callable[[], None]] = {}
+        """Per notifier, the outcome of its last delivery that the state file refused to record:
+        written first when delivery resumes, so nothing is sent again meanwhile."""
+        self._counts = threading.Lock()
+        self._failing: set[tuple[str, str]] = set()
+        """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
+        self._running = False
+        self._closed = False
+        self.configure(notifiers, external_url)
+
+    # -- configuration and workers --
+
+    def configure(self, notifiers: Sequence[NotifierConfig], external_url: str) -> None:
+        """Deliver for these notifiers from now on. What waits in the outbox for a notifier that is
+        no longer one of them (removed, or now of a kind that is resent) is dropped, logged and
+        counted: it was decided for a config that is gone, and a notifier added again later under
+        its name starts with an empty queue rather than with state changes that are long out of date."""
+        self.external_url = external_url
+        self._notifiers = {n.name: n for n in notifiers}
+        with self._counts:
+            self.sent = {name: self.sent.get(name, 0) for name in self._notifiers}
+            self.failed = {name: self.failed.get(name, 0) for name in self._notifiers}
+        for name in self._notifiers:
+            self._locks.setdefault(name, threading.Lock())
+        self._drop_orphans()
+        if self._running:
+            self._start_workers()
+
+    def _drop_orphans(self) -> None:
+        """Drop the queues of notifiers no longer configured (a state file that refuses is left as
+        it is: nothing is delivered from those queues meanwhile, and the next reload tries again)."""
+        try:
+            dropped = self.store.discard([n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), REMOVED)
+        except StateError as error:
+            log.error("could not drop the queues of removed notifiers", error=str(error))
+            return
+        for name, count in sorted(dropped.items()):
+            log.warning("queued notifications dropped: their notifier is no longer configured",
+                        notifier=name, notifications=count)  # fmt: skip
+            with self._counts:
+                self.discarded["notifier_removed"] += count
+
+    @property
+    def outbox_notifiers(self) -> list[NotifierConfig]:
+        """The notifiers whose notifications wait in the outbox."""
+        return [n for n in self._notifiers.values() if outbox(n) is not None]
+
+    def start(self) -> None:
+        """Deliver in the background from now on (until `close`)."""
+        self._running = True
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        self._retired = [worker for worker in self._retired if worker.alive]
+        for name in list(self._workers):
+            if type(self._notifiers.get(name)) is not self._kinds[name]:  # removed, or now another type
+                worker = self._workers.pop(name)
+                worker.stop()
+                self._retired.append(worker)
+                self._unsaved.pop(name, None)  # its queue is not delivered as it was any more
+        for name, notifier in self._notifiers.items():
+            self._kinds[name] = type(notifier)
+            if name not in self._workers:
+                found = kind(notifier)
+                if isinstance(found, OutboxKind):
+                    self._workers[name] = _Worker(name, partial(self._drain, name), POLL)
+                else:
+                    self._workers[name] = _Worker(name, partial(self._resend, name), found.every)
+                self._workers[name].poke()
+
+    def poke(self) -> None:
+        """New notifications are queued: the outbox workers look now."""
+        for name, worker in list(self._workers.items()):
+            if (notifier := self._notifiers.get(name)) is None or outbox(notifier) is not None:
+                worker.poke()
+
+    def resend(self) -> None:
+        """Alert states changed: the workers of the kinds that are resent send everything now, not
+        at their next turn."""
+        for name, worker in list(self._workers.items()):
+            if (notifier := self._notifiers.get(name)) is not None and outbox(notifier) is None:
+                worker.poke()
+
+    def close(self) -> None:
+        """Stop the workers: each ends after the delivery it is in (bounded by DEADLINE)."""
+        self._running = False
+        self._closed = True
+        for worker in self._workers.values():
+            worker.stop()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the workers (those a reload retired too) to end; True if all did."""
+        deadline = time.monotonic() + timeout
+        workers = [*self._workers.values(), *self._retired]
+        for worker in workers:
+            worker.join(deadline - time.monotonic())
+        return not any(worker.alive for worker in workers)
+
+    # -- what the kinds send through (`kind.Delivery`) --
+
+    def post(self, notifier: str, url: str, body: object, target: str = "") -> str | None:
+        """POST JSON; None on a 2xx, else a short reason (never the URL: it may hold a secret).
+        `target` tells apart the URLs of a notifier that has several, in the log."""
+        try:
+            answer = post_json(url, body, deadline=self.deadline, headers={"User-Agent": USER_AGENT})
+        except DeadlineExceeded as error:
+            reason = str(error)
+        except (OSError, http.client.HTTPException) as error:
+            reason = f"connection failed: {network_cause(error)}"
+        else:
+            if 200 <= answer.status < 300:
+                return self.outcome(notifier, None, target)
+            reason = f"HTTP {answer.status}"
+            if 300 <= answer.status < 400:
+                reason += f" (redirect to {answer.location or 'nowhere'}; a notification is never followed)"
+        return self.outcome(notifier, reason, target)
+
+    def outcome(self, notifier: str, reason: str | None, target: str = "") -> str | None:
+        """Count one delivery's outcome (None: it went through) and log a notifier's (or one of
+        its targets') first failure and its recovery, once each; returns `reason`."""
+        if reason is None:
+            with self._counts:
+                self.sent[notifier] = self.sent.get(notifier, 0) + 1
+            if self.recovered_at(notifier, target):
+                log.info("notifier recovered", **_fields(notifier, target))
+            return None
+        if self.failed_at(notifier, target):
+            log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
+        return reason
+
+    def failed_at(self, notifier: str, target: str) -> bool:
+        with self._counts:
+            self.failed[notifier] = self.failed.get(notifier, 0) + 1
+            first = (notifier, target) not in self._failing
+            self._failing.add((notifier, target))
+        return first
+
+    def recovered_at(self, notifier: str, target: str) -> bool:
+        with self._counts:
+            recovered = (notifier, target) in self._failing
+            self._failing.discard((notifier, target))
+        return recovered
+
+    # -- the outbox --
+
+    def _send(self, notifier: NotifierConfig, sender: OutboxKind[Any], entry: OutboxEntry) -> Attempt:
+        """Deliver one outbox notification to one notifier, however its kind takes it (a digest to
+        a kind that takes none, which the config refuses, is done with unsent)."""
+        if entry.digest is None:
+            return sender.send(notifier, entry, self)
+        if sender.digest is None:
+            return Attempt(None)
+        return sender.digest(notifier, entry.digest, entry, self)
+
+    def _current(self, entry: OutboxEntry) -> OutboxEntry | None:
+        """The notification with only the alerts whose state it tells is still theirs: a `firing`
+        for alerts that fire now, a `resolved` for alerts that do not (None when that leaves none).
+        A state change that was overtaken while it waited (a receiver down, a queue held back) is
+        never delivered as if it were news; the change that overtook it is queued behind it."""
+        event = entry.event
+        alerts = event["alerts"]
+        states = self.store.alert_states(alert["key"] for alert in alerts)
+        firing = event["status"] == "firing"
+        kept = [alert for alert in alerts if (states.get(alert["key"]) == "firing") == firing]
+        if len(kept) == len(alerts):
+            return entry
+        if not kept and event["total"] > len(alerts):
+            return entry  # it counts alerts it does not show, whose state is unknown here: told as it was
+        if not kept:
+            return None
+        return replace(entry, event={**event, "alerts": kept, "total": event["total"] - (len(alerts) - len(kept))})
+
+    def deliver(self) -> int:
+        """Send what is due now for every outbox notifier, here and now (a worker busy with the
+        same notifier is waited for); returns how many notifications were done with (delivered,
+        or nothing to tell that notifier)."""
+        return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
+
+    def _record(self, name: str, write: Callable[[], None]) -> None:
+        """Write a delivery's outcome; if the state file refuses, keep it to write first next time."""
+        try:
+            write()
+        except StateError:
+            self._unsaved[name] = write
+            raise
+        self._unsaved.pop(name, None)
+
+    def _drain(self, name: str) -> int:
+        """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
+        the email recipients still owed one: that holds nothing back). While the state file refuses
+        to record an outcome, nothing more is sent (it would be sent again)."""
+        delivered = 0
+        with self._locks[name]:
+            if name in self._unsaved:
+                self._record(name, self._unsaved[name])
+            while (
+                not self._closed
+                and (notifier := self._notifiers.get(name)) is not None
+                and (sender := outbox(notifier)) is not None
+            ):
+                now = self.clock.now().timestamp()
+                head = self.store.head(name, now)
+                if head is None or head.next_attempt > now:
+                    break
+                if head.recipients and now - head.created > OWED_FOR:
+                    log.error("email recipients refused a notification for a day; it is dropped for them",
+                              notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
+                    self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
+                    continue
+                entry = head if head.digest is not None else self._current(head)
+                if entry is None:
+                    self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
+                    with self._counts:
+                        self.discarded["superseded"] += 1
+                    log.info("queued notification dropped: its alerts changed state again since",
+                             notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
+                    continue
+                reason, owed = self._send(notifier, sender, entry)
+                now = self.clock.now().timestamp()
+                if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
+                    log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
+                    self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
+                    continue
+                if reason is not None and (owed or entry.recipients):
+                    # Owed to some recipients only (others took it): retried apart, holding nothing back.
+                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
+                    failed = partial(self.store.failed, entry.id, now + pause, reason, recipients=owed)
+                    self._record(name, partial(failed, table=entry.table))
+                    continue
+                if reason is not None:
+                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
+                    failed = partial(
+                        self.store.failed, entry.id, now + pause, reason, table=entry.table, recipients=owed
+                    )
+                    self._record(name, failed)
+                    break
+                self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
+                delivered += 1
+        return delivered
+
+    # -- the kinds that are resent --
+
+    def _resend(self, name: str) -> None:
+        """Every active and recently resolved alert to one notifier of a kind that is resent."""
+        notifier = self._notifiers.get(name)
+        if notifier is None or isinstance(sender := kind(notifier), OutboxKind):
+            return
+        alerts, now = self.alerts(), self.clock.now().timestamp()
+        with self._locks[name]:
+            sender.send(notifier, alerts, now, self)
+
+    def resend_now(self) -> None:
+        """Send to every notifier of a kind that is resent, here and now (tests)."""
+        for notifier in list(self._notifiers.values()):
+            if outbox(notifier) is None:
+                self._resend(notifier.name)
+
+    def pending(self) -> dict[str, int]:
+        return self.store.pending_count()

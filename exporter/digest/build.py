@@ -1,0 +1,233 @@
+"""The digest: what happened yesterday (or last week), in one message.
+
+`build` gathers it from the daemon's snapshots as a JSON-able mapping, the webhook's body as the
+design gives it: amounts as decimal strings, ratios and percentages as numbers. That mapping is
+what the outbox keeps, so a digest delivered late says what it said when it was made. `text`,
+`html` and `slack` render it for people.
+
+Spend is the summarised span's (`first_day` to `day`, one day or a week): the total, the expected
+amount from the anomaly baseline (`exporter.model.anomaly`, the account's series; absent where it has
+too little history), the top endpoints and items with their change against the span before, the
+month's total through `day` and its forecast. Then budgets, the anomalies the rules found, the
+days that settled since the digest before whose bill disagrees with the usage counted, the alerts
+firing, and each probe's
+success ratio and 95th percentile time to first token over the span.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from exporter.alerts.anomalies import held, judge_groups
+from exporter.config.schema import AnomalyRule, BudgetConfig, PriceConfig
+from exporter.model.anomaly import judge_all
+from exporter.model.snapshots import DailyAmount, Latest, per_day
+from exporter.sources.budgets import figures, month_spent
+from exporter.sources.reconcile import disagrees
+
+TOP = 5
+CENT = Decimal("0.01")
+
+
+@dataclass(frozen=True)
+class ProbeStat:
+    probe: str
+    runs: int
+    successes: int
+    ttfts: Sequence[float]
+    """Time to first token of the successful runs that had one, in seconds."""
+
+
+@dataclass(frozen=True)
+class FiringAlert:
+    labels: Mapping[str, str]
+    summary: str
+    since: float | None
+
+
+def span(schedule: str, sent_on: dt.date) -> tuple[dt.date, dt.date]:
+    """The days a digest sent on `sent_on` summarises: the day before, or the 7 days before."""
+    day = sent_on - dt.timedelta(days=1)
+    return (day - dt.timedelta(days=6) if schedule == "weekly" else day), day
+
+
+def _money(amount: Decimal | None) -> str | None:
+    return None if amount is None else f"{amount.quantize(CENT):f}"
+
+
+def _percent(now: Decimal, before: Decimal | None) -> float | None:
+    if before is None or before == 0:
+        return None
+    return round(float((now - before) / before * 100), 1)
+
+
+def _sums(amounts: Iterable[DailyAmount], first: dt.date, last: dt.date) -> dict[str, Decimal]:
+    sums: dict[str, Decimal] = {}
+    for a in amounts:
+        if first <= a.day <= last:
+            sums[a.key] = sums.get(a.key, Decimal(0)) + a.payable
+    return sums
+
+
+def _top(key: str, amounts: Sequence[DailyAmount], first: dt.date, last: dt.date, width: int) -> list[dict[str, Any]]:
+    now = _sums(amounts, first, last)
+    before = _sums(amounts, first - dt.timedelta(days=width), first - dt.timedelta(days=1))
+    known_before = any(first - dt.timedelta(days=width) <= a.day < first for a in amounts)
+    ranked = sorted(now.items(), key=lambda pair: (-pair[1], pair[0]))[:TOP]
+    return [
+        {
+            key: name,
+            "amount": _money(amount),
+            "change_percent": _percent(amount, before.get(name, Decimal(0)) if known_before else None),
+        }
+        for name, amount in ranked
+    ]
+
+
+def p95(values: Sequence[float]) -> float | None:
+    """The nearest-rank 95th percentile."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def build(
+    latest: Latest,
+    *,
+    schedule: str,
+    sent_on: dt.date,
+    budgets: Sequence[BudgetConfig] = (),
+    prices: Sequence[PriceConfig] = (),
+    anomalies: Sequence[AnomalyRule] = (),
+    alerts: Sequence[FiringAlert] = (),
+    probes: Sequence[ProbeStat] = (),
+    settled: tuple[dt.date, dt.date] | None = None,
+    url: str = "",
+) -> dict[str, Any]:
+    """The digest sent on `sent_on` (see the module's docstring). `anomalies`: the spend anomaly
+    rules, each judged on every day of the span as the daemon judges it. `settled`: the days that
+    settled since the digest before (each day's reconciliation gaps are told once); the span by
+    default."""
+    first, day = span(schedule, sent_on)
+    width = (day - first).days + 1
+    bills = held(latest)
+    totals = per_day(bills.by_item)
+    days = [first + dt.timedelta(days=n) for n in range(width)]
+    # A day without bills is unknown (a failed fetch), never zero: the span's total is then unknown.
+    spend = sum((totals[d] for d in days), Decimal(0)) if all(d in totals for d in days) else None
+    judged = judge_all(totals, days, min_amount=Decimal(0), min_percent=Decimal(0))  # the baseline, not alerts
+    expected = sum((j.expected for j in judged.values()), Decimal(0)) if len(judged) == width else None
+    period = f"{day:%Y-%m}"
+    month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
+    current = latest.bills.current if latest.bills is not None else None
+    forecast = current.forecast if current is not None and current.period == period else None
+    if current is not None and current.period > period:
+        forecast = sum(month_days.values(), Decimal(0))  # a month that has ended: its total
+    digest: dict[str, Any] = {
+        "kind": "digest",
+        "schedule": schedule,
+        "first_day": first.isoformat(),
+        "day": day.isoformat(),
+        "period": period,
+        "spend": _money(spend),
+        "yesterday": _money(totals.get(day)),
+        "expected": _money(expected),
+        "month_to_date": _money(sum(month_days.values(), Decimal(0)) if month_days else None),
+        "forecast": _money(forecast),
+        "budgets": [],
+        "top_endpoints": _top("endpoint_id", bills.by_endpoint, first, day, width),
+        "top_items": _top("item", bills.by_item, first, day, width),
+        "anomalies": [],
+        "reconciliation": [],
+        "alerts": [],
+        "probes": [],
+        "url": url,
+    }
+    for budget in budgets:
+        ended = month_spent(budget, latest, period) if current is not None and current.period > period else None
+        if budget.period == "month" and ended is not None:  # the 1st: how the month that ended stands
+            ratio = round(float(ended / budget.amount), 4)
+            digest["budgets"].append(
+                {"budget": budget.name, "period": "month", "of": period, "amount": f"{budget.amount:f}",
+                 "used_ratio": ratio, "forecast_ratio": ratio}
+            )  # fmt: skip
+        found = figures(budget, latest, prices)
+        used, projected = found.ratios(budget.amount) if found is not None else (None, None)
+        digest["budgets"].append(
+            {
+                "budget": budget.name,
+                "period": budget.period,
+                "amount": f"{budget.amount:f}",
+                "used_ratio": None if used is None else round(float(used), 4),
+                "forecast_ratio": None if projected is None else round(float(projected), 4),
+            }
+        )
+    for rule in anomalies:
+        for on in days:
+            for finding in judge_groups(rule, bills, on):
+                if not finding.judgement.anomalous:
+                    continue
+                j = finding.judgement
+                digest["anomalies"].append(
+                    {
+                        "alertname": rule.alert,
+                        "day": on.isoformat(),
+                        "labels": dict(finding.group),
+                        "actual": _money(j.actual),
+                        "expected": _money(j.expected),
+                        "impact_percent": None if j.impact_percent is None else float(j.impact_percent),
+                        "contributors": [{"name": n, "share": float(s)} for n, s in finding.contributors],
+                    }
+                )
+    rec = latest.reconciliation
+    oldest, newest = settled or (first, day)
+    for gap in rec.tokens if rec is not None else ():
+        if oldest <= gap.day <= newest and disagrees(gap.ratio):
+            digest["reconciliation"].append(
+                {
+                    "day": gap.day.isoformat(),
+                    "item": gap.item,
+                    "billed": f"{gap.billed:f}",
+                    "counted": str(gap.counted),
+                    "gap_percent": None if gap.ratio is None else round(float(gap.ratio * 100), 2),
+                }
+            )
+    for amount in rec.amounts if rec is not None else ():
+        if oldest <= amount.day <= newest and disagrees(amount.ratio):
+            digest["reconciliation"].append(
+                {
+                    "day": amount.day.isoformat(),
+                    "endpoint_id": amount.endpoint_id,
+                    "billed": _money(amount.billed),
+                    "estimated": _money(amount.estimated),
+                    "gap_percent": None if amount.ratio is None else round(float(amount.ratio * 100), 2),
+                }
+            )
+    for alert in alerts:
+        digest["alerts"].append(
+            {
+                "alertname": alert.labels.get("alertname", ""),
+                "labels": {k: v for k, v in sorted(alert.labels.items()) if k != "alertname"},
+                "summary": alert.summary,
+                "since": None if alert.since is None else dt.datetime.fromtimestamp(alert.since, dt.UTC).isoformat(),
+            }
+        )
+    for stat in probes:
+        digest["probes"].append(
+            {
+                "probe": stat.probe,
+                "runs": stat.runs,
+                "success_ratio": round(stat.successes / stat.runs, 4) if stat.runs else None,
+                "time_to_first_token_p95_seconds": None if (p := p95(stat.ttfts)) is None else round(p, 3),
+            }
+        )
+    return digest
+
+
+# -- rendering ----------------------------------------------------------------------------------

@@ -1,0 +1,370 @@
+"""Snapshots → Prometheus metric families. Read-only: a scrape never calls the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from decimal import Decimal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.config.schema import BudgetConfig, PriceConfig
+from exporter.core.clock import Clock
+from exporter.model.snapshots import Histogram, Latest, UsageKey, UsageTotals
+from exporter.sources.budgets import budget_status, judge_scopes
+
+CACHED = "Cached from the last successful refresh; a scrape never calls the API."
+
+
+class BillsCollector(Collector):
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def version(self) -> object:
+        """What this collector's output depends on; the same object means the same text."""
+        return self.latest.bills
+
+    def collect(self) -> Iterator[Metric]:
+        endpoint = GaugeMetricFamily(
+            "inference_bill_endpoint_daily_payable_amount",
+            f"One natural day's payable amount per endpoint (bills grouped by instance). {CACHED}",
+            labels=["period", "day", "endpoint_id", "product", "project_id"],
+        )
+        item = GaugeMetricFamily(
+            "inference_bill_item_daily_payable_amount",
+            f"One natural day's payable amount per billing item. {CACHED}",
+            labels=["period", "day", "item", "product", "project_id"],
+        )
+        usage = GaugeMetricFamily(
+            "inference_bill_item_daily_usage",
+            f"One natural day's usage value per billing item, as billed. {CACHED}",
+            labels=["period", "day", "item", "product", "project_id"],
+        )
+        month_to_date = GaugeMetricFamily(
+            "inference_bill_month_to_date_payable_amount",
+            f"Payable amount of the month so far, summed over every billing item. {CACHED}",
+            labels=["period"],
+        )
+        month_forecast = GaugeMetricFamily(
+            "inference_bill_month_forecast_payable_amount",
+            "Projected month-end payable amount: complete days + trailing 7-day average for the rest. " + CACHED,
+            labels=["period"],
+        )
+        snapshot = self.latest.bills
+        for month in snapshot.months if snapshot else ():
+            for a in month.by_endpoint:
+                endpoint.add_metric([a.period, a.day.isoformat(), a.key, a.product, a.project_id], float(a.payable))
+            for a in month.by_item:
+                labels = [a.period, a.day.isoformat(), a.key, a.product, a.project_id]
+                item.add_metric(labels, float(a.payable))
+                usage.add_metric(labels, float(a.usage))
+            month_to_date.add_metric([month.period], float(month.month_to_date))
+            month_forecast.add_metric([month.period], float(month.forecast))
+        yield from (endpoint, item, usage, month_to_date, month_forecast)
+
+
+USAGE_FIELDS = (
+    ("inference_usage_requests", "Requests"),
+    ("inference_usage_prompt_tokens", "Prompt tokens"),
+    ("inference_usage_completion_tokens", "Completion tokens"),
+    ("inference_usage_cached_prompt_tokens", "Prompt tokens served from cache"),
+    ("inference_usage_estimated_payable_amount", "Estimated payable amount (tokens × configured prices)"),
+)
+
+
+class UsageCollector(Collector):
+    def __init__(self, latest: Latest, per_api_key: bool) -> None:
+        self.latest = latest
+        self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
+
+    def version(self) -> object:
+        return self.latest.usage
+
+    def _labels(self, key: UsageKey) -> list[str]:
+        return [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
+
+    def collect(self) -> Iterator[Metric]:
+        today_note = f"today in the billing time zone, reset at the day's start. {CACHED}"
+        today = [CounterMetricFamily(name, f"{text} {today_note}", labels=self.labels) for name, text in USAGE_FIELDS]
+        previous = [
+            GaugeMetricFamily(
+                name.replace("inference_usage_", "inference_usage_previous_day_"),
+                f"{text} of the previous billing day, final after its last full pull at the rollover.",
+                labels=["day", *self.labels],
+            )
+            for name, text in USAGE_FIELDS
+        ]
+        resyncs = CounterMetricFamily(
+            "inference_exporter_usage_resyncs",
+            "Full re-reads of the day because the incremental view no longer matched the API's.",
+        )
+        snapshot = self.latest.usage
+        if snapshot is not None:
+            for key, totals in snapshot.totals.items():
+                for counter, value in zip(today, _usage_values(totals), strict=True):
+                    if value is not None:
+                        counter.add_metric(self._labels(key), float(value), created=snapshot.created)
+            done = snapshot.previous_day
+            if done is not None:
+                for key, totals in done.totals.items():
+                    for gauge, value in zip(previous, _usage_values(totals), strict=True):
+                        if value is not None:
+                            gauge.add_metric([done.day.isoformat(), *self._labels(key)], float(value))
+            resyncs.add_metric([], snapshot.resyncs)
+        yield from today
+        yield from previous
+        yield resyncs
+
+
+def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
+    return t.requests, t.prompt_tokens, t.completion_tokens, t.cached_prompt_tokens, t.estimated_payable
+
+
+class BudgetCollector(Collector):
+    def __init__(
+        self,
+        latest: Latest,
+        budgets: Iterable[BudgetConfig],
+        prices: Sequence[PriceConfig] = (),
+        clock: Clock | None = None,
+    ) -> None:
+        self.latest = latest
+        self.clock = clock
+        self.budgets = tuple(budgets)
+        self.prices = tuple(prices)
+        self.on_usage = any(budget.on_usage for budget in self.budgets)
+        self._version: tuple[object, ...] = ()
+
+    def version(self) -> object:
+        """The snapshots the figures are made from, as one object while none of them changes (the
+        exposition caches a block while its version is the same object)."""
+        latest = self.latest
+        today = self.clock.today() if self.clock is not None else None  # a new day ends the day's figures
+        current = (today, latest.bills, latest.history, *((latest.usage, latest.settled) if self.on_usage else ()))
+        if (
+            len(current) != len(self._version)
+            or current[0] != self._version[0]
+            or any(a is not b for a, b in zip(current[1:], self._version[1:], strict=True))
+        ):
+            self._version = current
+        return self._version
+
+    def collect(self) -> Iterator[Metric]:
+        amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
+        used = GaugeMetricFamily(
+            "inference_budget_used_ratio",
+            f"Payable amount of the budget's period ÷ the budget. {CACHED}",
+            labels=["budget"],
+        )
+        forecast = GaugeMetricFamily(
+            "inference_budget_forecast_ratio",
+            f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
+            labels=["budget"],
+        )
+        matched = GaugeMetricFamily(
+            "inference_budget_scope_matched",
+            "1 if anything the budget's source holds (bill lines, or usage records) matches its `where`, else 0:"
+            f" a misspelt scope would read 0% for ever; 1 without `where`. {CACHED}",
+            labels=["budget"],
+        )
+        for budget, ratios in budget_status(
+            self.latest, self.budgets, self.prices, self.clock.today() if self.clock is not None else None
+        ):
+            amount.add_metric([budget.name], float(budget.amount))
+            if ratios is not None:
+                used.add_metric([budget.name], float(ratios[0]))
+                forecast.add_metric([budget.name], float(ratios[1]))
+        for budget, found in judge_scopes(self.latest, self.budgets):
+            if found is not None:
+                matched.add_metric([budget.name], 1.0 if found else 0.0)
+        yield from (amount, used, forecast, matched)
+
+
+class ReconciliationCollector(Collector):
+    """Per settled day: billed against counted tokens per item, billed against estimated amounts per endpoint."""
+
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def version(self) -> object:
+        return self.latest.reconciliation
+
+    def collect(self) -> Iterator[Metric]:
+        result = self.latest.reconciliation
+        if result is None:
+            return
+        billed = GaugeMetricFamily(
+            "inference_reconciliation_billed_tokens",
+            f"Tokens a settled day's bill charges for the item (usageValue). {CACHED}",
+            labels=["day", "item"],
+        )
+        counted = GaugeMetricFamily(
+            "inference_reconciliation_counted_tokens",
+            "Tokens of the kind the item bills, counted from that day's usage records.",
+            labels=["day", "item"],
+        )
+        token_gap = GaugeMetricFamily(
+            "inference_reconciliation_token_gap_ratio",
+            "(billed − counted) ÷ counted tokens of the item that day (absent when none were counted).",
+            labels=["day", "item"],
+        )
+        amount_gap = GaugeMetricFamily(
+            "inference_reconciliation_amount_gap_ratio",
+            "(billed − estimated) ÷ estimated payable amount of the endpoint that day, where prices cover its models.",
+            labels=["day", "endpoint_id"],
+        )
+        for gap in result.tokens:
+            labels = [gap.day.isoformat(), gap.item]
+            billed.add_metric(labels, float(gap.billed))
+            counted.add_metric(labels, float(gap.counted))
+            if gap.ratio is not None:
+                token_gap.add_metric(labels, float(gap.ratio))
+        for amount in result.amounts:
+            if amount.ratio is not None:
+                amount_gap.add_metric([amount.day.isoformat(), amount.endpoint_id], float(amount.ratio))
+        yield from (billed, counted, token_gap, amount_gap)
+
+
+class ExporterCollector(Collector):
+    """The exporter's own health: per-source refresh status, API calls, build, billing calendar."""
+
+    def __init__(self, latest: Latest, clock: Clock) -> None:
+        self.latest = latest
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        success = GaugeMetricFamily(
+            "inference_exporter_refresh_success",
+            "1 if the last refresh of the source succeeded, else 0 (its figures are then the last good ones).",
+            labels=["source"],
+        )
+        last_success = GaugeMetricFamily(
+            "inference_exporter_last_refresh_success_timestamp_seconds",
+            "Unix time of the source's last successful refresh; now minus this is the data's age.",
+            labels=["source"],
+        )
+        duration = GaugeMetricFamily(
+            "inference_exporter_refresh_duration_seconds", "Duration of the source's last refresh.", labels=["source"]
+        )
+        for source, health in sorted(self.latest.health.items()):
+            success.add_metric([source], 1.0 if health.success else 0.0)
+            if health.last_success is not None:
+                last_success.add_metric([source], health.last_success)
+            duration.add_metric([source], health.duration)
+        calls = CounterMetricFamily(
+            "inference_exporter_api_requests",
+            "HTTP calls made to the service, by API and status code (timeout or error when no answer came).",
+            labels=["api", "code"],
+        )
+        for (api, code), count in sorted(self.latest.api_calls().items()):
+            calls.add_metric([api, code], count)
+        build = GaugeMetricFamily(
+            "inference_exporter_build_info", "Always 1; the exporter's version.", labels=["version"]
+        )
+        build.add_metric([__version__], 1.0)
+        today = self.clock.today()
+        calendar = GaugeMetricFamily(
+            "inference_billing_today_info",
+            "Always 1; today's date and month in the billing time zone, for `and on(day)` in PromQL.",
+            labels=["day", "period"],
+        )
+        calendar.add_metric([today.isoformat(), self.clock.period(today)], 1.0)
+        reload_ok = GaugeMetricFamily(
+            "inference_exporter_config_last_reload_successful", "1 if the last config (re)load succeeded, else 0."
+        )
+        reload_ok.add_metric([], 1.0 if self.latest.config_reload_success else 0.0)
+        reload_time = GaugeMetricFamily(
+            "inference_exporter_config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful config (re)load.",
+        )
+        reload_time.add_metric([], self.latest.config_reload_timestamp)
+        skew = GaugeMetricFamily(
+            "inference_exporter_clock_skew_seconds",
+            "The billing API's clock (its Date header) minus this host's; over a minute off, signatures get refused.",
+        )
+        if self.latest.clock_skew is not None:
+            skew.add_metric([], self.latest.clock_skew)
+        yield from (success, last_success, duration, calls, build, calendar, reload_ok, reload_time, skew)
+
+
+PROBE_LABELS = ["probe", "endpoint_id", "scenario"]
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [
+        ("+Inf" if b == float("inf") else repr(b), c) for b, c in zip(histogram.bounds, histogram.counts, strict=True)
+    ]
+
+
+class ProbeCollector(Collector):
+    """The synthetic probes: the last run of each, and running totals since start-up."""
+
+    def __init__(self, latest: Latest) -> None:
+        self.latest = latest
+
+    def version(self) -> object:
+        return self.latest.probes
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=PROBE_LABELS + (extra or []))
+
+        success = gauge("inference_probe_success", "1 if the probe's last run passed every check, else 0.")
+        duration = gauge("inference_probe_duration_seconds", "The probe's last run, whole request.")
+        headers = gauge("inference_probe_time_to_headers_seconds", "The probe's last run: until response headers.")
+        reasoning = gauge(
+            "inference_probe_time_to_first_reasoning_token_seconds",
+            "The last thinking run: until the first reasoning text.",
+        )
+        answer = gauge(
+            "inference_probe_time_to_first_answer_token_seconds", "The last streamed run: until the first answer text."
+        )
+        gap = gauge(
+            "inference_probe_max_chunk_gap_seconds", "The last streamed run: the longest silence between chunks."
+        )
+        rate = gauge(
+            "inference_probe_output_tokens_per_second", "The last run: completion tokens ÷ time after the first token."
+        )
+        check = gauge("inference_probe_check_success", "The last run's checks, 1 passed, 0 failed.", ["check"])
+        ttft = HistogramMetricFamily(
+            "inference_probe_time_to_first_token_seconds",
+            "Time to the first non-empty delta of streamed probe runs (vLLM's buckets, plus 2 s).",
+            labels=PROBE_LABELS,
+        )
+        e2e = HistogramMetricFamily(
+            "inference_probe_e2e_latency_seconds",
+            "Whole-request latency of successful probe runs.",
+            labels=PROBE_LABELS,
+        )
+        runs = CounterMetricFamily("inference_probe_runs", "Probe runs since start-up.", labels=PROBE_LABELS)
+        failures = CounterMetricFamily(
+            "inference_probe_failures", "Failed probe runs, by reason (a fixed list).", labels=[*PROBE_LABELS, "reason"]
+        )
+        tokens = CounterMetricFamily(
+            "inference_probe_tokens", "Tokens the probes used (their own cost).", labels=[*PROBE_LABELS, "token_type"]
+        )
+        for name, snapshot in sorted(self.latest.probes.items()):
+            labels = [name, snapshot.endpoint_id, snapshot.scenario]
+            last = snapshot.last
+            success.add_metric(labels, 1.0 if last.success else 0.0)
+            duration.add_metric(labels, last.duration)
+            for family, value in (
+                (headers, last.time_to_headers),
+                (reasoning, last.time_to_first_reasoning_token),
+                (answer, last.time_to_first_answer_token),
+                (gap, last.max_chunk_gap),
+                (rate, last.output_tokens_per_second),
+            ):
+                if value is not None:
+                    family.add_metric(labels, value)
+            for check_name, passed in sorted(last.checks.items()):
+                check.add_metric([*labels, check_name], 1.0 if passed else 0.0)
+            for histogram_family, histogram in ((ttft, snapshot.time_to_first_token), (e2e, snapshot.e2e_latency)):
+                histogram_family.add_metric(labels, _buckets(histogram), histogram.total)
+            runs.add_metric(labels, snapshot.runs)
+            for reason, count in sorted(snapshot.failures.items()):
+                failures.add_metric([*labels, reason], count)
+            for token_type, count in sorted(snapshot.tokens.items()):
+                tokens.add_metric([*labels, token_type], count)
+        yield from (success, duration, headers, reasoning, answer, gap, rate, check, ttft, e2e, runs, failures, tokens)

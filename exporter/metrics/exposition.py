@@ -1,0 +1,142 @@
+"""/metrics rendering with a cache per collector, as text and gzipped.
+
+Bills alone can be tens of thousands of series, and they change only when a refresh replaces
+the snapshot. Each collector's block of text is rendered once per snapshot (and per format) and
+reused by every scrape until its snapshot changes; the exporter's own health block, whose
+figures move every refresh, is rendered on each scrape. A block that cannot be rendered is left
+out (and logged once), so one bad value never takes the whole exposition down.
+
+Gzipped, likewise: a block is compressed once per snapshot, on its own, and cached beside its
+text; a scrape compresses only what it rendered afresh (the health block) and joins the pieces
+into one gzip member (one: curl and other libcurl clients stop after a stream's first member).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from exporter.core.logs import get_logger
+
+log = get_logger(__name__)
+
+OPENMETRICS_EOF = b"# EOF\n"
+OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
+GZIP_LEVEL = 5
+"""Compression level of every gzipped response."""
+Encoder = Callable[[CollectorRegistry], bytes]
+
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+"""RFC 1952: deflate, no flags, no modification time, no extra flags, unknown OS."""
+_FINAL_BLOCK = b"\x03\x00"
+"""An empty deflate block with BFINAL set (fixed codes, just the end-of-block code): what ends the pieces' stream."""
+
+
+def deflate(text: bytes) -> bytes:
+    """`text` compressed on its own as raw deflate, ended by a sync flush: whole bytes, no final block, and nothing
+    referred to outside it. Such pieces in a row make up one deflate stream, which gzip_member closes."""
+    compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return compressor.compress(text) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+def gzip_member(texts: Sequence[bytes], pieces: Sequence[bytes]) -> bytes:
+    """One gzip member holding `texts` in a row, from their pieces (`deflate` of each)."""
+    crc = 0
+    for text in texts:  # over each text where it lies: joining them first would copy megabytes per scrape
+        crc = zlib.crc32(text, crc)
+    size = sum(len(text) for text in texts) % 2**32
+    return b"".join([_GZIP_HEADER, *pieces, _FINAL_BLOCK, struct.pack("<II", crc, size)])
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A collector's block for one snapshot version and format; `piece`: its text deflated, from the first gzipped
+    scrape that needed it."""
+
+    version: object
+    text: bytes
+    piece: bytes | None = None
+
+
+class Exposition:
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self.collectors = tuple(collectors)
+        self._registries = []
+        for collector in self.collectors:
+            registry = CollectorRegistry()
+            registry.register(collector)
+            self._registries.append(registry)
+        self._cache: dict[tuple[int, str], _Block] = {}
+        self._lock = threading.Lock()
+        self._broken: dict[int, str] = {}
+        """Collectors whose last render failed, with the error (logged once per new error)."""
+
+    def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
+        """The exposition in the format the `Accept` header asks for (as one gzip member if `gzipped`), and its
+        content type."""
+        encoder, content_type = choose_encoder(accept)
+        blocks = [self._block(index, encoder, content_type) for index in range(len(self.collectors))]
+        if content_type.startswith("application/openmetrics-text"):
+            blocks.append(_Block(None, OPENMETRICS_EOF))
+        texts = [block.text for block in blocks]
+        if not gzipped:
+            return b"".join(texts), content_type
+        pieces = [self._piece((index, content_type), block) for index, block in enumerate(blocks)]
+        return gzip_member(texts, pieces), content_type
+
+    def prepare(self) -> None:
+        """Render and compress new snapshots' blocks now (after a refresh), in both formats, so
+        that scrapes, plain or Prometheus' OpenMetrics, find them cached. Only the cached pieces:
+        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it."""
+        for accept in ("", OPENMETRICS_ACCEPT):
+            encoder, content_type = choose_encoder(accept)
+            for index in range(len(self.collectors)):
+                block = self._block(index, encoder, content_type)
+                if block.version is not None:
+                    self._piece((index, content_type), block)
+
+    def _block(self, index: int, encoder: Encoder, content_type: str) -> _Block:
+        """A collector's block: cached for its snapshot's version, else rendered (and cached)."""
+        version = getattr(self.collectors[index], "version", lambda: None)()
+        with self._lock:
+            cached = self._cache.get((index, content_type))
+        if version is not None and cached is not None and cached.version is version:
+            return cached
+        block = _Block(version, self._text(index, encoder))
+        if version is not None:
+            with self._lock:
+                self._cache[(index, content_type)] = block
+        return block
+
+    def _piece(self, key: tuple[int, str], block: _Block) -> bytes:
+        """A block's text deflated: cached beside the text while that is current, else compressed (and cached)."""
+        if block.piece is not None:
+            return block.piece
+        piece = deflate(block.text)
+        if block.version is not None:
+            with self._lock:
+                if self._cache.get(key) is block:  # not replaced meanwhile by a newer snapshot's block
+                    self._cache[key] = replace(block, piece=piece)
+        return piece
+
+    def _text(self, index: int, encoder: Encoder) -> bytes:
+        try:
+            text = encoder(self._registries[index]).removesuffix(OPENMETRICS_EOF)
+        except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
+            self._failed(index, self.collectors[index], error)
+            return b""
+        self._broken.pop(index, None)
+        return text
+
+    def _failed(self, index: int, collector: Collector, error: Exception) -> None:
+        reason = f"{type(error).__name__}: {error}"[:300]
+        if self._broken.get(index) != reason:
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason)
+        self._broken[index] = reason

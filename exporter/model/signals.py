@@ -1,0 +1,318 @@
+"""Every alert signal in one table: its labels, windows, how the exporter computes it, and the
+PromQL that computes it over this exporter's metrics (or why none can).
+
+Config validation, rule evaluation and the `rules` export all read `SIGNALS`; adding a signal is
+one entry here (and its tests).
+
+An evaluator returns one value per `by` group, or None for "no trustworthy data now" (the source's
+last refresh failed, or its snapshot is from another day): the engine then keeps the rule's state
+as it is, so a failing source never reads as zero spend.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from exporter.core.clock import Clock
+from exporter.model.forecast import forecast
+from exporter.model.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, per_day, probe_source
+
+if TYPE_CHECKING:
+    from exporter.config.schema import ThresholdRule
+
+Labels = tuple[tuple[str, str], ...]
+"""Sorted (name, value) pairs: a group's identity."""
+Values = dict[Labels, Decimal]
+TODAY = "inference_billing_today_info"
+
+
+class NotExpressible(Exception):
+    """A rule that only the exporter can evaluate."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an evaluator reads: the snapshots, the billing calendar, the configured sources."""
+
+    latest: Latest
+    clock: Clock
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Signal:
+    labels: tuple[str, ...]
+    """What `by` and `where` may name."""
+    evaluate: Callable[[ThresholdRule, Context], Values | None]
+    promql: Callable[[ThresholdRule], str]
+    """The expression whose value is the signal per `by` group; raises NotExpressible if none can be."""
+    windows: tuple[str, ...] = ("today",)
+    counts: bool = False
+    """Its figures count things (tokens, requests): whole numbers, shown without decimals."""
+    needs: str = ""
+    """A config section without which the signal can match nothing (`prices`, `probes`)."""
+
+
+# --- grouping -------------------------------------------------------------------------------
+
+
+def fresh(latest: Latest, source: str) -> bool:
+    """The source's last refresh succeeded: its snapshot may be judged."""
+    health = latest.health.get(source)
+    return health is not None and health.success
+
+
+def todays_bills(latest: Latest, clock: Clock) -> bool:
+    """The bills are fresh and of today's billing day: a judgement may be made on them."""
+    bills = latest.bills
+    return bills is not None and fresh(latest, "bills") and bills.today == clock.today()
+
+
+def todays_history(latest: Latest, clock: Clock) -> bool:
+    """The history was refreshed today (its baselines and per-endpoint items are the day's)."""
+    return latest.history is not None and latest.history.as_of == clock.today()
+
+
+def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
+    """The group a series belongs to, or None when `where` excludes it."""
+    if any(labels.get(name) != value for name, value in rule.where.items()):
+        return None
+    return tuple(sorted((name, labels.get(name, "")) for name in rule.by))
+
+
+def _sum(pairs: Iterable[tuple[Labels | None, Decimal]], rule: ThresholdRule) -> Values:
+    groups: Values = {} if rule.by else {(): Decimal(0)}
+    for group, value in pairs:
+        if group is not None:
+            groups[group] = groups.get(group, Decimal(0)) + value
+    return groups
+
+
+# --- PromQL ---------------------------------------------------------------------------------
+
+
+def _matchers(where: Mapping[str, str]) -> str:
+    """`{name="value",...}`; JSON's string escapes are valid PromQL ones."""
+    if not where:
+        return ""
+    return "{" + ",".join(f"{name}={json.dumps(value)}" for name, value in sorted(where.items())) + "}"
+
+
+def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
+    return f"{op} by ({', '.join(by)}) ({expression})" if by else f"{op}({expression})"
+
+
+def _metric(name: str, op: str = "sum") -> Callable[[ThresholdRule], str]:
+    """PromQL for a signal that is one metric, aggregated per group."""
+    return lambda rule: _aggregate(f"{name}{_matchers(rule.where)}", rule.by, op)
+
+
+# --- spend (bills) --------------------------------------------------------------------------
+
+
+def _bill_key(rule: ThresholdRule) -> str:
+    """Bills come by endpoint or by item: the rule's labels say which."""
+    return "endpoint_id" if "endpoint_id" in {*rule.by, *rule.where} else "item"
+
+
+def spend(rule: ThresholdRule, context: Context) -> Values | None:
+    bills, today = context.latest.bills, context.clock.today()
+    if bills is None or not todays_bills(context.latest, context.clock):
+        return None
+    key = _bill_key(rule)
+
+    def groups(month_index: int) -> Iterable[tuple[Labels | None, DailyAmount]]:
+        month = bills.months[month_index]
+        for a in month.by_endpoint if key == "endpoint_id" else month.by_item:
+            yield group_of({key: a.key, "product": a.product, "project_id": a.project_id}, rule), a
+
+    if rule.window == "today":
+        return _sum(((g, a.payable) for g, a in groups(0) if a.day == today), rule)
+    if rule.window == "month":
+        return _sum(((g, a.payable) for g, a in groups(0)), rule)
+    current: dict[Labels, list[DailyAmount]] = {} if rule.by else {(): []}
+    for group, a in groups(0):
+        if group is not None:
+            current.setdefault(group, []).append(a)
+    previous: dict[Labels, list[DailyAmount]] = {}
+    for group, a in groups(1) if len(bills.months) > 1 else ():
+        if group is not None:
+            previous.setdefault(group, []).append(a)
+    period = bills.current.period
+    return {
+        group: forecast(period, today, per_day(days), per_day(previous.get(group, [])) if previous else None)[0]
+        for group, days in current.items()
+    }
+
+
+def spend_promql(rule: ThresholdRule) -> str:
+    metric = f"inference_bill_{'endpoint' if _bill_key(rule) == 'endpoint_id' else 'item'}_daily_payable_amount"
+    selector = _matchers(rule.where)
+    if rule.window == "today":
+        return _aggregate(f"{metric}{selector} and on(day) {TODAY}", rule.by)
+    if rule.window == "month":
+        return _aggregate(f"{metric}{selector} and on(period) {TODAY}", rule.by)
+    if rule.by or rule.where:
+        raise NotExpressible("a per-group month forecast is computed by the exporter only")
+    return f"sum(inference_bill_month_forecast_payable_amount and on(period) {TODAY})"
+
+
+# --- usage ----------------------------------------------------------------------------------
+
+
+def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[ThresholdRule, Context], Values | None]:
+    """An evaluator over today's usage totals: `value` of each (endpoint, model[, api key])."""
+
+    def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
+        snapshot = context.latest.usage
+        if snapshot is None or not fresh(context.latest, "usage") or snapshot.day != context.clock.today():
+            return None
+        pairs = []
+        for key, totals in snapshot.totals.items():
+            figure = value(totals)
+            if figure is not None:
+                labels = {"endpoint_id": key.endpoint_id, "model": key.model, "api_key": key.api_key}
+                pairs.append((group_of(labels, rule), figure))
+        return _sum(pairs, rule)
+
+    return evaluate
+
+
+def tokens_promql(rule: ThresholdRule) -> str:
+    selector = _matchers(rule.where)
+    prompt = _aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
+    completion = _aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
+    return f"{prompt} + {completion}"
+
+
+# --- the exporter's own health and the probes -------------------------------------------------
+
+
+def data_age(rule: ThresholdRule, context: Context) -> Values:
+    """Seconds since each source's last successful refresh (since start-up if it never had one)."""
+    now, latest = context.clock.now().timestamp(), context.latest
+    groups: Values = {}
+    for source in context.sources:
+        health = latest.health.get(source)
+        since = health.last_success if health and health.last_success is not None else latest.started
+        group = group_of({"source": source}, rule)
+        if group is not None:
+            groups[group] = max(groups.get(group, Decimal(0)), Decimal(str(round(now - since, 3))))
+    return groups
+
+
+def _probe(latency: bool) -> Callable[[ThresholdRule, Context], Values | None]:
+    """The configured probes' last runs: latency (seconds, the worst in a group) or success (1/0,
+    the worst in a group). With no probe configured any more, no group is left (its alerts
+    resolve); with probes configured that have not run yet, there is nothing to judge."""
+
+    def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
+        configured = {source for source in context.sources if source.startswith(PROBE_PREFIX)}
+        runs = {n: s for n, s in context.latest.probes.items() if probe_source(n) in configured}
+        if not runs:
+            return None if configured else {}
+        groups: Values = {}
+        worst = max if latency else min
+        for name, snapshot in runs.items():
+            group = group_of({"probe": name, "endpoint_id": snapshot.endpoint_id, "scenario": snapshot.scenario}, rule)
+            if group is None:
+                continue
+            value = Decimal(str(round(snapshot.last.duration, 6))) if latency else Decimal(int(snapshot.last.success))
+            groups[group] = worst(groups[group], value) if group in groups else value
+        return groups
+
+    return evaluate
+
+
+def data_age_promql(rule: ThresholdRule) -> str:
+    age = f"time() - inference_exporter_last_refresh_success_timestamp_seconds{_matchers(rule.where)}"
+    return _aggregate(age, rule.by, "max")
+
+
+# --- reconciliation ---------------------------------------------------------------------------
+
+
+def reconciliation_gap(rule: ThresholdRule, context: Context) -> Values | None:
+    """Each group's absolute gap ratio on its last settled day with a figure: tokens per item (the
+    largest, without `by`), or amounts per endpoint when the rule names `endpoint_id`. A bill for
+    what nothing counted (no ratio) is a gap of 1: all of it unexplained."""
+    result = context.latest.reconciliation
+    if result is None or not fresh(context.latest, "bills"):
+        return None
+    if "endpoint_id" in {*rule.by, *rule.where}:
+        figures = [(a.day, {"endpoint_id": a.endpoint_id}, a.ratio) for a in result.amounts]
+    else:
+        figures = [(g.day, {"item": g.item}, g.ratio) for g in result.tokens]
+    last: dict[tuple[str, ...], dt.date] = {}
+    for day, labels, _ in figures:
+        key = tuple(labels.values())
+        last[key] = max(last.get(key, day), day)
+    groups: Values = {}
+    for day, labels, gap in figures:
+        group = group_of(labels, rule)
+        if group is not None and day == last[tuple(labels.values())]:
+            value = Decimal(1) if gap is None else abs(gap)
+            groups[group] = max(groups.get(group, Decimal(0)), value)
+    return groups
+
+
+def reconciliation_promql(rule: ThresholdRule) -> str:
+    raise NotExpressible("which day has settled is known to the exporter only")
+
+
+USAGE_LABELS = ("endpoint_id", "model", "api_key")
+PROBE_LABELS = ("probe", "endpoint_id", "scenario")
+
+SIGNALS: dict[str, Signal] = {
+    "spend": Signal(
+        labels=("endpoint_id", "item", "product", "project_id"),
+        evaluate=spend,
+        promql=spend_promql,
+        windows=("today", "month", "month_forecast"),
+    ),
+    "estimated_spend": Signal(
+        labels=USAGE_LABELS,
+        evaluate=_usage(lambda t: t.estimated_payable),
+        promql=_metric("inference_usage_estimated_payable_amount_total"),
+        needs="prices",
+    ),
+    "tokens": Signal(
+        labels=USAGE_LABELS,
+        evaluate=_usage(lambda t: Decimal(t.prompt_tokens + t.completion_tokens)),
+        promql=tokens_promql,
+        counts=True,
+    ),
+    "requests": Signal(
+        labels=USAGE_LABELS,
+        evaluate=_usage(lambda t: Decimal(t.requests)),
+        promql=_metric("inference_usage_requests_total"),
+        counts=True,
+    ),
+    "probe_latency": Signal(
+        labels=PROBE_LABELS,
+        evaluate=_probe(latency=True),
+        promql=_metric("inference_probe_duration_seconds", "max"),
+        needs="probes",
+    ),
+    "probe_success": Signal(
+        labels=PROBE_LABELS,
+        evaluate=_probe(latency=False),
+        promql=_metric("inference_probe_success", "min"),
+        needs="probes",
+    ),
+    "data_age": Signal(labels=("source",), evaluate=data_age, promql=data_age_promql),
+    "reconciliation_gap": Signal(
+        labels=("item", "endpoint_id"), evaluate=reconciliation_gap, promql=reconciliation_promql
+    ),
+}
+"""The signals a threshold rule may name, by name."""
+
+
+def evaluate(rule: ThresholdRule, latest: Latest, clock: Clock, sources: Iterable[str]) -> Values | None:
+    """The rule's signal per group, or None when the data cannot be trusted right now."""
+    return SIGNALS[rule.signal].evaluate(rule, Context(latest, clock, tuple(sources)))

@@ -1,0 +1,291 @@
+"""Immutable snapshots shared between the refresh threads and the scrape thread.
+
+A refresh builds a new snapshot and swaps it in whole; a scrape reads whatever is current.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import MappingProxyType
+
+UsageRow = tuple[str, str, str, int, int, int, int]
+"""endpoint, model, api_key, requests, prompt, completion, cached"""
+
+
+@dataclass(frozen=True, slots=True)
+class DailyAmount:
+    """One day's bill for one key (an endpoint id or a billing item)."""
+
+    period: str
+    day: dt.date
+    key: str
+    product: str
+    project_id: str
+    payable: Decimal
+    usage: Decimal
+
+
+def per_day(amounts: Iterable[DailyAmount]) -> dict[dt.date, Decimal]:
+    """The payable amount per day, over any rows (one key's, a scope's, the account's by item)."""
+    days: dict[dt.date, Decimal] = {}
+    for a in amounts:
+        days[a.day] = days.get(a.day, Decimal(0)) + a.payable
+    return days
+
+
+@dataclass(frozen=True)
+class MonthBills:
+    period: str
+    by_endpoint: tuple[DailyAmount, ...]
+    by_item: tuple[DailyAmount, ...]
+    month_to_date: Decimal
+    forecast: Decimal
+    today_forecast: Decimal
+
+    def spend_on(self, day: dt.date) -> Decimal:
+        return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))
+
+
+@dataclass(frozen=True)
+class BillsSnapshot:
+    months: tuple[MonthBills, ...]
+    """The current month first, then the previous one while it is in its grace days."""
+    today: dt.date
+
+    @property
+    def current(self) -> MonthBills:
+        return self.months[0]
+
+
+@dataclass(frozen=True)
+class MonthHistory:
+    """A past month's daily bills, as fetched on `fetched` (a billing day)."""
+
+    period: str
+    by_endpoint: tuple[DailyAmount, ...]
+    by_item: tuple[DailyAmount, ...]
+    fetched: dt.date
+    items_by_endpoint: Mapping[str, tuple[DailyAmount, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """Each endpoint's charges by item (what names the items of an endpoint behind an anomaly)."""
+
+
+@dataclass(frozen=True)
+class HistorySnapshot:
+    months: Mapping[str, MonthHistory] = field(default_factory=lambda: MappingProxyType({}))
+    """By period, oldest first; a month that could never be fetched is absent (never zeros)."""
+    current: MonthHistory | None = None
+    """The current month as fetched once today, for its endpoints' charges by item."""
+    as_of: dt.date | None = None
+    """The billing day of the refresh that made it."""
+
+    def item_days(self, period: str) -> dict[dt.date, Decimal] | None:
+        """The account's payable amount per day of `period`, or None when it is not held."""
+        month = self.months.get(period)
+        return None if month is None else per_day(month.by_item)
+
+
+@dataclass(frozen=True)
+class TokenGap:
+    """One settled day's billed tokens of one item against the tokens the usage records count."""
+
+    day: dt.date
+    item: str
+    billed: Decimal
+    counted: int
+    ratio: Decimal | None
+    """(billed − counted) ÷ counted; None when nothing was counted but something billed."""
+
+
+@dataclass(frozen=True)
+class AmountGap:
+    """One settled day's payable amount of one endpoint against its tokens × prices."""
+
+    day: dt.date
+    endpoint_id: str
+    billed: Decimal
+    estimated: Decimal
+    ratio: Decimal | None
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    tokens: tuple[TokenGap, ...] = ()
+    amounts: tuple[AmountGap, ...] = ()
+
+    @property
+    def last_day(self) -> dt.date | None:
+        """The last settled day with figures."""
+        days = [g.day for g in self.tokens] + [g.day for g in self.amounts]
+        return max(days) if days else None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageKey:
+    endpoint_id: str
+    model: str
+    api_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    estimated_payable: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class UsageSnapshot:
+    day: dt.date
+    totals: Mapping[UsageKey, UsageTotals]
+    records: int
+    created: float
+    """When these counters started: the day's start, or a later reset when records vanished upstream."""
+    resyncs: int = 0
+    previous_day: UsageSnapshot | None = None
+    """The day before, finalised by its last full pull at the rollover."""
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe request: its outcome, its checks and its timings (seconds)."""
+
+    success: bool
+    reason: str | None
+    checks: Mapping[str, bool]
+    duration: float
+    time_to_headers: float | None = None
+    time_to_first_token: float | None = None
+    time_to_first_reasoning_token: float | None = None
+    time_to_first_answer_token: float | None = None
+    max_chunk_gap: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    output_tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts, Prometheus style."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float = 0.0
+
+    def observe(self, value: float) -> Histogram:
+        counts = tuple(c + (value <= bound) for c, bound in zip(self.counts, self.bounds, strict=True))
+        return Histogram(self.bounds, counts, self.total + value)
+
+    @property
+    def count(self) -> int:
+        return self.counts[-1]
+
+
+@dataclass(frozen=True)
+class ProbeSnapshot:
+    """A probe's last run and its running totals since start-up."""
+
+    probe: str
+    endpoint_id: str
+    scenario: str
+    last: ProbeRun
+    runs: int
+    failures: Mapping[str, int]
+    tokens: Mapping[str, int]
+    time_to_first_token: Histogram
+    e2e_latency: Histogram
+
+
+PROBE_PREFIX = "probe:"
+
+
+def probe_source(name: str) -> str:
+    """The source name a probe refreshes as (`probe:NAME`): health, scheduling and alert rules use it."""
+    return PROBE_PREFIX + name
+
+
+@dataclass(frozen=True)
+class SourceHealth:
+    source: str
+    success: bool
+    last_success: float | None
+    duration: float
+    error: str = ""
+
+
+@dataclass
+class Latest:
+    """The current snapshot of each source, plus per-source health and API call counts."""
+
+    bills: BillsSnapshot | None = None
+    usage: UsageSnapshot | None = None
+    history: HistorySnapshot | None = None
+    reconciliation: Reconciliation | None = None
+    settled: Mapping[dt.date, list[UsageRow]] = field(default_factory=lambda: MappingProxyType({}))
+    """Past days' usage sums, each read in full once it settled (`reconcile.SettledUsage`)."""
+    probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
+    _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
+    _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    started: float = field(default_factory=time.time)
+    clock_skew: float | None = None
+    config_reload_success: bool = True
+    config_reload_timestamp: float = field(default_factory=time.time)
+    _missed_scopes: dict[str, str] = field(default_factory=dict)
+    """Budgets whose scope matched nothing when last judged, with that scope (`budgets.judge_scopes`)."""
+
+    @property
+    def health(self) -> Mapping[str, SourceHealth]:
+        return self._health
+
+    def record(self, source: str, *, success: bool, at: float, duration: float, error: str = "") -> None:
+        """A refresh of `source` ended at `at` (the billing clock's time) after `duration` seconds."""
+        with self._lock:
+            previous = self._health.get(source)
+            last_success = at if success else (previous.last_success if previous else None)
+            entry = SourceHealth(source, success, last_success, duration, "" if success else error)
+            self._health = MappingProxyType({**self._health, source: entry})
+
+    def publish_probe(self, snapshot: ProbeSnapshot) -> None:
+        with self._lock:
+            self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
+
+    def forget(self, sources: set[str]) -> None:
+        """Drop what removed sources left behind (a probe taken out of the config)."""
+        with self._lock:
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
+            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) not in sources})
+
+    def observe_clock_skew(self, skew: float) -> None:
+        self.clock_skew = skew
+
+    def reloaded(self, *, success: bool) -> None:
+        self.config_reload_success = success
+        if success:
+            self.config_reload_timestamp = time.time()
+
+    def note_scope(self, budget: str, scope: str, matched: bool) -> bool:
+        """Note whether `budget`'s `scope` matched anything; True when its matching nothing is news:
+        not noted yet for this scope since the budget last matched. Kept here, for the daemon's
+        lifetime, since a reload builds the budgets' collector anew."""
+        with self._lock:
+            if matched:
+                self._missed_scopes.pop(budget, None)
+                return False
+            news = self._missed_scopes.get(budget) != scope
+            self._missed_scopes[budget] = scope
+            return news
+
+    def count_api_call(self, api: str, code: str) -> None:
+        with self._lock:
+            self._api_calls[(api, code)] = self._api_calls.get((api, code), 0) + 1
+
+    def api_calls(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._api_calls)

@@ -1,0 +1,136 @@
+"""How a digest reads: its subject, plain text, HTML and Slack blocks, from the body
+`exporter.digest.build` makes (a JSON-able mapping, as the digest outbox holds it)."""
+
+from __future__ import annotations
+
+import html as _html
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.core import mrkdwn
+
+
+def _span_name(d: Mapping[str, Any]) -> str:
+    return d["day"] if d["first_day"] == d["day"] else f"{d['first_day']} to {d['day']}"
+
+
+def subject(d: Mapping[str, Any]) -> str:
+    what = "Weekly" if d["schedule"] == "weekly" else "Daily"
+    spend = d["spend"] if d["spend"] is not None else "unknown"
+    expected = f" (expected {d['expected']})" if d["expected"] else ""
+    return f"{what} inference spend {_span_name(d)}: {spend}{expected}"
+
+
+def _change(value: float | None) -> str:
+    return "new" if value is None else f"{value:+.1f}%"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
+    """The digest as titled lists of lines (plain text; each renderer escapes or formats them)."""
+    unknown = "unknown (no bills for it yet)"
+    span_word = "Last week" if d["schedule"] == "weekly" else "Yesterday"
+    spend = [f"{span_word} ({_span_name(d)}): {d['spend'] if d['spend'] is not None else unknown}"]
+    if d["expected"] is not None:
+        spend.append(f"Expected: {d['expected']}")
+    spend.append(f"Month to date ({d['period']}): {d['month_to_date'] or unknown}")
+    if d["forecast"] is not None:
+        spend.append(f"Forecast for {d['period']}: {d['forecast']}")
+    sections = [("Spend", spend)]
+    if d["budgets"]:
+        sections.append(
+            (
+                "Budgets",
+                [
+                    f"{b['budget']} ({b['of']}, ended, {b['amount']}): used {_ratio(b['used_ratio'])}"
+                    if "of" in b
+                    else f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
+                    f" forecast {_ratio(b['forecast_ratio'])} (now)"
+                    for b in d["budgets"]
+                ],
+            )
+        )
+    against = "the week before" if d["schedule"] == "weekly" else "the day before"
+    for title, key, rows in (
+        ("Top endpoints", "endpoint_id", d["top_endpoints"]),
+        ("Top items", "item", d["top_items"]),
+    ):
+        if rows:
+            sections.append(
+                (
+                    f"{title} (change against {against})",
+                    [f"{r[key]}: {r['amount']} ({_change(r['change_percent'])})" for r in rows],
+                )
+            )
+    if d["anomalies"]:
+        lines = []
+        for a in d["anomalies"]:
+            group = ", ".join(f"{k}={v}" for k, v in a["labels"].items()) or "account"
+            share = ", ".join(f"{c['name']} {c['share']:.0%}" for c in a["contributors"])
+            impact = "" if a["impact_percent"] is None else f" ({a['impact_percent']:+.0f}%)"
+            lines.append(
+                f"{a['alertname']} {a['day']} {group}: {a['actual']} against {a['expected']} expected{impact}"
+                + (f"; {share}" if share else "")
+            )
+        sections.append(("Spend anomalies", lines))
+    if d["reconciliation"]:
+        lines = []
+        for g in d["reconciliation"]:
+            gap = "billed, none counted" if g["gap_percent"] is None else f"{g['gap_percent']:+.2f}%"
+            if "item" in g:
+                lines.append(f"{g['day']} {g['item']}: billed {g['billed']} tokens, counted {g['counted']} ({gap})")
+            else:
+                lines.append(f"{g['day']} {g['endpoint_id']}: billed {g['billed']}, estimated {g['estimated']} ({gap})")
+        sections.append(("Bill against usage", lines))
+    firing = []
+    for a in d["alerts"]:
+        labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
+        firing.append(f"{a['alertname']}: {a['summary']}" + (f" [{labels}]" if labels else ""))
+    sections.append(("Firing alerts", firing or ["none"]))
+    if d["probes"]:
+        lines = []
+        for p in d["probes"]:
+            ttft = p["time_to_first_token_p95_seconds"]
+            if not p["runs"]:
+                lines.append(f"{p['probe']}: no runs")
+                continue
+            lines.append(
+                f"{p['probe']}: {_ratio(p['success_ratio'])} of {p['runs']} runs succeeded"
+                + ("" if ttft is None else f", p95 time to first token {ttft * 1000:.0f} ms")
+            )
+        sections.append(("Probes", lines))
+    return sections
+
+
+def text(d: Mapping[str, Any]) -> str:
+    out = [subject(d), ""]
+    for title, lines in _sections(d):
+        out += [title, *(f"  {line}" for line in lines), ""]
+    if d["url"]:
+        out.append(d["url"] + "/")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def html(d: Mapping[str, Any]) -> str:
+    e = _html.escape
+    parts = [f"<h2>{e(subject(d))}</h2>"]
+    for title, lines in _sections(d):
+        parts.append(f"<h3>{e(title)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")
+    if d["url"]:
+        parts.append(f'<p><a href="{e(d["url"])}/">{e(d["url"])}/</a></p>')
+    return '<!doctype html><html><body style="font-family: sans-serif">' + "".join(parts) + "</body></html>"
+
+
+def slack(d: Mapping[str, Any]) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": mrkdwn.cap(subject(d), mrkdwn.HEADER)}}
+    ]
+    for title, lines in _sections(d):
+        body = f"*{mrkdwn.escape(title)}*\n" + "\n".join(f"• {mrkdwn.escape(line)}" for line in lines)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn.cap(body)}})
+    if d["url"]:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{d['url']}/|exporter>"}]})
+    return {"text": mrkdwn.cap(mrkdwn.escape(subject(d))), "blocks": blocks}

@@ -1,0 +1,252 @@
+"""Sending one email over SMTP under one deadline (the `email` kind's transport).
+
+`send` makes one SMTP exchange (connect, EHLO, STARTTLS with the server's certificate verified,
+login, the message, QUIT) under one deadline: a timer shuts the connection down when it passes,
+whatever the exchange is waiting for (the greeting, a reply, the TLS handshake), since a socket's
+timeout bounds each read, not a server that answers one line every few seconds. (A host name
+that takes long to resolve is the one wait this cannot cut, as for the HTTP notifiers.) It never
+raises for a network, TLS or SMTP fault: it returns a short reason, which names no credential
+and nothing of the message. A reason that starts with `SMTP 5` is the server refusing this
+message (its sender, its recipients or its content) for good; every other one (4xx, a refused
+login, a missing STARTTLS, a certificate, the network, the deadline) is worth retrying.
+"""
+
+from __future__ import annotations
+
+import re
+import smtplib
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from email.utils import formatdate
+from functools import cache
+from typing import TYPE_CHECKING
+
+from exporter.core.net import network_cause
+
+if TYPE_CHECKING:
+    from exporter.notifiers.email import EmailNotifier
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
+def line(text: str) -> str:
+    """One line of text: control characters (line breaks too) become a space."""
+    return _CONTROL.sub(" ", text).strip()
+
+
+def _encodable(text: str) -> str:
+    """Text UTF-8 can carry: a lone surrogate (JSON lets an API send one) becomes "?", so one odd
+    name cannot make a message that fails for ever."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, message_id: str) -> EmailMessage:
+    """multipart/alternative: the plain text, then the HTML."""
+    message = EmailMessage()
+    message["From"] = notifier.from_
+    message["To"] = ", ".join(notifier.to)
+    message["Subject"] = line(_encodable(subject))
+    message["Date"] = formatdate(usegmt=True)
+    message["Message-ID"] = message_id
+    message.set_content(_encodable(text))
+    message.add_alternative(_encodable(html_body), subtype="html")
+    return message
+
+
+@cache
+def _local_hostname() -> str:
+    """The name given in EHLO (looked up once, not on every delivery)."""
+    return socket.getfqdn()
+
+
+class _Cut:
+    """Shuts the exchange's sockets down when the deadline passes (the timer calls it): the
+    connection, and its TLS socket once STARTTLS has made one."""
+
+    def __init__(self) -> None:
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._done = False
+        self._lock = threading.Lock()
+
+    def watch(self, sock: socket.socket) -> None:
+        """A socket of the exchange, as soon as it exists (shut down at once if the deadline has passed)."""
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:
+                self._shutdown(sock)
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            for sock in self._sockets:
+                self._shutdown(sock)
+
+    @staticmethod
+    def _shutdown(sock: socket.socket) -> None:
+        with suppress(OSError):  # already closed
+            # The plain socket's shutdown (on a TLS socket too): it wakes a thread blocked in recv
+            # or in the handshake, where close alone would not.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    def done(self) -> None:
+        """No cut after this, then every socket of the exchange closed (in that order: once closed,
+        a socket's number may be another file's)."""
+        with self._lock:
+            self._done = True
+        for sock in self._sockets:
+            sock.close()
+
+
+class _Client(smtplib.SMTP):
+    """smtplib's client (it connects and reads the greeting as it is made), showing its connection
+    to `cut` as soon as there is one."""
+
+    def __init__(self, cut: _Cut, host: str, port: int, timeout: float) -> None:
+        self._cut = cut
+        super().__init__(host, port, local_hostname=_local_hostname(), timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = socket.create_connection((host, port), timeout, self.source_address)
+        self._cut.watch(sock)
+        return sock
+
+
+class _Failed(Exception):
+    """A step of the exchange failed for a reason already put in words."""
+
+
+def _exchange(
+    smtp: smtplib.SMTP,
+    notifier: EmailNotifier,
+    message: EmailMessage,
+    cut: _Cut,
+    ends: float,
+    recipients: Sequence[str],
+) -> dict[str, int]:
+    """The exchange; the recipients the server refused while it took the message for others, with
+    the SMTP code of each."""
+    smtp.ehlo_or_helo_if_needed()
+    if notifier.starttls:
+        if not smtp.has_extn("starttls"):
+            raise _Failed("STARTTLS required but the server does not offer it (nothing was sent)")
+        try:  # verifies the server's certificate and name, against `ca_file` or the system's CAs
+            context = ssl.create_default_context(cafile=notifier.ca_file)
+        except (OSError, ValueError) as error:
+            raise _Failed(f"TLS: cannot load ca_file ({type(error).__name__})") from None
+        if smtp.sock is not None:
+            # The handshake cannot be cut (the plain socket is handed over to TLS before it starts),
+            # but a TLS socket's timeout bounds the whole handshake, not each read: the time left.
+            smtp.sock.settimeout(max(0.001, ends - time.monotonic()))
+        try:
+            smtp.starttls(context=context)
+        except smtplib.SMTPResponseException as error:
+            raise _Failed(f"STARTTLS refused (SMTP {error.smtp_code})") from None
+        if smtp.sock is not None:
+            cut.watch(smtp.sock)
+        smtp.ehlo_or_helo_if_needed()  # again: what the server said before TLS no longer counts
+    if notifier.username is not None and notifier.password is not None:
+        try:
+            smtp.login(notifier.username, notifier.password.get_secret_value())
+        except smtplib.SMTPAuthenticationError as error:
+            raise _Failed(f"login refused (SMTP {error.smtp_code})") from None
+        except smtplib.SMTPNotSupportedError:
+            raise _Failed("login impossible: the server offers no AUTH") from None
+        except UnicodeError:
+            raise _Failed("login impossible: the username or password is not ASCII") from None
+        except smtplib.SMTPException as error:
+            if type(error) is not smtplib.SMTPException:  # a disconnection, an EHLO refused: told below
+                raise
+            raise _Failed("login impossible: the server offers no AUTH method smtplib supports") from None
+    try:
+        # A partial refusal returns: the others have the message, so it must not be sent to them again.
+        refused = smtp.send_message(message, to_addrs=list(recipients))
+    except smtplib.SMTPRecipientsRefused as error:
+        codes = sorted(code for code, _ in error.recipients.values())
+        transient = [code for code in codes if not 500 <= code < 600]
+        raise _Failed(f"SMTP {(transient or codes or [0])[0]} (recipient refused)") from None
+    except smtplib.SMTPSenderRefused as error:
+        if error.smtp_code == 530:  # the server wants a login the config does not give: not this message's fault
+            raise _Failed("login required (SMTP 530)") from None
+        raise _Failed(f"SMTP {error.smtp_code} (sender refused)") from None
+    except smtplib.SMTPDataError as error:
+        raise _Failed(f"SMTP {error.smtp_code} (message refused)") from None
+    except smtplib.SMTPNotSupportedError:
+        raise _Failed("the server cannot take non-ASCII addresses (no SMTPUTF8)") from None
+    with suppress(OSError, smtplib.SMTPException):  # the message is in: a failed goodbye changes nothing
+        smtp.quit()
+    return {address: code for address, (code, _) in refused.items()}
+
+
+def _reason(error: Exception) -> str:
+    """A failure in words; never the server's own text (it may echo an address or the login)."""
+    if isinstance(error, _Failed):
+        return str(error)
+    if isinstance(error, ssl.SSLCertVerificationError):
+        detail = error.verify_message or ""
+        return f"TLS: certificate verify failed ({detail})" if detail else "TLS: certificate verify failed"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS: {error.reason or 'handshake failed'}"
+    if isinstance(error, smtplib.SMTPServerDisconnected):
+        return "connection failed: the server closed the connection"
+    if isinstance(error, smtplib.SMTPConnectError):
+        return f"the server refused the connection (SMTP {error.smtp_code})"
+    if isinstance(error, smtplib.SMTPHeloError):
+        return f"EHLO refused (SMTP {error.smtp_code})"
+    if isinstance(error, smtplib.SMTPResponseException):
+        return f"unexpected answer (SMTP {error.smtp_code})"
+    if isinstance(error, OSError):
+        return f"connection failed: {network_cause(error)}"
+    return f"SMTP exchange failed ({type(error).__name__})"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What became of one message: `reason` None once the server took it (see the module's
+    docstring); `refused`, the recipients it refused meanwhile (address: SMTP code): a 4xx is
+    worth sending to that recipient again, a 5xx is not."""
+
+    reason: str | None
+    refused: dict[str, int] = field(default_factory=dict)
+
+
+def send(
+    notifier: EmailNotifier,
+    subject: str,
+    text: str,
+    html: str,
+    *,
+    message_id: str,
+    deadline: float,
+    recipients: Sequence[str] = (),
+) -> Sent:
+    """Send one message to `recipients` (all of `notifier.to` when empty; the To: header names them
+    all either way). The whole exchange ends within about `deadline` seconds."""
+    ends = time.monotonic() + deadline
+    cut = _Cut()
+    timer = threading.Timer(deadline, cut)
+    timer.daemon = True
+    timer.start()
+    smtp = None
+    try:
+        message = build(notifier, subject, text, html, message_id)
+        smtp = _Client(cut, notifier.host, notifier.port, deadline)
+        refused = _exchange(smtp, notifier, message, cut, ends, recipients or notifier.to)
+    except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
+        if cut.fired or time.monotonic() >= ends:  # cut, or a timeout set to the time left (the handshake's)
+            return Sent(f"deadline exceeded (no complete exchange within {deadline:g}s)")
+        return Sent(_reason(error))
+    finally:
+        timer.cancel()
+        cut.done()
+        if smtp is not None:
+            smtp.close()  # its reader too, which holds the socket open
+    return Sent(None, refused)

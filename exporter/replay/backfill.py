@@ -1,0 +1,404 @@
+"""`backfill`: past months' daily bills as OpenMetrics text for `promtool tsdb create-blocks-from
+openmetrics`, so that dashboards show the months before the exporter ran.
+
+The file holds the series the live exporter exposes from its bills (names, labels, TYPE and HELP
+as its collectors write them), with timestamps, as a Prometheus scraping it every `STEP` through
+those months would have stored them:
+
+- a day's series (payable by endpoint, payable and usage by item) appear at the start of that day
+  and stay as long as the exporter shows their month: to its end, and through the next month's
+  first `previous_month_grace_days` days. Their value is the day's final billed amount throughout:
+  how a day's bill grew within it is not known any more;
+- each month's month to date and month-end forecast, every day as the exporter would have
+  computed them at that day's end (the forecast's trailing average reaches into the month before
+  where the exporter would have held it: in the grace days, or always when it keeps history);
+- `inference_billing_today_info` for every day, so the dashboards' "this month" and "today"
+  selections (`and on(period) inference_billing_today_info`) work in the past.
+
+Only complete days are written: nothing from the start of today (its bill is still growing; the live
+exporter shows it), and nothing from the last three hours (promtool's advice: that time may still
+be in a running Prometheus' head block). Amounts are written as the exact decimals the API gave
+and their exact sums; Prometheus reads each as the same float the live exposition gives.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import TextIO
+
+from prometheus_client.core import Metric
+
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected
+from exporter.core.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
+from exporter.core.logs import get_logger
+from exporter.metrics.collectors import BillsCollector, ExporterCollector
+from exporter.model.forecast import forecast
+from exporter.model.snapshots import DailyAmount, Latest, per_day
+from exporter.sources.bills import daily_amounts
+
+log = get_logger(__name__)
+
+STEP = 300
+"""Seconds between samples. An instant query (each stat and bar-chart panel, each step of a range
+query) finds a series only through a sample within Prometheus' lookback before it (5 minutes by
+default): sparser samples would leave every series missing most of the time. At exactly the
+lookback a sample is seen until the next one, and a series that ends is gone at once (backfilled
+data carry no staleness markers to end it)."""
+HEAD_BLOCK = dt.timedelta(hours=3)
+"""Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
+MAX_MONTHS = 24
+"""The most months `backfill` and `backtest` take at once (`check_range`). Each month costs a few
+bills requests (and a backfill some 30 MB of file per endpoint and item), so a slip such as
+`--from 2000-01` would make well over a thousand: such a range is refused before the first."""
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+OWN_LABELS = frozenset({"period", "day", "endpoint_id", "item", "product", "project_id"})
+ENDPOINT_DAILY = "inference_bill_endpoint_daily_payable_amount"
+ITEM_DAILY = "inference_bill_item_daily_payable_amount"
+ITEM_USAGE = "inference_bill_item_daily_usage"
+MONTH_TO_DATE = "inference_bill_month_to_date_payable_amount"
+MONTH_FORECAST = "inference_bill_month_forecast_payable_amount"
+TODAY_INFO = "inference_billing_today_info"
+FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+"""What an --output that is not a regular file may be, to name it."""
+Labels = tuple[tuple[str, str], ...]
+
+
+class BackfillError(Exception):
+    """Nothing could be written: no complete day asked for, the credentials refused, or no month fetched."""
+
+
+@dataclass(frozen=True)
+class Month:
+    period: str
+    by_endpoint: tuple[DailyAmount, ...]
+    by_item: tuple[DailyAmount, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    written: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]
+    """(period, why) for each month left out."""
+    series: int
+    samples: int
+    start: dt.datetime
+    end: dt.datetime
+    """The samples lie in [start, end)."""
+
+
+# --- the command's arguments ----------------------------------------------------------------
+
+
+def months(first: str, last: str | None, current: str) -> list[str]:
+    """`--from` … `--to` (this month when not given), oldest first; ValueError with a one-line reason."""
+    for option, text in (("--from", first), ("--to", last)):
+        if text is not None and not PERIOD.fullmatch(text):
+            raise ValueError(f"argument {option}: {text!r} is not a month (YYYY-MM)")
+    last = last or current
+    for option, text in (("--from", first), ("--to", last)):
+        if text > current:
+            raise ValueError(f"argument {option}: {text} is in the future (this month is {current})")
+    if first > last:
+        raise ValueError(f"argument --from: {first} is after --to {last}")
+    check_range(first, last)
+    return periods_between(first, last)
+
+
+def check_range(first: str, last: str) -> None:
+    """ValueError with a one-line reason when `first` … `last` holds more than MAX_MONTHS months."""
+    count = period_index(last) - period_index(first) + 1
+    if count > MAX_MONTHS:
+        raise ValueError(f"{count} months from {first} to {last}: at most {MAX_MONTHS} at once")
+
+
+def target_labels(pairs: Iterable[str]) -> Labels:
+    """`--label NAME=VALUE`s: the labels Prometheus adds to the exporter's series when it scrapes
+    them (`job`, `instance`, any from relabelling), without which a backfilled series is not the live one."""
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not value or not LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ValueError(f"argument --label: {pair!r} is not NAME=VALUE (a Prometheus label name, a value)")
+        if name in OWN_LABELS:
+            raise ValueError(f"argument --label: {name} is a label of the bill series themselves")
+        if name in labels:
+            raise ValueError(f"argument --label: {name} is given twice")
+        labels[name] = value
+    return tuple(labels.items())
+
+
+# --- the bills ---------------------------------------------------------------------------
+
+
+def fetch(client: BillingAPI, periods: Sequence[str]) -> tuple[dict[str, Month], list[tuple[str, str]]]:
+    """Each month's daily bills, by endpoint and by item. A month the API refuses or lists nothing
+    for is logged and left out (never written as zeros); a refused signature ends the fetch, since
+    every month would be refused alike."""
+    found: dict[str, Month] = {}
+    skipped: list[tuple[str, str]] = []
+    for period in periods:
+        try:
+            instances = client.bills(period, GROUP_TERM_INSTANCE)
+            items = client.bills(period, GROUP_TERM_ITEM)
+        except SignatureRejected as error:
+            raise BackfillError(str(error)) from None
+        except BillingError as error:
+            log.warning("month skipped: the API refused it", period=period, error=str(error))
+            skipped.append((period, "the API refused it"))
+            continue
+        if not instances and not items:
+            log.warning("month skipped: the API listed no bills for it", period=period)
+            skipped.append((period, "the API listed no bills for it"))
+            continue
+        found[period] = Month(period, daily_amounts(instances, "instance"), daily_amounts(items, "item"))
+    return found, skipped
+
+
+def _days_before(client: BillingAPI, period: str) -> dict[dt.date, Decimal] | None:
+    """The account's days of the month before the first one written, which the first week's
+    forecasts average over (the exporter would have held them)."""
+    try:
+        return per_day(daily_amounts(client.bills(period, GROUP_TERM_ITEM), "item")) or None
+    except BillingError as error:
+        log.warning("the month before --from could not be fetched: the first week's forecasts average fewer days",
+                    period=period, error=str(error))  # fmt: skip
+        return None
+
+
+# --- the file ----------------------------------------------------------------------------
+
+
+def _number(amount: Decimal) -> str:
+    """The decimal itself, never in exponent form (the API's digits, or an exact sum of them)."""
+    return format(amount, "f")
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+class _Calendar:
+    """The billing time zone's days as Unix times, and how long the exporter shows a month."""
+
+    def __init__(self, clock: Clock, grace_days: int) -> None:
+        self.clock = clock
+        self.grace_days = grace_days
+
+    def at(self, day: dt.date) -> int:
+        return int(self.clock.day_start(day).timestamp())
+
+    def hidden_from(self, period: str) -> dt.date:
+        """The first day the exporter no longer shows `period`: after the next month's grace days."""
+        return first_day(period_at(period_index(period) + 1)) + dt.timedelta(days=self.grace_days)
+
+
+class _Writer:
+    """OpenMetrics text: each family once, each series' samples together and in time order, every
+    sample within [start, end) on the `STEP` grid."""
+
+    def __init__(self, out: TextIO, target: Labels, start: int, end: int) -> None:
+        self.out = out
+        self.target = target
+        self.start = start
+        self.end = end
+        self.series = 0
+        self.samples = 0
+
+    def family(self, family: Metric) -> None:
+        self.out.write(f"# TYPE {family.name} {family.type}\n# HELP {family.name} {_escape(family.documentation)}\n")
+
+    def write(self, name: str, labels: Labels, segments: Iterable[tuple[str, int, int]]) -> None:
+        """One series: `value` from `since` until `until` for each segment, in time order."""
+        text = ",".join(f'{key}="{_escape(value)}"' for key, value in (*labels, *self.target))
+        written = 0
+        for value, since, until in segments:
+            times = range(-(-max(since, self.start) // STEP) * STEP, min(until, self.end), STEP)
+            if times:
+                prefix = f"{name}{{{text}}} {value} "
+                self.out.write("".join(f"{prefix}{t}\n" for t in times))
+                written += len(times)
+        if written:
+            self.series += 1
+            self.samples += written
+
+
+def _families(clock: Clock) -> dict[str, Metric]:
+    """The bill families and the calendar, with TYPE and HELP exactly as the live exporter writes them."""
+    latest = Latest()
+    found = {family.name: family for family in BillsCollector(latest).collect()}
+    found |= {family.name: family for family in ExporterCollector(latest, clock).collect()}
+    return found
+
+
+def _daily(a: DailyAmount, key: str) -> Labels:
+    return (
+        ("period", a.period),
+        ("day", a.day.isoformat()),
+        (key, a.key),
+        ("product", a.product),
+        ("project_id", a.project_id),
+    )
+
+
+def _month_figures(
+    month: Month, before: dict[dt.date, Decimal] | None, calendar: _Calendar, until: int, history: bool
+) -> Iterator[tuple[dt.date, Decimal, Decimal]]:
+    """(day, month to date, forecast) for each day the exporter shows the month, as at that day's
+    end; `before`: the account's days of the month before, if at hand."""
+    days = per_day(month.by_item)
+    day = first_day(month.period)
+    while day < calendar.hidden_from(month.period) and calendar.at(day) < until:
+        so_far = {d: amount for d, amount in days.items() if d <= day}
+        previous = before if history or day.day <= calendar.grace_days else None
+        month_end, _ = forecast(month.period, day, so_far, previous)
+        yield day, sum(so_far.values(), Decimal(0)), month_end
+        day += dt.timedelta(days=1)
+
+
+def render(
+    out: TextIO,
+    months: Mapping[str, Month],
+    calendar: _Calendar,
+    span: tuple[int, int],
+    *,
+    history: bool,
+    before: dict[dt.date, Decimal] | None = None,
+    target: Labels = (),
+) -> tuple[int, int]:
+    """Write the months' series over `span` (Unix seconds, [start, end)). `before`: the account's
+    days of the month before the first month. Returns the number of series and of samples."""
+    families = _families(calendar.clock)
+    writer = _Writer(out, target, *span)
+    ordered = [months[period] for period in sorted(months)]
+    account_days = {m.period: per_day(m.by_item) for m in ordered}
+    if ordered and before is not None:
+        account_days[previous_period(ordered[0].period)] = before
+    for name, key, amounts in (
+        (ENDPOINT_DAILY, "endpoint_id", [(m.period, a, a.payable) for m in ordered for a in m.by_endpoint]),
+        (ITEM_DAILY, "item", [(m.period, a, a.payable) for m in ordered for a in m.by_item]),
+        (ITEM_USAGE, "item", [(m.period, a, a.usage) for m in ordered for a in m.by_item]),
+    ):
+        writer.family(families[name])
+        for period, a, amount in amounts:
+            shown_until = calendar.at(calendar.hidden_from(period))
+            writer.write(name, _daily(a, key), [(_number(amount), calendar.at(a.day), shown_until)])
+    figures = {
+        m.period: list(_month_figures(m, account_days.get(previous_period(m.period)), calendar, span[1], history))
+        for m in ordered
+    }
+    day_long = dt.timedelta(days=1)
+    for name in (MONTH_TO_DATE, MONTH_FORECAST):
+        writer.family(families[name])
+        for period, rows in figures.items():
+            segments = [
+                (
+                    _number(to_date if name == MONTH_TO_DATE else month_end),
+                    calendar.at(day),
+                    calendar.at(day + day_long),
+                )
+                for day, to_date, month_end in rows
+            ]
+            writer.write(name, (("period", period),), segments)
+    writer.family(families[TODAY_INFO])
+    day = dt.datetime.fromtimestamp(span[0], calendar.clock.tz).date()
+    while calendar.at(day) < span[1]:
+        following = day + dt.timedelta(days=1)
+        info = (("day", day.isoformat()), ("period", calendar.clock.period(day)))
+        writer.write(TODAY_INFO, info, [("1", calendar.at(day), calendar.at(following))])
+        day = following
+    out.write("# EOF\n")
+    return writer.series, writer.samples
+
+
+def _refuse_unless_regular(path: Path) -> None:
+    """FileExistsError when `path` is there and is not a regular file (or a link to one): the
+    replace would put a regular file in place of a FIFO, a device node (as root, in /dev), a
+    socket or a directory. A new path, or a link to nothing, is written as a new file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in FILE_KINDS if test(mode)), "something else")
+    if path.is_symlink():
+        kind = f"a symbolic link to {kind}"
+    raise FileExistsError(errno.EEXIST, f"it is {kind}, not a regular file (left as it is)", str(path))
+
+
+@contextmanager
+def _replacing(path: Path) -> Iterator[TextIO]:
+    """A file beside `path` that replaces it once complete, and is removed if anything fails: a
+    failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first.
+    What is at `path` is checked then and again just before the replace, as a run takes minutes."""
+    _refuse_unless_regular(path)
+    partial = path.with_name(f".{path.name}.partial")
+    out = partial.open("w", encoding="utf-8", newline="\n", buffering=1 << 20)
+    try:
+        with out:
+            yield out
+        _refuse_unless_regular(path)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+def backfill(
+    client: BillingAPI,
+    clock: Clock,
+    periods: Sequence[str],
+    output: Path,
+    *,
+    grace_days: int,
+    history: bool,
+    target: Labels = (),
+) -> Result:
+    """Fetch `periods` (consecutive, oldest first) and write their series to `output`.
+
+    `grace_days` and `history` as the exporter's `billing.previous_month_grace_days` and
+    `billing.history_months > 0`. BackfillError when nothing could be written (`output` is then
+    left as it was); OSError when `output` cannot be written, FileExistsError when it is there and
+    is not a regular file (it is left as it is too).
+    """
+    calendar = _Calendar(clock, grace_days)
+    now = clock.now()
+    start = calendar.at(first_day(periods[0]))
+    end = min(
+        calendar.at(calendar.hidden_from(periods[-1])),
+        calendar.at(now.date()),
+        int((now - HEAD_BLOCK).timestamp()),
+    )
+    if end <= start:
+        raise BackfillError(f"nothing to backfill yet: {periods[0]} has no complete day")
+    with _replacing(output) as out:
+        found, skipped = fetch(client, periods)
+        if not found:
+            raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
+        before = None
+        if (history or grace_days) and periods[0] in found:
+            before = _days_before(client, previous_period(periods[0]))
+        series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target)
+    return Result(
+        written=tuple(sorted(found)),
+        skipped=tuple(skipped),
+        series=series,
+        samples=samples,
+        start=dt.datetime.fromtimestamp(start, clock.tz),
+        end=dt.datetime.fromtimestamp(end, clock.tz),
+    )

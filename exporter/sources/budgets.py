@@ -1,0 +1,253 @@
+"""What each budget has used of its period, and what it is forecast to use, for every scope.
+
+A budget without `where` covers the account: the month to date and forecast of the bills. A
+scope on billed labels (`endpoint_id`, `item`, `product`, `project_id`) sums the bills' lines it
+matches: by endpoint when it names an endpoint or a project (the bills' lines by item carry no
+project), by item otherwise (the item grouping covers every charge). A scope on usage labels
+(`model`, `api_key`, with `endpoint_id` if wanted) prices the matching usage with `prices`:
+today's counters, yesterday as its last pull left it, and the settled days read in full before.
+Either way the forecast is the bills' (`model.forecast`), on the scope's own days.
+
+Figures are given only when every day they add up is known: a usage scope's month waits until
+each past day of the month has been read, and a row of a model without a price leaves the
+scope without figures rather than low ones (a failing source never reads as zero spend).
+
+A scope that matches nothing (a misspelt endpoint, item, model or key) would read 0% for ever,
+green everywhere: `scope_matched` says whether it matched anything its source holds, and
+`judge_scopes` logs it once when it does not.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from exporter.config.schema import BudgetConfig, PriceConfig
+from exporter.core.clock import previous_period
+from exporter.core.logs import get_logger
+from exporter.model.forecast import TRAILING_DAYS, forecast
+from exporter.model.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageRow, UsageSnapshot, per_day
+from exporter.sources.usage import estimate
+
+log = get_logger(__name__)
+
+Days = dict[dt.date, Decimal]
+
+
+@dataclass(frozen=True)
+class BudgetFigures:
+    period: str
+    """The budget period measured: `2026-11`, or `2026-11-22` for a daily budget."""
+    spent: Decimal
+    projected: Decimal
+    """Forecast at the period's end."""
+
+    def ratios(self, amount: Decimal) -> tuple[Decimal, Decimal]:
+        return self.spent / amount, self.projected / amount
+
+
+def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
+    """The lines of `month` a billed scope takes: by endpoint when it names an endpoint or a
+    project (the lines by item carry no project), by item otherwise."""
+    where = budget.where
+    by_endpoint = bool({"endpoint_id", "project_id"} & set(where))
+    key = "endpoint_id" if by_endpoint else "item"
+    return (
+        a
+        for a in (month.by_endpoint if by_endpoint else month.by_item)
+        if where.get(key, a.key) == a.key
+        and where.get("product", a.product) == a.product
+        and where.get("project_id", a.project_id) == a.project_id
+    )
+
+
+def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | None:
+    """The scope's billed amount per day of `period`: from the bills, or else the history."""
+    bills = latest.bills
+    for month in bills.months if bills is not None else ():
+        if month.period == period:
+            return per_day(_scoped(budget, month))
+    held = latest.history.months.get(period) if latest.history is not None else None
+    return None if held is None else per_day(_scoped(budget, held))
+
+
+def _usage_in_scope(where: Mapping[str, str], endpoint: str, model: str, api_key: str) -> bool:
+    return (
+        where.get("endpoint_id", endpoint) == endpoint
+        and where.get("model", model) == model
+        and where.get("api_key", api_key) == api_key
+    )
+
+
+class _Pricer:
+    """Usage rows of one scope, priced; `unpriced` once a matching row's model has no price."""
+
+    def __init__(self, where: Mapping[str, str], prices: Sequence[PriceConfig]) -> None:
+        self.where = where
+        self.prices = {p.model: p for p in prices}
+        self.unpriced = False
+
+    def matches(self, endpoint: str, model: str, api_key: str) -> bool:
+        return _usage_in_scope(self.where, endpoint, model, api_key)
+
+    def price(self, model: str, prompt: int, completion: int, cached: int) -> Decimal:
+        amount = estimate(self.prices.get(model), prompt, completion, cached)
+        if amount is None:
+            self.unpriced = True
+            return Decimal(0)
+        return amount
+
+    def rows(self, rows: Iterable[UsageRow]) -> Decimal:
+        return sum(
+            (self.price(m, p, c, k) for e, m, a, _, p, c, k in rows if self.matches(e, m, a)),
+            Decimal(0),
+        )
+
+    def snapshot(self, usage: UsageSnapshot) -> Decimal:
+        return sum(
+            (
+                self.price(key.model, t.prompt_tokens, t.completion_tokens, t.cached_prompt_tokens)
+                for key, t in usage.totals.items()
+                if self.matches(key.endpoint_id, key.model, key.api_key)
+            ),
+            Decimal(0),
+        )
+
+
+def _usage_known(latest: Latest, usage: UsageSnapshot, pricer: _Pricer) -> Days:
+    """The scope's priced usage on every day known: the settled days, yesterday's last pull, today."""
+    known: Days = {day: pricer.rows(rows) for day, rows in latest.settled.items()}
+    if usage.previous_day is not None and usage.previous_day.day not in known:
+        known[usage.previous_day.day] = pricer.snapshot(usage.previous_day)
+    known[usage.day] = pricer.snapshot(usage)
+    return known
+
+
+def _window_before(today: dt.date, days: Days) -> Days | None:
+    """The last month's days in today's trailing window, when every one of them is known."""
+    first = today.replace(day=1)
+    window = [today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)]
+    wanted = [d for d in window if d < first]
+    if not wanted or any(d not in days for d in wanted):
+        return None
+    return {d: days[d] for d in wanted}
+
+
+def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] = ()) -> BudgetFigures | None:
+    """What the budget has used of its current period and is forecast to use; None while unknown."""
+    bills = latest.bills
+    if budget.on_usage:
+        return _usage_figures(budget, latest, prices)
+    if bills is None:
+        return None
+    today, month = bills.today, bills.current
+    if budget.where:
+        days = _billed_month(latest, budget, month.period) or {}
+        last = _billed_month(latest, budget, previous_period(month.period))
+        month_end, today_end = forecast(month.period, today, days, last)
+    else:  # the account: the bills' own figures, so the budget agrees with their metrics to the cent
+        days = per_day(month.by_item)
+        month_end, today_end = month.forecast, month.today_forecast
+    if budget.period == "month":
+        return BudgetFigures(month.period, sum(days.values(), Decimal(0)), month_end)
+    return BudgetFigures(today.isoformat(), days.get(today, Decimal(0)), today_end)
+
+
+def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig]) -> BudgetFigures | None:
+    usage = latest.usage
+    if usage is None:
+        return None
+    today = usage.day
+    pricer = _Pricer(budget.where, prices)
+    known = _usage_known(latest, usage, pricer)
+    if pricer.unpriced:
+        return None
+    if budget.period == "day":
+        # Today's forecast as the bills': max(so far, the trailing week's average), over the days known.
+        so_far = known[today]
+        window = [known[d] for d in (today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)) if d in known]
+        average = sum(window, Decimal(0)) / len(window) if window else so_far
+        return BudgetFigures(today.isoformat(), so_far, max(so_far, average))
+    first = today.replace(day=1)
+    month_days = {first + dt.timedelta(days=n): known.get(first + dt.timedelta(days=n)) for n in range(today.day)}
+    if any(amount is None for amount in month_days.values()):
+        return None  # a past day of the month not read yet: no month figure rather than a low one
+    days = {d: a for d, a in month_days.items() if a is not None}
+    period = f"{today:%Y-%m}"
+    month_end, _ = forecast(period, today, days, _window_before(today, known))
+    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end)
+
+
+def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | None:
+    """What a budget's scope spent in `period` by the bills held (a month that has ended, for the
+    digest on the 1st); None for a scope priced from usage, or a month not held."""
+    if budget.on_usage:
+        return None
+    days = _billed_month(latest, budget, period)
+    return None if days is None else sum(days.values(), Decimal(0))
+
+
+def budget_status(
+    latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = (), today: dt.date | None = None
+) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
+    """Each budget with its used and forecast ratios (None while its figures are unknown, and,
+    given `today`, while they are of a period that has ended: just after midnight, before the
+    new day's bills)."""
+    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
+    current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
+    for budget in budgets:
+        found = figures(budget, latest, prices)
+        if found is not None and current is not None and found.period not in current:
+            found = None
+        status.append((budget, None if found is None else found.ratios(budget.amount)))
+    return status
+
+
+def scope_matched(budget: BudgetConfig, latest: Latest) -> bool | None:
+    """Whether the budget's `where` matches anything the source it is scoped on holds: a line of
+    the bills (their months, and the history's) for a billed scope; a key of the usage (today,
+    the finalised day before, the settled days) for a usage scope. True without `where`; None
+    until that source has refreshed, and while it holds nothing at all (an account without a
+    single line says nothing about a scope)."""
+    where = budget.where
+    if not where:
+        return True
+    if budget.on_usage:
+        usage = latest.usage
+        if usage is None:
+            return None
+        keys = [*usage.totals, *(usage.previous_day.totals if usage.previous_day is not None else ())]
+        held = [(k.endpoint_id, k.model, k.api_key) for k in keys]
+        held += [(e, m, a) for rows in latest.settled.values() for e, m, a, *_ in rows]
+        return any(_usage_in_scope(where, *key) for key in held) if held else None
+    if latest.bills is None:
+        return None
+    months = [*latest.bills.months, *(latest.history.months.values() if latest.history is not None else ())]
+    if not any(month.by_endpoint or month.by_item for month in months):
+        return None
+    return any(next(_scoped(budget, month), None) is not None for month in months)
+
+
+def _scope_text(budget: BudgetConfig) -> str:
+    """`endpoint_id=ep-1, model=m`."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items()))
+
+
+def judge_scopes(latest: Latest, budgets: Iterable[BudgetConfig]) -> list[tuple[BudgetConfig, bool | None]]:
+    """Each budget with `scope_matched`. A scope that matches nothing is logged as a warning once,
+    and again only after it matched something in between (the memory of it is `latest`'s, so a
+    reload that keeps the scope says nothing new)."""
+    judged: list[tuple[BudgetConfig, bool | None]] = []
+    for budget in budgets:
+        matched = scope_matched(budget, latest)
+        if matched is not None and latest.note_scope(budget.name, _scope_text(budget), matched):
+            log.warning(
+                "budget scope matches nothing; the budget reads 0% until it does",
+                budget=budget.name,
+                scope=_scope_text(budget),
+                source="usage" if budget.on_usage else "bills",
+            )
+        judged.append((budget, matched))
+    return judged

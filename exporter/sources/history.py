@@ -1,0 +1,141 @@
+"""Past months of daily bills, kept in the state file: the base of the anomaly baseline, the
+month-start forecast and backtests.
+
+`billing.history_months` months before the current one are fetched at start-up (those the state
+file does not hold from today already) and again once a day, since past months get revised too;
+with them, once a day, each endpoint's charges by item (what names the items behind an
+endpoint's anomaly), for those months and the current one. Per billing day, whatever the bills
+interval: (history_months + 1) × (2 + endpoints) bills requests (more for months longer than a
+page). A month the API refuses, or answers with no records, is logged and skipped: the copy
+fetched before (if any) is kept, and a month never fetched is absent, never read as zero spend (a
+zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterable
+from decimal import Decimal
+from types import MappingProxyType
+
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, ClientClosed
+from exporter.core.clock import Clock, periods_before
+from exporter.core.logs import get_logger
+from exporter.model.snapshots import DailyAmount, HistorySnapshot, MonthHistory
+from exporter.sources.bills import daily_amounts
+from exporter.state import StateError, StateStore
+
+log = get_logger(__name__)
+
+RETRY_AFTER = 3600.0
+"""Seconds before a month the API refused is asked for again."""
+
+
+def _rows(amounts: Iterable[DailyAmount]) -> list[list[str]]:
+    """Daily amounts as JSON-ready rows (amounts as their exact decimal text)."""
+    return [[a.day.isoformat(), a.key, a.product, a.project_id, str(a.payable), str(a.usage)] for a in amounts]
+
+
+def _amounts(period: str, rows: Iterable[list[str]]) -> tuple[DailyAmount, ...]:
+    return tuple(
+        DailyAmount(period, dt.date.fromisoformat(day), key, product, project, Decimal(payable), Decimal(usage))
+        for day, key, product, project, payable, usage in rows
+    )
+
+
+def fetch_month(client: BillingAPI, period: str, today: dt.date) -> MonthHistory | None:
+    """One month's daily bills: by endpoint, by item, and each endpoint's charges by item; None if
+    the API listed nothing for it. Raises BillingError when a request fails."""
+    instances = client.bills(period, GROUP_TERM_INSTANCE)
+    items = client.bills(period, GROUP_TERM_ITEM)
+    if not instances or not items:
+        return None
+    by_endpoint = daily_amounts(instances, "instance")
+    split = {
+        endpoint: daily_amounts(client.bills(period, GROUP_TERM_ITEM, instance_id=endpoint), "item")
+        for endpoint in sorted({a.key for a in by_endpoint})
+    }
+    return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
+
+
+class HistorySource:
+    def __init__(self, client: BillingAPI, clock: Clock, state: StateStore, months: int) -> None:
+        self.client = client
+        self.clock = clock
+        self.state = state
+        self.months = months
+        self._empty: dict[str, dt.date] = {}
+        """Months the API listed nothing for, and the day it said so (not asked again that day)."""
+        self._retry_at: dict[str, float] = {}
+        """Months the API refused, and when (monotonic) to try again."""
+        self._held: dict[str, MonthHistory] | None = None
+        """The months held: read from the state file once, then kept here (also those it refused to keep)."""
+
+    def _stored(self) -> dict[str, MonthHistory]:
+        held = {}
+        for period, by_endpoint, by_item, items_by_endpoint, fetched in self.state.load_history():
+            split = {endpoint: _amounts(period, rows) for endpoint, rows in json.loads(items_by_endpoint).items()}
+            held[period] = MonthHistory(
+                period,
+                _amounts(period, json.loads(by_endpoint)),
+                _amounts(period, json.loads(by_item)),
+                dt.date.fromisoformat(fetched),
+                MappingProxyType(split),
+            )
+        return held
+
+    def refresh(self) -> HistorySnapshot:
+        """Fetch the months not fetched today yet, and the current month once a day. A month
+        refused on its own is skipped (and tried again an hour later), one listing nothing is not
+        asked for again that day; when every month tried fails, the refresh fails (with what the
+        state file holds kept)."""
+        today = self.clock.today()
+        current = self.clock.period(today)
+        periods = periods_before(current, self.months)
+        if self._held is None:
+            self._held = self._stored()
+        held = self._held
+        due = [
+            period
+            for period in [*periods, current]
+            if (period not in held or held[period].fetched != today)
+            and self._empty.get(period) != today
+            and self._retry_at.get(period, 0.0) <= time.monotonic()
+        ]
+        failures: list[BillingError] = []
+        for period in due:
+            kept = "the copy fetched before" if period in held else "nothing"
+            try:
+                month = fetch_month(self.client, period, today)
+            except ClientClosed:
+                raise
+            except BillingError as error:
+                failures.append(error)
+                self._retry_at[period] = time.monotonic() + RETRY_AFTER
+                log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
+                continue
+            if month is None:
+                self._empty[period] = today
+                if period != current:
+                    log.warning("history month skipped: the API listed no bills for it", period=period, kept=kept)
+                continue
+            self._save(month, today, keep_from=(periods or [current])[0])
+            held[period] = month
+        if due and len(failures) == len(due):
+            raise failures[0]
+        return HistorySnapshot(
+            MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
+        )
+
+    def _save(self, month: MonthHistory, today: dt.date, keep_from: str) -> None:
+        """Into the state file; if it refuses the write, the month is kept here (and used) anyway."""
+        split = json.dumps({e: _rows(rows) for e, rows in month.items_by_endpoint.items()})
+        try:
+            self.state.save_history(
+                month.period, json.dumps(_rows(month.by_endpoint)), json.dumps(_rows(month.by_item)), split,
+                today.isoformat(), keep_from=keep_from,
+            )  # fmt: skip
+        except StateError as error:
+            log.warning("history month not saved; kept in memory", period=month.period, error=str(error)[:200])
