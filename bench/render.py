@@ -17,7 +17,7 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.common import SimSettings, add_usage, client_for, simulator
-from exporter.app.daemon import build_exposition
+from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.metrics.exposition import GZIP_LEVEL

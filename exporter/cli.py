@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import random
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.alerts.engine import Alert
 from exporter.alerts.promrules import rule_file
-from exporter.app.daemon import Daemon, Sources, parse_listen
+from exporter.app.account import RefreshFailed, Sources
+from exporter.app.daemon import Daemon, parse_listen
+from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.billing import BillingClient, BillingError
-from exporter.config.load import ConfigError, load, load_checked
+from exporter.config.load import ConfigError, load_checked
 from exporter.config.schema import Config
 from exporter.core.clock import PERIOD, Clock
 from exporter.core.logs import get_logger, setup_logging
@@ -33,11 +31,10 @@ from exporter.replay.backfill import MAX_MONTHS, BackfillError, backfill, check_
 from exporter.state import AlertStore, StateError, StateStore, location_problem, peek
 
 if TYPE_CHECKING:
-    from exporter.sim import Simulator, SpendModel
+    pass
 
 log = get_logger("exporter")
 
-DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
@@ -83,14 +80,11 @@ def cmd_once(args: argparse.Namespace) -> int:
     latest = Latest()
     sources = Sources(config, latest, clock, StateStore(":memory:"), external_url="")
     try:
-        for name, refresh in sources.refreshers.items():
-            started = time.perf_counter()
-            try:
-                refresh()
-            except BillingError as error:
-                print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
-                return EXIT_SOURCE
-            latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
+        try:
+            sources.refresh_once()
+        except RefreshFailed as error:
+            print(f"inference-cost-exporter: {error}", file=sys.stderr)
+            return EXIT_SOURCE
         for name, probe in latest.probes.items():
             if probe.last.reason in REFUSED_KEY:  # a wrong inference key is a config problem, not an outage
                 status = probe.last.reason.removeprefix("http_")
@@ -115,15 +109,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
     store = StateStore(":memory:")
     sources = Sources(config, latest, clock, store, external_url=config.server.external_url or "")
     try:
-        for name in ("bills", "history", "usage"):
-            if name not in sources.refreshers:
-                continue
-            try:
-                sources.refreshers[name]()
-            except BillingError as error:
-                print(f"inference-cost-exporter: {name}: {error}", file=sys.stderr)
-                return EXIT_SOURCE
-            latest.record(name, success=True, at=time.time(), duration=0.0)
+        try:
+            sources.refresh_once(("bills", "history", "usage"))  # (the probes' runs are the daemon's, below)
+        except RefreshFailed as error:
+            print(f"inference-cost-exporter: {error}", file=sys.stderr)
+            return EXIT_SOURCE
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
@@ -302,67 +292,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _serve_until_signalled(daemon)
 
 
-def _demo_traffic(sim: Simulator, stop: threading.Event) -> None:
-    """Keep today's usage growing, so the counters move while you watch; now and then a chat
-    request fails, so the probe failure panels have something to show."""
-    from exporter.sim import Fault
-
-    rng = random.Random(7)
-    tick = 0
-    while not stop.wait(2.0):
-        tick += 1
-        sim.add_usage(rng.randint(5, 60))
-        if tick % 8 == 0:
-            sim.inject(Fault("status", "/v1/chat/completions", status=rng.choice((429, 502, 503))))
-
-
-def demo_reconciled_days(today: dt.date) -> list[dt.date]:
-    """Three settled days the demo has usage records for (its bills computed from them); on the
-    middle one the bill charges 5% more completion tokens than the records count."""
-    return [today - dt.timedelta(days=back) for back in (3, 4, 5)]
-
-
-def demo_history(today: dt.date) -> SpendModel:
-    """Four months of past bills with a weekly rhythm, and yesterday one endpoint spending three
-    times its usual: what the demo's SpendAnomaly rule fires on."""
-    from exporter.sim import DEFAULT_ENDPOINTS, SpendModel, Spike
-
-    yesterday = today - dt.timedelta(days=1)
-    return SpendModel(
-        start=today - dt.timedelta(days=120), spikes=[Spike(yesterday, DEFAULT_ENDPOINTS[1].endpoint_id, 3.0)]
-    )
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from exporter.sim import Simulator, prices_from_config
-
     setup_logging("info")
     listen = _listen(args.listen)
     _hold_signals()
-    sim = Simulator(time_to_first_token=0.05, chunk_delay=0.01)
-    sim.spend = demo_history(sim.clock.today())
-    sim.add_usage(20_000)
-    settled = demo_reconciled_days(sim.clock.today())
-    for day in settled:  # settled days with usage records, billed from them ...
-        sim.add_usage(2_000, day)
-    sim.distort_bill(settled[1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")  # ... one of them off
-    sim_server = sim.serve("127.0.0.1", 0)
-    workdir = tempfile.TemporaryDirectory(prefix="inference-cost-exporter-demo-")
-    config = load(
-        DEMO_CONFIG,
-        {
-            "SIM_URL": sim_server.url,
-            "SIM_ACCESS_KEY_ID": sim.access_key_id,
-            "SIM_SECRET_ACCESS_KEY": sim.secret_access_key,
-            "SIM_API_KEY": sim.api_key,
-            "STATE_DIR": workdir.name,
-        },
-    )
-    sim.set_prices(prices_from_config(config.prices))  # it bills the demo's usage at the demo config's prices
+    sim, sim_server, workdir, config = demo_scenario()
     stop = threading.Event()
     try:
         daemon = _start(lambda: Daemon(config, listen=listen), listen)
-        threading.Thread(target=_demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
+        threading.Thread(target=demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
         url = daemon.server.url
         host = str(daemon.server.server_address[0])
         bound = "every address" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only

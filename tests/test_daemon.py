@@ -101,7 +101,7 @@ def test_an_outage_keeps_the_last_values_and_recovers(
     before = scrape(url)
     counters_before = named(before, "inference_usage_requests_total")
 
-    caplog.set_level(logging.DEBUG, logger="exporter.app.daemon")
+    caplog.set_level(logging.DEBUG, logger="exporter.app")
     sim.inject(Fault("status", status=503, times=10_000))
     first = wait_for(
         lambda: (

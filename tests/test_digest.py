@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.app.daemon import digest_due
-from exporter.config.schema import AnomalyRule, BudgetConfig, DigestConfig
+from exporter.app.digests import digest_due
+from exporter.config.rules import AnomalyRule
+from exporter.config.schema import BudgetConfig, DigestConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.digest.build import FiringAlert, ProbeStat, build, p95, span
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, Reconciliation, TokenGap

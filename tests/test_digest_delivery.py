@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.app.daemon import DIGEST_WAIT, Daemon
+from exporter.app.daemon import Daemon
+from exporter.app.digests import DIGEST_WAIT
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config

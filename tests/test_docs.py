@@ -104,8 +104,8 @@ def example_digest() -> dict:
     """The demo's account at 09:00 on 2026-11-23: four months of history with yesterday's spike,
     settled days with one bill 5% off, and a day of probe runs (their timings fixed here, so the
     example does not change from run to run)."""
-    from exporter.app.daemon import Sources
-    from exporter.cli import DEMO_CONFIG, demo_history, demo_reconciled_days
+    from exporter.app.account import Sources
+    from exporter.app.demo import DEMO_CONFIG, demo_history, demo_reconciled_days
     from exporter.config.load import load
     from exporter.model.snapshots import Latest
     from exporter.sim import prices_from_config

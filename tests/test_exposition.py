@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.alerts.engine import Engine
-from exporter.app.daemon import build_exposition
+from exporter.app.account import build_exposition
 from exporter.billing import BillingClient
 from exporter.config.load import validate
 from exporter.config.schema import Config

@@ -130,7 +130,7 @@ def test_a_reload_that_replaces_the_client_mid_fetch_abandons_it_and_runs_again(
             threading.Thread(target=daemon.reload, daemon=True).start()
 
     sim.before_usage_page = reload_once
-    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app")
     daemon.start()
     watcher = Watcher(daemon)
     try:
@@ -174,7 +174,7 @@ def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stan
             threading.Thread(target=daemon.reload, daemon=True).start()
 
     sim.before_usage_page = reload_once
-    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app")
     daemon.start()
     try:
         url = daemon.server.url
@@ -393,7 +393,7 @@ def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
     sim.add_usage(300)
     document = reload_document(sim, server, tmp_path)
     daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
-    caplog.set_level(logging.INFO, logger="exporter.app.daemon")
+    caplog.set_level(logging.INFO, logger="exporter.app")
     daemon.start(schedule=False)
     try:
         url = daemon.server.url

@@ -12,7 +12,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.app.daemon import Daemon, DailyTrigger
+from exporter.app.daemon import Daemon
+from exporter.app.schedule import DailyTrigger
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.sim import Simulator, SimulatorServer

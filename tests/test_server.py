@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from exporter.app.daemon import build_exposition
+from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.model.snapshots import Latest

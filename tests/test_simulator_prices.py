@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from exporter.app.daemon import Daemon
+from exporter.app.demo import DEMO_CONFIG
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient
-from exporter.cli import DEMO_CONFIG
 from exporter.config.load import load, validate
 from exporter.config.schema import Config, PriceConfig
 from exporter.core.clock import Clock

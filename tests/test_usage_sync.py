@@ -222,12 +222,12 @@ def test_a_long_read_says_it_is_progressing(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore,
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    from exporter.sources import usage as usage_sync
+    from exporter.sources import usage_read
 
-    monkeypatch.setattr(usage_sync, "PROGRESS_EVERY", 0.2)
+    monkeypatch.setattr(usage_read, "PROGRESS_EVERY", 0.2)
     sim.latency = 0.05  # 20 pages, 3 at a time: about 0.4 s
     sim.add_usage(2000)
-    caplog.set_level(logging.INFO, logger="exporter.sources.usage")
+    caplog.set_level(logging.INFO, logger="exporter.sources.usage_read")
     make_sync(small_pages, clock, store).refresh()
     progress = [r.fields for r in caplog.records if r.getMessage() == "reading usage"]  # type: ignore[attr-defined]
     assert progress

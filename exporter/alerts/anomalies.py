@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from exporter.config.schema import AnomalyRule
+from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge

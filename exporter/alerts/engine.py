@@ -19,17 +19,8 @@ from decimal import Decimal
 from typing import Literal
 
 from exporter.alerts import anomalies, rules
-from exporter.config.schema import (
-    AlertsConfig,
-    AnomalyRule,
-    BudgetConfig,
-    BudgetRule,
-    PriceConfig,
-    RuleConfig,
-    ThresholdRule,
-    rule_id,
-    rule_key,
-)
+from exporter.config.rules import AnomalyRule, BudgetRule, RuleConfig, ThresholdRule, rule_id, rule_key
+from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.model import signals
@@ -98,7 +89,7 @@ def fingerprint(labels: dict[str, str]) -> str:
 
 
 def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """Each rule's id (`schema.rule_key`), whatever its position and whatever rules come before or
+    """Each rule's id (`config.rules.rule_key`), whatever its position and whatever rules come before or
     after it."""
     return [rule_key(rule) for rule in rules]
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from exporter.config.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, ThresholdRule
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
+from exporter.config.schema import AlertsConfig, BudgetConfig
 from exporter.model.signals import SIGNALS, NotExpressible
 
 

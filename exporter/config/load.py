@@ -19,7 +19,8 @@ from pydantic import (
     ValidationError,
 )
 
-from exporter.config.schema import Config, _signals, secret_fields, twin_rules
+from exporter.config.rules import _signals, twin_rules
+from exporter.config.schema import Config, secret_fields
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import probe_source
 from exporter.notifiers.kind import ResendKind

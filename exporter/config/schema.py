@@ -7,10 +7,8 @@ document, `Config.secret_values` in a loaded config.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from types import UnionType
@@ -22,23 +20,16 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    Discriminator,
     Field,
     SecretStr,
-    Tag,
     field_validator,
     model_validator,
 )
 
+from exporter.config.rules import RuleConfig
 from exporter.core.fields import Amount, Duration, HttpUrl, Interval, Name, Strict, Text, parse_amount
-from exporter.model.signals import SIGNALS, Signal
 from exporter.notifiers.kind import NotifierModel
 from exporter.notifiers.registry import KINDS
-
-OPERATORS = (">", ">=", "<", "<=", "==", "!=")
-MAX_TIER = 10
-LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-RESERVED_LABELS = ("alertname", "alertstate")
 
 
 def _regex(pattern: str) -> str:
@@ -172,164 +163,6 @@ class BudgetConfig(Strict):
     def on_usage(self) -> bool:
         """Measured on usage × prices (the scope names a model or an API key), not on the bills."""
         return bool(set(self.where) & set(USAGE_SCOPE))
-
-
-def _signals() -> dict[str, Signal]:
-    return SIGNALS
-
-
-class _Rule(Strict):
-    alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-
-    def _check(self, fields: set[str]) -> None:
-        """Label names, and annotation templates naming only `fields`."""
-        for name in self.labels:
-            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
-                raise ValueError(f"label {name!r} is not a valid alert label name")
-        for name, template in self.annotations.items():
-            for field in re.findall(r"\{([^{}]*)\}", template):
-                if field not in fields:
-                    raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")
-
-
-class ThresholdRule(_Rule):
-    """A signal per `by` group compared with a threshold (see `exporter.model.signals`)."""
-
-    signal: str
-    window: Literal["today", "month", "month_forecast"] = "today"
-    by: tuple[Name, ...] = ()
-    where: dict[str, str] = Field(default_factory=dict)
-    op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
-    threshold: Amount
-    for_: Duration = Field(0.0, alias="for")
-    keep_firing_for: Duration = 0.0
-
-    @field_validator("signal")
-    @classmethod
-    def _known_signal(cls, signal: str) -> str:
-        names = [repr(name) for name in [*_signals(), ANOMALY_SIGNAL]]
-        if signal not in _signals():
-            raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
-        return signal
-
-    @model_validator(mode="after")
-    def _shape(self) -> ThresholdRule:
-        signal = _signals()[self.signal]
-        for name in (*self.by, *self.where):
-            if name not in signal.labels:
-                raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
-        if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
-            raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
-        if self.signal == "reconciliation_gap" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
-            raise ValueError("reconciliation_gap is by item (tokens) or by endpoint_id (amounts), not both")
-        if self.window not in signal.windows:
-            windows = ", ".join(signal.windows)
-            raise ValueError(f"signal {self.signal!r} has no `{self.window}` window (it has {windows})")
-        self._check({"value", "threshold", *self.by, *self.where})
-        return self
-
-
-class BudgetRule(_Rule):
-    """A budget's tiers, each firing once per budget period."""
-
-    budget: Name
-    tiers: Annotated[tuple[float, ...], Field(min_length=1)]
-
-    @field_validator("tiers")
-    @classmethod
-    def _tiers(cls, tiers: tuple[float, ...]) -> tuple[float, ...]:
-        for tier in tiers:
-            if not 0 < tier <= MAX_TIER:
-                raise ValueError(f"tier {tier} is outside (0, {MAX_TIER}]")
-        if list(tiers) != sorted(set(tiers)):
-            raise ValueError("tiers must be increasing and distinct")
-        return tiers
-
-    @model_validator(mode="after")
-    def _shape(self) -> BudgetRule:
-        self._check({"value", "budget", "tier", "amount", "period"})
-        return self
-
-
-ANOMALY_SIGNAL = "spend_anomaly"
-ANOMALY_FIELDS = ("day", "actual", "expected", "impact", "impact_percent", "contributors", "value")
-"""What an anomaly rule's annotations may name, besides its `by` labels."""
-
-
-class AnomalyRule(_Rule):
-    """A complete day's spend per `by` group judged against what its history makes expected
-    (see `exporter.model.anomaly`): fires when the impact passes both floors."""
-
-    signal: Literal["spend_anomaly"]
-    by: tuple[Literal["endpoint_id", "item"], ...] = Field((), max_length=1)
-    min_amount: Amount
-    min_percent: Annotated[Decimal, Field(ge=0)]
-    sensitivity: Annotated[Decimal, Field(gt=0, le=100)] = Decimal(3)
-
-    @model_validator(mode="after")
-    def _shape(self) -> AnomalyRule:
-        self._check({*ANOMALY_FIELDS, *self.by})
-        return self
-
-
-def _rule_kind(rule: Any) -> str:
-    if isinstance(rule, dict):
-        if rule.get("signal") == ANOMALY_SIGNAL:
-            return "anomaly-rule"
-        return "budget-rule" if rule.get("budget") is not None and rule.get("signal") is None else "threshold-rule"
-    if isinstance(rule, AnomalyRule):
-        return "anomaly-rule"
-    return "budget-rule" if isinstance(rule, BudgetRule) else "threshold-rule"
-
-
-RuleConfig = Annotated[
-    Annotated[ThresholdRule, Tag("threshold-rule")]
-    | Annotated[BudgetRule, Tag("budget-rule")]
-    | Annotated[AnomalyRule, Tag("anomaly-rule")],
-    Discriminator(_rule_kind),
-]
-"""A rule is a threshold rule (`signal` with `threshold`), a budget rule (`budget`) or an
-anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
-
-
-def rule_id(rule: RuleConfig) -> str:
-    """What a rule watches, under its alert name: the same across restarts and reloads while that
-    stays (its threshold, tiers, `for` and annotations may change)."""
-    if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
-        identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
-    elif isinstance(rule, AnomalyRule):
-        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
-    else:
-        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
-    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-
-
-def rule_key(rule: RuleConfig) -> str:
-    """A rule's identity: `rule_id`, and its labels when it has some. Rules that watch the same
-    thing under one alert name (warning and critical tiers) are told apart by their labels, as
-    Alertmanager tells their alerts apart, never by their place in the list; so changing a rule's
-    labels makes it another rule (its alerts resolve, the new ones fire), and two rules alike in
-    that too are refused (`twin_rules`): their alerts could not be told apart."""
-    base = rule_id(rule)
-    if not rule.labels:
-        return base  # the id every earlier version gave such a rule
-    labels = json.dumps([json.dumps(sorted(rule.labels.items()))])  # (the shape ids have had since layout 1)
-    return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
-
-
-def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
-    """(earlier, later) positions of rules that would make the same alerts."""
-    first: dict[str, int] = {}
-    twins = []
-    for n, rule in enumerate(rules):
-        key = rule_key(rule)
-        if key in first:
-            twins.append((first[key], n))
-        else:
-            first[key] = n
-    return twins
 
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from decimal import Decimal
 from typing import Any
 
 from exporter.alerts.anomalies import held, judge_groups
-from exporter.config.schema import AnomalyRule, BudgetConfig, PriceConfig
+from exporter.config.rules import AnomalyRule
+from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.model.anomaly import judge_all
 from exporter.model.snapshots import DailyAmount, Latest, per_day
 from exporter.sources.budgets import figures, month_spent

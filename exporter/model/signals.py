@@ -23,7 +23,7 @@ from exporter.model.forecast import forecast
 from exporter.model.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, per_day, probe_source
 
 if TYPE_CHECKING:
-    from exporter.config.schema import ThresholdRule
+    from exporter.config.rules import ThresholdRule
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""

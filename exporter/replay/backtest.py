@@ -19,7 +19,8 @@ from types import MappingProxyType
 
 from exporter.alerts.engine import Alert, Engine, rule_ids
 from exporter.billing import BillingAPI, BillingClient
-from exporter.config.schema import AlertsConfig, AnomalyRule, BudgetConfig, BudgetRule, Config, ThresholdRule
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
+from exporter.config.schema import AlertsConfig, BudgetConfig, Config
 from exporter.core.clock import (
     Clock,
     FrozenClock,

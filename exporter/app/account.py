@@ -1,0 +1,287 @@
+"""One account's sources, built from a config: the billing client, the refreshed sources, the alert
+engine, the exposition; and the refresh the `once` and `digest` commands run with them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from typing import Any
+
+from prometheus_client.registry import Collector
+
+from exporter.alerts.engine import Alert, Engine
+from exporter.billing import BillingClient, BillingError, RetryPolicy
+from exporter.config.rules import AnomalyRule
+from exporter.config.schema import BillingConfig, Config, ProbeConfig
+from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
+from exporter.delivery.dispatcher import Dispatcher
+from exporter.digest.build import FiringAlert, ProbeStat, build, span
+from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.collectors import (
+    BillsCollector,
+    BudgetCollector,
+    ExporterCollector,
+    ProbeCollector,
+    ReconciliationCollector,
+    UsageCollector,
+)
+from exporter.metrics.exposition import Exposition
+from exporter.model.snapshots import Latest, probe_source
+from exporter.notifiers.registry import outbox
+from exporter.sources.bills import BillsSource
+from exporter.sources.history import HistorySource
+from exporter.sources.probe import ProbeRunner
+from exporter.sources.reconcile import SettledUsage, reconcile
+from exporter.sources.usage import UsageSync
+from exporter.state import AlertStore, StateError, StateStore
+
+log = get_logger(__name__)
+
+HISTORY_CHECK = 600.0
+"""Seconds between looks at the history (each month is fetched once per billing day): at most
+this long after midnight, the day that ended is judged for anomalies."""
+
+PROBE_RUNS_KEPT = 12 * 86400.0
+"""Seconds a probe run is kept for the digest: a weekly one may go 3.5 days late, about the week before."""
+
+
+def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collector) -> Exposition:
+    return Exposition(
+        [
+            BillsCollector(latest),
+            UsageCollector(latest, config.billing.per_api_key),
+            BudgetCollector(latest, config.budgets, config.prices, clock),
+            ReconciliationCollector(latest),
+            ProbeCollector(latest),
+            ExporterCollector(latest, clock),
+            *more,
+        ]
+    )
+
+
+def _client_settings(billing: BillingConfig) -> dict[str, object]:
+    """What the billing client and the usage sync are built from: the rest (intervals, grace days)
+    changes on a reload without a new client."""
+    return billing.model_dump(
+        exclude={"bills_interval", "usage_interval", "previous_month_grace_days", "history_months"}
+    )
+
+
+class RefreshFailed(Exception):
+    """A source's refresh failed in `Sources.refresh_once`; the message names the source."""
+
+    def __init__(self, source: str, error: BillingError) -> None:
+        super().__init__(f"{source}: {error}")
+        self.source = source
+
+
+class Sources:
+    """Everything built from one config: the client, the sources, the alert engine, the exposition.
+
+    Built again on each reload; what the reload does not change is carried over from `previous`
+    (the billing client and its sources when `billing` is unchanged, so refreshes in flight go
+    on undisturbed; a probe whose config is unchanged, with its histograms and counters).
+    """
+
+    client: BillingClient
+    bills: BillsSource
+    history: HistorySource
+    usage: UsageSync
+
+    def __init__(
+        self,
+        config: Config,
+        latest: Latest,
+        clock: Clock,
+        state: StateStore,
+        external_url: str = "",
+        retry: RetryPolicy | None = None,
+        previous: Sources | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
+        """`dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that
+        delivers only when asked."""
+        self.config = config
+        self.latest = latest
+        # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
+        alert_store = dispatcher.store if dispatcher is not None else AlertStore(state)
+        # First, since it reads the state file (which may fail): nothing else is built in vain then.
+        self.engine = Engine(
+            config.alerts,
+            config.budgets,
+            alert_store,
+            clock,
+            latest,
+            sources=lambda: list(self.refreshers),
+            notifiers=[n.name for n in config.alerts.notifiers if outbox(n) is not None],
+            history=config.billing.history_months > 0,
+            prices=config.prices,
+        )
+        if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
+            self.client, self.usage = previous.client, previous.usage
+            self.bills, self.history = previous.bills, previous.history
+            self.bills.grace_days = config.billing.previous_month_grace_days
+            self.history.months = config.billing.history_months
+        else:
+            self.client = BillingClient.from_config(
+                config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
+            )
+            self.bills = BillsSource(
+                self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history
+            )
+            self.history = HistorySource(self.client, clock, state, config.billing.history_months)
+            self.usage = UsageSync(
+                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
+            )
+            if previous is not None:
+                self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
+        self.clock = clock
+        self.state = state
+        self.settled = SettledUsage(
+            self.client, clock, state,
+            settle=config.reconciliation.settle,
+            days_per_refresh=config.reconciliation.days_per_refresh,
+            per_api_key=config.billing.per_api_key,
+        )  # fmt: skip
+        self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
+        self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
+        self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
+        if config.billing.history_months:
+            self.refreshers["history"] = self._history
+            self.intervals["history"] = HISTORY_CHECK
+        else:
+            latest.history = None  # (a reload that turns it off: nothing stale is judged on)
+        for probe in config.probes:
+            self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
+            self.intervals[probe_source(probe.name)] = probe.interval
+        if dispatcher is None:
+            dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
+        self.dispatcher = dispatcher
+        self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, dispatcher))
+        self._reconcile()  # a reload's items and prices apply at once
+
+    def refresh_once(self, names: Iterable[str] | None = None) -> None:
+        """Refresh each source once (those named, in the order given; else all), recording its
+        health as the daemon does: what the `once` and `digest` commands run. The first failure
+        stops it (RefreshFailed)."""
+        for name in self.refreshers if names is None else [n for n in names if n in self.refreshers]:
+            started = time.perf_counter()
+            try:
+                self.refreshers[name]()
+            except BillingError as error:
+                raise RefreshFailed(name, error) from error
+            self.latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
+
+    def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
+        """The same probe keeps its runner (and its histograms and counters) across a reload."""
+        assert self.config.inference is not None  # the config requires it when there are probes
+        kept = previous.probes.get(probe.name) if previous else None
+        if kept is not None and kept.probe == probe and previous and previous.config.inference == self.config.inference:
+            return kept
+        return ProbeRunner(probe, self.config.inference)
+
+    def _bills(self) -> None:
+        self.latest.bills = self.bills.refresh()
+        self._reconcile()
+
+    def _history(self) -> None:
+        self.latest.history = self.history.refresh()
+
+    def _usage(self) -> None:
+        self.latest.usage = self.usage.refresh()
+        # Then (today's figures are out already) a few settled days, each read once in full.
+        today = self.clock.today()
+        first = today.replace(day=1)
+        if today.day <= self.config.billing.previous_month_grace_days:
+            first = (first - dt.timedelta(days=1)).replace(day=1)  # the last month's last days settle now
+        try:
+            settled = self.settled.refresh(first)
+        except StateError as error:
+            log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
+            return
+        if settled is not self.latest.settled:  # a day read, or the window moved: judged again
+            self.latest.settled = settled
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        if self.latest.bills is not None:
+            rec = self.config.reconciliation
+            self.latest.reconciliation = reconcile(
+                self.latest.bills, self.latest.settled, rec.items, self.config.prices
+            )
+
+    def _probe(self, runner: ProbeRunner) -> None:
+        snapshot = runner.run()
+        self.latest.publish_probe(snapshot)
+        now = self.clock.now().timestamp()
+        try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
+            self.state.record_probe_run(
+                snapshot.probe, now, snapshot.last.success, snapshot.last.time_to_first_token,
+                keep_from=now - PROBE_RUNS_KEPT,
+            )  # fmt: skip
+        except StateError as error:
+            log.warning("probe run not kept for the digest: the state file refused it", error=str(error)[:200])
+
+    def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
+        """The timestamps the digest sent on `sent_on` covers: [start, end)."""
+        first, day = span(schedule, sent_on)
+        return self.clock.day_start(first).timestamp(), self.clock.day_start(day + dt.timedelta(days=1)).timestamp()
+
+    def digest(
+        self,
+        sent_on: dt.date,
+        schedule: str,
+        url: str,
+        *,
+        runs: Sequence[tuple[str, bool, float | None]] | None = None,
+        alerts: Sequence[Alert] | None = None,
+    ) -> dict[str, Any]:
+        """The digest sent on `sent_on` from what this config's sources hold now; the probe runs
+        and alerts are this daemon's unless given (`digest` the command reads a daemon's file)."""
+        if runs is None:
+            runs = self.state.probe_runs(*self.digest_span(sent_on, schedule))
+        per_probe: dict[str, list[tuple[bool, float | None]]] = {name: [] for name in self.probes}
+        for probe, success, ttft in runs:
+            per_probe.setdefault(probe, []).append((success, ttft))
+        probes = [
+            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for s, t in rs if s and t is not None])
+            for name, rs in sorted(per_probe.items())
+        ]
+        firing = [
+            FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
+            for a in (self.engine.current() if alerts is None else alerts)
+            if a.state == "firing"
+        ]
+        at = self.config.digest.time if self.config.digest is not None else (9, 0)
+        sent_at = self.clock.day_start(sent_on) + dt.timedelta(hours=at[0], minutes=at[1])
+        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
+        last = sent_on
+        while self.clock.day_start(last + dt.timedelta(days=1)) + settle > sent_at:
+            last -= dt.timedelta(days=1)
+        first_day, final_day = span(schedule, sent_on)
+        settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
+        anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
+        return build(
+            self.latest, schedule=schedule, sent_on=sent_on, budgets=self.config.budgets, prices=self.config.prices,
+            anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
+        )  # fmt: skip
+
+    def changed(self, previous: Sources) -> set[str]:
+        """The sources whose way of refreshing this config changed (they run again at once)."""
+        changed = {name for name in self.refreshers if name not in previous.refreshers}
+        if self.client is not previous.client:
+            changed |= {"bills", "usage", "history"} & set(self.refreshers)
+        changed |= {probe_source(n) for n, r in self.probes.items() if previous.probes.get(n) is not r}
+        return changed
+
+    def close(self, keep: Sources | None = None) -> None:
+        """Release connections; what `keep` took over stays open."""
+        if keep is None or keep.client is not self.client:
+            self.client.close()
+        kept = set(map(id, keep.probes.values())) if keep else set()
+        for runner in self.probes.values():
+            if id(runner) not in kept:
+                runner.close()

@@ -1,0 +1,224 @@
+"""The billing API as the sources use it: the `BillingAPI` protocol, and `Listings`, which pages
+through its two listings (daily bills, per-request usage) over any way of answering one request.
+
+`Listings` is shared by the HTTP client (`client.BillingClient`) and the tests' in-process fake,
+so that both send the same queries and read, parse and check the same pages the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import math
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, Protocol, TypeVar
+
+from exporter.billing.errors import RecordError
+from exporter.billing.records import BillRecord, UsagePage, UsageRecord, parse_bill, parse_usage
+from exporter.core.logs import get_logger
+
+log = get_logger(__name__)
+
+BILLS_PATH = "/api/v1/bills/details"
+USAGES_PATH = "/api/v1/usages/details"
+GROUP_PERIOD_DAILY = "GROUP_PERIOD_DAILY"
+GROUP_TERM_INSTANCE = "GROUP_TERM_INSTANCE"
+GROUP_TERM_ITEM = "GROUP_TERM_ITEM"
+BILLS_PAGE_SIZE = 100
+MAX_USAGE_PAGE_SIZE = 500
+MAX_TOTAL = 10**10
+"""A `total` beyond this is refused: it would mean reading more pages than any day holds."""
+R = TypeVar("R")
+
+
+def _list(data: dict[str, Any], what: str) -> list[Any]:
+    records = data.get("list")
+    if records is None:
+        return []
+    if not isinstance(records, list):
+        raise RecordError(f"{what}: `data.list` is not a list")
+    return records
+
+
+def _total(data: dict[str, Any], what: str) -> int:
+    total = data.get("total")
+    if isinstance(total, str) and total.isascii() and total.isdigit():
+        total = int(total)
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise RecordError(f"{what}: `data.total` is not a non-negative integer")
+    if total > MAX_TOTAL:
+        raise RecordError(f"{what}: `data.total` is out of range (over {MAX_TOTAL:,})")
+    return total
+
+
+def capped(page_num: int, count: int, page_size: int, total: int) -> bool:
+    """A first page shorter than asked while `total` says more records exist: the service caps its pages at `count`."""
+    return page_num == 1 and 0 < count < min(page_size, total)
+
+
+class BillingAPI(Protocol):
+    """What the sources use of the billing API. They take this, not `BillingClient`, so that their
+    logic can be tested on an in-process fake (tests/fakes.py) instead of over HTTP."""
+
+    base_url: str
+    """Where the answers come from: data read from another account are read again."""
+    project_id: str
+    page_size: int
+    """Usage records asked for a page: a poll works out from it which pages can hold new records."""
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]: ...
+
+    def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]: ...
+
+    def usage_page(self, day: dt.date, page_num: int) -> UsagePage: ...
+
+    def adopt_cap(self, size: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Listings(abc.ABC):
+    """The two listings over any way of answering one request: query parameters, paging (caps,
+    records added meanwhile), parsing and checks. `BillingClient` answers over HTTP; the tests'
+    fake answers from the simulator in process, and so reads, parses and checks the same way."""
+
+    def __init__(self, *, tz: dt.tzinfo, project_id: str, page_size: int) -> None:
+        if not 1 <= page_size <= MAX_USAGE_PAGE_SIZE:
+            raise ValueError(f"page_size must be 1..{MAX_USAGE_PAGE_SIZE}")
+        self.tz = tz
+        self.project_id = project_id
+        self.page_size = page_size
+        self._caps_said: set[tuple[str, int]] = set()
+
+    @abc.abstractmethod
+    def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
+        """The `data` of one successful answer (see `parse_envelope`)."""
+
+    @abc.abstractmethod
+    def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
+        """`fetch(page_num)`."""
+
+    @abc.abstractmethod
+    def _many(self, fetch: Callable[[int], R], pages: range) -> Generator[tuple[int, R], None, None]:
+        """(page_num, `fetch(page_num)`) for every page of `pages`, in the order they come."""
+
+    def _pages(
+        self,
+        fetch: Callable[[int, int], tuple[tuple[R, ...], int]],
+        first_page: int,
+        page_size: int,
+        last_page: int | None = None,
+        on_cap: Callable[[int], None] = lambda size: None,
+    ) -> Iterator[tuple[int, tuple[R, ...], int]]:
+        """Yield (page_num, records, total) for every page.
+
+        `first_page` comes first and tells `total`; the pages it implies (up to `last_page`, if
+        given) come from `_many`, in the order they arrive. Without `last_page`, pages then
+        continue one at a time from the last one while it is full and the latest `total` says more
+        records exist (records added meanwhile). A first page shorter than asked while `total` says
+        more records exist means the service caps its pages: the read goes on at that size, and
+        `on_cap` is told.
+        """
+
+        def sized(page_num: int) -> tuple[tuple[R, ...], int]:
+            return fetch(page_num, page_size)
+
+        records, total = self._one(sized, first_page)
+        yield first_page, records, total
+        if capped(first_page, len(records), page_size, total):
+            page_size = len(records)
+            on_cap(page_size)
+        elif len(records) < page_size:
+            return
+        last = max(first_page, math.ceil(total / page_size))
+        if last_page is not None:
+            last = min(last, last_page)
+        tail = (first_page, len(records))
+        following = self._many(sized, range(first_page + 1, last + 1))
+        try:
+            for page_num, (records, page_total) in following:
+                total = max(total, page_total)
+                tail = max(tail, (page_num, len(records)))
+                yield page_num, records, page_total
+        finally:  # a reader that stops early: the pages still pending are cancelled now
+            following.close()
+        page_num, size = tail
+        while last_page is None and size >= page_size and page_num * page_size < total:
+            page_num += 1
+            records, total = self._one(sized, page_num)
+            size = len(records)
+            yield page_num, records, total
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        """Every daily bill record of a month for one grouping (of one endpoint's charges only,
+        with `instance_id`), all pages."""
+        what = f"bills {period} {group_term}" + (f" {instance_id}" if instance_id else "")
+        params: dict[str, str | int] = {"period": period, "group_period": GROUP_PERIOD_DAILY, "group_term": group_term}
+        if self.project_id:
+            params["project_id"] = self.project_id
+        if instance_id:
+            params["instance_id"] = instance_id
+
+        def fetch(page_num: int, page_size: int) -> tuple[tuple[BillRecord, ...], int]:
+            data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": page_size})
+            offset = (page_num - 1) * page_size
+            records = _list(data, what)
+            bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
+            return bills, _total(data, what)
+
+        bills: list[BillRecord] = []
+        total = 0
+        pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
+        for _, records, page_total in pages:
+            total = max(total, page_total)
+            bills.extend(records)
+        if len(bills) != total:
+            raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
+        return bills
+
+    def _usage_fetch(self, day: dt.date) -> Callable[[int, int], tuple[tuple[UsageRecord, ...], int]]:
+        what = f"usage {day.isoformat()}"
+        params: dict[str, str | int] = {"date": day.isoformat()}
+        if self.project_id:
+            params["project_id"] = self.project_id
+
+        def fetch(page_num: int, page_size: int) -> tuple[tuple[UsageRecord, ...], int]:
+            data = self._get("usages", USAGES_PATH, params | {"page_num": page_num, "page_size": page_size})
+            echoed = data.get("date")
+            if echoed is not None and echoed != day.isoformat():
+                raise RecordError(f"{what}: response is for date {str(echoed)[:20]!r}")
+            offset = (page_num - 1) * page_size
+            records = _list(data, what)
+            usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
+            return usage, _total(data, what)
+
+        return fetch
+
+    def adopt_cap(self, size: int) -> None:
+        """The service lists at most `size` usage records a page (seen now, or saved when it was
+        seen): ask for that many from now on."""
+        if size < self.page_size:
+            self._capped("usage", size)
+            self.page_size = size
+
+    def _capped(self, listing: str, size: int) -> None:
+        """Say once per listing and size that the service caps its pages."""
+        if (listing, size) not in self._caps_said:
+            self._caps_said.add((listing, size))
+            log.warning("the service lists fewer records a page than asked; reading pages of that size",
+                        listing=listing, page_size=size)  # fmt: skip
+
+    def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]:
+        """The pages of one day's usage records, from `first_page` to the end or to `last_page`
+        (the first one first, the others as they arrive)."""
+        pages = self._pages(self._usage_fetch(day), first_page, self.page_size, last_page, self.adopt_cap)
+        for page_num, records, total in pages:
+            yield UsagePage(page_num=page_num, records=records, total=total)
+
+    def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
+        """One page of a day's usage records (page 1 also tells whether the service caps pages)."""
+        fetch, page_size = self._usage_fetch(day), self.page_size
+        records, total = self._one(lambda n: fetch(n, page_size), page_num)
+        if capped(page_num, len(records), page_size, total):
+            self.adopt_cap(len(records))
+        return UsagePage(page_num=page_num, records=records, total=total)

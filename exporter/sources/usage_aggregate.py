@@ -1,0 +1,114 @@
+"""A day's usage as running sums: `Aggregate` adds records into totals per (endpoint, model, API
+key), counting each request id once, which `SeenIds` remembers in 8 bytes an id.
+
+Every record a read returns passes through `Aggregate.count`: it is the hot loop of a day's read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable
+
+from exporter.billing import UsageRecord
+from exporter.model.snapshots import UsageKey, UsageRow
+
+ID_BUCKETS = 4096
+
+
+def id_digest(request_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
+
+
+class SeenIds:
+    """The request ids of one day, as 64-bit digests in sorted arrays (8 bytes an id, so a day of
+    a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little."""
+
+    def __init__(self, buckets: list[array[int]] | None = None) -> None:
+        self._buckets = buckets or [array("Q") for _ in range(ID_BUCKETS)]
+        self.count = sum(map(len, self._buckets))
+
+    def add(self, request_id: str) -> bool:
+        """Remember `request_id`; False if it was seen before."""
+        return self.add_digest(id_digest(request_id))
+
+    def add_digest(self, digest: int) -> bool:
+        """Remember a request id by its `id_digest` (when the caller has it already)."""
+        bucket = self._buckets[digest >> 52]
+        at = bisect_left(bucket, digest)
+        if at < len(bucket) and bucket[at] == digest:
+            return False
+        bucket.insert(at, digest)
+        self.count += 1
+        return True
+
+    def copy(self) -> SeenIds:
+        return SeenIds([array("Q", bucket) for bucket in self._buckets])
+
+    def chunks(self) -> list[memoryview]:
+        """The digests, in order, as views (for writing out without a copy of the whole)."""
+        return [memoryview(bucket) for bucket in self._buckets if bucket]
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SeenIds:
+        """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError)."""
+        digests = array("Q")
+        digests.frombytes(data)
+        buckets = [array("Q") for _ in range(ID_BUCKETS)]
+        for digest in digests:
+            buckets[digest >> 52].append(digest)
+        return cls(buckets)
+
+
+class Aggregate:
+    """Running sums per key, [requests, prompt, completion, cached], over distinct request ids.
+
+    `rows` counts every record read, duplicates included: it is the position in the day's list
+    (what `total` counts). `duplicates` holds the ids read twice.
+    """
+
+    def __init__(
+        self,
+        per_api_key: bool,
+        sums: dict[UsageKey, list[int]] | None = None,
+        seen: SeenIds | None = None,
+        rows: int = 0,
+    ) -> None:
+        self.per_api_key = per_api_key
+        self.sums: dict[UsageKey, list[int]] = sums or {}
+        self.records = sum(s[0] for s in self.sums.values())
+        self.seen = seen or SeenIds()
+        self.rows = rows
+        self.duplicates: set[str] = set()
+
+    def copy(self) -> Aggregate:
+        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()}, self.seen.copy(), self.rows)
+
+    def add(self, records: Iterable[UsageRecord]) -> None:
+        for r in records:
+            self.count(r, id_digest(r.request_id))
+
+    def count(self, r: UsageRecord, digest: int) -> None:
+        """One record, its request id's `id_digest` already made: counted unless its id was seen."""
+        self.rows += 1
+        if not self.seen.add_digest(digest):
+            self.duplicates.add(r.request_id)
+            return
+        key = UsageKey(r.endpoint, r.model, r.apikey if self.per_api_key else "")
+        sums = self.sums.get(key)
+        if sums is None:
+            sums = self.sums[key] = [0, 0, 0, 0]
+        sums[0] += 1
+        sums[1] += r.prompt_tokens
+        sums[2] += r.completion_tokens
+        sums[3] += r.cached_prompt_tokens
+        self.records += 1
+
+    def table(self) -> list[UsageRow]:
+        return [(k.endpoint_id, k.model, k.api_key, *v) for k, v in self.sums.items()]  # type: ignore[misc]
+
+    @classmethod
+    def from_rows(cls, per_api_key: bool, rows: Iterable[UsageRow], seen: SeenIds, position: int) -> Aggregate:
+        sums = {UsageKey(e, m, a): [r, p, c, k] for e, m, a, r, p, c, k in rows}
+        return cls(per_api_key, sums, seen, position)
