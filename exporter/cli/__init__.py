@@ -1,0 +1,175 @@
+"""The `inference-cost-exporter` command: its arguments here, each command's work in `commands`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from exporter import __version__
+from exporter.cli.commands import (
+    CONFIG_ENV,
+    cmd_backfill,
+    cmd_backtest,
+    cmd_check,
+    cmd_demo,
+    cmd_digest,
+    cmd_once,
+    cmd_rules,
+    cmd_run,
+    cmd_simulate,
+)
+from exporter.core.clock import PERIOD
+from exporter.replay.backfill import MAX_MONTHS
+
+
+def _period(value: str) -> str:
+    """`--from` / `--to`: a billing month, YYYY-MM."""
+    if not PERIOD.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a month (YYYY-MM)")
+    return value
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, description: str
+) -> argparse.ArgumentParser:
+    return commands.add_parser(
+        name, help=summary, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+
+
+def _config_option(command: argparse.ArgumentParser) -> None:
+    default = os.environ.get(CONFIG_ENV)
+    command.add_argument(
+        "--config",
+        metavar="FILE",
+        required=default is None,
+        default=default,
+        help=f"the YAML config file (or set {CONFIG_ENV})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inference-cost-exporter",
+        description="Prometheus exporter for an LLM inference account's bills, token usage and endpoints.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = _command(
+        commands, "check", "validate a config: every problem with its location (exit 1), or a summary (exit 0)",
+        "Validate a config file without contacting any API. Prints every problem, one per line, with its "
+        "location (e.g. `alerts.rules[2].threshold: not a number`) and exits 1; or prints a one-line summary "
+        "(probes, budgets, rules, notifiers) and exits 0. Warns about secrets written in the file itself.",
+    )  # fmt: skip
+    _config_option(check)
+    check.set_defaults(func=cmd_check)
+
+    once = _command(
+        commands, "once", "refresh every source once and print the exposition on stdout",
+        "Refresh every source once (bills, usage, each probe) and print the metrics exposition on stdout. "
+        "Exits 1 for a bad config, 2 when an API refuses or cannot be reached (or refuses the inference key), "
+        "with a one-line reason on stderr.",
+    )  # fmt: skip
+    _config_option(once)
+    once.set_defaults(func=cmd_once)
+
+    run = _command(
+        commands, "run", "the daemon: scheduled refreshes, /metrics, alerts",
+        "Run the exporter: refresh every source on its interval, serve /metrics, the landing page and health, "
+        "evaluate alert rules and deliver notifications. SIGHUP reloads the config; SIGTERM or SIGINT stop it.",
+    )  # fmt: skip
+    _config_option(run)
+    run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
+    run.add_argument(
+        "--reset-state",
+        action="store_true",
+        help="if the state file is corrupt, keep it as <path>.corrupt-TIMESTAMP and start with a fresh one",
+    )
+    run.set_defaults(func=cmd_run)
+
+    digest = _command(
+        commands, "digest", "print the digest of the day before (or send it now)",
+        "Fetch the bills (and history and usage) now and print the digest the daemon sends at `digest.at`: "
+        "yesterday's spend against its expected amount, month to date, forecast, budgets, top endpoints and items, "
+        "anomalies, reconciliation gaps, and, from the daemon's state file when there is one, its firing alerts and "
+        "each probe's success ratio and p95 time to first token. With --send, also send it now through "
+        "`digest.notifiers` (once, without retries; this does not count as the daemon's digest of the day). Exits 1 "
+        "for a bad config, 2 when an API refuses or a notifier does not take it.",
+    )  # fmt: skip
+    _config_option(digest)
+    digest.add_argument("--send", action="store_true", help="send it through digest.notifiers too")
+    digest.set_defaults(func=cmd_digest)
+
+    rules = _command(
+        commands, "rules", "the YAML alert rules as a Prometheus alerting-rule file",
+        "Print the config's alert rules as a Prometheus alerting-rule file over this exporter's metrics, for "
+        "teams that evaluate alerts in Prometheus. Rules only the exporter can compute are skipped with a note.",
+    )  # fmt: skip
+    _config_option(rules)
+    rules.set_defaults(func=cmd_rules)
+
+    replay = _command(
+        commands, "backtest", "replay the bill-based alert rules over past months: what would have fired, when",
+        "Fetch the months' daily bills (and the history months before them) and replay every rule judged from "
+        "bills (spend thresholds, budgets with tiers, spend_anomaly) day by day, as the daemon would have; print "
+        "each alert that would have fired, once, on the day it would have. Exits 1 for a bad config, 2 when the "
+        f"API refuses or cannot be reached or the months make no sense (or are more than {MAX_MONTHS}).",
+    )  # fmt: skip
+    _config_option(replay)
+    replay.add_argument("--from", dest="start", required=True, type=_period, metavar="YYYY-MM", help="first month")
+    replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
+    replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
+    replay.set_defaults(func=cmd_backtest)
+
+    backfill_command = _command(
+        commands, "backfill", "past months' bill series as OpenMetrics, for promtool to load into Prometheus",
+        "Fetch the daily bills of the months --from ... --to and write the series the exporter exposes from them, "
+        "with timestamps every 5 minutes as a Prometheus scraping it would have stored them, as OpenMetrics text for "
+        "`promtool tsdb create-blocks-from openmetrics FILE DIR`. Only complete days (of this month: before today). "
+        "A month the API refuses or lists nothing for is skipped and said. Exits 2 for a bad --from, --to, --label "
+        "or --output, and when nothing could be written.",
+    )  # fmt: skip
+    _config_option(backfill_command)
+    backfill_command.add_argument("--from", dest="first", required=True, metavar="YYYY-MM", help="the first month")
+    backfill_command.add_argument(
+        "--to", dest="last", metavar="YYYY-MM", help="the last month (when not given: this month, its complete days)"
+    )
+    backfill_command.add_argument(
+        "--output", required=True, metavar="FILE", help="the file to write (replaced when complete)"
+    )
+    backfill_command.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a label your Prometheus adds to the exporter's series (job, instance); repeat for each",
+    )
+    backfill_command.set_defaults(func=cmd_backfill)
+
+    demo = _command(
+        commands, "demo", "the embedded simulator and the daemon, no credentials needed",
+        "Start the stand-in billing and chat service on loopback and the exporter against it, with growing "
+        "usage and an occasional failing chat request, and print the URLs.",
+    )  # fmt: skip
+    demo.add_argument("--listen", default="127.0.0.1:9877", metavar="ADDR", help="where the exporter listens")
+    demo.set_defaults(func=cmd_demo)
+
+    simulate = _command(
+        commands, "simulate", "run the stand-in service alone",
+        "Run the stand-in billing and chat service alone, to point an exporter or a dashboard at it. Its "
+        "credentials are printed; POST /_sim/usage, /_sim/fault and /_sim/clear control it.",
+    )  # fmt: skip
+    simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR", help="where it listens")
+    simulate.add_argument("--records", type=int, default=2000, help="usage records for today")
+    simulate.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
+    simulate.add_argument("--ttft", type=float, default=0.05, help="chat time to first token, seconds")
+    simulate.add_argument("--chunk-delay", type=float, default=0.01, help="seconds between streamed chunks")
+    simulate.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
