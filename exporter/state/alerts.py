@@ -1,0 +1,239 @@
+"""The alert store: the alert engine's state (each alert's state, what was last sent to whom, the
+budget tiers fired) and the outboxes its notifications and the digests wait in until the dispatcher
+delivers them. One module, since one evaluation commits state and notifications together, and
+moving the alerts to new rule ids moves their queued notifications too."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.model.events import GroupEvent, read_event
+from exporter.state.file import StateFile
+from exporter.state.migrations import OUTBOXES
+
+
+def read_alert_states(db: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+    """Each alert's key → (its rule, its state as JSON)."""
+    return {key: (rule, body) for key, rule, body in db.execute("SELECT key, rule, body FROM alert_state")}
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    id: int
+    notifier: str
+    event: GroupEvent
+    attempts: int
+    next_attempt: float
+    digest: dict[str, Any] | None = None
+    """A digest (`exporter.digest.build`) instead of an alert group: `event` is then empty."""
+    recipients: tuple[str, ...] = ()
+    """The email recipients still owed it when others took it already; () while nobody has."""
+    created: float = 0.0
+
+    @property
+    def table(self) -> str:
+        return "outbox" if self.digest is None else "digest_outbox"
+
+
+NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
+
+
+class AlertStore:
+    """Alert state, what was last sent to whom, budget tiers fired, and the delivery outbox.
+
+    `StateStore.transaction()` groups a whole evaluation: state changes and the notifications
+    they cause are committed together or not at all.
+    """
+
+    def __init__(self, store: StateFile) -> None:
+        self.store = store
+
+    def load_states(self) -> dict[str, tuple[str, str]]:
+        with self.store.reading() as db:
+            return read_alert_states(db)
+
+    def load_sent(self) -> dict[tuple[str, str], float]:
+        with self.store.reading() as db:
+            rows = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
+        return {(key, notifier): sent for key, notifier, sent in rows}
+
+    def tiers_fired(self, rule: str, period: str) -> set[float]:
+        with self.store.reading() as db:
+            rows = db.execute("SELECT tier FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period)).fetchall()
+        return {tier for (tier,) in rows}
+
+    @staticmethod
+    def save_state(db: sqlite3.Connection, key: str, rule: str, body: str) -> None:
+        db.execute("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?)", (key, rule, body))
+
+    @staticmethod
+    def delete_state(db: sqlite3.Connection, key: str) -> None:
+        db.execute("DELETE FROM alert_state WHERE key = ?", (key,))
+        db.execute("DELETE FROM alert_sent WHERE key = ?", (key,))
+
+    @staticmethod
+    def mark_sent(db: sqlite3.Connection, key: str, notifier: str, sent: float) -> None:
+        db.execute("INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)", (key, notifier, sent))
+
+    @staticmethod
+    def mark_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: list[float]) -> None:
+        db.executemany("INSERT OR IGNORE INTO budget_tiers VALUES (?, ?, ?)", [(rule, period, t) for t in tiers])
+
+    @staticmethod
+    def enqueue(db: sqlite3.Connection, notifier: str, event: GroupEvent, now: float) -> None:
+        db.execute(
+            "INSERT INTO outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
+            (notifier, json.dumps(event), now, now),
+        )
+
+    def digest_made(self, key: str) -> bool:
+        with self.store.reading() as db:
+            return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
+
+    def enqueue_digest(self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float) -> bool:
+        """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
+        queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
+        receiver can tell digests apart and drop a repeat."""
+        with self.store.transaction() as db:
+            if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
+                return False
+            text = json.dumps({**body, "id": key})
+            db.executemany(
+                "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
+                [(name, text, now, now) for name in notifiers],
+            )
+            db.execute("DELETE FROM digests WHERE made < ?", (now - 60 * 86400,))
+        return True
+
+    def head(self, notifier: str, now: float = math.inf) -> OutboxEntry | None:
+        """The oldest undelivered notification for a notifier: delivery is in order, one at a time;
+        alerts first, then digests (kept apart, so a version without digests never reads one). One
+        that only some email recipients are still owed is out of that order: it is the head only
+        once its retry is due (at `now`), so one full mailbox never holds back the rest."""
+        with self.store.reading() as db:
+            for table in OUTBOXES:
+                row = db.execute(
+                    f"SELECT id, notifier, event, attempts, next_attempt, recipients, created FROM {table}"  # noqa: S608 - one of two names
+                    " WHERE notifier = ? AND delivered IS NULL AND (recipients = '' OR next_attempt <= ?)"
+                    " ORDER BY id LIMIT 1",
+                    (notifier, now),
+                ).fetchone()
+                if row is not None:
+                    break
+        if row is None:
+            return None
+        entry_id, name, text, attempts, next_attempt, recipients, created = row
+        owed = tuple(json.loads(recipients)) if recipients else ()
+        if table == "digest_outbox":
+            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, json.loads(text), owed, created)
+        return OutboxEntry(entry_id, name, read_event(text), attempts, next_attempt, None, owed, created)
+
+    def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
+        """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
+        assert table in OUTBOXES
+        with self.store.transaction() as db:
+            db.execute(
+                f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
+                (now, dropped, entry_id),
+            )
+            db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))  # noqa: S608
+
+    def failed(
+        self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox", recipients: Sequence[str] = ()
+    ) -> None:
+        """A failed attempt; `recipients`: the email recipients still owed it, when others took it."""
+        assert table in OUTBOXES
+        with self.store.transaction() as db:
+            db.execute(
+                f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ?,"  # noqa: S608
+                " recipients = COALESCE(NULLIF(?, ''), recipients) WHERE id = ?",
+                (next_attempt, error[:500], json.dumps(list(recipients)) if recipients else "", entry_id),
+            )
+
+    def discard(self, keep: Iterable[str], now: float, reason: str) -> dict[str, int]:
+        """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
+        reload removed, or that is no longer one with a queue), and forget what was sent to them (one
+        added again under the same name is then told what fires, as a new one is); how many were
+        waiting, per notifier."""
+        kept = sorted(set(keep))
+        marks = ",".join("?" * len(kept))
+        dropped: dict[str, int] = {}
+        with self.store.transaction() as db:
+            for table in OUTBOXES:
+                where = f"delivered IS NULL AND notifier NOT IN ({marks})"
+                rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
+                for name, count in rows.fetchall():
+                    dropped[name] = dropped.get(name, 0) + count
+                db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
+            db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
+        return dropped
+
+    def alert_states(self, keys: Iterable[str]) -> dict[str, str]:
+        """The current state of each of these alerts that is kept (one resolved long ago is not)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, str] = {}
+        with self.store.reading() as db:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, json_extract(body, '$.state') FROM alert_state WHERE key IN ({marks})"  # noqa: S608
+                rows = db.execute(query, chunk).fetchall()
+                found.update(rows)
+        return found
+
+    @property
+    def legacy_rule_ids(self) -> bool:
+        """The file's alerts were saved with rule ids that depend on the rules' order (layout 0), and
+        have not been moved yet."""
+        with self.store.reading() as db:
+            return db.execute("SELECT 1 FROM meta WHERE key = 'rule_ids'").fetchone() is not None
+
+    def adopt_rule_ids(self, moves: Mapping[str, str], rekey: Callable[[dict[str, Any], str], dict[str, Any]]) -> int:
+        """Rewrite the alert tables from old rule ids to new ones, once per file: each saved alert of a
+        moved rule becomes `rekey(body, new id)` (its new key, the incident it opened kept), its
+        alert_sent rows and queued notifications follow its key, and budget tiers fired follow their
+        rule. Then the file no longer says its ids are by position. Returns how many alerts moved."""
+        with self.store.transaction() as db:
+            # Read everything, then write: an old id may be another rule's new one.
+            renamed: dict[str, str] = {}
+            alerts = []
+            for old_key, rule, text in db.execute("SELECT key, rule, body FROM alert_state").fetchall():
+                if rule in moves:
+                    body = rekey(json.loads(text), moves[rule])
+                    renamed[old_key] = body["key"]
+                    alerts.append((body["key"], moves[rule], json.dumps(body)))
+            sent = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
+            tiers = db.execute("SELECT rule, period, tier FROM budget_tiers").fetchall()
+            db.executemany("DELETE FROM alert_state WHERE key = ?", [(key,) for key in renamed])
+            db.executemany("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?)", alerts)
+            db.execute("DELETE FROM alert_sent")
+            db.executemany(
+                "INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)",
+                [(renamed.get(key, key), notifier, at) for key, notifier, at in sent],
+            )
+            db.execute("DELETE FROM budget_tiers")
+            db.executemany(
+                "INSERT OR IGNORE INTO budget_tiers VALUES (?, ?, ?)",
+                [(moves.get(rule, rule), period, tier) for rule, period, tier in tiers],
+            )
+            if renamed:
+                for entry_id, text in db.execute("SELECT id, event FROM outbox WHERE delivered IS NULL").fetchall():
+                    event = read_event(text)
+                    for alert in event["alerts"]:
+                        alert["key"] = renamed.get(alert["key"], alert["key"])
+                    db.execute("UPDATE outbox SET event = ? WHERE id = ?", (json.dumps(event), entry_id))
+            db.execute("DELETE FROM meta WHERE key = 'rule_ids'")
+        return len(renamed)
+
+    def pending_count(self) -> dict[str, int]:
+        with self.store.reading() as db:
+            rows = db.execute(
+                "SELECT notifier, COUNT(*) FROM (SELECT notifier FROM outbox WHERE delivered IS NULL"
+                " UNION ALL SELECT notifier FROM digest_outbox WHERE delivered IS NULL) GROUP BY notifier"
+            ).fetchall()
+        return dict(rows)

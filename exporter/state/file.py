@@ -1,0 +1,349 @@
+"""The state file itself: one SQLite file that survives a restart, opened by one exporter at a
+time (`LockFile`), checked and migrated as it opens, and kept at its path while the exporter runs.
+
+One connection, serialised by a lock, WAL journal; each save is one transaction, so a crash leaves
+the previous complete state. Every fault of the file (corrupt, read-only, full, deleted, replaced,
+in use) is a `StateError` whose message names the file. The tables' owners read and write through
+`StateFile`'s `reading` and `transaction` (see `StateStore` and `AlertStore`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from exporter.core.logs import get_logger
+from exporter.state.errors import StateError, fault_of
+from exporter.state.lock import LockFile
+from exporter.state.migrations import LAYOUT, MIGRATIONS, SCHEMA, number_outboxes
+
+log = get_logger(__name__)
+
+
+def _directory_writable(directory: Path) -> bool:
+    """Whether a file can be created in `directory` (tried, since root ignores the permission bits)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def location_problem(path: str | Path) -> str:
+    """Why no state file could be kept at `path` ("" if one could), found without creating anything."""
+    if str(path) == ":memory:":
+        return ""
+    target = Path(path)
+    if target.is_dir():
+        return f"{target} is a directory"
+    existing = target.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"the directory {existing} is not writable"
+    if target.exists() and not os.access(target, os.R_OK | os.W_OK):
+        return f"{target} is not readable and writable"
+    return ""
+
+
+def move_aside(path: str | Path) -> str:
+    """Rename a state file (and its -wal and -shm journal files, which belong to it) to
+    `<path>.corrupt-YYYYmmddTHHMMSS`; returns the new name of the file."""
+    path = str(path)
+    target = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}"
+    n = 0
+    while any(os.path.lexists(target + suffix) for suffix in ("", "-wal", "-shm")):
+        n += 1
+        target = f"{path}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{n}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.lexists(path + suffix):
+            os.rename(path + suffix, target + suffix)
+    return target
+
+
+class StateFile:
+    """The state file, opened by one exporter at a time.
+
+    An exclusive lock on `<path>.lock` (holding the owner's pid) keeps a second exporter, or a
+    second store in this process, off the file. At start-up the file is checked (`quick_check`)
+    and written once, so a corrupt or read-only file is refused then rather than at the first
+    evaluation. Every write transaction first checks that the file at the path is still the one
+    opened: a deleted file is recreated from the open connection, a replaced one is refused.
+
+    Every SQLite error comes out as a `StateError` naming the file and the fault. The owners'
+    tables are subclasses of it, composed into `StateStore`; `AlertStore` works through one.
+    """
+
+    def __init__(self, path: str | Path, *, reset: bool = False) -> None:
+        """Open (or create) the state file. With `reset`, a corrupt file is moved aside (see
+        `move_aside`) and a fresh one started; without, it is refused with a `StateError`."""
+        self.path = str(path)
+        self._lock = threading.RLock()
+        self._lock_file: LockFile | None = None
+        self._identity: tuple[int, int] | None = None
+        self._wal = False
+        self._closed = False
+        self.write_error = ""
+        """How the last write transaction failed ("" if it was committed)."""
+        self.layout = LAYOUT
+        """The file's layout as found when it was opened (see MIGRATIONS)."""
+        self.moved_aside: str | None = None
+        """Where a corrupt file was moved by `reset`, if it was."""
+        if self.path == ":memory:":
+            self._db = self._connect(self.path)
+            return
+        directory = Path(self.path).parent
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StateError(
+                self.path,
+                f"state file {self.path}: cannot create its directory {directory} ({error.strerror or error})",
+            ) from None
+        self._lock_file = LockFile(self.path)
+        try:
+            try:
+                self._db = self._open()
+            except StateError as error:
+                if not (reset and error.corrupt):
+                    raise
+                self.moved_aside = self._move_aside()
+                log.warning("state file moved aside; started a fresh one",
+                            path=self.path, fault=error.fault, moved_to=self.moved_aside)  # fmt: skip
+                self._db = self._open()
+        except BaseException:
+            self._lock_file.release()
+            raise
+
+    # -- opening --
+
+    def _connect(self, path: str) -> sqlite3.Connection:
+        """A connection in WAL mode with the tables; raises sqlite3.Error."""
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._wal = mode == "wal"
+            db.execute("PRAGMA synchronous=NORMAL")
+            if path != ":memory:":
+                (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+                if verdict != "ok":
+                    corrupt = sqlite3.DatabaseError(f"quick_check: {verdict[:200]}")
+                    corrupt.sqlite_errorname = "SQLITE_CORRUPT"
+                    raise corrupt
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > LAYOUT:
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} was written by a newer version (layout {version}; this one knows "
+                    f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
+                )
+            db.executescript(SCHEMA)
+            # Written once now, always: a read-only file opens (read-only) without complaint.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for step in MIGRATIONS[version:]:
+                    step(db)
+                db.execute(f"PRAGMA user_version = {LAYOUT}")
+                self.layout = version
+                number_outboxes(db)
+                db.execute("COMMIT")
+            finally:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            db = self._connect(self.path)
+        except sqlite3.Error as error:
+            name = getattr(error, "sqlite_errorname", "") or ""
+            directory = Path(self.path).parent
+            if name.startswith("SQLITE_CANTOPEN") and not _directory_writable(directory):
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} cannot be opened: its directory {directory} is read-only ({error})",
+                ) from None
+            raise self._error(error) from error
+        self._identity = self._stat_identity()
+        return db
+
+    def _stat_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise StateError(self.path, f"state file {self.path} cannot be examined ({error.strerror})") from None
+        return st.st_dev, st.st_ino
+
+    def _move_aside(self) -> str:
+        try:
+            return move_aside(self.path)
+        except OSError as error:
+            raise StateError(
+                self.path, f"state file {self.path} is corrupt and cannot be moved aside ({error.strerror or error})"
+            ) from None
+
+    def _error(self, error: sqlite3.Error) -> StateError:
+        fault, corrupt = fault_of(error)
+        remedy = "; move it aside or start with --reset-state" if corrupt else ""
+        return StateError(self.path, f"state file {self.path} {fault}{remedy}", corrupt=corrupt, fault=fault)
+
+    # -- the file under the connection --
+
+    def _check_file(self) -> None:
+        """Before a write: the path must still hold the file opened. Recreate a deleted one from the
+        open connection; refuse to write over a replaced one."""
+        if self._identity is None:
+            return
+        try:
+            identity = self._stat_identity()
+            if identity is not None and identity != self._identity:
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} was replaced while running (another file is now at that path); "
+                    "not writing over it: restart the exporter to use it, or remove it to have this one recreated",
+                )
+            if identity is None:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)  # the whole directory may be gone
+            if self._lock_file is not None:
+                self._lock_file.check()
+            if identity is None:
+                self._recreate(f"state file {self.path} was deleted while running")
+            elif self._wal and not os.path.exists(self.path + "-wal"):
+                self._recreate(f"the -wal journal of state file {self.path} was deleted while running")
+        except OSError as error:
+            raise StateError(self.path, f"state file {self.path}: {error.strerror or error}") from None
+
+    def _recreate(self, event: str) -> None:
+        """Write the open connection's database to a new file at the path and switch to it."""
+        staging = f"{self.path}.recreating"
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staging + suffix)
+        try:
+            copy = sqlite3.connect(staging, isolation_level=None)
+            try:
+                self._db.backup(copy)
+            finally:
+                copy.close()
+        except sqlite3.Error as error:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(staging)
+            fault, _ = fault_of(error)
+            raise StateError(self.path, f"{event}, and it cannot be recreated ({fault})") from None
+        # The old connection must be gone before the new file is opened: its -wal and -shm, if still
+        # there, belong to the deleted file and would be taken for the new one's.
+        self._db.close()
+        try:
+            for suffix in ("-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path + suffix)
+            if self._stat_identity() == self._identity:  # our own file, its -wal gone: replace it
+                os.replace(staging, self.path)
+            else:
+                _install(staging, self.path)
+        except (OSError, StateError) as error:
+            # Keep working on the copy: the next write tries again to put it at the path.
+            self._db = sqlite3.connect(staging, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            raise StateError(
+                self.path,
+                f"{event}, and it cannot be recreated ({getattr(error, 'strerror', None) or error})",
+            ) from None
+        self._identity = self._stat_identity()
+        try:
+            self._db = self._connect(self.path)
+        except sqlite3.Error as error:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            raise self._error(error) from error
+        log.warning("state file recreated from the open copy", path=self.path, event=event)
+
+    # -- reading and writing --
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._check_file()  # a file deleted since the last write is written back before closing
+            except StateError as error:
+                log.error("closing the state file failed", path=self.path, error=str(error))
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            if self._lock_file is not None:
+                self._lock_file.release()
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                yield self._db
+            except sqlite3.Error as error:
+                raise self._error(error) from error
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a failure rolls it back and raises StateError (the next may succeed).
+        `write_error` says how the last one ended ("" when it was committed)."""
+        with self._lock:
+            try:
+                with self._write() as db:
+                    yield db
+            except StateError as error:
+                self.write_error = str(error)
+                raise
+            self.write_error = ""
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._check_file()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as error:
+                raise self._error(error) from error
+            try:
+                yield self._db
+            except sqlite3.Error as error:
+                self._rollback()
+                raise self._error(error) from error
+            except BaseException:
+                self._rollback()
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as error:
+                self._rollback()
+                raise self._error(error) from error
+
+    def _rollback(self) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+
+def _install(staging: str, path: str) -> None:
+    """Put `staging` at `path`, unless a file appeared there meanwhile."""
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        raise OSError(errno.EEXIST, "another file appeared at the path meanwhile") from None
+    except OSError:
+        os.replace(staging, path)  # no hard links on this file system
+        return
+    os.remove(staging)

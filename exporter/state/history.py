@@ -1,0 +1,32 @@
+"""The bill history's table (`exporter.sources.history`): each past month's daily bills by endpoint
+and by item, and each endpoint's by item, as JSON, with the day they were fetched (a start-up on
+that day fetches them no more)."""
+
+from __future__ import annotations
+
+from exporter.state.file import StateFile
+
+
+class HistoryTable(StateFile):
+    """`bill_history`: one row per month."""
+
+    def load_history(self) -> list[tuple[str, str, str, str, str]]:
+        """Every month held: (period, its daily bills by endpoint, by item, and each endpoint's by
+        item, as JSON; the day fetched)."""
+        with self.reading() as db:
+            rows: list[tuple[str, str, str, str, str]] = db.execute(
+                "SELECT period, by_endpoint, by_item, items_by_endpoint, fetched FROM bill_history ORDER BY period"
+            ).fetchall()
+        return rows
+
+    def save_history(
+        self, period: str, by_endpoint: str, by_item: str, items_by_endpoint: str, fetched: str, *, keep_from: str
+    ) -> None:
+        """Replace one month's bills; forget the months before `keep_from`."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO bill_history (period, by_endpoint, by_item, items_by_endpoint, fetched)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (period, by_endpoint, by_item, items_by_endpoint, fetched),
+            )
+            db.execute("DELETE FROM bill_history WHERE period < ?", (keep_from,))

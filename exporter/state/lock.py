@@ -1,0 +1,82 @@
+"""The state file's lock: `<path>.lock`, held (flock) with the owner's pid in it while one exporter
+has the file open, so that a second exporter, or a second store in this process, is refused and
+told which process holds it."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+
+from exporter.core.logs import get_logger
+from exporter.state.errors import StateError
+
+log = get_logger(__name__)
+
+
+class LockFile:
+    """The lock of the state file at `path`, taken at creation: a `StateError` if another holds it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_path = f"{path}.lock"
+        self._fd: int | None = self._take()
+
+    def _take(self) -> int:
+        """Open and lock `<path>.lock`, write our pid into it; refuse if another holds it."""
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StateError(
+                    self.path,
+                    f"state file {self.path}: cannot create its lock file {self.lock_path}: the directory is "
+                    f"read-only or not writable ({error.strerror})",
+                ) from None
+            raise StateError(
+                self.path, f"state file {self.path}: cannot open its lock file {self.lock_path} ({error.strerror})"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            finally:
+                os.close(fd)
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StateError(
+                    self.path, f"state file {self.path}: cannot lock {self.lock_path} ({error.strerror})"
+                ) from None
+            pid = holder if holder.isdigit() else "unknown"
+            raise StateError(
+                self.path,
+                f"state file {self.path} is in use by another exporter (pid {pid}); "
+                "each exporter needs its own state.path",
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # the lock holds without the pid; only the message to a second exporter is poorer
+        return fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+    def check(self) -> None:
+        """Take the lock again if `<path>.lock` was deleted or replaced while running."""
+        if self._fd is None:
+            return
+        mine = os.fstat(self._fd)
+        try:
+            there = os.stat(self.lock_path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return
+        fd = self._take()  # refused if another exporter took the new lock file meanwhile
+        os.close(self._fd)
+        self._fd = fd
+        log.warning("state lock file was deleted while running; locked it again", path=self.lock_path)

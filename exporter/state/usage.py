@@ -1,0 +1,114 @@
+"""The usage sync's tables (`exporter.sources.usage`): each day's cursor (where the last sync
+stopped), its sums per (endpoint, model, api key), the digests of the request ids it counted, and
+what today's estimate counters counted; all of a day saved in one transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.model.snapshots import UsageRow
+from exporter.state.file import StateFile
+
+
+@dataclass(frozen=True)
+class UsageCursor:
+    """Where the last sync of a day stopped: `records` aggregated, the last one's id, and a
+    fingerprint of the ids on its page up to it (to tell that nothing before it moved)."""
+
+    day: dt.date
+    settings: str
+    records: int
+    boundary_id: str
+    page_fingerprint: str
+    finalised: bool = False
+    head_ids: str = ""
+    """The ids at the head of the list (its first page), as hex of their 64-bit digests: where
+    a list that shows the newest first must show them again, shifted down by the new records."""
+    newest_first: bool = False
+    """The service was seen to list the day newest first."""
+    page_size: int = 0
+    """The page size the cursor's pages were read at (below the configured one when the
+    service caps its pages); 0: not saved."""
+
+
+class UsageTables(StateFile):
+    """`usage_cursor`, `usage_head`, `usage_totals`, `usage_ids` and `usage_amounts`."""
+
+    def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
+        with self.reading() as db:
+            row = db.execute(
+                "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first, page_size"
+                " FROM usage_cursor LEFT JOIN usage_head USING (day) WHERE day = ?",
+                (day.isoformat(),),
+            ).fetchone()
+            if row is None:
+                return None
+            totals = db.execute(
+                "SELECT endpoint, model, api_key, requests, prompt, completion, cached FROM usage_totals WHERE day = ?",
+                (day.isoformat(),),
+            ).fetchall()
+        return UsageCursor(
+            day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
+        ), totals
+
+    def load_usage_amounts(self, day: dt.date) -> list[tuple[str, str, str, str, int, int, int]]:
+        """What today's estimate counters counted (`sources.usage_cost.Counted`), per (endpoint, model, api
+        key): the amount as exact decimal text and the prompt, completion and cached tokens it covers."""
+        with self.reading() as db:
+            return db.execute(
+                "SELECT endpoint, model, api_key, amount, prompt, completion, cached FROM usage_amounts WHERE day = ?",
+                (day.isoformat(),),
+            ).fetchall()
+
+    def load_usage_ids(self, day: dt.date) -> bytes:
+        """The digests of the request ids counted on `day` (see `sources.usage_aggregate.SeenIds`); empty if none."""
+        with self.reading() as db:
+            row = db.execute("SELECT ids FROM usage_ids WHERE day = ?", (day.isoformat(),)).fetchone()
+        return bytes(row[0]) if row else b""
+
+    def save_usage(
+        self,
+        cursor: UsageCursor,
+        totals: list[UsageRow],
+        updated: float,
+        keep_from: dt.date,
+        *,
+        ids: Sequence[memoryview] = (),
+        amounts: Sequence[tuple[str, str, str, str, int, int, int]] | None = None,
+    ) -> None:
+        """Replace a day's cursor, totals and request ids seen (in chunks, written into the blob one
+        after the other: no copy of the whole) in one transaction; forget days before `keep_from`.
+        `amounts` (as `load_usage_amounts` reads them) replace the counted amounts in the same
+        transaction, so they never cover other totals than those saved with them."""
+        day = cursor.day.isoformat()
+        with self.transaction() as db:
+            if amounts is not None:
+                db.execute("DELETE FROM usage_amounts")  # only today's are ever read
+                db.executemany(
+                    "INSERT INTO usage_amounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *a) for a in amounts]
+                )
+            db.execute(
+                "INSERT OR REPLACE INTO usage_ids (day, ids) VALUES (?, zeroblob(?))", (day, sum(c.nbytes for c in ids))
+            )
+            (rowid,) = db.execute("SELECT rowid FROM usage_ids WHERE day = ?", (day,)).fetchone()
+            with db.blobopen("usage_ids", "ids", rowid) as blob:
+                for chunk in ids:
+                    blob.write(chunk)
+            db.execute("DELETE FROM usage_ids WHERE day < ?", (keep_from.isoformat(),))
+            db.execute(
+                "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (day, cursor.settings, cursor.records, cursor.boundary_id, cursor.page_fingerprint,
+                 int(cursor.finalised), updated),
+            )  # fmt: skip
+            # In a table of its own: a file this version wrote stays one the previous version can write.
+            db.execute(
+                "INSERT OR REPLACE INTO usage_head VALUES (?, ?, ?, ?)",
+                (day, cursor.head_ids, int(cursor.newest_first), cursor.page_size),
+            )
+            db.execute("DELETE FROM usage_head WHERE day < ?", (keep_from.isoformat(),))
+            db.execute("DELETE FROM usage_totals WHERE day = ?", (day,))
+            db.executemany("INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *t) for t in totals])
+            db.execute("DELETE FROM usage_cursor WHERE day < ?", (keep_from.isoformat(),))
+            db.execute("DELETE FROM usage_totals WHERE day < ?", (keep_from.isoformat(),))
