@@ -23,10 +23,11 @@ SHANGHAI = ZoneInfo("Asia/Shanghai")
 SERVERS = frozenset({"server", "live", "receiver"})
 """Fixtures that start a server: a test using one (directly or through another) is an integration test."""
 STARTS_ITS_OWN = frozenset(
-    {"test_backfill", "test_cli", "test_deploy", "test_ha", "test_logs", "test_post", "test_prometheus_e2e",
-     "test_alertmanager", "test_promrules", "test_server", "test_server_limits", "test_soak", "test_state_file"}
+    {"test_ha", "test_post", "test_prometheus_e2e", "test_alertmanager", "test_server", "test_server_limits",
+     "test_soak", "test_state_file"}
 )  # fmt: skip
-"""Modules whose tests start servers, processes or binaries of their own."""
+"""Modules whose tests all start servers, processes or binaries of their own (elsewhere, such a test
+is marked `integration` itself)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, Listings, parse_envelope
 from exporter.sim import Simulator
-from exporter.sim.model import SimulatorError, _encode
+from exporter.sim.model import CONTENT_FAULTS, SimulatorError, _encode, corrupt
 
 R = TypeVar("R")
 
@@ -20,8 +20,9 @@ class FakeBilling(Listings):
     in the envelope its HTTP side sends, read, parsed and checked by the client's own code
     (`Listings`, `parse_envelope`): records, totals, caps and API errors come out as over the wire.
     Requests are counted in `sim.requests_served` as the server counts them, so a test can count
-    pages. What belongs to the wire (signatures, retries, injected faults, latency, requests in
-    parallel) is not here: those tests run over HTTP.
+    pages. Injected faults that change what a listing says (`bad_amount`, `bad_value`,
+    `total_mismatch`) are applied as the server applies them; what belongs to the wire (signatures,
+    retries, the other faults, latency, requests in parallel) is not here: those tests run over HTTP.
     """
 
     def __init__(self, sim: Simulator, *, page_size: int = MAX_USAGE_PAGE_SIZE, project_id: str = "") -> None:
@@ -38,6 +39,9 @@ class FakeBilling(Listings):
             self.sim.requests_served[path] = self.sim.requests_served.get(path, 0) + 1
         try:
             data = respond(urlencode(params))
+            fault = self.sim._take_fault(path, CONTENT_FAULTS)
+            if fault is not None:
+                data = corrupt(data, fault)
         except SimulatorError as error:
             envelope = {"code": error.code, "reason": error.reason, "message": error.message}
             return parse_envelope(error.http_status, _encode(envelope), f"GET {self.base_url}{path}")

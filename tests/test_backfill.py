@@ -292,6 +292,7 @@ def spending() -> Iterator[tuple[Simulator, SimulatorServer]]:
     server.stop()
 
 
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
 @pytest.mark.parametrize(
     "args",
     [
@@ -352,6 +353,7 @@ def identity(path: Path) -> tuple[tuple[int, int, int], ...]:
     return tuple((s.st_ino, s.st_mode, s.st_rdev) for s in (os.lstat(path), os.stat(path)))
 
 
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
 @pytest.mark.parametrize(
     ("make", "kind"),
     [
@@ -386,6 +388,7 @@ def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(
     assert sim.requests_served == {}
 
 
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
 def test_refused_credentials_write_nothing_and_name_no_secret(
     tmp_path: Path, spending: tuple[Simulator, SimulatorServer]
 ) -> None:
@@ -407,6 +410,7 @@ def query(url: str, expr: str, at: float) -> list[dict]:
     return body["data"]["result"]
 
 
+@pytest.mark.integration  # the command as a process, then promtool and Prometheus
 def test_prometheus_answers_over_the_backfilled_months_with_the_simulators_figures(
     tmp_path: Path, output: Path, spending: tuple[Simulator, SimulatorServer]
 ) -> None:

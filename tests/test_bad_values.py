@@ -3,24 +3,32 @@
 A bad value fails the refresh of its source with a `RecordError` naming the record and the field;
 the daemon keeps serving the last good figures on /metrics (and says the source is failing); the
 next good answer is taken as usual. `once` exits 2 with one line.
+
+Each value is served in process to the source that reads it (the simulator's ledger through
+tests/fakes.py: the unit layer); over HTTP, the daemon facing one bad value of each source,
+`once` as a process, and promtool reading a raw CR.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
 from exporter.app.daemon import Daemon
-from exporter.billing import RetryPolicy
+from exporter.billing import BillingError, RetryPolicy
 from exporter.config.load import ConfigError, validate
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SimulatorServer
+from exporter.sources.bills import BillsSource
+from exporter.sources.usage import UsageSync
+from exporter.state import StateStore
 from tests.conftest import billing_section, require_binary
+from tests.fakes import FakeBilling
 from tests.helpers import named, scrape, value
 from tests.test_cli import run, write_config
 
@@ -37,6 +45,44 @@ BAD = [
     ("bills", "payableAmount", "١٢٣", "field 'payableAmount' is not a decimal"),
     ("bills", "usageValue", "Infinity", "field 'usageValue' is not a decimal"),
 ]
+OVER_HTTP = [BAD[2], BAD[4]]
+"""One of each source for the daemon: how it keeps serving does not depend on the value."""
+
+
+@pytest.mark.parametrize(("source", "field", "bad", "message"), BAD, ids=[f"{s}-{f}-{b!r}" for s, f, b, _ in BAD])
+def test_a_bad_value_fails_its_source_by_name_and_the_next_good_answer_is_taken(
+    sim: Simulator,
+    fake_pages: FakeBilling,
+    clock: Clock,
+    store: StateStore,
+    source: str,
+    field: str,
+    bad: object,
+    message: str,
+) -> None:
+    sim.add_usage(300)
+    refreshers: dict[str, Callable[[], object]] = {
+        "bills": BillsSource(fake_pages, clock, 3).refresh,
+        "usage": UsageSync(fake_pages, clock, store, per_api_key=False).refresh,
+    }
+    refresh = refreshers[source]
+    before = refresh()
+    sim.inject(Fault("bad_value", BILLS if source == "bills" else USAGES, field=field, value=bad))
+    with pytest.raises(BillingError) as refused:  # what the daemon records as the source's error
+        refresh()
+    assert message in str(refused.value)
+    assert re.search(r"record \d+: field", str(refused.value))
+    assert refresh() == before  # the next good answer is taken: the same figures, nothing counted twice
+
+
+@pytest.mark.parametrize("amount", ["1_000", "١٢٣", "NaN", "1e400", "Infinity"])
+def test_config_amounts_are_decimal_text_too(amount: str) -> None:
+    billing = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
+    with pytest.raises(ConfigError, match=r"budgets\[0\]\.amount \(budget 'b'\): (not a number|out of range)"):
+        validate({"billing": billing, "budgets": [{"name": "b", "amount": amount}]}, {})
+
+
+# --- over HTTP --------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -53,8 +99,10 @@ def daemon(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
     daemon.stop()
 
 
-@pytest.mark.parametrize(("source", "field", "bad", "message"), BAD, ids=[f"{s}-{f}-{b!r}" for s, f, b, _ in BAD])
-def test_a_bad_value_fails_its_source_by_name_and_the_exposition_stays(
+@pytest.mark.parametrize(
+    ("source", "field", "bad", "message"), OVER_HTTP, ids=[f"{s}-{f}-{b!r}" for s, f, b, _ in OVER_HTTP]
+)
+def test_the_daemon_serves_the_last_good_figures_while_a_value_is_bad(
     daemon: Daemon, sim: Simulator, source: str, field: str, bad: object, message: str
 ) -> None:
     assert daemon.refresh("bills")
@@ -91,12 +139,6 @@ def test_once_exits_2_with_one_line_naming_the_field(tmp_path: Path) -> None:
     assert result.stderr.count("\n") == 1
     assert "field 'payableAmount' is out of range" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-@pytest.mark.parametrize("amount", ["1_000", "١٢٣", "NaN", "1e400", "Infinity"])
-def test_config_amounts_are_decimal_text_too(sim: Simulator, server: SimulatorServer, amount: str) -> None:
-    with pytest.raises(ConfigError, match=r"budgets\[0\]\.amount \(budget 'b'\): (not a number|out of range)"):
-        validate({"billing": billing_section(sim, server), "budgets": [{"name": "b", "amount": amount}]}, {})
 
 
 def test_a_carriage_return_in_a_label_passes_promtool(daemon: Daemon, sim: Simulator) -> None:

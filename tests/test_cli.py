@@ -21,6 +21,8 @@ from exporter.core.clock import Clock
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
 
+pytestmark = pytest.mark.integration  # every test runs the command as a process
+
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 

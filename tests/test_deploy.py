@@ -31,6 +31,7 @@ EXAMPLES = ROOT / "examples"
 ENV = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
 
 
+@pytest.mark.integration  # hadolint
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     result = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
@@ -49,6 +50,7 @@ def test_the_container_runs_the_console_script_as_a_non_root_user() -> None:
     assert "/healthz" in dockerfile
 
 
+@pytest.mark.integration  # promtool
 def test_example_prometheus_config_and_rules_pass_promtool() -> None:
     promtool = require_binary("promtool")
     for args in (["check", "config", "prometheus.yml"], ["check", "rules", "alert-rules.yml"]):
@@ -64,6 +66,7 @@ def test_example_rules_are_what_the_rules_command_writes_for_the_example_config(
     assert (EXAMPLES / "alert-rules.yml").read_text() == text
 
 
+@pytest.mark.integration  # amtool
 def test_example_alertmanager_config_passes_amtool() -> None:
     amtool = require_binary("amtool")
     result = subprocess.run(
@@ -192,6 +195,7 @@ def test_compose_delivers_each_alert_to_alertmanager_exactly_once() -> None:
     assert not any("alert-rules" in volume for volume in services["prometheus"].get("volumes", []))
 
 
+@pytest.mark.integration  # promtool
 def test_the_commented_prometheus_evaluates_alternative_is_a_valid_config(tmp_path: Path) -> None:
     """prometheus.yml says: uncomment rule_files and alerting to evaluate in Prometheus instead. That must work."""
     promtool = require_binary("promtool")
@@ -267,6 +271,7 @@ def test_the_healthcheck_default_is_the_exporters_default_listen_port() -> None:
     assert default in " ".join(command), "the fallback in the command and the image's ENV must agree"
 
 
+@pytest.mark.integration  # a server on loopback and the HEALTHCHECK command as a process
 def test_the_healthcheck_follows_healthcheck_url() -> None:
     with health_server() as base:
         healthy = run_healthcheck(f"{base}/healthz")
@@ -297,6 +302,7 @@ def self_signed(tmp_path: Path) -> ssl.SSLContext:
     return context
 
 
+@pytest.mark.integration  # openssl, a server on loopback and the HEALTHCHECK command
 def test_the_healthcheck_accepts_a_self_signed_certificate_over_https(self_signed: ssl.SSLContext) -> None:
     with health_server(self_signed) as base:
         healthy = run_healthcheck(f"{base}/healthz")
@@ -304,6 +310,7 @@ def test_the_healthcheck_accepts_a_self_signed_certificate_over_https(self_signe
         assert run_healthcheck(f"{base}/sick").returncode != 0
 
 
+@pytest.mark.integration  # pip wheel
 def test_the_wheel_holds_every_module(tmp_path: Path) -> None:
     """What the container installs: a wheel built from the project, with every subpackage in it."""
     import zipfile

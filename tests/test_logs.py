@@ -58,6 +58,7 @@ def run_and_collect(tmp_path: Path, live: tuple[Simulator, SimulatorServer], fmt
     return stderr.splitlines()
 
 
+@pytest.mark.integration  # the daemon as a process
 def test_every_text_line_is_logfmt(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
     lines = run_and_collect(tmp_path, live, "text")
     parsed = [parse_logfmt(line) for line in lines]
@@ -73,6 +74,7 @@ def test_every_text_line_is_logfmt(tmp_path: Path, live: tuple[Simulator, Simula
     assert any(e["component"].startswith("urllib3") for e in parsed)  # libraries' lines are logfmt too
 
 
+@pytest.mark.integration  # the daemon as a process
 def test_every_json_line_is_an_object_with_its_fields_as_keys(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer]
 ) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.alerts.promrules import rule_file
 from exporter.config.load import validate
 from tests.conftest import require_binary
+
+pytestmark = pytest.mark.integration  # every test runs promtool
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 RULES = [

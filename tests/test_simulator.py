@@ -1,9 +1,14 @@
-"""The simulator is as strict as the specification allows; these tests send hand-made requests."""
+"""The simulator is as strict as the specification allows; these tests send hand-made requests.
+
+Its checks (signatures, query parameters, pages) are asked of it in process: the unit layer. Over
+HTTP only what the wire carries: the status, the envelope, the Date header."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import requests
@@ -11,15 +16,15 @@ import requests
 from exporter.billing.signing import new_nonce, sign_request
 from exporter.core.clock import FrozenClock
 from exporter.sim import Simulator, SimulatorServer
+from exporter.sim.model import SimulatorError
 
 BILLS = "/api/v1/bills/details"
 USAGES = "/api/v1/usages/details"
 BILLS_QUERY = "period=2026-11&group_period=GROUP_PERIOD_DAILY&group_term=GROUP_TERM_INSTANCE"
 
 
-def signed_get(
+def signed_headers(
     sim: Simulator,
-    server: SimulatorServer,
     path: str,
     query: str,
     *,
@@ -30,7 +35,8 @@ def signed_get(
     lifetime: int | None = 300,
     nonce: str | None = None,
     mutate: dict[str, str] | None = None,
-) -> requests.Response:
+) -> dict[str, str]:
+    """The signature headers of a GET without a body, made by hand; `mutate` replaces some afterwards."""
     created = int(sim.clock.now().timestamp()) + created_offset
     headers = sign_request(
         method="GET",
@@ -44,8 +50,16 @@ def signed_get(
         expires=created + lifetime if lifetime is not None else None,
         nonce=nonce or new_nonce(),
     ).as_dict()
-    headers |= mutate or {}
-    return requests.get(f"{server.url}{path}?{query}", headers=headers, timeout=5)
+    return headers | (mutate or {})
+
+
+def verify(sim: Simulator, path: str, query: str, **signing: Any) -> None:
+    """The simulator's check of a GET signed as `signed_headers` signs it; SimulatorError if refused."""
+    sim.verify_signature("GET", query, path, signed_headers(sim, path, query, **signing), b"")
+
+
+def signed_get(sim: Simulator, server: SimulatorServer, path: str, query: str, **signing: Any) -> requests.Response:
+    return requests.get(f"{server.url}{path}?{query}", headers=signed_headers(sim, path, query, **signing), timeout=5)
 
 
 def refused(response: requests.Response) -> str:
@@ -55,15 +69,11 @@ def refused(response: requests.Response) -> str:
     return body["reason"]
 
 
-def test_a_correct_signature_is_accepted(sim: Simulator, server: SimulatorServer) -> None:
-    response = signed_get(sim, server, BILLS, BILLS_QUERY)
-    body = response.json()
-    assert (response.status_code, body["code"], body["reason"], body["message"]) == (200, 0, "OK", "success")
-    assert body["data"]["total"] == 22 * len(sim.endpoints)
+# --- in process -------------------------------------------------------------------------------
 
 
-def test_lifetime_zero_signature_is_accepted(sim: Simulator, server: SimulatorServer) -> None:
-    assert signed_get(sim, server, BILLS, BILLS_QUERY, lifetime=None).json()["code"] == 0
+def test_lifetime_zero_signature_is_accepted(sim: Simulator) -> None:
+    verify(sim, BILLS, BILLS_QUERY, lifetime=None)
 
 
 @pytest.mark.parametrize(
@@ -80,15 +90,14 @@ def test_lifetime_zero_signature_is_accepted(sim: Simulator, server: SimulatorSe
         ("short nonce", {"nonce": "abc"}, "SignatureInput"),
     ],
 )
-def test_bad_signatures_are_refused(
-    sim: Simulator, server: SimulatorServer, case: str, kwargs: dict, reason: str
-) -> None:
-    response = signed_get(sim, server, BILLS, BILLS_QUERY, **kwargs)
-    assert response.status_code == 401
-    assert refused(response) == reason
+def test_bad_signatures_are_refused(sim: Simulator, case: str, kwargs: dict, reason: str) -> None:
+    with pytest.raises(SimulatorError) as refusal:
+        verify(sim, BILLS, BILLS_QUERY, **kwargs)
+    assert (refusal.value.http_status, refusal.value.reason) == (401, reason)
+    assert refusal.value.code != 0
 
 
-def test_parameters_out_of_order_are_refused(sim: Simulator, server: SimulatorServer) -> None:
+def test_parameters_out_of_order_are_refused(sim: Simulator) -> None:
     created = int(sim.clock.now().timestamp())
     good = sign_request(
         method="GET", query=BILLS_QUERY, path=BILLS, body=b"", key_id=sim.access_key_id,
@@ -97,25 +106,25 @@ def test_parameters_out_of_order_are_refused(sim: Simulator, server: SimulatorSe
     label, params = good.signature_input.split("=", 1)
     parts = params.split(";")
     swapped = ";".join([parts[0], parts[2], parts[1], *parts[3:]])
-    response = signed_get(sim, server, BILLS, BILLS_QUERY, mutate={"Signature-Input": f"{label}={swapped}"})
-    assert refused(response) == "SignatureInput"
+    with pytest.raises(SimulatorError) as refusal:
+        verify(sim, BILLS, BILLS_QUERY, mutate={"Signature-Input": f"{label}={swapped}"})
+    assert refusal.value.reason == "SignatureInput"
 
 
-def test_a_reused_nonce_is_refused(sim: Simulator, server: SimulatorServer) -> None:
+def test_a_reused_nonce_is_refused(sim: Simulator) -> None:
     nonce = new_nonce()
-    assert signed_get(sim, server, BILLS, BILLS_QUERY, nonce=nonce).json()["code"] == 0
-    assert refused(signed_get(sim, server, BILLS, BILLS_QUERY, nonce=nonce)) == "NonceReused"
+    verify(sim, BILLS, BILLS_QUERY, nonce=nonce)
+    with pytest.raises(SimulatorError) as refusal:
+        verify(sim, BILLS, BILLS_QUERY, nonce=nonce)
+    assert refusal.value.reason == "NonceReused"
 
 
-def test_signature_covers_the_query(sim: Simulator, server: SimulatorServer) -> None:
-    created = int(sim.clock.now().timestamp())
-    headers = sign_request(
-        method="GET", query=BILLS_QUERY, path=BILLS, body=b"", key_id=sim.access_key_id,
-        secret=sim.secret_access_key, label="svc", created=created, expires=None, nonce=new_nonce(),
-    ).as_dict()  # fmt: skip
+def test_signature_covers_the_query(sim: Simulator) -> None:
+    headers = signed_headers(sim, BILLS, BILLS_QUERY, lifetime=None)
     tampered = BILLS_QUERY.replace("2026-11", "2026-10")
-    response = requests.get(f"{server.url}{BILLS}?{tampered}", headers=headers, timeout=5)
-    assert refused(response) == "SignatureMismatch"
+    with pytest.raises(SimulatorError) as refusal:
+        sim.verify_signature("GET", tampered, BILLS, headers, b"")
+    assert refusal.value.reason == "SignatureMismatch"
 
 
 @pytest.mark.parametrize(
@@ -130,30 +139,28 @@ def test_signature_covers_the_query(sim: Simulator, server: SimulatorServer) -> 
         (USAGES, "date=22/11/2026", "YYYY-MM-DD"),
     ],
 )
-def test_bad_queries_are_refused(sim: Simulator, server: SimulatorServer, path: str, query: str, message: str) -> None:
-    response = signed_get(sim, server, path, query)
-    assert response.status_code == 400
-    refused(response)
-    assert message in response.json()["message"]
+def test_bad_queries_are_refused(sim: Simulator, path: str, query: str, message: str) -> None:
+    respond = {BILLS: sim.bills_response, USAGES: sim.usages_response}[path]
+    with pytest.raises(SimulatorError) as refusal:
+        respond(query)
+    assert refusal.value.http_status == 400
+    assert refusal.value.code != 0
+    assert message in refusal.value.message
 
 
-def test_future_date_follows_the_shanghai_calendar(
-    sim: Simulator, server: SimulatorServer, frozen: FrozenClock
-) -> None:
+def test_future_date_follows_the_shanghai_calendar(sim: Simulator, frozen: FrozenClock) -> None:
     frozen.set(dt.datetime(2026, 11, 22, 16, 30, tzinfo=dt.UTC))  # 00:30 on the 23rd in Shanghai
     sim.add_usage(3)
-    body = signed_get(sim, server, USAGES, "date=2026-11-23").json()
-    assert (body["code"], body["data"]["total"], body["data"]["date"]) == (0, "3", "2026-11-23")
+    data = sim.usages_response("date=2026-11-23")
+    assert (data["total"], data["date"]) == ("3", "2026-11-23")
 
 
-def test_usage_pages_and_total_as_string(sim: Simulator, server: SimulatorServer) -> None:
+def test_usage_pages_and_total_as_string(sim: Simulator) -> None:
     sim.add_usage(250)
-    pages = [
-        signed_get(sim, server, USAGES, f"date=2026-11-22&page_num={n}&page_size=100").json() for n in (1, 2, 3, 4)
-    ]
-    assert [len(p["data"]["list"]) for p in pages] == [100, 100, 50, 0]
-    assert {p["data"]["total"] for p in pages} == {"250"}
-    ids = [r["requestId"] for p in pages for r in p["data"]["list"]]
+    pages = [sim.usages_response(f"date=2026-11-22&page_num={n}&page_size=100") for n in (1, 2, 3, 4)]
+    assert [len(p["list"]) for p in pages] == [100, 100, 50, 0]
+    assert {p["total"] for p in pages} == {"250"}
+    ids = [json.loads(r)["requestId"] for p in pages for r in p["list"]]  # records as JSON text
     assert len(set(ids)) == 250
 
 
@@ -164,6 +171,33 @@ def test_bills_by_instance_and_by_item_cover_the_same_charges(sim: Simulator) ->
     days = {r["startTime"] for r in sim.bill_rows("2026-11", "GROUP_TERM_ITEM")}
     assert min(days) == "2026-10-31T16:00:00Z"  # Shanghai's 1 November starts at 16:00 UTC the day before
     assert len(days) == 22
+
+
+# --- over HTTP --------------------------------------------------------------------------------
+
+
+def test_a_correct_signature_is_accepted(sim: Simulator, server: SimulatorServer) -> None:
+    response = signed_get(sim, server, BILLS, BILLS_QUERY)
+    body = response.json()
+    assert (response.status_code, body["code"], body["reason"], body["message"]) == (200, 0, "OK", "success")
+    assert body["data"]["total"] == 22 * len(sim.endpoints)
+
+
+@pytest.mark.parametrize(
+    ("query", "signing", "status", "reason", "message"),
+    [
+        (BILLS_QUERY, {"secret": "not-the-secret"}, 401, "SignatureMismatch", "signature does not match"),
+        ("period=2026-13&group_period=GROUP_PERIOD_DAILY", {}, 400, "InvalidParameter", "YYYY-MM"),
+    ],
+    ids=["signature", "query"],
+)
+def test_a_refusal_is_an_envelope_without_data_under_its_http_status(
+    sim: Simulator, server: SimulatorServer, query: str, signing: dict, status: int, reason: str, message: str
+) -> None:
+    response = signed_get(sim, server, BILLS, query, **signing)
+    assert response.status_code == status
+    assert refused(response) == reason
+    assert message in response.json()["message"]
 
 
 def test_responses_carry_the_simulators_date(sim: Simulator, server: SimulatorServer) -> None:

@@ -5,19 +5,60 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from exporter.sim.model import Fault
+from exporter.core.clock import Clock
+from exporter.sim.model import Endpoint, Fault
 
 if TYPE_CHECKING:
     from exporter.sim.service import Simulator
 
+CHAT_PATH = "/v1/chat/completions"
+WIRE_FAULTS = frozenset({"delay", "drop", "reset"})
+"""Faults only a connection can show: the HTTP server applies them, `chat_exchange` refuses them."""
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One answer of the chat API before delivery: what is sent, and the pauses of the model writing it."""
+
+    status: int
+    body: bytes = b""
+    """A whole answer: an error, or a completion not streamed."""
+    wait: float = 0.0
+    """Seconds before a whole answer is sent."""
+    events: tuple[tuple[float, bytes], ...] | None = None
+    """A streamed answer: each server-sent event as written, with the pause before it; None for a
+    whole answer. The status and headers go out at once; the framing is the server's."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _error_body(status: int) -> bytes:
+    """The body of a status fault."""
+    return json.dumps({"error": {"message": HTTPStatus(status).phrase}}).encode()
+
+
+def _chat_error(status: int, kind: str, message: str) -> ChatReply:
+    return ChatReply(status, json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode())
+
 
 class ChatAPI:
     """The chat API's answers (a part of `Simulator`)."""
+
+    # The simulator's state (set up by `Simulator`).
+    clock: Clock
+    api_key: str
+    endpoints: tuple[Endpoint, ...]
+    time_to_first_token: float
+    chunk_delay: float
+
+    if TYPE_CHECKING:
+
+        def _take_fault(self, path: str) -> Fault | None: ...
 
     # -- chat API -------------------------------------------------------------------------
 
@@ -48,49 +89,35 @@ class ChatAPI:
             return reasoning, [answer[i : i + 4] for i in range(0, len(answer), 4)], [], prompt_tokens
         return reasoning, ["po", "ng"], [], prompt_tokens
 
+    def chat_exchange(self, body: bytes, authorization: str | None) -> ChatReply:
+        """One request in process, answered as over HTTP with the next injected fault, for tests of a
+        client's logic without a socket. What only the wire shows is the HTTP server's: latency, the
+        stream's framing, and the WIRE_FAULTS (refused here, so that no test believes it ran one)."""
+        fault = self._take_fault(CHAT_PATH)
+        if fault and fault.kind in WIRE_FAULTS:
+            raise ValueError(f"a {fault.kind!r} fault needs a connection: inject it over HTTP")
+        return self.chat_reply(body, authorization, fault)
 
-class ChatRequests(BaseHTTPRequestHandler):
-    """The chat API's HTTP side (a part of the server's handler, which has these)."""
-
-    if TYPE_CHECKING:
-
-        @property
-        def sim(self) -> Simulator: ...
-
-        def _send(self, status: int, payload: bytes, content_type: str = ..., **headers: str) -> None: ...
-
-        def _transport_fault(self, fault: Fault | None, error_body: Callable[[int], bytes]) -> bool: ...
-
-    def _chat_error(self, status: int, kind: str, message: str) -> None:
-        self._send(status, json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode())
-
-    def _chat(self, body: bytes) -> None:
-        sim = self.sim
-        fault = sim._take_fault("/v1/chat/completions")
-        if sim.latency:
-            time.sleep(sim.latency)
-        if self._transport_fault(
-            fault, lambda status: json.dumps({"error": {"message": HTTPStatus(status).phrase}}).encode()
-        ):
-            return
-        if self.headers.get("Authorization") != f"Bearer {sim.api_key}":
-            self._chat_error(401, "authentication_error", "invalid API key")
-            return
+    def chat_reply(self, body: bytes, authorization: str | None, fault: Fault | None) -> ChatReply:
+        """The answer to a request with `body` and the Authorization header `authorization`, given
+        the fault taken for it (none of the WIRE_FAULTS)."""
+        if fault and fault.kind == "status":
+            retry = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+            return ChatReply(fault.status, _error_body(fault.status), headers=retry)
+        if authorization != f"Bearer {self.api_key}":
+            return _chat_error(401, "authentication_error", "invalid API key")
         try:
             request = json.loads(body)
             model = request["model"]
         except (ValueError, KeyError, TypeError):
-            self._chat_error(400, "invalid_request_error", "body must be JSON with model and messages")
-            return
-        if model not in {e.endpoint_id for e in sim.endpoints}:
-            self._chat_error(404, "not_found_error", "endpoint not found")
-            return
+            return _chat_error(400, "invalid_request_error", "body must be JSON with model and messages")
+        if model not in {e.endpoint_id for e in self.endpoints}:
+            return _chat_error(404, "not_found_error", "endpoint not found")
         if fault and fault.kind == "malformed":
-            self._send(200, b'{"id": "chatcmpl-sim", "choices": [')
-            return
+            return ChatReply(200, b'{"id": "chatcmpl-sim", "choices": [')
         if fault and fault.kind == "plain_answer":
             request = {k: v for k, v in request.items() if k != "tools"}
-        reasoning, content, tool_calls, prompt_tokens = sim.chat_answer(request)
+        reasoning, content, tool_calls, prompt_tokens = self.chat_answer(request)
         if fault and fault.kind == "bad_tool_args":
             tool_calls = [call | {"function": call["function"] | {"arguments": '{"service": '}} for call in tool_calls]
         max_tokens = request.get("max_tokens")
@@ -104,9 +131,8 @@ class ChatRequests(BaseHTTPRequestHandler):
             "prompt_tokens_details": {"cached_tokens": 0},
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        head = {"id": "chatcmpl-sim", "created": int(sim.clock.now().timestamp()), "model": model}
+        head = {"id": "chatcmpl-sim", "created": int(self.clock.now().timestamp()), "model": model}
         if not request.get("stream"):
-            time.sleep(sim.time_to_first_token + sim.chunk_delay * max(0, len(content) - 1))
             message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if not tool_calls else None}
             if reasoning:
                 message["reasoning_content"] = "".join(reasoning)
@@ -117,12 +143,13 @@ class ChatRequests(BaseHTTPRequestHandler):
                 "usage": usage,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             }
-            self._send(200, json.dumps(answer).encode())
-            return
+            wait = self.time_to_first_token + self.chunk_delay * max(0, len(content) - 1)
+            return ChatReply(200, json.dumps(answer).encode(), wait=wait)
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-        self._stream(head, reasoning, content, tool_calls, finish, usage if include_usage else None, fault)
+        events = self._events(head, reasoning, content, tool_calls, finish, usage if include_usage else None, fault)
+        return ChatReply(200, events=tuple(events))
 
-    def _stream(
+    def _events(
         self,
         head: dict[str, Any],
         reasoning: list[str],
@@ -131,9 +158,89 @@ class ChatRequests(BaseHTTPRequestHandler):
         finish: str,
         usage: dict[str, Any] | None,
         fault: Fault | None,
-    ) -> None:
+    ) -> Iterator[tuple[float, bytes]]:
+        """A streamed answer's events, each with the pause before it; a stall, an error or a cut
+        (the stream ends there) comes at the middle delta."""
+
+        def event(data: str) -> bytes:
+            return f"data: {data}\n\n".encode()
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            return event(json.dumps(head | {"object": "chat.completion.chunk", "choices": [choice]}))
+
+        yield 0.0, chunk({"role": "assistant", "content": ""})
+        deltas: list[dict[str, Any]] = [{"reasoning_content": piece} for piece in reasoning]
+        deltas += [{"content": piece} for piece in content]
+        for call in tool_calls:
+            arguments = call["function"]["arguments"]
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            deltas += [
+                {"tool_calls": [{"index": 0, "function": {"arguments": arguments[i : i + 8]}}]}
+                for i in range(0, len(arguments), 8)
+            ]
+        kind, middle = (fault.kind if fault else None), len(deltas) // 2
+        stall = fault.seconds if fault and kind == "stall" else 0.0
+        pause = self.time_to_first_token
+        for n, delta in enumerate(deltas):
+            if n:
+                pause += self.chunk_delay
+            if n == middle:
+                pause += stall
+            if kind == "stream_error" and n == middle:
+                error = {"error": {"message": "internal error while generating", "type": "server_error"}}
+                yield pause, event(json.dumps(error))
+                return
+            if kind == "truncate" and n == middle:
+                return
+            yield pause, chunk(delta)
+            pause = 0.0
+        yield pause, chunk({}, finish)
+        if usage is not None and kind != "no_usage":
+            yield 0.0, event(json.dumps(head | {"object": "chat.completion.chunk", "choices": [], "usage": usage}))
+        yield 0.0, event("[DONE]")
+
+
+class ChatRequests(BaseHTTPRequestHandler):
+    """The chat API's HTTP side (a part of the server's handler, which has these)."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def sim(self) -> Simulator: ...
+
+        def _send(self, status: int, payload: bytes, content_type: str = ..., **headers: str) -> None: ...
+
+        def _transport_fault(self, fault: Fault | None, error_body: Callable[[int], bytes]) -> bool: ...
+
+    def _chat(self, body: bytes) -> None:
         sim = self.sim
-        chunked = sim.stream_framing == "chunked"
+        fault = sim._take_fault(CHAT_PATH)
+        if sim.latency:
+            time.sleep(sim.latency)
+        if fault and fault.kind in WIRE_FAULTS and self._transport_fault(fault, _error_body):
+            return
+        reply = sim.chat_reply(body, self.headers.get("Authorization"), fault)
+        if reply.events is None:
+            if reply.wait:
+                time.sleep(reply.wait)
+            self._send(reply.status, reply.body, **reply.headers)
+        else:
+            self._stream(reply.events)
+
+    def _stream(self, events: tuple[tuple[float, bytes], ...]) -> None:
+        chunked = self.sim.stream_framing == "chunked"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -144,55 +251,12 @@ class ChatRequests(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-
-        def event(data: str) -> None:
-            payload = f"data: {data}\n\n".encode()
-            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
-            self.wfile.flush()
-
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> None:
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-            event(json.dumps(head | {"object": "chat.completion.chunk", "choices": [choice]}))
-
         try:
-            chunk({"role": "assistant", "content": ""})
-            time.sleep(sim.time_to_first_token)
-            deltas: list[dict[str, Any]] = [{"reasoning_content": piece} for piece in reasoning]
-            deltas += [{"content": piece} for piece in content]
-            for call in tool_calls:
-                arguments = call["function"]["arguments"]
-                deltas.append(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": call["id"],
-                                "type": "function",
-                                "function": {"name": call["function"]["name"], "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-                deltas += [
-                    {"tool_calls": [{"index": 0, "function": {"arguments": arguments[i : i + 8]}}]}
-                    for i in range(0, len(arguments), 8)
-                ]
-            for n, delta in enumerate(deltas):
-                if n:
-                    time.sleep(sim.chunk_delay)
-                if fault and fault.kind == "stall" and n == len(deltas) // 2:
-                    time.sleep(fault.seconds)
-                if fault and fault.kind == "stream_error" and n == len(deltas) // 2:
-                    event(json.dumps({"error": {"message": "internal error while generating", "type": "server_error"}}))
-                    break
-                if fault and fault.kind == "truncate" and n == len(deltas) // 2:
-                    break
-                chunk(delta)
-            else:
-                chunk({}, finish)
-                if usage is not None and not (fault and fault.kind == "no_usage"):
-                    event(json.dumps(head | {"object": "chat.completion.chunk", "choices": [], "usage": usage}))
-                event("[DONE]")
+            for pause, payload in events:
+                if pause:
+                    time.sleep(pause)
+                self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n" if chunked else payload)
+                self.wfile.flush()
             if chunked:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

@@ -153,6 +153,28 @@ def _json(item: str | dict[str, Any]) -> str:
     return item if isinstance(item, str) else json.dumps(item)
 
 
+CONTENT_FAULTS = frozenset({"bad_amount", "bad_value", "total_mismatch"})
+"""The faults that change what a listing says rather than how it travels (the in-process fake
+applies these; the others are the wire's)."""
+
+
+def corrupt(data: dict[str, Any], fault: Fault) -> dict[str, Any]:
+    """A listing's `data` as a content fault changes it (unchanged for any other fault)."""
+    if fault.kind == "bad_amount" and data["list"]:
+        first = data["list"][0]
+        if isinstance(first, str):  # a usage record, as JSON text
+            data["list"] = _RawList([json.dumps(json.loads(first) | {"promptTokens": "12,5"}), *data["list"][1:]])
+        else:
+            data["list"][0] = first | {"payableAmount": "12,5"}
+    if fault.kind == "bad_value" and data["list"]:
+        first = data["list"][0]
+        record = json.loads(first) if isinstance(first, str) else first
+        data["list"] = _RawList([json.dumps(record | {fault.field: fault.value}), *map(_json, data["list"][1:])])
+    if fault.kind == "total_mismatch":
+        data["total"] = type(data["total"])(int(data["total"]) + 1)
+    return data
+
+
 def _mix(x: int) -> int:
     """A cheap, well-spread 64-bit hash of an integer (splitmix64's finaliser)."""
     x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF

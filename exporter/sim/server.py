@@ -21,8 +21,7 @@ from exporter.sim.model import (
     Fault,
     SimulatorError,
     _encode,
-    _json,
-    _RawList,
+    corrupt,
 )
 
 if TYPE_CHECKING:
@@ -165,18 +164,8 @@ class _Handler(ChatRequests):
         except SimulatorError as error:
             self._envelope(error.http_status, error.code, error.reason, error.message)
             return
-        if fault and fault.kind == "bad_amount" and data["list"]:
-            first = data["list"][0]
-            if isinstance(first, str):  # a usage record, as JSON text
-                data["list"] = _RawList([json.dumps(json.loads(first) | {"promptTokens": "12,5"}), *data["list"][1:]])
-            else:
-                data["list"][0] = first | {"payableAmount": "12,5"}
-        if fault and fault.kind == "bad_value" and data["list"]:
-            first = data["list"][0]
-            record = json.loads(first) if isinstance(first, str) else first
-            data["list"] = _RawList([json.dumps(record | {fault.field: fault.value}), *map(_json, data["list"][1:])])
-        if fault and fault.kind == "total_mismatch":
-            data["total"] = type(data["total"])(int(data["total"]) + 1)
+        if fault is not None:
+            data = corrupt(data, fault)
         payload = _encode({"code": 0, "reason": "OK", "message": "success", "data": data})
         remaining = self.sim.latency - (time.monotonic() - received)
         if remaining > 0:

@@ -201,10 +201,11 @@ class Simulator(BillingService, ChatAPI):
             return Fault("status", status=self._random.choice((500, 502, 503, 429)), retry_after=None)
         return None
 
-    def _take_fault(self, path: str) -> Fault | None:
+    def _take_fault(self, path: str, kinds: frozenset[str] | None = None) -> Fault | None:
+        """The next fault injected for `path` (of `kinds`, when given), counted as served."""
         with self._lock:
             for fault in self._faults:
-                if path.startswith(fault.path) and fault.times > 0:
+                if path.startswith(fault.path) and fault.times > 0 and (kinds is None or fault.kind in kinds):
                     fault.times -= 1
                     if fault.times == 0:
                         self._faults.remove(fault)
