@@ -24,7 +24,7 @@ SERVERS = frozenset({"server", "live", "receiver"})
 """Fixtures that start a server: a test using one (directly or through another) is an integration test."""
 STARTS_ITS_OWN = frozenset(
     {"test_ha", "test_post", "test_prometheus_e2e", "test_alertmanager", "test_server", "test_server_limits",
-     "test_soak", "test_state_file"}
+     "test_soak"}
 )  # fmt: skip
 """Modules whose tests all start servers, processes or binaries of their own (elsewhere, such a test
 is marked `integration` itself)."""

@@ -185,6 +185,7 @@ def test_reset_moves_a_corrupt_file_aside_and_starts_afresh(tmp_path: Path, capl
     kept.close()
 
 
+@pytest.mark.integration  # as root, the chattr binary (root ignores the permission bits)
 @pytest.mark.parametrize("what", ["file", "directory", "directory without a lock file"])
 def test_a_read_only_file_or_directory_is_refused_at_start(tmp_path: Path, what: str) -> None:
     directory = tmp_path / "state"
@@ -364,6 +365,7 @@ def run_config(tmp_path: Path, live: tuple[Simulator, SimulatorServer], state: P
     return config, {"TEST_BILLING_SECRET": sim.secret_access_key}
 
 
+@pytest.mark.integration  # the daemon as a process, then the command again, against a simulator on loopback
 def test_run_twice_on_one_state_file_refuses_the_second(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer]
 ) -> None:
@@ -387,6 +389,7 @@ def test_run_twice_on_one_state_file_refuses_the_second(
         first.communicate()
 
 
+@pytest.mark.integration  # the command as a process, then the daemon, against a simulator on loopback
 @pytest.mark.parametrize("kind", ["random", "truncated"])
 def test_run_refuses_a_corrupt_state_file_and_moves_it_aside_when_told(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer], kind: str
@@ -417,6 +420,7 @@ def test_run_refuses_a_corrupt_state_file_and_moves_it_aside_when_told(
     reopened.close()
 
 
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
 def test_run_names_a_state_directory_it_cannot_create(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
     (tmp_path / "file").write_text("")
     state = tmp_path / "file" / "state.db"
