@@ -1,39 +1,37 @@
-"""The synthetic probe against the simulator's chat endpoint: scenarios, timings, failure reasons."""
+"""The synthetic probe's logic without a socket: the simulator's chat answers in process, timed on a
+clock that moves only when an answer pauses; bodies written out by hand, fed to `Measurement`.
+
+What only the wire shows (framing, gzip, real read timeouts, resets, statuses end to end, the
+cut-off of an endless answer) is in test_probe_http.py.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import socket
-import threading
-import time
-import zlib
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from functools import partial
+from typing import Any
 
 import pytest
 
 from exporter.config.load import validate
-from exporter.model.snapshots import ProbeSnapshot
-from exporter.sim import Fault, Simulator, SimulatorServer
-from exporter.sources.probe import MAX_LINE_BYTES, REASONS, ProbeFailure, ProbeRunner, answer_cap, sse_events
-from tests.helpers import LoopbackServer
+from exporter.config.schema import InferenceConfig, ProbeConfig
+from exporter.model.snapshots import ProbeRun, ProbeSnapshot
+from exporter.sim import Fault, Simulator
+from exporter.sources.probe import REASONS, Measurement, ProbeFailure, ProbeRunner, answer_cap, sse_events, timeouts
+from exporter.sources.probe_answer import MAX_LINE_BYTES
+from tests.helpers import logged
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 CHAT = "/v1/chat/completions"
-FRAMINGS = ("chunked", "close")
-"""How a streamed body is delimited: HTTP chunks, or the end of the connection (no length, no chunks)."""
 
 
-def runner(sim: Simulator, server: SimulatorServer, url: str | None = None, api_key: str | None = None,
-           **probe: object) -> ProbeRunner:  # fmt: skip
-    return runner_for(url or server.url, api_key or sim.api_key, **({"model": sim.endpoints[0].endpoint_id} | probe))
-
-
-def runner_for(url: str, api_key: str = "k", **probe: object) -> ProbeRunner:
+def configs(
+    url: str = "http://127.0.0.1:1", api_key: str = "k", **probe: object
+) -> tuple[ProbeConfig, InferenceConfig]:
     document = {
         "billing": BILLING,
         "inference": {"url": url, "api_key": api_key},
@@ -41,143 +39,87 @@ def runner_for(url: str, api_key: str = "k", **probe: object) -> ProbeRunner:
     }
     config = validate(document, {})
     assert config.inference is not None
-    return ProbeRunner(config.probes[0], config.inference)
+    return config.probes[0], config.inference
 
 
-@pytest.fixture(params=FRAMINGS)
-def framing(request: pytest.FixtureRequest, sim: Simulator) -> str:
-    """Each stream framing in turn, set on the simulator."""
-    sim.stream_framing = request.param
-    return str(request.param)
+class Ticks:
+    """The runner's clock in the unit layer: it moves only when an answer pauses, never by itself."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-@pytest.mark.usefixtures("framing")
-@pytest.mark.parametrize("stream", [True, False])
-@pytest.mark.parametrize(
-    ("scenario", "extra", "checks"),
-    [
-        ("chat", {"expect_content": "(?i)pong"}, {"http", "content", "usage"}),
-        ("json", {"expect_keys": ["status", "detail"]}, {"http", "json", "usage"}),
-        ("tools", {}, {"http", "tool_call", "usage"}),
-        ("thinking", {}, {"http", "content", "reasoning", "usage"}),
-    ],
-)
-def test_each_scenario_passes(
-    sim: Simulator, server: SimulatorServer, scenario: str, extra: dict, checks: set[str], stream: bool
-) -> None:
-    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.01
-    snapshot = runner(sim, server, scenario=scenario, stream=stream, **extra).run()
-    last = snapshot.last
-    assert (last.success, last.reason) == (True, None)
-    expected = checks | ({"stream_complete"} if stream else set())
-    assert dict(last.checks) == dict.fromkeys(expected, True)
-    assert last.completion_tokens > 0
-    assert last.prompt_tokens > 0
-    assert snapshot.tokens == {"prompt": last.prompt_tokens, "completion": last.completion_tokens}
-    assert last.duration >= 0.05
-    if stream:
-        assert last.time_to_first_token is not None
-        assert last.time_to_first_token >= 0.05
-        assert last.time_to_first_token <= last.duration
-        assert snapshot.time_to_first_token.count == 1
-    else:
-        assert last.time_to_first_token is None
-    assert snapshot.e2e_latency.count == 1
+CUTS = ("as written", "split", "coalesced")
+"""How a body arrives in pieces: one per write of the server; each write in pieces of a few bytes
+(segments); the writes of one moment in one piece (a read that found them all there)."""
 
 
-@pytest.mark.usefixtures("framing")
-def test_thinking_times_reasoning_and_answer_apart(sim: Simulator, server: SimulatorServer) -> None:
-    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.02
-    last = runner(sim, server, scenario="thinking").run().last
-    assert last.time_to_first_reasoning_token is not None
-    assert last.time_to_first_answer_token is not None
-    assert last.time_to_first_token == last.time_to_first_reasoning_token
-    assert last.time_to_first_answer_token - last.time_to_first_reasoning_token >= 5 * 0.02  # six reasoning chunks
-    assert last.max_chunk_gap is not None
-    assert last.max_chunk_gap >= 0.02
+class InProcessChat:
+    """The simulator's chat API in process, behind the probe's `ChatTransport`: its answers, faults
+    and pauses as over HTTP (`Simulator.chat_exchange`), each pause passing on `clock`. A pause
+    longer than the run's read timeout ends the wait that much later, as a socket's timeout would:
+    before the headers as `HTTPChat`'s ProbeFailure, in the body as TimeoutError."""
+
+    def __init__(self, sim: Simulator, probe: ProbeConfig, clock: Ticks, api_key: str, cut: str = "as written") -> None:
+        self.sim, self.clock, self.api_key, self.cut = sim, clock, api_key, cut
+        self.read_timeout = timeouts(probe)[1]
+
+    def close(self) -> None:
+        """Nothing to release: no connections."""
+
+    @contextmanager
+    def post(self, body: dict[str, Any]) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
+        reply = self.sim.chat_exchange(json.dumps(body).encode(), f"Bearer {self.api_key}")
+        if reply.events is None:
+            self._wait(reply.wait, ProbeFailure("timeout_first_token", "no response headers in time"))
+            yield reply.status, self._arrivals([(0.0, reply.body)] if reply.body else [])
+        else:
+            yield reply.status, self._arrivals(reply.events)
+
+    def _wait(self, pause: float, timeout: Exception) -> None:
+        if pause > self.read_timeout:
+            self.clock.now += self.read_timeout
+            raise timeout
+        self.clock.now += pause
+
+    def _arrivals(self, writes: Sequence[tuple[float, bytes]]) -> Iterator[tuple[bytes, float]]:
+        if self.cut == "coalesced":
+            merged: list[tuple[float, bytes]] = []
+            for pause, data in writes:
+                if merged and not pause:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + data)
+                else:
+                    merged.append((pause, data))
+            writes = merged
+        for pause, data in writes:
+            self._wait(pause, TimeoutError("nothing arrived within the read timeout"))
+            size = 7 if self.cut == "split" else len(data)
+            for start in range(0, len(data), size):
+                yield data[start : start + size], self.clock.now
 
 
-@pytest.mark.usefixtures("framing")
-def test_the_first_token_is_timed_when_it_arrives(sim: Simulator, server: SimulatorServer) -> None:
-    """Not when the body ends: a body delimited by the connection's end is read as it comes too."""
-    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.2
-    last = runner(sim, server, scenario="thinking").run().last
-    assert (last.success, last.reason) == (True, None)
-    rest = 7 * sim.chunk_delay  # six reasoning and two answer deltas, a pause before each but the first
-    assert last.time_to_first_token is not None
-    assert sim.time_to_first_token <= last.time_to_first_token < sim.time_to_first_token + rest / 2
-    assert last.duration - last.time_to_first_token >= rest
-    assert last.max_chunk_gap is not None
-    assert last.max_chunk_gap >= sim.chunk_delay
+def in_process(sim: Simulator, cut: str = "as written", api_key: str | None = None, **probe: object) -> ProbeRunner:
+    """A runner of a probe on `sim`'s first endpoint, its requests answered in process."""
+    config, inference = configs(**({"model": sim.endpoints[0].endpoint_id} | probe))
+    clock = Ticks()
+    chat = InProcessChat(sim, config, clock, api_key or sim.api_key, cut)
+    return ProbeRunner(config, inference, chat=chat, clock=clock)
 
 
-def overfull_listener() -> Iterator[str]:
-    """A loopback port whose accept queue is full: a new connection's handshake is never answered."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    fillers = []
-    for _ in range(4):
-        filler = socket.socket()
-        filler.setblocking(False)
-        filler.connect_ex(listener.getsockname())
-        fillers.append(filler)
+def measure(body: Iterable[tuple[bytes, float]], **probe: object) -> ProbeRun:
+    """A run of a probe answered 200 whose body arrives as `body` says (the run starts at 0 with
+    the headers, and ends at 10)."""
+    config, _ = configs(**probe)
+    measurement = Measurement(config, 0.0)
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()
-
-
-FAULTS = [
-    ("http_401", {}, None, {"api_key": "wrong-key"}),
-    ("http_403", {}, Fault("status", CHAT, status=403), {}),
-    ("http_404", {}, None, {"model": "ep-does-not-exist"}),
-    ("http_429", {}, Fault("status", CHAT, status=429, retry_after=1), {}),
-    ("http_4xx", {}, Fault("status", CHAT, status=400), {}),
-    ("http_5xx", {}, Fault("status", CHAT, status=502), {}),
-    ("timeout_first_token", {"time_to_first_token": 1.0}, None, {"first_token_timeout": "300ms"}),
-    ("stall", {}, Fault("stall", CHAT, seconds=1.0), {"stall_timeout": "300ms"}),
-    ("timeout_total", {"chunk_delay": 0.15}, None, {"scenario": "thinking", "timeout": "600ms"}),
-    ("stream_error", {}, Fault("stream_error", CHAT), {}),
-    ("truncated", {}, Fault("truncate", CHAT), {}),
-    ("invalid_json", {}, Fault("malformed", CHAT), {"stream": False}),
-    ("tool_call_missing", {}, Fault("plain_answer", CHAT), {"scenario": "tools"}),
-    ("tool_args_invalid", {}, Fault("bad_tool_args", CHAT), {"scenario": "tools"}),
-    ("usage_missing", {}, Fault("no_usage", CHAT), {}),
-    ("content_mismatch", {}, None, {"expect_content": "^hello$"}),
-    ("connection", {}, Fault("drop", CHAT), {}),
-]
-
-
-@pytest.mark.usefixtures("framing")
-@pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), FAULTS, ids=[f[0] for f in FAULTS])
-def test_each_failure_reason_is_produced_and_counted_once(
-    sim: Simulator, server: SimulatorServer, reason: str, sim_settings: dict, fault: Fault | None, probe: dict
-) -> None:
-    for name, value in sim_settings.items():
-        setattr(sim, name, value)
-    if fault:
-        sim.inject(dataclasses.replace(fault))  # a copy: the simulator counts down the `times` of the one it holds
-    probe = dict(probe)
-    api_key = probe.pop("api_key", None)
-    probe_runner = runner(sim, server, api_key=api_key, **probe)
-    snapshot = probe_runner.run()
-    assert_failed_once(snapshot, reason)
-    sim.clear_faults()
-    for name in sim_settings:
-        setattr(sim, name, 0.0)
-    if not (api_key or "model" in probe or "expect_content" in probe):
-        recovered = probe_runner.run()  # the fault was for one request only
-        assert recovered.last.success, recovered.last.reason
-        assert recovered.failures[reason] == 1
-
-
-def test_timeout_connect(sim: Simulator, server: SimulatorServer) -> None:
-    for url in overfull_listener():
-        snapshot = runner(sim, server, url=url, timeout="500ms").run()
-        assert_failed_once(snapshot, "timeout_connect")
+        measurement.response(200, 0.0, body)
+        reason = None
+    except ProbeFailure as failure:
+        reason = failure.reason
+    return measurement.result(reason, 10.0)
 
 
 def assert_failed_once(snapshot: ProbeSnapshot, reason: str) -> None:
@@ -188,154 +130,247 @@ def assert_failed_once(snapshot: ProbeSnapshot, reason: str) -> None:
     assert snapshot.e2e_latency.count == 0
 
 
+SCENARIOS = [
+    ("chat", {"expect_content": "(?i)pong"}, {"http", "content", "usage"}),
+    ("json", {"expect_keys": ["status", "detail"]}, {"http", "json", "usage"}),
+    ("tools", {}, {"http", "tool_call", "usage"}),
+    ("thinking", {}, {"http", "content", "reasoning", "usage"}),
+]
+DELIVERIES = [(False, "as written"), (False, "split"), *((True, cut) for cut in CUTS)]
+
+
+@pytest.mark.parametrize(("stream", "cut"), DELIVERIES, ids=[f"stream={s}-{c}" for s, c in DELIVERIES])
+@pytest.mark.parametrize(("scenario", "extra", "checks"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_each_scenario_passes(
+    sim: Simulator, scenario: str, extra: dict, checks: set[str], stream: bool, cut: str
+) -> None:
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.01
+    snapshot = in_process(sim, cut, scenario=scenario, stream=stream, **extra).run()
+    assert_passed(snapshot, checks, stream)
+    last = snapshot.last
+    if stream:
+        assert (last.time_to_headers, last.time_to_first_token) == (0, pytest.approx(0.05))
+    else:
+        assert last.time_to_headers == last.duration  # a whole answer comes with its headers
+
+
+def assert_passed(snapshot: ProbeSnapshot, checks: set[str], stream: bool) -> None:
+    """A run of a scenario passed, its first token (streamed) 50 ms or more after the start."""
+    last = snapshot.last
+    assert (last.success, last.reason) == (True, None)
+    expected = checks | ({"stream_complete"} if stream else set())
+    assert dict(last.checks) == dict.fromkeys(expected, True)
+    assert last.completion_tokens > 0
+    assert last.prompt_tokens > 0
+    assert snapshot.tokens == {"prompt": last.prompt_tokens, "completion": last.completion_tokens}
+    assert last.duration >= 0.05
+    if stream:
+        assert last.time_to_first_token is not None
+        assert 0.05 <= last.time_to_first_token <= last.duration
+        assert snapshot.time_to_first_token.count == 1
+    else:
+        assert last.time_to_first_token is None
+    assert snapshot.e2e_latency.count == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_run_is_timed_on_the_clock_it_is_given(sim: Simulator, stream: bool) -> None:
+    """The answer "pong" in two deltas, 50 ms to the first and 10 ms more to the second: the run in
+    exact figures."""
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.01
+    last = in_process(sim, stream=stream).run().last
+    assert last.duration == pytest.approx(0.06)
+    assert last.completion_tokens == 2
+    if stream:
+        assert (last.time_to_headers, last.time_to_first_token) == (0, pytest.approx(0.05))
+        assert last.max_chunk_gap == pytest.approx(0.01)
+        assert last.output_tokens_per_second == pytest.approx(2 / 0.01)  # tokens over the decode time
+    else:
+        assert (last.time_to_headers, last.time_to_first_token, last.max_chunk_gap) == (pytest.approx(0.06), None, None)
+        assert last.output_tokens_per_second == pytest.approx(2 / 0.06)  # over the whole run
+
+
+@pytest.mark.parametrize("cut", CUTS)
+def test_thinking_times_reasoning_and_answer_apart(sim: Simulator, cut: str) -> None:
+    """Six reasoning deltas, then two of the answer, 20 ms apart; however the bytes are cut."""
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.02
+    last = in_process(sim, cut, scenario="thinking").run().last
+    assert last.time_to_first_token == last.time_to_first_reasoning_token == pytest.approx(0.05)
+    assert last.time_to_first_answer_token == pytest.approx(0.05 + 6 * 0.02)
+    assert last.max_chunk_gap == pytest.approx(0.02)
+    assert last.duration == pytest.approx(0.05 + 7 * 0.02)
+
+
+STATUSES = [
+    ("http_401", {}, None, {"api_key": "wrong-key"}),
+    ("http_403", {}, Fault("status", CHAT, status=403), {}),
+    ("http_404", {}, None, {"model": "ep-does-not-exist"}),
+    ("http_429", {}, Fault("status", CHAT, status=429, retry_after=1), {}),
+    ("http_4xx", {}, Fault("status", CHAT, status=400), {}),
+    ("http_5xx", {}, Fault("status", CHAT, status=502), {}),
+]
+SILENCES = [
+    ("timeout_first_token", {"time_to_first_token": 1.0}, None, {"first_token_timeout": "300ms"}),
+    ("stall", {}, Fault("stall", CHAT, seconds=1.0), {"stall_timeout": "300ms"}),
+]
+"""A stream gone silent, for longer than the read timeout."""
+FAULTS = [
+    *STATUSES,
+    *SILENCES,
+    ("timeout_total", {"chunk_delay": 0.15}, None, {"scenario": "thinking", "timeout": "600ms"}),
+    ("stream_error", {}, Fault("stream_error", CHAT), {}),
+    ("truncated", {}, Fault("truncate", CHAT), {}),
+    ("invalid_json", {}, Fault("malformed", CHAT), {"stream": False}),
+    ("tool_call_missing", {}, Fault("plain_answer", CHAT), {"scenario": "tools"}),
+    ("tool_args_invalid", {}, Fault("bad_tool_args", CHAT), {"scenario": "tools"}),
+    ("usage_missing", {}, Fault("no_usage", CHAT), {}),
+    ("content_mismatch", {}, None, {"expect_content": "^hello$"}),
+]
+"""Each reason the simulator's answers can produce in process: as (reason, simulator settings, the
+fault of one request, probe settings). Those of a connection (`connection`, `timeout_connect`, a
+reset) are in test_probe_http.py."""
+
+
+@pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_failure_reason_is_produced_and_counted_once(
+    sim: Simulator, reason: str, sim_settings: dict, fault: Fault | None, probe: dict
+) -> None:
+    fails_once_then_recovers(sim, partial(in_process, sim), reason, sim_settings, fault, probe)
+
+
+def fails_once_then_recovers(
+    sim: Simulator,
+    runner: Callable[..., ProbeRunner],
+    reason: str,
+    sim_settings: dict,
+    fault: Fault | None,
+    probe: dict,
+) -> None:
+    """A run with `sim_settings` and `fault` fails for `reason` alone; with both undone the next run
+    passes, the failure still counted (unless the probe itself is wrong: key, model, content)."""
+    for name, value in sim_settings.items():
+        setattr(sim, name, value)
+    if fault:
+        sim.inject(dataclasses.replace(fault))  # a copy: the simulator counts down the `times` of the one it holds
+    probe = dict(probe)
+    api_key = probe.pop("api_key", None)
+    probe_runner = runner(api_key=api_key, **probe)
+    assert_failed_once(probe_runner.run(), reason)
+    sim.clear_faults()
+    for name in sim_settings:
+        setattr(sim, name, 0.0)
+    if not (api_key or "model" in probe or "expect_content" in probe):
+        recovered = probe_runner.run()  # the fault was for one request only
+        assert recovered.last.success, recovered.last.reason
+        assert recovered.failures[reason] == 1
+
+
+@pytest.mark.parametrize(
+    ("sim_settings", "fault", "probe", "reason", "gave_up"),
+    [
+        ({"time_to_first_token": 1.0}, None, {"first_token_timeout": "300ms"}, "timeout_first_token", 0.3),
+        ({"time_to_first_token": 1.0}, None, {"stream": False, "timeout": "600ms"}, "timeout_first_token", 0.6),
+        ({}, Fault("stall", CHAT, seconds=1.0), {"stall_timeout": "300ms"}, "stall", 0.3),
+    ],
+    ids=["first token", "whole answer", "stall"],
+)
+def test_a_silent_endpoint_is_left_at_the_read_timeout(
+    sim: Simulator, sim_settings: dict, fault: Fault | None, probe: dict, reason: str, gave_up: float
+) -> None:
+    """The read timeout is the nearest deadline: the run ends when that much silence has passed
+    (from the start: the answer's other pieces come at once), not when the late piece comes."""
+    for name, value in sim_settings.items():
+        setattr(sim, name, value)
+    if fault:
+        sim.inject(fault)
+    last = in_process(sim, **probe).run().last
+    assert last.reason == reason
+    assert last.duration == pytest.approx(gave_up)
+
+
+def test_the_read_timeout_is_the_nearest_deadline() -> None:
+    assert timeouts(configs(timeout="30s")[0]) == (10.0, 30.0)
+    assert timeouts(configs(timeout="4s")[0]) == (4.0, 4.0)
+    assert timeouts(configs(timeout="30s", first_token_timeout="2s", stall_timeout="5s")[0]) == (10.0, 2.0)
+    assert timeouts(configs(timeout="30s", stall_timeout="1500ms")[0]) == (10.0, 1.5)
+
+
+def test_a_failure_is_logged_once_until_the_probe_recovers(sim: Simulator, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    sim.inject(Fault("stream_error", CHAT, times=2))
+    probe_runner = in_process(sim)
+    assert [probe_runner.run().last.reason for _ in range(3)] == ["stream_error", "stream_error", None]
+    assert len(logged(caplog.records, "probe failed", probe="p", reason="stream_error")) == 1
+    assert len(logged(caplog.records, "probe recovered", probe="p")) == 1
+
+
+def event(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict | None = None) -> bytes:
+    """One stream event, as a server writes it."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return f"data: {json.dumps({'choices': choices} | ({'usage': usage} if usage else {}))}\n\n".encode()
+
+
+ROLE = event({"role": "assistant", "content": ""})
+PONG = event({"content": "pong"})
+END = event({}, "stop", {"prompt_tokens": 5, "completion_tokens": 1}) + b"data: [DONE]\n\n"
+
+
+def then_raise(pieces: Iterable[tuple[bytes, float]], error: Exception) -> Iterator[tuple[bytes, float]]:
+    yield from pieces
+    raise error
+
+
+@pytest.mark.parametrize(
+    ("stream", "before", "error", "reason", "first_token"),
+    [
+        (True, [], TimeoutError(), "timeout_first_token", None),
+        (True, [(ROLE, 0.1)], TimeoutError(), "timeout_first_token", None),  # a role is not a token
+        (True, [(ROLE, 0.1), (PONG, 0.2)], TimeoutError(), "stall", 0.2),
+        (True, [(ROLE, 0.1), (PONG, 0.2)], ConnectionError("ProtocolError"), "truncated", 0.2),
+        (False, [(b'{"choices": [', 0.1)], TimeoutError(), "timeout_first_token", None),
+        (False, [(b'{"choices": [', 0.1)], ConnectionError("ProtocolError"), "truncated", None),
+    ],
+    ids=["silent", "silent after the role", "silent after a token", "broken", "whole silent", "whole broken"],
+)
+def test_silence_or_a_broken_connection_mid_body(
+    stream: bool, before: list[tuple[bytes, float]], error: Exception, reason: str, first_token: float | None
+) -> None:
+    """What the transport reports while the body comes: silence past the read timeout (TimeoutError)
+    or a broken connection (ConnectionError)."""
+    run = measure(then_raise(before, error), stream=stream)
+    assert (run.success, run.reason, run.checks["http"]) == (False, reason, True)
+    assert run.time_to_first_token == first_token
+
+
+def test_a_stream_ending_without_a_finish_reason_is_truncated() -> None:
+    run = measure([(ROLE, 0.1), (PONG, 0.2), (b"data: [DONE]\n\n", 0.3)])
+    assert run.reason == "truncated"
+    assert run.checks["stream_complete"] is False
+    assert measure([(ROLE, 0.1), (PONG, 0.2), (END, 0.3)]).success
+
+
+def test_each_piece_is_held_to_the_deadlines_not_only_each_event() -> None:
+    """A server that sends SSE comments for ever, never a token, ends the run at the first piece
+    past the first-token deadline, though no event has come."""
+    step = 0.0625  # exact in binary: the 5th piece is the first past 300 ms
+    pulled = 0
+
+    def comments() -> Iterator[tuple[bytes, float]]:
+        nonlocal pulled
+        for n in range(1, 1000):
+            pulled = n
+            yield b": keep-alive\n\n", n * step
+
+    run = measure(comments(), timeout="2s", first_token_timeout="300ms")
+    assert run.reason == "timeout_first_token"
+    assert pulled == 5
+    late = [(ROLE, 0.1), (PONG, 0.2), (event({"content": "!"}), 2.5), (END, 2.6)]
+    assert measure(late, timeout="2s").reason == "timeout_total"
+
+
 def test_sse_parser_joins_split_lines_and_multi_line_data() -> None:
     chunks = [b'data: {"a"', b": 1}\n\n: a comment\n\ndata: line one\n", b"data: line two\r\n\r\n", b"data: [DONE]"]
     assert list(sse_events(chunks)) == ['{"a": 1}', "line one\nline two", "[DONE]"]
-
-
-def test_the_openai_client_speaks_to_the_simulator(sim: Simulator, server: SimulatorServer) -> None:
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=sim.api_key)
-    model = sim.endpoints[0].endpoint_id
-
-    stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "ping"}], stream=True,
-        stream_options={"include_usage": True},
-    )  # fmt: skip
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "pong"
-    assert chunks[-1].choices == []
-    assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == 2
-
-    reply = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "system", "content": 'Reply with the keys "status" and "region".'},
-                  {"role": "user", "content": "All good."}],
-        response_format={"type": "json_object"},
-    )  # fmt: skip
-    import json
-
-    assert set(json.loads(reply.choices[0].message.content or "")) == {"status", "region"}
-
-    from exporter.sources.probe import TOOL
-
-    called = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "status?"}],
-        tools=[TOOL],  # type: ignore[list-item]
-    )
-    assert called.choices[0].finish_reason == "tool_calls"
-    call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
-    assert call.function.name == "lookup_service_status"
-    assert json.loads(call.function.arguments) == {"service": "probe", "window_minutes": 1}
-
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "ping"}]
-        )
-
-
-def test_the_api_key_never_reaches_the_log(
-    sim: Simulator, server: SimulatorServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    import logging
-
-    caplog.set_level(logging.DEBUG)
-    sim.inject(Fault("stream_error", CHAT))
-    probe_runner = runner(sim, server)
-    failed = probe_runner.run()
-    assert failed.last.reason == "stream_error"
-    wrong = runner(sim, server, api_key="sk-live-very-secret").run()
-    assert wrong.last.reason == "http_401"
-    assert "probe failed" in caplog.text
-    assert sim.api_key not in caplog.text
-    assert "sk-live-very-secret" not in caplog.text
-
-
-@contextmanager
-def streaming_server(framing: str, body: Callable[[], Iterator[bytes]], **headers: str) -> Iterator[str]:
-    """A server on loopback answering every POST with an event stream in `framing`: each piece `body`
-    yields is written and flushed as it comes. Yields its URL."""
-
-    class Stream(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            for name, value in headers.items():
-                self.send_header(name, value)
-            if framing == "chunked":
-                self.send_header("Transfer-Encoding", "chunked")
-            else:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            try:
-                for piece in body():
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece)
-                    self.wfile.flush()
-                if framing == "chunked":
-                    self.wfile.write(b"0\r\n\r\n")
-            except OSError:
-                self.close_connection = True
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.mark.integration  # starts its own server
-@pytest.mark.parametrize("framing", FRAMINGS)
-def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline(framing: str) -> None:
-    """A server that sends SSE comments for ever, never a token."""
-
-    def comments() -> Iterator[bytes]:
-        for _ in range(100):
-            yield b": keep-alive\n\n"
-            time.sleep(0.05)
-
-    with streaming_server(framing, comments) as url:
-        started = time.monotonic()
-        snapshot = runner_for(url, timeout="2s", first_token_timeout="300ms").run()
-        assert snapshot.last.reason == "timeout_first_token"
-        assert time.monotonic() - started < 2
-
-
-@pytest.mark.integration  # starts its own server
-@pytest.mark.parametrize("framing", FRAMINGS)
-def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
-    gap = 0.3
-    events = [
-        {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
-    ]  # fmt: skip
-
-    def gzipped() -> Iterator[bytes]:
-        gzip = zlib.compressobj(wbits=31)
-        for n, data in enumerate([*map(json.dumps, events), "[DONE]"]):
-            if n:
-                time.sleep(gap)
-            yield gzip.compress(f"data: {data}\n\n".encode()) + gzip.flush(zlib.Z_SYNC_FLUSH)
-        yield gzip.flush()
-
-    with streaming_server(framing, gzipped, **{"Content-Encoding": "gzip"}) as url:
-        last = runner_for(url, expect_content="^pong$").run().last
-    assert (last.success, last.reason) == (True, None)
-    assert last.time_to_first_token is not None
-    assert last.time_to_first_token < gap
-    assert last.duration - last.time_to_first_token >= 2 * gap
 
 
 def test_an_endless_sse_line_is_refused_at_the_line_cap() -> None:
@@ -357,72 +392,6 @@ def test_an_endless_sse_line_is_refused_at_the_line_cap() -> None:
     assert pulled <= MAX_LINE_BYTES + len(piece)
 
 
-SEND_BUFFER = 64 * 1024
-"""The hostile server's socket send buffer, pinned small so that what it counts as sent is what left it."""
-
-
-def receive_buffer_limit() -> int:
-    """The most a loopback receive buffer can hold: Linux autotunes it up to tcp_rmem's maximum."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
-    except (OSError, IndexError, ValueError):
-        return 6 * 1024 * 1024  # Linux's default maximum
-
-
-def read_request(connection: socket.socket) -> None:
-    """Read one request, headers and body, so that what arrives next on the connection is its close."""
-    received = b""
-    while b"\r\n\r\n" not in received:
-        piece = connection.recv(65536)
-        if not piece:
-            return
-        received += piece
-    head, _, body = received.partition(b"\r\n\r\n")
-    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-    left = int(length[1]) - len(body) if length else 0
-    while left > 0 and (piece := connection.recv(left)):
-        left -= len(piece)
-
-
-class EndlessAnswer(LoopbackServer):
-    """A chat endpoint gone wrong: it answers 200, sends `head`, then `piece` over and over, and
-    counts what it managed to send before the client closed the connection (`closed` is then set).
-    It stops sending at `budget` and waits for the close, so that a client that never stops reading
-    cannot take this machine's memory."""
-
-    def __init__(self, framing: str, content_type: str, head: bytes, piece: bytes) -> None:
-        self.framing, self.content_type, self.head, self.piece = framing, content_type, head, piece
-        self.budget = 0
-        """Set before the client connects."""
-        self.sent = 0
-        self.closed = threading.Event()
-        super().__init__()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def frame(self, data: bytes) -> bytes:
-        return b"%x\r\n%s\r\n" % (len(data), data) if self.framing == "chunked" else data
-
-    def serve(self, connection: socket.socket) -> None:
-        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
-        framing = "Transfer-Encoding: chunked" if self.framing == "chunked" else "Connection: close"
-        with connection:
-            try:
-                read_request(connection)
-                connection.sendall(
-                    f"HTTP/1.1 200 OK\r\nContent-Type: {self.content_type}\r\n{framing}\r\n\r\n".encode()
-                )
-                if self.head:  # an empty chunk would end a chunked body
-                    connection.sendall(self.frame(self.head))
-                piece = self.frame(self.piece)
-                while self.sent < self.budget:
-                    connection.sendall(piece)
-                    self.sent += len(self.piece)
-                connection.recv(1)  # the budget is spent: wait for the client to give up
-            except OSError:
-                pass
-            self.closed.set()
-
-
 EVENT = (
     b'data: {"id":"chatcmpl-0","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
 )
@@ -435,44 +404,39 @@ ENDLESS = {
 (non-streamed) body that never ends; as (stream, Content-Type, head, piece)."""
 
 
-@pytest.mark.integration  # starts its own server
-@pytest.mark.parametrize("framing", FRAMINGS)
 @pytest.mark.parametrize("kind", ENDLESS)
-def test_an_endless_answer_fails_the_run_at_the_cap_and_is_cut_off(framing: str, kind: str) -> None:
-    """The run fails as `answer_too_large` (not at its deadline), the probe closes the connection,
-    and the server sent no more than the cap and what the socket buffers between them hold."""
-    stream, content_type, head, piece = ENDLESS[kind]
-    server = EndlessAnswer(framing, content_type, head, piece)
-    probe_runner = runner_for(server.url, stream=stream, timeout="10s")
-    cap = answer_cap(probe_runner.probe)
-    bound = cap + receive_buffer_limit() + 4 * SEND_BUFFER + len(piece)
-    server.budget = bound + cap  # a probe reading on without a cap shows as more than `bound`
-    try:
-        snapshot = probe_runner.run()
-        assert server.closed.wait(10), "the probe kept the connection open"
-    finally:
-        server.stop()
-        probe_runner.close()
-    assert_failed_once(snapshot, "answer_too_large")
-    assert server.sent <= bound
+def test_an_endless_answer_fails_the_run_at_the_cap(kind: str) -> None:
+    """`answer_too_large` (not the deadline), having taken no more than the cap and one piece."""
+    stream, _, head, piece = ENDLESS[kind]
+    config, _ = configs(stream=stream, timeout="10s")
+    cap = answer_cap(config)
+    pulled = 0
+
+    def endless() -> Iterator[tuple[bytes, float]]:
+        nonlocal pulled
+        if head:
+            yield head, 0.0
+        for _ in range(4 * cap // len(piece)):  # bounded, so a reader without the cap ends too
+            pulled += len(piece)
+            yield piece, 0.001
+
+    run = measure(endless(), stream=stream, timeout="10s")
+    assert (run.success, run.reason) == (False, "answer_too_large")
+    assert pulled <= cap + len(piece)
 
 
-@pytest.mark.integration  # starts its own server
 def test_a_long_answer_within_max_tokens_still_passes() -> None:
     """The cap grows with `max_tokens`: a streamed answer of that many tokens, each in an event of
     a real server's size, passes, though it is larger than the cap of a small probe."""
     tokens = 32768
     choice = {"index": 0, "delta": {"content": " a"}, "logprobs": None, "finish_reason": None}
-    event = {"id": "chatcmpl-" + "0" * 32, "object": "chat.completion.chunk", "created": 1_700_000_000,
+    first = {"id": "chatcmpl-" + "0" * 32, "object": "chat.completion.chunk", "created": 1_700_000_000,
              "model": "ep", "system_fingerprint": "fp_0", "choices": [choice]}  # fmt: skip
     last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}  # fmt: skip
-    body = f"data: {json.dumps(event)}\n\n".encode() * tokens + f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode()
-    assert len(body) > answer_cap(runner_for("http://127.0.0.1:1").probe)
-
-    with streaming_server("chunked", lambda: iter([body[i : i + 65536] for i in range(0, len(body), 65536)])) as url:
-        probe_runner = runner_for(url, max_tokens=tokens, timeout="30s")
-        assert answer_cap(probe_runner.probe) >= len(body)
-        last_run = probe_runner.run().last
-    assert (last_run.success, last_run.reason) == (True, None)
-    assert last_run.completion_tokens == tokens
+    body = f"data: {json.dumps(first)}\n\n".encode() * tokens + f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode()
+    assert len(body) > answer_cap(configs()[0])
+    assert answer_cap(configs(max_tokens=tokens)[0]) >= len(body)
+    run = measure([(body[i : i + 65536], 1.0) for i in range(0, len(body), 65536)], max_tokens=tokens, timeout="30s")
+    assert (run.success, run.reason) == (True, None)
+    assert run.completion_tokens == tokens

@@ -1,0 +1,370 @@
+"""The synthetic probe over HTTP: what only the wire shows. Each mode end to end, both stream
+framings, gzip as it arrives, statuses, real read and connect timeouts, a dropped or reset
+connection, a dripping server, an endless answer cut off. The logic is in test_probe.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from exporter.sim import Fault, Simulator, SimulatorServer
+from exporter.sources.probe import ProbeRunner, answer_cap
+from tests.helpers import LoopbackServer, logged
+from tests.test_probe import (
+    CHAT,
+    ENDLESS,
+    SCENARIOS,
+    SILENCES,
+    STATUSES,
+    assert_failed_once,
+    assert_passed,
+    configs,
+    fails_once_then_recovers,
+)
+
+pytestmark = pytest.mark.integration  # every test here talks to a server on loopback
+
+FRAMINGS = ("chunked", "close")
+"""How a streamed body is delimited: HTTP chunks, or the end of the connection (no length, no chunks)."""
+
+
+def runner(sim: Simulator, server: SimulatorServer, url: str | None = None, api_key: str | None = None,
+           **probe: object) -> ProbeRunner:  # fmt: skip
+    return runner_for(url or server.url, api_key or sim.api_key, **({"model": sim.endpoints[0].endpoint_id} | probe))
+
+
+def runner_for(url: str, api_key: str = "k", **probe: object) -> ProbeRunner:
+    return ProbeRunner(*configs(url, api_key, **probe))
+
+
+@pytest.fixture(params=FRAMINGS)
+def framing(request: pytest.FixtureRequest, sim: Simulator) -> str:
+    """Each stream framing in turn, set on the simulator."""
+    sim.stream_framing = request.param
+    return str(request.param)
+
+
+DELIVERIES = [(True, "chunked"), (True, "close"), (False, "chunked")]
+"""A whole answer has a length whatever the simulator's stream framing."""
+
+
+@pytest.mark.parametrize(("stream", "stream_framing"), DELIVERIES, ids=[f"stream={s}-{f}" for s, f in DELIVERIES])
+@pytest.mark.parametrize(("scenario", "extra", "checks"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_each_scenario_passes(
+    sim: Simulator,
+    server: SimulatorServer,
+    scenario: str,
+    extra: dict,
+    checks: set[str],
+    stream: bool,
+    stream_framing: str,
+) -> None:
+    sim.time_to_first_token, sim.chunk_delay, sim.stream_framing = 0.05, 0.01, stream_framing
+    assert_passed(runner(sim, server, scenario=scenario, stream=stream, **extra).run(), checks, stream)
+
+
+@pytest.mark.usefixtures("framing")
+def test_the_first_token_is_timed_when_it_arrives(sim: Simulator, server: SimulatorServer) -> None:
+    """Not when the body ends: a body delimited by the connection's end is read as it comes too."""
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.2
+    last = runner(sim, server, scenario="thinking").run().last
+    assert (last.success, last.reason) == (True, None)
+    rest = 7 * sim.chunk_delay  # six reasoning and two answer deltas, a pause before each but the first
+    assert last.time_to_first_token is not None
+    assert sim.time_to_first_token <= last.time_to_first_token < sim.time_to_first_token + rest / 2
+    assert last.duration - last.time_to_first_token >= rest
+    assert last.max_chunk_gap is not None
+    assert last.max_chunk_gap >= sim.chunk_delay
+
+
+def overfull_listener() -> Iterator[str]:
+    """A loopback port whose accept queue is full: a new connection's handshake is never answered."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+FAULTS = [*STATUSES, ("connection", {}, Fault("drop", CHAT), {}), ("truncated", {}, Fault("reset", CHAT), {})]
+"""Failures of the exchange itself: statuses end to end, a connection dropped before the answer or
+reset in the middle of its body; as (reason, simulator settings, the fault of one request, probe settings)."""
+
+
+@pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_failure_of_the_exchange_is_produced_and_counted_once(
+    sim: Simulator,
+    server: SimulatorServer,
+    caplog: pytest.LogCaptureFixture,
+    reason: str,
+    sim_settings: dict,
+    fault: Fault | None,
+    probe: dict,
+) -> None:
+    fails_once_then_recovers(sim, partial(runner, sim, server), reason, sim_settings, fault, probe)
+    if reason == "truncated":  # by the reset itself, not by a body that ended without [DONE]
+        [failed] = logged(caplog.records, "probe failed", reason=reason)
+        assert failed.fields["detail"].startswith("the connection broke mid-answer")  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("framing")
+@pytest.mark.parametrize(("reason", "sim_settings", "fault", "probe"), SILENCES, ids=[f[0] for f in SILENCES])
+def test_a_silent_stream_is_left_at_the_read_timeout(
+    sim: Simulator, server: SimulatorServer, reason: str, sim_settings: dict, fault: Fault | None, probe: dict
+) -> None:
+    fails_once_then_recovers(sim, partial(runner, sim, server), reason, sim_settings, fault, probe)
+
+
+def test_timeout_connect(sim: Simulator, server: SimulatorServer) -> None:
+    for url in overfull_listener():
+        snapshot = runner(sim, server, url=url, timeout="500ms").run()
+        assert_failed_once(snapshot, "timeout_connect")
+
+
+def test_the_openai_client_speaks_to_the_simulator(sim: Simulator, server: SimulatorServer) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=sim.api_key)
+    model = sim.endpoints[0].endpoint_id
+
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ping"}], stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "pong"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 2
+
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": 'Reply with the keys "status" and "region".'},
+                  {"role": "user", "content": "All good."}],
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    assert set(json.loads(reply.choices[0].message.content or "")) == {"status", "region"}
+
+    from exporter.sources.probe_answer import TOOL
+
+    called = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "status?"}],
+        tools=[TOOL],  # type: ignore[list-item]
+    )
+    assert called.choices[0].finish_reason == "tool_calls"
+    call = called.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "lookup_service_status"
+    assert json.loads(call.function.arguments) == {"service": "probe", "window_minutes": 1}
+
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "ping"}]
+        )
+
+
+def test_the_api_key_never_reaches_the_log(
+    sim: Simulator, server: SimulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    sim.inject(Fault("stream_error", CHAT))
+    probe_runner = runner(sim, server)
+    failed = probe_runner.run()
+    assert failed.last.reason == "stream_error"
+    wrong = runner(sim, server, api_key="sk-live-very-secret").run()
+    assert wrong.last.reason == "http_401"
+    assert "probe failed" in caplog.text
+    assert sim.api_key not in caplog.text
+    assert "sk-live-very-secret" not in caplog.text
+
+
+@contextmanager
+def streaming_server(framing: str, body: Callable[[], Iterator[bytes]], **headers: str) -> Iterator[str]:
+    """A server on loopback answering every POST with an event stream in `framing`: each piece `body`
+    yields is written and flushed as it comes. Yields its URL."""
+
+    class Stream(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            if framing == "chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                for piece in body():
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if framing == "chunked" else piece)
+                    self.wfile.flush()
+                if framing == "chunked":
+                    self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline(framing: str) -> None:
+    """A server that sends SSE comments for ever, never a token."""
+
+    def comments() -> Iterator[bytes]:
+        for _ in range(100):
+            yield b": keep-alive\n\n"
+            time.sleep(0.05)
+
+    with streaming_server(framing, comments) as url:
+        started = time.monotonic()
+        snapshot = runner_for(url, timeout="2s", first_token_timeout="300ms").run()
+        assert snapshot.last.reason == "timeout_first_token"
+        assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
+    gap = 0.3
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
+    ]  # fmt: skip
+
+    def gzipped() -> Iterator[bytes]:
+        gzip = zlib.compressobj(wbits=31)
+        for n, data in enumerate([*map(json.dumps, events), "[DONE]"]):
+            if n:
+                time.sleep(gap)
+            yield gzip.compress(f"data: {data}\n\n".encode()) + gzip.flush(zlib.Z_SYNC_FLUSH)
+        yield gzip.flush()
+
+    with streaming_server(framing, gzipped, **{"Content-Encoding": "gzip"}) as url:
+        last = runner_for(url, expect_content="^pong$").run().last
+    assert (last.success, last.reason) == (True, None)
+    assert last.time_to_first_token is not None
+    assert last.time_to_first_token < gap
+    assert last.duration - last.time_to_first_token >= 2 * gap
+
+
+SEND_BUFFER = 64 * 1024
+"""The hostile server's socket send buffer, pinned small so that what it counts as sent is what left it."""
+
+
+def receive_buffer_limit() -> int:
+    """The most a loopback receive buffer can hold: Linux autotunes it up to tcp_rmem's maximum."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_rmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 6 * 1024 * 1024  # Linux's default maximum
+
+
+def read_request(connection: socket.socket) -> None:
+    """Read one request, headers and body, so that what arrives next on the connection is its close."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        piece = connection.recv(65536)
+        if not piece:
+            return
+        received += piece
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    left = int(length[1]) - len(body) if length else 0
+    while left > 0 and (piece := connection.recv(left)):
+        left -= len(piece)
+
+
+class EndlessAnswer(LoopbackServer):
+    """A chat endpoint gone wrong: it answers 200, sends `head`, then `piece` over and over, and
+    counts what it managed to send before the client closed the connection (`closed` is then set).
+    It stops sending at `budget` and waits for the close, so that a client that never stops reading
+    cannot take this machine's memory."""
+
+    def __init__(self, framing: str, content_type: str, head: bytes, piece: bytes) -> None:
+        self.framing, self.content_type, self.head, self.piece = framing, content_type, head, piece
+        self.budget = 0
+        """Set before the client connects."""
+        self.sent = 0
+        self.closed = threading.Event()
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def frame(self, data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data) if self.framing == "chunked" else data
+
+    def serve(self, connection: socket.socket) -> None:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+        framing = "Transfer-Encoding: chunked" if self.framing == "chunked" else "Connection: close"
+        with connection:
+            try:
+                read_request(connection)
+                connection.sendall(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {self.content_type}\r\n{framing}\r\n\r\n".encode()
+                )
+                if self.head:  # an empty chunk would end a chunked body
+                    connection.sendall(self.frame(self.head))
+                piece = self.frame(self.piece)
+                while self.sent < self.budget:
+                    connection.sendall(piece)
+                    self.sent += len(self.piece)
+                connection.recv(1)  # the budget is spent: wait for the client to give up
+            except OSError:
+                pass
+            self.closed.set()
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+@pytest.mark.parametrize("kind", ENDLESS)
+def test_an_endless_answer_fails_the_run_at_the_cap_and_is_cut_off(framing: str, kind: str) -> None:
+    """The run fails as `answer_too_large` (not at its deadline), the probe closes the connection,
+    and the server sent no more than the cap and what the socket buffers between them hold."""
+    stream, content_type, head, piece = ENDLESS[kind]
+    server = EndlessAnswer(framing, content_type, head, piece)
+    probe_runner = runner_for(server.url, stream=stream, timeout="10s")
+    cap = answer_cap(probe_runner.probe)
+    bound = cap + receive_buffer_limit() + 4 * SEND_BUFFER + len(piece)
+    server.budget = bound + cap  # a probe reading on without a cap shows as more than `bound`
+    try:
+        snapshot = probe_runner.run()
+        assert server.closed.wait(10), "the probe kept the connection open"
+    finally:
+        server.stop()
+        probe_runner.close()
+    assert_failed_once(snapshot, "answer_too_large")
+    assert server.sent <= bound
