@@ -279,7 +279,8 @@ def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
         last = runner_for(url, expect_content="^pong$").run().last
     assert (last.success, last.reason) == (True, None)
     assert last.time_to_first_token is not None
-    assert last.time_to_first_token < gap
+    # Decoded as it arrived: the first token was seen two gaps before the end (read whole, it would be
+    # seen at the end). How soon after the request it came depends on the machine's load; not asserted.
     assert last.duration - last.time_to_first_token >= 2 * gap
 
 
