@@ -22,8 +22,8 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.model.snapshots import Latest
 from exporter.sim import Endpoint, Simulator
 from exporter.sources.bills import BillsSource
+from exporter.web import ExporterServer, View, landing_page
 from exporter.web.chart import month_chart
-from exporter.web.server import ExporterServer, View, landing_page
 
 TARGET_MS = 20.0
 ZONE = ZoneInfo("Asia/Shanghai")

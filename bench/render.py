@@ -25,7 +25,7 @@ from exporter.model.snapshots import Latest
 from exporter.sources.bills import BillsSource
 from exporter.sources.usage import UsageSync
 from exporter.state import StateStore
-from exporter.web.server import ExporterServer, View
+from exporter.web import ExporterServer, View
 
 RUNS = 200
 

@@ -15,8 +15,8 @@ from exporter.config.schema import BudgetConfig
 from exporter.core.clock import days_in_period
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, per_day
 from exporter.sources.bills import forecast
+from exporter.web import View, landing_page
 from exporter.web.chart import COLOURS, OTHER_COLOUR, month_chart, nice_scale
-from exporter.web.server import View, landing_page
 
 CENT = Decimal("0.01")
 PX = 0.011

@@ -18,7 +18,7 @@ from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.model.snapshots import Latest
-from exporter.web.server import ExporterServer, View
+from exporter.web import ExporterServer, View
 from tests.conftest import require_binary
 from tests.helpers import free_port, wait_for
 

@@ -20,7 +20,7 @@ import requests
 
 from exporter.config.load import validate
 from exporter.model.snapshots import Latest
-from exporter.web.server import ExporterServer, View
+from exporter.web import ExporterServer, View
 from tests.helpers import wait_for
 from tests.test_server import BILLING, dribble
 
@@ -182,7 +182,7 @@ def test_a_steady_keep_alive_client_keeps_its_connection(serve: Serve) -> None:
 OUT_OF_FILES = """
 import logging, os, resource, sys
 from exporter.config.load import validate
-from exporter.web.server import ExporterServer, View
+from exporter.web import ExporterServer, View
 from exporter.model.snapshots import Latest
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)

@@ -14,7 +14,7 @@ from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.core.logs import LogfmtFormatter
 from exporter.model.snapshots import Latest
-from exporter.web.server import ExporterServer, View
+from exporter.web import ExporterServer, View
 from tests.test_server import BILLING, start
 
 pytestmark = pytest.mark.integration

@@ -32,7 +32,7 @@ from exporter.core.logs import get_logger, mask_more
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
-from exporter.web.server import Credentials, ExporterServer, TlsError, View
+from exporter.web import Credentials, ExporterServer, TlsError, View
 
 log = get_logger(__name__)
 

@@ -1,9 +1,9 @@
 """One JSON POST to a receiver, with one deadline for the whole exchange and no redirects.
 
 `requests` bounds each socket read, not the request: a receiver that sends its headers and then
-one byte every few seconds would hold a delivery for ever. Here a timer shuts the socket down
-when the deadline passes, whatever phase the exchange is in (connect, TLS handshake, headers,
-body); each step also waits at most for the time left. (A host name that takes long to resolve
+one byte every few seconds would hold a delivery for ever. Here a `Deadline` shuts the socket
+down when it passes, whatever phase the exchange is in (connect, TLS handshake, headers, body);
+each step also waits at most for the time left. (A host name that takes long to resolve
 is the one wait this cannot cut: the resolver does not let go of it.) A POST is never followed
 to a 3xx's `Location` (that would turn it into a GET with no body): the answer's status is the
 caller's to judge. Credentials in the URL (`https://user:pass@host/…`), proxies from the
@@ -14,19 +14,19 @@ bundle are honoured as `requests` would.
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
 import os
 import socket
 import ssl
-import threading
-import time
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
+
+from exporter.core.deadline import Deadline
 
 MAX_ANSWER = 64 * 1024
 """How much of a receiver's answer is read (and thrown away)."""
@@ -56,22 +56,36 @@ def _basic(parts: SplitResult, header: str = "Authorization") -> dict[str, str]:
     return {header: "Basic " + base64.b64encode(pair).decode()}
 
 
-class _HTTPSConnection(http.client.HTTPSConnection):
-    """The TLS handshake done after `self.sock` is the TLS socket, so the deadline's timer can
-    shut it down mid-handshake (during `wrap_socket` the plain socket is already detached)."""
+class _HTTPConnection(http.client.HTTPConnection):
+    """Each socket it opens watched by the deadline from the moment it exists, so that every
+    phase after the TCP connect can be cut: a proxy's CONNECT, the request, the answer."""
+
+    def __init__(self, host: str, port: int, timer: Deadline, **options: Any) -> None:
+        super().__init__(host, port, timeout=timer.remaining(), **options)
+        self.timer = timer
+        self._create_connection = self._watched  # what http.client opens its socket with
+
+    def _watched(self, address: tuple[str, int], *options: Any) -> socket.socket:
+        return self.timer.watch(socket.create_connection(address, *options))
+
+
+class _HTTPSConnection(_HTTPConnection, http.client.HTTPSConnection):
+    """The TLS handshake done once the TLS socket is watched, so the deadline can shut it down
+    mid-handshake (during `wrap_socket` the plain socket is already detached)."""
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)  # TCP, and the proxy's CONNECT tunnel if any
         hostname = self._tunnel_host or self.host  # type: ignore[attr-defined]
-        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+        tls = self._context.wrap_socket(  # type: ignore[attr-defined]
             self.sock, server_hostname=hostname, do_handshake_on_connect=False
         )
+        self.sock = self.timer.watch(tls)
         self.sock.do_handshake()
 
 
-def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
-    """A connection for `url` (through the environment's proxy, if any), the request target,
-    and the headers the URL itself asks for (credentials)."""
+def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """A connection for `url` (through the environment's proxy, if any) whose sockets `timer`
+    watches, the request target, and the headers the URL itself asks for (credentials)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     host, port = parts.hostname or "", parts.port or (443 if https else 80)
@@ -80,45 +94,31 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
     proxy = get_environ_proxies(url).get(parts.scheme)
     if not proxy:
         if https:
-            return _HTTPSConnection(host, port, timeout=timeout, context=_tls()), target, headers
-        return http.client.HTTPConnection(host, port, timeout=timeout), target, headers
+            return _HTTPSConnection(host, port, timer, context=_tls()), target, headers
+        return _HTTPConnection(host, port, timer), target, headers
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     proxy_auth = _basic(via, "Proxy-Authorization")
     proxy_host, proxy_port = via.hostname or "", via.port or 80
     if https:
-        connection = _HTTPSConnection(proxy_host, proxy_port, timeout=timeout, context=_tls())
+        connection = _HTTPSConnection(proxy_host, proxy_port, timer, context=_tls())
         connection.set_tunnel(host, port, headers=proxy_auth)
         return connection, target, headers
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     plain_url = parts._replace(netloc=netloc).geturl()  # the credentials go in a header
-    return http.client.HTTPConnection(proxy_host, proxy_port, timeout=timeout), plain_url, headers | proxy_auth
-
-
-def _cut(connection: http.client.HTTPConnection, fired: threading.Event) -> None:
-    fired.set()
-    sock = connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):  # already closed
-            # The plain socket's shutdown (on a TLS socket too): it wakes a thread blocked in recv,
-            # where close alone would not.
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    return _HTTPConnection(proxy_host, proxy_port, timer), plain_url, headers | proxy_auth
 
 
 def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str]) -> Answer:
     """POST `body` as JSON; the receiver's status (and `Location`) once its whole answer is in,
     or `DeadlineExceeded`, or an `OSError`/`http.client.HTTPException` for a connection that failed."""
     data = json.dumps(body).encode()
-    ends = time.monotonic() + deadline
-    connection, target, url_headers = _connection(url, deadline)
-    fired = threading.Event()
-    timer = threading.Timer(deadline, _cut, args=(connection, fired))
-    timer.daemon = True
-    timer.start()
+    timer = Deadline(deadline)
+    connection, target, url_headers = _connection(url, timer)
     try:
         connection.connect()
-        if fired.is_set():  # the deadline passed while connecting, before there was a socket to cut
+        if timer.fired:  # the deadline passed while connecting, before there was a socket to cut
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s")
-        connection.sock.settimeout(max(0.001, ends - time.monotonic()))
+        connection.sock.settimeout(max(0.001, timer.remaining()))
         connection.request(
             "POST", target, body=data, headers={"Content-Type": "application/json", **url_headers, **headers}
         )
@@ -128,9 +128,9 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
             raise http.client.IncompleteRead(answer, response.length)
         return Answer(response.status, response.getheader("Location") or "")
     except (OSError, http.client.HTTPException):
-        if fired.is_set():
+        if timer.fired:
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s") from None
         raise
     finally:
-        timer.cancel()
+        timer.close()  # no cut after this, then the sockets closed (in that order: see Deadline.stop)
         connection.close()

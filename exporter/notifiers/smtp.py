@@ -1,7 +1,7 @@
 """Sending one email over SMTP under one deadline (the `email` kind's transport).
 
 `send` makes one SMTP exchange (connect, EHLO, STARTTLS with the server's certificate verified,
-login, the message, QUIT) under one deadline: a timer shuts the connection down when it passes,
+login, the message, QUIT) under one `Deadline`, which shuts the connection down when it passes,
 whatever the exchange is waiting for (the greeting, a reply, the TLS handshake), since a socket's
 timeout bounds each read, not a server that answers one line every few seconds. (A host name
 that takes long to resolve is the one wait this cannot cut, as for the HTTP notifiers.) It never
@@ -17,8 +17,6 @@ import re
 import smtplib
 import socket
 import ssl
-import threading
-import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -27,6 +25,7 @@ from email.utils import formatdate
 from functools import cache
 from typing import TYPE_CHECKING
 
+from exporter.core.deadline import Deadline
 from exporter.core.net import network_cause
 
 if TYPE_CHECKING:
@@ -65,59 +64,16 @@ def _local_hostname() -> str:
     return socket.getfqdn()
 
 
-class _Cut:
-    """Shuts the exchange's sockets down when the deadline passes (the timer calls it): the
-    connection, and its TLS socket once STARTTLS has made one."""
-
-    def __init__(self) -> None:
-        self.fired = False
-        self._sockets: list[socket.socket] = []
-        self._done = False
-        self._lock = threading.Lock()
-
-    def watch(self, sock: socket.socket) -> None:
-        """A socket of the exchange, as soon as it exists (shut down at once if the deadline has passed)."""
-        with self._lock:
-            self._sockets.append(sock)
-            if self.fired:
-                self._shutdown(sock)
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.fired = True
-            for sock in self._sockets:
-                self._shutdown(sock)
-
-    @staticmethod
-    def _shutdown(sock: socket.socket) -> None:
-        with suppress(OSError):  # already closed
-            # The plain socket's shutdown (on a TLS socket too): it wakes a thread blocked in recv
-            # or in the handshake, where close alone would not.
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-    def done(self) -> None:
-        """No cut after this, then every socket of the exchange closed (in that order: once closed,
-        a socket's number may be another file's)."""
-        with self._lock:
-            self._done = True
-        for sock in self._sockets:
-            sock.close()
-
-
 class _Client(smtplib.SMTP):
-    """smtplib's client (it connects and reads the greeting as it is made), showing its connection
-    to `cut` as soon as there is one."""
+    """smtplib's client (it connects and reads the greeting as it is made), its connection
+    watched by the deadline as soon as there is one."""
 
-    def __init__(self, cut: _Cut, host: str, port: int, timeout: float) -> None:
-        self._cut = cut
+    def __init__(self, timer: Deadline, host: str, port: int, timeout: float) -> None:
+        self._timer = timer
         super().__init__(host, port, local_hostname=_local_hostname(), timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        sock = socket.create_connection((host, port), timeout, self.source_address)
-        self._cut.watch(sock)
-        return sock
+        return self._timer.watch(socket.create_connection((host, port), timeout, self.source_address))
 
 
 class _Failed(Exception):
@@ -128,8 +84,7 @@ def _exchange(
     smtp: smtplib.SMTP,
     notifier: EmailNotifier,
     message: EmailMessage,
-    cut: _Cut,
-    ends: float,
+    timer: Deadline,
     recipients: Sequence[str],
 ) -> dict[str, int]:
     """The exchange; the recipients the server refused while it took the message for others, with
@@ -145,13 +100,13 @@ def _exchange(
         if smtp.sock is not None:
             # The handshake cannot be cut (the plain socket is handed over to TLS before it starts),
             # but a TLS socket's timeout bounds the whole handshake, not each read: the time left.
-            smtp.sock.settimeout(max(0.001, ends - time.monotonic()))
+            smtp.sock.settimeout(max(0.001, timer.remaining()))
         try:
             smtp.starttls(context=context)
         except smtplib.SMTPResponseException as error:
             raise _Failed(f"STARTTLS refused (SMTP {error.smtp_code})") from None
         if smtp.sock is not None:
-            cut.watch(smtp.sock)
+            timer.watch(smtp.sock)
         smtp.ehlo_or_helo_if_needed()  # again: what the server said before TLS no longer counts
     if notifier.username is not None and notifier.password is not None:
         try:
@@ -230,23 +185,18 @@ def send(
 ) -> Sent:
     """Send one message to `recipients` (all of `notifier.to` when empty; the To: header names them
     all either way). The whole exchange ends within about `deadline` seconds."""
-    ends = time.monotonic() + deadline
-    cut = _Cut()
-    timer = threading.Timer(deadline, cut)
-    timer.daemon = True
-    timer.start()
+    timer = Deadline(deadline)
     smtp = None
     try:
         message = build(notifier, subject, text, html, message_id)
-        smtp = _Client(cut, notifier.host, notifier.port, deadline)
-        refused = _exchange(smtp, notifier, message, cut, ends, recipients or notifier.to)
+        smtp = _Client(timer, notifier.host, notifier.port, deadline)
+        refused = _exchange(smtp, notifier, message, timer, recipients or notifier.to)
     except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
-        if cut.fired or time.monotonic() >= ends:  # cut, or a timeout set to the time left (the handshake's)
+        if timer.fired or timer.remaining() == 0:  # cut, or a timeout set to the time left (the handshake's)
             return Sent(f"deadline exceeded (no complete exchange within {deadline:g}s)")
         return Sent(_reason(error))
     finally:
-        timer.cancel()
-        cut.done()
+        timer.close()  # no cut after this, then every socket of the exchange closed (in that order)
         if smtp is not None:
             smtp.close()  # its reader too, which holds the socket open
     return Sent(None, refused)

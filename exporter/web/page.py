@@ -1,0 +1,154 @@
+"""The landing page: the month's chart, each source's last refresh, the budgets, the probes, the firing alerts and
+what the bill disagrees with, as one HTML page."""
+
+from __future__ import annotations
+
+import html
+from decimal import Decimal
+
+from exporter import __version__
+from exporter.config.schema import BudgetConfig
+from exporter.model.snapshots import Reconciliation
+from exporter.sources.budgets import budget_status, scope_matched
+from exporter.sources.reconcile import disagrees
+from exporter.web.chart import month_chart
+from exporter.web.views import View
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _level(ratio: Decimal) -> str:
+    return "bad" if ratio >= 1 else "wait" if ratio >= Decimal("0.8") else "ok"
+
+
+def _gap(ratio: Decimal | None) -> str:
+    return "billed, none counted" if ratio is None else f"{ratio:+.2%}"
+
+
+def _disagreements(result: Reconciliation | None) -> str:
+    """The settled days whose bill disagrees with the usage counted (tokens per item, amounts per endpoint)."""
+    if result is None or result.last_day is None:
+        return "<p>No settled day has been reconciled yet.</p>"
+    rows = [
+        f"<tr><td>{g.day}</td><td>{html.escape(g.item)}</td><td>tokens</td><td>{g.billed:f}</td>"
+        f"<td>{g.counted}</td><td class=bad>{_gap(g.ratio)}</td></tr>"
+        for g in result.tokens
+        if disagrees(g.ratio)
+    ] + [
+        f"<tr><td>{a.day}</td><td>{html.escape(a.endpoint_id)}</td><td>amount</td><td>{a.billed:f}</td>"
+        f"<td>{a.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(a.ratio)}</td></tr>"
+        for a in result.amounts
+        if disagrees(a.ratio)
+    ]
+    days = len({g.day for g in result.tokens} | {a.day for a in result.amounts})
+    if not rows:
+        return f"<p class=ok>The {days} settled days reconciled agree with the usage counted (within 0.1%).</p>"
+    return (
+        f"<p>{len(rows)} figures of {days} settled days disagree with the usage counted:</p>"
+        "<table><tr><th>day</th><th>item or endpoint</th><th>what</th><th>billed</th><th>counted or estimated</th>"
+        "<th>gap</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def _scope(budget: BudgetConfig) -> str:
+    what = ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items())) or "account"
+    return f"{what} (usage × prices)" if budget.on_usage else what
+
+
+def landing_page(view: View) -> str:
+    now = view.now()
+    rows = []
+    health = view.latest.health
+    for source in view.sources():
+        entry = health.get(source)
+        if entry is None:
+            rows.append(f"<tr><td>{html.escape(source)}</td><td class=wait>pending</td><td>—</td><td></td></tr>")
+            continue
+        state, css = ("ok", "ok") if entry.success else ("failing", "bad")
+        age = _age(now - entry.last_success) + " ago" if entry.last_success else "never"
+        rows.append(
+            f"<tr><td>{html.escape(source)}</td><td class={css}>{state}</td><td>{age}</td>"
+            f"<td>{html.escape(entry.error)}</td></tr>"
+        )
+    firing = [a for a in view.alerts() if a.state == "firing"]
+    alert_rows = "".join(
+        f"<tr><td class=bad>{html.escape(a.labels['alertname'])}</td>"
+        f"<td>{html.escape(', '.join(f'{k}={v}' for k, v in sorted(a.labels.items()) if k != 'alertname'))}</td>"
+        f"<td>{html.escape(a.annotations.get('summary', ''))}</td><td>{_age(now - (a.fired_at or now))}</td></tr>"
+        for a in firing
+    )
+    alerts = (
+        "<table><tr><th>alert</th><th>labels</th><th>summary</th><th>firing for</th></tr>" + alert_rows + "</table>"
+        if firing
+        else "<p>No alert is firing.</p>"
+    )
+    budget_rows = "".join(
+        f"<tr><td>{html.escape(b.name)}</td><td>{html.escape(_scope(b))}"
+        + ("<br><span class=bad>matches nothing</span>" if scope_matched(b, view.latest) is False else "")
+        + f"</td><td>{html.escape(b.period)}</td><td>{b.amount:f}</td>"
+        + (
+            f"<td class={_level(r[0])}>{r[0]:.1%}</td><td class={_level(r[1])}>{r[1]:.1%}</td>"
+            if r
+            else "<td class=wait>—</td><td class=wait>—</td>"
+        )
+        + "</tr>"
+        for b, r in budget_status(view.latest, view.budgets(), view.prices(), view.today())
+    )
+    budgets = (
+        "<table><tr><th>budget</th><th>scope</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"
+        + budget_rows
+        + "</table>"
+        if budget_rows
+        else "<p>No budget is configured.</p>"
+    )
+    probe_rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(p.endpoint_id)}</td><td>{html.escape(p.scenario)}</td>"
+        f"<td class={'ok' if p.last.success else 'bad'}>{'ok' if p.last.success else html.escape(p.last.reason or '')}"
+        f"</td><td>{p.last.duration * 1000:.0f} ms</td>"
+        f"<td>{'' if p.last.time_to_first_token is None else f'{p.last.time_to_first_token * 1000:.0f} ms'}</td></tr>"
+        for name, p in sorted(view.latest.probes.items())
+    )
+    probes = (
+        "<table><tr><th>probe</th><th>endpoint</th><th>scenario</th><th>last run</th><th>duration</th>"
+        "<th>first token</th></tr>" + probe_rows + "</table>"
+        if probe_rows
+        else "<p>No probe has run.</p>"
+    )
+    reconciliation = _disagreements(view.latest.reconciliation)
+    bills = view.latest.bills
+    # The account's monthly budgets: a scoped one against the whole account's bars would mislead.
+    monthly = [(b.name, b.amount) for b in view.budgets() if b.period == "month" and not b.where]
+    chart = month_chart(bills.current, bills.today, monthly) if bills is not None else "<p>No bills yet.</p>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
+<style>
+body {{ font: 15px/1.5 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem; color: #1d2330; }}
+table {{ border-collapse: collapse; width: 100%; margin-bottom: 2rem; }}
+td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde2ea; }}
+.ok {{ color: #1a7f37; font-weight: 600; }} .bad {{ color: #c62828; font-weight: 600; }} .wait {{ color: #8a6d00; }}
+</style></head><body>
+<h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
+<p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a>
+ · <a href="/api/v1/alerts">Alerts (JSON)</a></p>
+<h2>This month</h2>
+{chart}
+<h2>Sources</h2>
+<table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>
+{"".join(rows)}
+</table>
+<h2>Budgets</h2>
+{budgets}
+<h2>Probes</h2>
+{probes}
+<h2>Firing alerts</h2>
+{alerts}
+<h2>Bill against usage</h2>
+{reconciliation}
+</body></html>
+"""

@@ -1,0 +1,67 @@
+"""What the server shows (`View`, read afresh on each request) and its JSON views: readiness and the alerts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exporter.alerts.engine import Alert
+from exporter.config.schema import BudgetConfig, PriceConfig
+from exporter.core.clock import iso
+from exporter.model.snapshots import Latest
+
+
+@dataclass(frozen=True)
+class View:
+    """What the server shows; callables, so a config reload is seen at once."""
+
+    latest: Latest
+    render: Callable[[str], tuple[bytes, str]]
+    """The exposition for an `Accept` header, and its content type."""
+    sources: Callable[[], Sequence[str]]
+    render_gzipped: Callable[[str], tuple[bytes, str]] | None = None
+    """The same as one gzip member, for a client that accepts gzip, when the exposition compresses it cheaper than
+    the server would (Exposition does: from pieces cached per snapshot)."""
+    alerts: Callable[[], Sequence[Alert]] = list
+    budgets: Callable[[], Sequence[BudgetConfig]] = tuple
+    prices: Callable[[], Sequence[PriceConfig]] = tuple
+    """What budgets scoped on usage are priced with."""
+    today: Callable[[], dt.date | None] = lambda: None
+    """The billing zone's day: a budget's figures of a day or month that has ended are not shown as current."""
+    now: Callable[[], float] = time.time
+    """The billing clock's time, which the sources' timestamps are in."""
+
+
+def ready(view: View) -> tuple[bool, dict[str, str]]:
+    """Each configured source has refreshed successfully at least once."""
+    health = view.latest.health
+    states = {}
+    for source in view.sources():
+        entry = health.get(source)
+        if entry is None:
+            states[source] = "not refreshed yet"
+        elif entry.last_success is None:
+            states[source] = "never succeeded"
+        else:
+            states[source] = "ok" if entry.success else "failing (serving last good data)"
+    is_ready = all(source in health and health[source].last_success is not None for source in states)
+    return is_ready, states
+
+
+def alerts_document(view: View) -> dict[str, object]:
+    """/api/v1/alerts, shaped like Prometheus' own: pending, firing and recently resolved alerts."""
+    alerts = [
+        {
+            "labels": alert.labels,
+            "annotations": alert.annotations,
+            "state": alert.state,
+            "activeAt": iso(alert.active_since),
+            "firedAt": iso(alert.fired_at) if alert.fired_at else None,
+            "resolvedAt": iso(alert.resolved_at) if alert.resolved_at else None,
+            "value": alert.value,
+        }
+        for alert in view.alerts()
+    ]
+    return {"status": "success", "data": {"alerts": alerts}}
