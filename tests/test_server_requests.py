@@ -1,5 +1,6 @@
 """What the HTTP server does with requests that are malformed or ambiguous, over raw sockets to a real server:
-a 400 that closes the connection and one log line, never a traceback; and gzip only when it is acceptable."""
+a 400 that closes the connection and one log line, never a traceback; and gzip only when it is acceptable (the
+negotiation's cases in process, a few of them over the wire)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,8 @@ from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.core.logs import LogfmtFormatter
 from exporter.model.snapshots import Latest
-from exporter.web import ExporterServer, View
+from exporter.web import ExporterServer, View, accepts_gzip
 from tests.test_server import BILLING, start
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
@@ -144,15 +143,20 @@ GZIP = {
 
 
 @pytest.mark.parametrize(("accept_encoding", "gzipped"), GZIP.items(), ids=[repr(k) for k in GZIP])
-def test_gzip_only_when_the_client_finds_it_acceptable(
-    server: ExporterServer, accept_encoding: str, gzipped: bool
-) -> None:
+def test_gzip_only_when_the_client_finds_it_acceptable(accept_encoding: str, gzipped: bool) -> None:
+    assert accepts_gzip([accept_encoding]) is gzipped
+
+
+@pytest.mark.integration  # a real server
+@pytest.mark.parametrize("accept_encoding", ["gzip, deflate, br", "gzip;q=0", "*;q=0, gzip", "br"])
+def test_the_server_gzips_what_the_negotiation_accepts(server: ExporterServer, accept_encoding: str) -> None:
     answer = exchange(
         server,
         f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: {accept_encoding}\r\nConnection: close\r\n\r\n".encode(),
     )
     [(status, headers)] = responses(answer)
     assert status == 200
+    gzipped = accepts_gzip([accept_encoding])
     assert (headers.get("content-encoding") == "gzip") is gzipped
     body = answer.split(b"\r\n\r\n", 1)[1]
     assert b"inference_exporter_build_info" in (gzip.decompress(body) if gzipped else body)
