@@ -1,4 +1,6 @@
-"""Alerts end to end: the daemon against the simulator, a webhook receiver on loopback, a frozen clock."""
+"""Alerts: what the daemon's rules decide on the simulator's figures, on a frozen clock, read from its
+outbox with the simulator in process (tests/daemon_fakes.py); delivery end to end, against the
+simulator and a webhook receiver on loopback."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import requests
 from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
-from exporter.sim import ITEMS, Simulator, SimulatorServer
+from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer
 from tests.conftest import billing_section
+from tests.daemon_fakes import NOWHERE, alerts_api, fake_billing_section, metrics, statuses, told, unit_daemon
 from tests.helpers import Receiver, named, scrape
 
 TODAY = dt.date(2026, 11, 22)
@@ -38,6 +41,16 @@ def make_daemon(
     daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0")
     daemon.start(schedule=False)
     return daemon
+
+
+def unit(sim: Simulator, clock: Clock, tmp_path: Path, alerts: dict, **extra: object) -> Daemon:
+    """`make_daemon` in the unit layer: on `sim` in process, no server, nothing delivered."""
+    document = {
+        "billing": fake_billing_section(sim),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": alerts,
+    } | extra
+    return unit_daemon(validate(document, {}), sim, clock)
 
 
 @pytest.fixture
@@ -71,91 +84,98 @@ def refreshed(daemon: Daemon, source: str = "bills") -> bool:
     return ok
 
 
-def to_hook(receiver: Receiver, *rules: dict) -> dict:
-    """An `alerts` section: these rules, notifying the webhook receiver."""
-    return {"rules": list(rules), "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
+def evaluated(daemon: Daemon, source: str = "bills") -> bool:
+    """`refreshed` in the unit layer: refresh and evaluate; what is to be told waits in the outbox."""
+    ok = daemon.refresh(source)
+    daemon.alert_cycle()
+    return ok
 
 
-def statuses(receiver: Receiver) -> list[str]:
+def to_hook(receiver: Receiver | None, *rules: dict) -> dict:
+    """An `alerts` section: these rules, notifying the webhook `hook` at `receiver` (without one: at
+    an address nothing asks, in the unit layer, which reads the notifications from the outbox)."""
+    url = receiver.url if receiver is not None else f"{NOWHERE}/hook"
+    return {"rules": list(rules), "notifiers": [{"name": "hook", "type": "webhook", "url": url}]}
+
+
+def received(receiver: Receiver) -> list[str]:
+    """The statuses of the notifications a receiver got."""
     return [body["status"] for body in receiver.bodies()]
 
 
 def test_spend_rule_pends_fires_repeats_and_resolves_once_each(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
-    receiver: Receiver, spend_rule: dict,
-) -> None:  # fmt: skip
-    alerts = to_hook(receiver, spend_rule) | {"repeat_interval": "1h"}
-    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict
+) -> None:
+    alerts = to_hook(None, spend_rule) | {"repeat_interval": "1h"}
+    daemon = unit(sim, clock, tmp_path, alerts)
     try:
         amounts = today_by_endpoint(sim)
         top = max(amounts, key=lambda e: amounts[e])
-        assert refreshed(daemon)
-        series = scrape(daemon.server.url)
+        assert evaluated(daemon)
+        series = metrics(daemon)
         pending = named(series, "inference_alerts")
         assert [dict(labels)["alertstate"] for labels in pending] == ["pending"]
         assert dict(next(iter(pending)))["endpoint_id"] == top
-        assert statuses(receiver) == []
+        assert statuses(daemon) == []
 
         frozen.advance(dt.timedelta(minutes=9))
-        settle(daemon)
-        assert statuses(receiver) == []
+        daemon.alert_cycle()
+        assert statuses(daemon) == []
         frozen.advance(dt.timedelta(minutes=1))
-        settle(daemon)
-        assert statuses(receiver) == ["firing"]
-        body = receiver.bodies()[0]
-        assert body["version"] == "4"
-        alert = body["alerts"][0]
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing"]
+        alert = told(daemon)[0]["alerts"][0]
         assert alert["labels"] == {"alertname": "EndpointDailySpendHigh", "severity": "warning", "endpoint_id": top}
         assert alert["annotations"]["summary"].startswith(f"{top} spent {amounts[top].quantize(Decimal('0.01'))} today")
-        assert alert["endsAt"] == "0001-01-01T00:00:00Z"
+        assert alert["ends_at"] is None  # (the webhook's zero endsAt: test_webhook_slack_and_pagerduty_payloads)
 
         for _ in range(3):
-            settle(daemon)
-            refreshed(daemon)
-        assert statuses(receiver) == ["firing"]
+            daemon.alert_cycle()
+            evaluated(daemon)
+        assert statuses(daemon) == ["firing"]
         frozen.advance(dt.timedelta(hours=1))
-        settle(daemon)
-        assert statuses(receiver) == ["firing", "firing"]
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing", "firing"]
 
         for item in ITEMS:
             sim.revise_bill(TODAY, top, item, Decimal("0.01"))
-        refreshed(daemon)
-        settle(daemon)
-        assert statuses(receiver) == ["firing", "firing", "resolved"]
-        assert receiver.bodies()[-1]["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
-        assert named(scrape(daemon.server.url), "inference_alerts") == {}
-        api = requests.get(f"{daemon.server.url}/api/v1/alerts", timeout=5).json()
+        evaluated(daemon)
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing", "firing", "resolved"]
+        assert told(daemon)[-1]["alerts"][0]["ends_at"] is not None
+        assert named(metrics(daemon), "inference_alerts") == {}
+        api = alerts_api(daemon)
         assert [a["state"] for a in api["data"]["alerts"]] == ["resolved"]
     finally:
         daemon.stop()
 
 
 def test_tier_ladder_notifies_three_times_across_a_month(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     rule = {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.8, 1.0], "labels": {"severity": "critical"}}
-    alerts = to_hook(receiver, rule)
-    daemon = make_daemon(sim, server, clock, tmp_path, alerts, budgets=[{"name": "monthly", "amount": "20000"}])
+    alerts = to_hook(None, rule)
+    daemon = unit(sim, clock, tmp_path, alerts, budgets=[{"name": "monthly", "amount": "20000"}])
     endpoint = sim.endpoints[0].endpoint_id
     try:
-        refreshed(daemon)
-        assert statuses(receiver) == []  # about 41% used
+        evaluated(daemon)
+        assert statuses(daemon) == []  # about 41% used
         tiers = []
         for day, extra in ((3, "2000"), (4, "6000"), (5, "4000")):
             sim.revise_bill(dt.date(2026, 11, day), endpoint, ITEMS[0], Decimal(extra))
             frozen.advance(dt.timedelta(hours=1))
-            refreshed(daemon)
-            refreshed(daemon)  # the next refresh sends nothing new
-            tiers.append([b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()])
+            evaluated(daemon)
+            evaluated(daemon)  # the next refresh sends nothing new
+            tiers.append([event["alerts"][0]["labels"]["tier"] for event in told(daemon)])
         assert tiers == [["0.5"], ["0.5", "0.8"], ["0.5", "0.8", "1"]]
-        assert statuses(receiver) == ["firing"] * 3
-        firing = named(scrape(daemon.server.url), "inference_alerts")
+        assert statuses(daemon) == ["firing"] * 3
+        firing = named(metrics(daemon), "inference_alerts")
         assert [dict(labels)["tier"] for labels in firing] == ["1"]  # the lower tiers are inhibited
 
         frozen.set(dt.datetime(2026, 12, 1, 9, 0, tzinfo=clock.tz))  # a new month starts clean
-        refreshed(daemon)
-        assert statuses(receiver) == ["firing"] * 3 + ["resolved"]
-        assert receiver.bodies()[-1]["alerts"][0]["labels"]["tier"] == "1"
+        evaluated(daemon)
+        assert statuses(daemon) == ["firing"] * 3 + ["resolved"]
+        assert told(daemon)[-1]["alerts"][0]["labels"]["tier"] == "1"
     finally:
         daemon.stop()
 
@@ -188,54 +208,47 @@ def test_a_receiver_down_for_three_attempts_gets_everything_once(
         frozen.advance(dt.timedelta(minutes=5))
         restarted.deliver()
         settle(restarted)
-        assert statuses(receiver) == ["firing"]
+        assert received(receiver) == ["firing"]
         assert receiver.attempts == 4
     finally:
         restarted.stop()
 
 
 def test_a_failing_source_never_reads_as_zero_spend(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
-    receiver: Receiver, spend_rule: dict,
-) -> None:  # fmt: skip
-    from exporter.sim import Fault
-
-    spend_rule["for"] = "0s"
-    alerts = to_hook(receiver, spend_rule)
-    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
-    try:
-        refreshed(daemon)
-        assert statuses(receiver) == ["firing"]
-        sim.inject(Fault("status", status=503, times=100))
-        frozen.advance(dt.timedelta(minutes=5))
-        assert not refreshed(daemon)
-        settle(daemon)
-        assert statuses(receiver) == ["firing"]  # kept, not resolved by missing data
-    finally:
-        daemon.stop()
-
-
-def test_data_age_signal_fires_on_stale_data(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict
 ) -> None:
-    from exporter.sim import Fault
-
-    rule = {"alert": "BillsStale", "signal": "data_age", "where": {"source": "bills"}, "op": ">", "threshold": 1800}
-    alerts = to_hook(receiver, rule)
-    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    spend_rule["for"] = "0s"
+    alerts = to_hook(None, spend_rule)
+    daemon = unit(sim, clock, tmp_path, alerts)
     try:
-        refreshed(daemon)
-        sim.inject(Fault("status", status=503, times=1000))
-        frozen.advance(dt.timedelta(minutes=31))
-        refreshed(daemon)
-        settle(daemon)
-        assert statuses(receiver) == ["firing"]
-        assert receiver.bodies()[0]["alerts"][0]["labels"] == {"alertname": "BillsStale"}
+        evaluated(daemon)
+        assert statuses(daemon) == ["firing"]
+        sim.inject(Fault("total_mismatch", times=100))  # every listing's `total` one more than it holds: refused
+        frozen.advance(dt.timedelta(minutes=5))
+        assert not evaluated(daemon)
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing"]  # kept, not resolved by missing data
     finally:
         daemon.stop()
 
 
-def test_slack_and_pagerduty_payloads(
+def test_data_age_signal_fires_on_stale_data(sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path) -> None:
+    rule = {"alert": "BillsStale", "signal": "data_age", "where": {"source": "bills"}, "op": ">", "threshold": 1800}
+    alerts = to_hook(None, rule)
+    daemon = unit(sim, clock, tmp_path, alerts)
+    try:
+        evaluated(daemon)
+        sim.inject(Fault("total_mismatch", times=1000))
+        frozen.advance(dt.timedelta(minutes=31))
+        assert not evaluated(daemon)
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing"]
+        assert told(daemon)[0]["alerts"][0]["labels"] == {"alertname": "BillsStale"}
+    finally:
+        daemon.stop()
+
+
+def test_webhook_slack_and_pagerduty_payloads(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     receiver: Receiver, spend_rule: dict,
 ) -> None:  # fmt: skip
@@ -243,19 +256,31 @@ def test_slack_and_pagerduty_payloads(
     alerts = {
         "rules": [spend_rule],
         "notifiers": [
+            {"name": "hook", "type": "webhook", "url": f"{receiver.url}/hook"},
             {"name": "chat", "type": "slack", "url": f"{receiver.url}/slack/T000/B000/secret-token"},
             {"name": "pager", "type": "pagerduty", "routing_key": "R0UTINGKEY", "url": f"{receiver.url}/pd"},
         ],
     }
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
-    top = max(today_by_endpoint(sim).items(), key=lambda kv: kv[1])[0]
+    amounts = today_by_endpoint(sim)
+    top = max(amounts.items(), key=lambda kv: kv[1])[0]
     try:
         refreshed(daemon)
         for item in ITEMS:
             sim.revise_bill(TODAY, top, item, Decimal("0.01"))
         refreshed(daemon)
+        api = requests.get(f"{daemon.server.url}/api/v1/alerts", timeout=5).json()
+        assert [a["state"] for a in api["data"]["alerts"]] == ["resolved"]
     finally:
         daemon.stop()
+    hook = receiver.bodies("/hook")
+    assert [body["status"] for body in hook] == ["firing", "resolved"]
+    assert hook[0]["version"] == "4"
+    (alert,) = hook[0]["alerts"]
+    assert alert["labels"] == {"alertname": "EndpointDailySpendHigh", "severity": "warning", "endpoint_id": top}
+    assert alert["annotations"]["summary"].startswith(f"{top} spent {amounts[top].quantize(Decimal('0.01'))} today")
+    assert alert["endsAt"] == "0001-01-01T00:00:00Z"
+    assert hook[1]["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
     slack = receiver.bodies("/slack/T000/B000/secret-token")
     assert [m["text"].split("]")[0] for m in slack] == ["[FIRING", "[RESOLVED"]
     assert slack[0]["text"].startswith(f"[FIRING] EndpointDailySpendHigh: {top} spent")
@@ -272,39 +297,34 @@ def test_slack_and_pagerduty_payloads(
 
 
 def test_a_restart_keeps_the_pending_for_timer(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
-    receiver: Receiver, spend_rule: dict,
-) -> None:  # fmt: skip
-    alerts = to_hook(receiver, spend_rule)
-    first = make_daemon(sim, server, clock, tmp_path, alerts)
-    refreshed(first)  # pending from now; `for` is 10 minutes
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict
+) -> None:
+    alerts = to_hook(None, spend_rule)
+    first = unit(sim, clock, tmp_path, alerts)
+    evaluated(first)  # pending from now; `for` is 10 minutes
     first.stop()
     frozen.advance(dt.timedelta(minutes=10))
-    second = make_daemon(sim, server, clock, tmp_path, alerts)
+    second = unit(sim, clock, tmp_path, alerts)
     try:
-        refreshed(second)  # a fresh timer would still be pending here
-        assert statuses(receiver) == ["firing"]
+        evaluated(second)  # a fresh timer would still be pending here
+        assert statuses(second) == ["firing"]
     finally:
         second.stop()
 
 
-def test_counts_show_without_decimals_and_amounts_with_two(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
-) -> None:
+def test_counts_show_without_decimals_and_amounts_with_two(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     sim.add_usage(40)
     rules = [
         {"alert": "Tokens", "signal": "tokens", "threshold": 10, "annotations": {"summary": "{value} > {threshold}"}},
         {"alert": "Spend", "signal": "spend", "threshold": 10, "annotations": {"summary": "{value} > {threshold}"}},
     ]
-    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, *rules))
+    daemon = unit(sim, clock, tmp_path, to_hook(None, *rules))
     try:
         assert daemon.refresh("usage")
-        assert refreshed(daemon)
+        assert evaluated(daemon)
     finally:
         daemon.stop()
-    summaries = {
-        b["alerts"][0]["labels"]["alertname"]: b["alerts"][0]["annotations"]["summary"] for b in receiver.bodies()
-    }
+    summaries = {e["alerts"][0]["labels"]["alertname"]: e["alerts"][0]["annotations"]["summary"] for e in told(daemon)}
     tokens = sum(t["prompt"] + t["completion"] for t in sim.usage_totals().values())
     assert summaries["Tokens"] == f"{tokens} > 10"
     assert re.fullmatch(r"\d+\.\d\d > 10\.00", summaries["Spend"])

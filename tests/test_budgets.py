@@ -1,4 +1,5 @@
-"""Scoped budgets end to end: the daemon against the simulator, truth from the simulator's own sums."""
+"""Scoped budgets: the daemon on the simulator in process (tests/daemon_fakes.py), and once end to end
+against it over HTTP; truth from the simulator's own sums."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
 from exporter.alerts.promrules import rule_file
@@ -18,9 +18,8 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from exporter.sim.model import API_KEYS, MILLION
 from tests.conftest import billing_section
-from tests.helpers import Receiver, logged, scrape, value
-
-pytestmark = pytest.mark.integration
+from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, page, told, unit_daemon
+from tests.helpers import logged, scrape, value
 
 PRICES = [
     {"model": "model-a", "prompt_per_million": "4", "cached_prompt_per_million": "1", "completion_per_million": "16"},
@@ -73,9 +72,22 @@ def start(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path,
     return daemon
 
 
+def unit(sim: Simulator, clock: Clock, tmp_path: Path, **extra: object) -> Daemon:
+    """`start` in the unit layer: on `sim` in process, no server, nothing delivered (see daemon_fakes)."""
+    billing = fake_billing_section(sim) | extra.pop("billing", {})  # type: ignore[operator]
+    document = {"billing": billing, "state": {"path": str(tmp_path / "state.db")}} | extra
+    return unit_daemon(validate(document, {}), sim, clock)
+
+
+def to_hook(rule: dict) -> dict:
+    """An `alerts` section: `rule`, told to a webhook (its notifications read from the outbox)."""
+    return {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]}
+
+
 def test_budgets_on_an_endpoint_and_on_an_item_measure_only_their_share_of_the_bills(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
 ) -> None:
+    """End to end: the bills over HTTP, the figures scraped."""
     today = clock.today()
     endpoint = sim.endpoints[1].endpoint_id
     budgets = [
@@ -120,27 +132,24 @@ def test_budgets_on_an_endpoint_and_on_an_item_measure_only_their_share_of_the_b
 
 
 def test_a_budget_on_an_endpoint_fires_its_tiers_from_that_endpoint_alone(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     today = clock.today()
     team, other = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
     spent = sum(billed(sim, today.replace(day=d), endpoint_id=team) for d in range(1, today.day + 1))
     budgets = [{"name": "team", "amount": str(spent / Decimal("0.7")), "where": {"endpoint_id": team}}]
     rule = {"alert": "TeamBudget", "budget": "team", "tiers": [0.5, 0.8, 1.0]}
-    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
-    daemon = start(sim, server, clock, tmp_path, budgets=budgets, alerts=alerts)
+    daemon = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
     try:
         daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5"]
+        assert [e["alerts"][0]["labels"]["tier"] for e in told(daemon)] == ["0.5"]
 
         sim.revise_bill(today, other, ITEMS[0], Decimal("100000"))  # another endpoint's spend: not the team's
         frozen.advance(dt.timedelta(minutes=5))
         daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5"]
+        assert [e["alerts"][0]["labels"]["tier"] for e in told(daemon)] == ["0.5"]
 
         sim.revise_bill(
             today, team, ITEMS[0], sim.charge(f"{today:%Y-%m}", today, sim.endpoints[0], ITEMS[0])[0] + spent
@@ -148,15 +157,14 @@ def test_a_budget_on_an_endpoint_fires_its_tiers_from_that_endpoint_alone(
         frozen.advance(dt.timedelta(minutes=5))
         daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [b["alerts"][0]["labels"]["tier"] for b in receiver.bodies()] == ["0.5", "1"]
-        assert receiver.bodies()[-1]["alerts"][0]["labels"]["budget"] == "team"
+        assert [e["alerts"][0]["labels"]["tier"] for e in told(daemon)] == ["0.5", "1"]
+        assert told(daemon)[-1]["alerts"][0]["labels"]["budget"] == "team"
     finally:
         daemon.stop()
 
 
 def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 4, 15, 0, tzinfo=clock.tz))
     today = clock.today()
@@ -168,17 +176,17 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
         {"name": "model-a-today", "amount": "5", "period": "day", "where": {"model": "model-a"}},
         {"name": "batch-key", "amount": "20", "where": {"api_key": key}},
     ]
-    daemon = start(
-        sim, server, clock, tmp_path, budgets=budgets, prices=PRICES,
+    daemon = unit(
+        sim, clock, tmp_path, budgets=budgets, prices=PRICES,
         billing={"per_api_key": True}, reconciliation={"days_per_refresh": 1},
     )  # fmt: skip
     try:
         # Each refresh syncs today and reads one past day (the 3rd, 2nd, then the 1st: all settled by 15:00).
         so_far = priced(sim, today, model="model-a")
         for read in range(1, 4):
-            assert value(scrape(daemon.server.url), "inference_budget_used_ratio", budget="batch-key") is None
+            assert value(metrics(daemon), "inference_budget_used_ratio", budget="batch-key") is None
             assert daemon.refresh("usage")
-            series = scrape(daemon.server.url)
+            series = metrics(daemon)
             assert value(series, "inference_budget_used_ratio", budget="model-a-today") == pytest.approx(
                 float(so_far / 5), rel=1e-12
             )
@@ -201,7 +209,7 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
         sim.add_usage(500)  # more today: the usage budgets move with the usage, not the bills
         frozen.advance(dt.timedelta(minutes=5))
         assert daemon.refresh("usage")
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         assert value(series, "inference_budget_used_ratio", budget="model-a-today") == pytest.approx(
             float(priced(sim, today, model="model-a") / 5), rel=1e-12
         )
@@ -214,41 +222,39 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
 
 
 def test_a_usage_budget_fires_and_a_model_without_a_price_leaves_it_without_figures(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     sim.add_usage(400)
     key = API_KEYS[0]
     spent = priced(sim, clock.today(), api_key=key)
     budgets = [{"name": "key-today", "amount": str(spent / Decimal("0.9")), "period": "day", "where": {"api_key": key}}]
     rule = {"alert": "KeyBudget", "budget": "key-today", "tiers": [0.8, 1.0]}
-    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}
-    daemon = start(
-        sim, server, clock, tmp_path, budgets=budgets, prices=PRICES, alerts=alerts, billing={"per_api_key": True}
+    daemon = unit(
+        sim, clock, tmp_path, budgets=budgets, prices=PRICES, alerts=to_hook(rule), billing={"per_api_key": True}
     )
     try:
         daemon.refresh("usage")
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [b["alerts"][0]["labels"] for b in receiver.bodies()] == [
+        assert [e["alerts"][0]["labels"] for e in told(daemon)] == [
             {"alertname": "KeyBudget", "budget": "key-today", "tier": "0.8"}
         ]
     finally:
         daemon.stop()
 
     only_a = [PRICE["model-a"]]  # the key also calls model-b, which now has no price
-    daemon = start(sim, server, clock, tmp_path, budgets=budgets, prices=only_a, billing={"per_api_key": True})
+    daemon = unit(sim, clock, tmp_path, budgets=budgets, prices=only_a, billing={"per_api_key": True})
     try:
         daemon.refresh("usage")
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         assert value(series, "inference_budget_used_ratio", budget="key-today") is None
     finally:
         daemon.stop()
 
 
-def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simulator, server: SimulatorServer) -> None:
+def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simulator) -> None:
     config = validate(
         {
-            "billing": billing_section(sim, server),
+            "billing": fake_billing_section(sim),
             "budgets": [{"name": "team", "amount": "2000", "where": {"endpoint_id": "ep-1"}}],
             "alerts": {"rules": [{"alert": "TeamBudget", "budget": "team", "tiers": [0.5, 1.0]}]},
         },
@@ -261,28 +267,27 @@ def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simul
 
 
 def test_after_midnight_the_figures_of_the_day_and_month_that_ended_are_not_shown_as_current(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 30, 23, 0, tzinfo=clock.tz))
     budgets = [{"name": "month", "amount": "10000"}, {"name": "day", "amount": "500", "period": "day"}]
-    daemon = start(sim, server, clock, tmp_path, budgets=budgets)
+    daemon = unit(sim, clock, tmp_path, budgets=budgets)
     try:
         assert daemon.refresh("bills")
-        before = scrape(daemon.server.url)
+        before = metrics(daemon)
         assert value(before, "inference_budget_used_ratio", budget="day") is not None
         assert value(before, "inference_budget_used_ratio", budget="month") is not None
 
         frozen.set(dt.datetime(2026, 12, 1, 0, 0, 5, tzinfo=clock.tz))  # the new day's bills not fetched yet
-        after = scrape(daemon.server.url)
+        after = metrics(daemon)
         for name in ("day", "month"):
             assert value(after, "inference_budget_used_ratio", budget=name) is None  # unknown, not November's
             assert value(after, "inference_budget_forecast_ratio", budget=name) is None
             assert value(after, "inference_budget_amount", budget=name) is not None
-        page = requests.get(f"{daemon.server.url}/", timeout=5).text
-        assert "<td>day</td><td>account</td><td>day</td><td>500</td><td class=wait>—</td>" in page
+        assert "<td>day</td><td>account</td><td>day</td><td>500</td><td class=wait>—</td>" in page(daemon)
 
         assert daemon.refresh("bills")
-        fresh = scrape(daemon.server.url)
+        fresh = metrics(daemon)
         december_first = dt.date(2026, 12, 1)
         assert value(fresh, "inference_budget_used_ratio", budget="day") == pytest.approx(
             float(billed(sim, december_first) / 500), rel=1e-12
@@ -296,9 +301,8 @@ UNMATCHED = "budget scope matches nothing"
 
 
 def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_once(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     endpoint = sim.endpoints[1].endpoint_id
     budgets = [
         {"name": "account", "amount": "10000"},
@@ -310,16 +314,16 @@ def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_o
     ]
     sim.add_usage(300)
     caplog.set_level(logging.WARNING, logger="exporter.sources.budgets")
-    daemon = start(sim, server, clock, tmp_path, budgets=budgets, prices=PRICES, billing={"per_api_key": True})
+    daemon = unit(sim, clock, tmp_path, budgets=budgets, prices=PRICES, billing={"per_api_key": True})
     try:
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         assert value(series, MATCHED, budget="account") == 1  # no `where`: it always matches
         for name in ("team", "team-typo", "item-typo", "key", "key-typo"):
             assert value(series, MATCHED, budget=name) is None  # not judged before its source refreshed
         assert logged(caplog.records, UNMATCHED) == []
 
         assert daemon.refresh("bills")
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         assert value(series, MATCHED, budget="team") == 1
         assert value(series, MATCHED, budget="team-typo") == 0
         assert value(series, MATCHED, budget="item-typo") == 0
@@ -332,12 +336,12 @@ def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_o
             ("item-typo", "item=ITEM_COMPLETION_TOKENS", "bills"),
             ("team-typo", f"endpoint_id={endpoint.replace('-', '_')}", "bills"),
         ]
-        page = requests.get(daemon.server.url + "/", timeout=10).text
-        marked = {row.split("</td>")[0].removeprefix("<td>") for row in page.split("<tr>") if "matches nothing" in row}
+        rows = page(daemon).split("<tr>")
+        marked = {row.split("</td>")[0].removeprefix("<td>") for row in rows if "matches nothing" in row}
         assert marked == {"team-typo", "item-typo"}  # the landing page says it too
 
         assert daemon.refresh("usage")
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         assert value(series, MATCHED, budget="key") == 1
         assert value(series, MATCHED, budget="key-typo") == 0
         assert len(logged(caplog.records, UNMATCHED, budget="key-typo", scope="api_key=sk-7f3b********")) == 1
@@ -346,14 +350,14 @@ def test_a_scope_that_matches_nothing_reads_0_on_its_gauge_and_is_warned_about_o
             frozen.advance(dt.timedelta(minutes=5))
             assert daemon.refresh("bills")
             assert daemon.refresh("usage")
-            scrape(daemon.server.url)
+            metrics(daemon)
         assert len(logged(caplog.records, UNMATCHED)) == 3
     finally:
         daemon.stop()
 
 
 def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_warned_about_again(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    sim: Simulator, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     endpoint = sim.endpoints[0].endpoint_id
     path = tmp_path / "config.yaml"
@@ -361,7 +365,7 @@ def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_
     def write(scope: str, amount: str = "2000") -> None:
         budget = {"name": "team", "amount": amount, "where": {"endpoint_id": scope}}
         document = {
-            "billing": billing_section(sim, server),
+            "billing": fake_billing_section(sim),
             "budgets": [budget],
             "state": {"path": str(tmp_path / "s.db")},
         }
@@ -369,26 +373,25 @@ def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_
 
     caplog.set_level(logging.WARNING, logger="exporter.sources.budgets")
     write("ep-typo")
-    daemon = Daemon(load(path), config_path=path, clock=clock, listen="127.0.0.1:0")
-    daemon.start(schedule=False)
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
     try:
         assert daemon.refresh("bills")
-        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert value(metrics(daemon), MATCHED, budget="team") == 0
         assert len(logged(caplog.records, UNMATCHED, budget="team", scope="endpoint_id=ep-typo")) == 1
 
         write(endpoint)
         assert daemon.reload()
-        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 1
+        assert value(metrics(daemon), MATCHED, budget="team") == 1
         assert len(logged(caplog.records, UNMATCHED)) == 1
 
         write("ep-typo")  # it matched something, and now nothing again: that is news
         assert daemon.reload()
-        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert value(metrics(daemon), MATCHED, budget="team") == 0
         assert len(logged(caplog.records, UNMATCHED, budget="team", scope="endpoint_id=ep-typo")) == 2
 
         write("ep-typo", amount="3000")  # a reload that keeps the miss is not
         assert daemon.reload()
-        assert value(scrape(daemon.server.url), MATCHED, budget="team") == 0
+        assert value(metrics(daemon), MATCHED, budget="team") == 0
         assert len(logged(caplog.records, UNMATCHED)) == 2
     finally:
         daemon.stop()

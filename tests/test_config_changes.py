@@ -1,6 +1,7 @@
 """Nothing lost, repeated or falsified when the config changes under running state: rules reordered
 or inserted, notifiers removed and added again, a state file started afresh, a file saved by the
-version that told rules apart by their position."""
+version that told rules apart by their position. What is queued, on the simulator in process
+(tests/daemon_fakes.py); what is delivered, against the simulator and receivers on loopback."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.core.mrkdwn import TEXT
 from exporter.delivery.dispatcher import BACKOFF_MAX
 from exporter.model.events import GroupEvent
+from exporter.notifiers.kind import common
 from exporter.notifiers.slack import slack_payload
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import AlertStore, StateStore
 from tests.conftest import DATA, billing_section
+from tests.daemon_fakes import NOWHERE, fake_billing_section, unit_daemon
+from tests.daemon_fakes import told as told_in_process
 from tests.helpers import Receiver, logged, named, scrape
 
 WARNING = {
@@ -183,19 +187,24 @@ def hook() -> Iterator[Receiver]:
 
 
 class Deployment:
-    """A daemon on a config file that a test rewrites and reloads."""
+    """A daemon on a config file that a test rewrites and reloads: against the simulator over HTTP,
+    delivering to receivers; without `server`, on the simulator in process, delivering nothing."""
 
-    def __init__(self, sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> None:
+    def __init__(self, sim: Simulator, server: SimulatorServer | None, clock: Clock, tmp_path: Path) -> None:
         self.sim, self.server, self.clock = sim, server, clock
         self.path = tmp_path / "config.yaml"
         self.state = tmp_path / "state.db"
         self.daemon: Daemon | None = None
 
     def write(self, rules: list[dict], notifiers: list[dict], state: Path | None = None) -> None:
+        if self.server is None:
+            billing = fake_billing_section(self.sim, history_months=0)
+        else:
+            billing = billing_section(self.sim, self.server, history_months=0)
         self.path.write_text(
             yaml.safe_dump(
                 {
-                    "billing": billing_section(self.sim, self.server, history_months=0),
+                    "billing": billing,
                     "budgets": [{"name": "month", "amount": "1"}],
                     "alerts": {"rules": rules, "notifiers": notifiers},
                     "state": {"path": str(state or self.state)},
@@ -204,6 +213,9 @@ class Deployment:
         )
 
     def start(self) -> Daemon:
+        if self.server is None:
+            self.daemon = unit_daemon(load(self.path), self.sim, self.clock, config_path=self.path)
+            return self.daemon
         self.daemon = Daemon(load(self.path), config_path=self.path, clock=self.clock, listen="127.0.0.1:0")
         self.daemon.start(schedule=False)
         return self.daemon
@@ -212,7 +224,8 @@ class Deployment:
         assert self.daemon is not None
         self.daemon.refresh("bills")
         self.daemon.alert_cycle()
-        self.daemon.deliver()
+        if self.server is not None:
+            self.daemon.deliver()
 
     def stop(self) -> None:
         if self.daemon is not None:
@@ -227,8 +240,17 @@ def deployment(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: 
     deployment.stop()
 
 
-def webhook(receiver: Receiver, name: str = "hook", path: str = "") -> dict:
-    return {"name": name, "type": "webhook", "url": receiver.url + path}
+@pytest.fixture
+def in_process(sim: Simulator, clock: Clock, tmp_path: Path) -> Iterator[Deployment]:
+    """A `Deployment` on the simulator in process: what the daemon queues is read from its outbox."""
+    deployment = Deployment(sim, None, clock, tmp_path)
+    yield deployment
+    deployment.stop()
+
+
+def webhook(receiver: Receiver | None, name: str = "hook", path: str = "") -> dict:
+    """A webhook notifier posting to `receiver`; without one, to an address nothing asks (the unit layer)."""
+    return {"name": name, "type": "webhook", "url": (receiver.url if receiver else NOWHERE) + path}
 
 
 def alerts_told(receiver: Receiver) -> list[dict]:
@@ -240,22 +262,29 @@ def told(receiver: Receiver) -> list[tuple[str, str, int]]:
     return [(b["status"], b["commonLabels"].get("severity", ""), len(b["alerts"])) for b in alerts_told(receiver)]
 
 
-@pytest.mark.integration
-def test_reordering_and_inserting_tiers_sends_nothing(deployment: Deployment, hook: Receiver) -> None:
-    deployment.write(RULES, [webhook(hook)])
-    daemon = deployment.start()
-    deployment.evaluate()
-    first = told(hook)
+def queued(daemon: Daemon) -> list[tuple[str, str, int]]:
+    """`told` of what the daemon queued (the unit layer): status, the common severity, how many alerts."""
+    return [
+        (e["status"], common([a["labels"] for a in e["alerts"]]).get("severity", ""), len(e["alerts"]))
+        for e in told_in_process(daemon)
+    ]
+
+
+def test_reordering_and_inserting_tiers_sends_nothing(in_process: Deployment) -> None:
+    in_process.write(RULES, [webhook(None)])
+    daemon = in_process.start()
+    in_process.evaluate()
+    first = queued(daemon)
     assert sorted(first) == [("firing", "critical", 3), ("firing", "page", 1), ("firing", "warning", 3)]
     firing = {a.key for a in daemon.sources.engine.current() if a.state == "firing"}
     between = WARNING | {"threshold": "1.5", "labels": {"severity": "info"}}
     for rules in ([BUDGET, CRITICAL, WARNING], [CRITICAL, between, BUDGET, WARNING]):
-        deployment.write(rules, [webhook(hook)])
+        in_process.write(rules, [webhook(None)])
         assert daemon.reload()
-        deployment.evaluate()
+        in_process.evaluate()
         still = {a.key for a in daemon.sources.engine.current() if a.state == "firing"}
         assert firing <= still  # the same alerts, never resolved and fired again
-    assert told(hook)[len(first) :] == [("firing", "info", 3)]  # only the rule that was inserted
+    assert queued(daemon)[len(first) :] == [("firing", "info", 3)]  # only the rule that was inserted
 
 
 @pytest.mark.integration
@@ -335,29 +364,23 @@ def test_a_removed_notifiers_queue_is_dropped_and_never_delivered_when_it_comes_
         down.stop()
 
 
-@pytest.mark.integration
 def test_a_restart_without_a_notifier_drops_its_queue_and_its_digests(
-    deployment: Deployment, caplog: pytest.LogCaptureFixture
+    in_process: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="exporter")
-    down = Receiver()
-    down.refuse = 10**6
-    try:
-        deployment.write([WARNING], [webhook(down), webhook(down, "other")])
-        deployment.start()
-        deployment.evaluate()
-        deployment.stop()
-        store = StateStore(deployment.state)
-        AlertStore(store).enqueue_digest("daily:2026-11-21", ["hook", "other"], {"day": "2026-11-21"}, 1.0)
-        store.close()
-        deployment.write([WARNING], [webhook(down, "other")])
-        daemon = deployment.start()
-        assert daemon.dispatcher.pending() == {"other": 2}  # its alert and its digest; none for `hook`
-        assert daemon.dispatcher.discarded["notifier_removed"] == 2
-        assert logged(caplog.records, "queued notifications dropped: their notifier is no longer configured",
-                      notifier="hook")  # fmt: skip
-    finally:
-        down.stop()
+    in_process.write([WARNING], [webhook(None), webhook(None, "other")])
+    in_process.start()
+    in_process.evaluate()  # queued for both, delivered to neither
+    in_process.stop()
+    store = StateStore(in_process.state)
+    AlertStore(store).enqueue_digest("daily:2026-11-21", ["hook", "other"], {"day": "2026-11-21"}, 1.0)
+    store.close()
+    in_process.write([WARNING], [webhook(None, "other")])
+    daemon = in_process.start()
+    assert daemon.dispatcher.pending() == {"other": 2}  # its alert and its digest; none for `hook`
+    assert daemon.dispatcher.discarded["notifier_removed"] == 2
+    assert logged(caplog.records, "queued notifications dropped: their notifier is no longer configured",
+                  notifier="hook")  # fmt: skip
 
 
 @pytest.mark.integration

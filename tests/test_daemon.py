@@ -1,4 +1,5 @@
-"""The daemon with its real scheduler and HTTP server, against the simulator on loopback."""
+"""The daemon with its real scheduler and HTTP server, against the simulator on loopback; what a reload
+does to its figures and its billing API, on the simulator in process (tests/daemon_fakes.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from exporter.core.clock import Clock
 from exporter.core.logs import LogfmtFormatter
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
+from tests.daemon_fakes import InProcessBilling, fake_billing_section, metrics, readiness, unit_daemon
 from tests.helpers import Receiver, logged, named, scrape, value, wait_for
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
@@ -36,10 +38,11 @@ def clock() -> Clock:
     return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
 
 
-def daemon_config(sim: Simulator, server: SimulatorServer, tmp_path: Path, **billing: object) -> dict:
+def daemon_config(sim: Simulator, server: SimulatorServer | None, tmp_path: Path, **billing: object) -> dict:
+    """Without a server: for a daemon on the simulator in process (`unit_daemon`)."""
+    fast = {"bills_interval": "300ms", "usage_interval": "200ms", "page_size": 100}
     return {
-        "billing": billing_section(sim, server, bills_interval="300ms", usage_interval="200ms", page_size=100)
-        | billing,
+        "billing": (billing_section(sim, server, **fast) if server else fake_billing_section(sim, **fast)) | billing,
         "budgets": [{"name": "monthly", "amount": "20000"}],
         "state": {"path": str(tmp_path / "state.db")},
     }
@@ -140,29 +143,61 @@ def test_an_outage_keeps_the_last_values_and_recovers(
     assert logged(caplog.records, "refresh recovered", source="usage")
 
 
-def test_reload_refuses_a_bad_config_and_keeps_running(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
-) -> None:
+def test_reload_refuses_a_bad_config_and_keeps_running(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    document = daemon_config(sim, server, tmp_path)
+    document = daemon_config(sim, None, tmp_path)
     path.write_text(yaml.safe_dump(document))
-    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0", retry=FAST)
-    daemon.start()
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
     try:
-        url = daemon.server.url
-        wait_for(lambda: is_ready(url))
+        for source in list(daemon.sources.refreshers):
+            assert daemon.refresh(source)
+        assert readiness(daemon)[0]
         path.write_text("billing:\n  page_size: 501\n")
         assert daemon.reload() is False
-        series = scrape(url)
+        series = metrics(daemon)
         assert value(series, "inference_exporter_config_last_reload_successful") == 0
         assert value(series, "inference_exporter_refresh_success", source="bills") == 1
 
         document["budgets"] = [{"name": "monthly", "amount": "40000"}]
         path.write_text(yaml.safe_dump(document))
         assert daemon.reload() is True
-        series = scrape(url)
+        series = metrics(daemon)
         assert value(series, "inference_exporter_config_last_reload_successful") == 1
         assert value(series, "inference_budget_amount", budget="monthly") == 40000
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_reload_keeps_the_billing_api_while_its_section_is_unchanged_and_builds_a_new_one_when_it_changes(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    document = daemon_config(sim, None, tmp_path)
+    path.write_text(yaml.safe_dump(document))
+    billing = InProcessBilling(sim)
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path, billing=billing)
+    try:
+        with pytest.raises(AttributeError, match="no HTTP server"):
+            daemon.server  # noqa: B018 - the property raises
+        (first,) = billing.built
+        assert daemon.sources.client is first
+        document["billing"]["usage_interval"] = "5m"  # when to refresh, not how: the same client goes on
+        path.write_text(yaml.safe_dump(document))
+        assert daemon.reload()
+        assert billing.built == [first]
+        assert daemon.sources.client is daemon.sources.usage.client is first
+
+        document["billing"]["page_size"] = 50
+        path.write_text(yaml.safe_dump(document))
+        assert daemon.reload()
+        _, second = billing.built
+        assert daemon.sources.client is daemon.sources.usage.client is daemon.sources.bills.client is second
+        assert second.page_size == 50
+        sim.add_usage(120)
+        served = sim.requests_served.get("/api/v1/usages/details", 0)
+        assert daemon.refresh("usage")
+        assert sim.requests_served["/api/v1/usages/details"] >= served + 3  # pages of 50 now
+        assert sum(named(metrics(daemon), "inference_usage_requests_total").values()) == 120
     finally:
         daemon.stop(grace=5)
 

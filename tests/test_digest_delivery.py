@@ -1,5 +1,6 @@
-"""The digest end to end: the daemon against the simulator, sent through a webhook receiver, Slack's
-format and a real SMTP server, once a day whatever restarts, outages and late starts happen."""
+"""The digest: once a day whatever restarts, outages and late starts happen, and what it says; on the
+simulator in process, read from the outbox (tests/daemon_fakes.py). Delivered end to end, against the
+simulator: through a webhook receiver, Slack's format and a real SMTP server."""
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from tests.conftest import billing_section
+from tests.daemon_fakes import NOWHERE, digests_told, fake_billing_section, unit_daemon
 from tests.helpers import Receiver, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_budgets import PRICES
-
-pytestmark = pytest.mark.integration
 
 TODAY = dt.date(2026, 11, 22)
 YESTERDAY = TODAY - dt.timedelta(days=1)
@@ -41,18 +41,26 @@ def spent(sim: Simulator, day: dt.date, endpoint_id: str | None = None) -> Decim
     )
 
 
-def document(sim: Simulator, server: SimulatorServer, tmp_path: Path, notifiers: list[dict], **extra: object) -> dict:
+def document(
+    sim: Simulator, server: SimulatorServer | None, tmp_path: Path, notifiers: list[dict], **extra: object
+) -> dict:
+    """Without `server`: for a daemon on the simulator in process."""
+    if server is None:
+        billing = fake_billing_section(sim, history_months=0)
+    else:
+        billing = billing_section(sim, server, history_months=0)
     return {
-        "billing": billing_section(sim, server, history_months=0),
+        "billing": billing,
         "state": {"path": str(tmp_path / "state.db")},
         "alerts": {"notifiers": notifiers},
         "digest": {"at": "09:00", "notifiers": [n["name"] for n in notifiers]},
     } | extra
 
 
-def hook(receiver: Receiver) -> list[dict]:
-    """`alerts.notifiers` with one webhook notifier, `hook`, posting to `receiver`."""
-    return [{"name": "hook", "type": "webhook", "url": receiver.url}]
+def hook(receiver: Receiver | None) -> list[dict]:
+    """`alerts.notifiers` with one webhook notifier, `hook`, posting to `receiver` (without one: to an
+    address nothing asks, in the unit layer)."""
+    return [{"name": "hook", "type": "webhook", "url": receiver.url if receiver else f"{NOWHERE}/hook"}]
 
 
 def start(doc: dict, clock: Clock) -> Daemon:
@@ -61,11 +69,16 @@ def start(doc: dict, clock: Clock) -> Daemon:
     return daemon
 
 
-def cycle(daemon: Daemon, *, bills: bool = True) -> None:
-    """What the daemon does each minute: refresh (when asked), evaluate (which looks at the digest), deliver."""
+def evaluate(daemon: Daemon, *, bills: bool = True) -> None:
+    """What the daemon does each minute but deliver: refresh (when asked), evaluate (which looks at the digest)."""
     if bills:
         daemon.refresh("bills")
     daemon.alert_cycle()
+
+
+def cycle(daemon: Daemon, *, bills: bool = True) -> None:
+    """What the daemon does each minute: `evaluate`, then deliver."""
+    evaluate(daemon, bills=bills)
     daemon.deliver()
 
 
@@ -74,31 +87,30 @@ def digests(receiver: Receiver) -> list[dict]:
 
 
 def test_the_daily_digest_goes_once_at_its_time_whatever_restarts_and_repeats(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    doc = document(sim, server, tmp_path, hook(receiver))
+    doc = document(sim, None, tmp_path, hook(None))
     frozen.set(dt.datetime(2026, 11, 22, 8, 0, tzinfo=clock.tz))
-    daemon = start(doc, clock)
-    first_url = daemon.server.url
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
     try:
-        cycle(daemon)
-        assert digests(receiver) == []  # yesterday's 09:00 is 23 h ago: skipped; today's is not due yet
+        evaluate(daemon)
+        assert digests_told(daemon) == []  # yesterday's 09:00 is 23 h ago: skipped; today's is not due yet
         frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
-        cycle(daemon)
-        (body,) = digests(receiver)
+        evaluate(daemon)
+        (body,) = digests_told(daemon)
         for _ in range(3):
             frozen.advance(dt.timedelta(minutes=1))
-            cycle(daemon)
+            evaluate(daemon)
     finally:
         daemon.stop()
-    daemon = start(doc, clock)  # a restart the same day
+    daemon = unit_daemon(validate(doc, {}), sim, clock)  # a restart the same day
     try:
-        cycle(daemon)
-        assert len(digests(receiver)) == 1
+        evaluate(daemon)
+        assert len(digests_told(daemon)) == 1
     finally:
         daemon.stop()
 
-    assert body["url"] == first_url
+    # (its `url`, the server's without `server.external_url`: in the test of a receiver that is down)
     assert body["id"] == f"daily:{TODAY}"  # the digest sent on the 22nd (about the 21st): receivers drop repeats by it
     assert (body["day"], body["period"]) == (YESTERDAY.isoformat(), "2026-11")
     assert Decimal(body["yesterday"]) == spent(sim, YESTERDAY).quantize(Decimal("0.01"))
@@ -120,6 +132,7 @@ def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sen
     frozen.set(dt.datetime(2026, 11, 22, 13, 30, tzinfo=clock.tz))  # started after 09:00: the digest goes late
     receiver.refuse = 2
     daemon = start(doc, clock)
+    first_url = daemon.server.url
     try:
         cycle(daemon)
         assert receiver.attempts == 1
@@ -134,44 +147,45 @@ def test_a_receiver_that_is_down_gets_the_digest_later_once_and_a_late_start_sen
         assert receiver.attempts == 3
         assert len(digests(receiver)) == 1
         assert digests(receiver)[0]["day"] == YESTERDAY.isoformat()
+        assert digests(receiver)[0]["url"] == first_url  # the server's that made it (no `server.external_url`)
         assert daemon.dispatcher.pending() == {}
     finally:
         daemon.stop()
 
 
 def test_a_start_long_after_the_time_still_waits_for_the_bills(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    doc = document(sim, server, tmp_path, hook(receiver))
+    doc = document(sim, None, tmp_path, hook(None))
     frozen.set(dt.datetime(2026, 11, 22, 10, 30, tzinfo=clock.tz))  # 90 minutes after 09:00
-    daemon = start(doc, clock)
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
     try:
         daemon.refresh("usage")  # another source finishes first and starts an evaluation
-        cycle(daemon, bills=False)
-        assert digests(receiver) == []
+        evaluate(daemon, bills=False)
+        assert digests_told(daemon) == []
         frozen.advance(dt.timedelta(seconds=30))
-        cycle(daemon)  # the bills arrive
-        (body,) = digests(receiver)
+        evaluate(daemon)  # the bills arrive
+        (body,) = digests_told(daemon)
         assert Decimal(body["yesterday"]) == spent(sim, YESTERDAY).quantize(Decimal("0.01"))
     finally:
         daemon.stop()
 
 
 def test_it_waits_for_todays_bills_then_goes_with_what_there_is(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    doc = document(sim, server, tmp_path, hook(receiver))
+    doc = document(sim, None, tmp_path, hook(None))
     frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
-    daemon = start(doc, clock)
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
     try:
-        cycle(daemon, bills=False)
-        assert digests(receiver) == []  # no bills yet: a digest of unknowns would be worse than a late one
+        evaluate(daemon, bills=False)
+        assert digests_told(daemon) == []  # no bills yet: a digest of unknowns would be worse than a late one
         frozen.advance(dt.timedelta(seconds=DIGEST_WAIT - 60))
-        cycle(daemon, bills=False)
-        assert digests(receiver) == []
+        evaluate(daemon, bills=False)
+        assert digests_told(daemon) == []
         frozen.advance(dt.timedelta(seconds=60))
-        cycle(daemon, bills=False)
-        (body,) = digests(receiver)
+        evaluate(daemon, bills=False)
+        (body,) = digests_told(daemon)
         assert body["yesterday"] is None  # unknown, never zero
         assert body["month_to_date"] is None
     finally:
@@ -297,26 +311,26 @@ def clock_zone() -> dt.tzinfo:
 
 
 def test_a_days_bill_gap_is_told_by_the_first_digest_after_it_settles_and_not_again(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    doc = document(sim, server, tmp_path, hook(receiver), prices=PRICES, reconciliation={"settle": "30h"})
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
     sim.set_prices(prices_from_config(validate(doc, {}).prices))  # days with records are billed from them
     off = YESTERDAY - dt.timedelta(days=1)  # the 20th: it settles at 06:00 on the 22nd, after 30 h
     for day in (off, YESTERDAY, TODAY):
         sim.add_usage(500, day)
     sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
     frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
-    daemon = start(doc, clock)
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
     try:
         daemon.refresh("usage")  # today's sync, then the settled days, the most recent first
-        cycle(daemon)
+        evaluate(daemon)
         frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=clock.tz))
         sim.add_usage(500)  # the 23rd has records too
         daemon.refresh("usage")
-        cycle(daemon)
+        evaluate(daemon)
     finally:
         daemon.stop()
-    first, second = digests(receiver)
+    first, second = digests_told(daemon)
     assert [(g["day"], g.get("item"), g["gap_percent"]) for g in first["reconciliation"] if "item" in g] == [
         (off.isoformat(), "ITEM_COMPLETION_TOKEN", 5.0)
     ]

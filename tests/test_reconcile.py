@@ -1,8 +1,8 @@
 """Reconciliation against the simulator, whose bills are computed from its own usage records at
 a price table: agreement to the token, an injected gap found where it is and nowhere else, failed
 reads retried (never a gap of −100%), restarts that do not read a day twice, and the month's turn.
-On the simulator's ledger in process (tests/fakes.py), but for a refused read, which is injected on
-the wire, and the daemon's own alert."""
+On the simulator's ledger in process (tests/fakes.py), the daemon's own alert too (tests/daemon_fakes.py),
+but for a refused read, which is injected on the wire."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import requests
 
 from exporter.billing import BillingAPI, BillingClient
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
-from exporter.sim import Fault, Simulator, SimulatorServer, prices_from_config
+from exporter.sim import Fault, Simulator, prices_from_config
 from exporter.sources.bills import BillsSource
 from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
+from tests.daemon_fakes import metrics, page, statuses, told
 from tests.fakes import FakeBilling
-from tests.helpers import Receiver, named, scrape
+from tests.helpers import named
 
 USAGES = "/api/v1/usages/details"
 PRICES = (
@@ -159,31 +159,30 @@ def test_the_previous_months_last_days_stay_reconciled_in_the_grace_days(
 
 
 def test_the_daemon_alerts_on_the_last_settled_days_gap_and_exposes_every_days_figures(
-    priced: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+    priced: Simulator, clock: Clock, tmp_path: Path
 ) -> None:
-    from tests.test_alerts import make_daemon, refreshed, statuses, to_hook
+    from tests.test_alerts import evaluated, to_hook, unit
 
     priced.distort_bill(DAYS[-1], Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
     rule = {"alert": "BillDisagrees", "signal": "reconciliation_gap", "by": ["item"], "threshold": "0.01",
             "annotations": {"summary": "{item}: the bill is {value} off the usage counted"}}  # fmt: skip
     prices = [p.model_dump(mode="json") for p in PRICES]
-    daemon = make_daemon(priced, server, clock, tmp_path, to_hook(receiver, rule), prices=prices)
+    daemon = unit(priced, clock, tmp_path, to_hook(None, rule), prices=prices)
     try:
-        assert refreshed(daemon, "usage")  # today first, then the two most recent settled days
-        assert refreshed(daemon, "bills")
-        assert statuses(receiver) == ["firing"]
-        (alert,) = receiver.bodies()[0]["alerts"]
+        assert evaluated(daemon, "usage")  # today first, then the two most recent settled days
+        assert evaluated(daemon, "bills")
+        assert statuses(daemon) == ["firing"]
+        (alert,) = told(daemon)[0]["alerts"]
         assert alert["labels"]["item"] == "ITEM_COMPLETION_TOKEN"
         assert alert["annotations"]["summary"] == "ITEM_COMPLETION_TOKEN: the bill is 0.0500 off the usage counted"
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         gaps = {
             (dict(k)["day"], dict(k)["item"]): v
             for k, v in named(series, "inference_reconciliation_token_gap_ratio").items()
         }
         assert {day for day, _ in gaps} == {DAYS[-1].isoformat(), DAYS[-2].isoformat()}
         assert {key for key, v in gaps.items() if v != 0} == {(DAYS[-1].isoformat(), "ITEM_COMPLETION_TOKEN")}
-        page = requests.get(f"{daemon.server.url}/", timeout=5).text
-        assert f"<td>{DAYS[-1]}</td><td>ITEM_COMPLETION_TOKEN</td><td>tokens</td>" in page
+        assert f"<td>{DAYS[-1]}</td><td>ITEM_COMPLETION_TOKEN</td><td>tokens</td>" in page(daemon)
     finally:
         daemon.stop(grace=5)
 

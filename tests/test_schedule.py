@@ -16,7 +16,8 @@ from exporter.app.daemon import Daemon
 from exporter.app.schedule import DailyTrigger
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.sim import Simulator, SimulatorServer
+from exporter.sim import Simulator
+from tests.daemon_fakes import InProcessBilling
 from tests.test_daemon import FAST, daemon_config
 
 ZONES = (
@@ -81,15 +82,29 @@ def test_a_job_starting_or_resuming_runs_at_the_next_time_not_a_past_one() -> No
     assert trigger.get_next_fire_time(None, due + dt.timedelta(seconds=1)) == due + dt.timedelta(days=1)
 
 
-@pytest.mark.parametrize("zone", ["America/New_York", "Europe/Berlin", "Australia/Sydney", "America/Santiago"])
+@pytest.mark.parametrize(
+    ("zone", "over_http"),
+    [
+        pytest.param("America/New_York", False, id="America/New_York"),
+        pytest.param("Europe/Berlin", False, id="Europe/Berlin"),
+        pytest.param("Australia/Sydney", False, id="Australia/Sydney"),
+        pytest.param("America/Santiago", True, marks=pytest.mark.integration, id="America/Santiago-http"),
+    ],
+)
 def test_the_daemons_midnight_jobs_run_every_day_of_the_billing_zone(
-    zone: str, sim: Simulator, server: SimulatorServer, tmp_path: Path
+    zone: str, over_http: bool, sim: Simulator, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """The scheduler as it runs (its first refreshes too); on the simulator in process, and once, end to
+    end, with the HTTP server and the billing API over HTTP."""
     tz = ZoneInfo(zone)
     start, origin = dt.datetime(2026, 1, 1, 10, 0, tzinfo=tz), time.monotonic()
     clock = Clock(tz, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
+    server = request.getfixturevalue("server") if over_http else None
     document = daemon_config(sim, server, tmp_path, timezone=zone, bills_interval="1h", usage_interval="1h")
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    if over_http:
+        daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    else:
+        daemon = Daemon(validate(document, {}), clock=clock, billing=InProcessBilling(sim), serve=False)
     daemon.start()
     try:
         for job in ("rollover", "rollover-bills"):

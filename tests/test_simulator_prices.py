@@ -4,14 +4,11 @@ exporter's estimate from usage and the bills it reads then agree, and the demo u
 from __future__ import annotations
 
 import datetime as dt
-import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from exporter.app.daemon import Daemon
 from exporter.app.demo import DEMO_CONFIG
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingClient
 from exporter.config.load import load, validate
@@ -28,8 +25,10 @@ from exporter.sim import (
 )
 from exporter.sources.usage import UsageSync, estimate
 from exporter.state import StateStore
-from tests.conftest import PAGE, SHANGHAI, billing_section
-from tests.helpers import named, scrape, wait_for
+from tests.conftest import PAGE, billing_section
+from tests.daemon_fakes import fake_billing_section, metrics, unit_daemon
+from tests.fakes import FakeBilling
+from tests.helpers import named
 
 PERIOD = "2026-11"
 MILLION = Decimal(1_000_000)
@@ -276,7 +275,7 @@ def test_a_day_without_records_keeps_its_deterministic_random_bills(priced: Simu
     assert all(Decimal(r["payableAmount"]) > 0 for r in rows)
 
 
-def test_a_revised_bill_still_wins(priced: Simulator, clock: Clock, client: BillingClient) -> None:
+def test_a_revised_bill_still_wins(priced: Simulator, clock: Clock, fake: FakeBilling) -> None:
     today = clock.today()
     priced.add_usage(400)
     alpha = priced.endpoints[0]
@@ -284,7 +283,7 @@ def test_a_revised_bill_still_wins(priced: Simulator, clock: Clock, client: Bill
     priced.bill_rows(PERIOD, "GROUP_TERM_ITEM")  # cached before the revision
     priced.revise_bill(today, alpha.endpoint_id, "ITEM_PROMPT_TOKEN", Decimal("123.45"))
     assert priced.charge(PERIOD, today, alpha, "ITEM_PROMPT_TOKEN") == (Decimal("123.45"), tokens)
-    served = {b.instance_id: b.payable_amount for b in client.bills(PERIOD, GROUP_TERM_INSTANCE) if b.day == today}
+    served = {b.instance_id: b.payable_amount for b in fake.bills(PERIOD, GROUP_TERM_INSTANCE) if b.day == today}
     assert served[alpha.endpoint_id] == billed_today_by_endpoint(priced, today)[alpha.endpoint_id]
     assert served[alpha.endpoint_id] == Decimal("123.45") + sum(
         (priced.charge(PERIOD, today, alpha, item)[0] for item in ITEMS[1:]), Decimal(0)
@@ -336,23 +335,21 @@ def test_without_prices_bills_are_the_old_deterministic_amounts(sim: Simulator, 
 # -- efficiency -------------------------------------------------------------------------------
 
 
-def test_serving_bills_reads_each_record_once(
-    priced: Simulator, server: SimulatorServer, client: BillingClient, clock: Clock
-) -> None:
+def test_serving_bills_reads_each_record_once(priced: Simulator, fake: FakeBilling, clock: Clock) -> None:
     """Not a timing: the count of records read to compute bills, over many requests and appends."""
     appends, requests_per_append, batch = 20, 5, 250
     priced.add_usage(10_000)
-    client.bills(PERIOD, GROUP_TERM_INSTANCE)
+    fake.bills(PERIOD, GROUP_TERM_INSTANCE)
     assert priced.records_billed == 10_000
     for _ in range(appends):
         priced.add_usage(batch)
-        client.bills(PERIOD, GROUP_TERM_INSTANCE)  # over HTTP (each costs ~40 ms of loopback round trip)
+        fake.bills(PERIOD, GROUP_TERM_INSTANCE)  # the simulator's answer to the API's request, every page of it
         for _ in range(requests_per_append):
             priced.bill_rows(PERIOD, "GROUP_TERM_ITEM", project_id="proj-main")
             priced.bill_totals(PERIOD)
     assert priced.records_billed == 10_000 + appends * batch  # each record once, not once per request
     priced.remove_usage([7])
-    client.bills(PERIOD, GROUP_TERM_INSTANCE)
+    fake.bills(PERIOD, GROUP_TERM_INSTANCE)
     for _ in range(requests_per_append):
         priced.bill_rows(PERIOD, "GROUP_TERM_ITEM")
     assert priced.records_billed == 2 * (10_000 + appends * batch) - 1  # a removal: the day counted once more
@@ -371,52 +368,27 @@ def test_a_200k_record_day_is_counted_once(priced: Simulator) -> None:
 # -- the demo's claim, through the daemon -------------------------------------------------------
 
 
-@pytest.fixture
-def moving_clock() -> Clock:
-    start, origin = dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI), time.monotonic()
-    return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
-
-
-@pytest.fixture
-def daemon_sim(moving_clock: Clock, demo_prices: tuple[PriceConfig, ...]) -> Iterator[tuple[Simulator, str]]:
-    sim = Simulator(clock=moving_clock, prices=prices_from_config(demo_prices))
-    sim.add_usage(3000)
-    server = sim.serve()
-    yield sim, server.url
-    server.stop()
-
-
-@pytest.mark.integration  # starts its own server
 def test_the_daemons_estimated_and_billed_today_agree(
-    daemon_sim: tuple[Simulator, str],
-    moving_clock: Clock,
-    demo_prices: tuple[PriceConfig, ...],
-    tmp_path: Path,
+    priced: Simulator, clock: Clock, demo_prices: tuple[PriceConfig, ...], tmp_path: Path
 ) -> None:
-    sim, url = daemon_sim
-    billing = {"url": url, "access_key_id": sim.access_key_id, "secret_access_key": sim.secret_access_key}
+    sim = priced
+    sim.add_usage(3000)
     config = validate(
         {
-            "billing": billing | {"bills_interval": "300ms", "usage_interval": "200ms", "timeout": "5s"},
+            "billing": fake_billing_section(sim),
             "prices": [p.model_dump(exclude_none=True) for p in demo_prices],
             "state": {"path": str(tmp_path / "state.db")},
         },
         {},
     )
-    daemon = Daemon(config, clock=moving_clock, listen="127.0.0.1:0")
-    daemon.start()
+    daemon = unit_daemon(config, sim, clock)
     try:
-        series = wait_for(
-            lambda: (
-                (s := scrape(daemon.server.url))
-                and named(s, "inference_bill_endpoint_daily_payable_amount")
-                and named(s, "inference_usage_estimated_payable_amount_total")
-                and s
-            )
-        )
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        series = metrics(daemon)
     finally:
         daemon.stop(grace=5)
-    today = moving_clock.today().isoformat()
+    today = clock.today().isoformat()
     billed = {
         dict(labels)["endpoint_id"]: v
         for labels, v in named(series, "inference_bill_endpoint_daily_payable_amount").items()

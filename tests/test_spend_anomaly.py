@@ -1,5 +1,6 @@
-"""spend_anomaly rules end to end: the daemon against the simulator's months of history (a weekly
-rhythm, noise, growth) with a spike injected, a webhook receiver, a frozen clock in Shanghai."""
+"""spend_anomaly rules: the daemon on the simulator's months of history (a weekly rhythm, noise,
+growth) with a spike injected, a frozen clock in Shanghai; on the simulator in process, what is to be
+told read from the outbox (tests/daemon_fakes.py), and once end to end with a webhook receiver."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from exporter.app.daemon import Daemon
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
 from tests.conftest import SHANGHAI
-from tests.helpers import Receiver, logged, named, scrape
-from tests.test_alerts import make_daemon, refreshed, settle, statuses, to_hook
+from tests.daemon_fakes import metrics, statuses, told
+from tests.helpers import Receiver, logged, named
+from tests.test_alerts import evaluated, make_daemon, refreshed, to_hook, unit
 
 YESTERDAY = dt.date(2026, 11, 21)  # the clock stands on 22 November: the 21st is the day judged
 
@@ -41,19 +44,20 @@ def spent(sim: Simulator, day: dt.date, endpoint_index: int) -> Decimal:
     return sum((sim.charge(f"{day:%Y-%m}", day, endpoint, item)[0] for item in ITEMS), Decimal(0))
 
 
-def refresh_all(daemon: object) -> None:
+def refresh_all(daemon: Daemon) -> None:
+    """History, then bills, each refresh evaluated (the unit layer: nothing delivered)."""
     for source in ("history", "bills"):
-        assert refreshed(daemon, source)  # type: ignore[arg-type]
+        assert evaluated(daemon, source)
 
 
 def test_a_spike_fires_once_is_updated_by_a_revision_and_resolves_when_the_next_day_is_judged(
-    spiked: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    spiked: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, RULE))
+    daemon = unit(spiked, clock, tmp_path, to_hook(None, RULE))
     try:
         refresh_all(daemon)
-        assert statuses(receiver) == ["firing"]
-        (alert,) = receiver.bodies()[0]["alerts"]
+        assert statuses(daemon) == ["firing"]
+        (alert,) = told(daemon)[0]["alerts"]
         target = spiked.endpoints[1].endpoint_id
         assert alert["labels"] == {"alertname": "SpendAnomaly", "severity": "warning", "endpoint_id": target,
                                    "day": "2026-11-21"}  # fmt: skip
@@ -61,7 +65,7 @@ def test_a_spike_fires_once_is_updated_by_a_revision_and_resolves_when_the_next_
         assert alert["annotations"]["summary"].startswith(
             f"{target} spent {actual.quantize(Decimal('0.01'))} on 2026-11-21"
         )
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         impacts = {
             dict(labels)["endpoint_id"]: v
             for labels, v in named(series, "inference_spend_anomaly_impact_amount").items()
@@ -81,14 +85,14 @@ def test_a_spike_fires_once_is_updated_by_a_revision_and_resolves_when_the_next_
         # The bill of the 21st is revised upwards: the same anomaly, updated, not notified again.
         spiked.revise_bill(YESTERDAY, target, ITEMS[0], Decimal(500))
         refresh_all(daemon)
-        assert statuses(receiver) == ["firing"]
-        assert named(scrape(daemon.server.url), "inference_alerts")
+        assert statuses(daemon) == ["firing"]
+        assert named(metrics(daemon), "inference_alerts")
 
         # The 22nd ends and is usual: the anomaly of the 21st resolves, once.
         frozen.set(dt.datetime(2026, 11, 23, 0, 5, tzinfo=SHANGHAI))
         refresh_all(daemon)
-        settle(daemon)
-        assert statuses(receiver) == ["firing", "resolved"]
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing", "resolved"]
     finally:
         daemon.stop(grace=5)
 
@@ -96,13 +100,15 @@ def test_a_spike_fires_once_is_updated_by_a_revision_and_resolves_when_the_next_
 def test_the_account_rule_names_the_endpoint_that_carries_the_impact(
     spiked: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
 ) -> None:
+    """End to end: the months of bills over HTTP, the alert delivered to a webhook receiver."""
     rule = {k: v for k, v in RULE.items() if k not in ("by", "annotations")} | {
         "alert": "AccountAnomaly",
         "annotations": {"summary": "{contributors}"},
     }
     daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, rule))
     try:
-        refresh_all(daemon)
+        for source in ("history", "bills"):
+            assert refreshed(daemon, source)
         (alert,) = receiver.bodies()[0]["alerts"]
         assert "endpoint_id" not in alert["labels"]
         first = alert["annotations"]["summary"].split(",")[0]
@@ -112,34 +118,31 @@ def test_the_account_rule_names_the_endpoint_that_carries_the_impact(
 
 
 def test_a_group_with_under_two_weeks_of_history_is_not_judged_and_says_so_once(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver,
-    caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+    sim: Simulator, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     sim.spend = SpendModel(start=dt.date(2026, 11, 12))  # the account opened ten days ago
     sim.add_spike(YESTERDAY, "", 4.0)
     caplog.set_level(logging.INFO)
-    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))
+    daemon = unit(sim, clock, tmp_path, to_hook(None, RULE))
     try:
         refresh_all(daemon)
         refresh_all(daemon)
-        assert statuses(receiver) == []
+        assert statuses(daemon) == []
         said = logged(caplog.records, "spend anomaly not judged: too little history for this group")
         assert len(said) == len(sim.endpoints)
     finally:
         daemon.stop(grace=5)
 
 
-def test_an_endpoint_anomaly_names_the_item_that_carries_it(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
-) -> None:
+def test_an_endpoint_anomaly_names_the_item_that_carries_it(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     sim.spend = SpendModel(start=dt.date(2026, 7, 1))
     target = sim.endpoints[2].endpoint_id
     sim.revise_bill(YESTERDAY, target, ITEMS[2], Decimal(400))  # one item of one endpoint, far over its usual
     rule = RULE | {"annotations": {"summary": "{contributors}"}}
-    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, rule))
+    daemon = unit(sim, clock, tmp_path, to_hook(None, rule))
     try:
         refresh_all(daemon)
-        (alert,) = receiver.bodies()[0]["alerts"]
+        (alert,) = told(daemon)[0]["alerts"]
         assert alert["labels"]["endpoint_id"] == target
         assert alert["annotations"]["summary"].startswith(f"{ITEMS[2]} ")
     finally:
@@ -172,41 +175,41 @@ def test_a_bad_anomaly_rule_is_a_config_error_at_its_place(change: dict, message
 
 
 def test_two_rules_on_the_same_groups_with_other_floors_each_keep_their_own_alert(
-    spiked: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    spiked: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     """A warning and a critical rule with one alert name: neither resolves the other's alert."""
     critical = RULE | {"min_amount": "100", "labels": {"severity": "critical"}}
-    daemon = make_daemon(spiked, server, clock, tmp_path, to_hook(receiver, RULE, critical))
+    daemon = unit(spiked, clock, tmp_path, to_hook(None, RULE, critical))
     try:
         refresh_all(daemon)
         for _ in range(4):
             frozen.advance(dt.timedelta(minutes=1))
-            settle(daemon)
-        assert statuses(receiver) == ["firing", "firing"]
-        severities = sorted(a["labels"]["severity"] for body in receiver.bodies() for a in body["alerts"])
+            daemon.alert_cycle()
+        assert statuses(daemon) == ["firing", "firing"]
+        severities = sorted(a["labels"]["severity"] for event in told(daemon) for a in event["alerts"])
         assert severities == ["critical", "warning"]
     finally:
         daemon.stop(grace=5)
 
 
 def test_a_restart_mid_day_waits_for_the_history_rather_than_resolve_and_fire_again(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     frozen.set(dt.datetime(2026, 11, 10, 12, 0, tzinfo=SHANGHAI))  # this month alone: nine days, too few
     sim.spend = SpendModel(start=dt.date(2026, 7, 1))
     sim.add_spike(dt.date(2026, 11, 9), sim.endpoints[1].endpoint_id, 2.5)
-    daemon = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))
+    daemon = unit(sim, clock, tmp_path, to_hook(None, RULE))
     try:
         refresh_all(daemon)
     finally:
         daemon.stop(grace=5)
-    assert statuses(receiver) == ["firing"]
-    again = make_daemon(sim, server, clock, tmp_path, to_hook(receiver, RULE))  # same state file
+    assert statuses(daemon) == ["firing"]
+    again = unit(sim, clock, tmp_path, to_hook(None, RULE))  # same state file
     try:
-        assert refreshed(again, "bills")  # bills first: this month alone is under two weeks of history
-        assert refreshed(again, "history")
-        settle(again)
-        assert statuses(receiver) == ["firing"]  # neither resolved in between nor fired a second time
-        assert named(scrape(again.server.url), "inference_alerts")
+        assert evaluated(again, "bills")  # bills first: this month alone is under two weeks of history
+        assert evaluated(again, "history")
+        again.alert_cycle()
+        assert statuses(again) == ["firing"]  # neither resolved in between nor fired a second time
+        assert named(metrics(again), "inference_alerts")
     finally:
         again.stop(grace=5)

@@ -1,5 +1,6 @@
-"""The estimate counter under a price change, end to end: the daemon reloads and restarts on its
-state file against the simulator, and the counter keeps what it counted at the prices of the time."""
+"""The estimate counter under a price change: the daemon reloads (on the simulator in process,
+tests/daemon_fakes.py) and restarts on its state file (end to end, against the simulator over HTTP),
+and the counter keeps what it counted at the prices of the time."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator, SimulatorServer
 from exporter.sim.model import MILLION
 from tests.conftest import billing_section
+from tests.daemon_fakes import fake_billing_section, metrics, unit_daemon
 from tests.helpers import Series, named, scrape
-
-pytestmark = pytest.mark.integration
 
 COUNTER = "inference_usage_estimated_payable_amount_total"
 CREATED = "inference_usage_estimated_payable_amount_created"
@@ -36,11 +36,13 @@ def prices(prompt: str, completion: str) -> list[dict[str, str]]:
 DEAR, CHEAP, CHEAPER = prices("4", "16"), prices("0.4", "1.6"), prices("0.1", "0.2")
 
 
-def write(path: Path, sim: Simulator, server: SimulatorServer, table: list[dict[str, str]]) -> None:
+def write(path: Path, sim: Simulator, server: SimulatorServer | None, table: list[dict[str, str]]) -> None:
+    """Without `server`: for a daemon on the simulator in process."""
+    billing = billing_section(sim, server, history_months=0) if server else fake_billing_section(sim, history_months=0)
     path.write_text(
         yaml.safe_dump(
             {
-                "billing": billing_section(sim, server, history_months=0),
+                "billing": billing,
                 "prices": table,
                 "state": {"path": str(path.parent / "state.db")},
             }
@@ -89,28 +91,28 @@ def assert_counted(series: Series, expected: dict[Key, Decimal]) -> None:
 
 
 def test_a_price_cut_by_reload_keeps_what_the_counter_counted_and_prices_only_later_records_anew(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     path = tmp_path / "config.yaml"
     sim.add_usage(600)
-    write(path, sim, server, DEAR)
-    daemon = start(path, clock)
+    write(path, sim, None, DEAR)
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
     try:
         assert daemon.refresh("usage")
-        before = scrape(daemon.server.url)
+        before = metrics(daemon)
         counted_dear = list(sim.usage_records(clock.today()))
         assert_counted(before, priced(counted_dear, DEAR))
 
-        write(path, sim, server, CHEAP)
+        write(path, sim, None, CHEAP)
         assert daemon.reload()
-        after = scrape(daemon.server.url)
+        after = metrics(daemon)
         assert by_key(after, COUNTER) == by_key(before, COUNTER)  # nothing counted again, nothing went down
         assert by_key(after, CREATED) == by_key(before, CREATED)
 
         sim.add_usage(300)
         frozen.advance(dt.timedelta(minutes=5))
         assert daemon.refresh("usage")
-        later = scrape(daemon.server.url)
+        later = metrics(daemon)
         ids = {r["requestId"] for r in counted_dear}
         counted_cheap = [r for r in sim.usage_records(clock.today()) if r["requestId"] not in ids]
         assert len(counted_cheap) == 300
@@ -123,6 +125,7 @@ def test_a_price_cut_by_reload_keeps_what_the_counter_counted_and_prices_only_la
 def test_a_restart_resumes_the_counter_where_it_stood_whatever_the_prices_are_now(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
+    """End to end: usage over HTTP, the counter scraped."""
     path = tmp_path / "config.yaml"
     sim.add_usage(500)
     write(path, sim, server, DEAR)

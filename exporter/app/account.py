@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from exporter.alerts.engine import Alert, Engine
-from exporter.billing import BillingClient, BillingError, RetryPolicy
+from exporter.billing import BillingAPI, BillingClient, BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BillingConfig, Config, ProbeConfig
 from exporter.core.clock import Clock
@@ -70,6 +70,11 @@ def _client_settings(billing: BillingConfig) -> dict[str, object]:
     )
 
 
+BillingFactory = Callable[[BillingConfig], BillingAPI]
+"""Builds the billing API for a config's `billing` section: the HTTP client in production, an
+in-process fake in the unit tests."""
+
+
 class RefreshFailed(Exception):
     """A source's refresh failed in `Sources.refresh_once`; the message names the source."""
 
@@ -86,7 +91,7 @@ class Sources:
     on undisturbed; a probe whose config is unchanged, with its histograms and counters).
     """
 
-    client: BillingClient
+    client: BillingAPI
     bills: BillsSource
     history: HistorySource
     usage: UsageSync
@@ -101,9 +106,12 @@ class Sources:
         retry: RetryPolicy | None = None,
         previous: Sources | None = None,
         dispatcher: Dispatcher | None = None,
+        billing: BillingFactory | None = None,
     ) -> None:
         """`dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that
-        delivers only when asked."""
+        delivers only when asked. `billing`: what builds the billing API when `billing` is new or
+        changed (unless given, the HTTP client, with `retry`, reporting its calls and the clock
+        skew it sees to `latest`)."""
         self.config = config
         self.latest = latest
         # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
@@ -126,9 +134,12 @@ class Sources:
             self.bills.grace_days = config.billing.previous_month_grace_days
             self.history.months = config.billing.history_months
         else:
-            self.client = BillingClient.from_config(
-                config.billing, clock, latest.count_api_call, retry, on_skew=latest.observe_clock_skew
-            )
+            if billing is None:
+                billing = partial(
+                    BillingClient.from_config, clock=clock, on_response=latest.count_api_call, retry=retry,
+                    on_skew=latest.observe_clock_skew,
+                )  # fmt: skip
+            self.client = billing(config.billing)
             self.bills = BillsSource(
                 self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history
             )

@@ -14,7 +14,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from exporter.app.account import Sources
+from exporter.app.account import BillingFactory, Sources
 from exporter.app.digests import DIGEST_WAIT, digest_due, digest_ready
 from exporter.app.schedule import (
     JITTER_FRACTION,
@@ -62,9 +62,16 @@ class Daemon:
         clock: Clock | None = None,
         listen: str | None = None,
         retry: RetryPolicy | None = None,
+        billing: BillingFactory | None = None,
+        serve: bool = True,
     ) -> None:
+        """The HTTP server is bound here (a port in use fails now, with OSError) and serves from `start`;
+        `listen` overrides `server.listen`. `billing` builds the billing API for each new `billing`
+        section (the HTTP client with `retry` unless given). `serve` False: no HTTP server at all, the
+        rest as ever (the unit tests read the exposition and the landing page in process)."""
         self.config_path = config_path
         self.retry = retry
+        self.billing = billing
         self.clock = clock or Clock(config.billing.zone)
         self.latest = Latest()
         self.state = StateStore(config.state.path)
@@ -89,7 +96,7 @@ class Daemon:
         scheduler_log = logging.getLogger("apscheduler.scheduler")
         if SKIPPED_RUN_NOTICE not in scheduler_log.filters:
             scheduler_log.addFilter(SKIPPED_RUN_NOTICE)
-        view = View(
+        self.view = View(
             self.latest,
             render=lambda accept: self.sources.exposition.render(accept),
             render_gzipped=lambda accept: self.sources.exposition.render(accept, gzipped=True),
@@ -100,8 +107,10 @@ class Daemon:
             today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
         )
-        host, port = parse_listen(listen or config.server.listen)
-        self.server = ExporterServer((host, port), view, config.server)
+        """What the HTTP server shows, read afresh on each request."""
+        self._server: ExporterServer | None = None
+        if serve:
+            self._server = ExporterServer(parse_listen(listen or config.server.listen), self.view, config.server)
         self._listen = None if listen else config.server.listen
         """The configured address the server listens on; None when `--listen` overrides the config's."""
         self.dispatcher = Dispatcher(
@@ -111,11 +120,20 @@ class Daemon:
             lambda: self.sources.engine.current(),
             self._external_url(config),
         )
-        self.sources = Sources(config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher)
+        self.sources = Sources(
+            config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing
+        )
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
 
+    @property
+    def server(self) -> ExporterServer:
+        """The HTTP server; AttributeError for a daemon made with `serve` False."""
+        if self._server is None:
+            raise AttributeError("this daemon has no HTTP server (serve=False)")
+        return self._server
+
     def _external_url(self, config: Config) -> str:
-        return config.server.external_url or self.server.url
+        return config.server.external_url or (self._server.url if self._server is not None else "")
 
     @property
     def config(self) -> Config:
@@ -345,7 +363,8 @@ class Daemon:
     def start(self, schedule: bool = True) -> None:
         """Serve HTTP, evaluate alerts and deliver; unless `schedule` is False (tests refresh by
         hand then), run the refresh jobs."""
-        self.server.start()
+        if self._server is not None:
+            self._server.start()
         self.dispatcher.start()
         self._alert_worker.start()
         if schedule:
@@ -357,7 +376,8 @@ class Daemon:
             rollover_bills = DailyTrigger(self.clock.tz, ROLLOVER_BILLS)
             self.scheduler.add_job(self.refresh, rollover_bills, args=["bills"], id="rollover-bills")
             self.scheduler.start()
-        log.info("listening", url=self.server.url, sources=",".join(self.sources.refreshers))
+        if self._server is not None:
+            log.info("listening", url=self._server.url, sources=",".join(self.sources.refreshers))
 
     def reload(self) -> bool:
         """Load the config file again; a bad one is refused and the running one kept, as is one whose certificate
@@ -383,9 +403,9 @@ class Daemon:
             log.error("config reload refused (keeping the running config)", error=str(error))
             self.latest.reloaded(success=False)
             return False
-        if self._listen is not None and config.server.listen != self._listen:
+        if self._server is not None and self._listen is not None and config.server.listen != self._listen:
             log.warning(
-                "config reload: server.listen changes only on restart", listening=self.server.url,
+                "config reload: server.listen changes only on restart", listening=self._server.url,
                 configured=config.server.listen,
             )  # fmt: skip
         if config.state != self.config.state:
@@ -395,13 +415,14 @@ class Daemon:
             try:
                 self.sources = Sources(
                     config, self.latest, self.clock, self.state, retry=self.retry, previous=old,
-                    dispatcher=self.dispatcher,
+                    dispatcher=self.dispatcher, billing=self.billing,
                 )  # fmt: skip
             except StateError as error:
                 log.error("config reload refused (keeping the running config)", error=str(error))
                 self.latest.reloaded(success=False)
                 return False
-            self.server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
+            if self._server is not None:
+                self._server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
         self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
         if config.prices != old.config.prices:
@@ -423,7 +444,8 @@ class Daemon:
         self._alerts_due.set()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        self.server.stop()
+        if self._server is not None:
+            self._server.stop()
         self.dispatcher.close()
         self.sources.close()
         finished = self.dispatcher.join(deadline - time.monotonic())
