@@ -1,4 +1,5 @@
-"""The command line, run as a real process against the simulator on loopback."""
+"""The command line: run as a real process against the simulator on loopback, and in process where it
+starts nothing (`check`, `--help`)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ from exporter.core.clock import Clock
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
 
-pytestmark = pytest.mark.integration  # every test runs the command as a process
-
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
@@ -36,6 +35,24 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
+
+
+def invoke(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command run in process (`main`), for the commands that start no server and no thread: its
+    exit status and what it printed, as `run` reports them."""
+    from exporter.cli import main
+
+    for name, setting in (env or {}).items():
+        monkeypatch.setenv(name, setting)
+    monkeypatch.chdir(ROOT)
+    try:
+        code = main(list(args))
+    except SystemExit as stopped:
+        code = stopped.code if isinstance(stopped.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
 
 
 def write_config(
@@ -77,20 +94,25 @@ def samples(exposition: str, name: str) -> list[tuple[dict[str, str], Decimal]]:
     return found
 
 
-def test_check_accepts_the_example_and_exits_zero() -> None:
+def test_check_accepts_the_example_and_exits_zero(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = {"BILLING_ACCESS_KEY_ID": "AK", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
-    result = run("check", "--config", "config.example.yaml", env=env)
+    result = invoke(monkeypatch, capsys, "check", "--config", "config.example.yaml", env=env)
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout
     assert "; digest daily at 09:00 to hook)" in result.stdout
 
 
-def test_check_prints_every_error_and_exits_one(tmp_path: Path) -> None:
+def test_check_prints_every_error_and_exits_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(
         "billing:\n  url: ftp://x\n  access_key_id: AK\n  secret_access_key: ${UNSET_VAR_XYZ}\n  page_size: 501\n"
     )
-    result = run("check", "--config", str(path))
+    monkeypatch.delenv("UNSET_VAR_XYZ", raising=False)
+    result = invoke(monkeypatch, capsys, "check", "--config", str(path))
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert lines == [
@@ -230,6 +252,7 @@ def ready(url: str) -> bool:
         return False
 
 
+@pytest.mark.integration  # runs the demo as a process
 def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
     process, url = spawn("demo")
     try:
@@ -397,8 +420,10 @@ def test_once_says_so_when_the_inference_api_refuses_the_key(
 
 
 @pytest.mark.parametrize("command", ["check", "once", "run", "rules", "demo", "simulate"])
-def test_every_command_explains_itself(command: str) -> None:
-    result = run(command, "--help")
+def test_every_command_explains_itself(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = invoke(monkeypatch, capsys, command, "--help")
     assert result.returncode == 0
     _, description, *_ = result.stdout.split("\n\n")
     assert len(description.split()) > 8  # a sentence, not just the usage line
