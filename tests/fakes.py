@@ -1,16 +1,29 @@
-"""The billing API in process, for the unit layer: the simulator's ledger without HTTP."""
+"""The APIs in process, for the unit layer: the simulator's billing ledger and its chat answers without HTTP."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import json
+import math
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, Listings, parse_envelope
-from exporter.sim import Simulator
+from exporter.config.schema import InferenceConfig, ProbeConfig
+from exporter.core.clock import Clock
+from exporter.sim import Fault, Simulator
 from exporter.sim.model import CONTENT_FAULTS, SimulatorError, _encode, corrupt
+from exporter.sources.probe import ProbeFailure, ProbeRunner, timeouts
 
 R = TypeVar("R")
+
+
+def _applied(fault: Fault) -> bool:
+    """A fault the fake applies: one that changes what a listing says, or a refusal (a status the
+    client takes as the answer, not retrying it)."""
+    return fault.kind in CONTENT_FAULTS or (fault.kind == "status" and fault.status < 500 and fault.status != 429)
 
 
 class FakeBilling(Listings):
@@ -20,33 +33,60 @@ class FakeBilling(Listings):
     in the envelope its HTTP side sends, read, parsed and checked by the client's own code
     (`Listings`, `parse_envelope`): records, totals, caps and API errors come out as over the wire.
     Requests are counted in `sim.requests_served` as the server counts them, so a test can count
-    pages. Injected faults that change what a listing says (`bad_amount`, `bad_value`,
-    `total_mismatch`) are applied as the server applies them; what belongs to the wire (signatures,
+    pages, and told to `on_response` as the client tells its own (the API and the HTTP status);
+    `on_skew` hears the simulator's clock minus `clock` (the simulator's own unless given), to the
+    second, as the client reads it from the `Date` header. Injected faults that change what a
+    listing says (`bad_amount`, `bad_value`, `total_mismatch`) and refusals (a `status` fault of a
+    4xx but 429) are applied as the server applies them; what belongs to the wire (signatures,
     retries, the other faults, latency, requests in parallel) is not here: those tests run over HTTP.
     """
 
-    def __init__(self, sim: Simulator, *, page_size: int = MAX_USAGE_PAGE_SIZE, project_id: str = "") -> None:
+    def __init__(
+        self, sim: Simulator, *, page_size: int = MAX_USAGE_PAGE_SIZE, project_id: str = "",
+        on_response: Callable[[str, str], None] | None = None, on_skew: Callable[[float], None] | None = None,
+        clock: Clock | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(tz=sim.clock.tz, project_id=project_id, page_size=page_size)
         self.sim = sim
         self.base_url = "in-process://simulator"
+        self._on_response = on_response or (lambda api, code: None)
+        self._on_skew = on_skew or (lambda skew: None)
+        self._clock = clock or sim.clock
 
     def close(self) -> None:
         """Nothing to release: no connections, no threads."""
 
     def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
         respond = {BILLS_PATH: self.sim.bills_response, USAGES_PATH: self.sim.usages_response}[path]
+        what = f"GET {self.base_url}{path}"
         with self.sim._lock:
             self.sim.requests_served[path] = self.sim.requests_served.get(path, 0) + 1
+        fault = self._take_fault(path)
+        self._on_skew(math.floor(self.sim.clock.now().timestamp()) - self._clock.now().timestamp())
+        if fault is not None and fault.kind == "status":
+            self._on_response(api, str(fault.status))
+            envelope = {"code": 100500, "reason": "Fault", "message": HTTPStatus(fault.status).phrase}
+            return parse_envelope(fault.status, _encode(envelope), what)
         try:
             data = respond(urlencode(params))
-            fault = self.sim._take_fault(path, CONTENT_FAULTS)
-            if fault is not None:
-                data = corrupt(data, fault)
         except SimulatorError as error:
+            self._on_response(api, str(error.http_status))
             envelope = {"code": error.code, "reason": error.reason, "message": error.message}
-            return parse_envelope(error.http_status, _encode(envelope), f"GET {self.base_url}{path}")
-        envelope = {"code": 0, "reason": "OK", "message": "success", "data": data}
-        return parse_envelope(200, _encode(envelope), f"GET {self.base_url}{path}")
+            return parse_envelope(error.http_status, _encode(envelope), what)
+        self._on_response(api, "200")
+        if fault is not None:
+            data = corrupt(data, fault)
+        return parse_envelope(200, _encode({"code": 0, "reason": "OK", "message": "success", "data": data}), what)
+
+    def _take_fault(self, path: str) -> Fault | None:
+        """The next fault injected for `path` that the fake applies, taken as the server takes it."""
+        with self.sim._lock:
+            fault = next((f for f in self.sim._faults if path.startswith(f.path) and f.times > 0 and _applied(f)), None)
+            if fault is not None:
+                fault.times -= 1
+                if fault.times == 0:
+                    self.sim._faults.remove(fault)
+        return fault
 
     def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
         return fetch(page_num)
@@ -55,3 +95,65 @@ class FakeBilling(Listings):
         """The pages last first: a parallel read may deliver them in any order after the first, and
         over HTTP they come nearly in order, so the fake takes the order furthest from that."""
         yield from reversed([(page_num, self._one(fetch, page_num)) for page_num in pages])
+
+
+class Ticks:
+    """A probe runner's clock in the unit layer: it moves only when an answer pauses, never by itself."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class InProcessChat:
+    """The simulator's chat API in process, behind the probe's `ChatTransport`: its answers, faults
+    and pauses as over HTTP (`Simulator.chat_exchange`), each pause passing on `clock`. A pause
+    longer than the run's read timeout ends the wait that much later, as a socket's timeout would:
+    before the headers as `HTTPChat`'s ProbeFailure, in the body as TimeoutError."""
+
+    def __init__(self, sim: Simulator, probe: ProbeConfig, clock: Ticks, api_key: str, cut: str = "as written") -> None:
+        self.sim, self.clock, self.api_key, self.cut = sim, clock, api_key, cut
+        self.read_timeout = timeouts(probe)[1]
+
+    def close(self) -> None:
+        """Nothing to release: no connections."""
+
+    @contextmanager
+    def post(self, body: dict[str, Any]) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
+        reply = self.sim.chat_exchange(json.dumps(body).encode(), f"Bearer {self.api_key}")
+        if reply.events is None:
+            self._wait(reply.wait, ProbeFailure("timeout_first_token", "no response headers in time"))
+            yield reply.status, self._arrivals([(0.0, reply.body)] if reply.body else [])
+        else:
+            yield reply.status, self._arrivals(reply.events)
+
+    def _wait(self, pause: float, timeout: Exception) -> None:
+        if pause > self.read_timeout:
+            self.clock.now += self.read_timeout
+            raise timeout
+        self.clock.now += pause
+
+    def _arrivals(self, writes: Sequence[tuple[float, bytes]]) -> Iterator[tuple[bytes, float]]:
+        if self.cut == "coalesced":
+            merged: list[tuple[float, bytes]] = []
+            for pause, data in writes:
+                if merged and not pause:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + data)
+                else:
+                    merged.append((pause, data))
+            writes = merged
+        for pause, data in writes:
+            self._wait(pause, TimeoutError("nothing arrived within the read timeout"))
+            size = 7 if self.cut == "split" else len(data)
+            for start in range(0, len(data), size):
+                yield data[start : start + size], self.clock.now
+
+
+def chat_runner(sim: Simulator, probe: ProbeConfig, inference: InferenceConfig) -> ProbeRunner:
+    """A runner of `probe` whose requests `sim` answers in process, with the config's API key,
+    timed on a clock of its own that moves only when an answer pauses."""
+    ticks = Ticks()
+    chat = InProcessChat(sim, probe, ticks, inference.api_key.get_secret_value())
+    return ProbeRunner(probe, inference, chat=chat, clock=ticks)

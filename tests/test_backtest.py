@@ -1,10 +1,15 @@
 """backtest: the daemon's own rules replayed over months the simulator bills with a weekly rhythm,
-noise, growth and known spikes; what fires must be what the simulator's figures say, day by day."""
+noise, growth and known spikes; what fires must be what the simulator's figures say, day by day.
+
+The replay reads the simulator in process (tests/fakes.py); the command runs as a process against
+it over HTTP, and in process where it refuses a range before it builds a client."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,7 +21,9 @@ from exporter.core.clock import Clock, period_at, period_index
 from exporter.replay.backfill import MAX_MONTHS
 from exporter.replay.backtest import backtest, render
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
-from tests.conftest import SHANGHAI, billing_section
+from tests.conftest import SHANGHAI
+from tests.daemon_fakes import fake_billing_section
+from tests.fakes import FakeBilling
 
 SPIKES = [(dt.date(2026, 9, 16), 1, 2.5), (dt.date(2026, 10, 8), 2, 2.0), (dt.date(2026, 10, 31), 0, 2.5)]
 """The last on the last day of the range: judged (and fired) on 1 November, still reported."""
@@ -41,7 +48,7 @@ def days_of(first: dt.date, last: dt.date) -> list[dt.date]:
 
 
 def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
-    history: Simulator, server: SimulatorServer, clock: Clock
+    history: Simulator, fake: FakeBilling, clock: Clock
 ) -> None:
     threshold = Decimal(160)
     budget = spent(history, dt.date(2026, 9, 1)) * 30  # a month's budget somewhere inside September's spend
@@ -49,7 +56,7 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
     team_budget = spent(history, dt.date(2026, 9, 1), 1) * 25  # an endpoint's, crossed late in each month
     config = validate(
         {
-            "billing": billing_section(history, server),
+            "billing": fake_billing_section(history),
             "budgets": [{"name": "monthly", "amount": str(budget)},
                         {"name": "team", "amount": str(team_budget), "where": {"endpoint_id": team}},
                         {"name": "model-a", "amount": "5", "where": {"model": "model-a"}}],
@@ -69,7 +76,7 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
         },
         {},
     )  # fmt: skip
-    fired, notes = backtest(config, "2026-09", "2026-10", clock)
+    fired, notes = backtest(config, "2026-09", "2026-10", clock, fake)
     assert notes == [
         "alerts.rules[3] (Requests): skipped: `requests` is not in the bills",
         "alerts.rules[5] (ModelBudget): skipped: budget 'model-a' is priced from usage",
@@ -173,24 +180,37 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
         assert refused.stdout == ""
 
 
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """The root logger as it was before a command run in process set up its own."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.mark.parametrize("first", ["one-over", "2000-01"])
 def test_a_backtest_over_more_months_than_backfill_takes_is_refused_before_any_request(
-    live: tuple[Simulator, SimulatorServer], tmp_path: Path, first: str
-) -> None:
+    sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    root_logging: None, first: str,
+) -> None:  # fmt: skip
     """`--from 2000-01` once made 1,640 bills requests: the range has backfill's cap, and is refused
-    with one line and exit 2 before the API hears of it."""
-    from tests.test_cli import run, write_config
+    with one line and exit 2 before the API hears of it. In process, the API at an address where
+    nothing answers: a request would end the command otherwise (exit 3, naming the failure)."""
+    from tests.test_cli import invoke
 
-    sim, server = live
     current = Clock(SHANGHAI).period()  # the command runs on the real clock, in the config's billing zone
     if first == "one-over":
         first = period_at(period_index(current) - MAX_MONTHS)
     count = period_index(current) - period_index(first) + 1
-    result = run("backtest", "--config", str(write_config(tmp_path, sim, server)), "--from", first,
-                 env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
+    config = tmp_path / "config.yaml"
+    billing = fake_billing_section(sim, secret_access_key="${TEST_BILLING_SECRET}")
+    config.write_text(yaml.safe_dump({"billing": billing}))
+    result = invoke(monkeypatch, capsys, "backtest", "--config", str(config), "--from", first,
+                    env={"TEST_BILLING_SECRET": sim.secret_access_key})  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"inference-cost-exporter: backtest: {count} months from {first} to {current}: at most {MAX_MONTHS} at once"
     ]
     assert result.stdout == ""
-    assert sim.requests_served == {}

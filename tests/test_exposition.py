@@ -1,4 +1,7 @@
-"""The exposition: a golden file pins names, types and label names; the real promtool checks it."""
+"""The exposition: a golden file pins names, types and label names; the real promtool checks it.
+
+Its figures come from the simulator in process (tests/fakes.py: the billing API and the probe's chat
+answers), which report their calls as the HTTP clients do."""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import os
 import subprocess
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.alerts.engine import Engine
 from exporter.app.account import build_exposition
-from exporter.billing import BillingClient
 from exporter.config.load import validate
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
@@ -24,27 +25,28 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.metrics import exposition as exposition_module
 from exporter.metrics.alerts import AlertsCollector
 from exporter.model.snapshots import Latest
-from exporter.sim import Simulator, SimulatorServer
+from exporter.sim import Simulator
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
-from exporter.sources.probe import ProbeRunner
 from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.sources.usage import UsageSync
 from exporter.state import AlertStore, StateStore
-from tests.conftest import DATA, billing_section, require_binary
+from tests.conftest import DATA, require_binary
+from tests.daemon_fakes import NOWHERE, fake_billing_section
+from tests.fakes import FakeBilling, chat_runner
 
 GOLDEN = DATA / "exposition.golden"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
-def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> tuple[Config, Latest]:
+def full_latest(sim: Simulator, clock: Clock, frozen: FrozenClock) -> tuple[Config, Latest]:
     """Every metric family with samples: two days of usage (so the previous day is final), bills, budgets."""
     config = validate(
         {
-            "billing": billing_section(sim, server),
+            "billing": fake_billing_section(sim),
             "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
             "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"}],
-            "inference": {"url": server.url, "api_key": sim.api_key},
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
             "probes": [{"name": "chat-prod", "model": sim.endpoints[0].endpoint_id, "scenario": "thinking"}],
             "alerts": {
                 "rules": [{"alert": "UsageHigh", "signal": "requests", "by": ["model"], "threshold": 1,
@@ -57,32 +59,29 @@ def full_latest(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: F
         {},
     )  # fmt: skip
     latest = Latest()
-    with BillingClient.from_config(
-        config.billing, clock, latest.count_api_call, on_skew=latest.observe_clock_skew
-    ) as client:
-        usage = UsageSync(client, clock, StateStore(":memory:"), per_api_key=False, prices=config.prices)
-        sim.add_usage(300)
-        usage.refresh()
-        frozen.advance(dt.timedelta(days=1))
-        sim.add_usage(120)
-        latest.usage = usage.refresh()
-        latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
-        latest.bills = BillsSource(client, clock, 3).refresh()
-        latest.history = HistorySource(client, clock, StateStore(":memory:"), 2).refresh()
-        settled = SettledUsage(client, clock, StateStore(":memory:"), settle=6 * 3600, days_per_refresh=2,
-                               per_api_key=False).refresh(clock.today().replace(day=1))  # fmt: skip
-        latest.reconciliation = reconcile(latest.bills, settled, DEFAULT_ITEMS, config.prices)
-        latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
+    client = FakeBilling(sim, on_response=latest.count_api_call, on_skew=latest.observe_clock_skew, clock=clock)
+    usage = UsageSync(client, clock, StateStore(":memory:"), per_api_key=False, prices=config.prices)
+    sim.add_usage(300)
+    usage.refresh()
+    frozen.advance(dt.timedelta(days=1))
+    sim.add_usage(120)
+    latest.usage = usage.refresh()
+    latest.record("usage", success=True, at=frozen().timestamp(), duration=1.0)
+    latest.bills = BillsSource(client, clock, 3).refresh()
+    latest.history = HistorySource(client, clock, StateStore(":memory:"), 2).refresh()
+    settled = SettledUsage(client, clock, StateStore(":memory:"), settle=6 * 3600, days_per_refresh=2,
+                           per_api_key=False).refresh(clock.today().replace(day=1))  # fmt: skip
+    latest.reconciliation = reconcile(latest.bills, settled, DEFAULT_ITEMS, config.prices)
+    latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     assert config.inference is not None
-    runner = ProbeRunner(config.probes[0], config.inference)
-    latest.publish_probe(runner.run())
-    runner.close()
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.02  # a model that takes time to write: a decode rate
+    latest.publish_probe(chat_runner(sim, config.probes[0], config.inference).run())
     return config, latest
 
 
-def full_exposition(sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock) -> bytes:
+def full_exposition(sim: Simulator, clock: Clock, frozen: FrozenClock) -> bytes:
     """With an alert firing, so the alert families have samples too."""
-    config, latest = full_latest(sim, server, clock, frozen)
+    config, latest = full_latest(sim, clock, frozen)
     store = StateStore(":memory:")
     engine = Engine(
         config.alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills", "usage"], ["hook"]
@@ -103,20 +102,17 @@ def shape(exposition: bytes) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_exposition_matches_the_golden_shape(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
-) -> None:
-    got = shape(full_exposition(sim, server, clock, frozen))
+def test_exposition_matches_the_golden_shape(sim: Simulator, clock: Clock, frozen: FrozenClock) -> None:
+    got = shape(full_exposition(sim, clock, frozen))
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(got)
     assert got == GOLDEN.read_text(), "exposition changed; if intended, rerun with UPDATE_GOLDEN=1 and review the diff"
 
 
-def test_promtool_check_metrics_passes(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path
-) -> None:
+@pytest.mark.integration  # runs the promtool binary
+def test_promtool_check_metrics_passes(sim: Simulator, clock: Clock, frozen: FrozenClock) -> None:
     promtool = require_binary("promtool")
-    exposition = full_exposition(sim, server, clock, frozen)
+    exposition = full_exposition(sim, clock, frozen)
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.decode().strip() == ""
@@ -124,9 +120,9 @@ def test_promtool_check_metrics_passes(
 
 
 def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
+    sim: Simulator, clock: Clock, frozen: FrozenClock
 ) -> None:
-    config, latest = full_latest(sim, server, clock, frozen)
+    config, latest = full_latest(sim, clock, frozen)
     exposition = build_exposition(config, latest, clock)
 
     def fresh() -> bytes:
@@ -141,8 +137,7 @@ def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
 
     previous_bills = latest.bills
     sim.add_usage(5)
-    with BillingClient.from_config(config.billing, clock) as client:
-        latest.bills = BillsSource(client, clock, 3).refresh()
+    latest.bills = BillsSource(FakeBilling(sim), clock, 3).refresh()
     assert latest.bills is not previous_bills
     assert exposition.render()[0] == fresh()
 
@@ -190,10 +185,8 @@ def gunzip_one_member(body: bytes) -> bytes:
     return text
 
 
-def test_gzipped_exposition_is_one_member_holding_the_text(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
-) -> None:
-    config, latest = full_latest(sim, server, clock, frozen)
+def test_gzipped_exposition_is_one_member_holding_the_text(sim: Simulator, clock: Clock, frozen: FrozenClock) -> None:
+    config, latest = full_latest(sim, clock, frozen)
     exposition = build_exposition(config, latest, clock)
     for accept in ("", OPENMETRICS):
         text, content_type = exposition.render(accept)
@@ -205,9 +198,9 @@ def test_gzipped_exposition_is_one_member_holding_the_text(
 
 
 def test_a_gzipped_scrape_compresses_only_the_blocks_whose_snapshot_changed(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, monkeypatch: pytest.MonkeyPatch
+    sim: Simulator, clock: Clock, frozen: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config, latest = full_latest(sim, server, clock, frozen)
+    config, latest = full_latest(sim, clock, frozen)
     exposition = build_exposition(config, latest, clock)
     deflate, deflated = exposition_module.deflate, []
     monkeypatch.setattr(exposition_module, "deflate", lambda text: deflated.append(text) or deflate(text))
@@ -224,8 +217,7 @@ def test_a_gzipped_scrape_compresses_only_the_blocks_whose_snapshot_changed(
     assert b"inference_exporter_build_info" in health
 
     sim.add_usage(5)
-    with BillingClient.from_config(config.billing, clock) as client:
-        latest.bills = BillsSource(client, clock, 3).refresh()
+    latest.bills = BillsSource(FakeBilling(sim), clock, 3).refresh()
     bills, budgets, health = compressed()  # the budget figures are worked out from the bills
     assert bills.startswith(b"# HELP inference_bill_")
     assert budgets.startswith(b"# HELP inference_budget_")

@@ -3,23 +3,33 @@
 Whatever the API or the network does, the daemon keeps serving the last good figures with the
 source's success gauge at 0, counters never go down, the error is logged once per change of
 state (not once per retry), and the first refresh after the fault clears is right again.
+
+The faults that change what a listing says, and the chat API's answers to the probe, run on the
+daemon with the simulator in process (tests/daemon_fakes.py, tests/fakes.py); those of the wire
+(the billing API's statuses, which its client retries, timeouts, resets, bodies that are not JSON)
+against the simulator over HTTP.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from exporter.app import account
 from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SimulatorServer
+from exporter.sim.chat_api import WIRE_FAULTS
 from tests.conftest import SHANGHAI, billing_section
+from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, unit_daemon
+from tests.fakes import chat_runner
 from tests.helpers import Series, logged, named, scrape, value
 
 FAST = RetryPolicy(attempts=3, backoff=0.001, sleep=lambda s: None)
@@ -48,22 +58,45 @@ PROBE_FAULTS = (
     "reset_mid_body",
     "malformed_json",
 )
-CASES = [(fault, source) for fault in FAULTS for source in ("bills", "usage")] + [
-    (fault, PROBE) for fault in PROBE_FAULTS
+CONTENT = ("total_mismatch", "non_numeric_amount")
+"""The faults that change what a listing says (the in-process fake applies them as the server does)."""
+CHAT_WIRE = tuple(fault for fault in PROBE_FAULTS if FAULTS[fault].kind in WIRE_FAULTS)
+"""The probe's faults that need a connection; the chat API gives the others in process."""
+CASES = [(fault, source) for fault in FAULTS if fault not in CONTENT for source in ("bills", "usage")] + [
+    (fault, PROBE) for fault in CHAT_WIRE
 ]
+UNIT_CASES = [(fault, source) for fault in CONTENT for source in ("bills", "usage")] + [
+    (fault, PROBE) for fault in PROBE_FAULTS if fault not in CHAT_WIRE
+]
+
+
+def document(sim: Simulator, billing: dict[str, object], inference: str, tmp_path: Path) -> dict[str, object]:
+    return {
+        "billing": billing,
+        "inference": {"url": inference, "api_key": sim.api_key},
+        "probes": [{"name": "chat", "model": sim.endpoints[0].endpoint_id, "timeout": "400ms"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
 
 
 @pytest.fixture
 def daemon(sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path) -> Iterator[Daemon]:
     sim.add_usage(1234)
-    document = {
-        "billing": billing_section(sim, server, timeout="400ms", page_size=200),
-        "inference": {"url": server.url, "api_key": sim.api_key},
-        "probes": [{"name": "chat", "model": sim.endpoints[0].endpoint_id, "timeout": "400ms"}],
-        "state": {"path": str(tmp_path / "state.db")},
-    }
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    billing = billing_section(sim, server, timeout="400ms", page_size=200)
+    daemon = Daemon(validate(document(sim, billing, server.url, tmp_path), {}), clock=clock, listen="127.0.0.1:0",
+                    retry=FAST)  # fmt: skip
     daemon.start(schedule=False)
+    yield daemon
+    daemon.stop(grace=5)
+
+
+@pytest.fixture
+def unit(sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """`daemon` in the unit layer: its billing API and its probe's chat answered by `sim` in process, no server."""
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    sim.add_usage(1234)
+    billing = fake_billing_section(sim, timeout="400ms", page_size=200)
+    daemon = unit_daemon(validate(document(sim, billing, NOWHERE, tmp_path), {}), sim, clock)
     yield daemon
     daemon.stop(grace=5)
 
@@ -89,8 +122,22 @@ def refresh_all(daemon: Daemon) -> None:
 @pytest.mark.parametrize(("fault_name", "source"), CASES, ids=[f"{f}-{s}" for f, s in CASES])
 def test_fault(daemon: Daemon, sim: Simulator, fault_name: str, source: str, caplog: pytest.LogCaptureFixture) -> None:
     url = daemon.server.url
+    check_fault(daemon, sim, fault_name, source, caplog, lambda: scrape(url))
+
+
+@pytest.mark.parametrize(("fault_name", "source"), UNIT_CASES, ids=[f"{f}-{s}" for f, s in UNIT_CASES])
+def test_fault_in_process(
+    unit: Daemon, sim: Simulator, fault_name: str, source: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    check_fault(unit, sim, fault_name, source, caplog, lambda: metrics(unit))
+
+
+def check_fault(
+    daemon: Daemon, sim: Simulator, fault_name: str, source: str, caplog: pytest.LogCaptureFixture,
+    exposition: Callable[[], Series],
+) -> None:  # fmt: skip
     refresh_all(daemon)
-    before = scrape(url)
+    before = exposition()
     fault = FAULTS[fault_name]
     path = CHAT if source == PROBE else BILLING_PATHS[source]
     sim.inject(Fault(fault.kind, path, times=10_000, status=fault.status, retry_after=fault.retry_after,
@@ -101,7 +148,7 @@ def test_fault(daemon: Daemon, sim: Simulator, fault_name: str, source: str, cap
     for _ in range(3):
         refreshed = daemon.refresh(source)
         assert refreshed == (source == PROBE)  # a probe run that finds the endpoint failing is still a run
-    during = scrape(url)
+    during = exposition()
     assert figures(during) == figures(before)  # the last good figures, unchanged
     if source == PROBE:
         assert value(during, "inference_probe_success", probe="chat", endpoint_id=sim.endpoints[0].endpoint_id,
@@ -118,7 +165,7 @@ def test_fault(daemon: Daemon, sim: Simulator, fault_name: str, source: str, cap
 
     sim.clear_faults()
     assert daemon.refresh(source)
-    after = scrape(url)
+    after = exposition()
     if source == PROBE:
         assert value(after, "inference_probe_success", probe="chat", endpoint_id=sim.endpoints[0].endpoint_id,
                      scenario="chat") == 1  # fmt: skip

@@ -1,6 +1,6 @@
 """Past months of daily bills: fetched once a billing day, kept in the state file, never read as
 zero spend when the API refuses a month or lists nothing for it. On the simulator's ledger in
-process (tests/fakes.py), but for a refusal, which is injected on the wire."""
+process (tests/fakes.py), which answers an injected refusal as the server does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from exporter.billing import BillingClient, BillingError
+from exporter.billing import BillingError
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
 from exporter.model.forecast import forecast
 from exporter.sim import Fault, Simulator, SpendModel
@@ -70,12 +70,12 @@ def test_months_are_fetched_once_a_billing_day_and_kept_across_a_restart(
 
 
 def test_a_month_the_api_refuses_is_skipped_never_zero(
-    modelled: Simulator, client: BillingClient, clock: Clock, store: StateStore, frozen: FrozenClock,
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     caplog.set_level(logging.WARNING)
     modelled.inject(Fault("status", BILLS, status=403))  # the first request: the oldest month's
-    history = HistorySource(client, clock, store, months=3).refresh()
+    history = HistorySource(fake, clock, store, months=3).refresh()
     assert list(history.months) == ["2026-09", "2026-10"]
     assert history.item_days("2026-08") is None
     (skipped,) = logged(caplog.records, "history month skipped", period="2026-08")
@@ -85,10 +85,10 @@ def test_a_month_the_api_refuses_is_skipped_never_zero(
     modelled.inject(Fault("status", BILLS, status=403, times=100))
     frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI))  # the next day: every month is due again
     with pytest.raises(BillingError):  # every month tried failed: the refresh fails, honestly
-        HistorySource(client, clock, store, months=3).refresh()
+        HistorySource(fake, clock, store, months=3).refresh()
     assert {row[0]: row[4] for row in store.load_history()}["2026-10"] == "2026-11-22"  # the copy was kept
     modelled.clear_faults()
-    assert HistorySource(client, clock, store, months=3).refresh().months["2026-10"].by_item == kept.by_item
+    assert HistorySource(fake, clock, store, months=3).refresh().months["2026-10"].by_item == kept.by_item
 
 
 def test_a_month_before_the_account_opened_is_absent(
@@ -124,12 +124,12 @@ def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
 
 
 def test_a_month_listing_nothing_is_asked_once_a_day_and_a_refused_one_an_hour_later(
-    sim: Simulator, client: BillingClient, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+    sim: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from exporter.sources import history as module
 
     sim.spend = SpendModel(start=dt.date(2026, 10, 1))  # August and September list nothing
-    source = HistorySource(client, clock, store, months=3)
+    source = HistorySource(fake, clock, store, months=3)
     source.refresh()
     before = served(sim)
     source.refresh()

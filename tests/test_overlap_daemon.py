@@ -2,7 +2,11 @@
 refresh, a receiver that drips its answer beside a healthy one, thousands of alerts at once.
 
 Every case asks two questions: are the figures right afterwards (against the simulator), and did
-the freshness gauges tell the truth throughout (a watcher scrapes all along).
+the freshness gauges tell the truth throughout (a watcher scrapes all along). What the daemon
+decides (alerts grouped, resolved, prices and probes changed by a reload, a state file that turns
+read-only) runs on the daemon with the simulator in process (tests/daemon_fakes.py), read from its
+exposition and its outbox; what the wire does (a reload mid-fetch with the real client, receivers
+that drip or redirect, deliveries, a notifier's new type) over HTTP.
 """
 
 from __future__ import annotations
@@ -12,18 +16,25 @@ import logging
 import threading
 import time
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
+from exporter.app import account
 from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
-from exporter.config.load import validate
+from exporter.config.load import ConfigError, validate
 from exporter.core.clock import Clock
-from exporter.sim import ITEMS, Endpoint, Simulator, SimulatorServer
+from exporter.notifiers.pagerduty import pagerduty_payload
+from exporter.notifiers.slack import slack_payload
+from exporter.notifiers.webhook import webhook_payload
+from exporter.sim import ITEMS, Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, billing_section
+from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, statuses, told, unit_daemon
+from tests.fakes import chat_runner
 from tests.helpers import DripReceiver, Receiver, logged, named, scrape, value, wait_for
 
 FAST = RetryPolicy(attempts=2, backoff=0.01, sleep=lambda s: None)
@@ -90,10 +101,15 @@ def slow_sim(sim: Simulator) -> Simulator:
     return sim
 
 
-def reload_document(sim: Simulator, server: SimulatorServer, tmp_path: Path, **billing: object) -> dict:
+def section(sim: Simulator, server: SimulatorServer | None, **overrides: object) -> dict[str, object]:
+    """The billing section on `server`; without one, the unit layer's (the billing API in process)."""
+    return billing_section(sim, server, **overrides) if server is not None else fake_billing_section(sim, **overrides)
+
+
+def reload_document(sim: Simulator, server: SimulatorServer | None, tmp_path: Path, **billing: object) -> dict:
     return {
         # Intervals of an hour: after the first runs, only a reload's "run again now" refreshes a source.
-        "billing": billing_section(sim, server, page_size=100, concurrency=2, usage_interval="1h", bills_interval="1h")
+        "billing": section(sim, server, page_size=100, concurrency=2, usage_interval="1h", bills_interval="1h")
         | billing,
         "budgets": [{"name": "monthly", "amount": "20000"}],
         "state": {"path": str(tmp_path / "state.db")},
@@ -192,10 +208,10 @@ def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stan
 
 
 def alerting_document(
-    sim: Simulator, server: SimulatorServer, tmp_path: Path, notifiers: list[dict], **rule: object
+    sim: Simulator, server: SimulatorServer | None, tmp_path: Path, notifiers: list[dict], **rule: object
 ) -> dict:
     return {
-        "billing": billing_section(sim, server, usage_interval="200ms", bills_interval="300ms", page_size=100),
+        "billing": section(sim, server, usage_interval="200ms", bills_interval="300ms", page_size=100),
         "state": {"path": str(tmp_path / "state.db")},
         "alerts": {
             "evaluation_interval": "200ms",
@@ -249,31 +265,36 @@ def test_a_dripping_receiver_delays_only_itself(
     assert failures[0].fields["reason"] == "no complete answer within 1s"  # type: ignore[attr-defined]
 
 
-def test_thousands_of_alerts_are_one_message_per_rule_and_change(
-    server: SimulatorServer, sim: Simulator, clock: Clock, tmp_path: Path, receiver: Receiver
-) -> None:
+def posted(daemon: Daemon) -> tuple[list[dict], list[dict], list[dict]]:
+    """What the webhook `hook`, the Slack `chat` and the PagerDuty `pager` notifiers are to post,
+    read from their outboxes (nothing for PagerDuty where it has nothing to be told)."""
+    hook = [webhook_payload(event, "hook", "", "") for event in told(daemon, "hook")]
+    slack = [slack_payload(event, "") for event in told(daemon, "chat")]
+    pager = [body for event in told(daemon, "pager") if (body := pagerduty_payload(event, "rk", "")) is not None]
+    return hook, slack, pager
+
+
+def test_thousands_of_alerts_are_one_message_per_rule_and_change(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     sim.endpoints = tuple(Endpoint(f"ep-{n:05d}", "model-a", "proj-main") for n in range(1200))
     notifiers = [
-        {"name": "hook", "type": "webhook", "url": f"{receiver.url}/hook"},
-        {"name": "chat", "type": "slack", "url": f"{receiver.url}/slack"},
-        {"name": "pager", "type": "pagerduty", "routing_key": "rk", "url": f"{receiver.url}/pd"},
+        {"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"},
+        {"name": "chat", "type": "slack", "url": f"{NOWHERE}/slack"},
+        {"name": "pager", "type": "pagerduty", "routing_key": "rk", "url": f"{NOWHERE}/pd"},
     ]
-    document = alerting_document(sim, server, tmp_path, notifiers)
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
-    daemon.start(schedule=False)
+    daemon = unit_daemon(validate(alerting_document(sim, None, tmp_path, notifiers), {}), sim, clock)
     try:
         assert daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        (hook,) = receiver.bodies("/hook")
+        hooks, slacks, pagers = posted(daemon)
+        (hook,) = hooks
         assert hook["status"] == "firing"
         assert len(hook["alerts"]) == 100
         assert hook["truncatedAlerts"] == 1100
         assert hook["commonLabels"] == {"alertname": "SpendHigh"}
-        (slack,) = receiver.bodies("/slack")
+        (slack,) = slacks
         assert slack["text"] == "[FIRING] SpendHigh: 1200 alerts"
         assert "and 1190 more" in slack["blocks"][0]["text"]["text"]
-        (pager,) = receiver.bodies("/pd")
+        (pager,) = pagers
         assert pager["event_action"] == "trigger"
         assert pager["payload"]["custom_details"]["total"] == 1200
 
@@ -282,23 +303,22 @@ def test_thousands_of_alerts_are_one_message_per_rule_and_change(
                 sim.revise_bill(clock.today(), endpoint.endpoint_id, item, Decimal(0))
         assert daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        resolved = receiver.bodies("/hook")[1:]
+        hooks, slacks, pagers = posted(daemon)
+        resolved = hooks[1:]
         assert [(b["status"], b["truncatedAlerts"] + len(b["alerts"])) for b in resolved] == [("resolved", 700)]
-        assert len(receiver.bodies("/slack")) == 2
-        assert len(receiver.bodies("/pd")) == 1  # the incident stays open: 500 alerts still fire
+        assert len(slacks) == 2
+        assert len(pagers) == 1  # the incident stays open: 500 alerts still fire
 
         for endpoint in sim.endpoints[700:]:
             for item in ITEMS:
                 sim.revise_bill(clock.today(), endpoint.endpoint_id, item, Decimal(0))
         assert daemon.refresh("bills")
         daemon.alert_cycle()
-        daemon.deliver()
-        last = receiver.bodies("/pd")[-1]
+        hooks, _, pagers = posted(daemon)
+        last = pagers[-1]
         assert (last["event_action"], last["dedup_key"]) == ("resolve", pager["dedup_key"])
-        assert len(receiver.bodies("/hook")) == 3
-        series = scrape(daemon.server.url)
-        assert value(series, "inference_alert_notifications_total", notifier="hook") == 3
+        assert len(hooks) == 3
+        assert value(metrics(daemon), "inference_alert_notifications_pending", notifier="hook") == 3
     finally:
         daemon.stop()
 
@@ -330,80 +350,68 @@ def test_a_redirect_is_a_failure_that_names_the_location(
     assert line.fields["reason"].startswith("HTTP 302 (redirect to http://127.0.0.1:9/elsewhere")  # type: ignore[attr-defined]
 
 
-def probe_document(
-    sim: Simulator, server: SimulatorServer, tmp_path: Path, probes: list[str], receiver: Receiver
-) -> dict:
+def probe_document(sim: Simulator, tmp_path: Path, probes: list[str]) -> dict:
+    """The unit layer's: the billing API and the probes' chat answered in process (`chat_runner`)."""
     return {
-        "billing": billing_section(sim, server),
-        "inference": {"url": server.url, "api_key": sim.api_key},
+        "billing": fake_billing_section(sim),
+        "inference": {"url": NOWHERE, "api_key": sim.api_key},
         "probes": [{"name": name, "model": sim.endpoints[0].endpoint_id, "interval": "1h"} for name in probes],
         "state": {"path": str(tmp_path / "state.db")},
         "alerts": {
             "rules": [{"alert": "ProbeDown", "signal": "probe_success", "by": ["probe"], "op": "<", "threshold": 1}],
-            "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}],
+            "notifiers": [{"name": "hook", "type": "webhook", "url": NOWHERE}],
         },
     }
 
 
 def test_an_alert_whose_probe_is_removed_resolves(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from exporter.sim import Fault
-
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))  # the daemon's probes, in process
     path = tmp_path / "config.yaml"
-    document = probe_document(sim, server, tmp_path, ["broken", "fine"], receiver)
+    document = probe_document(sim, tmp_path, ["broken", "fine"])
     write(path, document)
-    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0")
-    daemon.start(schedule=False)
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
     try:
         sim.inject(Fault("status", "/v1/chat/completions", status=503))
         assert daemon.refresh("probe:broken")
         assert daemon.refresh("probe:fine")
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [(b["status"], b["alerts"][0]["labels"]["probe"]) for b in receiver.bodies()] == [("firing", "broken")]
-        write(path, probe_document(sim, server, tmp_path, ["fine"], receiver))
+        assert [(e["status"], e["alerts"][0]["labels"]["probe"]) for e in told(daemon)] == [("firing", "broken")]
+        write(path, probe_document(sim, tmp_path, ["fine"]))
         assert daemon.reload()
         daemon.alert_cycle()
-        daemon.deliver()
-        assert [b["status"] for b in receiver.bodies()] == ["firing", "resolved"]
-        assert named(scrape(daemon.server.url), "inference_alerts") == {}
+        assert statuses(daemon) == ["firing", "resolved"]
+        assert named(metrics(daemon), "inference_alerts") == {}
     finally:
         daemon.stop()
 
 
-def test_a_probe_rule_with_no_probe_left_is_refused(
-    sim: Simulator, server: SimulatorServer, tmp_path: Path, receiver: Receiver
-) -> None:
-    from exporter.config.load import ConfigError
-
+def test_a_probe_rule_with_no_probe_left_is_refused(sim: Simulator, tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError, match=r"alerts.rules\[0\].signal \(alert ProbeDown\): signal 'probe_success' needs a"
     ):
-        validate(probe_document(sim, server, tmp_path, [], receiver), {})
-    document = probe_document(sim, server, tmp_path, ["fine"], receiver)
+        validate(probe_document(sim, tmp_path, []), {})
+    document = probe_document(sim, tmp_path, ["fine"])
     document["alerts"]["rules"][0]["where"] = {"probe": "fien"}
     with pytest.raises(ConfigError, match=r"where.probe \(alert ProbeDown\): 'fien' matches nothing \(known: fine\)"):
         validate(document, {})
 
 
 def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    sim: Simulator, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim.add_usage(300)
-    document = reload_document(sim, server, tmp_path)
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon = unit_daemon(validate(reload_document(sim, None, tmp_path), {}), sim, clock)
     caplog.set_level(logging.INFO, logger="exporter.app")
-    daemon.start(schedule=False)
     try:
-        url = daemon.server.url
         assert daemon.refresh("usage")
         daemon.alert_cycle()
-        assert value(scrape(url), "inference_exporter_state_write_success") == 1
+        assert value(metrics(daemon), "inference_exporter_state_write_success") == 1
         daemon.state._db.execute("PRAGMA query_only = ON")  # as a file turned read-only would answer
         sim.add_usage(20)
         assert not daemon.refresh("usage")
-        series = scrape(url)
+        series = metrics(daemon)
         assert value(series, "inference_exporter_state_write_success") == 0
         assert value(series, "inference_exporter_refresh_success", source="usage") == 0
         assert sum(named(series, "inference_usage_requests_total").values()) == 300  # the last good figures
@@ -411,7 +419,7 @@ def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
         assert f"state file {tmp_path / 'state.db'} is read-only" in error
         daemon.state._db.execute("PRAGMA query_only = OFF")
         assert daemon.refresh("usage")
-        series = scrape(url)
+        series = metrics(daemon)
         assert value(series, "inference_exporter_state_write_success") == 1
         assert sum(named(series, "inference_usage_requests_total").values()) == 320
         assert value(series, "inference_exporter_usage_resyncs_total") == 0  # it went on where it had stopped
@@ -468,20 +476,19 @@ def test_a_notifier_that_changes_type_on_reload_delivers_as_its_new_type(
 
 
 def test_new_prices_apply_at_once_on_reload_to_what_is_counted_next(
-    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+    sim: Simulator, clock: Clock, tmp_path: Path
 ) -> None:
     """The counter keeps what it counted at the old prices (it never goes down); the records
     counted after the reload are priced with the new ones, with no refresh needed to take them."""
     sim.add_usage(200)
     path = tmp_path / "config.yaml"
     prices = [{"model": m, "prompt_per_million": "1", "completion_per_million": "2"} for m in ("model-a", "model-b")]
-    document = reload_document(sim, server, tmp_path) | {"prices": prices}
+    document = reload_document(sim, None, tmp_path) | {"prices": prices}
     write(path, document)
-    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, listen="127.0.0.1:0")
-    daemon.start(schedule=False)
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
 
     def sample() -> tuple[dict, dict, dict]:
-        series = scrape(daemon.server.url)
+        series = metrics(daemon)
         return (
             named(series, "inference_usage_estimated_payable_amount_total"),
             named(series, "inference_usage_prompt_tokens_total"),

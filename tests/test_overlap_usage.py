@@ -1,7 +1,10 @@
 """Usage sync when the list changes while it is being read: appends in both orders, repeated ids.
 
 Each case checks the figures against the simulator afterwards: every request counted exactly
-once, none missed, whatever the timing of the change.
+once, none missed, whatever the timing of the change. The sync's logic runs on the in-process fake
+(tests/fakes.py), which hands a parallel read's pages over last first (the interleaving furthest
+from the wire's); over HTTP, one case of each change made while pages are read in parallel, and
+what only the real client does (closing it ends a read).
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from pathlib import Path
 import pytest
 from requests.auth import AuthBase
 
-from exporter.billing import BillingClient, ClientClosed, RecordError
+from exporter.billing import BillingAPI, BillingClient, ClientClosed, RecordError
 from exporter.core.clock import Clock
 from exporter.sim import Simulator
 from exporter.sources.usage import SeenIds, UsageSync
 from exporter.state import StateStore
 from tests.conftest import PAGE
+from tests.fakes import FakeBilling
 from tests.test_usage_sync import PageCounter, as_truth
 
 
@@ -35,22 +39,13 @@ def append_when_served(sim: Simulator, page: int, count: int) -> None:
     sim.before_usage_page = hook
 
 
-@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
-@pytest.mark.parametrize("during", ["first", "incremental"])
-@pytest.mark.parametrize("page", [2, 5, 9])
-def test_records_arriving_during_a_parallel_read_are_counted_once(
-    sim: Simulator,
-    small_pages: BillingClient,
-    clock: Clock,
-    store: StateStore,
-    newest_first: bool,
-    during: str,
-    page: int,
+def records_arriving(
+    sim: Simulator, api: BillingAPI, clock: Clock, store: StateStore, newest_first: bool, during: str, page: int
 ) -> None:
     if newest_first:
         sim.list_newest_first()
     sim.add_usage(850)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(api, clock, store, per_api_key=False)
     if during == "incremental":
         sync.refresh()
         sim.add_usage(600)  # the next poll reads pages 9 to 15 in parallel (oldest first)
@@ -68,12 +63,28 @@ def test_records_arriving_during_a_parallel_read_are_counted_once(
     assert as_truth(again) == sim.usage_totals()
 
 
-def test_a_request_the_api_lists_twice_is_counted_once(
+@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
+@pytest.mark.parametrize("during", ["first", "incremental"])
+@pytest.mark.parametrize("page", [2, 5, 9])
+def test_records_arriving_during_a_parallel_read_are_counted_once(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, newest_first: bool, during: str,
+    page: int,
+) -> None:  # fmt: skip
+    records_arriving(sim, fake_pages, clock, store, newest_first, during, page)
+
+
+def test_records_arriving_during_a_parallel_read_over_http_are_counted_once(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    records_arriving(sim, small_pages, clock, store, newest_first=False, during="incremental", page=5)
+
+
+def test_a_request_the_api_lists_twice_is_counted_once(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(730)
     sim.repeat_usage(position=120, at=455)  # the same request on page 2 and on page 5; `total` counts both
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     snapshot = sync.refresh()
     assert snapshot.records == 730
     assert as_truth(snapshot) == sim.usage_totals(distinct=True)
@@ -87,10 +98,10 @@ def test_a_request_the_api_lists_twice_is_counted_once(
 
 
 def test_a_new_record_repeating_a_counted_id_is_counted_once(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(300)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     sync.refresh()
     sim.add_usage(10)
     sim.repeat_usage(position=5, at=305)  # an old request listed again among the new ones
@@ -99,19 +110,17 @@ def test_a_new_record_repeating_a_counted_id_is_counted_once(
     assert as_truth(snapshot) == sim.usage_totals(distinct=True)
 
 
-def test_the_ids_seen_survive_a_restart(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path
-) -> None:
+def test_the_ids_seen_survive_a_restart(sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path) -> None:
     sim.add_usage(420)
     store = StateStore(tmp_path / "state.db")
-    UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    UsageSync(fake_pages, clock, store, per_api_key=False).refresh()
     store.close()
     sim.add_usage(10)
     sim.repeat_usage(position=3, at=425)  # a request counted before the restart, listed again after it
     reopened = StateStore(tmp_path / "state.db")
     try:
         counter = PageCounter(sim)
-        snapshot = UsageSync(small_pages, clock, reopened, per_api_key=False).refresh()
+        snapshot = UsageSync(fake_pages, clock, reopened, per_api_key=False).refresh()
     finally:
         reopened.close()
     assert snapshot.records == 430
@@ -119,18 +128,14 @@ def test_the_ids_seen_survive_a_restart(
     assert counter.pages == 1  # and the poll went on where it stopped
 
 
-@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
-@pytest.mark.parametrize("at", [350, 50])
-def test_a_list_that_keeps_moving_mid_list_is_counted_right_or_not_at_all(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, newest_first: bool, at: int
-) -> None:
+def keeps_moving(sim: Simulator, api: BillingAPI, clock: Clock, store: StateStore, newest_first: bool, at: int) -> None:
     if newest_first:
         sim.list_newest_first()
     sim.add_usage(600)
     sim.before_usage_page = lambda page_num: sim.insert_usage(3, at=at) if page_num == 4 else None  # every read
     failure = ""
     try:
-        snapshot = UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+        snapshot = UsageSync(api, clock, store, per_api_key=False).refresh()
     except RecordError as error:
         failure = str(error)
     if failure:
@@ -139,15 +144,29 @@ def test_a_list_that_keeps_moving_mid_list_is_counted_right_or_not_at_all(
         assert as_truth(snapshot) == sim.usage_totals()
 
 
-def test_a_newest_first_list_gaining_records_on_every_read_is_counted_as_its_first_page_showed_it(
+@pytest.mark.parametrize("newest_first", [False, True], ids=["oldest-first", "newest-first"])
+@pytest.mark.parametrize("at", [350, 50])
+def test_a_list_that_keeps_moving_mid_list_is_counted_right_or_not_at_all(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, newest_first: bool, at: int
+) -> None:
+    keeps_moving(sim, fake_pages, clock, store, newest_first, at)
+
+
+def test_a_list_that_keeps_moving_mid_list_over_http_is_counted_right_or_not_at_all(
     sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    keeps_moving(sim, small_pages, clock, store, newest_first=False, at=350)
+
+
+def test_a_newest_first_list_gaining_records_on_every_read_is_counted_as_its_first_page_showed_it(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     """Records arriving at the head while pages are read in parallel shift every page read
     after them: each page is placed where the first page saw its records, and the records that
     arrived are left to the next poll."""
     sim.list_newest_first()
     sim.add_usage(600)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     sync.refresh()
     sim.add_usage(700)
     sync.refresh()  # learns the order from the head
@@ -178,10 +197,7 @@ def test_seen_ids_remember_exactly_what_was_added() -> None:
     assert restored.add("req-only-in-the-copy")  # the copy is its own
 
 
-@pytest.mark.parametrize("page", [3, 7])
-def test_a_change_at_the_head_during_a_parallel_read_is_caught(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, page: int
-) -> None:
+def head_change(sim: Simulator, api: BillingAPI, clock: Clock, store: StateStore, page: int) -> None:
     """Newest first: one record goes and a new one arrives at the head while later pages are read.
     `total` is unchanged, nothing repeats, nothing else moves: only reading the first page again
     shows that the list changed (the new record would be missed, the gone one counted)."""
@@ -196,10 +212,23 @@ def test_a_change_at_the_head_during_a_parallel_read_is_caught(
             sim.add_usage(1)
 
     sim.before_usage_page = replace_head_once
-    snapshot = UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    snapshot = UsageSync(api, clock, store, per_api_key=False).refresh()
     assert fired
     assert snapshot.records == 950
     assert as_truth(snapshot) == sim.usage_totals()
+
+
+@pytest.mark.parametrize("page", [3, 7])
+def test_a_change_at_the_head_during_a_parallel_read_is_caught(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, page: int
+) -> None:
+    head_change(sim, fake_pages, clock, store, page)
+
+
+def test_a_change_at_the_head_during_a_parallel_read_over_http_is_caught(
+    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    head_change(sim, small_pages, clock, store, page=3)
 
 
 def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) -> None:
@@ -234,10 +263,10 @@ def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) ->
 
 
 def test_a_repeat_within_one_page_costs_no_full_read(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     sim.add_usage(250)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     sync.refresh()
     sim.add_usage(6)
     sim.repeat_usage(position=3, at=255)  # on page 3, where the poll starts: nothing can have shifted
@@ -250,7 +279,7 @@ def test_a_repeat_within_one_page_costs_no_full_read(
 
 
 def test_an_api_that_keeps_listing_new_repeats_is_still_read(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     """Each read of the day finds the repeats of the read before, and a new one (a live day)."""
     sim.add_usage(900)
@@ -263,7 +292,7 @@ def test_an_api_that_keeps_listing_new_repeats_is_still_read(
             sim.repeat_usage(position=20 + len(added), at=800)
 
     sim.before_usage_page = one_more_repeat
-    snapshot = UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    snapshot = UsageSync(fake_pages, clock, store, per_api_key=False).refresh()
     assert len(added) >= 2
     sim.before_usage_page = None
     assert as_truth(snapshot) == sim.usage_totals(distinct=True)
@@ -271,18 +300,18 @@ def test_an_api_that_keeps_listing_new_repeats_is_still_read(
 
 @pytest.mark.parametrize("ids", [b"", b"\x01\x02\x03"], ids=["saved-without-ids", "damaged-ids"])
 def test_a_day_saved_without_its_ids_is_read_afresh(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, tmp_path: Path, ids: bytes
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path, ids: bytes
 ) -> None:
     sim.add_usage(420)
     store = StateStore(tmp_path / "state.db")
-    UsageSync(small_pages, clock, store, per_api_key=False).refresh()
+    UsageSync(fake_pages, clock, store, per_api_key=False).refresh()
     with store.transaction() as db:  # as an older version left it, or a damaged blob
         db.execute("UPDATE usage_ids SET ids = ?", (ids,))
     store.close()
     sim.repeat_usage(position=3, at=420)  # a request counted before, listed again
     reopened = StateStore(tmp_path / "state.db")
     try:
-        snapshot = UsageSync(small_pages, clock, reopened, per_api_key=False).refresh()
+        snapshot = UsageSync(fake_pages, clock, reopened, per_api_key=False).refresh()
     finally:
         reopened.close()
     assert snapshot.records == 420
@@ -290,7 +319,7 @@ def test_a_day_saved_without_its_ids_is_read_afresh(
 
 
 def test_a_newest_first_day_busier_than_a_page_per_read_is_read_from_the_first_refresh(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     """More than a page of records arrives during every read: the first page read again cannot
     show the list shifting (it shifted by more than a page), so the read in the order assumed
@@ -298,7 +327,7 @@ def test_a_newest_first_day_busier_than_a_page_per_read_is_read_from_the_first_r
     sim.newest_first = True
     sim.add_usage(1234)
     sim.before_usage_page = lambda page_num: sim.add_usage(120) if page_num == 5 else None
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     snapshot = sync.refresh()
     assert sync.newest_first
     # The list as one read's first page showed it: the records before some arrival, each once.
@@ -309,13 +338,13 @@ def test_a_newest_first_day_busier_than_a_page_per_read_is_read_from_the_first_r
 
 
 def test_an_order_learnt_from_a_late_record_at_the_head_is_unlearnt_at_the_cost_of_one_full_read(
-    sim: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
     """Oldest first, a late record landing at the head looks like one new record of a list shown
     newest first. The next records at the end show otherwise: one full read, and polls are
     incremental again."""
     sim.add_usage(1234)
-    sync = UsageSync(small_pages, clock, store, per_api_key=False)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
     sync.refresh()
     sim.add_usage(20)
     sync.refresh()

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -23,6 +22,7 @@ from exporter.model.snapshots import ProbeRun, ProbeSnapshot
 from exporter.sim import Fault, Simulator
 from exporter.sources.probe import REASONS, Measurement, ProbeFailure, ProbeRunner, answer_cap, sse_events, timeouts
 from exporter.sources.probe_answer import MAX_LINE_BYTES
+from tests.fakes import InProcessChat, Ticks
 from tests.helpers import logged
 
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
@@ -42,63 +42,9 @@ def configs(
     return config.probes[0], config.inference
 
 
-class Ticks:
-    """The runner's clock in the unit layer: it moves only when an answer pauses, never by itself."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 CUTS = ("as written", "split", "coalesced")
 """How a body arrives in pieces: one per write of the server; each write in pieces of a few bytes
 (segments); the writes of one moment in one piece (a read that found them all there)."""
-
-
-class InProcessChat:
-    """The simulator's chat API in process, behind the probe's `ChatTransport`: its answers, faults
-    and pauses as over HTTP (`Simulator.chat_exchange`), each pause passing on `clock`. A pause
-    longer than the run's read timeout ends the wait that much later, as a socket's timeout would:
-    before the headers as `HTTPChat`'s ProbeFailure, in the body as TimeoutError."""
-
-    def __init__(self, sim: Simulator, probe: ProbeConfig, clock: Ticks, api_key: str, cut: str = "as written") -> None:
-        self.sim, self.clock, self.api_key, self.cut = sim, clock, api_key, cut
-        self.read_timeout = timeouts(probe)[1]
-
-    def close(self) -> None:
-        """Nothing to release: no connections."""
-
-    @contextmanager
-    def post(self, body: dict[str, Any]) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
-        reply = self.sim.chat_exchange(json.dumps(body).encode(), f"Bearer {self.api_key}")
-        if reply.events is None:
-            self._wait(reply.wait, ProbeFailure("timeout_first_token", "no response headers in time"))
-            yield reply.status, self._arrivals([(0.0, reply.body)] if reply.body else [])
-        else:
-            yield reply.status, self._arrivals(reply.events)
-
-    def _wait(self, pause: float, timeout: Exception) -> None:
-        if pause > self.read_timeout:
-            self.clock.now += self.read_timeout
-            raise timeout
-        self.clock.now += pause
-
-    def _arrivals(self, writes: Sequence[tuple[float, bytes]]) -> Iterator[tuple[bytes, float]]:
-        if self.cut == "coalesced":
-            merged: list[tuple[float, bytes]] = []
-            for pause, data in writes:
-                if merged and not pause:
-                    merged[-1] = (merged[-1][0], merged[-1][1] + data)
-                else:
-                    merged.append((pause, data))
-            writes = merged
-        for pause, data in writes:
-            self._wait(pause, TimeoutError("nothing arrived within the read timeout"))
-            size = 7 if self.cut == "split" else len(data)
-            for start in range(0, len(data), size):
-                yield data[start : start + size], self.clock.now
 
 
 def in_process(sim: Simulator, cut: str = "as written", api_key: str | None = None, **probe: object) -> ProbeRunner:

@@ -279,9 +279,9 @@ def test_a_gzip_encoded_stream_is_decoded_as_it_arrives(framing: str) -> None:
         last = runner_for(url, expect_content="^pong$").run().last
     assert (last.success, last.reason) == (True, None)
     assert last.time_to_first_token is not None
-    # Decoded as it arrived: the first token was seen two gaps before the end (read whole, it would be
+    # Decoded as it arrived: the first token was seen well before the end, two gaps (read whole, it would be
     # seen at the end). How soon after the request it came depends on the machine's load; not asserted.
-    assert last.duration - last.time_to_first_token >= 2 * gap
+    assert last.duration - last.time_to_first_token >= 1.5 * gap  # (the sleeps are not measured to the microsecond)
 
 
 SEND_BUFFER = 64 * 1024

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -185,13 +186,19 @@ def render(fired: Sequence[Fired], form: str) -> str:
     return "".join(f.line() + "\n" for f in fired)
 
 
-def backtest(config: Config, first: str, last: str, clock: Clock) -> tuple[list[Fired], list[str]]:
-    """Fetch `first` … `last` (and the history months before them) and replay them; with the
-    notes on what was left out. Days from today on are not replayed (they have not ended)."""
+def backtest(
+    config: Config, first: str, last: str, clock: Clock, client: BillingAPI | None = None
+) -> tuple[list[Fired], list[str]]:
+    """Fetch `first` … `last` (and the history months before them) from `client` (unless given, the
+    HTTP client on `config.billing`, closed after) and replay them; with the notes on what was left
+    out. Days from today on are not replayed (they have not ended)."""
     today = clock.today()
     periods = [*periods_before(first, config.billing.history_months), *periods_between(first, last)]
-    with BillingClient.from_config(config.billing, clock) as client:
-        months = fetch(client, [p for p in periods if p <= clock.period(today)], today)
+    opened: AbstractContextManager[BillingAPI] = (
+        BillingClient.from_config(config.billing, clock) if client is None else nullcontext(client)
+    )
+    with opened as api:
+        months = fetch(api, [p for p in periods if p <= clock.period(today)], today)
     _, notes = replayable(config.alerts, config.budgets)
     notes += [f"{p}: no bills" for p in periods_between(first, last) if p not in months and p <= clock.period(today)]
     return replay(config, months, first, last, today), notes
