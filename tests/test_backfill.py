@@ -411,6 +411,7 @@ def query(url: str, expr: str, at: float) -> list[dict]:
 
 
 @pytest.mark.integration  # the command as a process, then promtool and Prometheus
+@pytest.mark.timeout(360)  # promtool and Prometheus beside three other workers on two cores: over 120 s at load 16
 def test_prometheus_answers_over_the_backfilled_months_with_the_simulators_figures(
     tmp_path: Path, output: Path, spending: tuple[Simulator, SimulatorServer]
 ) -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from exporter.core.clock import Clock, FrozenClock
 from exporter.notifiers.digest import text as digest_text
-from exporter.sim import Simulator, SimulatorServer
+from exporter.sim import Simulator
 from tests.test_exposition import full_exposition
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
@@ -43,10 +43,8 @@ def reference(exposition: bytes) -> str:
     return "\n".join(rows)
 
 
-def test_readme_lists_exactly_the_metrics_the_code_exposes(
-    sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock
-) -> None:
-    table = reference(full_exposition(sim, server, clock, frozen))
+def test_readme_lists_exactly_the_metrics_the_code_exposes(sim: Simulator, clock: Clock, frozen: FrozenClock) -> None:
+    table = reference(full_exposition(sim, clock, frozen))
     text = README.read_text()
     if os.environ.get("UPDATE_README"):
         text = re.sub(f"{START}.*{END}", f"{START}\n{table}\n{END}", text, flags=re.DOTALL)
