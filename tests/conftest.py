@@ -37,6 +37,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""  # type: ignore[attr-defined]
         if module in STARTS_ITS_OWN or SERVERS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        if shares_a_module_fixture(item):  # pytest-xdist (--dist loadgroup): one worker sets it up, once
+            item.add_marker(pytest.mark.xdist_group(module))
+    # The tests with a timeout over the default (the longest) first: pytest-xdist hands them out before
+    # the rest, so that none of them starts late and keeps the other workers waiting at the end.
+    items.sort(key=lambda item: -timeout_of(item))
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None)
+    return definitions is not None and any(
+        d.scope in ("module", "package", "class") for ds in definitions.name2fixturedefs.values() for d in ds
+    )
+
+
+def timeout_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker and marker.args else 0.0
 
 
 PAGE = 100

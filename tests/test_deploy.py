@@ -315,12 +315,19 @@ def test_the_wheel_holds_every_module(tmp_path: Path) -> None:
     """What the container installs: a wheel built from the project, with every subpackage in it."""
     import zipfile
 
+    # Built from what the Dockerfile copies, copied here: pip builds in the source tree (build/,
+    # *.egg-info), which runs at the same time (pytest-xdist workers, another run) must not share.
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "exporter", project / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    wheels = tmp_path / "wheels"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheels), str(project)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    (wheel,) = tmp_path.glob("inference_cost_exporter-*.whl")
+    (wheel,) = wheels.glob("inference_cost_exporter-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {str(p.relative_to(ROOT)) for pattern in ("*.py", "*.yaml") for p in (ROOT / "exporter").rglob(pattern)}
     assert sources <= names, sorted(sources - names)

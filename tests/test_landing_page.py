@@ -24,6 +24,16 @@ from tests.test_chart import parse_chart
 SCREENSHOT_DIR = Path(os.environ.get("SCREENSHOT_DIR", Path(__file__).parent.parent / "test-output"))
 
 
+def keep(shot: Path) -> Path:
+    """A copy of a screenshot in SCREENSHOT_DIR, replaced at once: runs at the same time (pytest-xdist
+    workers, another run) never see one half written."""
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    kept, partial = SCREENSHOT_DIR / shot.name, SCREENSHOT_DIR / f".{shot.name}.{os.getpid()}"
+    partial.write_bytes(shot.read_bytes())
+    partial.replace(kept)
+    return kept
+
+
 def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
     binary = require_binary("chromium")
     flags = [
@@ -75,12 +85,11 @@ def test_landing_page_renders_in_chromium(daemon: Daemon, tmp_path: Path) -> Non
     )
     for text in expected:
         assert text in page, text
-    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOT_DIR / "landing-page.png"
+    shot = tmp_path / "landing-page.png"
     result = chromium(f"--screenshot={shot}", "--window-size=1200,1500", url, profile=tmp_path / "profile-shot")
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    print(f"landing page screenshot: {shot}")
+    print(f"landing page screenshot: {keep(shot)}")
 
 
 MEASURE = """<script>
@@ -169,11 +178,10 @@ def test_month_chart_in_chromium_matches_the_bills(daemon: Daemon, tmp_path: Pat
     assert line["top"] == pytest.approx(baseline - 9000 / 30 * scale, abs=0.05)
 
     # A picture of the chart: it is at the top of the page.
-    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    shot = SCREENSHOT_DIR / "chart.png"
+    shot = tmp_path / "chart.png"
     result = chromium(
         f"--screenshot={shot}", "--window-size=1200,570", "--hide-scrollbars", url, profile=tmp_path / "profile-shot"
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    print(f"chart screenshot: {shot}")
+    print(f"chart screenshot: {keep(shot)}")
