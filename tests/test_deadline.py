@@ -224,3 +224,15 @@ def test_arm_and_fired_agree_while_the_alarms_thread_fires() -> None:
             deadline.close()
         for _, theirs in pairs:
             theirs.close()
+
+
+def test_it_has_passed_when_its_time_comes_before_the_alarms_fire_it(ticks: Ticks, alarms: Alarms) -> None:
+    """A socket timeout set to the time left can end an exchange a moment before the alarms' thread fires the
+    deadline: the deadline has passed then, though it has not fired."""
+    deadline = Deadline(2.0, alarms=alarms)
+    ticks.now = 1.0
+    assert not deadline.passed
+    ticks.now = 2.0  # due, not yet fired
+    assert (deadline.fired, deadline.passed) == (False, True)
+    alarms.fire_due()
+    assert (deadline.fired, deadline.passed) == (True, True)

@@ -19,9 +19,10 @@ from pydantic import (
     ValidationError,
 )
 
-from exporter.config.rules import _signals, twin_rules
+from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, secret_fields
 from exporter.core.logs import get_logger
+from exporter.model.signals import SIGNALS
 from exporter.model.snapshots import probe_source
 from exporter.notifiers.kind import ResendKind
 from exporter.notifiers.registry import KINDS, no_digest
@@ -88,7 +89,7 @@ def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[st
     None: probe signals with no probe, and `where` values outside the sets the config itself
     defines (probe names, scenarios, sources). Values the API defines (endpoints, models, items)
     are not known here, so they are not checked."""
-    signal = _signals().get(str(rule.get("signal")))
+    signal = SIGNALS.get(str(rule.get("signal")))
     if signal is not None and signal.needs == "probes" and not probes:
         return "signal", f"signal {rule['signal']!r} needs a probe, and `probes` is empty"
     known = {
@@ -163,7 +164,7 @@ def cross_check(document: dict[str, Any]) -> list[str]:
     problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
     budgets = {item.get("name") for _, item in _items(document, "budgets")}
     for where, rule in _items(document, "alerts", "rules"):
-        signal = _signals().get(str(rule.get("signal")))
+        signal = SIGNALS.get(str(rule.get("signal")))
         if signal is not None and signal.needs == "prices" and not _items(document, "prices"):
             problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
         if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:

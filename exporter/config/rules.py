@@ -19,16 +19,12 @@ from pydantic import (
 )
 
 from exporter.core.fields import Amount, Duration, Name, Strict
-from exporter.model.signals import SIGNALS, Signal
+from exporter.model.signals import SIGNALS
 
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 MAX_TIER = 10
 LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
-
-
-def _signals() -> dict[str, Signal]:
-    return SIGNALS
 
 
 class _Rule(Strict):
@@ -62,14 +58,14 @@ class ThresholdRule(_Rule):
     @field_validator("signal")
     @classmethod
     def _known_signal(cls, signal: str) -> str:
-        names = [repr(name) for name in [*_signals(), ANOMALY_SIGNAL]]
-        if signal not in _signals():
+        names = [repr(name) for name in [*SIGNALS, ANOMALY_SIGNAL]]
+        if signal not in SIGNALS:
             raise ValueError(f"must be one of {', '.join(names[:-1])} or {names[-1]}")
         return signal
 
     @model_validator(mode="after")
     def _shape(self) -> ThresholdRule:
-        signal = _signals()[self.signal]
+        signal = SIGNALS[self.signal]
         for name in (*self.by, *self.where):
             if name not in signal.labels:
                 raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")

@@ -112,6 +112,12 @@ class Deadline:
         """Whether it has fired (its time passed, or `fire` was called): the exchange was cut."""
         return self._fired
 
+    @property
+    def passed(self) -> bool:
+        """Whether its time has come: fired, or due and not yet fired by the alarms' thread (an exchange that
+        timed out on its own at the time left ended because of the deadline too)."""
+        return self.remaining() == 0.0
+
     def remaining(self) -> float:
         """Seconds until it passes: 0 once it has fired, infinity while it is not armed."""
         with self._lock:

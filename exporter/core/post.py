@@ -116,7 +116,7 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
     connection, target, url_headers = _connection(url, timer)
     try:
         connection.connect()
-        if timer.fired:  # the deadline passed while connecting, before there was a socket to cut
+        if timer.passed:  # the deadline passed while connecting, before there was a socket to cut
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s")
         connection.sock.settimeout(max(0.001, timer.remaining()))
         connection.request(
@@ -128,7 +128,7 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
             raise http.client.IncompleteRead(answer, response.length)
         return Answer(response.status, response.getheader("Location") or "")
     except (OSError, http.client.HTTPException):
-        if timer.fired:
+        if timer.passed:  # cut, or a socket timeout (set to the time left) that came before the cut
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s") from None
         raise
     finally:

@@ -192,7 +192,7 @@ def send(
         smtp = _Client(timer, notifier.host, notifier.port, deadline)
         refused = _exchange(smtp, notifier, message, timer, recipients or notifier.to)
     except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
-        if timer.fired or timer.remaining() == 0:  # cut, or a timeout set to the time left (the handshake's)
+        if timer.passed:  # cut, or a timeout set to the time left (the handshake's)
             return Sent(f"deadline exceeded (no complete exchange within {deadline:g}s)")
         return Sent(_reason(error))
     finally:
