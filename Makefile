@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium
+# A test run starts about a hundred interpreters (the workers, the CLI's processes): their bytecode
+# is kept, in the virtualenv rather than beside the sources, even where PYTHONDONTWRITEBYTECODE is set.
+TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
 .PHONY: demo test test-fast lint format system-deps bench clean
 
@@ -33,11 +36,11 @@ lint: $(BIN)/inference-cost-exporter
 	$(BIN)/lint-imports
 
 test: $(BIN)/inference-cost-exporter system-deps lint
-	$(BIN)/pytest
+	$(TEST_ENV) $(BIN)/pytest
 
-# The unit layer alone: no server, no process, no binary.
+# The unit layer alone: no server, no process, no binary (so one worker a core).
 test-fast: $(BIN)/inference-cost-exporter
-	$(BIN)/pytest -m "not integration"
+	$(TEST_ENV) $(BIN)/pytest -m "not integration" -n auto
 
 bench: $(BIN)/inference-cost-exporter
 	$(BIN)/python -m bench

@@ -14,8 +14,6 @@ from collections.abc import Iterable
 from exporter.billing import UsageRecord
 from exporter.model.snapshots import UsageKey, UsageRow
 
-ID_BUCKETS = 4096
-
 
 def id_digest(request_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
@@ -23,11 +21,12 @@ def id_digest(request_id: str) -> int:
 
 class SeenIds:
     """The request ids of one day, as 64-bit digests in sorted arrays (8 bytes an id, so a day of
-    a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little."""
+    a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little.
+    A bucket is made when its first id arrives: an empty or small day costs next to nothing."""
 
-    def __init__(self, buckets: list[array[int]] | None = None) -> None:
-        self._buckets = buckets or [array("Q") for _ in range(ID_BUCKETS)]
-        self.count = sum(map(len, self._buckets))
+    def __init__(self, buckets: dict[int, array[int]] | None = None) -> None:
+        self._buckets = buckets if buckets is not None else {}
+        self.count = sum(map(len, self._buckets.values()))
 
     def add(self, request_id: str) -> bool:
         """Remember `request_id`; False if it was seen before."""
@@ -35,7 +34,9 @@ class SeenIds:
 
     def add_digest(self, digest: int) -> bool:
         """Remember a request id by its `id_digest` (when the caller has it already)."""
-        bucket = self._buckets[digest >> 52]
+        bucket = self._buckets.get(digest >> 52)
+        if bucket is None:
+            bucket = self._buckets[digest >> 52] = array("Q")
         at = bisect_left(bucket, digest)
         if at < len(bucket) and bucket[at] == digest:
             return False
@@ -44,20 +45,23 @@ class SeenIds:
         return True
 
     def copy(self) -> SeenIds:
-        return SeenIds([array("Q", bucket) for bucket in self._buckets])
+        return SeenIds({key: array("Q", bucket) for key, bucket in self._buckets.items()})
 
     def chunks(self) -> list[memoryview]:
         """The digests, in order, as views (for writing out without a copy of the whole)."""
-        return [memoryview(bucket) for bucket in self._buckets if bucket]
+        return [memoryview(self._buckets[key]) for key in sorted(self._buckets) if self._buckets[key]]
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
         """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError)."""
         digests = array("Q")
         digests.frombytes(data)
-        buckets = [array("Q") for _ in range(ID_BUCKETS)]
+        buckets: dict[int, array[int]] = {}
         for digest in digests:
-            buckets[digest >> 52].append(digest)
+            bucket = buckets.get(digest >> 52)
+            if bucket is None:
+                bucket = buckets[digest >> 52] = array("Q")
+            bucket.append(digest)
         return cls(buckets)
 
 
