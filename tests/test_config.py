@@ -42,7 +42,7 @@ def test_config_is_frozen() -> None:
 @pytest.mark.parametrize(
     ("document", "expected"),
     [
-        ({}, "billing: required key is missing"),
+        ({}, "(top level): `billing` is required (or `accounts`, a list of accounts each with its `billing`)"),
         ({"billing": {k: v for k, v in BILLING.items() if k != "url"}}, "billing.url: required key is missing"),
         ({"billing": BILLING | {"page_size": "many"}}, "billing.page_size: not an integer"),
         ({"billing": BILLING | {"page_size": 501}}, "billing.page_size: must be ≤ 500"),
@@ -126,7 +126,7 @@ def test_config_is_frozen() -> None:
          " asterisks, e.g. sk-ab****): a full key never matches, and does not belong in the config"),
         ({"billing": BILLING, "budgets": [{"name": "t", "amount": 5, "where": {"team": "search"}}]},
          "budgets[0] (budget 't'): `where` cannot name 'team': a budget is scoped on endpoint_id, item, product,"
-         " project_id (billed) or model, api_key (usage × prices)"),
+         " project_id (billed) or model, api_key (usage × prices), and on `account` with `accounts`"),
         ({"billing": BILLING, "budgets": [{"name": "t", "amount": 5, "where": {"endpoint_id": "e", "item": "i"}}]},
          "budgets[0] (budget 't'): `where` names endpoint_id and item: bills are by endpoint or by item, not both"),
         ({"billing": BILLING, "budgets": [{"name": "t", "amount": 5, "where": {"project_id": "p", "item": "i"}}]},

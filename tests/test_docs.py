@@ -70,12 +70,20 @@ def _models_in(annotation: object) -> tuple[list[type[BaseModel]], bool]:
     return models, listed
 
 
+ACCOUNT_SECTIONS = ("billing", "inference", "probes", "prices", "budgets")
+"""An account's sections: the top-level ones', documented once there."""
+
+
 def config_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
-    """Every key path a config may hold, from the config models themselves."""
+    """Every key path a config may hold, from the config models themselves (an account's sections
+    as the key itself: their keys are the top-level sections')."""
     keys = set()
     for name, field in model.model_fields.items():
         key = f"{prefix}{field.alias or name}"
         models, listed = _models_in(field.annotation)
+        if prefix == "accounts[]." and name in ACCOUNT_SECTIONS:
+            keys.add(key)
+            continue
         if not models:
             keys.add(key)
         for sub in models:
@@ -102,8 +110,8 @@ def example_digest() -> dict:
     """The demo's account at 09:00 on 2026-11-23: four months of history with yesterday's spike,
     settled days with one bill 5% off, and a day of probe runs (their timings fixed here, so the
     example does not change from run to run)."""
-    from exporter.app.account import Sources
     from exporter.app.demo import DEMO_CONFIG, demo_history, demo_reconciled_days
+    from exporter.app.sources import Sources
     from exporter.config.load import load
     from exporter.model.snapshots import Latest
     from exporter.sim import prices_from_config

@@ -531,7 +531,7 @@ def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     )
     now = clock.now().timestamp()
     alert = Alert("k", "SpendHigh", {"alertname": "SpendHigh"}, {}, "firing", now, "1", now, fired_at=now)
-    dispatcher = Dispatcher([peers], AlertStore(StateStore(":memory:")), clock, lambda: [alert], "http://exporter")
+    dispatcher = Dispatcher([peers], AlertStore(StateStore(":memory:")), clock, lambda _: [alert], "http://exporter")
     dispatcher.deadline = 60.0  # the dripping peer holds its post for as long as the test lets it
     caplog.set_level(logging.INFO)
     sending = threading.Thread(target=dispatcher.resend_now, daemon=True)

@@ -9,6 +9,7 @@ lower ones without a notification of its own; a new period starts clean.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import sqlite3
@@ -22,6 +23,7 @@ from exporter.alerts import anomalies, rules
 from exporter.config.rules import AnomalyRule, BudgetRule, RuleConfig, ThresholdRule, rule_id, rule_key
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
+from exporter.core.fields import in_scope
 from exporter.core.logs import get_logger
 from exporter.model import signals
 from exporter.model.events import AlertEvent, GroupEvent
@@ -160,14 +162,42 @@ def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
     return {name: template.format_map(fields) for name, template in templates.items()}
 
 
+@dataclass(frozen=True)
+class Watched:
+    """One account as the engine watches it: its snapshots and sources (`signals.Account`), the
+    prices its usage is priced with, and whether it keeps a history."""
+
+    account: signals.Account
+    prices: Sequence[PriceConfig] = ()
+    history: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.account.name
+
+    @property
+    def latest(self) -> Latest:
+        return self.account.latest
+
+
+def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
+    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
+    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
+    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}
+
+
 @dataclass
 class Engine:
     config: AlertsConfig
     budgets: Sequence[BudgetConfig]
+    """Every budget; with several accounts, each scoped to the accounts it spans (`where.account`,
+    every account without it)."""
     db: AlertStore
     """The alert tables of the state file (the dispatcher delivers from the same one)."""
     clock: Clock
-    latest: Latest
+    latest: Latest | None
+    """The one account's snapshots (None with `accounts`: see `accounts`)."""
     sources: Callable[[], Iterable[str]]
     notifiers: Sequence[str] = ()
     """Names of the notifiers that get one notification per state change (not Alertmanager)."""
@@ -178,13 +208,24 @@ class Engine:
     """What budgets scoped on usage are priced with."""
     judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding]]] = field(default_factory=dict)
     """Per anomaly rule: the day last judged and each group's judgement (for the metrics)."""
+    accounts: Sequence[Watched] = ()
+    """With `accounts`, each of them (named); else the one account of `latest`, `sources`, `prices`
+    and `history`, unnamed."""
+    routes: dict[str, tuple[str, ...]] | None = None
+    """Per rule id, the notifiers its alerts go to (`routes`); every one of `notifiers` when None."""
 
     def __post_init__(self) -> None:
+        if not self.accounts:
+            assert self.latest is not None
+            one = signals.Account("", self.latest, self.sources)
+            self.accounts = (Watched(one, self.prices, self.history),)
         self._lock = threading.Lock()
         self._transitions = 0
         self._sent = self.db.load_sent()
         self._anomaly_inputs: dict[str, tuple[object, object, str]] = {}
-        """Per anomaly rule, the snapshots and day its last judgement was made from."""
+        """Per anomaly rule and account, the snapshots and day its last judgement was made from."""
+        self._findings: dict[str, list[anomalies.Finding]] = {}
+        """Per anomaly rule and account, that judgement."""
         self._queued: list[tuple[str, Alert, str]] = []
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
         self._load()
@@ -248,9 +289,10 @@ class Engine:
         return self._transitions - before
 
     def _signal(self, db: sqlite3.Connection, rule: ThresholdRule, rid: str, now: float) -> None:
-        values = signals.evaluate(rule, self.latest, self.clock, self.sources())
-        if values is None:
+        evaluated = signals.evaluate_accounts(rule, [w.account for w in self.accounts], self.clock)
+        if evaluated is None:
             return  # no trustworthy data: every alert of this rule keeps its state
+        values, unknown = evaluated
         active: set[str] = set()
         for group, value in values.items():
             if not rules.COMPARE[rule.op](value, rule.threshold):
@@ -266,6 +308,8 @@ class Engine:
         for alert in list(self.alerts.values()):
             if alert.rule != rid or alert.key in active or alert.state == "resolved":
                 continue
+            if alert.labels.get(signals.ACCOUNT) in unknown:
+                continue  # its account's data cannot be trusted now: it keeps its state
             if alert.state == "pending":
                 del self.alerts[alert.key]
                 self.db.delete_state(db, alert.key)
@@ -275,29 +319,54 @@ class Engine:
     def _anomaly(self, db: sqlite3.Connection, rule: AnomalyRule, rid: str, now: float) -> None:
         """One alert per anomalous group and day (`day` is a label): a revised bill updates it
         without notifying again; when the next day is judged, or a revision makes the day usual,
-        it resolves."""
-        history = self.latest.history
-        if self.history and not signals.todays_history(self.latest, self.clock):
-            return  # the baseline (and the items behind an endpoint) come with today's history: not yet
-        if not signals.todays_bills(self.latest, self.clock):
-            return  # no trustworthy bills now: the rule's alerts keep their state
+        it resolves. With several accounts, each account's groups are judged on its own history
+        (and carry its `account` label)."""
         judged_day = anomalies.judged_day(self.clock)
         day = judged_day.isoformat()
-        bills = self.latest.bills
-        earlier = self._anomaly_inputs.get(rid)
+        judgements: list[anomalies.Finding] = []
+        for watched in self.accounts:
+            findings = self._judge(rule, rid, watched, judged_day)
+            if findings is not None:
+                self._anomalies(db, rule, rid, watched.name, findings, day, now)
+                judgements += findings
+        self.judged = {**self.judged, rid: (rule, day, judgements)}  # replaced whole: scrapes read it unlocked
+
+    def _judge(
+        self, rule: AnomalyRule, rid: str, watched: Watched, judged_day: dt.date
+    ) -> list[anomalies.Finding] | None:
+        """The account's groups judged for `judged_day`, or None while its data cannot tell."""
+        latest, key = watched.latest, f"{rid}/{watched.name}"
+        if watched.history and not signals.todays_history(latest, self.clock):
+            return None  # the baseline (and the items behind an endpoint) come with today's history: not yet
+        if not signals.todays_bills(latest, self.clock):
+            return None  # no trustworthy bills now: the rule's alerts keep their state
+        bills, history, day = latest.bills, latest.history, judged_day.isoformat()
+        earlier = self._anomaly_inputs.get(key)
         if earlier is not None and earlier[0] is bills and earlier[1] is history and earlier[2] == day:
-            findings = self.judged[rid][2]  # the same snapshots and day: the same judgement
-        else:
-            findings = anomalies.judge_groups(rule, anomalies.held(self.latest), judged_day)
-            self._anomaly_inputs[rid] = (bills, history, day)
-        self.judged = {**self.judged, rid: (rule, day, findings)}  # replaced whole: scrapes read it unlocked
+            return self._findings[key]  # the same snapshots and day: the same judgement
+        findings = anomalies.judge_groups(rule, anomalies.held(latest), judged_day)
+        self._anomaly_inputs[key] = (bills, history, day)
+        self._findings[key] = findings
+        return findings
+
+    def _anomalies(
+        self,
+        db: sqlite3.Connection,
+        rule: AnomalyRule,
+        rid: str,
+        account: str,
+        findings: list[anomalies.Finding],
+        day: str,
+        now: float,
+    ) -> None:
+        named = {signals.ACCOUNT: account} if account else {}
         active: set[str] = set()
         for finding in findings:
             judged = finding.judgement
             if not judged.anomalous:
                 continue
             group = dict(finding.group)
-            labels = {"alertname": rule.alert, **rule.labels, **group, "day": day}
+            labels = {"alertname": rule.alert, **rule.labels, **named, **group, "day": day}
             percent = "n/a" if judged.impact_percent is None else f"{judged.impact_percent:.0f}"
             fields = {
                 **group,
@@ -309,7 +378,7 @@ class Engine:
                 "contributors": anomalies.describe(finding.contributors) or "n/a",
                 "value": fmt(judged.impact),
             }
-            who = ", ".join(f"{k}={v}" for k, v in group.items()) or "the account"
+            who = ", ".join(f"{k}={v}" for k, v in {**named, **group}.items()) or "the account"
             default = (
                 f"{rule.alert}: {who} spent {fields['actual']} on {day}, {fields['impact']} ({percent}%) above "
                 f"the expected {fields['expected']}"
@@ -322,6 +391,8 @@ class Engine:
         for alert in list(self.alerts.values()):
             if alert.rule != rid or alert.key in active or alert.state != "firing":
                 continue
+            if alert.labels.get(signals.ACCOUNT, "") != account:
+                continue  # another account's: judged on its own data
             alert_group: signals.Labels = tuple(sorted((name, alert.labels.get(name, "")) for name in rule.by))
             if alert.labels.get("day") != day or alert_group in judged_groups:  # a new day, or judged usual now
                 self._resolve(db, alert, now)
@@ -360,7 +431,8 @@ class Engine:
 
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
-        measured = rules.budget_ratio(budget, self.latest, self.clock, self.prices)
+        spans = [(w.latest, w.prices) for w in self.accounts if in_scope(budget.where.get(signals.ACCOUNT), w.name)]
+        measured = rules.budget_ratio(budget.in_account(), spans, self.clock)
         if measured is None:
             return
         period, ratio = measured
@@ -375,7 +447,10 @@ class Engine:
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing":
                 self._resolve(db, alert, now, inhibited=True)
+        named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
+        if len(named) == 1:
+            labels[signals.ACCOUNT] = named[0]  # one account's budget: its alerts say which
         fields = {
             "budget": budget.name,
             "tier": f"{tier:g}",
@@ -389,18 +464,29 @@ class Engine:
         key = alert_key(labels, rid, period)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
+    def _routed(self, rule: str) -> Sequence[str]:
+        """The notifiers that get one notification per state change of the rule's alerts."""
+        if self.routes is None:
+            return self.notifiers
+        return [n for n in self.routes.get(rule, ()) if n in self.notifiers]
+
     def _repeat(self, db: sqlite3.Connection, now: float, skip: set[str]) -> None:
         """Remind of firing alerts every `repeat_interval`; not those of `skip` (a day's spend
         anomaly is told once)."""
         for alert in self.alerts.values():
             if alert.state != "firing" or alert.rule in skip:
                 continue
-            for notifier in self.notifiers:
+            for notifier in self._routed(alert.rule):
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
                     self._notify(db, alert, "firing", now, only=notifier)
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
-        for notifier in [only] if only else self.notifiers:
+        """Queue the change for the notifiers the alert's rule routes to; a resolve also for those
+        told of its firing (its rule removed, or routed elsewhere since, by a reload)."""
+        notifiers = list(self._routed(alert.rule))
+        if status == "resolved":
+            notifiers += [n for n in self.notifiers if n not in notifiers and (alert.key, n) in self._sent]
+        for notifier in [only] if only else notifiers:
             self._queued.append((notifier, alert, status))
             self.db.mark_sent(db, alert.key, notifier, now)
             self._sent[(alert.key, notifier)] = now
@@ -433,6 +519,10 @@ class Engine:
 
     # -- views --
 
-    def current(self) -> list[Alert]:
+    def current(self, notifier: str | None = None) -> list[Alert]:
+        """The alerts held now; given a notifier, those of the rules routed to it."""
         with self._lock:
-            return sorted(self.alerts.values(), key=lambda a: (a.labels["alertname"], a.key))
+            alerts = sorted(self.alerts.values(), key=lambda a: (a.labels["alertname"], a.key))
+        if notifier is None or self.routes is None:
+            return alerts
+        return [a for a in alerts if notifier in self.routes.get(a.rule, ())]

@@ -1,25 +1,20 @@
-"""One account's sources, built from a config: the billing client, the refreshed sources, the alert
-engine, the exposition; and the refresh the `once` and `digest` commands run with them."""
+"""One account's sources, built from its config: the billing client, the refreshed sources and
+their metrics; and the refresh the `once` and `digest` commands run with them. `app.sources`
+composes the accounts with the alert engine, the notifiers and the exposition."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
 
 from prometheus_client.registry import Collector
 
-from exporter.alerts.engine import Alert, Engine
 from exporter.billing import BillingAPI, BillingClient, BillingError, RetryPolicy
-from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BillingConfig, Config, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
-from exporter.delivery.dispatcher import Dispatcher
-from exporter.digest.build import FiringAlert, ProbeStat, build, span
-from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.collectors import (
     BillsCollector,
     BudgetCollector,
@@ -30,13 +25,12 @@ from exporter.metrics.collectors import (
 )
 from exporter.metrics.exposition import Exposition
 from exporter.model.snapshots import Latest, probe_source
-from exporter.notifiers.registry import outbox
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
 from exporter.sources.probe import ProbeRunner
 from exporter.sources.reconcile import SettledUsage, reconcile
 from exporter.sources.usage import UsageSync
-from exporter.state import AlertStore, StateError, StateStore
+from exporter.state import StateError, StateStore
 
 log = get_logger(__name__)
 
@@ -48,18 +42,21 @@ PROBE_RUNS_KEPT = 12 * 86400.0
 """Seconds a probe run is kept for the digest: a weekly one may go 3.5 days late, about the week before."""
 
 
+def collectors(config: Config, latest: Latest, clock: Clock, part: str = "all") -> list[Collector]:
+    """One account's collectors (`part` of its ExporterCollector: `all`, or `account` without the
+    process's own series, which several accounts share)."""
+    return [
+        BillsCollector(latest),
+        UsageCollector(latest, config.billing.per_api_key),
+        BudgetCollector(latest, config.budgets, config.prices, clock),
+        ReconciliationCollector(latest),
+        ProbeCollector(latest),
+        ExporterCollector(latest, clock, part=part),
+    ]
+
+
 def build_exposition(config: Config, latest: Latest, clock: Clock, *more: Collector) -> Exposition:
-    return Exposition(
-        [
-            BillsCollector(latest),
-            UsageCollector(latest, config.billing.per_api_key),
-            BudgetCollector(latest, config.budgets, config.prices, clock),
-            ReconciliationCollector(latest),
-            ProbeCollector(latest),
-            ExporterCollector(latest, clock),
-            *more,
-        ]
-    )
+    return Exposition([*collectors(config, latest, clock), *more])
 
 
 def _client_settings(billing: BillingConfig) -> dict[str, object]:
@@ -83,8 +80,8 @@ class RefreshFailed(Exception):
         self.source = source
 
 
-class Sources:
-    """Everything built from one config: the client, the sources, the alert engine, the exposition.
+class Account:
+    """One account's sources, built from its config (`Config.account_configs`).
 
     Built again on each reload; what the reload does not change is carried over from `previous`
     (the billing client and its sources when `billing` is unchanged, so refreshes in flight go
@@ -98,36 +95,21 @@ class Sources:
 
     def __init__(
         self,
+        name: str,
         config: Config,
         latest: Latest,
         clock: Clock,
         state: StateStore,
-        external_url: str = "",
         retry: RetryPolicy | None = None,
-        previous: Sources | None = None,
-        dispatcher: Dispatcher | None = None,
+        previous: Account | None = None,
         billing: BillingFactory | None = None,
     ) -> None:
-        """`dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that
-        delivers only when asked. `billing`: what builds the billing API when `billing` is new or
-        changed (unless given, the HTTP client, with `retry`, reporting its calls and the clock
-        skew it sees to `latest`)."""
+        """`name`: the `account` label (empty for the one account of a config without `accounts`).
+        `billing`: what builds the billing API when `billing` is new or changed (unless given, the
+        HTTP client, with `retry`, reporting its calls and the clock skew it sees to `latest`)."""
+        self.name = name
         self.config = config
         self.latest = latest
-        # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
-        alert_store = dispatcher.store if dispatcher is not None else AlertStore(state)
-        # First, since it reads the state file (which may fail): nothing else is built in vain then.
-        self.engine = Engine(
-            config.alerts,
-            config.budgets,
-            alert_store,
-            clock,
-            latest,
-            sources=lambda: list(self.refreshers),
-            notifiers=[n.name for n in config.alerts.notifiers if outbox(n) is not None],
-            history=config.billing.history_months > 0,
-            prices=config.prices,
-        )
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
             self.bills, self.history = previous.bills, previous.history
@@ -168,10 +150,6 @@ class Sources:
         for probe in config.probes:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval
-        if dispatcher is None:
-            dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
-        self.dispatcher = dispatcher
-        self.exposition = build_exposition(config, latest, clock, AlertsCollector(self.engine, dispatcher))
         self._reconcile()  # a reload's items and prices apply at once
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
@@ -186,7 +164,7 @@ class Sources:
                 raise RefreshFailed(name, error) from error
             self.latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
 
-    def _runner(self, probe: ProbeConfig, previous: Sources | None) -> ProbeRunner:
+    def _runner(self, probe: ProbeConfig, previous: Account | None) -> ProbeRunner:
         """The same probe keeps its runner (and its histograms and counters) across a reload."""
         assert self.config.inference is not None  # the config requires it when there are probes
         kept = previous.probes.get(probe.name) if previous else None
@@ -236,51 +214,7 @@ class Sources:
         except StateError as error:
             log.warning("probe run not kept for the digest: the state file refused it", error=str(error)[:200])
 
-    def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
-        """The timestamps the digest sent on `sent_on` covers: [start, end)."""
-        first, day = span(schedule, sent_on)
-        return self.clock.day_start(first).timestamp(), self.clock.day_start(day + dt.timedelta(days=1)).timestamp()
-
-    def digest(
-        self,
-        sent_on: dt.date,
-        schedule: str,
-        url: str,
-        *,
-        runs: Sequence[tuple[str, bool, float | None]] | None = None,
-        alerts: Sequence[Alert] | None = None,
-    ) -> dict[str, Any]:
-        """The digest sent on `sent_on` from what this config's sources hold now; the probe runs
-        and alerts are this daemon's unless given (`digest` the command reads a daemon's file)."""
-        if runs is None:
-            runs = self.state.probe_runs(*self.digest_span(sent_on, schedule))
-        per_probe: dict[str, list[tuple[bool, float | None]]] = {name: [] for name in self.probes}
-        for probe, success, ttft in runs:
-            per_probe.setdefault(probe, []).append((success, ttft))
-        probes = [
-            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for s, t in rs if s and t is not None])
-            for name, rs in sorted(per_probe.items())
-        ]
-        firing = [
-            FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
-            for a in (self.engine.current() if alerts is None else alerts)
-            if a.state == "firing"
-        ]
-        at = self.config.digest.time if self.config.digest is not None else (9, 0)
-        sent_at = self.clock.day_start(sent_on) + dt.timedelta(hours=at[0], minutes=at[1])
-        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
-        last = sent_on
-        while self.clock.day_start(last + dt.timedelta(days=1)) + settle > sent_at:
-            last -= dt.timedelta(days=1)
-        first_day, final_day = span(schedule, sent_on)
-        settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
-        anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
-        return build(
-            self.latest, schedule=schedule, sent_on=sent_on, budgets=self.config.budgets, prices=self.config.prices,
-            anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
-        )  # fmt: skip
-
-    def changed(self, previous: Sources) -> set[str]:
+    def changed(self, previous: Account) -> set[str]:
         """The sources whose way of refreshing this config changed (they run again at once)."""
         changed = {name for name in self.refreshers if name not in previous.refreshers}
         if self.client is not previous.client:
@@ -288,7 +222,7 @@ class Sources:
         changed |= {probe_source(n) for n, r in self.probes.items() if previous.probes.get(n) is not r}
         return changed
 
-    def close(self, keep: Sources | None = None) -> None:
+    def close(self, keep: Account | None = None) -> None:
         """Release connections; what `keep` took over stays open."""
         if keep is None or keep.client is not self.client:
             self.client.close()

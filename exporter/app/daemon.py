@@ -11,10 +11,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from exporter.app.account import BillingFactory, Sources
+from exporter.app.account import Account, BillingFactory
 from exporter.app.digests import DIGEST_WAIT, digest_due, digest_ready
 from exporter.app.schedule import (
     JITTER_FRACTION,
@@ -24,19 +25,30 @@ from exporter.app.schedule import (
     SKIPPED_RUN_NOTICE,
     DailyTrigger,
 )
+from exporter.app.sources import Sources, source_key
 from exporter.billing import BillingError, ClientClosed, RetryPolicy
 from exporter.config.load import ConfigError, load
-from exporter.config.schema import Config
+from exporter.config.schema import Config, DigestConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger, mask_more
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.model.snapshots import Latest
+from exporter.model.snapshots import Latest, SourceHealth
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.web import Credentials, ExporterServer, TlsError, View
 
 log = get_logger(__name__)
 
 SHUTDOWN_GRACE = 10.0
+SCHEDULER_THREADS = 1024
+
+
+def account_state_path(path: str, account: str) -> str:
+    """Where an account of several keeps its sources' state: beside the process's state file,
+    `exporter.db` → `exporter.prod.db` (the process's own keeps the alerts and the outbox)."""
+    if path == ":memory:":
+        return path
+    base = Path(path)
+    return str(base.with_name(f"{base.stem}.{account}{base.suffix or '.db'}"))
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -70,11 +82,14 @@ class Daemon:
         section (the HTTP client with `retry` unless given). `serve` False: no HTTP server at all, the
         rest as ever (the unit tests read the exposition and the landing page in process)."""
         self.config_path = config_path
+        self.state_path = config.state.path
         self.retry = retry
         self.billing = billing
         self.clock = clock or Clock(config.billing.zone)
         self.latest = Latest()
         self.state = StateStore(config.state.path)
+        self._account_states: dict[str, StateStore] = {}
+        """With several accounts, each one's state file (`account_state_path`), opened when first needed."""
         self._locks: dict[str, threading.Lock] = {}
         self._active = 0
         self._idle = threading.Condition()
@@ -91,6 +106,10 @@ class Daemon:
         self.scheduler = BackgroundScheduler(
             timezone=self.clock.tz,
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+            # A thread for every job that may run at once (one per source of each account): an
+            # account whose API hangs holds its own jobs' threads, never the threads another's need.
+            # Threads are made as jobs start, so the bound costs nothing until used.
+            executors={"default": ThreadPoolExecutor(max_workers=SCHEDULER_THREADS)},
         )
         self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
         scheduler_log = logging.getLogger("apscheduler.scheduler")
@@ -106,6 +125,7 @@ class Daemon:
             prices=lambda: self.sources.config.prices,
             today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
+            health=self._health,
         )
         """What the HTTP server shows, read afresh on each request."""
         self._server: ExporterServer | None = None
@@ -117,13 +137,30 @@ class Daemon:
             config.alerts.notifiers,
             AlertStore(self.state),
             self.clock,
-            lambda: self.sources.engine.current(),
+            lambda notifier: self.sources.engine.current(notifier),
             self._external_url(config),
         )
         self.sources = Sources(
-            config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing
-        )
+            config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,
+            account_state=self._account_state,
+        )  # fmt: skip
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
+
+    def _account_state(self, name: str) -> StateStore:
+        """An account's state file, beside the process's: opened once, kept while the process runs
+        (an account a reload removes and adds back finds its state as it left it)."""
+        store = self._account_states.get(name)
+        if store is None:
+            store = self._account_states[name] = StateStore(account_state_path(self.state_path, name))
+        return store
+
+    def _health(self) -> dict[str, SourceHealth]:
+        """Every configured source's health under its key (`prod/bills` with several accounts)."""
+        return {
+            source_key(name, source): health
+            for name, account in self.sources.accounts.items()
+            for source, health in account.latest.health.items()
+        }
 
     @property
     def server(self) -> ExporterServer:
@@ -149,7 +186,8 @@ class Daemon:
         """
         sources = self.sources
         refresher = sources.refreshers.get(source)
-        if refresher is None:
+        located = sources.locate(source)
+        if refresher is None or located is None:
             return False  # a reload removed it
         lock = self._locks.setdefault(source, threading.Lock())
         if not lock.acquire(blocking=False):
@@ -175,14 +213,14 @@ class Daemon:
                 self._again.add(source)
             return False
         except (BillingError, StateError) as error:
-            self._failed(source, started, str(error))
+            self._failed(located, source, started, str(error))
             return False
         except Exception as error:  # a bug must not stop the schedule; it is logged with its traceback
             log.exception("refresh crashed", source=source)
-            self._failed(source, started, f"internal error ({type(error).__name__})")
+            self._failed(located, source, started, f"internal error ({type(error).__name__})")
             return False
         else:
-            self._record(source, started, success=True)
+            self._record(located, started, success=True)
             sources.exposition.prepare()  # render and compress the new snapshot here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered", source=source)
@@ -193,14 +231,15 @@ class Daemon:
             if source in self._again:
                 self._run_soon(source)
 
-    def _record(self, source: str, started: float, *, success: bool, error: str = "") -> None:
-        at = self.clock.now().timestamp()
-        self.latest.record(source, success=success, at=at, duration=time.perf_counter() - started, error=error)
+    def _record(self, located: tuple[Account, str], started: float, *, success: bool, error: str = "") -> None:
+        (account, source), at = located, self.clock.now().timestamp()
+        account.latest.record(source, success=success, at=at, duration=time.perf_counter() - started, error=error)
 
-    def _failed(self, source: str, started: float, error: str) -> None:
-        self._record(source, started, success=False, error=error)
+    def _failed(self, located: tuple[Account, str], source: str, started: float, error: str) -> None:
+        self._record(located, started, success=False, error=error)
+        account, inner = located
         if self._failing.get(source) != error:
-            served = "serving the last good data" if self.latest.health[source].last_success else "no data yet"
+            served = "serving the last good data" if account.latest.health[inner].last_success else "no data yet"
             log.error("refresh failed", source=source, error=error, serving=served)
         else:
             log.debug("refresh still failing", source=source)
@@ -273,23 +312,32 @@ class Daemon:
         sent_on = digest_due(config, now, self.clock)
         if sent_on is None:
             return False
-        key = f"{config.schedule}:{sent_on.isoformat()}"
+        queued = False
+        for name in list(self.sources.accounts):  # with several accounts, one digest each
+            queued = self._account_digest(config, name, sent_on, now) or queued
+        return queued
+
+    def _account_digest(self, config: DigestConfig, name: str, sent_on: dt.date, now: dt.datetime) -> bool:
+        key = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
         with self._busy():
             try:
                 if self.dispatcher.store.digest_made(key):
                     return False
+                account = self.sources.accounts.get(name)
+                if account is None:
+                    return False  # a reload removed it meanwhile
                 scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
                 waited_from = max(scheduled, self._started)
-                if not digest_ready(self.latest, self.clock, self.config) and now < waited_from + dt.timedelta(
+                if not digest_ready(account.latest, self.clock, account.config) and now < waited_from + dt.timedelta(
                     seconds=DIGEST_WAIT
                 ):
                     return False
-                body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config))
+                body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config), account=name)
                 # For the notifiers configured now: a reload meanwhile may have removed one (and
                 # dropped its queue), which a digest queued after it must not fill again.
                 with self._alerts_lock:
                     current = {n.name for n in self.dispatcher.outbox_notifiers}
-                    names = [name for name in config.notifiers if name in current]
+                    names = [n for n in config.notifiers if n in current]
                     queued = self.dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
             except StateError as error:
                 if self._digest_error != str(error):
@@ -301,7 +349,9 @@ class Daemon:
             log.info("digest queueing recovered")
             self._digest_error = ""
         if queued:
-            log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers))
+            where = {"account": name} if name else {}
+            log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers),
+                     **where)  # type: ignore[arg-type]  # fmt: skip
             self.dispatcher.poke()
         return queued
 
@@ -329,22 +379,37 @@ class Daemon:
                 self.scheduler.reschedule_job(source, trigger=trigger)
             self._intervals[source] = interval
 
-    def _reprice(self) -> None:
+    def _reprice(self, old: Sources) -> None:
         """New prices: today's and yesterday's estimates change now, not at the next usage refresh.
         A refresh in flight prices its own figures with them."""
-        lock = self._locks.setdefault("usage", threading.Lock())
-        if not lock.acquire(blocking=False):
-            self.sources.usage.prices = {p.model: p for p in self.config.prices}
+        for name, account in self.sources.accounts.items():
+            before = old.accounts.get(name)
+            if before is None or before.config.prices == account.config.prices:
+                continue
+            key = source_key(name, "usage")
+            lock = self._locks.setdefault(key, threading.Lock())
+            if not lock.acquire(blocking=False):
+                account.usage.prices = {p.model: p for p in account.config.prices}
+                continue
+            try:
+                snapshot = account.usage.reprice(account.config.prices)
+                if snapshot is not None:
+                    account.latest.usage = snapshot
+                    self.sources.exposition.prepare()
+            finally:
+                lock.release()
+                if key in self._again:  # a forced refresh found the lock taken here
+                    self._run_soon(key)
+
+    def _rollover(self, source: str) -> None:
+        """`source` of the only account now; with several accounts, each one's beside its schedule
+        (one account slow to answer delays no other's)."""
+        keys = self.sources.keys(source)
+        if keys == [source]:
+            self.refresh(source)
             return
-        try:
-            snapshot = self.sources.usage.reprice(self.config.prices)
-            if snapshot is not None:
-                self.latest.usage = snapshot
-                self.sources.exposition.prepare()
-        finally:
-            lock.release()
-            if "usage" in self._again:  # a forced refresh found the lock taken here
-                self._run_soon("usage")
+        for key in keys:
+            self._run_soon(key)
 
     @staticmethod
     def _skipped(event: JobSubmissionEvent) -> None:
@@ -371,10 +436,10 @@ class Daemon:
             self._schedule()
             # Roll the usage day over right after the billing zone's midnight, not up to an interval later.
             rollover = DailyTrigger(self.clock.tz, ROLLOVER_USAGE)
-            self.scheduler.add_job(self.refresh, rollover, args=["usage"], id="rollover")
+            self.scheduler.add_job(self._rollover, rollover, args=["usage"], id="rollover")
             # And the new day's bills: a daily budget's figures of the day that ended are not shown as today's.
             rollover_bills = DailyTrigger(self.clock.tz, ROLLOVER_BILLS)
-            self.scheduler.add_job(self.refresh, rollover_bills, args=["bills"], id="rollover-bills")
+            self.scheduler.add_job(self._rollover, rollover_bills, args=["bills"], id="rollover-bills")
             self.scheduler.start()
         if self._server is not None:
             log.info("listening", url=self._server.url, sources=",".join(self.sources.refreshers))
@@ -415,7 +480,7 @@ class Daemon:
             try:
                 self.sources = Sources(
                     config, self.latest, self.clock, self.state, retry=self.retry, previous=old,
-                    dispatcher=self.dispatcher, billing=self.billing,
+                    dispatcher=self.dispatcher, billing=self.billing, account_state=self._account_state,
                 )  # fmt: skip
             except StateError as error:
                 log.error("config reload refused (keeping the running config)", error=str(error))
@@ -424,9 +489,11 @@ class Daemon:
             if self._server is not None:
                 self._server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
-        self.latest.forget(set(old.refreshers) - set(self.sources.refreshers))
-        if config.prices != old.config.prices:
-            self._reprice()
+        for name, account in self.sources.accounts.items():
+            before = old.accounts.get(name)
+            if before is not None:
+                account.latest.forget(set(before.refreshers) - set(account.refreshers))
+        self._reprice(old)
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()
@@ -458,6 +525,8 @@ class Daemon:
             finished = finished and self._active == 0
         if finished:
             self.state.close()
+            for store in self._account_states.values():
+                store.close()
         else:
             log.warning("abandoning work still in flight", after_seconds=grace)
         return finished

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from exporter.alerts.engine import Alert
 from exporter.alerts.promrules import rule_file
-from exporter.app.account import RefreshFailed, Sources
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
+from exporter.app.sources import RefreshFailed, Sources
 from exporter.billing import BillingClient, BillingError
 from exporter.config.load import ConfigError, load_checked
 from exporter.config.schema import Config
@@ -127,7 +127,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         assert config.digest is not None
         # A dispatcher of its own, with the digest's notifiers only and nothing else queued.
         chosen = [n for n in config.alerts.notifiers if n.name in config.digest.notifiers]
-        sender = Dispatcher(chosen, AlertStore(store), clock, list, config.server.external_url or "")
+        sender = Dispatcher(chosen, AlertStore(store), clock, lambda _: [], config.server.external_url or "")
         sender.store.enqueue_digest(f"now:{time.time()}", config.digest.notifiers, body, time.time())
         sender.deliver()
         left = sender.pending()

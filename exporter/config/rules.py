@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.core.fields import Amount, Duration, Name, Strict
+from exporter.core.fields import Amount, Duration, Name, ScopeValue, Strict
 from exporter.model.signals import SIGNALS
 
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
@@ -27,10 +27,25 @@ LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 RESERVED_LABELS = ("alertname", "alertstate")
 
 
+ACCOUNT_LABEL = "account"
+"""What every signal may name in `by` and `where` when the config lists `accounts`."""
+
+
 class _Rule(Strict):
     alert: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    notifiers: tuple[Name, ...] | None = None
+    """Where its alerts go; every notifier that takes alerts when unset."""
+
+    @field_validator("notifiers")
+    @classmethod
+    def _some_notifiers(cls, notifiers: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if notifiers is not None and not notifiers:
+            raise ValueError("an empty list sends the rule's alerts nowhere: leave `notifiers` out for every one")
+        if notifiers is not None and len(set(notifiers)) != len(notifiers):
+            raise ValueError("names a notifier twice")
+        return notifiers
 
     def _check(self, fields: set[str]) -> None:
         """Label names, and annotation templates naming only `fields`."""
@@ -49,7 +64,7 @@ class ThresholdRule(_Rule):
     signal: str
     window: Literal["today", "month", "month_forecast"] = "today"
     by: tuple[Name, ...] = ()
-    where: dict[str, str] = Field(default_factory=dict)
+    where: dict[str, ScopeValue] = Field(default_factory=dict)
     op: Literal[OPERATORS] = ">"  # type: ignore[valid-type]
     threshold: Amount
     for_: Duration = Field(0.0, alias="for")
@@ -67,7 +82,7 @@ class ThresholdRule(_Rule):
     def _shape(self) -> ThresholdRule:
         signal = SIGNALS[self.signal]
         for name in (*self.by, *self.where):
-            if name not in signal.labels:
+            if name not in signal.labels and name != ACCOUNT_LABEL:
                 raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
         if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
             raise ValueError("spend is billed by endpoint or by item, not both: use one of them")

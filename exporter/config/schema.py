@@ -27,7 +27,18 @@ from pydantic import (
 )
 
 from exporter.config.rules import RuleConfig
-from exporter.core.fields import Amount, Duration, HttpUrl, Interval, Name, Strict, Text, parse_amount
+from exporter.core.fields import (
+    Amount,
+    Duration,
+    HttpUrl,
+    Interval,
+    Name,
+    ScopeValue,
+    Strict,
+    Text,
+    parse_amount,
+    scope_values,
+)
 from exporter.notifiers.kind import NotifierModel
 from exporter.notifiers.registry import KINDS
 
@@ -125,22 +136,27 @@ BILLED_SCOPE = ("endpoint_id", "item", "product", "project_id")
 """What a budget's `where` may name to be measured on the bills."""
 USAGE_SCOPE = ("model", "api_key")
 """What makes a budget measured on usage × prices instead (`endpoint_id` may join them)."""
+ACCOUNT = "account"
+"""The label every series of an account carries when the config lists `accounts`; rules and
+top-level budgets may name it in `where` (and rules in `by`)."""
 
 
 class BudgetConfig(Strict):
     name: Name
     amount: Annotated[Decimal, BeforeValidator(parse_amount), AfterValidator(_above_zero)]
     period: Literal["month", "day"] = "month"
-    where: dict[str, Text] = Field(default_factory=dict)
-    """The share of the account the budget covers (every label must match); the whole account when empty."""
+    where: dict[str, ScopeValue] = Field(default_factory=dict)
+    """The share of the account the budget covers (every label must match one of its values); the
+    whole account when empty. With `accounts`, `account` picks the accounts a top-level budget spans
+    (all of them without it: the organisation's)."""
 
     @model_validator(mode="after")
     def _scope(self) -> BudgetConfig:
-        keys = set(self.where)
+        keys = set(self.where) - {ACCOUNT}
         for key in sorted(keys - {*BILLED_SCOPE, *USAGE_SCOPE}):
             raise ValueError(
                 f"`where` cannot name {key!r}: a budget is scoped on {', '.join(BILLED_SCOPE)} (billed)"
-                f" or {', '.join(USAGE_SCOPE)} (usage × prices)"
+                f" or {', '.join(USAGE_SCOPE)} (usage × prices), and on `account` with `accounts`"
             )
         if {"endpoint_id", "item"} <= keys:
             raise ValueError("`where` names endpoint_id and item: bills are by endpoint or by item, not both")
@@ -151,18 +167,30 @@ class BudgetConfig(Strict):
                 "`where` mixes usage labels (model, api_key) with billed ones (item, product, project_id):"
                 " usage records carry only endpoint_id, model and api_key"
             )
-        api_key = self.where.get("api_key")
-        if api_key is not None and "*" not in api_key:
-            raise ValueError(
-                "`where.api_key` must be the masked key as usage records show it (a prefix and asterisks,"
-                " e.g. sk-ab****): a full key never matches, and does not belong in the config"
-            )
+        for api_key in scope_values(self.where.get("api_key", ())):
+            if "*" not in api_key:
+                raise ValueError(
+                    "`where.api_key` must be the masked key as usage records show it (a prefix and asterisks,"
+                    " e.g. sk-ab****): a full key never matches, and does not belong in the config"
+                )
         return self
 
     @property
     def on_usage(self) -> bool:
         """Measured on usage × prices (the scope names a model or an API key), not on the bills."""
         return bool(set(self.where) & set(USAGE_SCOPE))
+
+    @property
+    def accounts(self) -> tuple[str, ...] | None:
+        """The accounts its `where` names; None when it names none (every account)."""
+        wanted = self.where.get(ACCOUNT)
+        return None if wanted is None else scope_values(wanted)
+
+    def in_account(self) -> BudgetConfig:
+        """This budget as one account measures it: its scope without `account`."""
+        if ACCOUNT not in self.where:
+            return self
+        return self.model_copy(update={"where": {k: v for k, v in self.where.items() if k != ACCOUNT}})
 
 
 if TYPE_CHECKING:
@@ -261,8 +289,34 @@ class LogConfig(Strict):
     format: Literal["text", "json"] = "text"
 
 
-class Config(Strict):
+class AccountConfig(Strict):
+    """One account of several: its billing API and, optionally, its probes, prices and budgets."""
+
+    name: Name
     billing: BillingConfig
+    inference: InferenceConfig | None = None
+    probes: tuple[ProbeConfig, ...] = ()
+    prices: tuple[PriceConfig, ...] | None = None
+    """This account's prices; the top-level `prices` when unset."""
+    budgets: tuple[BudgetConfig, ...] = ()
+    """Budgets of this account alone (their `where` cannot name `account`)."""
+
+    @field_validator("budgets")
+    @classmethod
+    def _own_budgets(cls, budgets: tuple[BudgetConfig, ...]) -> tuple[BudgetConfig, ...]:
+        for budget in budgets:
+            if ACCOUNT in budget.where:
+                raise ValueError(
+                    f"budget {budget.name!r}: an account's budget is its own; `where.account` belongs to"
+                    " a top-level budget"
+                )
+        return budgets
+
+
+class Config(Strict):
+    billing_: BillingConfig | None = Field(None, alias="billing")
+    accounts: tuple[AccountConfig, ...] = ()
+    """Several accounts in one exporter; without it, `billing` (and `inference`, `probes`) are the one account's."""
     inference: InferenceConfig | None = None
     probes: tuple[ProbeConfig, ...] = ()
     prices: tuple[PriceConfig, ...] = ()
@@ -273,6 +327,74 @@ class Config(Strict):
     log: LogConfig = LogConfig()
     reconciliation: ReconciliationConfig = ReconciliationConfig()
     digest: DigestConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_or_several(self) -> Config:
+        if self.billing_ is None and not self.accounts:
+            raise ValueError("`billing` is required (or `accounts`, a list of accounts each with its `billing`)")
+        if self.accounts:
+            if self.billing_ is not None:
+                raise ValueError("`billing` and `accounts` exclude each other: give each account its `billing`")
+            for key in ("inference", "probes"):
+                if getattr(self, key):
+                    raise ValueError(f"with `accounts`, `{key}` belongs to the account whose endpoints it probes")
+            zones = {account.billing.timezone for account in self.accounts}
+            if len(zones) > 1:
+                raise ValueError(
+                    f"the accounts' `billing.timezone` differ ({', '.join(sorted(zones))}): the accounts of one"
+                    " exporter share their billing days (run one exporter per time zone)"
+                )
+        return self
+
+    @property
+    def billing(self) -> BillingConfig:
+        """The account's `billing`; with `accounts`, the first one's (what they share: the time zone)."""
+        if self.billing_ is not None:
+            return self.billing_
+        return self.accounts[0].billing
+
+    @property
+    def several(self) -> bool:
+        """The config lists `accounts`: every series and alert of an account carries its name."""
+        return bool(self.accounts)
+
+    def account_configs(self) -> tuple[tuple[str, Config], ...]:
+        """Each account's name and its config as one account's (`billing`, `inference`, `probes`,
+        `prices`, and the budgets it alone is measured on); the name is empty without `accounts`."""
+        if not self.accounts:
+            return (("", self),)
+        return tuple(
+            (
+                account.name,
+                self.model_copy(
+                    update={
+                        "billing_": account.billing,
+                        "accounts": (),
+                        "inference": account.inference,
+                        "probes": account.probes,
+                        "prices": self.prices if account.prices is None else account.prices,
+                        "budgets": (
+                            *account.budgets,
+                            *(b.in_account() for b in self.budgets if b.accounts == (account.name,)),
+                        ),
+                    }
+                ),
+            )
+            for account in self.accounts
+        )
+
+    @property
+    def shared_budgets(self) -> tuple[BudgetConfig, ...]:
+        """Budgets spanning several accounts (the organisation's, without `where.account`), measured
+        on all of them at once; none without `accounts`."""
+        if not self.accounts:
+            return ()
+        return tuple(b for b in self.budgets if b.accounts is None or len(b.accounts) > 1)
+
+    @property
+    def all_budgets(self) -> tuple[BudgetConfig, ...]:
+        """Every budget, wherever it is defined (names are unique across the config)."""
+        return (*self.budgets, *(b for account in self.accounts for b in account.budgets))
 
     def secret_values(self) -> list[str]:
         """Every secret in the config, and the path of each secret URL (what a library may log of it)."""

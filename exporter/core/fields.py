@@ -73,3 +73,24 @@ def _http_url(url: str) -> str:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _distinct(values: tuple[str, ...]) -> tuple[str, ...]:
+    if not values:
+        raise ValueError("an empty list matches nothing")
+    if len(set(values)) != len(values):
+        raise ValueError("lists a value twice")
+    return values
+
+
+ScopeValue = str | Annotated[tuple[Annotated[str, Field(min_length=1)], ...], AfterValidator(_distinct)]
+"""A `where` value: one label value, or a list of them (`endpoint_id: [ep-a, ep-b]`, any of them)."""
+
+
+def in_scope(wanted: str | tuple[str, ...] | None, value: str) -> bool:
+    """`value` is what a `where` entry (one value, a list, or None for no entry) lets through."""
+    return wanted is None or value == wanted or (isinstance(wanted, tuple) and value in wanted)
+
+
+def scope_values(wanted: str | tuple[str, ...]) -> tuple[str, ...]:
+    return wanted if isinstance(wanted, tuple) else (wanted,)

@@ -127,9 +127,10 @@ class Dispatcher:
         notifiers: Sequence[NotifierConfig],
         store: AlertStore,
         clock: Clock,
-        alerts: Callable[[], list[Alert]],
+        alerts: Callable[[str], Sequence[Alert]],
         external_url: str,
     ) -> None:
+        """`alerts`: the current alerts routed to the notifier named (what a kind that is resent sends)."""
         self.store = store
         self.clock = clock
         self.alerts = alerts
@@ -390,7 +391,7 @@ class Dispatcher:
         notifier = self._notifiers.get(name)
         if notifier is None or isinstance(sender := kind(notifier), OutboxKind):
             return
-        alerts, now = self.alerts(), self.clock.now().timestamp()
+        alerts, now = self.alerts(name), self.clock.now().timestamp()
         with self._locks[name]:
             sender.send(notifier, alerts, now, self)
 

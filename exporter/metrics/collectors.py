@@ -227,13 +227,30 @@ class ReconciliationCollector(Collector):
 
 
 class ExporterCollector(Collector):
-    """The exporter's own health: per-source refresh status, API calls, build, billing calendar."""
+    """The exporter's own health: per-source refresh status, API calls, build, billing calendar.
 
-    def __init__(self, latest: Latest, clock: Clock) -> None:
+    `part`: `all`; `account` (an account's: its sources, API calls and clock skew) or `process`
+    (what several accounts share: build, calendar, reloads)."""
+
+    def __init__(self, latest: Latest, clock: Clock, part: str = "all") -> None:
         self.latest = latest
         self.clock = clock
+        self.part = part
 
     def collect(self) -> Iterator[Metric]:
+        families = list(self._collect())
+        account = {
+            "inference_exporter_refresh_success",
+            "inference_exporter_last_refresh_success_timestamp_seconds",
+            "inference_exporter_refresh_duration_seconds",
+            "inference_exporter_api_requests",
+            "inference_exporter_clock_skew_seconds",
+        }
+        for family in families:
+            if self.part == "all" or (family.name in account) == (self.part == "account"):
+                yield family
+
+    def _collect(self) -> Iterator[Metric]:
         success = GaugeMetricFamily(
             "inference_exporter_refresh_success",
             "1 if the last refresh of the source succeeded, else 0 (its figures are then the last good ones).",

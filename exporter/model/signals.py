@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from exporter.core.clock import Clock
+from exporter.core.fields import in_scope, scope_values
 from exporter.model.forecast import forecast
 from exporter.model.snapshots import PROBE_PREFIX, DailyAmount, Latest, UsageTotals, per_day, probe_source
 
@@ -28,7 +30,10 @@ if TYPE_CHECKING:
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""
 Values = dict[Labels, Decimal]
+Where = Mapping[str, str | tuple[str, ...]]
 TODAY = "inference_billing_today_info"
+ACCOUNT = "account"
+"""The label of an account's series with `accounts`: any signal may be grouped and scoped by it."""
 
 
 class NotExpressible(Exception):
@@ -56,6 +61,9 @@ class Signal:
     """Its figures count things (tokens, requests): whole numbers, shown without decimals."""
     needs: str = ""
     """A config section without which the signal can match nothing (`prices`, `probes`)."""
+    combine: Callable[[Decimal, Decimal], Decimal] = Decimal.__add__
+    """How one group's values in two accounts make the group's value across them (as the PromQL's
+    aggregation does): summed, or the worst of them."""
 
 
 # --- grouping -------------------------------------------------------------------------------
@@ -80,7 +88,7 @@ def todays_history(latest: Latest, clock: Clock) -> bool:
 
 def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
     """The group a series belongs to, or None when `where` excludes it."""
-    if any(labels.get(name) != value for name, value in rule.where.items()):
+    if any(not in_scope(value, labels.get(name, "")) for name, value in rule.where.items()):
         return None
     return tuple(sorted((name, labels.get(name, "")) for name in rule.by))
 
@@ -96,11 +104,19 @@ def _sum(pairs: Iterable[tuple[Labels | None, Decimal]], rule: ThresholdRule) ->
 # --- PromQL ---------------------------------------------------------------------------------
 
 
-def _matchers(where: Mapping[str, str]) -> str:
-    """`{name="value",...}`; JSON's string escapes are valid PromQL ones."""
+def _matcher(name: str, value: str | tuple[str, ...]) -> str:
+    """`name="value"`, or for a list `name=~"a|b"` (each value's regular-expression characters
+    escaped); JSON's string escapes are valid PromQL ones."""
+    if isinstance(value, str):
+        return f"{name}={json.dumps(value)}"
+    return f"{name}=~{json.dumps('|'.join(re.escape(v) for v in scope_values(value)))}"
+
+
+def _matchers(where: Where) -> str:
+    """`{name="value",...}`."""
     if not where:
         return ""
-    return "{" + ",".join(f"{name}={json.dumps(value)}" for name, value in sorted(where.items())) + "}"
+    return "{" + ",".join(_matcher(name, value) for name, value in sorted(where.items())) + "}"
 
 
 def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
@@ -298,16 +314,18 @@ SIGNALS: dict[str, Signal] = {
         evaluate=_probe(latency=True),
         promql=_metric("inference_probe_duration_seconds", "max"),
         needs="probes",
+        combine=max,
     ),
     "probe_success": Signal(
         labels=PROBE_LABELS,
         evaluate=_probe(latency=False),
         promql=_metric("inference_probe_success", "min"),
         needs="probes",
+        combine=min,
     ),
-    "data_age": Signal(labels=("source",), evaluate=data_age, promql=data_age_promql),
+    "data_age": Signal(labels=("source",), evaluate=data_age, promql=data_age_promql, combine=max),
     "reconciliation_gap": Signal(
-        labels=("item", "endpoint_id"), evaluate=reconciliation_gap, promql=reconciliation_promql
+        labels=("item", "endpoint_id"), evaluate=reconciliation_gap, promql=reconciliation_promql, combine=max
     ),
 }
 """The signals a threshold rule may name, by name."""
@@ -316,3 +334,50 @@ SIGNALS: dict[str, Signal] = {
 def evaluate(rule: ThresholdRule, latest: Latest, clock: Clock, sources: Iterable[str]) -> Values | None:
     """The rule's signal per group, or None when the data cannot be trusted right now."""
     return SIGNALS[rule.signal].evaluate(rule, Context(latest, clock, tuple(sources)))
+
+
+@dataclass(frozen=True)
+class Account:
+    """What a rule is evaluated on in one account: its name (the `account` label; empty for the one
+    account of a config without `accounts`), its snapshots and its configured sources."""
+
+    name: str
+    latest: Latest
+    sources: Callable[[], Iterable[str]]
+
+
+def evaluate_accounts(rule: ThresholdRule, accounts: Iterable[Account], clock: Clock) -> tuple[Values, set[str]] | None:
+    """The rule's signal per group across the accounts its `where` lets through, as its PromQL
+    aggregates their series: a group is labelled with its account when `by` names `account`, and
+    else combines the accounts' values (`Signal.combine`). Also the accounts whose data cannot be
+    trusted right now (their groups are unknown: their alerts keep their state). None when the
+    whole is unknown: an account that cannot be trusted is part of every group not split by account."""
+    signal = SIGNALS[rule.signal]
+    split = ACCOUNT in rule.by
+    wanted = rule.where.get(ACCOUNT)
+    inner = rule
+    if split or wanted is not None:
+        inner = rule.model_copy(
+            update={
+                "by": tuple(n for n in rule.by if n != ACCOUNT),
+                "where": {k: v for k, v in rule.where.items() if k != ACCOUNT},
+            }
+        )
+    values: Values = {}
+    unknown: set[str] = set()
+    for account in accounts:
+        if not in_scope(wanted, account.name):
+            continue
+        found = signal.evaluate(inner, Context(account.latest, clock, tuple(account.sources())))
+        if found is None:
+            if not split:
+                return None
+            unknown.add(account.name)
+            continue
+        for group, value in found.items():
+            if split:
+                group = tuple(sorted((*group, (ACCOUNT, account.name))))
+            values[group] = signal.combine(values[group], value) if group in values else value
+    if not split and not values and not rule.by:
+        values[()] = Decimal(0)  # (no account in scope: nothing spent, as one account with no lines)
+    return values, unknown

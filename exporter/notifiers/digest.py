@@ -18,7 +18,8 @@ def subject(d: Mapping[str, Any]) -> str:
     what = "Weekly" if d["schedule"] == "weekly" else "Daily"
     spend = d["spend"] if d["spend"] is not None else "unknown"
     expected = f" (expected {d['expected']})" if d["expected"] else ""
-    return f"{what} inference spend {_span_name(d)}: {spend}{expected}"
+    account = f" of {d['account']}" if d.get("account") else ""
+    return f"{what} inference spend{account} {_span_name(d)}: {spend}{expected}"
 
 
 def _change(value: float | None) -> str:

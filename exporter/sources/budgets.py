@@ -26,6 +26,7 @@ from decimal import Decimal
 
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import previous_period
+from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
 from exporter.model.forecast import TRAILING_DAYS, forecast
 from exporter.model.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageRow, UsageSnapshot, per_day
@@ -34,6 +35,7 @@ from exporter.sources.usage import estimate
 log = get_logger(__name__)
 
 Days = dict[dt.date, Decimal]
+Scope = Mapping[str, str | tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,9 @@ def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[
     return (
         a
         for a in (month.by_endpoint if by_endpoint else month.by_item)
-        if where.get(key, a.key) == a.key
-        and where.get("product", a.product) == a.product
-        and where.get("project_id", a.project_id) == a.project_id
+        if in_scope(where.get(key), a.key)
+        and in_scope(where.get("product"), a.product)
+        and in_scope(where.get("project_id"), a.project_id)
     )
 
 
@@ -73,18 +75,18 @@ def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | N
     return None if held is None else per_day(_scoped(budget, held))
 
 
-def _usage_in_scope(where: Mapping[str, str], endpoint: str, model: str, api_key: str) -> bool:
+def _usage_in_scope(where: Scope, endpoint: str, model: str, api_key: str) -> bool:
     return (
-        where.get("endpoint_id", endpoint) == endpoint
-        and where.get("model", model) == model
-        and where.get("api_key", api_key) == api_key
+        in_scope(where.get("endpoint_id"), endpoint)
+        and in_scope(where.get("model"), model)
+        and in_scope(where.get("api_key"), api_key)
     )
 
 
 class _Pricer:
     """Usage rows of one scope, priced; `unpriced` once a matching row's model has no price."""
 
-    def __init__(self, where: Mapping[str, str], prices: Sequence[PriceConfig]) -> None:
+    def __init__(self, where: Scope, prices: Sequence[PriceConfig]) -> None:
         self.where = where
         self.prices = {p.model: p for p in prices}
         self.unpriced = False
@@ -232,7 +234,7 @@ def scope_matched(budget: BudgetConfig, latest: Latest) -> bool | None:
 
 def _scope_text(budget: BudgetConfig) -> str:
     """`endpoint_id=ep-1, model=m`."""
-    return ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items()))
+    return ", ".join(f"{k}={'|'.join(scope_values(v))}" for k, v in sorted(budget.where.items()))
 
 
 def judge_scopes(latest: Latest, budgets: Iterable[BudgetConfig]) -> list[tuple[BudgetConfig, bool | None]]:

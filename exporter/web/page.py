@@ -64,7 +64,7 @@ def _scope(budget: BudgetConfig) -> str:
 def landing_page(view: View) -> str:
     now = view.now()
     rows = []
-    health = view.latest.health
+    health = view.sources_health()
     for source in view.sources():
         entry = health.get(source)
         if entry is None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.alerts.engine import Alert
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import iso
-from exporter.model.snapshots import Latest
+from exporter.model.snapshots import Latest, SourceHealth
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,16 @@ class View:
     """The billing zone's day: a budget's figures of a day or month that has ended are not shown as current."""
     now: Callable[[], float] = time.time
     """The billing clock's time, which the sources' timestamps are in."""
+    health: Callable[[], Mapping[str, SourceHealth]] | None = None
+    """Each of `sources` with its health (with several accounts, `prod/bills`); `latest`'s when None."""
+
+    def sources_health(self) -> Mapping[str, SourceHealth]:
+        return self.latest.health if self.health is None else self.health()
 
 
 def ready(view: View) -> tuple[bool, dict[str, str]]:
     """Each configured source has refreshed successfully at least once."""
-    health = view.latest.health
+    health = view.sources_health()
     states = {}
     for source in view.sources():
         entry = health.get(source)

@@ -1,0 +1,267 @@
+"""Everything built from a config: its accounts (`app.account`), the alert engine over all of
+them, the notifiers' dispatcher and the exposition; and the digest made from them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from exporter.alerts.engine import Alert, Engine, Watched, routes
+from exporter.app.account import Account, BillingFactory, RefreshFailed, build_exposition, collectors
+from exporter.billing import BillingError, RetryPolicy
+from exporter.config.rules import AnomalyRule
+from exporter.config.schema import ACCOUNT, BudgetConfig, Config
+from exporter.core.clock import Clock
+from exporter.delivery.dispatcher import Dispatcher
+from exporter.digest.build import FiringAlert, ProbeStat, build, span
+from exporter.metrics.accounts import Labelled, SharedBudgetCollector
+from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.collectors import ExporterCollector
+from exporter.metrics.exposition import Exposition
+from exporter.model import signals
+from exporter.model.snapshots import Latest
+from exporter.notifiers.registry import outbox
+from exporter.state import AlertStore, StateStore
+
+__all__ = ["Account", "RefreshFailed", "Sources", "build_exposition", "source_key"]
+
+AccountState = Callable[[str], StateStore]
+"""The state file of the account named (with several accounts, each keeps its sources' own)."""
+
+
+def source_key(account: str, source: str) -> str:
+    """How the daemon names an account's source: `bills`, or with several accounts `prod/bills`."""
+    return f"{account}/{source}" if account else source
+
+
+def process_budgets(config: Config) -> tuple[BudgetConfig, ...]:
+    """Every budget as the engine measures it: with several accounts, an account's own budget is
+    scoped to it (`where.account`), a top-level one to the accounts it names (all without)."""
+    if not config.several:
+        return config.budgets
+    own = (
+        b.model_copy(update={"where": {**b.where, ACCOUNT: account.name}})
+        for account in config.accounts
+        for b in account.budgets
+    )
+    return (*config.budgets, *own)
+
+
+class Sources:
+    """The accounts of a config, the engine that watches them, the dispatcher and the exposition.
+
+    Built again on each reload; each account carries over from `previous` what its reload does
+    not change (see `Account`), and keeps its snapshots (`latests`) while its name stays.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        latest: Latest,
+        clock: Clock,
+        state: StateStore,
+        external_url: str = "",
+        retry: RetryPolicy | None = None,
+        previous: Sources | None = None,
+        dispatcher: Dispatcher | None = None,
+        billing: BillingFactory | None = None,
+        account_state: AccountState | None = None,
+    ) -> None:
+        """`latest` and `state`: the process's (and the one account's without `accounts`).
+        `dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that delivers
+        only when asked. `account_state`: each account's state file with `accounts` (in memory
+        unless given)."""
+        self.config = config
+        self.latest = latest
+        self.clock = clock
+        self.state = state
+        named = config.account_configs()
+        held: dict[str, Latest] = previous.latests if previous is not None else {}
+        self.latests: dict[str, Latest] = {name: held.get(name) or Latest() if name else latest for name, _ in named}
+        # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
+        alert_store = dispatcher.store if dispatcher is not None else AlertStore(state)
+        self.accounts: dict[str, Account] = {}
+        watched = [
+            Watched(
+                signals.Account(name, self.latests[name], self._sources_of(name)),
+                account_config.prices,
+                account_config.billing.history_months > 0,
+            )
+            for name, account_config in named
+        ]
+        # First, since it reads the state file (which may fail): nothing else is built in vain then.
+        self.engine = Engine(
+            config.alerts,
+            process_budgets(config),
+            alert_store,
+            clock,
+            None,
+            sources=lambda: (),
+            notifiers=[n.name for n in config.alerts.notifiers if outbox(n) is not None],
+            accounts=watched,
+            routes=routes(config.alerts, config.digest.notifiers if config.digest is not None else ()),
+        )
+        for name, account_config in named:
+            kept = previous.accounts.get(name) if previous is not None else None
+            store = state if not name else (account_state(name) if account_state else StateStore(":memory:"))
+            self.accounts[name] = Account(
+                name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing
+            )
+        self.refreshers: dict[str, Callable[[], None]] = {}
+        self.intervals: dict[str, float] = {}
+        for name, account in self.accounts.items():
+            for source, refresher in account.refreshers.items():
+                self.refreshers[source_key(name, source)] = refresher
+                self.intervals[source_key(name, source)] = account.intervals[source]
+        if dispatcher is None:
+            dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
+        self.dispatcher = dispatcher
+        self.exposition = self._exposition()
+
+    def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
+        return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
+
+    def _exposition(self) -> Exposition:
+        alerts = AlertsCollector(self.engine, self.dispatcher)
+        if not self.config.several:
+            one = self.accounts[""]
+            return build_exposition(one.config, one.latest, self.clock, alerts)
+        parts = [
+            (name, collectors(a.config, a.latest, self.clock, part="account")) for name, a in self.accounts.items()
+        ]
+        blocks = [Labelled([(name, found[n]) for name, found in parts]) for n in range(len(parts[0][1]))]
+        shared = SharedBudgetCollector(
+            [(name, a.latest, a.config.prices) for name, a in self.accounts.items()],
+            self.config.shared_budgets,
+            self.clock,
+        )
+        budgets = next(n for n, block in enumerate(blocks) if "Budget" in type(block.parts[0][1]).__name__)
+        blocks[budgets] = Labelled([*blocks[budgets].parts, ("", shared)])
+        return Exposition([*blocks, ExporterCollector(self.latest, self.clock, part="process"), alerts])
+
+    # -- one account (the config's only one) --
+
+    @property
+    def one(self) -> Account:
+        """The account of a config without `accounts` (the first one with)."""
+        return next(iter(self.accounts.values()))
+
+    @property
+    def client(self) -> Any:
+        return self.one.client
+
+    @property
+    def usage(self) -> Any:
+        return self.one.usage
+
+    @property
+    def bills(self) -> Any:
+        return self.one.bills
+
+    @property
+    def history(self) -> Any:
+        return self.one.history
+
+    @property
+    def settled(self) -> Any:
+        return self.one.settled
+
+    @property
+    def probes(self) -> Any:
+        return self.one.probes
+
+    # -- refreshing --
+
+    def locate(self, key: str) -> tuple[Account, str] | None:
+        """The account and source a `source_key` names; None when no account has it now."""
+        name, _, source = key.rpartition("/")
+        account = self.accounts.get(name)
+        if account is None or source not in account.refreshers:
+            return None
+        return account, source
+
+    def keys(self, source: str) -> list[str]:
+        """Every account's key for `source` (`bills`: each account's bills)."""
+        return [source_key(name, source) for name, a in self.accounts.items() if source in a.refreshers]
+
+    def refresh_once(self, names: Iterable[str] | None = None) -> None:
+        """Refresh each source of every account once (those named, in the order given; else all),
+        recording its health as the daemon does. The first failure stops it (RefreshFailed, naming
+        the account's source as `prod/bills`)."""
+        for name, account in self.accounts.items():
+            try:
+                account.refresh_once(names)
+            except RefreshFailed as failed:
+                if not name:
+                    raise
+                cause = failed.__cause__
+                assert isinstance(cause, BillingError)
+                raise RefreshFailed(source_key(name, failed.source), cause) from cause
+
+    def changed(self, previous: Sources) -> set[str]:
+        """The sources whose way of refreshing this config changed (they run again at once)."""
+        changed: set[str] = set()
+        for name, account in self.accounts.items():
+            before = previous.accounts.get(name)
+            found = set(account.refreshers) if before is None else account.changed(before)
+            changed |= {source_key(name, source) for source in found}
+        return changed
+
+    def close(self, keep: Sources | None = None) -> None:
+        """Release connections; what `keep` took over stays open."""
+        for name, account in self.accounts.items():
+            account.close(keep.accounts.get(name) if keep is not None else None)
+
+    # -- the digest --
+
+    def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
+        """The timestamps the digest sent on `sent_on` covers: [start, end)."""
+        first, day = span(schedule, sent_on)
+        return self.clock.day_start(first).timestamp(), self.clock.day_start(day + dt.timedelta(days=1)).timestamp()
+
+    def digest(
+        self,
+        sent_on: dt.date,
+        schedule: str,
+        url: str,
+        *,
+        runs: Sequence[tuple[str, bool, float | None]] | None = None,
+        alerts: Sequence[Alert] | None = None,
+        account: str = "",
+    ) -> dict[str, Any]:
+        """The digest of one account (the only one without `accounts`) sent on `sent_on`, from what
+        its sources hold now; the probe runs and alerts are this daemon's unless given (`digest`
+        the command reads a daemon's file). With several accounts, it holds the alerts of that
+        account and of rules not split by account."""
+        one = self.accounts[account]
+        if runs is None:
+            runs = one.state.probe_runs(*self.digest_span(sent_on, schedule))
+        per_probe: dict[str, list[tuple[bool, float | None]]] = {name: [] for name in one.probes}
+        for probe, success, ttft in runs:
+            per_probe.setdefault(probe, []).append((success, ttft))
+        probes = [
+            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for s, t in rs if s and t is not None])
+            for name, rs in sorted(per_probe.items())
+        ]
+        firing = [
+            FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
+            for a in (self.engine.current() if alerts is None else alerts)
+            if a.state == "firing" and a.labels.get(ACCOUNT, account) == account
+        ]
+        at = self.config.digest.time if self.config.digest is not None else (9, 0)
+        sent_at = self.clock.day_start(sent_on) + dt.timedelta(hours=at[0], minutes=at[1])
+        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
+        last = sent_on
+        while self.clock.day_start(last + dt.timedelta(days=1)) + settle > sent_at:
+            last -= dt.timedelta(days=1)
+        first_day, final_day = span(schedule, sent_on)
+        settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
+        anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
+        body = build(
+            one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
+            anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
+        )  # fmt: skip
+        if account:
+            body["account"] = account
+        return body

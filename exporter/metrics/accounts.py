@@ -1,0 +1,130 @@
+"""Several accounts in one exposition: each account's series labelled with its `account`, a
+family's series of every account under one HELP and TYPE; and the budgets that span accounts."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.config.schema import ACCOUNT, BudgetConfig, PriceConfig
+from exporter.core.clock import Clock
+from exporter.model.snapshots import Latest
+from exporter.sources.budgets import BudgetFigures, figures, scope_matched
+
+
+class Versions(tuple[object, ...]):
+    """The versions of a block's parts: the same block while each part's is the same object."""
+
+    def same(self, other: object) -> bool:
+        return (
+            isinstance(other, Versions)
+            and len(other) == len(self)
+            and all(a is b for a, b in zip(self, other, strict=True))
+        )
+
+
+class Labelled(Collector):
+    """The same collector of several accounts as one: every sample gets its account's label (none
+    for a part named ""), and a family's samples of every part come under one HELP and TYPE, as
+    the exposition formats require. Cached while every part's version stays (`Versions`)."""
+
+    def __init__(self, parts: Sequence[tuple[str, Collector]]) -> None:
+        self.parts = tuple(parts)
+        self._version: Versions | None = None
+
+    def version(self) -> object:
+        versions = [getattr(collector, "version", lambda: None)() for _, collector in self.parts]
+        if any(v is None for v in versions):
+            return None  # a part rendered on each scrape: so is the whole
+        current = Versions(versions)
+        if self._version is None or not self._version.same(current):
+            self._version = current
+        return self._version
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for account, collector in self.parts:
+            for family in collector.collect():
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                if not account:
+                    merged.samples.extend(family.samples)
+                    continue
+                merged.samples.extend(
+                    sample._replace(labels={ACCOUNT: account, **sample.labels}) for sample in family.samples
+                )
+        yield from families.values()
+
+
+def shared_figures(
+    budget: BudgetConfig, spans: Iterable[tuple[Latest, Sequence[PriceConfig]]], today: dt.date | None
+) -> BudgetFigures | None:
+    """A budget's figures summed over the accounts it spans, each as it last refreshed; None while
+    one of them has none for the current period (a part unknown is never read as zero)."""
+    inner = budget.in_account()
+    total: BudgetFigures | None = None
+    current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
+    for latest, prices in spans:
+        found = figures(inner, latest, prices)
+        if found is None or (current is not None and found.period not in current):
+            return None
+        if total is not None and found.period != total.period:
+            return None
+        total = (
+            found
+            if total is None
+            else BudgetFigures(found.period, total.spent + found.spent, total.projected + found.projected)
+        )
+    return total
+
+
+class SharedBudgetCollector(Collector):
+    """The budgets that span several accounts (the organisation's): their amount, used and forecast
+    ratios over every account they span, and whether their scope matched anything in any of them."""
+
+    def __init__(
+        self,
+        accounts: Sequence[tuple[str, Latest, Sequence[PriceConfig]]],
+        budgets: Iterable[BudgetConfig],
+        clock: Clock,
+    ) -> None:
+        self.accounts = tuple(accounts)
+        self.budgets = tuple(budgets)
+        self.clock = clock
+
+    def _spans(self, budget: BudgetConfig) -> list[tuple[Latest, Sequence[PriceConfig]]]:
+        wanted = budget.accounts
+        return [(latest, prices) for name, latest, prices in self.accounts if wanted is None or name in wanted]
+
+    def collect(self) -> Iterator[Metric]:
+        amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
+        used = GaugeMetricFamily(
+            "inference_budget_used_ratio", "Payable amount of the budget's period ÷ the budget.", labels=["budget"]
+        )
+        forecast = GaugeMetricFamily(
+            "inference_budget_forecast_ratio",
+            "Forecast payable amount at the end of the budget's period ÷ the budget.",
+            labels=["budget"],
+        )
+        matched = GaugeMetricFamily(
+            "inference_budget_scope_matched",
+            "1 if anything the budget's source holds matches its `where`, else 0.",
+            labels=["budget"],
+        )
+        today = self.clock.today()
+        for budget in self.budgets:
+            spans = self._spans(budget)
+            amount.add_metric([budget.name], float(budget.amount))
+            found = shared_figures(budget, spans, today)
+            if found is not None:
+                ratios = found.ratios(budget.amount)
+                used.add_metric([budget.name], float(ratios[0]))
+                forecast.add_metric([budget.name], float(ratios[1]))
+            seen = [scope_matched(budget.in_account(), latest) for latest, _ in spans]
+            if any(s is not None for s in seen):
+                matched.add_metric([budget.name], 1.0 if any(seen) else 0.0)
+        yield from (amount, used, forecast, matched)

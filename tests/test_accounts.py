@@ -1,0 +1,240 @@
+"""Several accounts in one exporter: three simulators over HTTP, one going down and one dripping,
+beside a healthy one whose figures and freshness must not notice; alerts per account, routed to
+the notifiers their rules name; an organisation budget over all three."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.app.daemon import Daemon, account_state_path
+from exporter.config.load import ConfigError, validate
+from exporter.core.clock import Clock
+from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
+from tests.conftest import SHANGHAI
+from tests.helpers import LoopbackServer, Receiver, named, scrape, value, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class DripBilling(LoopbackServer):
+    """A billing API that answers one byte every `interval` seconds, for ever (a stuck proxy)."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        super().__init__()
+        self.interval = interval
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def serve(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)
+                for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"." * 100000:
+                    if self.stopping.wait(self.interval):
+                        return
+                    connection.sendall(bytes([byte]))
+            except OSError:
+                return
+
+
+@pytest.fixture
+def clock() -> Clock:
+    start, origin = dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI), time.monotonic()
+    return Clock(SHANGHAI, lambda: start + dt.timedelta(seconds=time.monotonic() - origin))
+
+
+def simulators(clock: Clock) -> dict[str, Simulator]:
+    """Three accounts, each with endpoints of its own (and one name they share: `ep-shared`)."""
+    return {
+        name: Simulator(
+            clock=clock,
+            seed=seed,
+            access_key_id=f"AK{name.upper()}0001",
+            secret_access_key=f"{name}-secret-0001",
+            endpoints=(Endpoint(f"ep-{name}-1", "model-a", "proj-main"), Endpoint("ep-shared", "model-b", "proj-main")),
+        )
+        for seed, name in enumerate(("prod", "staging", "lab"), start=3)
+    }
+
+
+def document(sims: dict[str, Simulator], urls: dict[str, str], tmp_path: Path, receivers: dict[str, Receiver]) -> dict:
+    fast = {"bills_interval": "300ms", "usage_interval": "300ms", "history_months": 0, "timeout": "2s"}
+    return {
+        "accounts": [
+            {
+                "name": name,
+                "billing": {
+                    "url": urls[name],
+                    "access_key_id": sim.access_key_id,
+                    "secret_access_key": sim.secret_access_key,
+                }
+                | fast,
+            }
+            for name, sim in sims.items()
+        ],
+        "budgets": [
+            {"name": "organisation", "amount": "1000000"},
+            {"name": "prod-and-lab", "amount": "1000000", "where": {"account": ["prod", "lab"]}},
+        ],
+        "alerts": {
+            "evaluation_interval": "200ms",
+            "rules": [
+                {  # the month so far per account: prod's is far above (a 900,000 line), the others' far below
+                    "alert": "AccountSpendHigh",
+                    "signal": "spend",
+                    "window": "month",
+                    "by": ["account"],
+                    "threshold": "500000",
+                    "notifiers": ["pager"],
+                },
+            ],
+            "notifiers": [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()],
+        },
+        "digest": {"notifiers": ["finance"]},
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+
+
+def month_total(sim: Simulator) -> Decimal:
+    return sim.bill_totals(f"{sim.clock.today():%Y-%m}")["total"]
+
+
+@pytest.fixture
+def receivers() -> Iterator[dict[str, Receiver]]:
+    made = {name: Receiver() for name in ("pager", "chat", "finance")}
+    yield made
+    for receiver in made.values():
+        receiver.stop()
+
+
+def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, receivers: dict[str, Receiver]) -> None:
+    sims = simulators(clock)
+    sims["prod"].revise_bill(clock.today(), "ep-prod-1", "ITEM_PROMPT_TOKEN", Decimal("900000"))  # prod spends far more
+    servers: dict[str, SimulatorServer] = {name: sim.serve() for name, sim in sims.items()}
+    drip = DripBilling()
+    urls = {name: server.url for name, server in servers.items()}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document(sims, urls, tmp_path, receivers)))
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start()
+    metrics_url = daemon.server.url
+    try:
+        series = wait_for(
+            lambda: (
+                (s := scrape(metrics_url))
+                and all(value(s, "inference_exporter_refresh_success", account=n, source="bills") == 1 for n in sims)
+                and s
+            ),
+            timeout=30,
+        )
+        before = {n: month_total(sim) for n, sim in sims.items()}
+        organisation = sum(before.values(), Decimal(0)) / Decimal(1000000)
+        assert Decimal(str(value(series, "inference_budget_used_ratio", budget="organisation"))) == pytest.approx(
+            organisation, rel=Decimal("1e-12")
+        )
+
+        # staging goes down, lab drips (its URL now a server that answers a byte
+        # every half second): a reload that changes lab alone
+        sims["staging"].inject(Fault("drop", times=10**9))  # every request: the connection closed, no answer
+        document_now = yaml.safe_load(path.read_text())
+        document_now["accounts"][2]["billing"]["url"] = drip.url
+        path.write_text(yaml.safe_dump(document_now))
+        assert daemon.reload()
+
+        # prod's figures move on; they must reach /metrics to the cent while the others fail or hang
+        ages: list[float] = []
+        for round_ in range(6):
+            sims["prod"].revise_bill(clock.today(), "ep-shared", "ITEM_COMPLETION_TOKEN", Decimal(f"{round_ + 1}.07"))
+            wanted = month_total(sims["prod"])
+
+            def prod_current(wanted: Decimal = wanted) -> bool:
+                s = scrape(metrics_url)
+                ages.append(
+                    clock.now().timestamp()
+                    - (
+                        value(
+                            s,
+                            "inference_exporter_last_refresh_success_timestamp_seconds",
+                            account="prod",
+                            source="bills",
+                        )
+                        or 0
+                    )
+                )
+                shown = sum(
+                    Decimal(str(v))
+                    for labels, v in named(s, "inference_bill_item_daily_payable_amount").items()
+                    if ("account", "prod") in labels and ("period", f"{clock.today():%Y-%m}") in labels
+                )
+                return abs(shown - wanted) < Decimal("0.005")
+
+            wait_for(prod_current, timeout=10)
+        # staging's failure is said (after the client's retries), while prod stays fresh
+        series = wait_for(
+            lambda: (
+                (s := scrape(metrics_url))
+                and value(s, "inference_exporter_refresh_success", account="staging", source="bills") == 0
+                and s
+            ),
+            timeout=30,
+        )
+        assert value(series, "inference_exporter_refresh_success", account="prod", source="bills") == 1
+        prod_age = clock.now().timestamp() - value(
+            series, "inference_exporter_last_refresh_success_timestamp_seconds", account="prod", source="bills"
+        )
+        assert max([*ages, prod_age]) < 3.0, f"prod's bills went {max(ages):.1f} s without a refresh"
+        lab_age = clock.now().timestamp() - value(
+            series, "inference_exporter_last_refresh_success_timestamp_seconds", account="lab", source="bills"
+        )
+        assert lab_age > 2.0  # lab's last success is from before it began to drip: its age says so
+        assert drip.connections >= 1
+
+        # the organisation's budget sums the three (staging's and lab's last good figures)
+        now_total = month_total(sims["prod"]) + before["staging"] + before["lab"]
+        shown = Decimal(str(value(series, "inference_budget_used_ratio", budget="organisation")))
+        assert shown == pytest.approx(now_total / Decimal(1000000), rel=Decimal("1e-12"))
+        assert value(series, "inference_budget_used_ratio", budget="prod-and-lab") == pytest.approx(
+            float((month_total(sims["prod"]) + before["lab"]) / Decimal(1000000))
+        )
+
+        # one account's alert, to the one notifier its rule names
+        alerts = wait_for(lambda: receivers["pager"].bodies(), timeout=15)
+        fired = [a for body in alerts for a in body["alerts"]]
+        assert {a["labels"]["account"] for a in fired} == {"prod"}
+        time.sleep(0.5)
+        assert receivers["chat"].bodies() == []  # not named by the rule
+        told_finance = receivers["finance"].bodies()
+        assert [b for b in told_finance if b.get("kind") != "digest"] == []  # only the digest names it
+        assert sorted(b["account"] for b in told_finance) == sorted(sims)  # a digest per account
+        states = daemon.sources.engine.current()
+        assert [a.labels["account"] for a in states if a.state == "firing"] == ["prod"]
+    finally:
+        daemon.stop(grace=3)
+        drip.stop()
+        for server in servers.values():
+            server.stop()
+    assert Path(account_state_path(str(tmp_path / "state.db"), "prod")).is_file()
+
+
+def test_accounts_and_billing_exclude_each_other() -> None:
+    sim = Simulator()
+    section = {"url": "http://127.0.0.1:9", "access_key_id": sim.access_key_id, "secret_access_key": "s"}
+    with pytest.raises(ConfigError, match="exclude each other"):
+        validate({"billing": section, "accounts": [{"name": "a", "billing": section}]}, {})
+    with pytest.raises(ConfigError, match="share their billing days"):
+        validate(
+            {
+                "accounts": [
+                    {"name": "a", "billing": section},
+                    {"name": "b", "billing": section | {"timezone": "UTC"}},
+                ]
+            },
+            {},
+        )
