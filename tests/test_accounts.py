@@ -238,3 +238,34 @@ def test_accounts_and_billing_exclude_each_other() -> None:
             },
             {},
         )
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"budgets": [{"name": "b", "amount": 5, "where": {"account": "nope"}}]}, "unknown account 'nope'"),
+        ({"budgets": [{"name": "b", "amount": 5, "where": {"account": ["a", "x"]}}]}, "unknown account 'x'"),
+        (
+            {"alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": 1, "notifiers": ["ghost"]}]}},
+            "unknown notifier 'ghost'",
+        ),
+        (
+            {"alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": 1, "where": {"account": "zz"}}]}},
+            "'zz' matches nothing (known: a, b)",
+        ),
+    ],
+)
+def test_what_names_an_account_or_a_notifier_must_name_one_that_exists(extra: dict, expected: str) -> None:
+    section = {"url": "http://127.0.0.1:9", "access_key_id": "AK", "secret_access_key": "s"}
+    document = {"accounts": [{"name": "a", "billing": section}, {"name": "b", "billing": section}]} | extra
+    with pytest.raises(ConfigError) as raised:
+        validate(document, {})
+    assert any(expected in detail for detail in raised.value.details), raised.value.details
+
+
+def test_account_needs_accounts() -> None:
+    section = {"url": "http://127.0.0.1:9", "access_key_id": "AK", "secret_access_key": "s"}
+    rule = {"alert": "A", "signal": "spend", "threshold": 1, "by": ["account"]}
+    with pytest.raises(ConfigError) as raised:
+        validate({"billing": section, "alerts": {"rules": [rule]}}, {})
+    assert any("only `accounts` gives" in detail for detail in raised.value.details), raised.value.details

@@ -84,7 +84,9 @@ def _duplicates(document: dict[str, Any], keys: tuple[str, ...], field: str, wha
     return problems
 
 
-def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[str, str] | None:
+def _unmatchable(
+    rule: dict[str, Any], probes: list[dict[str, Any]], accounts: list[str] | None = None
+) -> tuple[str, str] | None:
     """Why a rule can never match anything in this config (the key at fault and the reason), or
     None: probe signals with no probe, and `where` values outside the sets the config itself
     defines (probe names, scenarios, sources). Values the API defines (endpoints, models, items)
@@ -97,12 +99,56 @@ def _unmatchable(rule: dict[str, Any], probes: list[dict[str, Any]]) -> tuple[st
         "scenario": {p.get("scenario", "chat") for p in probes},
         "source": {"bills", "usage", *(probe_source(str(p.get("name"))) for p in probes)},
     }
+    if accounts is not None:
+        known["account"] = set(accounts)
     where = rule.get("where")
     for label, wanted in where.items() if isinstance(where, dict) else ():
-        if label in known and wanted not in known[label]:
-            choices = ", ".join(sorted(str(k) for k in known[label])) or "none"
-            return f"where.{label}", f"{wanted!r} matches nothing (known: {choices})"
+        for one in wanted if isinstance(wanted, list) else [wanted]:
+            if label in known and one not in known[label]:
+                choices = ", ".join(sorted(str(k) for k in known[label])) or "none"
+                return f"where.{label}", f"{one!r} matches nothing (known: {choices})"
     return None
+
+
+def _accounts(document: dict[str, Any]) -> list[tuple[Location, str]]:
+    """What only several accounts make possible, named where there are none; and what an account
+    names that it does not have."""
+    several = isinstance(document.get("accounts"), list)
+    names = [str(item.get("name")) for _, item in _items(document, "accounts")]
+    problems: list[tuple[Location, str]] = _duplicates(document, ("accounts",), "name", "account")
+    named = [(where, item.get("where")) for where, item in _items(document, "budgets")]
+    named += [(where, item.get("where")) for where, item in _items(document, "alerts", "rules")]
+    for where, scope in named:
+        if isinstance(scope, dict) and "account" in scope and not several:
+            problems.append(((*where, "where", "account"), "names `account`, which only `accounts` gives"))
+        elif isinstance(scope, dict) and "account" in scope:
+            for one in scope["account"] if isinstance(scope["account"], list) else [scope["account"]]:
+                if one not in names:
+                    problems.append(
+                        ((*where, "where", "account"), f"unknown account {one!r} (known: {', '.join(names)})")
+                    )
+    for where, rule in _items(document, "alerts", "rules"):
+        by = rule.get("by")
+        if isinstance(by, list) and "account" in by and not several:
+            problems.append(((*where, "by"), "names `account`, which only `accounts` gives"))
+    for where, account in _items(document, "accounts"):
+        if _items(account, "probes") and not isinstance(account.get("inference"), dict):
+            problems.append(((*where, "inference"), "required when the account has `probes` (url and api_key)"))
+        problems += [((*where, *at), why) for at, why in _duplicates(account, ("probes",), "name", "probe")]
+    return problems
+
+
+def _rule_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
+    known = [str(item.get("name")) for _, item in _items(document, "alerts", "notifiers")]
+    problems: list[tuple[Location, str]] = []
+    for where, rule in _items(document, "alerts", "rules"):
+        names = rule.get("notifiers")
+        for index, name in enumerate(names if isinstance(names, list) else []):
+            if name not in known:
+                problems.append(
+                    ((*where, "notifiers", index), f"unknown notifier {name!r} (known: {', '.join(known) or 'none'})")
+                )
+    return problems
 
 
 def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
@@ -115,8 +161,9 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
         if not isinstance(scope, dict):
             continue
         model, api_key, project = scope.get("model"), scope.get("api_key"), scope.get("project_id")
-        if model is not None and model not in priced:
-            problems.append(((*where, "where", "model"), f"model {model!r} has no entry in `prices`"))
+        for one in model if isinstance(model, list) else [] if model is None else [model]:
+            if isinstance(one, str) and one not in priced:
+                problems.append(((*where, "where", "model"), f"model {one!r} has no entry in `prices`"))
         if api_key is not None and not priced:
             problems.append(
                 ((*where, "where", "api_key"), "a scope on api_key is priced from `prices`, which is empty")
@@ -129,7 +176,7 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
                 )
             )
         wanted = billing.get("project_id")
-        if project is not None and isinstance(wanted, str) and wanted and project != wanted:
+        if isinstance(project, str) and isinstance(wanted, str) and wanted and project != wanted:
             problems.append(((*where, "where", "project_id"), f"matches nothing: `billing.project_id` is {wanted!r}"))
     return problems
 
@@ -156,20 +203,32 @@ def cross_check(document: dict[str, Any]) -> list[str]:
     can match nothing. Each at its location."""
     problems: list[tuple[Location, str]] = []
     probes = [item for _, item in _items(document, "probes")]
-    if probes and not isinstance(document.get("inference"), dict):
+    several = isinstance(document.get("accounts"), list)
+    account_names = [str(item.get("name")) for _, item in _items(document, "accounts")] if several else None
+    for _, account in _items(document, "accounts"):
+        probes += [item for _, item in _items(account, "probes")]
+    if probes and not several and not isinstance(document.get("inference"), dict):
         problems.append((("inference",), "required when there are `probes` (url and api_key)"))
     problems += _duplicates(document, ("probes",), "name", "probe")
     problems += _duplicates(document, ("prices",), "model", "price for model")
     problems += _duplicates(document, ("budgets",), "name", "budget")
     problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
     budgets = {item.get("name") for _, item in _items(document, "budgets")}
+    for where, account in _items(document, "accounts"):
+        for at, budget in _items(account, "budgets"):
+            if budget.get("name") in budgets:
+                problems.append(((*where, *at, "name"), f"budget {budget.get('name')!r} is defined twice"))
+            budgets.add(budget.get("name"))
+    problems += _accounts(document)
+    problems += _rule_notifiers(document)
     for where, rule in _items(document, "alerts", "rules"):
         signal = SIGNALS.get(str(rule.get("signal")))
-        if signal is not None and signal.needs == "prices" and not _items(document, "prices"):
+        priced = _items(document, "prices") or any(_items(a, "prices") for _, a in _items(document, "accounts"))
+        if signal is not None and signal.needs == "prices" and not priced:
             problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
         if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:
             problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
-        unmatchable = _unmatchable(rule, probes)
+        unmatchable = _unmatchable(rule, probes, account_names)
         if unmatchable is not None:
             problems.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
     problems += _budget_scopes(document)
