@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> None:
         store = StateStore(":memory:")
         sync = UsageSync(client, clock, store, per_api_key=False)
         sync.refresh()
-        settled = SettledUsage(client, clock, store, settle=0.0, days_per_refresh=1, per_api_key=False)
         alone, together = [], []
         for n in range(args.polls * 2):
             sim.add_usage(1000)
@@ -51,7 +50,9 @@ def main(argv: list[str] | None = None) -> None:
             (together if n % 2 else alone).append(time.perf_counter() - started)
             if n % 2:
                 calls.clear()
-                store.save_settled_usage(today, [], settled.account, keep_from=today)  # forget the day: read it again
+                # A reconciler that holds no settled day (it keeps what it read in memory): it reads the day again.
+                settled = SettledUsage(client, clock, StateStore(":memory:"), settle=0.0, days_per_refresh=1,
+                                       per_api_key=False)  # fmt: skip
                 settled.refresh(today - dt.timedelta(days=1))
                 pages = len(calls)
         client.close()
