@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.app.daemon import Daemon, account_state_path
+from exporter.app.daemon import Daemon
+from exporter.app.sources import account_state_path
 from exporter.config.load import ConfigError, validate
 from exporter.core.clock import Clock
 from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer

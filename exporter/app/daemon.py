@@ -16,7 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from exporter.app.account import Account, BillingFactory
-from exporter.app.digests import DIGEST_WAIT, digest_due, digest_ready
+from exporter.app.digests import DigestQueue
 from exporter.app.schedule import (
     JITTER_FRACTION,
     MAX_JITTER,
@@ -25,14 +25,14 @@ from exporter.app.schedule import (
     SKIPPED_RUN_NOTICE,
     DailyTrigger,
 )
-from exporter.app.sources import Sources, source_key
+from exporter.app.sources import AccountStates, Sources, source_key
 from exporter.billing import BillingError, ClientClosed, RetryPolicy
 from exporter.config.load import ConfigError, load
-from exporter.config.schema import Config, DigestConfig
+from exporter.config.schema import Config
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger, mask_more
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.model.snapshots import Latest, SourceHealth
+from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.web import Credentials, ExporterServer, TlsError, View
 
@@ -40,15 +40,6 @@ log = get_logger(__name__)
 
 SHUTDOWN_GRACE = 10.0
 SCHEDULER_THREADS = 1024
-
-
-def account_state_path(path: str, account: str) -> str:
-    """Where an account of several keeps its sources' state: beside the process's state file,
-    `exporter.db` → `exporter.prod.db` (the process's own keeps the alerts and the outbox)."""
-    if path == ":memory:":
-        return path
-    base = Path(path)
-    return str(base.with_name(f"{base.stem}.{account}{base.suffix or '.db'}"))
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -88,8 +79,7 @@ class Daemon:
         self.clock = clock or Clock(config.billing.zone)
         self.latest = Latest()
         self.state = StateStore(config.state.path)
-        self._account_states: dict[str, StateStore] = {}
-        """With several accounts, each one's state file (`account_state_path`), opened when first needed."""
+        self._account_states = AccountStates(config.state.path)
         self._locks: dict[str, threading.Lock] = {}
         self._active = 0
         self._idle = threading.Condition()
@@ -97,7 +87,6 @@ class Daemon:
         self._alerts_lock = threading.Lock()
         self._alerts_due = threading.Event()
         self._alerts_error = ""
-        self._digest_error = ""
         self._stopping = threading.Event()
         self._started = self.clock.now()
         self._intervals: dict[str, float] = {}
@@ -125,7 +114,7 @@ class Daemon:
             prices=lambda: self.sources.config.prices,
             today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
-            health=self._health,
+            health=lambda: self.sources.health(),
         )
         """What the HTTP server shows, read afresh on each request."""
         self._server: ExporterServer | None = None
@@ -142,25 +131,10 @@ class Daemon:
         )
         self.sources = Sources(
             config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,
-            account_state=self._account_state,
+            account_state=self._account_states.open,
         )  # fmt: skip
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
-
-    def _account_state(self, name: str) -> StateStore:
-        """An account's state file, beside the process's: opened once, kept while the process runs
-        (an account a reload removes and adds back finds its state as it left it)."""
-        store = self._account_states.get(name)
-        if store is None:
-            store = self._account_states[name] = StateStore(account_state_path(self.state_path, name))
-        return store
-
-    def _health(self) -> dict[str, SourceHealth]:
-        """Every configured source's health under its key (`prod/bills` with several accounts)."""
-        return {
-            source_key(name, source): health
-            for name, account in self.sources.accounts.items()
-            for source, health in account.latest.health.items()
-        }
+        self._digests = DigestQueue(self.clock, self._started, self._busy, self._alerts_lock, self._stopping)
 
     @property
     def server(self) -> ExporterServer:
@@ -299,61 +273,10 @@ class Daemon:
         period late). It waits for today's bills (and history) up to DIGEST_WAIT from its time or
         from the start, whichever is later. True if queued; never raises (alerting goes on)."""
         try:
-            return self._digest()
+            return self._digests.queue(self.sources, self.dispatcher, self._external_url(self.config))
         except Exception:  # a bug here must not stop the alert worker; it is logged with its traceback
             log.exception("digest crashed")
             return False
-
-    def _digest(self) -> bool:
-        config = self.config.digest
-        if config is None or self._stopping.is_set():  # (stopping: the state file is about to close)
-            return False
-        now = self.clock.now()
-        sent_on = digest_due(config, now, self.clock)
-        if sent_on is None:
-            return False
-        queued = False
-        for name in list(self.sources.accounts):  # with several accounts, one digest each
-            queued = self._account_digest(config, name, sent_on, now) or queued
-        return queued
-
-    def _account_digest(self, config: DigestConfig, name: str, sent_on: dt.date, now: dt.datetime) -> bool:
-        key = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
-        with self._busy():
-            try:
-                if self.dispatcher.store.digest_made(key):
-                    return False
-                account = self.sources.accounts.get(name)
-                if account is None:
-                    return False  # a reload removed it meanwhile
-                scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
-                waited_from = max(scheduled, self._started)
-                if not digest_ready(account.latest, self.clock, account.config) and now < waited_from + dt.timedelta(
-                    seconds=DIGEST_WAIT
-                ):
-                    return False
-                body = self.sources.digest(sent_on, config.schedule, self._external_url(self.config), account=name)
-                # For the notifiers configured now: a reload meanwhile may have removed one (and
-                # dropped its queue), which a digest queued after it must not fill again.
-                with self._alerts_lock:
-                    current = {n.name for n in self.dispatcher.outbox_notifiers}
-                    names = [n for n in config.notifiers if n in current]
-                    queued = self.dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
-            except StateError as error:
-                if self._digest_error != str(error):
-                    log.error("digest not queued: the state file refused it (tried again each evaluation)",
-                              error=str(error))  # fmt: skip
-                self._digest_error = str(error)
-                return False
-        if self._digest_error:
-            log.info("digest queueing recovered")
-            self._digest_error = ""
-        if queued:
-            where = {"account": name} if name else {}
-            log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers),
-                     **where)  # type: ignore[arg-type]  # fmt: skip
-            self.dispatcher.poke()
-        return queued
 
     def deliver(self) -> None:
         """Deliver what is due here and now (the workers do it by themselves; tests and the soak
@@ -480,7 +403,7 @@ class Daemon:
             try:
                 self.sources = Sources(
                     config, self.latest, self.clock, self.state, retry=self.retry, previous=old,
-                    dispatcher=self.dispatcher, billing=self.billing, account_state=self._account_state,
+                    dispatcher=self.dispatcher, billing=self.billing, account_state=self._account_states.open,
                 )  # fmt: skip
             except StateError as error:
                 log.error("config reload refused (keeping the running config)", error=str(error))
@@ -525,8 +448,7 @@ class Daemon:
             finished = finished and self._active == 0
         if finished:
             self.state.close()
-            for store in self._account_states.values():
-                store.close()
+            self._account_states.close()
         else:
             log.warning("abandoning work still in flight", after_seconds=grace)
         return finished

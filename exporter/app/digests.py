@@ -1,13 +1,23 @@
-"""When the digest is due: its scheduled day, and how long it waits for the day's figures."""
+"""When the digest is due: its scheduled day, how long it waits for the day's figures, and its
+queueing (once per day or week and account, across restarts)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
+from exporter.app.sources import Sources
 from exporter.config.schema import Config, DigestConfig
 from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
+from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.signals import todays_bills, todays_history
 from exporter.model.snapshots import Latest
+from exporter.state import StateError
+
+log = get_logger(__name__)
 
 DIGEST_WAIT = 3600.0
 """Seconds a due digest waits for the day's bills (and history), from its time or from the start if
@@ -35,3 +45,85 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     if not todays_bills(latest, clock):
         return False
     return config.billing.history_months == 0 or todays_history(latest, clock)
+
+
+class DigestQueue:
+    """Queues the digest of each account when its time has come (see `Daemon.digest_cycle`)."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        started: dt.datetime,
+        busy: Callable[[], AbstractContextManager[None]],
+        alerts_lock: threading.Lock,
+        stopping: threading.Event,
+    ) -> None:
+        """`busy`: counts the work in flight (the daemon's stop waits for it); `alerts_lock`: held
+        while the notifiers are configured (a reload), so a removed one's queue is not filled again."""
+        self.clock = clock
+        self._started = started
+        self._busy = busy
+        self._alerts_lock = alerts_lock
+        self._stopping = stopping
+        self._error = ""
+
+    def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
+        """True if a digest was queued now."""
+        config = sources.config.digest
+        if config is None or self._stopping.is_set():  # (stopping: the state file is about to close)
+            return False
+        now = self.clock.now()
+        sent_on = digest_due(config, now, self.clock)
+        if sent_on is None:
+            return False
+        queued = False
+        for name in list(sources.accounts):  # with several accounts, one digest each
+            queued = self._account(sources, dispatcher, url, config, name, sent_on, now) or queued
+        return queued
+
+    def _account(
+        self,
+        sources: Sources,
+        dispatcher: Dispatcher,
+        url: str,
+        config: DigestConfig,
+        name: str,
+        sent_on: dt.date,
+        now: dt.datetime,
+    ) -> bool:
+        key = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
+        with self._busy():
+            try:
+                if dispatcher.store.digest_made(key):
+                    return False
+                account = sources.accounts.get(name)
+                if account is None:
+                    return False  # a reload removed it meanwhile
+                scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
+                waited_from = max(scheduled, self._started)
+                if not digest_ready(account.latest, self.clock, account.config) and now < waited_from + dt.timedelta(
+                    seconds=DIGEST_WAIT
+                ):
+                    return False
+                body = sources.digest(sent_on, config.schedule, url, account=name)
+                # For the notifiers configured now: a reload meanwhile may have removed one (and
+                # dropped its queue), which a digest queued after it must not fill again.
+                with self._alerts_lock:
+                    current = {n.name for n in dispatcher.outbox_notifiers}
+                    names = [n for n in config.notifiers if n in current]
+                    queued = dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
+            except StateError as error:
+                if self._error != str(error):
+                    log.error("digest not queued: the state file refused it (tried again each evaluation)",
+                              error=str(error))  # fmt: skip
+                self._error = str(error)
+                return False
+        if self._error:
+            log.info("digest queueing recovered")
+            self._error = ""
+        if queued:
+            where = {"account": name} if name else {}
+            log.info("digest queued", day=body["day"], schedule=config.schedule, notifiers=",".join(config.notifiers),
+                     **where)  # type: ignore[arg-type]  # fmt: skip
+            dispatcher.poke()
+        return queued

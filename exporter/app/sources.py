@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from exporter.alerts.engine import Alert, Engine, Watched, routes
@@ -20,11 +21,19 @@ from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.collectors import ExporterCollector
 from exporter.metrics.exposition import Exposition
 from exporter.model import signals
-from exporter.model.snapshots import Latest
+from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
 from exporter.state import AlertStore, StateStore
 
-__all__ = ["Account", "RefreshFailed", "Sources", "build_exposition", "source_key"]
+__all__ = [
+    "Account",
+    "AccountStates",
+    "RefreshFailed",
+    "Sources",
+    "account_state_path",
+    "build_exposition",
+    "source_key",
+]
 
 AccountState = Callable[[str], StateStore]
 """The state file of the account named (with several accounts, each keeps its sources' own)."""
@@ -33,6 +42,34 @@ AccountState = Callable[[str], StateStore]
 def source_key(account: str, source: str) -> str:
     """How the daemon names an account's source: `bills`, or with several accounts `prod/bills`."""
     return f"{account}/{source}" if account else source
+
+
+def account_state_path(path: str, account: str) -> str:
+    """Where an account of several keeps its sources' state: beside the process's state file,
+    `exporter.db` → `exporter.prod.db` (the process's own keeps the alerts and the outbox)."""
+    if path == ":memory:":
+        return path
+    base = Path(path)
+    return str(base.with_name(f"{base.stem}.{account}{base.suffix or '.db'}"))
+
+
+class AccountStates:
+    """The state files of several accounts, each opened when first needed and kept open while the
+    process runs (an account a reload removes and adds back finds its state as it left it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._open: dict[str, StateStore] = {}
+
+    def open(self, account: str) -> StateStore:
+        store = self._open.get(account)
+        if store is None:
+            store = self._open[account] = StateStore(account_state_path(self.path, account))
+        return store
+
+    def close(self) -> None:
+        for store in self._open.values():
+            store.close()
 
 
 def process_budgets(config: Config) -> tuple[BudgetConfig, ...]:
@@ -172,6 +209,14 @@ class Sources:
         return self.one.probes
 
     # -- refreshing --
+
+    def health(self) -> dict[str, SourceHealth]:
+        """Every configured source's health under its key (`prod/bills` with several accounts)."""
+        return {
+            source_key(name, source): health
+            for name, account in self.accounts.items()
+            for source, health in account.latest.health.items()
+        }
 
     def locate(self, key: str) -> tuple[Account, str] | None:
         """The account and source a `source_key` names; None when no account has it now."""
