@@ -270,3 +270,83 @@ def test_account_needs_accounts() -> None:
     with pytest.raises(ConfigError) as raised:
         validate({"billing": section, "alerts": {"rules": [rule]}}, {})
     assert any("only `accounts` gives" in detail for detail in raised.value.details), raised.value.details
+
+
+def two_accounts(tmp_path: Path, sims: dict[str, Simulator], urls: dict[str, str]) -> Path:
+    path = tmp_path / "accounts.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "accounts": [
+                    {
+                        "name": name,
+                        "billing": {
+                            "url": urls[name],
+                            "access_key_id": sim.access_key_id,
+                            "secret_access_key": sim.secret_access_key,
+                            "history_months": 0,
+                        },
+                    }
+                    for name, sim in sims.items()
+                ],
+                "alerts": {
+                    "rules": [
+                        {"alert": "Paged", "signal": "spend", "threshold": 1, "notifiers": ["pager"]},
+                        {"alert": "Everywhere", "signal": "spend", "threshold": 1, "by": ["account"]},
+                    ],
+                    "notifiers": [
+                        {"name": n, "type": "webhook", "url": "http://127.0.0.1:9/"}
+                        for n in ("pager", "chat", "finance")
+                    ],
+                },
+                "digest": {"notifiers": ["finance"]},
+                "state": {"path": str(tmp_path / "state.db")},
+            }
+        )
+    )
+    return path
+
+
+def test_the_commands_know_accounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_cli import invoke
+
+    clock = Clock(SHANGHAI)  # the commands' clock is the real one
+    sims = {name: sim for name, sim in simulators(clock).items() if name != "lab"}
+    servers = {name: sim.serve() for name, sim in sims.items()}
+    try:
+        path = two_accounts(tmp_path, sims, {name: server.url for name, server in servers.items()})
+        checked = invoke(monkeypatch, capsys, "check", "--config", str(path))
+        assert checked.returncode == 0, checked.stderr
+        assert "2 accounts" in checked.stdout
+        assert "  rule Paged: to pager\n" in checked.stdout
+        assert "  rule Everywhere: to pager, chat\n" in checked.stdout  # not to the digest's notifier
+
+        refused = invoke(monkeypatch, capsys, "backtest", "--config", str(path), "--from", f"{clock.period()}")
+        assert refused.returncode == 2
+        assert "name one with --account (prod, staging)" in refused.stderr
+        unknown = invoke(
+            monkeypatch, capsys, "backtest", "--config", str(path), "--from", clock.period(), "--account", "x"
+        )
+        assert "no account 'x' (accounts: prod, staging)" in unknown.stderr
+
+        output = tmp_path / "prod.om"
+        first = f"{clock.today().replace(day=1) - dt.timedelta(days=1):%Y-%m}"
+        filled = invoke(
+            monkeypatch, capsys, "backfill", "--config", str(path), "--from", first, "--to", first,
+            "--output", str(output), "--account", "staging",
+        )  # fmt: skip
+        assert filled.returncode == 0, filled.stderr
+        lines = [line for line in output.read_text().splitlines() if line.startswith("inference_bill_endpoint_daily")]
+        assert lines
+        assert all('account="staging"' in line for line in lines)
+        assert not any("ep-prod-1" in line for line in lines)  # staging's own endpoints only
+
+        digests = invoke(monkeypatch, capsys, "digest", "--config", str(path))
+        assert digests.returncode == 0, digests.stderr
+        assert "inference spend of prod" in digests.stdout
+        assert "inference spend of staging" in digests.stdout
+    finally:
+        for server in servers.values():
+            server.stop()

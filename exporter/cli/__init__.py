@@ -49,6 +49,10 @@ def _config_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _account_option(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument("--account", metavar="NAME", help=what)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="inference-cost-exporter",
@@ -100,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _config_option(digest)
     digest.add_argument("--send", action="store_true", help="send it through digest.notifiers too")
+    _account_option(digest, "the account whose digest to make (with `accounts`: every account's when not given)")
     digest.set_defaults(func=cmd_digest)
 
     rules = _command(
@@ -121,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--from", dest="start", required=True, type=_period, metavar="YYYY-MM", help="first month")
     replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
     replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
+    _account_option(replay, "the account to replay (required with `accounts`)")
     replay.set_defaults(func=cmd_backtest)
 
     backfill_command = _command(
@@ -146,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="a label your Prometheus adds to the exporter's series (job, instance); repeat for each",
     )
+    _account_option(backfill_command, "the account to backfill (required with `accounts`; its series get `account`)")
     backfill_command.set_defaults(func=cmd_backfill)
 
     demo = _command(

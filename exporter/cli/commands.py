@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.alerts.engine import Alert
+from exporter.alerts.engine import Alert, routes, rule_ids
 from exporter.alerts.promrules import rule_file
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
@@ -55,6 +55,26 @@ def _load(path: str) -> Config:
     return config
 
 
+def _accounts(config: Config, args: argparse.Namespace, command: str, every: bool = False) -> list[tuple[str, Config]]:
+    """The accounts a command works on: the config's one; with `accounts`, the one `--account`
+    names (or every one, where the command can: `every`). SystemExit for a name that is none."""
+    named = config.account_configs()
+    wanted = getattr(args, "account", None)
+    if wanted is None:
+        if config.several and not every:
+            names = ", ".join(name for name, _ in named)
+            print(f"inference-cost-exporter {command}: the config lists accounts: name one with --account ({names})",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(EXIT_USAGE)
+        return list(named)
+    chosen = [(name, account) for name, account in named if name == wanted]
+    if not chosen:
+        known = ", ".join(name for name, _ in named if name) or "none: the config has no `accounts`"
+        print(f"inference-cost-exporter {command}: no account {wanted!r} (accounts: {known})", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return chosen
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
     problem = location_problem(config.state.path)
@@ -66,10 +86,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     digest = config.digest
     sends = f"; digest {digest.schedule} at {digest.at} to {', '.join(digest.notifiers)}" if digest else ""
+    probes = sum(len(account.probes) for _, account in config.account_configs())
+    accounts = f"{len(config.accounts)} accounts, " if config.several else ""
     print(
-        f"{args.config}: valid ({len(config.probes)} probes, {len(config.budgets)} budgets, "
+        f"{args.config}: valid ({accounts}{probes} probes, {len(config.all_budgets)} budgets, "
         f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers{sends})"
     )
+    for name, account in config.account_configs() if config.several else ():
+        print(f"  account {name}: {account.billing.url}, {len(account.probes)} probes, {len(account.budgets)} budgets")
+    routed = routes(config.alerts, digest.notifiers if digest else ())
+    for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
+        print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
     return 0
 
 
@@ -120,15 +147,19 @@ def cmd_digest(args: argparse.Namespace) -> int:
         runs, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
-        body = sources.digest(today, schedule, config.server.external_url or "", runs=runs, alerts=alerts)
-        sys.stdout.write(digest_text(body))
+        bodies = [
+            sources.digest(today, schedule, config.server.external_url or "", runs=runs, alerts=alerts, account=name)
+            for name, _ in _accounts(config, args, "digest", every=True)
+        ]
+        sys.stdout.write("\n".join(digest_text(body) for body in bodies))
         if not args.send:
             return 0
         assert config.digest is not None
         # A dispatcher of its own, with the digest's notifiers only and nothing else queued.
         chosen = [n for n in config.alerts.notifiers if n.name in config.digest.notifiers]
         sender = Dispatcher(chosen, AlertStore(store), clock, lambda _: [], config.server.external_url or "")
-        sender.store.enqueue_digest(f"now:{time.time()}", config.digest.notifiers, body, time.time())
+        for n, body in enumerate(bodies):
+            sender.store.enqueue_digest(f"now:{time.time()}:{n}", config.digest.notifiers, body, time.time())
         sender.deliver()
         left = sender.pending()
         for name in config.digest.notifiers:
@@ -165,8 +196,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
         return EXIT_USAGE
+    ((name, account),) = _accounts(config, args, "backtest")
     try:
-        fired, notes = backtest(config, args.start, last, clock)
+        fired, notes = backtest(account, args.start, last, clock, account=name)
     except BillingError as error:
         print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
         return EXIT_SOURCE
@@ -186,16 +218,19 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"inference-cost-exporter backfill: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    ((name, account),) = _accounts(config, args, "backfill")
+    if name:
+        target = (*target, ("account", name))  # as the live series of the account are labelled
     output = Path(args.output)
-    with BillingClient.from_config(config.billing, clock) as client:
+    with BillingClient.from_config(account.billing, clock) as client:
         try:
             result = backfill(
                 client,
                 clock,
                 periods,
                 output,
-                grace_days=config.billing.previous_month_grace_days,
-                history=config.billing.history_months > 0,
+                grace_days=account.billing.previous_month_grace_days,
+                history=account.billing.history_months > 0,
                 target=target,
             )
         except BackfillError as error:

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from exporter.alerts.engine import Alert, Engine, rule_ids
+from exporter.alerts.engine import Alert, Engine, Watched, rule_ids
 from exporter.billing import BillingAPI, BillingClient
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
 from exporter.config.schema import AlertsConfig, BudgetConfig, Config
@@ -32,6 +32,7 @@ from exporter.core.clock import (
     previous_period,
 )
 from exporter.core.logs import get_logger
+from exporter.model import signals
 from exporter.model.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthHistory, per_day
 from exporter.sources.bills import month_bills
 from exporter.sources.history import fetch_month
@@ -67,7 +68,11 @@ def replayable(alerts: AlertsConfig, budgets: Sequence[BudgetConfig] = ()) -> tu
     """The rules a backtest replays, and a note for each it leaves out."""
     kept, notes = [], []
     on_usage = {budget.name for budget in budgets if budget.on_usage}
+    known = {budget.name for budget in budgets}
     for index, rule in enumerate(alerts.rules):
+        if isinstance(rule, BudgetRule) and rule.budget not in known:
+            notes.append(f"alerts.rules[{index}] ({rule.alert}): skipped: budget {rule.budget!r} spans other accounts")
+            continue
         if isinstance(rule, ThresholdRule) and rule.signal not in REPLAYED_SIGNALS:
             notes.append(f"alerts.rules[{index}] ({rule.alert}): skipped: `{rule.signal}` is not in the bills")
             continue
@@ -126,7 +131,9 @@ def days(first: str, last: str) -> tuple[dt.date, dt.date]:
     return first_day(first), first_day(last).replace(day=days_in_period(last))
 
 
-def replay(config: Config, months: dict[str, MonthHistory], first: str, last: str, today: dt.date) -> list[Fired]:
+def replay(
+    config: Config, months: dict[str, MonthHistory], first: str, last: str, today: dt.date, account: str = ""
+) -> list[Fired]:
     """Each alert that would have fired over the complete days of `first` … `last` (before
     `today`), on the day it would have fired; a day's spend anomaly fires the day after it, the
     one after the range included.
@@ -142,7 +149,10 @@ def replay(config: Config, months: dict[str, MonthHistory], first: str, last: st
     latest = Latest()
     store = StateStore(":memory:")
     history = config.billing.history_months > 0
-    engine = Engine(alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"], history=history)
+    one = [Watched(signals.Account(account, latest, lambda: ["bills"]), (), history)] if account else []
+    engine = Engine(
+        alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"], history=history, accounts=one
+    )
     anomaly_rules = {rid for rule, rid in zip(alerts.rules, rule_ids(alerts.rules), strict=True)
                      if isinstance(rule, AnomalyRule)}  # fmt: skip
     hold = max((r.for_ for r in alerts.rules if isinstance(r, ThresholdRule)), default=0.0)
@@ -187,7 +197,7 @@ def render(fired: Sequence[Fired], form: str) -> str:
 
 
 def backtest(
-    config: Config, first: str, last: str, clock: Clock, client: BillingAPI | None = None
+    config: Config, first: str, last: str, clock: Clock, client: BillingAPI | None = None, account: str = ""
 ) -> tuple[list[Fired], list[str]]:
     """Fetch `first` … `last` (and the history months before them) from `client` (unless given, the
     HTTP client on `config.billing`, closed after) and replay them; with the notes on what was left
@@ -201,4 +211,4 @@ def backtest(
         months = fetch(api, [p for p in periods if p <= clock.period(today)], today)
     _, notes = replayable(config.alerts, config.budgets)
     notes += [f"{p}: no bills" for p in periods_between(first, last) if p not in months and p <= clock.period(today)]
-    return replay(config, months, first, last, today), notes
+    return replay(config, months, first, last, today, account), notes
