@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from exporter.app.daemon import Daemon
@@ -216,6 +217,18 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
         assert sorted(b["account"] for b in told_finance) == sorted(sims)  # a digest per account
         states = daemon.sources.engine.current()
         assert [a.labels["account"] for a in states if a.state == "firing"] == ["prod"]
+
+        # the landing page, readiness and the alerts API know the accounts
+        page = requests.get(daemon.server.url, timeout=10).text
+        for name in sims:
+            assert f"<tr><td>{name}</td>" in page
+        assert "<td>organisation</td><td>every account</td>" in page
+        assert "<td>prod-and-lab</td><td>prod, lab</td>" in page
+        ready = requests.get(f"{daemon.server.url}/readyz", timeout=10).json()
+        assert ready["sources"]["prod/bills"] == "ok"
+        assert ready["sources"]["staging/bills"].startswith("failing")
+        listed = requests.get(f"{daemon.server.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+        assert {a["labels"]["account"] for a in listed} == {"prod"}
     finally:
         daemon.stop(grace=3)
         drip.stop()

@@ -35,6 +35,7 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.web import Credentials, ExporterServer, TlsError, View
+from exporter.web.views import AccountView
 
 log = get_logger(__name__)
 
@@ -115,6 +116,8 @@ class Daemon:
             today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
             health=lambda: self.sources.health(),
+            accounts=self._accounts_view if config.several else None,
+            shared_budgets=lambda: self.sources.config.shared_budgets,
         )
         """What the HTTP server shows, read afresh on each request."""
         self._server: ExporterServer | None = None
@@ -135,6 +138,9 @@ class Daemon:
         )  # fmt: skip
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
         self._digests = DigestQueue(self.clock, self._started, self._busy, self._alerts_lock, self._stopping)
+
+    def _accounts_view(self) -> list[AccountView]:
+        return [AccountView(n, a.latest, a.config.budgets, a.config.prices) for n, a in self.sources.accounts.items()]
 
     @property
     def server(self) -> ExporterServer:

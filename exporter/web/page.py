@@ -4,15 +4,18 @@ what the bill disagrees with, as one HTML page."""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from decimal import Decimal
 
 from exporter import __version__
 from exporter.config.schema import BudgetConfig
-from exporter.model.snapshots import Reconciliation
+from exporter.core.fields import scope_values
+from exporter.metrics.accounts import shared_figures
+from exporter.model.snapshots import ProbeSnapshot, Reconciliation
 from exporter.sources.budgets import budget_status, scope_matched
 from exporter.sources.reconcile import disagrees
 from exporter.web.chart import month_chart
-from exporter.web.views import View
+from exporter.web.views import AccountView, View
 
 
 def _age(seconds: float) -> str:
@@ -57,8 +60,72 @@ def _disagreements(result: Reconciliation | None) -> str:
 
 
 def _scope(budget: BudgetConfig) -> str:
-    what = ", ".join(f"{k}={v}" for k, v in sorted(budget.where.items())) or "account"
+    what = ", ".join(f"{k}={'|'.join(scope_values(v))}" for k, v in sorted(budget.where.items())) or "account"
     return f"{what} (usage × prices)" if budget.on_usage else what
+
+
+def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, str, str]:
+    """With several accounts: their month so far, their budgets and the organisation's, their
+    probes and their bills against usage (each table with an `account` column)."""
+    today = view.today()
+    health = view.sources_health()
+    rows, budgets, probes, gaps = [], [], [], []
+    for account in accounts:
+        name = html.escape(account.name)
+        bills = account.latest.bills
+        month = bills.current if bills is not None else None
+        states = [h for key, h in health.items() if key.startswith(f"{account.name}/")]
+        failing = sum(not h.success for h in states)
+        rows.append(
+            f"<tr><td>{name}</td><td>{'—' if month is None else f'{month.month_to_date:f}'}</td>"
+            f"<td>{'—' if month is None else f'{month.forecast.quantize(Decimal(1)):f}'}</td>"
+            + (f"<td class=bad>{failing} failing</td>" if failing else f"<td class=ok>{len(states)} ok</td>")
+            + "</tr>"
+        )
+        for budget, ratios in budget_status(account.latest, account.budgets, account.prices, today):
+            budgets.append(_budget_row(budget, ratios, name, scope_matched(budget, account.latest) is False))
+        probes += [_probe_row(probe, snapshot, name) for probe, snapshot in sorted(account.latest.probes.items())]
+        if account.latest.reconciliation is not None:
+            gaps.append(f"<h3>{name}</h3>{_disagreements(account.latest.reconciliation)}")
+    spans = {a.name: (a.latest, a.prices) for a in accounts}
+    for budget in view.shared_budgets():
+        wanted = budget.accounts
+        found = shared_figures(budget, [spans[n] for n in spans if wanted is None or n in wanted], today)
+        who = "every account" if wanted is None else ", ".join(wanted)
+        budgets.append(_budget_row(budget, None if found is None else found.ratios(budget.amount), html.escape(who)))
+    summary = (
+        "<table><tr><th>account</th><th>month to date</th><th>month forecast</th><th>sources</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+    return summary, "".join(budgets), "".join(probes), "".join(gaps) or "<p>No settled day has been reconciled yet.</p>"
+
+
+def _budget_row(
+    budget: BudgetConfig, ratios: tuple[Decimal, Decimal] | None, account: str, unmatched: bool = False
+) -> str:
+    return (
+        f"<tr><td>{html.escape(budget.name)}</td><td>{account}</td><td>{html.escape(_scope(budget))}"
+        + ("<br><span class=bad>matches nothing</span>" if unmatched else "")
+        + f"</td><td>{html.escape(budget.period)}</td><td>{budget.amount:f}</td>"
+        + (
+            f"<td class={_level(ratios[0])}>{ratios[0]:.1%}</td><td class={_level(ratios[1])}>{ratios[1]:.1%}</td>"
+            if ratios
+            else "<td class=wait>—</td><td class=wait>—</td>"
+        )
+        + "</tr>"
+    )
+
+
+def _probe_row(name: str, p: ProbeSnapshot, account: str | None = None) -> str:
+    return (
+        f"<tr><td>{html.escape(name)}</td>"
+        + ("" if account is None else f"<td>{account}</td>")
+        + f"<td>{html.escape(p.endpoint_id)}</td><td>{html.escape(p.scenario)}</td>"
+        f"<td class={'ok' if p.last.success else 'bad'}>{'ok' if p.last.success else html.escape(p.last.reason or '')}"
+        f"</td><td>{p.last.duration * 1000:.0f} ms</td>"
+        f"<td>{'' if p.last.time_to_first_token is None else f'{p.last.time_to_first_token * 1000:.0f} ms'}</td></tr>"
+    )
 
 
 def landing_page(view: View) -> str:
@@ -100,31 +167,31 @@ def landing_page(view: View) -> str:
         + "</tr>"
         for b, r in budget_status(view.latest, view.budgets(), view.prices(), view.today())
     )
-    budgets = (
-        "<table><tr><th>budget</th><th>scope</th><th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>"
-        + budget_rows
-        + "</table>"
-        if budget_rows
-        else "<p>No budget is configured.</p>"
-    )
-    probe_rows = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{html.escape(p.endpoint_id)}</td><td>{html.escape(p.scenario)}</td>"
-        f"<td class={'ok' if p.last.success else 'bad'}>{'ok' if p.last.success else html.escape(p.last.reason or '')}"
-        f"</td><td>{p.last.duration * 1000:.0f} ms</td>"
-        f"<td>{'' if p.last.time_to_first_token is None else f'{p.last.time_to_first_token * 1000:.0f} ms'}</td></tr>"
-        for name, p in sorted(view.latest.probes.items())
-    )
-    probes = (
-        "<table><tr><th>probe</th><th>endpoint</th><th>scenario</th><th>last run</th><th>duration</th>"
-        "<th>first token</th></tr>" + probe_rows + "</table>"
-        if probe_rows
-        else "<p>No probe has run.</p>"
-    )
+    probe_rows = "".join(_probe_row(name, p) for name, p in sorted(view.latest.probes.items()))
+    probe_head = "<table><tr><th>probe</th><th>endpoint</th>"
     reconciliation = _disagreements(view.latest.reconciliation)
     bills = view.latest.bills
     # The account's monthly budgets: a scoped one against the whole account's bars would mislead.
     monthly = [(b.name, b.amount) for b in view.budgets() if b.period == "month" and not b.where]
     chart = month_chart(bills.current, bills.today, monthly) if bills is not None else "<p>No bills yet.</p>"
+    budget_head = "<table><tr><th>budget</th><th>scope</th>"
+    if view.accounts is not None:  # several accounts: a table of them instead of one account's chart
+        chart, budget_rows, probe_rows, reconciliation = _accounts(view, view.accounts())
+        budget_head = "<table><tr><th>budget</th><th>account</th><th>scope</th>"
+        probe_head = "<table><tr><th>probe</th><th>account</th><th>endpoint</th>"
+    budgets = (
+        budget_head + "<th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>" + budget_rows + "</table>"
+        if budget_rows
+        else "<p>No budget is configured.</p>"
+    )
+    probes = (
+        probe_head
+        + "<th>scenario</th><th>last run</th><th>duration</th><th>first token</th></tr>"
+        + probe_rows
+        + "</table>"
+        if probe_rows
+        else "<p>No probe has run.</p>"
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>inference-cost-exporter</title>
 <style>
@@ -136,7 +203,7 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 <h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
 <p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a>
  · <a href="/api/v1/alerts">Alerts (JSON)</a></p>
-<h2>This month</h2>
+<h2>{"Accounts" if view.accounts is not None else "This month"}</h2>
 {chart}
 <h2>Sources</h2>
 <table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>

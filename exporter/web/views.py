@@ -14,6 +14,16 @@ from exporter.model.snapshots import Latest, SourceHealth
 
 
 @dataclass(frozen=True)
+class AccountView:
+    """One account of several, as the landing page shows it."""
+
+    name: str
+    latest: Latest
+    budgets: Sequence[BudgetConfig]
+    prices: Sequence[PriceConfig]
+
+
+@dataclass(frozen=True)
 class View:
     """What the server shows; callables, so a config reload is seen at once."""
 
@@ -34,6 +44,11 @@ class View:
     """The billing clock's time, which the sources' timestamps are in."""
     health: Callable[[], Mapping[str, SourceHealth]] | None = None
     """Each of `sources` with its health (with several accounts, `prod/bills`); `latest`'s when None."""
+
+    accounts: Callable[[], Sequence[AccountView]] | None = None
+    """With several accounts, each one's snapshots, budgets and prices (None: one account, `latest`)."""
+    shared_budgets: Callable[[], Sequence[BudgetConfig]] = tuple
+    """With several accounts, the budgets that span them."""
 
     def sources_health(self) -> Mapping[str, SourceHealth]:
         return self.latest.health if self.health is None else self.health()
