@@ -237,10 +237,25 @@ def _scope_text(budget: BudgetConfig) -> str:
     return ", ".join(f"{k}={'|'.join(scope_values(v))}" for k, v in sorted(budget.where.items()))
 
 
+def unmatched_values(budget: BudgetConfig, latest: Latest) -> list[str]:
+    """The values of a list in the budget's `where` that match nothing its source holds, each as
+    `endpoint_id=ep-x` (a list whose every value matches nothing is `scope_matched`'s to say)."""
+    missed = []
+    for key, wanted in budget.where.items():
+        if not isinstance(wanted, tuple) or len(wanted) < 2:
+            continue
+        for value in wanted:
+            alone = budget.model_copy(update={"where": {**budget.where, key: value}})
+            if scope_matched(alone, latest) is False:
+                missed.append(f"{key}={value}")
+    return missed
+
+
 def judge_scopes(latest: Latest, budgets: Iterable[BudgetConfig]) -> list[tuple[BudgetConfig, bool | None]]:
     """Each budget with `scope_matched`. A scope that matches nothing is logged as a warning once,
     and again only after it matched something in between (the memory of it is `latest`'s, so a
-    reload that keeps the scope says nothing new)."""
+    reload that keeps the scope says nothing new); so is a value of a list in it that matches
+    nothing while the others do (`endpoint_id: [ep-a, ep-typo]`)."""
     judged: list[tuple[BudgetConfig, bool | None]] = []
     for budget in budgets:
         matched = scope_matched(budget, latest)
@@ -251,5 +266,14 @@ def judge_scopes(latest: Latest, budgets: Iterable[BudgetConfig]) -> list[tuple[
                 scope=_scope_text(budget),
                 source="usage" if budget.on_usage else "bills",
             )
+        if matched:
+            missed = unmatched_values(budget, latest)
+            if latest.note_scope(f"{budget.name} (values)", ", ".join(missed), not missed):
+                log.warning(
+                    "budget scope: values that match nothing",
+                    budget=budget.name,
+                    values=", ".join(missed),
+                    source="usage" if budget.on_usage else "bills",
+                )
         judged.append((budget, matched))
     return judged

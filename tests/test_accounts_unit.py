@@ -1,0 +1,304 @@
+"""Several accounts in the unit layer: each account's billing API answered in process by its own
+simulator; the engine across accounts (groups by and scoped to `account`, an account that cannot
+be trusted keeping its own alerts), organisation budgets, routing, and each account's state."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.app.daemon import Daemon
+from exporter.app.sources import account_state_path
+from exporter.config.load import validate
+from exporter.config.schema import BillingConfig
+from exporter.core.clock import Clock
+from exporter.model.signals import SIGNALS
+from exporter.sim import Endpoint, Fault, Simulator
+from tests.daemon_fakes import NOWHERE, metrics, statuses, told
+from tests.fakes import FakeBilling
+from tests.helpers import value
+
+BILLS = "/api/v1/bills/details"
+NAMES = ("prod", "staging", "lab")
+
+
+class AccountsBilling:
+    """The daemon's billing factory for several accounts: each `billing` section's own simulator,
+    found by its access key."""
+
+    def __init__(self, sims: dict[str, Simulator]) -> None:
+        self.sims = {sim.access_key_id: sim for sim in sims.values()}
+        self.built: list[FakeBilling] = []
+
+    def __call__(self, config: BillingConfig) -> FakeBilling:
+        client = FakeBilling(self.sims[config.access_key_id], page_size=config.page_size)
+        self.built.append(client)
+        return client
+
+
+@pytest.fixture
+def sims(clock: Clock) -> dict[str, Simulator]:
+    return {
+        name: Simulator(
+            clock=clock,
+            seed=seed,
+            access_key_id=f"AK{name.upper()}",
+            secret_access_key=f"{name}-secret",
+            endpoints=(Endpoint(f"ep-{name}", "model-a", "proj-main"), Endpoint("ep-shared", "model-b", "proj-main")),
+        )
+        for seed, name in enumerate(NAMES, start=3)
+    }
+
+
+def month(sim: Simulator, endpoint: str | None = None) -> Decimal:
+    totals = sim.bill_totals(f"{sim.clock.today():%Y-%m}")
+    return totals["total"] if endpoint is None else totals[endpoint]
+
+
+def document(sims: dict[str, Simulator], tmp_path: Path, rules: list[dict], **more: object) -> dict:
+    return {
+        "accounts": [
+            {
+                "name": name,
+                "billing": {
+                    "url": NOWHERE,
+                    "access_key_id": sim.access_key_id,
+                    "secret_access_key": sim.secret_access_key,
+                    "history_months": 0,
+                },
+            }
+            for name, sim in sims.items()
+        ],
+        "alerts": {
+            "rules": rules,
+            "notifiers": [
+                {"name": n, "type": "webhook", "url": f"{NOWHERE}/{n}"} for n in ("pager", "chat", "finance")
+            ],
+        },
+        "state": {"path": str(tmp_path / "state.db")},
+    } | more
+
+
+def daemon_on(sims: dict[str, Simulator], clock: Clock, doc: dict) -> Daemon:
+    return Daemon(validate(doc, {}), clock=clock, billing=AccountsBilling(sims), serve=False)
+
+
+def refresh_all(daemon: Daemon, source: str = "bills") -> list[bool]:
+    return [daemon.refresh(key) for key in daemon.sources.keys(source)]
+
+
+def firing(daemon: Daemon) -> set[tuple[str, str]]:
+    return {
+        (a.labels["alertname"], a.labels.get("account", ""))
+        for a in daemon.sources.engine.current()
+        if a.state == "firing"
+    }
+
+
+def test_a_rule_by_account_over_a_list_of_endpoints_measures_each_account_on_its_own(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    rule = {
+        "alert": "TeamSpend", "signal": "spend", "window": "month", "by": ["account"],
+        "where": {"endpoint_id": ["ep-prod", "ep-lab"]}, "threshold": 0,
+    }  # fmt: skip
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [rule]))
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        values = {a.labels["account"]: Decimal(a.value) for a in daemon.sources.engine.current()}
+        # staging has neither endpoint: no group; prod and lab each their own endpoint's month
+        assert set(values) == {"prod", "lab"}
+        assert values["prod"] == month(sims["prod"], "ep-prod").quantize(Decimal("0.01"))
+        assert values["lab"] == month(sims["lab"], "ep-lab").quantize(Decimal("0.01"))
+    finally:
+        daemon.stop()
+
+
+def test_a_rule_without_account_in_by_sums_the_accounts_as_its_promql_does(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    rules = [
+        {"alert": "Shared", "signal": "spend", "window": "month", "by": ["endpoint_id"],
+         "where": {"endpoint_id": "ep-shared"}, "threshold": 0},
+        {"alert": "ProdAndLab", "signal": "spend", "window": "month", "where": {"account": ["prod", "lab"]},
+         "threshold": 0},
+    ]  # fmt: skip
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, rules))
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        alerts = {a.labels["alertname"]: a for a in daemon.sources.engine.current()}
+        shared = sum((month(sim, "ep-shared") for sim in sims.values()), Decimal(0))
+        assert Decimal(alerts["Shared"].value) == shared.quantize(Decimal("0.01"))
+        assert "account" not in alerts["Shared"].labels
+        both = month(sims["prod"]) + month(sims["lab"])
+        assert Decimal(alerts["ProdAndLab"].value) == both.quantize(Decimal("0.01"))
+        # and the PromQL the `rules` command writes aggregates the same way
+        assert SIGNALS["spend"].promql(daemon.config.alerts.rules[1]).count('account=~"prod|lab"') == 1
+    finally:
+        daemon.stop()
+
+
+def test_an_account_that_cannot_be_trusted_keeps_its_own_alerts_and_no_other(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    rule = {"alert": "Spend", "signal": "spend", "window": "month", "by": ["account"], "threshold": "1"}
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [rule]))
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert firing(daemon) == {("Spend", name) for name in NAMES}
+        for sim in sims.values():  # every account's month falls under the threshold
+            for endpoint in sim.endpoints:
+                for day in range(1, clock.today().day + 1):
+                    for item in ("ITEM_PROMPT_TOKEN", "ITEM_CACHED_PROMPT_TOKEN", "ITEM_COMPLETION_TOKEN"):
+                        sim.revise_bill(clock.today().replace(day=day), endpoint.endpoint_id, item, Decimal(0))
+        sims["staging"].inject(Fault("status", path=BILLS, status=403, times=1))  # staging's refresh is refused
+        assert refresh_all(daemon) == [True, False, True]
+        daemon.alert_cycle()
+        assert firing(daemon) == {("Spend", "staging")}  # unknown now: kept, never read as zero
+        assert refresh_all(daemon) == [True, True, True]
+        daemon.alert_cycle()
+        assert firing(daemon) == set()
+        events = told(daemon, "pager")
+        assert [e["status"] for e in events] == ["firing", "resolved", "resolved"]
+        assert [sorted(a["labels"]["account"] for a in e["alerts"]) for e in events] == [
+            sorted(NAMES),
+            ["lab", "prod"],
+            ["staging"],
+        ]
+    finally:
+        daemon.stop()
+
+
+def test_the_organisation_budget_sums_every_account_and_waits_for_all_of_them(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    total = sum((month(sim) for sim in sims.values()), Decimal(0))
+    two = month(sims["prod"]) + month(sims["staging"])
+    doc = document(
+        sims, tmp_path,
+        [{"alert": "OrgBudget", "budget": "org", "tiers": [0.5, 1.0]},
+         {"alert": "TwoBudget", "budget": "two", "tiers": [1.0], "notifiers": ["chat"]}],
+        budgets=[
+            {"name": "org", "amount": str((total * Decimal("0.9")).quantize(Decimal("0.01")))},
+            {"name": "two", "amount": str((two * 2).quantize(Decimal("0.01"))),
+             "where": {"account": ["prod", "staging"]}},
+        ],
+    )  # fmt: skip
+    daemon = daemon_on(sims, clock, doc)
+    try:
+        sims["lab"].inject(Fault("status", path=BILLS, status=403, times=1))
+        assert refresh_all(daemon) == [True, True, False]
+        daemon.alert_cycle()
+        series = metrics(daemon)
+        assert value(series, "inference_budget_used_ratio", budget="org") is None  # lab's part unknown
+        assert firing(daemon) == set()  # nor judged
+        assert refresh_all(daemon) == [True, True, True]
+        daemon.alert_cycle()
+        series = metrics(daemon)
+        used = total / Decimal(doc["budgets"][0]["amount"])
+        assert value(series, "inference_budget_used_ratio", budget="org") == pytest.approx(float(used))
+        assert value(series, "inference_budget_used_ratio", budget="two") == pytest.approx(0.5, rel=1e-3)
+        assert value(series, "inference_budget_amount", budget="two") == float(doc["budgets"][1]["amount"])
+        (org,) = [a for a in daemon.sources.engine.current() if a.labels["alertname"] == "OrgBudget"]
+        assert (org.state, org.labels["tier"]) == ("firing", "1")  # over 100%: the highest tier crossed
+        assert "account" not in org.labels
+        # TwoBudget (50%) crossed no tier; OrgBudget names no notifier: every one hears it (no digest here)
+        for notifier in ("pager", "chat", "finance"):
+            assert [(e["alertname"], e["status"]) for e in told(daemon, notifier)] == [("OrgBudget", "firing")]
+        sims["staging"].revise_bill(clock.today(), "ep-staging", "ITEM_PROMPT_TOKEN", two * 2)  # over 100% now
+        assert refresh_all(daemon) == [True, True, True]
+        daemon.alert_cycle()
+        assert [e["alertname"] for e in told(daemon, "chat")] == ["OrgBudget", "TwoBudget"]
+        assert [e["alertname"] for e in told(daemon, "pager")] == ["OrgBudget"]  # the rule names chat alone
+    finally:
+        daemon.stop()
+
+
+def test_a_resolve_reaches_the_notifiers_told_of_the_firing_after_a_reroute(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    rule = {"alert": "Spend", "signal": "spend", "window": "month", "threshold": "1", "notifiers": ["pager"]}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document(sims, tmp_path, [rule])))
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert statuses(daemon, "pager") == ["firing"]
+        path.write_text(yaml.safe_dump(document(sims, tmp_path, [])))  # the rule goes
+        assert daemon.reload()
+        daemon.alert_cycle()
+        assert statuses(daemon, "pager") == ["firing", "resolved"]
+        assert statuses(daemon, "chat") == []
+    finally:
+        daemon.stop()
+
+
+def test_each_account_keeps_its_own_state_through_restarts_and_being_removed_and_added_back(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    for sim in sims.values():
+        sim.add_usage(5000)  # 10 pages of 500: a day read afresh
+    doc = document(sims, tmp_path, [])
+    daemon = daemon_on(sims, clock, doc)
+    assert all(refresh_all(daemon, "usage"))
+    assert daemon.stop()
+    for name in NAMES:
+        assert Path(account_state_path(doc["state"]["path"], name)).is_file()
+
+    # staging removed: the others resume from their own files, staging's is left as it was
+    without = {name: sim for name, sim in sims.items() if name != "staging"}
+    before = {name: dict(sim.requests_served) for name, sim in sims.items()}
+    daemon = daemon_on(without, clock, document(without, tmp_path, []))
+    assert all(refresh_all(daemon, "usage"))
+    series = metrics(daemon)
+    for name in without:
+        pages = sims[name].requests_served.get("/api/v1/usages/details", 0) - before[name].get(
+            "/api/v1/usages/details", 0
+        )
+        assert pages <= 4  # resumed: not the day read again (10 pages)
+        counted = value(
+            series, "inference_usage_requests_total", account=name, endpoint_id=f"ep-{name}", model="model-a"
+        )
+        expected = sims[name].usage_totals(distinct=True)[(f"ep-{name}", "model-a")]["requests"]
+        assert counted == expected
+    assert daemon.stop()
+
+    # staging back: its state is there, not read again from the start
+    before = dict(sims["staging"].requests_served)
+    daemon = daemon_on(sims, clock, doc)
+    assert all(refresh_all(daemon, "usage"))
+    pages = sims["staging"].requests_served.get("/api/v1/usages/details", 0) - before.get("/api/v1/usages/details", 0)
+    assert pages <= 4
+    assert daemon.stop()
+
+
+def test_a_reload_that_changes_one_account_leaves_the_others_alone(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    path = tmp_path / "config.yaml"
+    doc = document(sims, tmp_path, [])
+    path.write_text(yaml.safe_dump(doc))
+    daemon = Daemon(validate(doc, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert all(refresh_all(daemon))
+        before = dict(daemon.sources.accounts)
+        doc["accounts"][2]["billing"]["page_size"] = 100
+        path.write_text(yaml.safe_dump(doc))
+        old = daemon.sources
+        assert daemon.reload()
+        after = daemon.sources.accounts
+        assert after["prod"].client is before["prod"].client  # its refreshes in flight go on with it
+        assert after["staging"].client is before["staging"].client
+        assert after["lab"].client is not before["lab"].client
+        assert daemon.sources.changed(old) == {"lab/bills", "lab/usage"}
+        assert after["prod"].latest is before["prod"].latest  # its figures and health stay
+    finally:
+        daemon.stop()
