@@ -113,3 +113,48 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_rules_over_several_accounts_select_and_group_as_the_exporter_does(tmp_path: Path) -> None:
+    """`by: [account]` and a list in `where` (a value with a regular expression's characters in it)."""
+    promtool = require_binary("promtool")
+    rule = {"alert": "TeamSpend", "signal": "spend", "window": "today", "by": ["account", "endpoint_id"],
+            "where": {"endpoint_id": ["a", "b-1.x"], "account": ["prod", "lab"]}, "threshold": 50}  # fmt: skip
+    config = validate(
+        {
+            "accounts": [{"name": n, "billing": BILLING} for n in ("prod", "staging", "lab")],
+            "alerts": {"rules": [rule]},
+        },
+        {},
+    )
+    text, skipped = rule_file(config.alerts, config.budgets)
+    assert skipped == []
+    (path := tmp_path / "rules.yml").write_text(text)
+    labels = 'product="PRODUCT_INFERENCE_ENDPOINT",project_id="p",period="2026-11",day="2026-11-22"'
+
+    def bill(account: str, endpoint: str, value: int) -> dict[str, str]:
+        name = "inference_bill_endpoint_daily_payable_amount"
+        return {"series": f'{name}{{account="{account}",endpoint_id="{endpoint}",{labels}}}', "values": f"{value}x5"}
+
+    tests = {
+        "rule_files": [path.name],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x5"},
+                bill("prod", "a", 60), bill("prod", "b-1.x", 70), bill("prod", "b-1yx", 90),  # `.` is no wildcard
+                bill("staging", "a", 80),  # not an account the rule names
+                bill("lab", "a", 40),  # under the threshold
+            ],
+            "alert_rule_test": [{"eval_time": "2m", "alertname": "TeamSpend", "exp_alerts": [
+                {"exp_labels": {"account": "prod", "endpoint_id": "a"},
+                 "exp_annotations": {"summary": "TeamSpend: spend 60 > 50"}},
+                {"exp_labels": {"account": "prod", "endpoint_id": "b-1.x"},
+                 "exp_annotations": {"summary": "TeamSpend: spend 70 > 50"}},
+            ]}],
+        }],
+    }  # fmt: skip
+    (test_file := tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
