@@ -302,3 +302,48 @@ def test_a_reload_that_changes_one_account_leaves_the_others_alone(
         assert after["prod"].latest is before["prod"].latest  # its figures and health stay
     finally:
         daemon.stop()
+
+
+def test_every_series_of_an_account_carries_it_under_one_help_and_type(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    for sim in sims.values():
+        sim.add_usage(300)
+    doc = document(
+        sims, tmp_path, [{"alert": "Spend", "signal": "spend", "window": "month", "by": ["account"], "threshold": 1}],
+        budgets=[{"name": "org", "amount": "100000"}],
+    )  # fmt: skip
+    doc["accounts"][0]["budgets"] = [{"name": "prod-only", "amount": "5000"}]
+    daemon = daemon_on(sims, clock, doc)
+    try:
+        assert all(refresh_all(daemon)) and all(refresh_all(daemon, "usage"))  # noqa: PT018
+        daemon.alert_cycle()
+        for accept in ("", "application/openmetrics-text; version=1.0.0"):
+            text = daemon.sources.exposition.render(accept)[0].decode()
+            types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+            assert len(types) == len(set(types)), "a family declared twice"
+        series = metrics(daemon)
+        process = (
+            "inference_exporter_build_info", "inference_billing_today_info", "inference_exporter_config_last",
+            "inference_exporter_state_write_success",  # the process's file; each account's file with `account`
+        )  # fmt: skip
+        unlabelled = {
+            name for (name, labels) in series if "account" not in dict(labels) and not name.startswith(process)
+        }
+        assert unlabelled <= {
+            "inference_alerts", "inference_budget_amount", "inference_budget_used_ratio",
+            "inference_budget_forecast_ratio", "inference_budget_scope_matched",
+        } | {name for name in unlabelled if name.startswith("inference_alert_")}  # fmt: skip
+        org = {dict(labels).get("budget") for (name, labels) in series if name == "inference_budget_amount"}
+        assert org == {"org", "prod-only"}
+        assert value(series, "inference_budget_amount", budget="prod-only", account="prod") == 5000
+        assert value(series, "inference_budget_amount", budget="org") == 100000
+        assert value(series, "inference_exporter_state_write_success") == 1
+        assert value(series, "inference_exporter_state_write_success", account="lab") == 1
+        for name in NAMES:  # each account's usage as its simulator counts it
+            counted = value(
+                series, "inference_usage_requests_total", account=name, endpoint_id=f"ep-{name}", model="model-a"
+            )
+            assert counted == sims[name].usage_totals(distinct=True)[(f"ep-{name}", "model-a")]["requests"]
+    finally:
+        daemon.stop()

@@ -18,7 +18,7 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, build, span
 from exporter.metrics.accounts import Labelled, SharedBudgetCollector
 from exporter.metrics.alerts import AlertsCollector
-from exporter.metrics.collectors import ExporterCollector
+from exporter.metrics.collectors import BudgetCollector, ExporterCollector
 from exporter.metrics.exposition import Exposition
 from exporter.model import signals
 from exporter.model.snapshots import Latest, SourceHealth
@@ -160,10 +160,13 @@ class Sources:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
 
     def _exposition(self) -> Exposition:
-        alerts = AlertsCollector(self.engine, self.dispatcher)
         if not self.config.several:
+            alerts = AlertsCollector(self.engine, self.dispatcher)
             one = self.accounts[""]
             return build_exposition(one.config, one.latest, self.clock, alerts)
+        alerts = AlertsCollector(
+            self.engine, self.dispatcher, lambda: [(name, a.state) for name, a in self.accounts.items()]
+        )
         parts = [
             (name, collectors(a.config, a.latest, self.clock, part="account")) for name, a in self.accounts.items()
         ]
@@ -173,7 +176,7 @@ class Sources:
             self.config.shared_budgets,
             self.clock,
         )
-        budgets = next(n for n, block in enumerate(blocks) if "Budget" in type(block.parts[0][1]).__name__)
+        budgets = next(n for n, block in enumerate(blocks) if isinstance(block.parts[0][1], BudgetCollector))
         blocks[budgets] = Labelled([*blocks[budgets].parts, ("", shared)])
         return Exposition([*blocks, ExporterCollector(self.latest, self.clock, part="process"), alerts])
 

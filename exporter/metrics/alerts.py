@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from exporter.alerts.engine import Engine
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.state import StateError
+from exporter.state import StateError, StateStore
 
 
 class AlertsCollector(Collector):
-    def __init__(self, engine: Engine, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, engine: Engine, dispatcher: Dispatcher, accounts: Callable[[], Iterable[tuple[str, StateStore]]] = tuple
+    ) -> None:
+        """`accounts`: with several accounts, each one's name and state file (whose writes are said too)."""
         self.engine = engine
         self.dispatcher = dispatcher
+        self.accounts = accounts
 
     def collect(self) -> Iterator[Metric]:
         alerts = Metric(
@@ -63,6 +68,10 @@ class AlertsCollector(Collector):
             " then not saved; the log names the file and the fault).",
         )
         state.add_metric([], 0.0 if self.engine.db.store.write_error else 1.0)
+        for account, store in self.accounts():
+            state.samples.append(
+                Sample(state.name, {"account": account}, 0.0 if store.write_error else 1.0, None, None)
+            )
         yield from (sent, failed, discarded, pending, state)
 
     def _anomalies(self) -> Iterator[Metric]:
