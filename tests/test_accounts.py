@@ -223,7 +223,7 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
         for name in sims:
             assert f"<tr><td>{name}</td>" in page
         assert "<td>organisation</td><td>every account</td>" in page
-        assert "<td>prod-and-lab</td><td>prod, lab</td>" in page
+        assert "<td>prod-and-lab</td><td>lab, prod</td>" in page
         ready = requests.get(f"{daemon.server.url}/readyz", timeout=10).json()
         assert ready["sources"]["prod/bills"] == "ok"
         assert ready["sources"]["staging/bills"].startswith("failing")
@@ -363,3 +363,43 @@ def test_the_commands_know_accounts(
     finally:
         for server in servers.values():
             server.stop()
+
+
+@pytest.mark.parametrize(
+    ("accounts", "budgets", "expected"),
+    [
+        (  # an account's own budget on api_key, without per_api_key there
+            [{"name": "a", "budgets": [{"name": "b", "amount": 5, "where": {"api_key": "sk-ab****"}}]}],
+            [],
+            "accounts[0].budgets[0].where.api_key (budget 'b'): usage is counted per API key only with",
+        ),
+        (  # a top-level budget over an account that cannot price the model
+            [{"name": "a", "prices": [{"model": "m", "prompt_per_million": 1, "completion_per_million": 1}]},
+             {"name": "c"}],
+            [{"name": "b", "amount": 5, "where": {"model": "m"}}],
+            "budgets[0].where.model (budget 'b'): model 'm' has no entry in `prices` (account 'c')",
+        ),
+    ],
+)  # fmt: skip
+def test_budget_scopes_are_checked_against_each_account_they_are_measured_on(
+    accounts: list[dict], budgets: list[dict], expected: str
+) -> None:
+    section = {"url": "http://127.0.0.1:9", "access_key_id": "AK", "secret_access_key": "s"}
+    document = {"accounts": [{"billing": section} | a for a in accounts], "budgets": budgets}
+    with pytest.raises(ConfigError) as raised:
+        validate(document, {})
+    assert any(detail.startswith(expected) for detail in raised.value.details), raised.value.details
+
+
+def test_an_organisation_budget_on_api_keys_is_accepted_when_every_account_counts_them() -> None:
+    section = {"url": "http://127.0.0.1:9", "access_key_id": "AK", "secret_access_key": "s", "per_api_key": True}
+    prices = [{"model": "m", "prompt_per_million": 1, "completion_per_million": 1}]
+    config = validate(
+        {
+            "accounts": [{"name": "a", "billing": section}, {"name": "b", "billing": section}],
+            "prices": prices,
+            "budgets": [{"name": "keys", "amount": 5, "where": {"api_key": ["sk-ab****", "sk-cd****"]}}],
+        },
+        {},
+    )
+    assert config.shared_budgets[0].name == "keys"

@@ -4,6 +4,7 @@ be trusted keeping its own alerts), organisation budgets, routing, and each acco
 
 from __future__ import annotations
 
+import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from exporter.model.signals import SIGNALS
 from exporter.sim import Endpoint, Fault, Simulator
 from tests.daemon_fakes import NOWHERE, metrics, statuses, told
 from tests.fakes import FakeBilling
-from tests.helpers import value
+from tests.helpers import named, value
 
 BILLS = "/api/v1/bills/details"
 NAMES = ("prod", "staging", "lab")
@@ -138,7 +139,7 @@ def test_a_rule_without_account_in_by_sums_the_accounts_as_its_promql_does(
         both = month(sims["prod"]) + month(sims["lab"])
         assert Decimal(alerts["ProdAndLab"].value) == both.quantize(Decimal("0.01"))
         # and the PromQL the `rules` command writes aggregates the same way
-        assert SIGNALS["spend"].promql(daemon.config.alerts.rules[1]).count('account=~"prod|lab"') == 1
+        assert SIGNALS["spend"].promql(daemon.config.alerts.rules[1]).count('account=~"lab|prod"') == 1
     finally:
         daemon.stop()
 
@@ -345,5 +346,111 @@ def test_every_series_of_an_account_carries_it_under_one_help_and_type(
                 series, "inference_usage_requests_total", account=name, endpoint_id=f"ep-{name}", model="model-a"
             )
             assert counted == sims[name].usage_totals(distinct=True)[(f"ep-{name}", "model-a")]["requests"]
+    finally:
+        daemon.stop()
+
+
+def test_blocks_are_rendered_once_per_snapshot_even_with_an_account_that_has_none(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exporter.metrics import accounts, collectors
+
+    rendered: list[str] = []
+    for kind in (collectors.BillsCollector, accounts.SharedBudgetCollector):
+        original = kind.collect
+        monkeypatch.setattr(kind, "collect", lambda self, o=original, k=kind: (rendered.append(k.__name__), o(self))[1])
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "1000"}]))
+    try:
+        sims["lab"].inject(Fault("status", path=BILLS, status=403, times=1))  # lab has no bills yet
+        assert refresh_all(daemon) == [True, True, False]
+        first = daemon.sources.exposition.render()[0]
+        count = len(rendered)
+        assert count > 0
+        assert daemon.sources.exposition.render()[0] == first
+        assert len(rendered) == count  # nothing rendered again: no snapshot changed
+        assert daemon.refresh("lab/bills")
+        assert daemon.sources.exposition.render()[0] != first
+        assert len(rendered) > count
+    finally:
+        daemon.stop()
+
+
+def test_an_annotation_may_name_what_the_rule_selects(sims: dict[str, Simulator], clock: Clock, tmp_path: Path) -> None:
+    rule = {
+        "alert": "Spend", "signal": "spend", "window": "month", "threshold": 1,
+        "where": {"account": "prod", "endpoint_id": ["ep-prod", "ep-shared"]},
+        "annotations": {"summary": "{account} ({endpoint_id}) spent {value}"},
+    }  # fmt: skip
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [rule]))
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        (alert,) = daemon.sources.engine.current()
+        assert alert.annotations["summary"] == f"prod (ep-prod|ep-shared) spent {alert.value}"
+    finally:
+        daemon.stop()
+
+
+def test_a_rule_that_matches_no_series_is_empty_not_zero(clock: Clock) -> None:
+    """A `data_age` rule on a source nobody has: no group (its PromQL returns nothing too), never 0."""
+    from exporter.config.rules import ThresholdRule
+    from exporter.model import signals
+    from exporter.model.snapshots import Latest
+
+    rule = ThresholdRule(alert="A", signal="data_age", where={"source": "nope"}, op="<", threshold=Decimal(1))
+    one = signals.Account("", Latest(), lambda: ["bills"])
+    assert signals.evaluate_accounts(rule, [one], clock) == ({}, set())
+
+
+ANOMALY = {"alert": "SpendAnomaly", "signal": "spend_anomaly", "by": ["endpoint_id"], "min_amount": "20",
+           "min_percent": 30}  # fmt: skip
+
+
+def test_anomalies_are_judged_per_account_kept_while_unknown_and_resolved_when_their_account_goes(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    from exporter.sim import SpendModel
+
+    yesterday = clock.today() - dt.timedelta(days=1)
+    for sim in sims.values():
+        sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    sims["lab"].add_spike(yesterday, "ep-lab", 2.5)
+    doc = document(sims, tmp_path, [ANOMALY])
+    for account in doc["accounts"]:
+        account["billing"]["history_months"] = 3
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    daemon = Daemon(validate(doc, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert all(refresh_all(daemon, "history")) and all(refresh_all(daemon))  # noqa: PT018
+        daemon.alert_cycle()
+        assert firing(daemon) == {("SpendAnomaly", "lab")}
+        (alert,) = daemon.sources.engine.current()
+        assert alert.labels["endpoint_id"] == "ep-lab"
+
+        def judged() -> dict[tuple[str, str], float]:
+            found = {}
+            for labels, v in named(metrics(daemon), "inference_spend_anomaly_impact_amount").items():
+                key = (dict(labels)["account"], dict(labels)["endpoint_id"])
+                assert key not in found  # one series per account and group
+                found[key] = v
+            return found
+
+        before = judged()
+        assert set(before) == {(name, e) for name in NAMES for e in (f"ep-{name}", "ep-shared")}
+        assert before[("lab", "ep-lab")] == max(before.values())
+
+        sims["lab"].inject(Fault("status", path=BILLS, status=403, times=1))
+        assert refresh_all(daemon) == [True, True, False]
+        daemon.alert_cycle()
+        assert judged() == before  # lab not judged now: its last judgement stays, and its alert
+        assert firing(daemon) == {("SpendAnomaly", "lab")}
+
+        del doc["accounts"][2]  # lab goes: its day is judged no more, its alert resolves
+        path.write_text(yaml.safe_dump(doc))
+        assert daemon.reload()
+        daemon.alert_cycle()
+        assert firing(daemon) == set()
+        assert statuses(daemon, "pager") == ["firing", "resolved"]
     finally:
         daemon.stop()

@@ -23,7 +23,7 @@ from exporter.alerts import anomalies, rules
 from exporter.config.rules import AnomalyRule, BudgetRule, RuleConfig, ThresholdRule, rule_id, rule_key
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
-from exporter.core.fields import in_scope
+from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
 from exporter.model import signals
 from exporter.model.events import AlertEvent, GroupEvent
@@ -206,8 +206,9 @@ class Engine:
     """History is configured: anomaly rules wait for the day's history before they judge."""
     prices: Sequence[PriceConfig] = ()
     """What budgets scoped on usage are priced with."""
-    judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding]]] = field(default_factory=dict)
-    """Per anomaly rule: the day last judged and each group's judgement (for the metrics)."""
+    judged: dict[str, tuple[AnomalyRule, str, list[anomalies.Finding], str]] = field(default_factory=dict)
+    """Per anomaly rule (and account, with several): the day last judged, each group's judgement and
+    the account's name (for the metrics)."""
     accounts: Sequence[Watched] = ()
     """With `accounts`, each of them (named); else the one account of `latest`, `sources`, `prices`
     and `history`, unnamed."""
@@ -299,7 +300,8 @@ class Engine:
                 continue
             labels = {"alertname": rule.alert, **rule.labels, **dict(group)}
             shown, limit = fmt(value, rule.signal), fmt(rule.threshold, rule.signal)
-            fields = {**dict(group), "value": shown, "threshold": limit}
+            scoped = {name: "|".join(scope_values(wanted)) for name, wanted in rule.where.items()}
+            fields = {**scoped, **dict(group), "value": shown, "threshold": limit}
             default = f"{rule.alert}: {rule.signal} {shown} {rule.op} {limit}"
             annotations = {"summary": default} | render(rule.annotations, fields) | {"value": shown}
             key = alert_key(labels, rid)
@@ -323,13 +325,18 @@ class Engine:
         (and carry its `account` label)."""
         judged_day = anomalies.judged_day(self.clock)
         day = judged_day.isoformat()
-        judgements: list[anomalies.Finding] = []
+        judged = dict(self.judged)
         for watched in self.accounts:
             findings = self._judge(rule, rid, watched, judged_day)
-            if findings is not None:
-                self._anomalies(db, rule, rid, watched.name, findings, day, now)
-                judgements += findings
-        self.judged = {**self.judged, rid: (rule, day, judgements)}  # replaced whole: scrapes read it unlocked
+            if findings is None:
+                continue  # not judged now: its last judgement stays shown, its alerts as they are
+            self._anomalies(db, rule, rid, watched.name, findings, day, now)
+            judged[f"{rid}/{watched.name}" if watched.name else rid] = (rule, day, findings, watched.name)
+        self.judged = judged  # replaced whole: scrapes read it unlocked
+        names = {watched.name for watched in self.accounts}
+        for alert in list(self.alerts.values()):  # an account a reload removed: its day is judged no more
+            if alert.rule == rid and alert.state == "firing" and alert.labels.get(signals.ACCOUNT, "") not in names:
+                self._resolve(db, alert, now)
 
     def _judge(
         self, rule: AnomalyRule, rid: str, watched: Watched, judged_day: dt.date
@@ -520,9 +527,11 @@ class Engine:
     # -- views --
 
     def current(self, notifier: str | None = None) -> list[Alert]:
-        """The alerts held now; given a notifier, those of the rules routed to it."""
+        """The alerts held now; given a notifier, those of the rules routed to it, and the resolved."""
         with self._lock:
             alerts = sorted(self.alerts.values(), key=lambda a: (a.labels["alertname"], a.key))
         if notifier is None or self.routes is None:
             return alerts
-        return [a for a in alerts if notifier in self.routes.get(a.rule, ())]
+        # A resolved alert goes to every one: its rule may have been routed there before a reload
+        # removed it or routed it elsewhere (a resolve of an alert a receiver never had is a no-op).
+        return [a for a in alerts if a.state == "resolved" or notifier in self.routes.get(a.rule, ())]

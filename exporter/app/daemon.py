@@ -116,7 +116,7 @@ class Daemon:
             today=self.clock.today,
             now=lambda: self.clock.now().timestamp(),
             health=lambda: self.sources.health(),
-            accounts=self._accounts_view if config.several else None,
+            accounts=self._accounts_view,
             shared_budgets=lambda: self.sources.config.shared_budgets,
         )
         """What the HTTP server shows, read afresh on each request."""
@@ -139,8 +139,12 @@ class Daemon:
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
         self._digests = DigestQueue(self.clock, self._started, self._busy, self._alerts_lock, self._stopping)
 
-    def _accounts_view(self) -> list[AccountView]:
-        return [AccountView(n, a.latest, a.config.budgets, a.config.prices) for n, a in self.sources.accounts.items()]
+    def _accounts_view(self) -> list[AccountView] | None:
+        """The accounts for the landing page; None for the one account of a config without `accounts`."""
+        sources = self.sources
+        if not sources.config.several:
+            return None
+        return [AccountView(n, a.latest, a.config.budgets, a.config.prices) for n, a in sources.accounts.items()]
 
     @property
     def server(self) -> ExporterServer:

@@ -18,7 +18,7 @@ from exporter.alerts.engine import Alert, routes, rule_ids
 from exporter.alerts.promrules import rule_file
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
-from exporter.app.sources import RefreshFailed, Sources
+from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
 from exporter.config.load import ConfigError, load_checked
 from exporter.config.schema import Config
@@ -147,10 +147,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
         runs, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
-        bodies = [
-            sources.digest(today, schedule, config.server.external_url or "", runs=runs, alerts=alerts, account=name)
-            for name, _ in _accounts(config, args, "digest", every=True)
-        ]
+        bodies = []
+        for name, _ in _accounts(config, args, "digest", every=True):
+            if name:  # with several accounts, each keeps its probe runs in its own file
+                of_account = peek(account_state_path(config.state.path, name), *sources.digest_span(today, schedule))
+                runs = [] if of_account is None else of_account[0]
+            url = config.server.external_url or ""
+            bodies.append(sources.digest(today, schedule, url, runs=runs, alerts=alerts, account=name))
         sys.stdout.write("\n".join(digest_text(body) for body in bodies))
         if not args.send:
             return 0
@@ -171,7 +174,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    text, skipped = rule_file(config.alerts, config.budgets)
+    text, skipped = rule_file(config.alerts, config.all_budgets)
     for note in skipped:
         print(f"{args.config}: {note}", file=sys.stderr)
     sys.stdout.write(text)

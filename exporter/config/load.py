@@ -121,7 +121,7 @@ def _accounts(document: dict[str, Any]) -> list[tuple[Location, str]]:
     for where, scope in named:
         if isinstance(scope, dict) and "account" in scope and not several:
             problems.append(((*where, "where", "account"), "names `account`, which only `accounts` gives"))
-        elif isinstance(scope, dict) and "account" in scope:
+        elif isinstance(scope, dict) and "account" in scope and where[0] == "budgets":  # (rules: `_unmatchable`)
             for one in scope["account"] if isinstance(scope["account"], list) else [scope["account"]]:
                 if one not in names:
                     problems.append(
@@ -131,6 +131,9 @@ def _accounts(document: dict[str, Any]) -> list[tuple[Location, str]]:
         by = rule.get("by")
         if isinstance(by, list) and "account" in by and not several:
             problems.append(((*where, "by"), "names `account`, which only `accounts` gives"))
+        labels = rule.get("labels")
+        if several and isinstance(labels, dict) and "account" in labels:
+            problems.append(((*where, "labels", "account"), "`account` is the label of the account an alert is about"))
     for where, account in _items(document, "accounts"):
         if _items(account, "probes") and not isinstance(account.get("inference"), dict):
             problems.append(((*where, "inference"), "required when the account has `probes` (url and api_key)"))
@@ -152,32 +155,67 @@ def _rule_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
 
 
 def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
-    """Scopes that cannot be priced or can never match, each naming its budget."""
-    problems: list[tuple[Location, str]] = []
-    billing: dict[str, Any] = document["billing"] if isinstance(document.get("billing"), dict) else {}
-    priced = {item.get("model") for _, item in _items(document, "prices")}
+    """Scopes that cannot be priced or can never match, each naming its budget (with `accounts`,
+    against each account the budget is measured on: its own, or those a top-level one spans)."""
+
+    def billing_of(holder: dict[str, Any]) -> dict[str, Any]:
+        return holder["billing"] if isinstance(holder.get("billing"), dict) else {}
+
+    top_prices = {item.get("model") for _, item in _items(document, "prices")}
+    accounts = [account for _, account in _items(document, "accounts")]
+
+    def prices_of(account: dict[str, Any]) -> set[Any]:
+        if isinstance(account.get("prices"), list):
+            return {item.get("model") for _, item in _items(account, "prices")}
+        return top_prices
+
+    measured: list[tuple[Location, dict[str, Any], list[tuple[str, dict[str, Any], set[Any]]]]] = []
     for where, budget in _items(document, "budgets"):
+        scope = budget.get("where")
+        if not accounts:
+            measured.append((where, budget, [("", billing_of(document), top_prices)]))
+            continue
+        wanted = scope.get("account") if isinstance(scope, dict) else None
+        names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
+        spanned = [a for a in accounts if names is None or a.get("name") in names]
+        measured.append((where, budget, [(str(a.get("name")), billing_of(a), prices_of(a)) for a in spanned]))
+    for at, account in _items(document, "accounts"):
+        for where, budget in _items(account, "budgets"):
+            measured.append(((*at, *where), budget, [("", billing_of(account), prices_of(account))]))
+    problems: list[tuple[Location, str]] = []
+    for where, budget, spans in measured:
         scope = budget.get("where")
         if not isinstance(scope, dict):
             continue
-        model, api_key, project = scope.get("model"), scope.get("api_key"), scope.get("project_id")
-        for one in model if isinstance(model, list) else [] if model is None else [model]:
-            if isinstance(one, str) and one not in priced:
-                problems.append(((*where, "where", "model"), f"model {one!r} has no entry in `prices`"))
-        if api_key is not None and not priced:
-            problems.append(
-                ((*where, "where", "api_key"), "a scope on api_key is priced from `prices`, which is empty")
+        for name, billing, priced in spans:
+            problems += _scope_problems(where, scope, billing, priced, f" (account {name!r})" if name else "")
+    return list(dict.fromkeys(problems))
+
+
+def _scope_problems(
+    where: Location, scope: dict[str, Any], billing: dict[str, Any], priced: set[Any], account: str
+) -> list[tuple[Location, str]]:
+    problems: list[tuple[Location, str]] = []
+    model, api_key, project = scope.get("model"), scope.get("api_key"), scope.get("project_id")
+    for one in model if isinstance(model, list) else [] if model is None else [model]:
+        if isinstance(one, str) and one not in priced:
+            problems.append(((*where, "where", "model"), f"model {one!r} has no entry in `prices`{account}"))
+    if api_key is not None and not priced:
+        problems.append(
+            ((*where, "where", "api_key"), f"a scope on api_key is priced from `prices`, which is empty{account}")
+        )
+    if api_key is not None and billing.get("per_api_key") is not True:
+        problems.append(
+            (
+                (*where, "where", "api_key"),
+                f"usage is counted per API key only with `billing.per_api_key: true`{account}",
             )
-        if api_key is not None and billing.get("per_api_key") is not True:
-            problems.append(
-                (
-                    (*where, "where", "api_key"),
-                    "usage is counted per API key only with `billing.per_api_key: true`",
-                )
-            )
-        wanted = billing.get("project_id")
-        if isinstance(project, str) and isinstance(wanted, str) and wanted and project != wanted:
-            problems.append(((*where, "where", "project_id"), f"matches nothing: `billing.project_id` is {wanted!r}"))
+        )
+    wanted = billing.get("project_id")
+    if isinstance(project, str) and isinstance(wanted, str) and wanted and project != wanted:
+        problems.append(
+            ((*where, "where", "project_id"), f"matches nothing: `billing.project_id` is {wanted!r}{account}")
+        )
     return problems
 
 
@@ -361,7 +399,12 @@ def _message(error: Any) -> str:
 
 def _rule_name(document: dict[str, Any], path: tuple[int | str, ...]) -> str:
     """` (alert NAME)` for a location inside `alerts.rules[i]`, ` (budget 'NAME')` inside
-    `budgets[i]`, so a message names its rule or budget."""
+    `budgets[i]` (or an account's), so a message names its rule or budget."""
+    if len(path) >= 4 and path[0] == "accounts" and isinstance(path[1], int) and path[2] == "budgets":
+        try:
+            return _rule_name(document["accounts"][path[1]], path[2:])
+        except (KeyError, IndexError, TypeError):
+            return ""
     if len(path) >= 2 and path[0] == "budgets" and isinstance(path[1], int) and path[2:] != ("name",):
         try:
             budget = document["budgets"][path[1]]["name"]

@@ -75,15 +75,25 @@ def _http_url(url: str) -> str:
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 
-def _distinct(values: tuple[str, ...]) -> tuple[str, ...]:
-    if not values:
+def _scope_value(value: Any) -> str | tuple[str, ...]:
+    """One label value, or a list of distinct ones (a list of one is that value)."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+    if not isinstance(value, list | tuple):
+        raise ValueError("not a label value (a string) or a list of them")
+    if not value:
         raise ValueError("an empty list matches nothing")
-    if len(set(values)) != len(values):
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"{item!r} in the list is not a label value (a non-empty string)")
+    if len(set(value)) != len(value):
         raise ValueError("lists a value twice")
-    return values
+    return value[0] if len(value) == 1 else tuple(sorted(value))  # (in any order: the same scope)
 
 
-ScopeValue = str | Annotated[tuple[Annotated[str, Field(min_length=1)], ...], AfterValidator(_distinct)]
+ScopeValue = Annotated[str | tuple[str, ...], BeforeValidator(_scope_value)]
 """A `where` value: one label value, or a list of them (`endpoint_id: [ep-a, ep-b]`, any of them)."""
 
 

@@ -14,15 +14,19 @@ from exporter.core.clock import Clock
 from exporter.model.snapshots import Latest
 from exporter.sources.budgets import BudgetFigures, figures, scope_matched
 
+NOTHING = object()
+"""The version of a part whose collector has no snapshot yet (it shows nothing until it has one)."""
+
 
 class Versions(tuple[object, ...]):
     """The versions of a block's parts: the same block while each part's is the same object."""
 
     def same(self, other: object) -> bool:
+        """Each part's version is the same object (a day, compared by value, may be equal ones)."""
         return (
             isinstance(other, Versions)
             and len(other) == len(self)
-            and all(a is b for a, b in zip(self, other, strict=True))
+            and all(a is b or (isinstance(a, dt.date) and a == b) for a, b in zip(self, other, strict=True))
         )
 
 
@@ -36,9 +40,13 @@ class Labelled(Collector):
         self._version: Versions | None = None
 
     def version(self) -> object:
-        versions = [getattr(collector, "version", lambda: None)() for _, collector in self.parts]
-        if any(v is None for v in versions):
-            return None  # a part rendered on each scrape: so is the whole
+        versions: list[object] = []
+        for _, collector in self.parts:
+            version = getattr(collector, "version", None)
+            if version is None:
+                return None  # a part rendered on each scrape: so is the whole
+            found = version()
+            versions.append(NOTHING if found is None else found)  # (None: no snapshot yet, nothing to show)
         current = Versions(versions)
         if self._version is None or not self._version.same(current):
             self._version = current
@@ -95,6 +103,21 @@ class SharedBudgetCollector(Collector):
         self.accounts = tuple(accounts)
         self.budgets = tuple(budgets)
         self.clock = clock
+        self._version: Versions | None = None
+
+    def version(self) -> object:
+        """The snapshots of every account the figures are made from, and the day: the same object
+        while none of them changes."""
+        current = Versions(
+            [
+                self.clock.today(),
+                *(x for _, latest, _ in self.accounts for x in (latest.bills, latest.history, latest.usage)),
+                *(latest.settled for _, latest, _ in self.accounts),
+            ]
+        )
+        if self._version is None or not (self._version[0] == current[0] and self._version.same(current)):
+            self._version = current
+        return self._version
 
     def _spans(self, budget: BudgetConfig) -> list[tuple[Latest, Sequence[PriceConfig]]]:
         wanted = budget.accounts

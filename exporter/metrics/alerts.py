@@ -89,9 +89,10 @@ class AlertsCollector(Collector):
             "Actual minus expected payable amount of that day (an anomaly when it passes the rule's floors).",
             "gauge",
         )
-        for rule, day, findings in judged:
+        for rule, day, findings, account in judged:
+            named = {"account": account} if account else {}
             for finding in findings:
-                labels = {**dict(finding.group), "alertname": rule.alert, "day": day}
+                labels = {**named, **dict(finding.group), "alertname": rule.alert, "day": day}
                 expected.add_sample("inference_spend_expected_daily_amount", labels, float(finding.judgement.expected))
                 impact.add_sample("inference_spend_anomaly_impact_amount", labels, float(finding.judgement.impact))
         yield from (expected, impact)

@@ -365,9 +365,11 @@ def evaluate_accounts(rule: ThresholdRule, accounts: Iterable[Account], clock: C
         )
     values: Values = {}
     unknown: set[str] = set()
+    evaluated = False
     for account in accounts:
         if not in_scope(wanted, account.name):
             continue
+        evaluated = True
         found = signal.evaluate(inner, Context(account.latest, clock, tuple(account.sources())))
         if found is None:
             if not split:
@@ -378,6 +380,6 @@ def evaluate_accounts(rule: ThresholdRule, accounts: Iterable[Account], clock: C
             if split:
                 group = tuple(sorted((*group, (ACCOUNT, account.name))))
             values[group] = signal.combine(values[group], value) if group in values else value
-    if not split and not values and not rule.by:
-        values[()] = Decimal(0)  # (no account in scope: nothing spent, as one account with no lines)
+    if not evaluated and not rule.by and signal.combine is Decimal.__add__:
+        values[()] = Decimal(0)  # (no account in scope: nothing spent, as a sum over no series)
     return values, unknown

@@ -150,9 +150,13 @@ def replay(
     store = StateStore(":memory:")
     history = config.billing.history_months > 0
     one = [Watched(signals.Account(account, latest, lambda: ["bills"]), (), history)] if account else []
-    engine = Engine(
-        alerts, config.budgets, AlertStore(store), clock, latest, lambda: ["bills"], history=history, accounts=one
+    # One account of several: its budgets scoped to it, as the daemon's engine has them (their alerts say which).
+    budgets = (
+        [b.model_copy(update={"where": {**b.where, "account": account}}) for b in config.budgets]
+        if account
+        else config.budgets
     )
+    engine = Engine(alerts, budgets, AlertStore(store), clock, latest, lambda: ["bills"], history=history, accounts=one)
     anomaly_rules = {rid for rule, rid in zip(alerts.rules, rule_ids(alerts.rules), strict=True)
                      if isinstance(rule, AnomalyRule)}  # fmt: skip
     hold = max((r.for_ for r in alerts.rules if isinstance(r, ThresholdRule)), default=0.0)
@@ -210,5 +214,12 @@ def backtest(
     with opened as api:
         months = fetch(api, [p for p in periods if p <= clock.period(today)], today)
     _, notes = replayable(config.alerts, config.budgets)
+    if account:
+        notes += [
+            f"alerts.rules[{index}] ({rule.alert}): replayed on account {account!r} alone; the daemon combines"
+            " the accounts it selects"
+            for index, rule in enumerate(config.alerts.rules)
+            if isinstance(rule, ThresholdRule) and "account" not in rule.by and rule.where.get("account") != account
+        ]
     notes += [f"{p}: no bills" for p in periods_between(first, last) if p not in months and p <= clock.period(today)]
     return replay(config, months, first, last, today, account), notes

@@ -175,8 +175,9 @@ def landing_page(view: View) -> str:
     monthly = [(b.name, b.amount) for b in view.budgets() if b.period == "month" and not b.where]
     chart = month_chart(bills.current, bills.today, monthly) if bills is not None else "<p>No bills yet.</p>"
     budget_head = "<table><tr><th>budget</th><th>scope</th>"
-    if view.accounts is not None:  # several accounts: a table of them instead of one account's chart
-        chart, budget_rows, probe_rows, reconciliation = _accounts(view, view.accounts())
+    several = view.accounts() if view.accounts is not None else None
+    if several is not None:  # several accounts: a table of them instead of one account's chart
+        chart, budget_rows, probe_rows, reconciliation = _accounts(view, several)
         budget_head = "<table><tr><th>budget</th><th>account</th><th>scope</th>"
         probe_head = "<table><tr><th>probe</th><th>account</th><th>endpoint</th>"
     budgets = (
@@ -203,7 +204,7 @@ td, th {{ text-align: left; padding: .35rem .6rem; border-bottom: 1px solid #dde
 <h1>inference-cost-exporter <small>{html.escape(__version__)}</small></h1>
 <p><a href="/metrics">Metrics</a> · <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a>
  · <a href="/api/v1/alerts">Alerts (JSON)</a></p>
-<h2>{"Accounts" if view.accounts is not None else "This month"}</h2>
+<h2>{"Accounts" if several is not None else "This month"}</h2>
 {chart}
 <h2>Sources</h2>
 <table><tr><th>source</th><th>last refresh</th><th>last success</th><th>error</th></tr>

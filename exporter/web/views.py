@@ -45,8 +45,9 @@ class View:
     health: Callable[[], Mapping[str, SourceHealth]] | None = None
     """Each of `sources` with its health (with several accounts, `prod/bills`); `latest`'s when None."""
 
-    accounts: Callable[[], Sequence[AccountView]] | None = None
-    """With several accounts, each one's snapshots, budgets and prices (None: one account, `latest`)."""
+    accounts: Callable[[], Sequence[AccountView] | None] | None = None
+    """With several accounts, each one's snapshots, budgets and prices (None: one account, `latest`);
+    asked on each request, since a reload may turn one account into several or back."""
     shared_budgets: Callable[[], Sequence[BudgetConfig]] = tuple
     """With several accounts, the budgets that span them."""
 
