@@ -5,11 +5,13 @@ be trusted keeping its own alerts), organisation budgets, routing, and each acco
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from exporter.app.daemon import Daemon
 from exporter.app.sources import account_state_path
@@ -323,6 +325,9 @@ def test_every_series_of_an_account_carries_it_under_one_help_and_type(
             text = daemon.sources.exposition.render(accept)[0].decode()
             types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
             assert len(types) == len(set(types)), "a family declared twice"
+            assert gzip.decompress(daemon.sources.exposition.render(accept, gzipped=True)[0]).decode() == text
+        families = list(openmetrics_families(text))  # the OpenMetrics parser takes it (one family, one block)
+        assert len(families) == len(types)
         series = metrics(daemon)
         process = (
             "inference_exporter_build_info", "inference_billing_today_info", "inference_exporter_config_last",
@@ -355,10 +360,10 @@ def test_blocks_are_rendered_once_per_snapshot_even_with_an_account_that_has_non
 ) -> None:
     from exporter.metrics import accounts, collectors
 
-    rendered: list[str] = []
+    rendered: list[object] = []
     for kind in (collectors.BillsCollector, accounts.SharedBudgetCollector):
         original = kind.collect
-        monkeypatch.setattr(kind, "collect", lambda self, o=original, k=kind: (rendered.append(k.__name__), o(self))[1])
+        monkeypatch.setattr(kind, "collect", lambda self, o=original: (rendered.append(self), o(self))[1])
     daemon = daemon_on(sims, clock, document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "1000"}]))
     try:
         sims["lab"].inject(Fault("status", path=BILLS, status=403, times=1))  # lab has no bills yet
@@ -370,7 +375,11 @@ def test_blocks_are_rendered_once_per_snapshot_even_with_an_account_that_has_non
         assert len(rendered) == count  # nothing rendered again: no snapshot changed
         assert daemon.refresh("lab/bills")
         assert daemon.sources.exposition.render()[0] != first
-        assert len(rendered) > count
+        again = rendered[count:]
+        lab = daemon.sources.accounts["lab"].latest
+        # lab's bills (in both formats, by the refresh's prepare) and the budgets over every account: nothing else
+        assert {type(c).__name__ for c in again} == {"BillsCollector", "SharedBudgetCollector"}
+        assert all(c.latest is lab for c in again if isinstance(c, collectors.BillsCollector))
     finally:
         daemon.stop()
 

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.registry import Collector
+
 from exporter.alerts.engine import Alert, Engine, Watched, routes
 from exporter.app.account import Account, BillingFactory, RefreshFailed, build_exposition, collectors
 from exporter.billing import BillingError, RetryPolicy
@@ -16,8 +18,9 @@ from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, build, span
-from exporter.metrics.accounts import Labelled, SharedBudgetCollector
+from exporter.metrics.accounts import SharedBudgetCollector
 from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.collectors import BudgetCollector, ExporterCollector
 from exporter.metrics.exposition import Exposition
 from exporter.model import signals
@@ -159,26 +162,28 @@ class Sources:
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
 
-    def _exposition(self) -> Exposition:
+    def _exposition(self) -> Exposition | AssembledExposition:
         if not self.config.several:
-            alerts = AlertsCollector(self.engine, self.dispatcher)
             one = self.accounts[""]
-            return build_exposition(one.config, one.latest, self.clock, alerts)
-        alerts = AlertsCollector(
-            self.engine, self.dispatcher, lambda: [(name, a.state) for name, a in self.accounts.items()]
-        )
-        parts = [
-            (name, collectors(a.config, a.latest, self.clock, part="account")) for name, a in self.accounts.items()
+            return build_exposition(one.config, one.latest, self.clock, AlertsCollector(self.engine, self.dispatcher))
+        per_account = {
+            name: collectors(a.config, a.latest, self.clock, part="account") for name, a in self.accounts.items()
+        }
+        kinds: list[list[tuple[str, Collector]]] = [
+            [(name, found[n]) for name, found in per_account.items()]
+            for n in range(len(next(iter(per_account.values()))))
         ]
-        blocks = [Labelled([(name, found[n]) for name, found in parts]) for n in range(len(parts[0][1]))]
         shared = SharedBudgetCollector(
             [(name, a.latest, a.config.prices) for name, a in self.accounts.items()],
             self.config.shared_budgets,
             self.clock,
         )
-        budgets = next(n for n, block in enumerate(blocks) if isinstance(block.parts[0][1], BudgetCollector))
-        blocks[budgets] = Labelled([*blocks[budgets].parts, ("", shared)])
-        return Exposition([*blocks, ExporterCollector(self.latest, self.clock, part="process"), alerts])
+        budgets = next(k for k, parts in enumerate(kinds) if isinstance(parts[0][1], BudgetCollector))
+        kinds[budgets].append(("", shared))  # (one HELP and TYPE for the accounts' budgets and these)
+        states = [(name, a.state) for name, a in self.accounts.items()]
+        kinds.append([("", ExporterCollector(self.latest, self.clock, part="process"))])
+        kinds.append([("", AlertsCollector(self.engine, self.dispatcher, lambda: states))])
+        return AssembledExposition(kinds)
 
     # -- one account (the config's only one) --
 

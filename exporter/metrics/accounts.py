@@ -1,5 +1,5 @@
-"""Several accounts in one exposition: each account's series labelled with its `account`, a
-family's series of every account under one HELP and TYPE; and the budgets that span accounts."""
+"""The budgets that span several accounts (the organisation's): their figures summed over the
+accounts they span, and their collector. (How several accounts make one exposition: `assembled`.)"""
 
 from __future__ import annotations
 
@@ -9,17 +9,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.config.schema import ACCOUNT, BudgetConfig, PriceConfig
+from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.model.snapshots import Latest
 from exporter.sources.budgets import BudgetFigures, figures, scope_matched
 
-NOTHING = object()
-"""The version of a part whose collector has no snapshot yet (it shows nothing until it has one)."""
-
 
 class Versions(tuple[object, ...]):
-    """The versions of a block's parts: the same block while each part's is the same object."""
+    """The versions of what figures are made from: the same while each is the same object."""
 
     def same(self, other: object) -> bool:
         """Each part's version is the same object (a day, compared by value, may be equal ones)."""
@@ -28,44 +25,6 @@ class Versions(tuple[object, ...]):
             and len(other) == len(self)
             and all(a is b or (isinstance(a, dt.date) and a == b) for a, b in zip(self, other, strict=True))
         )
-
-
-class Labelled(Collector):
-    """The same collector of several accounts as one: every sample gets its account's label (none
-    for a part named ""), and a family's samples of every part come under one HELP and TYPE, as
-    the exposition formats require. Cached while every part's version stays (`Versions`)."""
-
-    def __init__(self, parts: Sequence[tuple[str, Collector]]) -> None:
-        self.parts = tuple(parts)
-        self._version: Versions | None = None
-
-    def version(self) -> object:
-        versions: list[object] = []
-        for _, collector in self.parts:
-            version = getattr(collector, "version", None)
-            if version is None:
-                return None  # a part rendered on each scrape: so is the whole
-            found = version()
-            versions.append(NOTHING if found is None else found)  # (None: no snapshot yet, nothing to show)
-        current = Versions(versions)
-        if self._version is None or not self._version.same(current):
-            self._version = current
-        return self._version
-
-    def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        for account, collector in self.parts:
-            for family in collector.collect():
-                merged = families.get(family.name)
-                if merged is None:
-                    merged = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                if not account:
-                    merged.samples.extend(family.samples)
-                    continue
-                merged.samples.extend(
-                    sample._replace(labels={ACCOUNT: account, **sample.labels}) for sample in family.samples
-                )
-        yield from families.values()
 
 
 def shared_figures(

@@ -1,0 +1,181 @@
+"""/metrics for several accounts, assembled from pieces each account renders on its own.
+
+One family's series of every account must come under one HELP and TYPE. Rendering the families
+of all accounts together after each refresh would cost every account's series at every
+account's refresh: with N accounts, N times the work of one, N times as often. Instead each
+account's collector is rendered alone (its samples labelled with its `account`), once per
+snapshot and format, and split into its families; a scrape joins, family by family, the header
+of the first account that has it and each account's samples, from what is cached. A refresh of
+one account renders that account's figures only; a scrape joins bytes.
+
+Gzipped likewise: each piece is deflated once (`exposition.deflate`) and the pieces make one gzip
+member (`exposition.gzip_member`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from exporter.config.schema import ACCOUNT
+from exporter.core.logs import get_logger
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT, OPENMETRICS_EOF, Encoder, deflate, gzip_member
+
+log = get_logger(__name__)
+
+NOTHING = object()
+"""The version of a collector that has no snapshot yet (it shows nothing until it has one)."""
+
+
+@dataclass
+class _Piece:
+    text: bytes
+    deflated: bytes | None = None
+    """`text` deflated, from the first gzipped scrape or `prepare` that needed it."""
+
+    def piece(self) -> bytes:
+        if self.deflated is None:
+            self.deflated = deflate(self.text)  # (two threads at once compress it twice: the same bytes)
+        return self.deflated
+
+
+@dataclass(frozen=True)
+class _Families:
+    """One account's collector rendered in one format: each family's header and samples, in order."""
+
+    version: object
+    headers: dict[str, _Piece] = field(default_factory=dict)
+    samples: dict[str, _Piece] = field(default_factory=dict)
+
+
+class _Labelled(Collector):
+    """One account's collector, each sample labelled with the account (first among its labels)."""
+
+    def __init__(self, account: str, collector: Collector) -> None:
+        self.account = account
+        self.collector = collector
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.collector.collect():
+            if self.account:
+                family.samples = [s._replace(labels={ACCOUNT: self.account, **s.labels}) for s in family.samples]
+            yield family
+
+
+def _split(text: bytes) -> _Families:
+    """Text as prometheus_client writes it, by family: each starts at its `# HELP` line, its header
+    runs over the `#` lines that follow, and its samples up to the next family's `# HELP`."""
+    families = _Families(None)
+    name = b""
+    header: list[bytes] = []
+    samples: list[bytes] = []
+
+    def close() -> None:
+        if name:
+            key = name.decode()
+            families.headers[key] = _Piece(b"".join(header))
+            families.samples[key] = _Piece(b"".join(samples))
+
+    for line in text.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            close()
+            name, header, samples = line.split(b" ", 3)[2], [line], []
+        elif line.startswith(b"#") and not samples:
+            header.append(line)
+        else:
+            samples.append(line)
+    close()
+    return families
+
+
+class AssembledExposition:
+    """The exposition of `kinds`: each a list of (account, collector) whose families are joined,
+    a part named "" unlabelled (what spans the accounts: the organisation's budgets). A collector
+    with a `version` is rendered once per version (None: nothing yet, the same until it has one);
+    one without, on each scrape (the exporter's health)."""
+
+    def __init__(self, kinds: Sequence[Sequence[tuple[str, Collector]]]) -> None:
+        self.kinds = tuple(tuple(parts) for parts in kinds)
+        self._registries: dict[tuple[int, int], CollectorRegistry] = {}
+        for k, parts in enumerate(self.kinds):
+            for i, (account, collector) in enumerate(parts):
+                registry = CollectorRegistry()
+                registry.register(_Labelled(account, collector))
+                self._registries[(k, i)] = registry
+        self._cache: dict[tuple[int, int, str], _Families] = {}
+        self._lock = threading.Lock()
+        self._broken: dict[tuple[int, int], str] = {}
+
+    def _version(self, collector: Collector) -> object:
+        version = getattr(collector, "version", None)
+        if version is None:
+            return None
+        found = version()
+        return NOTHING if found is None else found
+
+    def _families(self, k: int, i: int, encoder: Encoder, content_type: str) -> _Families:
+        version = self._version(self.kinds[k][i][1])
+        with self._lock:
+            cached = self._cache.get((k, i, content_type))
+        if version is not None and cached is not None and cached.version is version:
+            return cached
+        try:
+            text = encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF)
+        except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
+            self._failed(k, i, error)
+            return _Families(None)
+        self._broken.pop((k, i), None)
+        families = _split(text)
+        families = _Families(version, families.headers, families.samples)
+        if version is not None:
+            with self._lock:
+                self._cache[(k, i, content_type)] = families
+        return families
+
+    def _failed(self, k: int, i: int, error: Exception) -> None:
+        account, collector = self.kinds[k][i]
+        reason = f"{type(error).__name__}: {error}"[:300]
+        if self._broken.get((k, i)) != reason:
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, account=account, error=reason)
+        self._broken[(k, i)] = reason
+
+    def _pieces(self, encoder: Encoder, content_type: str) -> list[_Piece]:
+        pieces: list[_Piece] = []
+        for k, parts in enumerate(self.kinds):
+            rendered = [self._families(k, i, encoder, content_type) for i in range(len(parts))]
+            order = dict.fromkeys(name for families in rendered for name in families.headers)
+            for name in order:
+                pieces.append(next(f.headers[name] for f in rendered if name in f.headers))
+                pieces += [f.samples[name] for f in rendered if name in f.samples and f.samples[name].text]
+        return pieces
+
+    def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
+        """As `Exposition.render`: the exposition for an `Accept` header (one gzip member if
+        `gzipped`), and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        pieces = self._pieces(encoder, content_type)
+        if content_type.startswith("application/openmetrics-text"):
+            pieces.append(_Piece(OPENMETRICS_EOF))
+        texts = [piece.text for piece in pieces]
+        if not gzipped:
+            return b"".join(texts), content_type
+        return gzip_member(texts, [piece.piece() for piece in pieces]), content_type
+
+    def prepare(self) -> None:
+        """Render and deflate what changed since (after a refresh), in both formats, so that scrapes
+        find it cached; a refresh of one account renders that account's only."""
+        for accept in ("", OPENMETRICS_ACCEPT):
+            encoder, content_type = choose_encoder(accept)
+            for k, parts in enumerate(self.kinds):
+                for i in range(len(parts)):
+                    families = self._families(k, i, encoder, content_type)
+                    if families.version is not None:
+                        for piece in (*families.headers.values(), *families.samples.values()):
+                            if piece.text:
+                                piece.piece()
