@@ -356,6 +356,18 @@ def test_the_commands_know_accounts(
         assert all('account="staging"' in line for line in lines)
         assert not any("ep-prod-1" in line for line in lines)  # staging's own endpoints only
 
+        once = invoke(monkeypatch, capsys, "once", "--config", str(path))
+        assert once.returncode == 0, once.stderr
+        for name, sim in sims.items():  # each account's month, to the cent, under its name
+            shown = sum(
+                Decimal(line.rsplit(" ", 1)[1])
+                for line in once.stdout.splitlines()
+                if line.startswith("inference_bill_item_daily_payable_amount{")
+                and f'account="{name}"' in line
+                and f'period="{clock.today():%Y-%m}"' in line
+            )
+            assert abs(shown - month_total(sim)) < Decimal("0.005")
+
         digests = invoke(monkeypatch, capsys, "digest", "--config", str(path))
         assert digests.returncode == 0, digests.stderr
         assert "inference spend of prod" in digests.stdout
