@@ -378,7 +378,7 @@ def test_rule_ids_are_those_earlier_versions_saved() -> None:
     import hashlib
     import json
 
-    from exporter.alerts.engine import rule_id
+    from exporter.alerts.alert import rule_id
     from exporter.config.load import validate
 
     def saved_by_earlier_versions(identity: list[object]) -> str:

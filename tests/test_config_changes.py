@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerts.engine import legacy_moves, legacy_rule_ids, rule_ids
+from exporter.alerts.alert import legacy_moves, legacy_rule_ids, rule_ids
 from exporter.app.daemon import Daemon
 from exporter.config.load import ConfigError, load, validate
 from exporter.core.clock import Clock, FrozenClock

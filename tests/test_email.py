@@ -21,7 +21,7 @@ import pytest
 import trustme
 from aiosmtpd.controller import Controller
 
-from exporter.alerts.engine import Alert
+from exporter.alerts.alert import Alert
 from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
 from exporter.model.events import GroupEvent

@@ -520,7 +520,7 @@ def test_new_prices_apply_at_once_on_reload_to_what_is_counted_next(
 def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     clock: Clock, receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from exporter.alerts.engine import Alert
+    from exporter.alerts.alert import Alert
     from exporter.delivery.dispatcher import Dispatcher
     from exporter.notifiers.alertmanager import AlertmanagerNotifier
     from exporter.state import AlertStore, StateStore

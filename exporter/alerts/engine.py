@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
-from typing import Literal
 
 from exporter.alerts import anomalies, rules
-from exporter.config.rules import AnomalyRule, BudgetRule, RuleConfig, ThresholdRule, rule_id, rule_key
+from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render, rule_ids
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
 from exporter.model import signals
-from exporter.model.events import AlertEvent, GroupEvent
+from exporter.model.events import GroupEvent
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError
 
@@ -36,130 +35,6 @@ RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
 GROUP_DETAIL = 100
 """Alerts a queued group keeps in full; the rest are only counted (messages show fewer still)."""
-
-State = Literal["pending", "firing", "resolved"]
-
-
-@dataclass(frozen=True)
-class Alert:
-    key: str
-    rule: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    state: State
-    active_since: float
-    value: str
-    last_true: float
-    fired_at: float | None = None
-    resolved_at: float | None = None
-    inhibited: bool = False
-    """Resolved because a higher budget tier took over: no resolve notice of its own."""
-    period: str = ""
-    grouped: bool = False
-    """Created by a version that groups a rule's alerts into one incident. Alerts saved before it
-    keep their own incident key, so their resolve closes the incident they opened."""
-    incident_key: str = ""
-    """The incident it opened, kept when its rule's id moved (`adopt_legacy_ids`), so its resolve
-    closes that incident."""
-
-    @property
-    def incident(self) -> str:
-        """What one incident covers: a rule's alerts; for a budget, its period (so every tier of
-        one budget in one period escalates one incident rather than opening another)."""
-        if self.incident_key:
-            return self.incident_key
-        if self.period:
-            return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
-        return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
-
-    def event(self, status: str) -> AlertEvent:
-        """One alert's state change, as the notifiers format it (inside a group)."""
-        return {
-            "key": self.key,
-            "dedup_key": self.incident,
-            "status": status,
-            "labels": self.labels,
-            "annotations": self.annotations,
-            "starts_at": self.fired_at or self.active_since,
-            "ends_at": self.resolved_at,
-            "value": self.value,
-        }
-
-
-def fingerprint(labels: dict[str, str]) -> str:
-    return hashlib.sha256(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
-
-
-def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """Each rule's id (`config.rules.rule_key`), whatever its position and whatever rules come before or
-    after it."""
-    return [rule_key(rule) for rule in rules]
-
-
-def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """The ids versions before `rule_ids` gave: the second rule watching the same thing as an
-    earlier one got `-2`, and so on (so reordering them swapped their alerts). Read only to move
-    the alerts those versions saved."""
-    seen: dict[str, int] = {}
-    ids = []
-    for rule in rules:
-        base = rule_id(rule)
-        seen[base] = seen.get(base, 0) + 1
-        ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
-    return ids
-
-
-def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Which new id each old one (`legacy_rule_ids`) becomes. A rule's saved alerts tell which rule
-    made them, whatever the rules' order now: the rule of their alert name and kind whose labels
-    are theirs (the one with the most, so a rule without labels does not take a labelled one's
-    alerts). Where none can tell (a budget's tiers fired, its alerts long resolved), the rule at the
-    old id's position now, as the version that saved them numbered the rules."""
-    new = rule_ids(rules)
-    bases = [rule_id(rule) for rule in rules]
-    moves: dict[str, str] = {}
-    for old, body in saved:  # (rule id, alert) as saved
-        if old in moves:
-            continue
-        labels = json.loads(body)["labels"]
-        makers = [
-            (len(rule.labels), rid)
-            for rule, base, rid in zip(rules, bases, new, strict=True)
-            if base == old.split("-")[0]
-            and rule.alert == labels.get("alertname")
-            and rule.labels.items() <= labels.items()
-        ]
-        best = {rid for count, rid in makers if count == max(count for count, _ in makers)}
-        if len(best) == 1:
-            moves[old] = best.pop()
-    for old, rid in zip(legacy_rule_ids(rules), new, strict=True):
-        moves.setdefault(old, rid)
-    return {old: rid for old, rid in moves.items() if old != rid}
-
-
-def alert_key(labels: dict[str, str], rule: str, period: str = "") -> str:
-    """An alert's key: its labels under its rule (and a budget's period)."""
-    return fingerprint(labels | ({"period": period} if period else {}) | {"__rule__": rule})
-
-
-def _rekey(body: dict[str, object], rule: str) -> dict[str, object]:
-    """A saved alert (as `asdict` wrote it) moved to the rule id `rule`, keeping its incident."""
-    alert = Alert(**body)  # type: ignore[arg-type]
-    moved = replace(alert, rule=rule, key=alert_key(alert.labels, rule, alert.period), incident_key=alert.incident)
-    return asdict(moved)
-
-
-def fmt(value: Decimal, signal: str | None = None) -> str:
-    """A figure for people: 2 decimals from 1 up, 4 below, no exponent; counts as whole numbers."""
-    if signal is not None and signals.SIGNALS[signal].counts:
-        return f"{value.quantize(Decimal(1)):f}"
-    quantum = Decimal("0.01") if abs(value) >= 1 else Decimal("0.0001")
-    return f"{value.quantize(quantum):f}"
-
-
-def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
-    """Fill `{field}` templates (the names were checked when the config was loaded)."""
-    return {name: template.format_map(fields) for name, template in templates.items()}
 
 
 @dataclass(frozen=True)
@@ -237,7 +112,7 @@ class Engine:
         rule's id now (once per state file), so an upgrade re-pages nothing."""
         if not self.db.legacy_rule_ids:
             return
-        moved = self.db.adopt_rule_ids(legacy_moves(self.config.rules, self.db.load_states().values()), _rekey)
+        moved = self.db.adopt_rule_ids(legacy_moves(self.config.rules, self.db.load_states().values()), rekey)
         if moved:
             log.info("saved alerts moved to their rules' new ids", alerts=moved)
         self._load()

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.alerts.engine import Alert, routes, rule_ids
+from exporter.alerts.alert import Alert, rule_ids
+from exporter.alerts.engine import routes
 from exporter.alerts.promrules import rule_file
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic

@@ -1,3 +1,4 @@
-"""The configuration: its model (`schema`, each section's keys and checks) and loading a file
-(`load`: environment references, secrets, warnings).
+"""The configuration: its model (`schema`, each section's keys and checks; `rules`, the alert
+rules), the checks across sections (`checks`), and loading a file (`load`: environment
+references, secrets, warnings).
 """

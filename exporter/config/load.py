@@ -19,13 +19,10 @@ from pydantic import (
     ValidationError,
 )
 
+from exporter.config.checks import cross_check, items, location, rule_name
 from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, secret_fields
 from exporter.core.logs import get_logger
-from exporter.model.signals import SIGNALS
-from exporter.model.snapshots import probe_source
-from exporter.notifiers.kind import ResendKind
-from exporter.notifiers.registry import KINDS, no_digest
 from exporter.notifiers.webhook import webhook_secret
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -57,225 +54,6 @@ _NOT_FOR_KIND = {
 
 # --- checks across sections (on the document, so they run whatever else is wrong) ------------
 
-Location = tuple[int | str, ...]
-
-
-def _items(document: dict[str, Any], *keys: str) -> list[tuple[Location, dict[str, Any]]]:
-    """The mappings in the list at `keys`, with their locations (anything malformed is left to the schema)."""
-    node: Any = document
-    for key in keys:
-        node = node.get(key) if isinstance(node, dict) else None
-    if not isinstance(node, list):
-        return []
-    return [((*keys, index), item) for index, item in enumerate(node) if isinstance(item, dict)]
-
-
-def _duplicates(document: dict[str, Any], keys: tuple[str, ...], field: str, what: str) -> list[tuple[Location, str]]:
-    problems: list[tuple[Location, str]] = []
-    first: dict[object, Location] = {}
-    for where, item in _items(document, *keys):
-        name = item.get(field)
-        if not isinstance(name, str):
-            continue
-        if name in first:
-            problems.append(((*where, field), f"{what} {name!r} is defined twice (first at {location(first[name])})"))
-        else:
-            first[name] = where
-    return problems
-
-
-def _unmatchable(
-    rule: dict[str, Any], probes: list[dict[str, Any]], accounts: list[str] | None = None
-) -> tuple[str, str] | None:
-    """Why a rule can never match anything in this config (the key at fault and the reason), or
-    None: probe signals with no probe, and `where` values outside the sets the config itself
-    defines (probe names, scenarios, sources). Values the API defines (endpoints, models, items)
-    are not known here, so they are not checked."""
-    signal = SIGNALS.get(str(rule.get("signal")))
-    if signal is not None and signal.needs == "probes" and not probes:
-        return "signal", f"signal {rule['signal']!r} needs a probe, and `probes` is empty"
-    known = {
-        "probe": {p.get("name") for p in probes},
-        "scenario": {p.get("scenario", "chat") for p in probes},
-        "source": {"bills", "usage", *(probe_source(str(p.get("name"))) for p in probes)},
-    }
-    if accounts is not None:
-        known["account"] = set(accounts)
-    where = rule.get("where")
-    for label, wanted in where.items() if isinstance(where, dict) else ():
-        for one in wanted if isinstance(wanted, list) else [wanted]:
-            if label in known and one not in known[label]:
-                choices = ", ".join(sorted(str(k) for k in known[label])) or "none"
-                return f"where.{label}", f"{one!r} matches nothing (known: {choices})"
-    return None
-
-
-def _accounts(document: dict[str, Any]) -> list[tuple[Location, str]]:
-    """What only several accounts make possible, named where there are none; and what an account
-    names that it does not have."""
-    several = isinstance(document.get("accounts"), list)
-    names = [str(item.get("name")) for _, item in _items(document, "accounts")]
-    problems: list[tuple[Location, str]] = _duplicates(document, ("accounts",), "name", "account")
-    named = [(where, item.get("where")) for where, item in _items(document, "budgets")]
-    named += [(where, item.get("where")) for where, item in _items(document, "alerts", "rules")]
-    for where, scope in named:
-        if isinstance(scope, dict) and "account" in scope and not several:
-            problems.append(((*where, "where", "account"), "names `account`, which only `accounts` gives"))
-        elif isinstance(scope, dict) and "account" in scope and where[0] == "budgets":  # (rules: `_unmatchable`)
-            for one in scope["account"] if isinstance(scope["account"], list) else [scope["account"]]:
-                if one not in names:
-                    problems.append(
-                        ((*where, "where", "account"), f"unknown account {one!r} (known: {', '.join(names)})")
-                    )
-    for where, rule in _items(document, "alerts", "rules"):
-        by = rule.get("by")
-        if isinstance(by, list) and "account" in by and not several:
-            problems.append(((*where, "by"), "names `account`, which only `accounts` gives"))
-        labels = rule.get("labels")
-        if several and isinstance(labels, dict) and "account" in labels:
-            problems.append(((*where, "labels", "account"), "`account` is the label of the account an alert is about"))
-    for where, account in _items(document, "accounts"):
-        if _items(account, "probes") and not isinstance(account.get("inference"), dict):
-            problems.append(((*where, "inference"), "required when the account has `probes` (url and api_key)"))
-        problems += [((*where, *at), why) for at, why in _duplicates(account, ("probes",), "name", "probe")]
-    return problems
-
-
-def _rule_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
-    known = [str(item.get("name")) for _, item in _items(document, "alerts", "notifiers")]
-    problems: list[tuple[Location, str]] = []
-    for where, rule in _items(document, "alerts", "rules"):
-        names = rule.get("notifiers")
-        for index, name in enumerate(names if isinstance(names, list) else []):
-            if name not in known:
-                problems.append(
-                    ((*where, "notifiers", index), f"unknown notifier {name!r} (known: {', '.join(known) or 'none'})")
-                )
-    return problems
-
-
-def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
-    """Scopes that cannot be priced or can never match, each naming its budget (with `accounts`,
-    against each account the budget is measured on: its own, or those a top-level one spans)."""
-
-    def billing_of(holder: dict[str, Any]) -> dict[str, Any]:
-        return holder["billing"] if isinstance(holder.get("billing"), dict) else {}
-
-    top_prices = {item.get("model") for _, item in _items(document, "prices")}
-    accounts = [account for _, account in _items(document, "accounts")]
-
-    def prices_of(account: dict[str, Any]) -> set[Any]:
-        if isinstance(account.get("prices"), list):
-            return {item.get("model") for _, item in _items(account, "prices")}
-        return top_prices
-
-    measured: list[tuple[Location, dict[str, Any], list[tuple[str, dict[str, Any], set[Any]]]]] = []
-    for where, budget in _items(document, "budgets"):
-        scope = budget.get("where")
-        if not accounts:
-            measured.append((where, budget, [("", billing_of(document), top_prices)]))
-            continue
-        wanted = scope.get("account") if isinstance(scope, dict) else None
-        names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
-        spanned = [a for a in accounts if names is None or a.get("name") in names]
-        measured.append((where, budget, [(str(a.get("name")), billing_of(a), prices_of(a)) for a in spanned]))
-    for at, account in _items(document, "accounts"):
-        for where, budget in _items(account, "budgets"):
-            measured.append(((*at, *where), budget, [("", billing_of(account), prices_of(account))]))
-    problems: list[tuple[Location, str]] = []
-    for where, budget, spans in measured:
-        scope = budget.get("where")
-        if not isinstance(scope, dict):
-            continue
-        for name, billing, priced in spans:
-            problems += _scope_problems(where, scope, billing, priced, f" (account {name!r})" if name else "")
-    return list(dict.fromkeys(problems))
-
-
-def _scope_problems(
-    where: Location, scope: dict[str, Any], billing: dict[str, Any], priced: set[Any], account: str
-) -> list[tuple[Location, str]]:
-    problems: list[tuple[Location, str]] = []
-    model, api_key, project = scope.get("model"), scope.get("api_key"), scope.get("project_id")
-    for one in model if isinstance(model, list) else [] if model is None else [model]:
-        if isinstance(one, str) and one not in priced:
-            problems.append(((*where, "where", "model"), f"model {one!r} has no entry in `prices`{account}"))
-    if api_key is not None and not priced:
-        problems.append(
-            ((*where, "where", "api_key"), f"a scope on api_key is priced from `prices`, which is empty{account}")
-        )
-    if api_key is not None and billing.get("per_api_key") is not True:
-        problems.append(
-            (
-                (*where, "where", "api_key"),
-                f"usage is counted per API key only with `billing.per_api_key: true`{account}",
-            )
-        )
-    wanted = billing.get("project_id")
-    if isinstance(project, str) and isinstance(wanted, str) and wanted and project != wanted:
-        problems.append(
-            ((*where, "where", "project_id"), f"matches nothing: `billing.project_id` is {wanted!r}{account}")
-        )
-    return problems
-
-
-def _digest_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
-    digest = document.get("digest")
-    names = digest.get("notifiers") if isinstance(digest, dict) else None
-    if not isinstance(names, list):
-        return []
-    types = {item.get("name"): item.get("type") for _, item in _items(document, "alerts", "notifiers")}
-    kinds = {name: KINDS.get(kind) if isinstance(kind, str) else None for name, kind in types.items()}
-    problems: list[tuple[Location, str]] = []
-    for index, name in enumerate(names):
-        if name not in kinds:
-            known = ", ".join(sorted(str(k) for k, v in kinds.items() if not isinstance(v, ResendKind))) or "none"
-            problems.append((("digest", "notifiers", index), f"unknown notifier {name!r} (known: {known})"))
-        elif (kind := kinds[name]) is not None and (why := no_digest(kind)):
-            problems.append((("digest", "notifiers", index), f"{name!r} {why}"))
-    return problems
-
-
-def cross_check(document: dict[str, Any]) -> list[str]:
-    """Problems between sections: duplicate names, references to what is not defined, rules that
-    can match nothing. Each at its location."""
-    problems: list[tuple[Location, str]] = []
-    probes = [item for _, item in _items(document, "probes")]
-    several = isinstance(document.get("accounts"), list)
-    account_names = [str(item.get("name")) for _, item in _items(document, "accounts")] if several else None
-    for _, account in _items(document, "accounts"):
-        probes += [item for _, item in _items(account, "probes")]
-    if probes and not several and not isinstance(document.get("inference"), dict):
-        problems.append((("inference",), "required when there are `probes` (url and api_key)"))
-    problems += _duplicates(document, ("probes",), "name", "probe")
-    problems += _duplicates(document, ("prices",), "model", "price for model")
-    problems += _duplicates(document, ("budgets",), "name", "budget")
-    problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
-    budgets = {item.get("name") for _, item in _items(document, "budgets")}
-    for where, account in _items(document, "accounts"):
-        for at, budget in _items(account, "budgets"):
-            if budget.get("name") in budgets:
-                problems.append(((*where, *at, "name"), f"budget {budget.get('name')!r} is defined twice"))
-            budgets.add(budget.get("name"))
-    problems += _accounts(document)
-    problems += _rule_notifiers(document)
-    for where, rule in _items(document, "alerts", "rules"):
-        signal = SIGNALS.get(str(rule.get("signal")))
-        priced = _items(document, "prices") or any(_items(a, "prices") for _, a in _items(document, "accounts"))
-        if signal is not None and signal.needs == "prices" and not priced:
-            problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
-        if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:
-            problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
-        unmatchable = _unmatchable(rule, probes, account_names)
-        if unmatchable is not None:
-            problems.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
-    problems += _budget_scopes(document)
-    problems += _digest_notifiers(document)
-    return [f"{location(where)}{_rule_name(document, where)}: {problem}" for where, problem in problems]
-
-
-# --- loading --------------------------------------------------------------------------------
-
 
 class _StrictLoader(yaml.SafeLoader):
     """Safe YAML that refuses a key given twice in one mapping."""
@@ -297,13 +75,6 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
-def location(path: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
 
 
 def substitute(
@@ -343,7 +114,7 @@ def secret_warnings(raw: Any, path: Path) -> list[str]:
     warnings = []
     webhooks = [
         ((*where, "url"), item["url"])
-        for where, item in _items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers")
+        for where, item in items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers")
         if item.get("type") == "webhook" and isinstance(item.get("url"), str) and webhook_secret(item["url"])
     ]
     for where, value in [*secret_fields(Config, raw), *webhooks]:
@@ -397,29 +168,6 @@ def _message(error: Any) -> str:
     return str(error["msg"])
 
 
-def _rule_name(document: dict[str, Any], path: tuple[int | str, ...]) -> str:
-    """` (alert NAME)` for a location inside `alerts.rules[i]`, ` (budget 'NAME')` inside
-    `budgets[i]` (or an account's), so a message names its rule or budget."""
-    if len(path) >= 4 and path[0] == "accounts" and isinstance(path[1], int) and path[2] == "budgets":
-        try:
-            return _rule_name(document["accounts"][path[1]], path[2:])
-        except (KeyError, IndexError, TypeError):
-            return ""
-    if len(path) >= 2 and path[0] == "budgets" and isinstance(path[1], int) and path[2:] != ("name",):
-        try:
-            budget = document["budgets"][path[1]]["name"]
-        except (KeyError, IndexError, TypeError):
-            return ""
-        return f" (budget {budget!r})" if isinstance(budget, str) else ""
-    if len(path) < 3 or path[:2] != ("alerts", "rules") or not isinstance(path[2], int):
-        return ""
-    try:
-        name = document["alerts"]["rules"][path[2]]["alert"]
-    except (KeyError, IndexError, TypeError):
-        return ""
-    return f" (alert {name})" if isinstance(name, str) else ""
-
-
 def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     environ = os.environ if environ is None else environ
     missing: dict[tuple[int | str, ...], str] = {}
@@ -427,7 +175,7 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     if not isinstance(document, dict):
         raise ConfigError(["(top level): the config must be a mapping"])
     errors = [f"{location(path)}: {problem}" for path, problem in missing.items()]
-    for _, rule in _items(document, "alerts", "rules"):  # `budget: null` beside `signal` means no budget
+    for _, rule in items(document, "alerts", "rules"):  # `budget: null` beside `signal` means no budget
         for key in ("signal", "budget"):
             if key in rule and rule[key] is None:
                 del rule[key]
@@ -445,13 +193,13 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 loc = error["loc"]
                 kind = loc[3] if error["type"] == "extra_forbidden" and loc[:2] == ("alerts", "rules") else None
                 message = _NOT_FOR_KIND.get(str(kind)) or _message(error)
-                errors.append(f"{location(path)}{_rule_name(document, path)}: {message}")
+                errors.append(f"{location(path)}{rule_name(document, path)}: {message}")
     errors += cross_check(document)
     if not errors:
         for earlier, later in twin_rules(config.alerts.rules):
             path = ("alerts", "rules", later)
             errors.append(
-                f"{location(path)}{_rule_name(document, path)}: makes the same alerts as alerts.rules[{earlier}]"
+                f"{location(path)}{rule_name(document, path)}: makes the same alerts as alerts.rules[{earlier}]"
                 " (the same alert name, what it watches and labels); give one of them other `labels`, a severity"
             )
     if errors:

@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from exporter import __version__
-from exporter.alerts.engine import Alert
+from exporter.alerts.alert import Alert
 from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger

@@ -18,7 +18,7 @@ from exporter.core.fields import HttpUrl
 from exporter.notifiers.kind import Delivery, NotifierModel, ResendKind
 
 if TYPE_CHECKING:
-    from exporter.alerts.engine import Alert
+    from exporter.alerts.alert import Alert
 
 
 class AlertmanagerNotifier(NotifierModel):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 from exporter.core.fields import Name, Strict
 
 if TYPE_CHECKING:
-    from exporter.alerts.engine import Alert
+    from exporter.alerts.alert import Alert
     from exporter.state import OutboxEntry
 
 N = TypeVar("N")

@@ -18,7 +18,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from exporter.alerts.engine import Alert, Engine, Watched, rule_ids
+from exporter.alerts.alert import Alert, rule_ids
+from exporter.alerts.engine import Engine, Watched
 from exporter.billing import BillingAPI, BillingClient
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
 from exporter.config.schema import AlertsConfig, BudgetConfig, Config

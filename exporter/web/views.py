@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from exporter.alerts.engine import Alert
+from exporter.alerts.alert import Alert
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import iso
 from exporter.model.snapshots import Latest, SourceHealth
