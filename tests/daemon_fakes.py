@@ -104,3 +104,39 @@ def statuses(daemon: Daemon, notifier: str | None = None) -> list[str]:
 def digests_told(daemon: Daemon, notifier: str | None = None) -> list[dict[str, Any]]:
     """The digests queued for `notifier` (for any, without one), oldest first, as they are sent."""
     return [json.loads(text) for text in _outbox(daemon.state.path, "digest_outbox", notifier)]
+
+
+ACCOUNT_NAMES = ("prod", "staging", "lab")
+
+
+def account_simulators(clock: Clock, names: tuple[str, ...] = ACCOUNT_NAMES) -> dict[str, Simulator]:
+    """A simulator per account, each with its own keys and seed, an endpoint of its own (`ep-NAME`)
+    and one name they share (`ep-shared`)."""
+    from exporter.sim import Endpoint
+
+    return {
+        name: Simulator(
+            clock=clock,
+            seed=seed,
+            access_key_id=f"AK{name.upper()}",
+            secret_access_key=f"{name}-secret",
+            endpoints=(Endpoint(f"ep-{name}", "model-a", "proj-main"), Endpoint("ep-shared", "model-b", "proj-main")),
+        )
+        for seed, name in enumerate(names, start=3)
+    }
+
+
+def accounts_section(sims: dict[str, Simulator], urls: dict[str, str] | None = None, **billing: object) -> list[dict]:
+    """`accounts:` for the simulators: over HTTP at `urls`, or in process (`NOWHERE`, the unit layer)."""
+    return [
+        {
+            "name": name,
+            "billing": {
+                "url": (urls or {}).get(name, NOWHERE),
+                "access_key_id": sim.access_key_id,
+                "secret_access_key": sim.secret_access_key,
+            }
+            | billing,
+        }
+        for name, sim in sims.items()
+    ]

@@ -19,8 +19,9 @@ from exporter.app.daemon import Daemon
 from exporter.app.sources import account_state_path
 from exporter.config.load import ConfigError, validate
 from exporter.core.clock import Clock
-from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
+from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI
+from tests.daemon_fakes import account_simulators, accounts_section
 from tests.helpers import LoopbackServer, Receiver, named, scrape, value, wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,34 +54,13 @@ def clock() -> Clock:
 
 
 def simulators(clock: Clock) -> dict[str, Simulator]:
-    """Three accounts, each with endpoints of its own (and one name they share: `ep-shared`)."""
-    return {
-        name: Simulator(
-            clock=clock,
-            seed=seed,
-            access_key_id=f"AK{name.upper()}0001",
-            secret_access_key=f"{name}-secret-0001",
-            endpoints=(Endpoint(f"ep-{name}-1", "model-a", "proj-main"), Endpoint("ep-shared", "model-b", "proj-main")),
-        )
-        for seed, name in enumerate(("prod", "staging", "lab"), start=3)
-    }
+    return account_simulators(clock)
 
 
 def document(sims: dict[str, Simulator], urls: dict[str, str], tmp_path: Path, receivers: dict[str, Receiver]) -> dict:
     fast = {"bills_interval": "300ms", "usage_interval": "300ms", "history_months": 0, "timeout": "2s"}
     return {
-        "accounts": [
-            {
-                "name": name,
-                "billing": {
-                    "url": urls[name],
-                    "access_key_id": sim.access_key_id,
-                    "secret_access_key": sim.secret_access_key,
-                }
-                | fast,
-            }
-            for name, sim in sims.items()
-        ],
+        "accounts": accounts_section(sims, urls, **fast),
         "budgets": [
             {"name": "organisation", "amount": "1000000"},
             {"name": "prod-and-lab", "amount": "1000000", "where": {"account": ["prod", "lab"]}},
@@ -118,7 +98,7 @@ def receivers() -> Iterator[dict[str, Receiver]]:
 
 def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, receivers: dict[str, Receiver]) -> None:
     sims = simulators(clock)
-    sims["prod"].revise_bill(clock.today(), "ep-prod-1", "ITEM_PROMPT_TOKEN", Decimal("900000"))  # prod spends far more
+    sims["prod"].revise_bill(clock.today(), "ep-prod", "ITEM_PROMPT_TOKEN", Decimal("900000"))  # prod spends far more
     servers: dict[str, SimulatorServer] = {name: sim.serve() for name, sim in sims.items()}
     drip = DripBilling()
     urls = {name: server.url for name, server in servers.items()}
@@ -290,18 +270,7 @@ def two_accounts(tmp_path: Path, sims: dict[str, Simulator], urls: dict[str, str
     path.write_text(
         yaml.safe_dump(
             {
-                "accounts": [
-                    {
-                        "name": name,
-                        "billing": {
-                            "url": urls[name],
-                            "access_key_id": sim.access_key_id,
-                            "secret_access_key": sim.secret_access_key,
-                            "history_months": 0,
-                        },
-                    }
-                    for name, sim in sims.items()
-                ],
+                "accounts": accounts_section(sims, urls, history_months=0),
                 "alerts": {
                     "rules": [
                         {"alert": "Paged", "signal": "spend", "threshold": 1, "notifiers": ["pager"]},
@@ -354,7 +323,7 @@ def test_the_commands_know_accounts(
         lines = [line for line in output.read_text().splitlines() if line.startswith("inference_bill_endpoint_daily")]
         assert lines
         assert all('account="staging"' in line for line in lines)
-        assert not any("ep-prod-1" in line for line in lines)  # staging's own endpoints only
+        assert not any("ep-prod" in line for line in lines)  # staging's own endpoints only
 
         once = invoke(monkeypatch, capsys, "once", "--config", str(path))
         assert once.returncode == 0, once.stderr

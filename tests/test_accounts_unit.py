@@ -19,8 +19,8 @@ from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.model.signals import SIGNALS
-from exporter.sim import Endpoint, Fault, Simulator
-from tests.daemon_fakes import NOWHERE, metrics, statuses, told
+from exporter.sim import Fault, Simulator
+from tests.daemon_fakes import NOWHERE, account_simulators, accounts_section, metrics, statuses, told
 from tests.fakes import FakeBilling
 from tests.helpers import named, value
 
@@ -44,16 +44,7 @@ class AccountsBilling:
 
 @pytest.fixture
 def sims(clock: Clock) -> dict[str, Simulator]:
-    return {
-        name: Simulator(
-            clock=clock,
-            seed=seed,
-            access_key_id=f"AK{name.upper()}",
-            secret_access_key=f"{name}-secret",
-            endpoints=(Endpoint(f"ep-{name}", "model-a", "proj-main"), Endpoint("ep-shared", "model-b", "proj-main")),
-        )
-        for seed, name in enumerate(NAMES, start=3)
-    }
+    return account_simulators(clock, NAMES)
 
 
 def month(sim: Simulator, endpoint: str | None = None) -> Decimal:
@@ -63,18 +54,7 @@ def month(sim: Simulator, endpoint: str | None = None) -> Decimal:
 
 def document(sims: dict[str, Simulator], tmp_path: Path, rules: list[dict], **more: object) -> dict:
     return {
-        "accounts": [
-            {
-                "name": name,
-                "billing": {
-                    "url": NOWHERE,
-                    "access_key_id": sim.access_key_id,
-                    "secret_access_key": sim.secret_access_key,
-                    "history_months": 0,
-                },
-            }
-            for name, sim in sims.items()
-        ],
+        "accounts": accounts_section(sims, history_months=0),
         "alerts": {
             "rules": rules,
             "notifiers": [
