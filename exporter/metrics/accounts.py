@@ -6,11 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Iterator, Sequence
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
+from exporter.metrics.collectors import budget_families
 from exporter.model.snapshots import Latest
 from exporter.sources.budgets import BudgetFigures, figures, scope_matched
 
@@ -83,20 +84,7 @@ class SharedBudgetCollector(Collector):
         return [(latest, prices) for name, latest, prices in self.accounts if wanted is None or name in wanted]
 
     def collect(self) -> Iterator[Metric]:
-        amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
-        used = GaugeMetricFamily(
-            "inference_budget_used_ratio", "Payable amount of the budget's period ÷ the budget.", labels=["budget"]
-        )
-        forecast = GaugeMetricFamily(
-            "inference_budget_forecast_ratio",
-            "Forecast payable amount at the end of the budget's period ÷ the budget.",
-            labels=["budget"],
-        )
-        matched = GaugeMetricFamily(
-            "inference_budget_scope_matched",
-            "1 if anything the budget's source holds matches its `where`, else 0.",
-            labels=["budget"],
-        )
+        amount, used, forecast, matched = budget_families()
         today = self.clock.today()
         for budget in self.budgets:
             spans = self._spans(budget)

@@ -121,6 +121,28 @@ def _usage_values(t: UsageTotals) -> tuple[int, int, int, int, Decimal | None]:
     return t.requests, t.prompt_tokens, t.completion_tokens, t.cached_prompt_tokens, t.estimated_payable
 
 
+def budget_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    """The budgets' families, empty: amount, used and forecast ratios, whether the scope matched."""
+    amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
+    used = GaugeMetricFamily(
+        "inference_budget_used_ratio",
+        f"Payable amount of the budget's period ÷ the budget. {CACHED}",
+        labels=["budget"],
+    )
+    forecast = GaugeMetricFamily(
+        "inference_budget_forecast_ratio",
+        f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
+        labels=["budget"],
+    )
+    matched = GaugeMetricFamily(
+        "inference_budget_scope_matched",
+        "1 if anything the budget's source holds (bill lines, or usage records) matches its `where`, else 0:"
+        f" a misspelt scope would read 0% for ever; 1 without `where`. {CACHED}",
+        labels=["budget"],
+    )
+    return amount, used, forecast, matched
+
+
 class BudgetCollector(Collector):
     def __init__(
         self,
@@ -151,23 +173,7 @@ class BudgetCollector(Collector):
         return self._version
 
     def collect(self) -> Iterator[Metric]:
-        amount = GaugeMetricFamily("inference_budget_amount", "Configured budget amount.", labels=["budget"])
-        used = GaugeMetricFamily(
-            "inference_budget_used_ratio",
-            f"Payable amount of the budget's period ÷ the budget. {CACHED}",
-            labels=["budget"],
-        )
-        forecast = GaugeMetricFamily(
-            "inference_budget_forecast_ratio",
-            f"Forecast payable amount at the end of the budget's period ÷ the budget. {CACHED}",
-            labels=["budget"],
-        )
-        matched = GaugeMetricFamily(
-            "inference_budget_scope_matched",
-            "1 if anything the budget's source holds (bill lines, or usage records) matches its `where`, else 0:"
-            f" a misspelt scope would read 0% for ever; 1 without `where`. {CACHED}",
-            labels=["budget"],
-        )
+        amount, used, forecast, matched = budget_families()
         for budget, ratios in budget_status(
             self.latest, self.budgets, self.prices, self.clock.today() if self.clock is not None else None
         ):
