@@ -1,6 +1,6 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import anomaly, backtest, chart, faults, probe, reconcile, render, sync
+from bench import accounts, anomaly, backtest, chart, faults, probe, reconcile, render, sync
 
 if __name__ == "__main__":
     sync.main([])
@@ -11,3 +11,4 @@ if __name__ == "__main__":
     anomaly.main([])
     backtest.main([])
     reconcile.main([])
+    accounts.main([])

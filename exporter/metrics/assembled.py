@@ -173,7 +173,9 @@ class AssembledExposition:
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
             for k, parts in enumerate(self.kinds):
-                for i in range(len(parts)):
+                for i, (_, collector) in enumerate(parts):
+                    if getattr(collector, "version", None) is None:
+                        continue  # rendered on each scrape anyway
                     families = self._families(k, i, encoder, content_type)
                     if families.version is not None:
                         for piece in (*families.headers.values(), *families.samples.values()):

@@ -242,6 +242,17 @@ class ExporterCollector(Collector):
         self.latest = latest
         self.clock = clock
         self.part = part
+        self._version: tuple[object, ...] = ()
+        if part == "account":  # (its figures move only with a refresh, an API call or the skew seen)
+            self.version = self._account_version
+
+    def _account_version(self) -> object:
+        """What an account's part is made from, as one object while none of it changes."""
+        latest = self.latest
+        current = (latest.health, latest.api_calls_counted, latest.clock_skew)
+        if not self._version or current[0] is not self._version[0] or current[1:] != self._version[1:]:
+            self._version = current
+        return self._version
 
     def collect(self) -> Iterator[Metric]:
         families = list(self._collect())

@@ -232,6 +232,8 @@ class Latest:
     probes: Mapping[str, ProbeSnapshot] = field(default_factory=lambda: MappingProxyType({}))
     _health: Mapping[str, SourceHealth] = field(default_factory=lambda: MappingProxyType({}))
     _api_calls: dict[tuple[str, str], int] = field(default_factory=dict)
+    api_calls_counted: int = 0
+    """API calls counted so far (what tells an account's health series changed since a render)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.time)
     clock_skew: float | None = None
@@ -285,6 +287,7 @@ class Latest:
     def count_api_call(self, api: str, code: str) -> None:
         with self._lock:
             self._api_calls[(api, code)] = self._api_calls.get((api, code), 0) + 1
+            self.api_calls_counted += 1
 
     def api_calls(self) -> dict[tuple[str, str], int]:
         with self._lock:
