@@ -112,6 +112,7 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
             lambda: (
                 (s := scrape(metrics_url))
                 and all(value(s, "inference_exporter_refresh_success", account=n, source="bills") == 1 for n in sims)
+                and value(s, "inference_budget_used_ratio", budget="organisation") is not None
                 and s
             ),
             timeout=30,
