@@ -4,6 +4,7 @@ starts nothing (`check`, `--help`)."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import re
 import signal
@@ -47,10 +48,18 @@ def invoke(
     for name, setting in (env or {}).items():
         monkeypatch.setenv(name, setting)
     monkeypatch.chdir(ROOT)
+    root = logging.getLogger()
+    # A command sets up logging on the root logger, to this test's captured stderr: put back what was
+    # there, or later tests of this worker would log to a stream closed with this one's capture.
+    handlers, level, scheduler = list(root.handlers), root.level, logging.getLogger("apscheduler").level
     try:
         code = main(list(args))
     except SystemExit as stopped:
         code = stopped.code if isinstance(stopped.code, int) else 1
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.getLogger("apscheduler").setLevel(scheduler)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(list(args), code, out, err)
 
