@@ -172,7 +172,9 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
         prod_age = clock.now().timestamp() - value(
             series, "inference_exporter_last_refresh_success_timestamp_seconds", account="prod", source="bills"
         )
-        assert max([*ages, prod_age]) < 3.0, f"prod's bills went {max(ages):.1f} s without a refresh"
+        # Refreshed every 0.3 s; on a loaded machine a few seconds late at worst (5.8 s seen at load 16). Held
+        # behind lab's dripping answer it would stop for good, and behind staging's retries lose 4-8 s a round.
+        assert max([*ages, prod_age]) < 8.0, f"prod's bills went {max(ages):.1f} s without a refresh"
         lab_age = clock.now().timestamp() - value(
             series, "inference_exporter_last_refresh_success_timestamp_seconds", account="lab", source="bills"
         )
