@@ -6,12 +6,13 @@ reach /metrics.
                              [--idle-seconds 60] [--records 2000]
 
 The simulators (each its own port, keys, four endpoints and `--records` usage records today, growing
-by 1-10 records every 2 s) run in one helper process. The setups run one after the other, the one
-process first, each launched twice with fresh state files: at the default intervals, to measure
-what it takes between refreshes, then at the default intervals ÷ `--speedup` (bills 15 min, usage
-5 min; history kept at its default 3 months: fetched at start-up, then checked every 600 s whatever
-the speed-up, so within the window it runs only at start-up). Every exporter's /metrics is scraped
-every `--scrape-every` seconds, the exporters' scrapes spread over that period.
+by 1-10 records every 2 s in the sped-up windows only) run in one helper process. The setups run one
+after the other, the one process first (the one-account exporters launched LAUNCH_STAGGER apart),
+each launched twice with fresh state files: at the default intervals, to measure what it takes
+between refreshes, then at the default intervals ÷ `--speedup` (bills 15 min, usage 5 min; history
+kept at its default 3 months: fetched at start-up, then checked every 600 s whatever the speed-up, so
+within the window it runs only at start-up). Every exporter's /metrics is scraped every
+`--scrape-every` seconds, the exporters' scrapes spread over that period.
 
 Each launch waits for every account's first refresh of bills, usage and history, and for what those
 set off to end (SETTLED_CORES): the warm-up, left out. Measured then:
@@ -19,12 +20,17 @@ set off to end (SETTLED_CORES): the warm-up, left out. Measured then:
   into what the threads that ended took (the HTTP server's: a thread per request, so our scrapes)
   and the rest (refreshes, alerts, the scheduler, the accept loop: the threads still alive,
   /proc/PID/task/*/stat). Sped up, over `--seconds`; at the default intervals, over `--idle-seconds`
-  before any refresh is due, half of it scraped (idle A), half not (idle B). Per hour at the default
+  after the first refreshes, half of it scraped (idle A), half not (idle B): for the N processes no
+  refresh is due then; the one process spreads its accounts over each interval (the n-th of N runs
+  (N − n) ÷ N of an interval after the start), so a few of its refreshes fall in these windows and
+  count against it (about one in five accounts' usage, one in fifteen's bills). Per hour at the default
   intervals: the rest ÷ speed-up, which holds as far as the refresh work dominates the rest; and
-  idle B + (the rest − idle A) ÷ speed-up, which scales only the refreshes: 50 processes idle at
-  a cost the one process pays once. When an exporter falls behind (its data got older than 1.5 ×
-  the interval and its jitter), its CPU is capped (two cores, one GIL a process) and both understate
-  the refreshes due; the per-refresh figure (÷ refreshes done × refreshes due) does less so.
+  idle B + (the rest − idle A) ÷ speed-up, which scales only the refreshes: N processes idle at a
+  cost the one process pays once. When an exporter falls behind (its data got older than 1.5 × the
+  interval and its jitter), its CPU is capped (one GIL a process) and both understate the refreshes
+  due; the per-refresh figure (÷ refreshes done × refreshes due) does less so.
+- Each refresh's duration as the exporter reports it, and the simulators' process's CPU (were they
+  the bottleneck?).
 - Memory at the end of the window: VmRSS (/proc/PID/status) and PSS (/proc/PID/smaps_rollup, which
   splits the library pages the processes share), summed over the processes.
 - Freshness: whenever an account's `inference_exporter_last_refresh_success_timestamp_seconds` for a
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import http.client
 import json
 import math
@@ -68,21 +75,26 @@ ENDPOINTS = 4
 GROWTH_EVERY = 2.0
 """Seconds between the simulators' new usage records (1-10 per account)."""
 HEALTH = b"inference_exporter_last_refresh_success_timestamp_seconds"
-HEALTH_LINE = re.compile(rb"^" + HEALTH + rb"\{([^}]*)\} (\S+)$", re.MULTILINE)
+DURATION = b"inference_exporter_refresh_duration_seconds"
+SERIES = re.compile(rb"^[a-z_]+\{([^}]*)\} (\S+)$", re.MULTILINE)
 LABEL = re.compile(rb'(\w+)="([^"]*)"')
 COMPLAINT = re.compile(
-    rb'level=(warning|error) component=\S+ msg=("[^"]*"|\S+)(?:[^\n]*? (?:error|reason)=("[^"]*"|\S+))?'
+    rb'ts=(\S+) level=(warning|error) component=\S+ msg=("[^"]*"|\S+)(?:[^\n]*? (?:error|reason)=("[^"]*"|\S+))?'
 )
-"""A log line at warning or error: its level, message, and error or reason if it gives one."""
+"""A log line at warning or error: its time, level, message, and error or reason if it gives one."""
+LOOPBACK = re.compile(r"http://127\.0\.0\.1:\d+")
 LISTENING = re.compile(rb"msg=listening url=(http://\S+)")
 JITTER = 0.1
-"""The scheduler adds up to this share of the interval to each run's time (from the last run's)."""
-MEAN_JITTER = 1 + JITTER / 2
+"""The scheduler adds up to this share of the interval to each run's time (on a fixed grid: the
+runs come an interval apart on average)."""
 BEHIND = 1.5
 """An exporter is behind when data got older than this × (interval + jitter): its CPU is then capped (cores, GIL)
 and its figures per hour understate what the refreshes due would take."""
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT = 300.0
+LAUNCH_STAGGER = 0.5
+"""Seconds between the launches of the one-account exporters (their first requests in one burst
+overwhelm the simulators' one process: time-outs, and at the default intervals a retry 5 min later)."""
 SETTLE_SAMPLE = 2.0
 SETTLE_LIMIT = 90.0
 SETTLED_CORES = 0.5
@@ -103,7 +115,8 @@ def _exporter_command() -> list[str]:
 
 def _serve_simulators(count: int, records: int) -> None:
     """Run in the helper process: `count` simulators, one JSON line each on stdout (url, key id,
-    secret), then keep their usage growing until stdin closes (the benchmark ended, or died)."""
+    secret); their usage grows while stdin last said `grow` (not after `pause`), until it closes
+    (the benchmark ended, or died)."""
     from exporter.sim import Endpoint, Simulator  # (the benchmark's own process never imports it)
 
     sims = []
@@ -121,15 +134,21 @@ def _serve_simulators(count: int, records: int) -> None:
         line = {"url": server.url, "key": sim.access_key_id, "secret": sim.secret_access_key}
         print(json.dumps(line), flush=True)
     stop = threading.Event()
+    growing = threading.Event()
 
     def grow() -> None:
         rng = random.Random(7)
         while not stop.wait(GROWTH_EVERY):
-            for sim in sims:
-                sim.add_usage(rng.randint(1, 10))
+            if growing.is_set():
+                for sim in sims:
+                    sim.add_usage(rng.randint(1, 10))
 
     threading.Thread(target=grow, name="growth", daemon=True).start()
-    sys.stdin.read()
+    for command in sys.stdin:
+        if command.strip() == "grow":
+            growing.set()
+        elif command.strip() == "pause":
+            growing.clear()
     stop.set()
 
 
@@ -140,8 +159,21 @@ class SimInfo:
     secret: str
 
 
+@dataclass
+class Simulators:
+    """The helper process's simulators; `grow` starts or pauses their usage growth (paused at first)."""
+
+    infos: list[SimInfo]
+    process: subprocess.Popen[str]
+
+    def grow(self, on: bool) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("grow\n" if on else "pause\n")
+        self.process.stdin.flush()
+
+
 @contextlib.contextmanager
-def simulators(count: int, records: int) -> Iterator[list[SimInfo]]:
+def simulators(count: int, records: int) -> Iterator[Simulators]:
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.accounts", "--serve", str(count), "--records", str(records)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -154,7 +186,7 @@ def simulators(count: int, records: int) -> Iterator[list[SimInfo]]:
             if not line:
                 raise RuntimeError(f"the simulators' process ended (exit code {process.wait()})")
             found.append(SimInfo(**json.loads(line)))
-        yield found
+        yield Simulators(found, process)
     finally:
         if process.stdin is not None:
             with contextlib.suppress(OSError):
@@ -232,6 +264,7 @@ def start_separate(workdir: Path, names: Sequence[str], sims: Sequence[SimInfo],
             }
             config = _launch(workdir, name, document, env)
             started.append(_spawn(config, workdir / f"{name}.log", env, (name,), name))
+            time.sleep(LAUNCH_STAGGER)
     except BaseException:
         _stop([e.process for e in started])
         raise
@@ -319,19 +352,28 @@ def memory(pids: Sequence[int]) -> tuple[float, float | None]:
 # -- scraping --------------------------------------------------------------------------------
 
 
-def health(body: bytes, label: str | None) -> dict[tuple[str, str], float]:
-    """(account, source) → last success timestamp, from a /metrics body."""
-    start = body.find(b"\n" + HEALTH + b"{")
+Seen = dict[tuple[str, str], tuple[float, float | None]]
+"""(account, source) → (last success timestamp, last refresh's duration)."""
+
+
+def _family(body: bytes, name: bytes, label: str | None) -> dict[tuple[str, str], float]:
+    """(account, source) → value of the family `name`, from a /metrics body."""
+    start = body.find(b"\n" + name + b"{")
     if start < 0:
         return {}
     end = body.find(b"\n#", start + 1)
     found = {}
-    for labels, value in HEALTH_LINE.findall(body, start + 1, len(body) if end < 0 else end):
+    for labels, value in SERIES.findall(body, start + 1, len(body) if end < 0 else end):
         named = {k.decode(): v.decode() for k, v in LABEL.findall(labels)}
         account = label if label is not None else named.get("account")
         if account is not None:
             found[(account, named.get("source", ""))] = float(value)
     return found
+
+
+def health(body: bytes, label: str | None) -> Seen:
+    durations = _family(body, DURATION, label)
+    return {key: (at, durations.get(key)) for key, at in _family(body, HEALTH, label).items()}
 
 
 @dataclass
@@ -343,6 +385,8 @@ class Watch:
     seen: dict[tuple[str, str], float] = field(default_factory=dict)
     window: tuple[float, float] | None = None
     freshness: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SOURCES})
+    durations: dict[str, list[float]] = field(default_factory=lambda: {s: [] for s in SOURCES})
+    """Of each refresh seen in the window: how long it took (the exporter's own gauge)."""
     oldest: dict[str, float] = field(default_factory=lambda: dict.fromkeys(AGED, 0.0))
     oldest_per_account: dict[tuple[str, str], float] = field(default_factory=dict)
     scrapes: int = 0
@@ -361,7 +405,7 @@ class Watch:
     def _in_window(self, at: float) -> bool:
         return self.window is not None and self.window[0] <= at <= self.window[1]
 
-    def record(self, sent: float, received: float, found: dict[tuple[str, str], float] | None) -> None:
+    def record(self, sent: float, received: float, found: Seen | None) -> None:
         with self.lock:
             inside = self._in_window(received)
             if found is None:
@@ -370,13 +414,15 @@ class Watch:
             if inside:
                 self.scrapes += 1
                 self.responses.append(received - sent)
-            for key, at in found.items():
+            for key, (at, duration) in found.items():
                 before = self.seen.get(key)
                 self.seen[key] = at
                 if not inside:
                     continue
                 if before is not None and at != before and key[1] in self.freshness:
                     self.freshness[key[1]].append(received - at)
+                    if duration is not None:
+                        self.durations[key[1]].append(duration)
                 if key[1] in self.oldest:
                     age = received - at
                     self.oldest[key[1]] = max(self.oldest[key[1]], age)
@@ -427,7 +473,7 @@ class Scraper:
         while not self.stop.wait(max(0.0, due - time.monotonic())):
             sent = time.time()
             try:
-                found: dict[tuple[str, str], float] | None = health(_get(exporter.url), exporter.label)
+                found: Seen | None = health(_get(exporter.url), exporter.label)
             except (OSError, http.client.HTTPException):
                 found = None
             watch.record(sent, time.time(), found)
@@ -448,8 +494,11 @@ class Running:
     watch: Watch
     scraper: Scraper
     warmup: float
-    complaints: dict[str, int] = field(default_factory=dict)
-    """The exporters' log lines at warning or error, by level and message (filled when they stop)."""
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    """When it was measured (Unix times)."""
+    complaints: dict[str, list[int]] = field(default_factory=dict)
+    """The exporters' log lines at warning or error, by level and message: how many, how many in
+    `windows` (filled when they stop)."""
 
     @property
     def pids(self) -> list[int]:
@@ -479,16 +528,22 @@ def running(name: str, start: Callable[[Path], list[Exporter]], accounts: tuple[
                 yield setup
         finally:
             _stop([e.process for e in exporters])
-        setup.complaints.update(_complaints(exporters))
+        setup.complaints.update(_complaints(exporters, setup.windows))
 
 
-def _complaints(exporters: Sequence[Exporter]) -> dict[str, int]:
-    found: dict[str, int] = {}
+def _complaints(exporters: Sequence[Exporter], windows: Sequence[tuple[float, float]]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
     for exporter in exporters:
         with contextlib.suppress(OSError):
-            for level, message, error in COMPLAINT.findall(exporter.log.read_bytes()):
-                key = f"{level.decode()} {message.decode(errors='replace')} {error.decode(errors='replace')[:150]}"
-                found[key] = found.get(key, 0) + 1
+            for at, level, message, error in COMPLAINT.findall(exporter.log.read_bytes()):
+                said = LOOPBACK.sub(
+                    "http://SIM", f"{message.decode(errors='replace')} {error.decode(errors='replace')}"
+                )
+                counts = found.setdefault(f"{level.decode()} {said[:160]}", [0, 0])
+                counts[0] += 1
+                with contextlib.suppress(ValueError):
+                    when = dt.datetime.fromisoformat(at.decode()).timestamp()
+                    counts[1] += any(start <= when <= end for start, end in windows)
     return found
 
 
@@ -502,13 +557,15 @@ def _rest_per_hour(pids: Sequence[int], seconds: float) -> float:
 @dataclass
 class Idle:
     """CPU-seconds per hour of the live threads at the default intervals, after the first refreshes
-    and before any other is due: scraped as in the busy window, then not scraped."""
+    (and before any other is due, but for the one process's spread accounts): scraped as in the busy
+    window, then not scraped."""
 
     warmup: float
     settle: float
     """Seconds from the first refreshes till what they set off was done."""
     scraped: float
     quiet: float
+    complaints: dict[str, list[int]]
 
 
 def _settle(pids: Sequence[int]) -> float:
@@ -526,10 +583,12 @@ def measure_idle(name: str, start: Callable[[Path], list[Exporter]], accounts: t
                  seconds: float) -> Idle:  # fmt: skip
     with running(name, start, accounts, every) as setup:
         settle = _settle(setup.pids)
+        opened = time.time()
         scraped = _rest_per_hour(setup.pids, seconds / 2)
         setup.scraper.close()
         quiet = _rest_per_hour(setup.pids, seconds / 2)
-    return Idle(setup.warmup, settle, scraped, quiet)
+        setup.windows.append((opened, time.time()))
+    return Idle(setup.warmup, settle, scraped, quiet, setup.complaints)
 
 
 @dataclass
@@ -545,26 +604,41 @@ class Result:
     pss: float | None
     watch: Watch
     idle: Idle
-    complaints: dict[str, int]
+    complaints: dict[str, list[int]]
+    """Of both launches (see Running.complaints)."""
+    simulators: float
+    """CPU-seconds the simulators' process took in the window."""
 
 
 def measure_busy(name: str, start: Callable[[Path], list[Exporter]], accounts: tuple[str, ...], every: float,
-                 seconds: float, idle: Idle) -> Result:  # fmt: skip
+                 seconds: float, idle: Idle, simulated: Simulators) -> Result:  # fmt: skip
+    """The sped-up window, the simulators' usage growing meanwhile (not while the exporters warm up:
+    a day's read that takes long then would see `total` move and fail, to be tried only an interval later)."""
     with running(name, start, accounts, every) as setup:
         pids = setup.pids
         time.sleep(idle.settle)
         opened = time.time()
         setup.watch.window = (opened, opened + seconds)
-        before = cpu(pids)
-        rss_start, _ = memory(pids)
-        time.sleep(seconds)
-        after = cpu(pids)
-        rss, pss = memory(pids)
-        count = threads(pids)
-        window = time.time() - opened
+        simulated.grow(True)
+        try:
+            before, sims_before = cpu(pids), cpu([simulated.process.pid])
+            rss_start, _ = memory(pids)
+            time.sleep(seconds)
+            after, sims_after = cpu(pids), cpu([simulated.process.pid])
+            rss, pss = memory(pids)
+            count = threads(pids)
+            window = time.time() - opened
+            setup.windows.append((opened, time.time()))
+        finally:
+            simulated.grow(False)
+    complaints = {key: list(counts) for key, counts in idle.complaints.items()}
+    for key, (total, inside) in setup.complaints.items():
+        merged = complaints.setdefault(key, [0, 0])
+        merged[0] += total
+        merged[1] += inside
     return Result(
         name, len(pids), setup.warmup, window, after - before, count, rss_start, rss, pss, setup.watch, idle,
-        setup.complaints,
+        complaints, (sims_after - sims_before).total,
     )  # fmt: skip
 
 
@@ -592,7 +666,7 @@ def report(one: Result, separate: Result, speedup: float, every: float) -> None:
     results = (one, separate)
     accounts = len(one.watch.accounts)
     intervals = {"bills": 900 / speedup, "usage": 300 / speedup}
-    due = {r.name: {s: accounts * r.window / (i * MEAN_JITTER) for s, i in intervals.items()} for r in results}
+    due = {r.name: {s: accounts * r.window / i for s, i in intervals.items()} for r in results}
     done = {r.name: {s: len(r.watch.freshness[s]) for s in intervals} for r in results}
 
     def per_hour(pick: Callable[[Result], float]) -> tuple[float, float]:
@@ -616,7 +690,7 @@ def report(one: Result, separate: Result, speedup: float, every: float) -> None:
     _row(f"idle B + (the rest − idle A) ÷ {speedup:g}", *default, digits=1)
     per_refresh = [max(0.0, r - s) / 3600 * x.window / max(1, sum(done[x.name].values()))
                    for r, s, x in zip(rest, scraped, results, strict=True)]  # fmt: skip
-    due_per_hour = accounts * sum(3600 / (i * speedup * MEAN_JITTER) for i in intervals.values())
+    due_per_hour = accounts * sum(3600 / (i * speedup) for i in intervals.values())
     print(f"or per refresh: idle B + (the rest − idle A) ÷ refreshes done × the {due_per_hour:.0f} due per hour (right")
     print(
         "if the mix of bills and usage refreshes done is the schedule's; when one is BEHIND, the others understate it)"
@@ -627,10 +701,7 @@ def report(one: Result, separate: Result, speedup: float, every: float) -> None:
         quiet[1] + per_refresh[1] * due_per_hour,
         digits=1,
     )
-    print("refreshes seen done in the window ÷ due (accounts × window ÷ the interval and its mean jitter, +5%; the")
-    print(
-        "one process starts every account's jobs at once, so its rounds come in step and a window's edge may cut one)"
-    )
+    print("refreshes seen done in the window ÷ due (accounts × window ÷ the interval; a window's edge may cut one)")
     for r in results:
         counts = ", ".join(f"{s} {done[r.name][s]} ÷ {due[r.name][s]:.0f}" for s in intervals)
         behind = [s for s in intervals if r.watch.oldest[s] > BEHIND * intervals[s] * (1 + JITTER)]
@@ -642,7 +713,14 @@ def report(one: Result, separate: Result, speedup: float, every: float) -> None:
         attempts = r.watch.scrapes + r.watch.failures
         cost = r.cpu.ended / attempts * 1000 if attempts else math.nan
         print(f"  {r.name}: {attempts} scrapes in {r.window:.0f} s, {cost:.1f} ms CPU each; "
-              f"{r.cpu.total / r.window:.0%} of a core in all; {r.threads} threads at the end")  # fmt: skip
+              f"{r.cpu.total / r.window:.0%} of a core in all; {r.threads} threads at the end; the simulators' "
+              f"process {r.simulators / r.window:.0%} of a core")  # fmt: skip
+    print("refresh duration, ms: the exporter's own inference_exporter_refresh_duration_seconds of each refresh seen")
+    print(f"  {'':<30} {'refreshes':>9} {'median':>7} {'p95':>7} {'max':>7}")
+    for r in results:
+        for source, values in r.watch.durations.items():
+            if values:
+                print(f"  {r.name + ' ' + source:<30} {len(values):9d} {_ms(values)}")
     print(f"memory, MB{'':<52}one process  sum of {separate.processes:>3}")
     _row("VmRSS at the window's start", one.rss_start, separate.rss_start)
     _row("VmRSS at the window's end", one.rss, separate.rss)
@@ -672,8 +750,8 @@ def report(one: Result, separate: Result, speedup: float, every: float) -> None:
         print(f"  accounts whose {source} got older in the one process than alone: {sum(w > 0 for w in worse)} "
               f"of {len(worse)} (by {max(worse, default=0.0):+.1f} s at most)")  # fmt: skip
     for r in results:
-        for complaint, count in sorted(r.complaints.items(), key=lambda item: -item[1]):
-            print(f"  {r.name} logged {count} × {complaint}")
+        for complaint, (count, inside) in sorted(r.complaints.items(), key=lambda item: -item[1][0]):
+            print(f"  {r.name} logged {count} × {complaint}  ({inside} in the measured windows)")
     fresh = [statistics.median([v for vs in r.watch.freshness.values() for v in vs] or [math.nan]) for r in results]
     print(f"CPU one ÷ separate: {_ratio(*default)} (target < 1)  [idle B + (the rest − idle A) ÷ {speedup:g}; "
           f"the rest ÷ {speedup:g} alone: {_ratio(*plain)}]")  # fmt: skip
@@ -716,12 +794,13 @@ def main(argv: list[str] | None = None) -> None:
     names = tuple(f"acct-{n:0{width}d}" for n in range(1, args.accounts + 1))
     print(f"{args.accounts} accounts: one exporter process, then {args.accounts} exporter processes of one account "
           f"each, against the same {args.accounts} simulators (one helper process; {args.records:,} usage records "
-          f"each at the start, {ENDPOINTS} endpoints, 1-10 more records every {GROWTH_EVERY:g} s); each setup at the "
-          f"default intervals for {args.idle_seconds:g} s between refreshes, then at the intervals ÷ {args.speedup:g} "
-          f"(bills {900 / args.speedup:g} s, usage {300 / args.speedup:g} s; history kept: 3 months, at start-up and "
-          f"then every 600 s) for a window of {args.seconds:g} s; each after every account's first refresh of bills, "
-          f"usage and history; on {os.cpu_count()} cores")  # fmt: skip
-    with _sigterm_unwinds(), simulators(args.accounts, args.records) as sims:
+          f"each at the start, {ENDPOINTS} endpoints, 1-10 more records every {GROWTH_EVERY:g} s in the sped-up "
+          f"windows); each setup at the default intervals for {args.idle_seconds:g} s between refreshes, then at the "
+          f"intervals ÷ {args.speedup:g} (bills {900 / args.speedup:g} s, usage {300 / args.speedup:g} s; history "
+          f"kept: 3 months, at start-up and then every 600 s) for a window of {args.seconds:g} s; each after every "
+          f"account's first refresh of bills, usage and history; on {os.cpu_count()} cores")  # fmt: skip
+    with _sigterm_unwinds(), simulators(args.accounts, args.records) as simulated:
+        sims = simulated.infos
         results = []
         for name, start in (
             ("one process", lambda d, speedup: start_one(d, names, sims, speedup)),
@@ -729,9 +808,9 @@ def main(argv: list[str] | None = None) -> None:
         ):
             idle = measure_idle(name, partial(start, speedup=1.0), names, args.scrape_every, args.idle_seconds)
             print(f"  {name} at the default intervals: warm-up {idle.warmup:.1f} s, settled {idle.settle:.1f} s later; "
-                  f"then {args.idle_seconds:g} s before any refresh is due")  # fmt: skip
+                  f"then {args.idle_seconds:g} s measured")  # fmt: skip
             busy = partial(start, speedup=args.speedup)
-            result = measure_busy(name, busy, names, args.scrape_every, args.seconds, idle)
+            result = measure_busy(name, busy, names, args.scrape_every, args.seconds, idle, simulated)
             print(f"  {name} at the intervals ÷ {args.speedup:g}: warm-up {result.warmup:.1f} s, window "
                   f"{result.window:.1f} s from {idle.settle:.1f} s later")  # fmt: skip
             results.append(result)

@@ -364,6 +364,33 @@ def test_blocks_are_rendered_once_per_snapshot_even_with_an_account_that_has_non
         daemon.stop()
 
 
+def test_a_refresh_looks_at_its_own_accounts_blocks_only(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After one account's refresh, the exposition is prepared from that account's collectors and
+    those spanning the accounts: with N accounts a refresh costs what it costs with one, not N."""
+    from exporter.metrics import collectors
+
+    asked: list[object] = []
+    original = collectors.BillsCollector.version
+    monkeypatch.setattr(
+        collectors.BillsCollector, "version", lambda self: (asked.append(self.latest), original(self))[1]
+    )
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "1000"}]))
+    try:
+        assert all(refresh_all(daemon))
+        asked.clear()
+        assert daemon.refresh("staging/bills")
+        assert asked
+        assert all(latest is daemon.sources.accounts["staging"].latest for latest in asked)
+        series = metrics(daemon)  # a scrape still shows every account's bills
+        assert {
+            dict(labels)["account"] for name, labels in series if name == "inference_bill_month_to_date_payable_amount"
+        } == set(NAMES)
+    finally:
+        daemon.stop()
+
+
 def test_an_annotation_may_name_what_the_rule_selects(sims: dict[str, Simulator], clock: Clock, tmp_path: Path) -> None:
     rule = {
         "alert": "Spend", "signal": "spend", "window": "month", "threshold": 1,

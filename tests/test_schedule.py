@@ -13,11 +13,13 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from exporter.app.daemon import Daemon
-from exporter.app.schedule import DailyTrigger
+from exporter.app.schedule import DailyTrigger, SpreadInterval
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.sim import Simulator
-from tests.daemon_fakes import InProcessBilling
+from tests.daemon_fakes import InProcessBilling, account_simulators, accounts_section
+from tests.fakes import FakeBilling
+from tests.helpers import wait_for
 from tests.test_daemon import FAST, daemon_config
 
 ZONES = (
@@ -109,5 +111,55 @@ def test_the_daemons_midnight_jobs_run_every_day_of_the_billing_zone(
     try:
         for job in ("rollover", "rollover-bills"):
             assert fired(daemon.scheduler.get_job(job).trigger, tz) == Counter(YEAR), job
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_interval_keeps_its_phase_whatever_the_jitter() -> None:
+    """Each run lands on its own grid point plus at most the jitter, however late the previous one
+    ran: the jitter does not carry over, so sources started apart stay apart."""
+    start = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+    trigger = SpreadInterval(seconds=10, jitter=1.0, start_date=start, timezone=dt.UTC)
+    now = start - dt.timedelta(seconds=7)
+    previous = None
+    for n in range(500):
+        fire = trigger.get_next_fire_time(previous, now)
+        late = (fire - start).total_seconds() - 10 * n
+        assert 0 <= late <= 1.0, (n, late)
+        previous, now = fire, fire + dt.timedelta(seconds=0.5)  # the run took half a second
+
+
+def test_a_run_that_overran_its_interval_skips_to_the_next_grid_point() -> None:
+    start = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
+    trigger = SpreadInterval(seconds=10, start_date=start, timezone=dt.UTC)
+    fire = trigger.get_next_fire_time(start, start + dt.timedelta(seconds=25))
+    assert fire == start + dt.timedelta(seconds=30)
+    assert trigger.get_next_fire_time(None, start - dt.timedelta(seconds=3)) == start
+
+
+def test_the_accounts_refreshes_are_spread_over_their_interval(tmp_path: Path) -> None:
+    """Every account refreshes at start-up; after that, the n-th of N at n ÷ N of the interval
+    before the first account's next run, so N accounts never run in step (a lone account's next run
+    is an interval after its first, as ever)."""
+    clock = Clock(ZoneInfo("UTC"))
+    sims = account_simulators(clock, tuple(f"a{n}" for n in range(5)))
+    document = {
+        "accounts": accounts_section(sims, history_months=0, bills_interval="1h", usage_interval="10m"),
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+    billing = {sim.access_key_id: sim for sim in sims.values()}
+    daemon = Daemon(
+        validate(document, {}), clock=clock, billing=lambda c: FakeBilling(billing[c.access_key_id]), serve=False
+    )
+    started = dt.datetime.now(dt.UTC)
+    daemon.start()
+    try:
+        for source, interval in (("usage", 600.0), ("bills", 3600.0)):
+            wait_for(lambda s=source: all(s in daemon.sources.accounts[a].latest.health for a in sims))
+            due = [(daemon.scheduler.get_job(f"{a}/{source}").next_run_time - started).total_seconds() for a in sims]
+            jitter = interval * 0.1
+            for n, at in enumerate(due):
+                expected = interval * (1 - n / len(sims))
+                assert expected - 5 <= at <= expected + jitter + 5, (source, n, at, expected)
     finally:
         daemon.stop(grace=5)

@@ -13,7 +13,6 @@ from pathlib import Path
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 
 from exporter.app.account import Account, BillingFactory
 from exporter.app.digests import DigestQueue
@@ -24,6 +23,7 @@ from exporter.app.schedule import (
     ROLLOVER_USAGE,
     SKIPPED_RUN_NOTICE,
     DailyTrigger,
+    SpreadInterval,
 )
 from exporter.app.sources import AccountStates, Sources, source_key
 from exporter.billing import BillingError, ClientClosed, RetryPolicy
@@ -205,7 +205,7 @@ class Daemon:
             return False
         else:
             self._record(located, started, success=True)
-            sources.exposition.prepare()  # render and compress the new snapshot here, not in a scrape
+            sources.exposition.prepare(located[0].name)  # render and compress the new snapshot here, not in a scrape
             if self._failing.pop(source, None) is not None:
                 log.info("refresh recovered", source=source)
             self._alerts_due.set()
@@ -305,7 +305,12 @@ class Daemon:
             self.scheduler.remove_job(source)
             del self._intervals[source]
         for source, interval in wanted.items():
-            trigger = IntervalTrigger(seconds=interval, jitter=min(MAX_JITTER, interval * JITTER_FRACTION))
+            # Run now, then at the source's phase: with several accounts, the n-th of N next runs
+            # (N - n) ÷ N of an interval from now, so that their runs come spread over the interval.
+            # (A lone account's next run is an interval away.)
+            first = now + dt.timedelta(seconds=interval * (1 - self.sources.phases.get(source, 0.0)))
+            jitter = min(MAX_JITTER, interval * JITTER_FRACTION)
+            trigger = SpreadInterval(seconds=interval, jitter=jitter, start_date=first, timezone=self.clock.tz)
             if source not in self._intervals:
                 self.scheduler.add_job(self.refresh, trigger, args=[source], id=source, next_run_time=now)
             elif self._intervals[source] != interval:
@@ -328,7 +333,7 @@ class Daemon:
                 snapshot = account.usage.reprice(account.config.prices)
                 if snapshot is not None:
                     account.latest.usage = snapshot
-                    self.sources.exposition.prepare()
+                    self.sources.exposition.prepare(name)
             finally:
                 lock.release()
                 if key in self._again:  # a forced refresh found the lock taken here

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import random
 from zoneinfo import ZoneInfo
 
 from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.interval import IntervalTrigger
 
 from exporter.core.clock import day_start
 
@@ -31,6 +34,28 @@ ROLLOVER_USAGE = dt.timedelta(seconds=5)
 
 ROLLOVER_BILLS = dt.timedelta(seconds=10)
 """How long into a billing day its bills are fetched."""
+
+
+class SpreadInterval(IntervalTrigger):  # type: ignore[misc]  # APScheduler has no type hints
+    """Runs every interval on a fixed grid from `start_date`, each up to `jitter` seconds late.
+
+    APScheduler's IntervalTrigger counts each interval from the last run, jitter included, so a
+    source's runs drift by a random walk: sources started together stay in step for hours, then
+    bunch again by chance. On a grid each keeps the phase it started with (the daemon spreads the
+    accounts over the interval), and the mean interval is the interval, not the interval and half
+    the jitter.
+    """
+
+    def get_next_fire_time(self, previous_fire_time: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
+        """The first grid point after both `now` and the last run (a late run skips to the next
+        point: the scheduler coalesces), plus jitter."""
+        start, length = self.start_date.timestamp(), self.interval_length
+        after = now.timestamp() if previous_fire_time is None else max(now, previous_fire_time).timestamp()
+        steps = 0 if after < start else math.floor((after - start) / length) + 1
+        fire = start + steps * length + (random.uniform(0, self.jitter) if self.jitter else 0.0)
+        if self.end_date and fire > self.end_date.timestamp():
+            return None
+        return dt.datetime.fromtimestamp(fire, tz=self.timezone)
 
 
 class DailyTrigger(BaseTrigger):  # type: ignore[misc]  # APScheduler has no type hints

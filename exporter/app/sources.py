@@ -151,10 +151,14 @@ class Sources:
             )
         self.refreshers: dict[str, Callable[[], None]] = {}
         self.intervals: dict[str, float] = {}
-        for name, account in self.accounts.items():
+        self.phases: dict[str, float] = {}
+        """Where in its interval each source runs, as a share of it: the accounts spread evenly
+        (the n-th of N at n ÷ N), so that their refreshes do not all come at once."""
+        for n, (name, account) in enumerate(self.accounts.items()):
             for source, refresher in account.refreshers.items():
                 self.refreshers[source_key(name, source)] = refresher
                 self.intervals[source_key(name, source)] = account.intervals[source]
+                self.phases[source_key(name, source)] = n / len(self.accounts)
         if dispatcher is None:
             dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
         self.dispatcher = dispatcher

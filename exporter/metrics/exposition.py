@@ -91,10 +91,11 @@ class Exposition:
         pieces = [self._piece((index, content_type), block) for index, block in enumerate(blocks)]
         return gzip_member(texts, pieces), content_type
 
-    def prepare(self) -> None:
+    def prepare(self, account: str | None = None) -> None:
         """Render and compress new snapshots' blocks now (after a refresh), in both formats, so
         that scrapes, plain or Prometheus' OpenMetrics, find them cached. Only the cached pieces:
-        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it."""
+        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it.
+        (`account`: as `AssembledExposition.prepare`'s; here every collector is the one account's.)"""
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
             for index in range(len(self.collectors)):
