@@ -111,6 +111,8 @@ class AssembledExposition:
                 registry.register(_Labelled(account, collector))
                 self._registries[(k, i)] = registry
         self._cache: dict[tuple[int, int, str], _Families] = {}
+        self._joined: dict[tuple[int, str], tuple[tuple[_Families, ...], list[_Piece]]] = {}
+        """Per kind and format, its families' pieces in order, and the parts they were joined from."""
         self._lock = threading.Lock()
         self._broken: dict[tuple[int, int], str] = {}
 
@@ -150,11 +152,19 @@ class AssembledExposition:
     def _pieces(self, encoder: Encoder, content_type: str) -> list[_Piece]:
         pieces: list[_Piece] = []
         for k, parts in enumerate(self.kinds):
-            rendered = [self._families(k, i, encoder, content_type) for i in range(len(parts))]
+            rendered = tuple(self._families(k, i, encoder, content_type) for i in range(len(parts)))
+            joined = self._joined.get((k, content_type))
+            if joined is not None and all(a is b for a, b in zip(joined[0], rendered, strict=True)):
+                pieces += joined[1]  # no account's part of this kind changed: joined as last time
+                continue
+            kind: list[_Piece] = []
             order = dict.fromkeys(name for families in rendered for name in families.headers)
             for name in order:
-                pieces.append(next(f.headers[name] for f in rendered if name in f.headers))
-                pieces += [f.samples[name] for f in rendered if name in f.samples and f.samples[name].text]
+                kind.append(next(f.headers[name] for f in rendered if name in f.headers))
+                kind += [f.samples[name] for f in rendered if name in f.samples and f.samples[name].text]
+            if all(f.version is not None for f in rendered):
+                self._joined[(k, content_type)] = (rendered, kind)
+            pieces += kind
         return pieces
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
