@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from array import array
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from exporter.billing import BillingAPI, BillingClient, ClientClosed, RecordErro
 from exporter.core.clock import Clock
 from exporter.sim import Simulator
 from exporter.sources.usage import SeenIds, UsageSync
+from exporter.sources.usage_aggregate import id_digest
 from exporter.state import StateStore
 from tests.conftest import PAGE
 from tests.fakes import FakeBilling
@@ -192,9 +195,39 @@ def test_seen_ids_remember_exactly_what_was_added() -> None:
     assert restored.count == 20_000
     assert not restored.add(ids[12_345])
     assert restored.add("req-new")
-    copy = restored.copy()
-    assert copy.add("req-only-in-the-copy")
-    assert restored.add("req-only-in-the-copy")  # the copy is its own
+    fork = restored.fork()
+    assert not fork.add(ids[7])  # it sees its base's ids
+    assert fork.add("req-only-in-the-fork")
+    assert fork.count == restored.count + 1
+    assert b"".join(fork.added()) == id_bytes("req-only-in-the-fork")
+    assert b"".join(fork.chunks()) == b"".join(sorted_ids([*ids, "req-new", "req-only-in-the-fork"]))
+    assert restored.add("req-only-in-the-fork")  # the base is left as it was
+
+
+def test_a_fork_settles_into_its_base() -> None:
+    base = SeenIds()
+    for n in range(5_000):
+        base.add(f"req-{n}")
+    fork = base.fork()
+    new = [f"new-{n}" for n in range(300)]
+    assert all(fork.add(i) for i in new)
+    fork.settle()
+    assert fork.base is None
+    assert fork.count == 5_300
+    assert not any(fork.add(i) for i in new)
+    assert b"".join(fork.chunks()) == b"".join(sorted_ids([*(f"req-{n}" for n in range(5_000)), *new]))
+    again = SeenIds()
+    again.extend(b"".join(fork.chunks()[:3]))
+    again.extend(b"".join(fork.chunks()))  # some of them twice: each counted once
+    assert again.count == 5_300
+
+
+def id_bytes(request_id: str) -> bytes:
+    return array("Q", [id_digest(request_id)]).tobytes()
+
+
+def sorted_ids(request_ids: Iterable[str]) -> list[bytes]:
+    return [array("Q", sorted(id_digest(i) for i in request_ids)).tobytes()]
 
 
 def head_change(sim: Simulator, api: BillingAPI, clock: Clock, store: StateStore, page: int) -> None:
@@ -360,3 +393,70 @@ def test_an_order_learnt_from_a_late_record_at_the_head_is_unlearnt_at_the_cost_
     assert resyncs[-1] <= 1
     assert not sync.newest_first
     assert counter.pages <= 2
+
+
+def _ids_written(path: Path) -> tuple[int, list[int]]:
+    """The bytes of the day's ids written whole, and of each poll's appended since."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        whole = db.execute("SELECT coalesce(sum(length(ids)), 0) FROM usage_ids").fetchone()[0]
+        added = [n for (n,) in db.execute("SELECT length(ids) FROM usage_ids_added ORDER BY rowid")]
+    finally:
+        db.close()
+    return whole, added
+
+
+def test_a_poll_writes_the_ids_it_found_and_a_restart_reads_them_back(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path
+) -> None:
+    """The day's ids are written whole by a full read; each poll after it appends only the ids it
+    found (8 bytes each), so what a poll writes grows with what it found, not with the day."""
+    path = tmp_path / "state.db"
+    sim.add_usage(3000)
+    store = StateStore(path)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False)
+    sync.refresh()
+    assert _ids_written(path) == (3000 * 8, [])
+    for found in (7, 130, 1):
+        sim.add_usage(found)
+        sync.refresh()
+    sync.refresh()  # nothing new: nothing written
+    assert _ids_written(path) == (3000 * 8, [7 * 8, 130 * 8, 1 * 8])
+    store.close()
+
+    sim.repeat_usage(position=3050, at=3138)  # a request of an appended poll, listed again
+    sim.add_usage(4)
+    reopened = StateStore(path)
+    try:
+        again = UsageSync(fake_pages, clock, reopened, per_api_key=False)
+        snapshot = again.refresh()
+    finally:
+        reopened.close()
+    assert snapshot.resyncs == 0  # resumed from the ids as saved, not read afresh
+    assert snapshot.records == 3142
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+    assert _ids_written(path) == (3000 * 8, [7 * 8, 130 * 8, 1 * 8, 4 * 8])
+
+
+def test_a_full_read_writes_the_ids_whole_and_drops_what_polls_appended(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path
+) -> None:
+    path = tmp_path / "state.db"
+    sim.add_usage(900)
+    store = StateStore(path)
+    try:
+        sync = UsageSync(fake_pages, clock, store, per_api_key=False)
+        sync.refresh()
+        sim.add_usage(20)
+        sync.refresh()
+        assert _ids_written(path) == (900 * 8, [20 * 8])
+        sim.reorder_usage()  # nothing is where it was: the day is read again
+        sim.add_usage(5)
+        snapshot = sync.refresh()
+        assert snapshot.resyncs == 1
+        assert _ids_written(path) == (925 * 8, [])
+        assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+    finally:
+        store.close()

@@ -134,10 +134,14 @@ class UsageSync(UsageReader):
         amounts = None
         if counted is not None and counted != self._saved:
             amounts = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
+        seen = aggregate.seen
+        # A poll on the day as saved (a fork of its ids) appends the ids it found; anything else writes them whole.
+        added = self._aggregate is not None and seen.base is self._aggregate.seen and self._day == cursor.day
         self.state.save_usage(
-            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from, ids=aggregate.seen.chunks(),
-            amounts=amounts,
+            cursor, aggregate.table(), self.clock.now().timestamp(), keep_from,
+            ids=seen.added() if added else seen.chunks(), amounts=amounts, ids_added=added,
         )  # fmt: skip
+        seen.settle()
         if counted is not None:
             self._saved = counted
 
@@ -154,8 +158,11 @@ class UsageSync(UsageReader):
             saved = self.state.load_usage(day)
             if saved is None or saved[0].settings != self.settings:
                 continue
+            whole, added = self.state.load_usage_ids(day)
             try:
-                seen = SeenIds.from_bytes(self.state.load_usage_ids(day))
+                seen = SeenIds.from_bytes(whole)
+                for chunk in added:
+                    seen.extend(chunk)
             except ValueError:
                 seen = SeenIds()
             aggregate = Aggregate.from_rows(self.per_api_key, saved[1], seen, saved[0].records)

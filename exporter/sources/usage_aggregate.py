@@ -22,11 +22,26 @@ def id_digest(request_id: str) -> int:
 class SeenIds:
     """The request ids of one day, as 64-bit digests in sorted arrays (8 bytes an id, so a day of
     a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little.
-    A bucket is made when its first id arrives: an empty or small day costs next to nothing."""
+    A bucket is made when its first id arrives: an empty or small day costs next to nothing.
 
-    def __init__(self, buckets: dict[int, array[int]] | None = None) -> None:
+    A poll works on a `fork`: it sees the ids of the set it was forked from (its base, left as it
+    is) and keeps those it adds apart (`added`), so that a poll costs what it finds, not the day's
+    size, and a poll that fails leaves the base untouched. `settle` folds them into the base once
+    the poll is kept.
+    """
+
+    def __init__(self, buckets: dict[int, array[int]] | None = None, base: SeenIds | None = None) -> None:
         self._buckets = buckets if buckets is not None else {}
-        self.count = sum(map(len, self._buckets.values()))
+        self.base = base
+        self.count: int = sum(map(len, self._buckets.values())) + (base.count if base is not None else 0)
+
+    def __contains__(self, digest: int) -> bool:
+        bucket = self._buckets.get(digest >> 52)
+        if bucket is not None:
+            at = bisect_left(bucket, digest)
+            if at < len(bucket) and bucket[at] == digest:
+                return True
+        return self.base is not None and digest in self.base
 
     def add(self, request_id: str) -> bool:
         """Remember `request_id`; False if it was seen before."""
@@ -34,6 +49,8 @@ class SeenIds:
 
     def add_digest(self, digest: int) -> bool:
         """Remember a request id by its `id_digest` (when the caller has it already)."""
+        if self.base is not None and digest in self.base:
+            return False
         bucket = self._buckets.get(digest >> 52)
         if bucket is None:
             bucket = self._buckets[digest >> 52] = array("Q")
@@ -44,12 +61,46 @@ class SeenIds:
         self.count += 1
         return True
 
-    def copy(self) -> SeenIds:
-        return SeenIds({key: array("Q", bucket) for key, bucket in self._buckets.items()})
+    def fork(self) -> SeenIds:
+        """A set that starts with these ids and adds its own apart (see the class)."""
+        return SeenIds(base=self)
+
+    def added(self) -> list[memoryview]:
+        """The digests a fork added to its base, in order (every digest, for a set that is no fork)."""
+        return [memoryview(self._buckets[key]) for key in sorted(self._buckets) if self._buckets[key]]
+
+    def settle(self) -> None:
+        """Fold a fork's own ids into its base and take the base's arrays as its own: the base, left
+        behind, must not be used again (it holds this set's ids now)."""
+        base = self.base
+        if base is None:
+            return
+        base.settle()
+        for bucket in self._buckets.values():
+            for digest in bucket:
+                base.add_digest(digest)
+        self._buckets, self.base, self.count = base._buckets, None, base.count
 
     def chunks(self) -> list[memoryview]:
-        """The digests, in order, as views (for writing out without a copy of the whole)."""
-        return [memoryview(self._buckets[key]) for key in sorted(self._buckets) if self._buckets[key]]
+        """Every digest, in order, as views (for writing out without a copy of the whole)."""
+        buckets = self._merged()
+        return [memoryview(buckets[key]) for key in sorted(buckets) if buckets[key]]
+
+    def _merged(self) -> dict[int, array[int]]:
+        if self.base is None:
+            return self._buckets
+        merged = dict(self.base._merged())
+        for key, bucket in self._buckets.items():  # (a fork's ids are never its base's)
+            before = merged.get(key)
+            merged[key] = bucket if before is None else array("Q", sorted((*before, *bucket)))
+        return merged
+
+    def extend(self, data: bytes) -> None:
+        """Add the digests of `data` (as `added` wrote them; some may be known already)."""
+        digests = array("Q")
+        digests.frombytes(data)
+        for digest in digests:
+            self.add_digest(digest)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
@@ -86,8 +137,10 @@ class Aggregate:
         self.rows = rows
         self.duplicates: set[str] = set()
 
-    def copy(self) -> Aggregate:
-        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()}, self.seen.copy(), self.rows)
+    def fork(self) -> Aggregate:
+        """A copy to go on counting in, its ids a fork of these (`SeenIds.fork`): this one stays as
+        it is while the copy counts, and is left behind once the copy `settle`s."""
+        return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()}, self.seen.fork(), self.rows)
 
     def add(self, records: Iterable[UsageRecord]) -> None:
         for r in records:

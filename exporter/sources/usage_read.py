@@ -326,7 +326,7 @@ class UsageReader:
         raise problem or ResyncNeeded("nothing saved to check the list against")
 
     def _incremental_newest(self, cursor: UsageCursor, before: Aggregate) -> tuple[Aggregate, UsageCursor]:
-        aggregate = before.copy()
+        aggregate = before.fork()
         rows, head = self._read_newest(cursor.day, aggregate, cursor.records, cursor.head_ids)
         if aggregate.duplicates and rows - cursor.records >= self.client.page_size:  # pages read at once
             raise ResyncNeeded(f"{len(aggregate.duplicates)} new records repeat request ids already counted")
@@ -342,7 +342,7 @@ class UsageReader:
             if len(ids) <= offset or ids[offset] != cursor.boundary_id or fingerprint(ids) != cursor.page_fingerprint:
                 raise ResyncNeeded("the last record seen is no longer where it was")
 
-        aggregate = before.copy()
+        aggregate = before.fork()
         first_page = position // self.client.page_size + 1
         boundary, parallel, head = self._read(cursor.day, aggregate, first_page, offset + 1, verify)
         if aggregate.duplicates and parallel:  # a shift between pages read at once, or the API's repeat

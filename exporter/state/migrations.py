@@ -78,6 +78,11 @@ CREATE TABLE IF NOT EXISTS usage_ids (
     day TEXT PRIMARY KEY,
     ids BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS usage_ids_added (
+    day TEXT NOT NULL,
+    ids BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_ids_added_day ON usage_ids_added (day);
 CREATE TABLE IF NOT EXISTS usage_amounts (
     day TEXT NOT NULL,
     endpoint TEXT NOT NULL,

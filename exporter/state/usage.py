@@ -5,6 +5,7 @@ what today's estimate counters counted; all of a day saved in one transaction.""
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,8 +34,14 @@ class UsageCursor:
     service caps its pages); 0: not saved."""
 
 
+def _write_blob(db: sqlite3.Connection, table: str, rowid: int, chunks: Sequence[memoryview]) -> None:
+    with db.blobopen(table, "ids", rowid) as blob:
+        for chunk in chunks:
+            blob.write(chunk)
+
+
 class UsageTables(StateFile):
-    """`usage_cursor`, `usage_head`, `usage_totals`, `usage_ids` and `usage_amounts`."""
+    """`usage_cursor`, `usage_head`, `usage_totals`, `usage_ids`, `usage_ids_added` and `usage_amounts`."""
 
     def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
         with self.reading() as db:
@@ -62,11 +69,15 @@ class UsageTables(StateFile):
                 (day.isoformat(),),
             ).fetchall()
 
-    def load_usage_ids(self, day: dt.date) -> bytes:
-        """The digests of the request ids counted on `day` (see `sources.usage_aggregate.SeenIds`); empty if none."""
+    def load_usage_ids(self, day: dt.date) -> tuple[bytes, list[bytes]]:
+        """The digests of the request ids counted on `day` (see `sources.usage_aggregate.SeenIds`):
+        as last saved whole (empty if never), and what each poll since added, in order."""
         with self.reading() as db:
             row = db.execute("SELECT ids FROM usage_ids WHERE day = ?", (day.isoformat(),)).fetchone()
-        return bytes(row[0]) if row else b""
+            added = db.execute(
+                "SELECT ids FROM usage_ids_added WHERE day = ? ORDER BY rowid", (day.isoformat(),)
+            ).fetchall()
+        return (bytes(row[0]) if row else b""), [bytes(a[0]) for a in added]
 
     def save_usage(
         self,
@@ -77,26 +88,33 @@ class UsageTables(StateFile):
         *,
         ids: Sequence[memoryview] = (),
         amounts: Sequence[tuple[str, str, str, str, int, int, int]] | None = None,
+        ids_added: bool = False,
     ) -> None:
         """Replace a day's cursor, totals and request ids seen (in chunks, written into the blob one
         after the other: no copy of the whole) in one transaction; forget days before `keep_from`.
-        `amounts` (as `load_usage_amounts` reads them) replace the counted amounts in the same
-        transaction, so they never cover other totals than those saved with them."""
+        `ids_added`: `ids` are only those the poll found, appended to the day's (what is written
+        grows with what a poll found, not with the day). `amounts` (as `load_usage_amounts` reads
+        them) replace the counted amounts in the same transaction, so they never cover other totals
+        than those saved with them."""
         day = cursor.day.isoformat()
+        size = sum(c.nbytes for c in ids)
         with self.transaction() as db:
             if amounts is not None:
                 db.execute("DELETE FROM usage_amounts")  # only today's are ever read
                 db.executemany(
                     "INSERT INTO usage_amounts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *a) for a in amounts]
                 )
-            db.execute(
-                "INSERT OR REPLACE INTO usage_ids (day, ids) VALUES (?, zeroblob(?))", (day, sum(c.nbytes for c in ids))
-            )
-            (rowid,) = db.execute("SELECT rowid FROM usage_ids WHERE day = ?", (day,)).fetchone()
-            with db.blobopen("usage_ids", "ids", rowid) as blob:
-                for chunk in ids:
-                    blob.write(chunk)
+            if ids_added:
+                if size:
+                    db.execute("INSERT INTO usage_ids_added (day, ids) VALUES (?, zeroblob(?))", (day, size))
+                    _write_blob(db, "usage_ids_added", db.execute("SELECT last_insert_rowid()").fetchone()[0], ids)
+            else:
+                db.execute("INSERT OR REPLACE INTO usage_ids (day, ids) VALUES (?, zeroblob(?))", (day, size))
+                (rowid,) = db.execute("SELECT rowid FROM usage_ids WHERE day = ?", (day,)).fetchone()
+                _write_blob(db, "usage_ids", rowid, ids)
+                db.execute("DELETE FROM usage_ids_added WHERE day = ?", (day,))
             db.execute("DELETE FROM usage_ids WHERE day < ?", (keep_from.isoformat(),))
+            db.execute("DELETE FROM usage_ids_added WHERE day < ?", (keep_from.isoformat(),))
             db.execute(
                 "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (day, cursor.settings, cursor.records, cursor.boundary_id, cursor.page_fingerprint,
