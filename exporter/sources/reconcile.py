@@ -94,9 +94,13 @@ def reconcile(
         for (day, item), billed in sorted(billed_tokens.items())
         for counted in [count(settled[day], items[item])]
     )
+    by_endpoint: dict[tuple[dt.date, str], list[UsageRow]] = {}
+    for day in days:  # each day's rows once (not once per endpoint: quadratic in endpoints)
+        for row in settled[day]:
+            by_endpoint.setdefault((day, row[0]), []).append(row)
     amounts = []
     for (day, endpoint), billed in sorted(billed_amounts.items()):
-        rows = [row for row in settled[day] if row[0] == endpoint]
+        rows = by_endpoint.get((day, endpoint), [])
         if any(row[1] not in priced for row in rows):
             continue  # a model without a price: nothing to estimate with
         estimated = sum(

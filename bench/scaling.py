@@ -1,0 +1,75 @@
+"""Work that must grow linearly with endpoints and days: each measured at N and at 2N endpoints in
+one run; the ratio of the times is 2 for linear work (4 for quadratic).
+
+python -m bench.scaling [--endpoints 1000] [--days 30] [--repeat 5]
+
+- reconciliation: every settled day of the month's bills against its counted usage (run after
+  every bills refresh), `days` days × N endpoints, 2 models, 3 items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import time
+from collections.abc import Callable
+from decimal import Decimal
+
+from exporter.config.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
+from exporter.model.snapshots import BillsSnapshot, DailyAmount, MonthBills, UsageRow
+from exporter.sources.reconcile import reconcile
+
+MODELS = ("model-a", "model-b")
+PRICES = tuple(
+    PriceConfig(model=m, prompt_per_million=Decimal("0.8"), completion_per_million=Decimal("2")) for m in MODELS
+)
+
+
+def _reconcile_inputs(endpoints: int, days: int) -> Callable[[], object]:
+    month = [dt.date(2026, 10, 1) + dt.timedelta(days=d) for d in range(days)]
+    names = [f"ep-{n:05d}" for n in range(endpoints)]
+    settled: dict[dt.date, list[UsageRow]] = {
+        day: [(e, m, "", 100, 50_000 + n, 20_000 + n, 1_000) for n, e in enumerate(names) for m in MODELS]
+        for day in month
+    }
+    by_endpoint = tuple(
+        DailyAmount("2026-10", day, e, "inference", "proj", Decimal("0.1234"), Decimal(0))
+        for day in month
+        for e in names
+    )
+    by_item = tuple(
+        DailyAmount("2026-10", day, item, "inference", "proj", Decimal("1.5"), Decimal(70_000 * endpoints))
+        for day in month
+        for item in DEFAULT_RECONCILED_ITEMS
+    )
+    bills = BillsSnapshot((MonthBills("2026-10", by_endpoint, by_item, Decimal(0), Decimal(0), Decimal(0)),), month[-1])
+    items = dict(DEFAULT_RECONCILED_ITEMS)
+    return lambda: reconcile(bills, settled, items, PRICES)
+
+
+def _median_seconds(run: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--endpoints", type=int, default=1000)
+    parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    n = args.endpoints
+    print(f"scaling: each at {n:,} and {2 * n:,} endpoints × {args.days} days, median of {args.repeat}")
+    small = _median_seconds(_reconcile_inputs(n, args.days), args.repeat)
+    large = _median_seconds(_reconcile_inputs(2 * n, args.days), args.repeat)
+    print(f"  reconciliation: {small * 1000:.0f} ms → {large * 1000:.0f} ms; ratio {large / small:.2f}  "
+          f"(linear 2, quadratic 4; target ≤ 2.5)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
