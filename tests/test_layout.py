@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,35 @@ print(loaded)
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.integration  # runs a process
+@pytest.mark.parametrize(
+    ("command", "absent"),
+    [
+        (["--version"], ("pydantic", "yaml", "requests", "apscheduler", "prometheus_client", "exporter.config")),
+        (["check", "--config", "config.example.yaml"], ("requests", "apscheduler", "exporter.app", "exporter.web")),
+        (["rules", "--config", "config.example.yaml"], ("requests", "apscheduler", "exporter.app", "exporter.web")),
+    ],
+    ids=["version", "check", "rules"],
+)
+def test_quick_commands_import_only_what_they_use(command: list[str], absent: tuple[str, ...]) -> None:
+    """`--version` loads no command; `check` and `rules` no HTTP client, scheduler or server
+    (`bench.startup` measures what that saves)."""
+    script = f"""
+import json, sys
+from exporter.cli import main
+try:
+    main({command!r})
+except SystemExit:
+    pass
+top = {{".".join(name.split(".")[: 2 if name.startswith("exporter.") else 1]) for name in sys.modules}}
+print(json.dumps(sorted(top)))
+"""
+    env = {"BILLING_ACCESS_KEY_ID": "a", "BILLING_SECRET_ACCESS_KEY": "s", "INFERENCE_API_KEY": "k"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    loaded = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    assert not loaded & set(absent), sorted(loaded & set(absent))
+    assert "exporter.cli" in loaded

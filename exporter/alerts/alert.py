@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Literal
 
 from exporter.config.rules import RuleConfig, rule_id, rule_key
+from exporter.config.schema import AlertsConfig
 from exporter.model import signals
 from exporter.model.events import AlertEvent
 
@@ -138,3 +139,10 @@ def fmt(value: Decimal, signal: str | None = None) -> str:
 def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
     """Fill `{field}` templates (the names were checked when the config was loaded)."""
     return {name: template.format_map(fields) for name, template in templates.items()}
+
+
+def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
+    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
+    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
+    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}

@@ -55,13 +55,6 @@ class Watched:
         return self.account.latest
 
 
-def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
-    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
-    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
-    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
-    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}
-
-
 @dataclass
 class Engine:
     config: AlertsConfig

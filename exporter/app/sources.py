@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from exporter.alerts.alert import Alert
-from exporter.alerts.engine import Engine, Watched, routes
+from exporter.alerts.alert import Alert, routes
+from exporter.alerts.engine import Engine, Watched
 from exporter.app.account import Account, BillingFactory, RefreshFailed, build_exposition, collectors
 from exporter.billing import BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule

@@ -1,5 +1,6 @@
-"""What each command does (`check`, `once`, `digest`, `rules`, `backtest`, `backfill`, `run`, `demo`,
-`simulate`): its work, its output and its exit status."""
+"""What the commands that fetch, serve or replay do (`once`, `digest`, `backtest`, `backfill`, `run`,
+`demo`, `simulate`): their work, output and exit status. (`check` and `rules` only read a config:
+`config_commands`, which starts without what these import.)"""
 
 from __future__ import annotations
 
@@ -12,93 +13,25 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from exporter.alerts.alert import Alert, rule_ids
-from exporter.alerts.engine import routes
-from exporter.alerts.promrules import rule_file
+from exporter.alerts.alert import Alert
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
-from exporter.config.load import ConfigError, load_checked
-from exporter.config.schema import Config
+from exporter.cli.config_commands import EXIT_CONFIG, EXIT_SOURCE, EXIT_USAGE, _accounts, _load
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger, setup_logging
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.notifiers.digest import text as digest_text
 from exporter.replay.backfill import BackfillError, backfill, check_range, months, target_labels
-from exporter.state import AlertStore, StateError, StateStore, location_problem, peek
-
-if TYPE_CHECKING:
-    pass
+from exporter.state import AlertStore, StateError, StateStore, peek
 
 log = get_logger("exporter")
 
-CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
-EXIT_CONFIG = 1
-EXIT_SOURCE = 2
-EXIT_USAGE = 2
 SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 REFUSED_KEY = ("http_401", "http_403")
-
-
-def _load(path: str) -> Config:
-    try:
-        config, warnings = load_checked(path)
-    except ConfigError as error:
-        for detail in error.details:
-            print(f"{path}: {detail}" if not detail.startswith(path) else detail, file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from None
-    for warning in warnings:
-        print(f"{path}: warning: {warning}", file=sys.stderr)
-    return config
-
-
-def _accounts(config: Config, args: argparse.Namespace, command: str, every: bool = False) -> list[tuple[str, Config]]:
-    """The accounts a command works on: the config's one; with `accounts`, the one `--account`
-    names (or every one, where the command can: `every`). SystemExit for a name that is none."""
-    named = config.account_configs()
-    wanted = getattr(args, "account", None)
-    if wanted is None:
-        if config.several and not every:
-            names = ", ".join(name for name, _ in named)
-            print(f"inference-cost-exporter {command}: the config lists accounts: name one with --account ({names})",
-                  file=sys.stderr)  # fmt: skip
-            raise SystemExit(EXIT_USAGE)
-        return list(named)
-    chosen = [(name, account) for name, account in named if name == wanted]
-    if not chosen:
-        known = ", ".join(name for name, _ in named if name) or "none: the config has no `accounts`"
-        print(f"inference-cost-exporter {command}: no account {wanted!r} (accounts: {known})", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-    return chosen
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    problem = location_problem(config.state.path)
-    if problem:  # a warning: the file may be checked on another machine than the one it runs on
-        print(
-            f"{args.config}: warning: state.path: on this machine no state file can be kept at "
-            f"{config.state.path}: {problem}",
-            file=sys.stderr,
-        )
-    digest = config.digest
-    sends = f"; digest {digest.schedule} at {digest.at} to {', '.join(digest.notifiers)}" if digest else ""
-    probes = sum(len(account.probes) for _, account in config.account_configs())
-    accounts = f"{len(config.accounts)} accounts, " if config.several else ""
-    print(
-        f"{args.config}: valid ({accounts}{probes} probes, {len(config.all_budgets)} budgets, "
-        f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers{sends})"
-    )
-    for name, account in config.account_configs() if config.several else ():
-        print(f"  account {name}: {account.billing.url}, {len(account.probes)} probes, {len(account.budgets)} budgets")
-    routed = routes(config.alerts, digest.notifiers if digest else ())
-    for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
-        print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
-    return 0
 
 
 def cmd_once(args: argparse.Namespace) -> int:
@@ -171,15 +104,6 @@ def cmd_digest(args: argparse.Namespace) -> int:
         return EXIT_SOURCE if any(left.values()) else 0
     finally:
         sources.close()
-
-
-def cmd_rules(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    text, skipped = rule_file(config.alerts, config.all_budgets)
-    for note in skipped:
-        print(f"{args.config}: {note}", file=sys.stderr)
-    sys.stdout.write(text)
-    return 0
 
 
 def cmd_backtest(args: argparse.Namespace) -> int:

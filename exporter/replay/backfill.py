@@ -43,6 +43,7 @@ from exporter.core.logs import get_logger
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
 from exporter.model.forecast import forecast
 from exporter.model.snapshots import DailyAmount, Latest, per_day
+from exporter.replay import MAX_MONTHS
 from exporter.sources.bills import daily_amounts
 
 log = get_logger(__name__)
@@ -55,10 +56,6 @@ lookback a sample is seen until the next one, and a series that ends is gone at 
 data carry no staleness markers to end it)."""
 HEAD_BLOCK = dt.timedelta(hours=3)
 """Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
-MAX_MONTHS = 24
-"""The most months `backfill` and `backtest` take at once (`check_range`). Each month costs a few
-bills requests (and a backfill some 30 MB of file per endpoint and item), so a slip such as
-`--from 2000-01` would make well over a thousand: such a range is refused before the first."""
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 OWN_LABELS = frozenset({"period", "day", "endpoint_id", "item", "product", "project_id"})
 ENDPOINT_DAILY = "inference_bill_endpoint_daily_payable_amount"

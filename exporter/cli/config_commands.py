@@ -1,0 +1,84 @@
+"""The commands that only read a config (`check`, `rules`), and what every command shares: loading
+the config, choosing accounts, the exit statuses. They import no HTTP client, scheduler or server,
+so that they start quickly (`bench.startup`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exporter.alerts.alert import routes, rule_ids
+from exporter.alerts.promrules import rule_file
+from exporter.config.load import ConfigError, load_checked
+from exporter.config.schema import Config
+from exporter.state.file import location_problem
+
+EXIT_CONFIG = 1
+EXIT_SOURCE = 2
+EXIT_USAGE = 2
+
+
+def _load(path: str) -> Config:
+    try:
+        config, warnings = load_checked(path)
+    except ConfigError as error:
+        for detail in error.details:
+            print(f"{path}: {detail}" if not detail.startswith(path) else detail, file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    for warning in warnings:
+        print(f"{path}: warning: {warning}", file=sys.stderr)
+    return config
+
+
+def _accounts(config: Config, args: argparse.Namespace, command: str, every: bool = False) -> list[tuple[str, Config]]:
+    """The accounts a command works on: the config's one; with `accounts`, the one `--account`
+    names (or every one, where the command can: `every`). SystemExit for a name that is none."""
+    named = config.account_configs()
+    wanted = getattr(args, "account", None)
+    if wanted is None:
+        if config.several and not every:
+            names = ", ".join(name for name, _ in named)
+            print(f"inference-cost-exporter {command}: the config lists accounts: name one with --account ({names})",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(EXIT_USAGE)
+        return list(named)
+    chosen = [(name, account) for name, account in named if name == wanted]
+    if not chosen:
+        known = ", ".join(name for name, _ in named if name) or "none: the config has no `accounts`"
+        print(f"inference-cost-exporter {command}: no account {wanted!r} (accounts: {known})", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return chosen
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    problem = location_problem(config.state.path)
+    if problem:  # a warning: the file may be checked on another machine than the one it runs on
+        print(
+            f"{args.config}: warning: state.path: on this machine no state file can be kept at "
+            f"{config.state.path}: {problem}",
+            file=sys.stderr,
+        )
+    digest = config.digest
+    sends = f"; digest {digest.schedule} at {digest.at} to {', '.join(digest.notifiers)}" if digest else ""
+    probes = sum(len(account.probes) for _, account in config.account_configs())
+    accounts = f"{len(config.accounts)} accounts, " if config.several else ""
+    print(
+        f"{args.config}: valid ({accounts}{probes} probes, {len(config.all_budgets)} budgets, "
+        f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers{sends})"
+    )
+    for name, account in config.account_configs() if config.several else ():
+        print(f"  account {name}: {account.billing.url}, {len(account.probes)} probes, {len(account.budgets)} budgets")
+    routed = routes(config.alerts, digest.notifiers if digest else ())
+    for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
+        print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
+    return 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    text, skipped = rule_file(config.alerts, config.all_budgets)
+    for note in skipped:
+        print(f"{args.config}: {note}", file=sys.stderr)
+    sys.stdout.write(text)
+    return 0
