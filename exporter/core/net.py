@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import sys
 from collections.abc import Iterator
-
-import requests
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:
@@ -26,15 +25,20 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
 def network_cause(error: BaseException) -> str:
     """Why a connection failed, in words: DNS, refused, TLS verification, timeout, reset."""
     causes = list(_causes(error))
-    for kind, words in (
+    kinds: list[tuple[type[BaseException], str]] = [
         (socket.gaierror, "the host name does not resolve (DNS)"),
         (ssl.SSLCertVerificationError, "TLS certificate verification failed"),
         (ssl.SSLError, "TLS failed"),
         (ConnectionRefusedError, "connection refused"),
         (ConnectionResetError, "connection reset"),
         (TimeoutError, "timed out"),
-        (requests.Timeout, "timed out"),
-    ):
+    ]
+    # requests' own timeout, where requests is in use (a process that never loaded it has none of
+    # its errors: `check` and the email notifier do not load it for this).
+    requests = sys.modules.get("requests")
+    if requests is not None:
+        kinds.append((requests.Timeout, "timed out"))
+    for kind, words in kinds:
         match = next((c for c in causes if isinstance(c, kind)), None)
         if match is not None:
             detail = getattr(match, "verify_message", "") or ""
