@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
 import resource
 import time
@@ -14,7 +15,7 @@ import requests
 from exporter.billing import BillingClient
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.sim import Endpoint, Simulator
+from exporter.sim import Endpoint, Simulator, SpendModel
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class SimSettings:
     failure_rate: float = 0.0
     newest_first: bool = False
     stream_framing: str = "chunked"
+    spend_start: str = ""
+    """Bills from this day (YYYY-MM-DD) on, modelled (`SpendModel`); none before today without it."""
 
 
 def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -42,6 +45,8 @@ def _serve(settings: SimSettings, urls: multiprocessing.Queue) -> None:  # type:
         sim.endpoints = tuple(
             Endpoint(f"ep-{n:04d}", f"model-{n % 7}", f"proj-{n % 3}") for n in range(settings.endpoints)
         )
+    if settings.spend_start:
+        sim.spend = SpendModel(start=dt.date.fromisoformat(settings.spend_start))
     sim.add_usage(settings.records)
     server = sim.serve()
     urls.put(server.url)

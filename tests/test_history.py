@@ -10,10 +10,10 @@ from decimal import Decimal
 
 import pytest
 
-from exporter.billing import BillingError
+from exporter.billing import BillingClient, BillingError
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
 from exporter.model.forecast import forecast
-from exporter.sim import Fault, Simulator, SpendModel
+from exporter.sim import Endpoint, Fault, Simulator, SpendModel
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
 from exporter.state import StateStore
@@ -171,3 +171,26 @@ def test_the_state_file_is_read_once_then_the_months_are_kept_in_memory(
     first = source.refresh()
     assert source.refresh() == first  # every ten minutes: nothing fetched, nothing read
     assert loads == [1]
+
+
+@pytest.mark.integration  # over HTTP: requests in flight at once
+@pytest.mark.parametrize("wide", [True, False], ids=["wide", "narrow"])
+def test_a_month_is_fetched_with_the_clients_requests_in_flight_once_allowed(
+    modelled: Simulator, small_pages: BillingClient, clock: Clock, store: StateStore, wide: bool
+) -> None:
+    """Once bills and usage have their first figures (`wide`), a month's requests go out as many at
+    once as the client keeps in flight (3 here); before, one at a time (every listing here is one
+    page long). The months are the same."""
+    modelled.endpoints = tuple(Endpoint(f"ep-{n}", "model-a", "proj-main") for n in range(3))
+    modelled.latency = 0.2  # (requests made at once overlap, however busy the machine)
+    history = HistorySource(small_pages, clock, store, months=2, wide=lambda: wide).refresh()
+    if wide:
+        assert 2 <= modelled.max_in_flight <= small_pages.concurrency
+    else:
+        assert modelled.max_in_flight == 1
+    modelled.latency = 0.0
+    again = HistorySource(FakeBilling(modelled), clock, StateStore(":memory:"), months=2).refresh()
+    assert history.months == again.months
+    assert history.current is not None
+    assert again.current is not None
+    assert history.current.items_by_endpoint == again.current.items_by_endpoint

@@ -125,7 +125,10 @@ class Account:
             self.bills = BillsSource(
                 self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history
             )
-            self.history = HistorySource(self.client, clock, state, config.billing.history_months)
+            self.history = HistorySource(
+                self.client, clock, state, config.billing.history_months,
+                wide=lambda: {"bills", "usage"} <= latest.health.keys(),
+            )  # fmt: skip
             self.usage = UsageSync(
                 self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
             )

@@ -65,6 +65,8 @@ class BillingAPI(Protocol):
     project_id: str
     page_size: int
     """Usage records asked for a page: a poll works out from it which pages can hold new records."""
+    concurrency: int
+    """Requests it keeps in flight at most (callers that have many to make may make that many at once)."""
 
     def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]: ...
 
@@ -81,6 +83,9 @@ class Listings(abc.ABC):
     """The two listings over any way of answering one request: query parameters, paging (caps,
     records added meanwhile), parsing and checks. `BillingClient` answers over HTTP; the tests'
     fake answers from the simulator in process, and so reads, parses and checks the same way."""
+
+    concurrency = 1
+    """Requests in flight at most (one, unless the way of answering says more)."""
 
     def __init__(self, *, tz: dt.tzinfo, project_id: str, page_size: int) -> None:
         if not 1 <= page_size <= MAX_USAGE_PAGE_SIZE:

@@ -88,7 +88,7 @@ def fetch(client: BillingAPI, periods: Sequence[str], today: dt.date) -> dict[st
     """The months' bills; a month the API lists nothing for is left out (and said)."""
     months = {}
     for period in periods:
-        month = fetch_month(client, period, today)
+        month = fetch_month(client, period, today, client.concurrency)
         if month is None:
             log.warning("backtest: the API listed no bills for this month", period=period)
             continue

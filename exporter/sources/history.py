@@ -6,7 +6,9 @@ file does not hold from today already) and again once a day, since past months g
 with them, once a day, each endpoint's charges by item (what names the items behind an
 endpoint's anomaly), for those months and the current one. Per billing day, whatever the bills
 interval: (history_months + 1) × (2 + endpoints) bills requests (more for months longer than a
-page). A month the API refuses, or answers with no records, is logged and skipped: the copy
+page), as many at once as the client keeps in flight (`billing.concurrency`) once the account's
+bills and usage have their first figures (one at a time before: history never holds them up). A
+month the API refuses, or answers with no records, is logged and skipped: the copy
 fetched before (if any) is kept, and a month never fetched is absent, never read as zero spend (a
 zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
 """
@@ -16,9 +18,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from functools import partial
 from types import MappingProxyType
+from typing import TypeVar
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, ClientClosed
 from exporter.core.clock import Clock, periods_before
@@ -31,6 +36,7 @@ log = get_logger(__name__)
 
 RETRY_AFTER = 3600.0
 """Seconds before a month the API refused is asked for again."""
+R = TypeVar("R")
 
 
 def _rows(amounts: Iterable[DailyAmount]) -> list[list[str]]:
@@ -45,27 +51,49 @@ def _amounts(period: str, rows: Iterable[list[str]]) -> tuple[DailyAmount, ...]:
     )
 
 
-def fetch_month(client: BillingAPI, period: str, today: dt.date) -> MonthHistory | None:
+def _all(calls: Sequence[Callable[[], R]], workers: int) -> list[R]:
+    """Each call's result, in order, with at most `workers` of them running at once. The first
+    failure (in order) raises, the calls not started yet are cancelled, and those running end
+    first (each request has its timeout, and closing the client ends them at once)."""
+    if workers <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="history") as pool:
+        futures = [pool.submit(call) for call in calls]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def fetch_month(client: BillingAPI, period: str, today: dt.date, workers: int = 1) -> MonthHistory | None:
     """One month's daily bills: by endpoint, by item, and each endpoint's charges by item; None if
-    the API listed nothing for it. Raises BillingError when a request fails."""
-    instances = client.bills(period, GROUP_TERM_INSTANCE)
-    items = client.bills(period, GROUP_TERM_ITEM)
+    the API listed nothing for it. Raises BillingError when a request fails. `workers`: requests
+    made at once (the client bounds those in flight anyway)."""
+    instances, items = _all(
+        [partial(client.bills, period, GROUP_TERM_INSTANCE), partial(client.bills, period, GROUP_TERM_ITEM)], workers
+    )
     if not instances or not items:
         return None
     by_endpoint = daily_amounts(instances, "instance")
-    split = {
-        endpoint: daily_amounts(client.bills(period, GROUP_TERM_ITEM, instance_id=endpoint), "item")
-        for endpoint in sorted({a.key for a in by_endpoint})
-    }
+    endpoints = sorted({a.key for a in by_endpoint})
+    charges = _all([partial(client.bills, period, GROUP_TERM_ITEM, instance_id=e) for e in endpoints], workers)
+    split = {endpoint: daily_amounts(bills, "item") for endpoint, bills in zip(endpoints, charges, strict=True)}
     return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
 
 
 class HistorySource:
-    def __init__(self, client: BillingAPI, clock: Clock, state: StateStore, months: int) -> None:
+    def __init__(
+        self, client: BillingAPI, clock: Clock, state: StateStore, months: int, *, wide: Callable[[], bool] = bool
+    ) -> None:
+        """`wide()`: whether a month may now be fetched with as many requests at once as the client
+        keeps in flight; until then (at start-up, till bills and usage have their first figures),
+        one at a time, so that history never holds up those."""
         self.client = client
         self.clock = clock
         self.state = state
         self.months = months
+        self.wide = wide
         self._empty: dict[str, dt.date] = {}
         """Months the API listed nothing for, and the day it said so (not asked again that day)."""
         self._retry_at: dict[str, float] = {}
@@ -108,7 +136,7 @@ class HistorySource:
         for period in due:
             kept = "the copy fetched before" if period in held else "nothing"
             try:
-                month = fetch_month(self.client, period, today)
+                month = fetch_month(self.client, period, today, self.client.concurrency if self.wide() else 1)
             except ClientClosed:
                 raise
             except BillingError as error:
