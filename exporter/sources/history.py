@@ -66,6 +66,21 @@ def _all(calls: Sequence[Callable[[], R]], workers: int) -> list[R]:
                 future.cancel()
 
 
+def _attempts(calls: Sequence[Callable[[], R]], workers: int) -> list[R | BillingError]:
+    """Each call's result, or the BillingError it raised, in order, with at most `workers` of them
+    running at once; `ClientClosed` (a reload, the shutdown) raises at once."""
+
+    def attempt(call: Callable[[], R]) -> R | BillingError:
+        try:
+            return call()
+        except ClientClosed:
+            raise
+        except BillingError as error:
+            return error
+
+    return _all([partial(attempt, call) for call in calls], workers)
+
+
 def fetch_month(client: BillingAPI, period: str, today: dt.date, workers: int = 1) -> MonthHistory | None:
     """One month's daily bills: by endpoint, by item, and each endpoint's charges by item; None if
     the API listed nothing for it. Raises BillingError when a request fails. `workers`: requests
@@ -133,13 +148,12 @@ class HistorySource:
             and self._retry_at.get(period, 0.0) <= time.monotonic()
         ]
         failures: list[BillingError] = []
-        for period in due:
+        workers = self.client.concurrency if self.wide() else 1
+        outcomes = _attempts([partial(fetch_month, self.client, period, today, workers) for period in due], workers)
+        for period, month in zip(due, outcomes, strict=True):
             kept = "the copy fetched before" if period in held else "nothing"
-            try:
-                month = fetch_month(self.client, period, today, self.client.concurrency if self.wide() else 1)
-            except ClientClosed:
-                raise
-            except BillingError as error:
+            if isinstance(month, BillingError):
+                error = month
                 failures.append(error)
                 self._retry_at[period] = time.monotonic() + RETRY_AFTER
                 log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
