@@ -127,7 +127,10 @@ class Account:
             )
             self.history = HistorySource(
                 self.client, clock, state, config.billing.history_months,
-                wide=lambda: {"bills", "usage"} <= latest.health.keys(),
+                wide=lambda: all(
+                    (health := latest.health.get(source)) is not None and health.last_success is not None
+                    for source in ("bills", "usage")
+                ),
             )  # fmt: skip
             self.usage = UsageSync(
                 self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
+from typing import NamedTuple
 
 UsageRow = tuple[str, str, str, int, int, int, int]
 """endpoint, model, api_key, requests, prompt, completion, cached"""
@@ -124,8 +125,10 @@ class Reconciliation:
         return max(days) if days else None
 
 
-@dataclass(frozen=True, slots=True)
-class UsageKey:
+class UsageKey(NamedTuple):
+    """What a day's usage is summed by. A named tuple, not a dataclass: one is made, hashed and
+    compared for every record a read counts, and a tuple's are done in C."""
+
     endpoint_id: str
     model: str
     api_key: str = ""
