@@ -194,3 +194,17 @@ def test_a_month_is_fetched_with_the_clients_requests_in_flight_once_allowed(
     assert history.current is not None
     assert again.current is not None
     assert history.current.items_by_endpoint == again.current.items_by_endpoint
+
+
+def test_months_that_all_fail_together_are_asked_again_at_the_next_check(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """Every month failing at once is an outage, not months refused on their own: none is held
+    back for the hour, so the next check (ten minutes later) fetches them all."""
+    modelled.inject(Fault("status", BILLS, status=403, times=1000))
+    source = HistorySource(fake, clock, store, months=3)
+    with pytest.raises(BillingError):
+        source.refresh()
+    modelled.clear_faults()
+    history = source.refresh()
+    assert list(history.months) == ["2026-08", "2026-09", "2026-10"]

@@ -155,7 +155,6 @@ class HistorySource:
             if isinstance(month, BillingError):
                 error = month
                 failures.append(error)
-                self._retry_at[period] = time.monotonic() + RETRY_AFTER
                 log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
                 continue
             if month is None:
@@ -166,7 +165,10 @@ class HistorySource:
             self._save(month, today, keep_from=(periods or [current])[0])
             held[period] = month
         if due and len(failures) == len(due):
-            raise failures[0]
+            raise failures[0]  # an outage, not months refused: each is asked for again at the next check
+        for period, month in zip(due, outcomes, strict=True):
+            if isinstance(month, BillingError):  # refused on its own while others were not
+                self._retry_at[period] = time.monotonic() + RETRY_AFTER
         return HistorySnapshot(
             MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
         )
