@@ -10,7 +10,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, Listings, parse_envelope
+from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, Listings
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator
@@ -56,9 +56,8 @@ class FakeBilling(Listings):
     def close(self) -> None:
         """Nothing to release: no connections, no threads."""
 
-    def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
+    def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
         respond = {BILLS_PATH: self.sim.bills_response, USAGES_PATH: self.sim.usages_response}[path]
-        what = f"GET {self.base_url}{path}"
         with self.sim._lock:
             self.sim.requests_served[path] = self.sim.requests_served.get(path, 0) + 1
         fault = self._take_fault(path)
@@ -66,17 +65,17 @@ class FakeBilling(Listings):
         if fault is not None and fault.kind == "status":
             self._on_response(api, str(fault.status))
             envelope = {"code": 100500, "reason": "Fault", "message": HTTPStatus(fault.status).phrase}
-            return parse_envelope(fault.status, _encode(envelope), what)
+            return fault.status, _encode(envelope)
         try:
             data = respond(urlencode(params))
         except SimulatorError as error:
             self._on_response(api, str(error.http_status))
             envelope = {"code": error.code, "reason": error.reason, "message": error.message}
-            return parse_envelope(error.http_status, _encode(envelope), what)
+            return error.http_status, _encode(envelope)
         self._on_response(api, "200")
         if fault is not None:
             data = corrupt(data, fault)
-        return parse_envelope(200, _encode({"code": 0, "reason": "OK", "message": "success", "data": data}), what)
+        return 200, _encode({"code": 0, "reason": "OK", "message": "success", "data": data})
 
     def _take_fault(self, path: str) -> Fault | None:
         """The next fault injected for `path` that the fake applies, taken as the server takes it."""

@@ -161,7 +161,7 @@ class BillingClient(Listings):
 
     # -- one call, with retries --
 
-    def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
+    def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
         what = f"GET {self.base_url}{path}"
         attempt = corrected = 0
         while True:
@@ -182,7 +182,7 @@ class BillingClient(Listings):
                 log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))
                 (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)
 
-    def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> dict[str, Any]:
+    def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> tuple[int, bytes]:
         try:
             with self._slots:
                 response = self._session.get(self.base_url + path, params=params, timeout=self.timeout)
@@ -199,7 +199,9 @@ class BillingClient(Listings):
             raise _Retryable("HTTP 429 (rate limited)", _retry_after(response))
         if response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}", _retry_after(response))
-        return parse_envelope(response.status_code, body, what)
+        if response.status_code in (401, 403):
+            parse_envelope(response.status_code, body, what)  # raises SignatureRejected (the clock may be off)
+        return response.status_code, body
 
     # -- the server's clock --
 

@@ -1,7 +1,9 @@
 """The records the billing API lists, and their parsing from the JSON it answers.
 
 Amounts parse to Decimal and a malformed record raises `RecordError` naming the field, never a
-silent zero. A usage record takes a fast path when well formed: a day's read parses every one.
+silent zero. A usage page takes a fast path when every record on it is well formed (a day's read
+parses every one): msgspec decodes and checks it in one pass (`decode_usage_page`); anything it
+refuses goes through the field-by-field checks, which name what is wrong.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import datetime as dt
 import json
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
+
+import msgspec
 
 from exporter.billing.errors import BillingAPIError, RecordError, SignatureRejected
 from exporter.core.decimals import parse_decimal
@@ -147,6 +151,64 @@ def parse_usage(raw: Any, where: str) -> UsageRecord:
         ):
             return UsageRecord(request_id, request_time, model, endpoint, apikey, prompt, completion, cached)
     return _parse_usage_checked(raw, where)
+
+
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+
+
+class _Usage(msgspec.Struct, rename="camel"):
+    """A usage record as the API documents it (what `parse_usage` accepts on its fast path)."""
+
+    request_id: str
+    request_time: Annotated[dt.datetime, msgspec.Meta(tz=True)]
+    model: str
+    endpoint: str
+    prompt_tokens: Count
+    completion_tokens: Count
+    prompt_cached_tokens: Count
+    apikey: str | None = None
+
+
+class _UsageListing(msgspec.Struct, rename={"records": "list"}):
+    records: list[_Usage] | None = None
+    total: int | str | None = None
+    date: str | None = None
+
+
+class _UsageEnvelope(msgspec.Struct):
+    code: int
+    data: _UsageListing | None = None
+
+
+_USAGE_PAGE = msgspec.json.Decoder(_UsageEnvelope)
+
+
+def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, object] | None:
+    """The records, `total` and `date` of a successful usage page, decoded and checked in one pass
+    when the page is as the API documents it; None otherwise (not JSON, an error envelope, a record
+    with a field missing or of another type, a count out of range, a time without its offset, text
+    that is no valid Unicode): the caller then reads it field by field, which names what is wrong."""
+    try:
+        envelope = _USAGE_PAGE.decode(body)
+    except msgspec.DecodeError:  # (ValidationError is one)
+        return None
+    data = envelope.data
+    if envelope.code != 0 or data is None:
+        return None
+    records = tuple(
+        UsageRecord(
+            r.request_id,
+            r.request_time,
+            r.model,
+            r.endpoint,
+            r.apikey or "",
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.prompt_cached_tokens,
+        )
+        for r in data.records or ()
+    )
+    return records, data.total, data.date
 
 
 def _parse_usage_checked(raw: Any, where: str) -> UsageRecord:
