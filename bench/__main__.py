@@ -1,6 +1,20 @@
 """Run every benchmark: `make bench` or `python -m bench`."""
 
-from bench import accounts, anomaly, backtest, chart, faults, probe, reconcile, render, sync
+from bench import (
+    accounts,
+    anomaly,
+    backtest,
+    chart,
+    faults,
+    history,
+    probe,
+    reconcile,
+    render,
+    scaling,
+    startup,
+    state_writes,
+    sync,
+)
 
 if __name__ == "__main__":
     sync.main([])
@@ -11,4 +25,8 @@ if __name__ == "__main__":
     anomaly.main([])
     backtest.main([])
     reconcile.main([])
+    history.main([])
+    scaling.main([])
+    state_writes.main([])
+    startup.main([])
     accounts.main([])
