@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from exporter.billing import BillingClient, BillingError
+from exporter.billing import BillingAPIError, BillingClient, BillingError
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
 from exporter.model.forecast import forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
@@ -208,3 +208,32 @@ def test_months_that_all_fail_together_are_asked_again_at_the_next_check(
     modelled.clear_faults()
     history = source.refresh()
     assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
+
+
+def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_one_due(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """August refused while the other months are fetched; an hour on, when it is the only month
+    due, it is still a month refused, not an outage: not asked again every check."""
+
+    class RefusingAugust:
+        concurrency = 1
+
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> object:
+            if period == "2026-08":
+                self.asked += 1
+                raise BillingAPIError("refused", status=403, code=100403, message="refused")
+            return fake.bills(period, group_term, instance_id)
+
+    client = RefusingAugust()
+    source = HistorySource(client, clock, store, months=3)  # type: ignore[arg-type]
+    assert list(source.refresh().months) == ["2026-09", "2026-10"]
+    source._retry_at.clear()  # (an hour later)
+    with pytest.raises(BillingError):
+        source.refresh()  # August alone, refused again
+    asked = client.asked
+    source.refresh()  # ten minutes later: not asked
+    assert client.asked == asked

@@ -160,7 +160,9 @@ class _Usage(msgspec.Struct, rename="camel"):
     """A usage record as the API documents it (what `parse_usage` accepts on its fast path)."""
 
     request_id: str
-    request_time: Annotated[dt.datetime, msgspec.Meta(tz=True)]
+    request_time: str
+    """Parsed as the checks parse it (`fromisoformat`): msgspec's RFC 3339 takes more (a lower-case
+    `t` or `z`) and rounds fractions beyond microseconds where `fromisoformat` refuses them."""
     model: str
     endpoint: str
     prompt_tokens: Count
@@ -195,10 +197,16 @@ def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, obj
     data = envelope.data
     if envelope.code != 0 or data is None:
         return None
+    try:
+        times = [dt.datetime.fromisoformat(r.request_time) for r in data.records or ()]
+    except ValueError:
+        return None
+    if any(t.tzinfo is None for t in times):
+        return None
     records = tuple(
         UsageRecord(
             r.request_id,
-            r.request_time,
+            at,
             r.model,
             r.endpoint,
             r.apikey or "",
@@ -206,7 +214,7 @@ def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, obj
             r.completion_tokens,
             r.prompt_cached_tokens,
         )
-        for r in data.records or ()
+        for r, at in zip(data.records or (), times, strict=True)
     )
     return records, data.total, data.date
 

@@ -7,7 +7,8 @@ with them, once a day, each endpoint's charges by item (what names the items beh
 endpoint's anomaly), for those months and the current one. Per billing day, whatever the bills
 interval: (history_months + 1) × (2 + endpoints) bills requests (more for months longer than a
 page), as many at once as the client keeps in flight (`billing.concurrency`) once the account's
-bills and usage have their first figures (one at a time before: history never holds them up). A
+bills and usage have their first figures (one at a time before, so that history does not hold up
+the first figures at start-up; later checks share the client's requests in flight with them). A
 month the API refuses, or answers with no records, is logged and skipped: the copy
 fetched before (if any) is kept, and a month never fetched is absent, never read as zero spend (a
 zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
@@ -164,11 +165,13 @@ class HistorySource:
                 continue
             self._save(month, today, keep_from=(periods or [current])[0])
             held[period] = month
+        outage = len(due) > 1 and len(failures) == len(due)
+        if not outage:  # months refused on their own (or the only one due): each held back an hour
+            for period, month in zip(due, outcomes, strict=True):
+                if isinstance(month, BillingError):
+                    self._retry_at[period] = time.monotonic() + RETRY_AFTER
         if due and len(failures) == len(due):
-            raise failures[0]  # an outage, not months refused: each is asked for again at the next check
-        for period, month in zip(due, outcomes, strict=True):
-            if isinstance(month, BillingError):  # refused on its own while others were not
-                self._retry_at[period] = time.monotonic() + RETRY_AFTER
+            raise failures[0]  # (after an outage, every month is asked for again at the next check)
         return HistorySnapshot(
             MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
         )
