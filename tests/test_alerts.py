@@ -395,3 +395,21 @@ def test_rule_ids_are_those_earlier_versions_saved() -> None:
         ["Spend", "spend", "today", ["endpoint_id"], [["product", "p"]], None]
     )
     assert rule_id(budget) == saved_by_earlier_versions(["Monthly", None, "today", [], [], "m"])
+
+
+def test_an_alert_is_kept_as_asdict_writes_it_and_read_back_the_same() -> None:
+    """The state file's body of an alert: its fields as JSON (what `asdict` made, which older
+    versions wrote and read), and back."""
+    import json
+    from dataclasses import asdict
+
+    from exporter.alerts.alert import Alert
+
+    alerts = [
+        Alert("k1", "r1", {"alertname": "A", "endpoint_id": "ep-1"}, {"summary": "s"}, "pending", 1.0, "3", 1.0),
+        Alert("k2", "r2", {"alertname": "B"}, {}, "resolved", 1.0, "0.5", 2.0, fired_at=1.5, resolved_at=9.0,
+              inhibited=True, period="2026-11", grouped=True, incident_key="i"),
+    ]  # fmt: skip
+    for alert in alerts:
+        assert alert.body() == json.dumps(asdict(alert))
+        assert Alert(**json.loads(alert.body())) == alert

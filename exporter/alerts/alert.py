@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from decimal import Decimal
 from typing import Literal
 
@@ -51,6 +51,12 @@ class Alert:
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
         return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
 
+    def body(self) -> str:
+        """As the state file keeps it: its fields as JSON, as `asdict` makes them (its fields hold
+        no dataclass to convert), without `asdict`'s deep copy, which with every alert of an
+        incident saved on each evaluation was most of an evaluation's time."""
+        return json.dumps({name: getattr(self, name) for name in _FIELDS})
+
     def event(self, status: str) -> AlertEvent:
         """One alert's state change, as the notifiers format it (inside a group)."""
         return {
@@ -63,6 +69,9 @@ class Alert:
             "ends_at": self.resolved_at,
             "value": self.value,
         }
+
+
+_FIELDS = tuple(f.name for f in fields(Alert))
 
 
 def fingerprint(labels: dict[str, str]) -> str:

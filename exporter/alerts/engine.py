@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from exporter.alerts import anomalies, rules
@@ -390,7 +390,7 @@ class Engine:
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
         self.alerts[alert.key] = alert
-        self.db.save_state(db, alert.key, alert.rule, json.dumps(asdict(alert)))
+        self.db.save_state(db, alert.key, alert.rule, alert.body())
 
     # -- views --
 

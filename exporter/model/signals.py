@@ -144,8 +144,12 @@ def spend(rule: ThresholdRule, context: Context) -> Values | None:
 
     def groups(month_index: int) -> Iterable[tuple[Labels | None, DailyAmount]]:
         month = bills.months[month_index]
+        seen: dict[tuple[str, str, str], Labels | None] = {}  # (a group per endpoint or item, not per day)
         for a in month.by_endpoint if key == "endpoint_id" else month.by_item:
-            yield group_of({key: a.key, "product": a.product, "project_id": a.project_id}, rule), a
+            labels = (a.key, a.product, a.project_id)
+            if labels not in seen:
+                seen[labels] = group_of({key: a.key, "product": a.product, "project_id": a.project_id}, rule)
+            yield seen[labels], a
 
     if rule.window == "today":
         return _sum(((g, a.payable) for g, a in groups(0) if a.day == today), rule)
