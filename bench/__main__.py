@@ -5,6 +5,7 @@ from bench import (
     anomaly,
     backtest,
     chart,
+    evaluation,
     faults,
     history,
     probe,
@@ -27,6 +28,7 @@ if __name__ == "__main__":
     reconcile.main([])
     history.main([])
     scaling.main([])
+    evaluation.main([])
     state_writes.main([])
     startup.main([])
     accounts.main([])
