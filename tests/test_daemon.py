@@ -63,9 +63,13 @@ def is_ready(url: str) -> bool:
 
 def test_ready_after_each_source_refreshed_once(daemon: Daemon, sim: Simulator) -> None:
     url = daemon.server.url
-    wait_for(lambda: is_ready(url))
+    wait_for(lambda: is_ready(url) and requests.get(f"{url}/readyz", timeout=5).json()["sources"]["history"] == "ok")
     body = requests.get(f"{url}/readyz", timeout=5).json()
-    assert body == {"ready": True, "sources": {"bills": "ok", "history": "ok", "usage": "ok"}}
+    assert body == {
+        "ready": True,
+        "sources": {"bills": "ok", "history": "ok", "usage": "ok"},
+        "waits_for": ["bills", "usage"],
+    }
     assert requests.get(f"{url}/healthz", timeout=5).text == "ok\n"
     page = requests.get(f"{url}/", timeout=5).text
     assert '<a href="/metrics">' in page
@@ -82,9 +86,7 @@ def test_not_ready_until_the_first_refresh(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
 ) -> None:
     sim.inject(Fault("status", status=503, times=1000))
-    # Without history: a history check that failed runs again ten minutes later (HISTORY_CHECK).
-    document = daemon_config(sim, server, tmp_path, history_months=0)
-    daemon = Daemon(validate(document, {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
+    daemon = Daemon(validate(daemon_config(sim, server, tmp_path), {}), clock=clock, listen="127.0.0.1:0", retry=FAST)
     daemon.start()
     try:
         url = daemon.server.url
@@ -93,7 +95,10 @@ def test_not_ready_until_the_first_refresh(
         assert response.status_code == 503
         assert response.json()["sources"]["usage"] == "never succeeded"
         sim.clear_faults()
-        wait_for(lambda: is_ready(url))
+        wait_for(lambda: is_ready(url))  # the history that failed meanwhile is checked again later: not waited for
+        body = requests.get(f"{url}/readyz", timeout=5).json()
+        assert "history" in body["sources"]
+        assert body["waits_for"] == ["bills", "usage"]
     finally:
         daemon.stop(grace=5)
 

@@ -203,7 +203,8 @@ def test_a_reload_that_keeps_billing_lets_the_fetch_finish_and_the_schedule_stan
         assert sum(named(scrape(url), "inference_usage_requests_total").values()) == 2400
     finally:
         daemon.stop(grace=5)
-    assert not [r for r in caplog.records if "abandoned" in r.getMessage()]
+    # (the reload abandoned nothing; the history may still be fetching when the test stops the daemon)
+    assert not [r for r in caplog.records if "abandoned: the config was reloaded" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
