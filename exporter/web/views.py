@@ -56,9 +56,10 @@ class View:
 
 
 def waited_for(source: str) -> bool:
-    """Readiness waits for every source but the history: past months feed the anomaly rules and
-    the month-start forecast, while the figures served are the bills', the usage's and the
-    probes'; fetching them can take minutes at thousands of endpoints (its state is still shown)."""
+    """Readiness waits for every source but the history: past months feed the anomaly rules and,
+    after the previous month's grace days, the forecast's trailing week (until they arrive, a
+    forecast early in the month reads only the month's own days); fetching them can take minutes
+    at thousands of endpoints (its state is still shown)."""
     return source.rpartition("/")[2] != "history"
 
 
