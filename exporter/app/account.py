@@ -156,6 +156,11 @@ class Account:
         for probe in config.probes:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval
+        self.awaited = [name for name in self.refreshers if name != "history"]
+        """The sources readiness waits for: all but the history. Past months feed the anomaly rules
+        and, after the previous month's grace days, the forecast's trailing week (until they arrive,
+        a forecast early in the month reads only the month's own days), not the figures that make
+        an exporter worth scraping; at thousands of endpoints they take minutes to fetch."""
         self._reconcile()  # a reload's items and prices apply at once
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:

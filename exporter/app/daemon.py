@@ -110,6 +110,7 @@ class Daemon:
             render=lambda accept: self.sources.exposition.render(accept),
             render_gzipped=lambda accept: self.sources.exposition.render(accept, gzipped=True),
             sources=lambda: list(self.sources.refreshers),
+            awaited=lambda: self.sources.awaited,
             alerts=lambda: self.sources.engine.current(),
             budgets=lambda: self.sources.config.budgets,
             prices=lambda: self.sources.config.prices,

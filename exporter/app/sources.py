@@ -151,6 +151,8 @@ class Sources:
             )
         self.refreshers: dict[str, Callable[[], None]] = {}
         self.intervals: dict[str, float] = {}
+        self.awaited: list[str] = []
+        """The sources readiness waits for (each account's `awaited`)."""
         self.phases: dict[str, float] = {}
         """Where in its interval each source runs, as a share of it: the accounts spread evenly
         (the n-th of N at n ÷ N), so that their refreshes do not all come at once."""
@@ -159,6 +161,7 @@ class Sources:
                 self.refreshers[source_key(name, source)] = refresher
                 self.intervals[source_key(name, source)] = account.intervals[source]
                 self.phases[source_key(name, source)] = n / len(self.accounts)
+            self.awaited += [source_key(name, source) for source in account.awaited]
         if dispatcher is None:
             dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
         self.dispatcher = dispatcher

@@ -48,8 +48,8 @@ def _list(data: dict[str, Any], what: str) -> list[Any]:
     return records
 
 
-def _total(data: dict[str, Any], what: str) -> int:
-    total = data.get("total")
+def _total(total: object, what: str) -> int:
+    """`data.total` as a count (the API may send it as a string of digits)."""
     if isinstance(total, str) and total.isascii() and total.isdigit():
         total = int(total)
     if isinstance(total, bool) or not isinstance(total, int) or total < 0:
@@ -112,7 +112,11 @@ class Listings(abc.ABC):
 
     def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
         """The `data` of one successful answer (see `parse_envelope`)."""
-        return parse_envelope(*self._answer(api, path, params), f"GET {self.base_url}{path}")
+        return parse_envelope(*self._answer(api, path, params), self._request(path))
+
+    def _request(self, path: str) -> str:
+        """How errors name a request to `path`."""
+        return f"GET {self.base_url}{path}"
 
     @abc.abstractmethod
     def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
@@ -184,7 +188,7 @@ class Listings(abc.ABC):
             offset = (page_num - 1) * page_size
             records = _list(data, what)
             bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
-            return bills, _total(data, what)
+            return bills, _total(data.get("total"), what)
 
         bills: list[BillRecord] = []
         total = 0
@@ -207,17 +211,16 @@ class Listings(abc.ABC):
             fast = decode_usage_page(body) if status == 200 else None
             if fast is not None:
                 usage, total, echoed = fast
-                data: dict[str, Any] = {"total": total}
             else:  # an error, or something to name: field by field
-                data = parse_envelope(status, body, f"GET {self.base_url}{USAGES_PATH}")
-                echoed = data.get("date")
+                data = parse_envelope(status, body, self._request(USAGES_PATH))
+                total, echoed = data.get("total"), data.get("date")
             if echoed is not None and echoed != day.isoformat():
                 raise RecordError(f"{what}: response is for date {str(echoed)[:20]!r}")
             if fast is None:
                 offset = (page_num - 1) * page_size
                 records = _list(data, what)
                 usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
-            return usage, _total(data, what)
+            return usage, _total(total, what)
 
         return fetch
 

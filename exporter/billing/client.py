@@ -162,7 +162,7 @@ class BillingClient(Listings):
     # -- one call, with retries --
 
     def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
-        what = f"GET {self.base_url}{path}"
+        what = self._request(path)
         attempt = corrected = 0
         while True:
             try:

@@ -197,26 +197,27 @@ def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, obj
     data = envelope.data
     if envelope.code != 0 or data is None:
         return None
-    try:
-        times = [dt.datetime.fromisoformat(r.request_time) for r in data.records or ()]
-    except ValueError:
-        return None
-    if any(t.tzinfo is None for t in times):
-        return None
-    records = tuple(
-        UsageRecord(
-            r.request_id,
-            at,
-            r.model,
-            r.endpoint,
-            r.apikey or "",
-            r.prompt_tokens,
-            r.completion_tokens,
-            r.prompt_cached_tokens,
+    records = []
+    for r in data.records or ():
+        try:
+            at = dt.datetime.fromisoformat(r.request_time)
+        except ValueError:
+            return None
+        if at.tzinfo is None:
+            return None
+        records.append(
+            UsageRecord(
+                r.request_id,
+                at,
+                r.model,
+                r.endpoint,
+                r.apikey or "",
+                r.prompt_tokens,
+                r.completion_tokens,
+                r.prompt_cached_tokens,
+            )
         )
-        for r, at in zip(data.records or (), times, strict=True)
-    )
-    return records, data.total, data.date
+    return tuple(records), data.total, data.date
 
 
 def _parse_usage_checked(raw: Any, where: str) -> UsageRecord:

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with a one-line reason on stderr.",
     )  # fmt: skip
     _config_option(once)
-    once.set_defaults(func="cmd_once")
+    once.set_defaults(func="commands:cmd_once")
 
     run = _command(
         commands, "run", "the daemon: scheduled refreshes, /metrics, alerts",
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="if the state file is corrupt, keep it as <path>.corrupt-TIMESTAMP and start with a fresh one",
     )
-    run.set_defaults(func="cmd_run")
+    run.set_defaults(func="commands:cmd_run")
 
     digest = _command(
         commands, "digest", "print the digest of the day before (or send it now)",
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(digest)
     digest.add_argument("--send", action="store_true", help="send it through digest.notifiers too")
     _account_option(digest, "the account whose digest to make (with `accounts`: every account's when not given)")
-    digest.set_defaults(func="cmd_digest")
+    digest.set_defaults(func="commands:cmd_digest")
 
     rules = _command(
         commands, "rules", "the YAML alert rules as a Prometheus alerting-rule file",
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
     replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
     _account_option(replay, "the account to replay (required with `accounts`)")
-    replay.set_defaults(func="cmd_backtest")
+    replay.set_defaults(func="commands:cmd_backtest")
 
     backfill_command = _command(
         commands, "backfill", "past months' bill series as OpenMetrics, for promtool to load into Prometheus",
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label your Prometheus adds to the exporter's series (job, instance); repeat for each",
     )
     _account_option(backfill_command, "the account to backfill (required with `accounts`; its series get `account`)")
-    backfill_command.set_defaults(func="cmd_backfill")
+    backfill_command.set_defaults(func="commands:cmd_backfill")
 
     demo = _command(
         commands, "demo", "the embedded simulator and the daemon, no credentials needed",
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         "usage and an occasional failing chat request, and print the URLs.",
     )  # fmt: skip
     demo.add_argument("--listen", default="127.0.0.1:9877", metavar="ADDR", help="where the exporter listens")
-    demo.set_defaults(func="cmd_demo")
+    demo.set_defaults(func="commands:cmd_demo")
 
     simulate = _command(
         commands, "simulate", "run the stand-in service alone",
@@ -165,13 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     simulate.add_argument("--ttft", type=float, default=0.05, help="chat time to first token, seconds")
     simulate.add_argument("--chunk-delay", type=float, default=0.01, help="seconds between streamed chunks")
-    simulate.set_defaults(func="cmd_simulate")
+    simulate.set_defaults(func="commands:cmd_simulate")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
-    module, _, name = args.func.rpartition(":")
-    command = getattr(importlib.import_module(f"exporter.cli.{module or 'commands'}"), name)
+    module, name = args.func.split(":")
+    command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
     return int(command(args))

@@ -19,7 +19,7 @@ from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
-from exporter.cli.config_commands import EXIT_CONFIG, EXIT_SOURCE, EXIT_USAGE, _accounts, _load
+from exporter.cli.config_commands import EXIT_CONFIG, EXIT_SOURCE, EXIT_USAGE, chosen_accounts, load_config
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger, setup_logging
 from exporter.delivery.dispatcher import Dispatcher
@@ -35,7 +35,7 @@ REFUSED_KEY = ("http_401", "http_403")
 
 
 def cmd_once(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     latest = Latest()
@@ -59,7 +59,7 @@ def cmd_once(args: argparse.Namespace) -> int:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     if args.send and config.digest is None:
         print(f"{args.config}: digest: not configured; `--send` sends through `digest.notifiers`", file=sys.stderr)
         return EXIT_CONFIG
@@ -82,7 +82,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies = []
-        for name, _ in _accounts(config, args, "digest", every=True):
+        for name, _ in chosen_accounts(config, args, "digest", every=True):
             if name:  # with several accounts, each keeps its probe runs in its own file
                 of_account = peek(account_state_path(config.state.path, name), *sources.digest_span(today, schedule))
                 runs = [] if of_account is None else of_account[0]
@@ -109,7 +109,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 def cmd_backtest(args: argparse.Namespace) -> int:
     from exporter.replay.backtest import backtest, render
 
-    config = _load(args.config)
+    config = load_config(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     last = args.to or clock.period()
@@ -124,7 +124,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
         return EXIT_USAGE
-    ((name, account),) = _accounts(config, args, "backtest")
+    ((name, account),) = chosen_accounts(config, args, "backtest")
     try:
         fired, notes = backtest(account, args.start, last, clock, account=name)
     except BillingError as error:
@@ -137,7 +137,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     try:
@@ -146,7 +146,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"inference-cost-exporter backfill: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    ((name, account),) = _accounts(config, args, "backfill")
+    ((name, account),) = chosen_accounts(config, args, "backfill")
     if name:
         target = (*target, ("account", name))  # as the live series of the account are labelled
     output = Path(args.output)
@@ -238,7 +238,7 @@ def _reset_state(path: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     setup_logging(config.log.level, config.log.format, config.secret_values())
     listen = _listen(args.listen or config.server.listen)
     if args.reset_state:

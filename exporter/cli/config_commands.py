@@ -18,7 +18,7 @@ EXIT_SOURCE = 2
 EXIT_USAGE = 2
 
 
-def _load(path: str) -> Config:
+def load_config(path: str) -> Config:
     try:
         config, warnings = load_checked(path)
     except ConfigError as error:
@@ -30,7 +30,9 @@ def _load(path: str) -> Config:
     return config
 
 
-def _accounts(config: Config, args: argparse.Namespace, command: str, every: bool = False) -> list[tuple[str, Config]]:
+def chosen_accounts(
+    config: Config, args: argparse.Namespace, command: str, every: bool = False
+) -> list[tuple[str, Config]]:
     """The accounts a command works on: the config's one; with `accounts`, the one `--account`
     names (or every one, where the command can: `every`). SystemExit for a name that is none."""
     named = config.account_configs()
@@ -51,7 +53,7 @@ def _accounts(config: Config, args: argparse.Namespace, command: str, every: boo
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     problem = location_problem(config.state.path)
     if problem:  # a warning: the file may be checked on another machine than the one it runs on
         print(
@@ -76,7 +78,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = load_config(args.config)
     text, skipped = rule_file(config.alerts, config.all_budgets)
     for note in skipped:
         print(f"{args.config}: {note}", file=sys.stderr)

@@ -148,15 +148,18 @@ class HistorySource:
             and self._empty.get(period) != today
             and self._retry_at.get(period, 0.0) <= time.monotonic()
         ]
-        failures: list[BillingError] = []
         workers = self.client.concurrency if self.wide() else 1
         outcomes = _attempts([partial(fetch_month, self.client, period, today, workers) for period in due], workers)
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BillingError)]
+        # Several months failing together is an outage: each is asked for again at the next check.
+        # A month refused on its own (or the only one due) is held back an hour.
+        outage = len(due) > 1 and len(failures) == len(due)
         for period, month in zip(due, outcomes, strict=True):
             kept = "the copy fetched before" if period in held else "nothing"
             if isinstance(month, BillingError):
-                error = month
-                failures.append(error)
-                log.warning("history month skipped", period=period, error=str(error)[:200], kept=kept)
+                if not outage:
+                    self._retry_at[period] = time.monotonic() + RETRY_AFTER
+                log.warning("history month skipped", period=period, error=str(month)[:200], kept=kept)
                 continue
             if month is None:
                 self._empty[period] = today
@@ -165,13 +168,8 @@ class HistorySource:
                 continue
             self._save(month, today, keep_from=(periods or [current])[0])
             held[period] = month
-        outage = len(due) > 1 and len(failures) == len(due)
-        if not outage:  # months refused on their own (or the only one due): each held back an hour
-            for period, month in zip(due, outcomes, strict=True):
-                if isinstance(month, BillingError):
-                    self._retry_at[period] = time.monotonic() + RETRY_AFTER
         if due and len(failures) == len(due):
-            raise failures[0]  # (after an outage, every month is asked for again at the next check)
+            raise failures[0]
         return HistorySnapshot(
             MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
         )

@@ -9,7 +9,7 @@ from email.message import Message
 
 from exporter.web.page import landing_page
 from exporter.web.parsing import accepts_gzip
-from exporter.web.views import View, alerts_document, ready, waited_for
+from exporter.web.views import View, alerts_document, awaited, ready
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 """Liveness and readiness stay reachable without credentials, for orchestrators' probes."""
@@ -37,8 +37,7 @@ def _health(view: View, headers: Message) -> Response:
 
 def _ready(view: View, headers: Message) -> Response:
     is_ready, states = ready(view)
-    waits = [source for source in states if waited_for(source)]
-    body = json.dumps({"ready": is_ready, "sources": states, "waits_for": waits}).encode()
+    body = json.dumps({"ready": is_ready, "sources": states, "waits_for": awaited(view)}).encode()
     return Response(200 if is_ready else 503, body, "application/json")
 
 

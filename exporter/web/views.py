@@ -50,22 +50,25 @@ class View:
     asked on each request, since a reload may turn one account into several or back."""
     shared_budgets: Callable[[], Sequence[BudgetConfig]] = tuple
     """With several accounts, the budgets that span them."""
+    awaited: Callable[[], Sequence[str]] | None = None
+    """The sources readiness waits for (every one of `sources` when None)."""
 
     def sources_health(self) -> Mapping[str, SourceHealth]:
         return self.latest.health if self.health is None else self.health()
 
 
-def waited_for(source: str) -> bool:
-    """Readiness waits for every source but the history: past months feed the anomaly rules and,
-    after the previous month's grace days, the forecast's trailing week (until they arrive, a
-    forecast early in the month reads only the month's own days); fetching them can take minutes
-    at thousands of endpoints (its state is still shown)."""
-    return source.rpartition("/")[2] != "history"
+def awaited(view: View) -> list[str]:
+    """The sources readiness waits for, in the order of `sources` (`View.awaited`)."""
+    sources = view.sources()
+    if view.awaited is None:
+        return list(sources)
+    wanted = set(view.awaited())
+    return [source for source in sources if source in wanted]
 
 
 def ready(view: View) -> tuple[bool, dict[str, str]]:
-    """Each configured source readiness waits for (`waited_for`) has refreshed successfully at
-    least once; every source's state."""
+    """Each source readiness waits for (`awaited`) has refreshed successfully at least once; and
+    every source's state (those it does not wait for too)."""
     health = view.sources_health()
     states = {}
     for source in view.sources():
@@ -76,9 +79,7 @@ def ready(view: View) -> tuple[bool, dict[str, str]]:
             states[source] = "never succeeded"
         else:
             states[source] = "ok" if entry.success else "failing (serving last good data)"
-    is_ready = all(
-        source in health and health[source].last_success is not None for source in states if waited_for(source)
-    )
+    is_ready = all(source in health and health[source].last_success is not None for source in awaited(view))
     return is_ready, states
 
 
