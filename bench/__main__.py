@@ -3,11 +3,13 @@
 from bench import (
     accounts,
     anomaly,
+    backfill,
     backtest,
     chart,
     evaluation,
     faults,
     history,
+    landing,
     probe,
     reconcile,
     render,
@@ -25,10 +27,12 @@ if __name__ == "__main__":
     faults.main([])
     anomaly.main([])
     backtest.main([])
+    backfill.main([])
     reconcile.main([])
     history.main([])
     scaling.main([])
     evaluation.main([])
+    landing.main([])
     state_writes.main([])
     startup.main([])
     accounts.main([])

@@ -4,13 +4,17 @@ simulator and a webhook receiver on loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import re
+import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from exporter.app.daemon import Daemon
 from exporter.config.load import validate
@@ -413,3 +417,92 @@ def test_an_alert_is_kept_as_asdict_writes_it_and_read_back_the_same() -> None:
     for alert in alerts:
         assert alert.body() == json.dumps(asdict(alert))
         assert Alert(**json.loads(alert.body())) == alert
+
+
+def saved_last_true(daemon: Daemon) -> list[float]:
+    """Each saved alert's `last_true`, as another process would read it from the state file."""
+    with contextlib.closing(sqlite3.connect(daemon.config.state.path)) as db:
+        return [json.loads(body)["last_true"] for (body,) in db.execute("SELECT body FROM alert_state")]
+
+
+def test_an_alert_still_true_is_saved_again_as_its_hold_needs_and_at_a_reload_and_a_stop(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict
+) -> None:
+    rule = spend_rule | {"for": "0s", "keep_firing_for": "10m"}  # saved again each minute (a tenth of it)
+    path = tmp_path / "config.yaml"
+    document = {
+        "billing": fake_billing_section(sim),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": to_hook(None, rule),
+    }
+    path.write_text(yaml.safe_dump(document))
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
+    try:
+        evaluated(daemon)
+        fired = clock.now().timestamp()
+        assert statuses(daemon) == ["firing"]
+        assert saved_last_true(daemon) == [fired]
+        for seconds in range(20, 120, 20):  # true at every evaluation, nothing else changed
+            frozen.set(dt.datetime.fromtimestamp(fired + seconds, clock.tz))
+            daemon.alert_cycle()
+            (saved,) = saved_last_true(daemon)
+            (alert,) = daemon.sources.engine.current()
+            assert alert.last_true == fired + seconds
+            assert 0 <= alert.last_true - saved < 60  # never a tenth of `keep_firing_for` behind
+        assert saved == fired + 60  # written once in those five evaluations, not five times
+
+        frozen.set(dt.datetime.fromtimestamp(fired + 110, clock.tz))
+        daemon.alert_cycle()
+        assert saved_last_true(daemon) == [fired + 60]
+        assert daemon.reload()  # the new engine reads the alerts from the state file: saved first
+        (alert,) = daemon.sources.engine.current()
+        assert alert.last_true == fired + 110
+        assert saved_last_true(daemon) == [fired + 110]
+
+        frozen.set(dt.datetime.fromtimestamp(fired + 130, clock.tz))
+        daemon.alert_cycle()
+        assert saved_last_true(daemon) == [fired + 110]
+        assert statuses(daemon) == ["firing"]  # told once
+    finally:
+        daemon.stop()
+    assert saved_last_true(daemon) == [fired + 130]  # saved at the stop
+
+
+def test_a_hold_outlives_a_crash_at_most_a_tenth_early(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict
+) -> None:
+    rule = spend_rule | {"for": "0s", "keep_firing_for": "10m"}
+    first = unit(sim, clock, tmp_path, to_hook(None, rule))
+    evaluated(first)
+    start = clock.now().timestamp()
+    for seconds in (30, 90, 110):
+        frozen.set(dt.datetime.fromtimestamp(start + seconds, clock.tz))
+        first.alert_cycle()
+    # A crash: `first` never stops; the next process reads what was committed to the state file
+    # (copied: `first` still holds its lock). Its rule is over no endpoint now, so the alert holds
+    # for `keep_firing_for` from when it was last true.
+    after = tmp_path / "after"
+    after.mkdir()
+    with (
+        contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as held,
+        contextlib.closing(sqlite3.connect(after / "state.db")) as copy,
+    ):
+        held.backup(copy)
+    quiet = rule | {"threshold": "1000000"}
+    second = unit(sim, clock, after, to_hook(None, quiet))
+    try:
+        evaluated(second)
+        (alert,) = second.sources.engine.current()
+        last_true = alert.last_true
+        assert start + 110 - 60 < last_true <= start + 110  # what the file held: at most a tenth behind
+        ends = last_true + 600
+        frozen.set(dt.datetime.fromtimestamp(ends - 1, clock.tz))
+        second.alert_cycle()
+        assert [a.state for a in second.sources.engine.current()] == ["firing"]
+        frozen.set(dt.datetime.fromtimestamp(ends, clock.tz))
+        second.alert_cycle()
+        assert [a.state for a in second.sources.engine.current()] == ["resolved"]
+        assert ends >= start + 110 + 600 - 60
+    finally:
+        second.stop()
+        first.stop()

@@ -1,4 +1,5 @@
-"""backfill: the bill series as a Prometheus scraping the exporter would have stored them.
+"""backfill: the bill series as a Prometheus scraping the exporter would have stored them, read
+through `last_over_time(…[1h])` as the dashboards read them.
 
 Checked sample by sample against the live exporter's own collectors (frozen clock), then end to
 end as a user runs it: the command as a process, the real promtool turning its file into blocks,
@@ -30,8 +31,10 @@ from exporter.core.clock import Clock, FrozenClock, previous_period
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
 from exporter.model.snapshots import DailyAmount, Latest
 from exporter.replay.backfill import (
+    CALENDAR_STEP,
     MAX_MONTHS,
     STEP,
+    WINDOW,
     BackfillError,
     Month,
     _Calendar,
@@ -66,7 +69,8 @@ def key(series: str) -> Key:
 def scan(path: Path, instants: set[int]) -> tuple[dict[int, dict[Key, str]], dict[str, tuple[int, int, int]]]:
     """The value text of every series at each of `instants`, and each series' first and last
     sample time and sample count. Fails where the file breaks what promtool and OpenMetrics need:
-    one family block per name, each series' samples together, in time order, `STEP` apart."""
+    one family block per name, each series' samples together, in time order, `STEP` apart
+    (`CALENDAR_STEP` for the calendar's)."""
     at: dict[int, dict[Key, str]] = {t: {} for t in instants}
     spans: dict[str, tuple[int, int, int]] = {}
     families: list[str] = []
@@ -87,7 +91,8 @@ def scan(path: Path, instants: set[int]) -> tuple[dict[int, dict[Key, str]], dic
                 assert series.partition("{")[0] == families[-1], f"{series} outside its family's block"
                 current, first, last, count = series, instant, instant, 1
             else:
-                assert instant == last + STEP, f"{series}: {instant} after {last}"
+                step = CALENDAR_STEP if series.startswith(TODAY) else STEP
+                assert instant == last + step, f"{series}: {instant} after {last}"
                 last, count = instant, count + 1
             if instant in at:
                 at[instant][key(series)] = value
@@ -153,7 +158,8 @@ def test_every_sample_is_what_the_live_exporter_showed_then(
 
     assert sum(count for _, _, count in spans.values()) == result.samples
     assert len(spans) == result.series
-    assert max(last for _, last, _ in spans.values()) == at(dt.date(2026, 11, 5)) - STEP
+    assert max(last for s, (_, last, _) in spans.items() if not s.startswith(TODAY)) == at(dt.date(2026, 11, 5)) - STEP
+    assert max(last for s, (_, last, _) in spans.items() if s.startswith(TODAY)) == at(dt.date(2026, 11, 5)) - 300
     assert not [s for s in spans if 'day="2026-11-05"' in s]
     # A day's series from its start for as long as the exporter shows its month: to 3 November
     # (the grace days) for October's, to the end of what is written for November's.
@@ -163,7 +169,7 @@ def test_every_sample_is_what_the_live_exporter_showed_then(
     november = spans[f'inference_bill_endpoint_daily_payable_amount{{period="2026-11",day="2026-11-03",{alpha}']
     assert november[:2] == (at(dt.date(2026, 11, 3)), at(dt.date(2026, 11, 5)) - STEP)
     info = spans['inference_billing_today_info{day="2026-10-16",period="2026-10"}']
-    assert info == (at(dt.date(2026, 10, 16)), at(dt.date(2026, 10, 17)) - STEP, 288)
+    assert info == (at(dt.date(2026, 10, 16)), at(dt.date(2026, 10, 17)) - 300, 288)
     # Exact decimals: the month's total and a day's amount as the simulator sums them.
     last_day = samples[day_ends[dt.date(2026, 10, 31)]]
     assert last_day[key('inference_bill_month_to_date_payable_amount{period="2026-10"}')] == str(
@@ -464,24 +470,29 @@ def check_month(url: str, sim: Simulator, period: str) -> None:
     target = f'job="{JOB[1]}",instance="{INSTANCE[1]}"'
     month_end = at(following) - 1  # the month's last second: every day of it is shown
 
-    by_endpoint = query(url, f'sum by (endpoint_id) ({ENDPOINT}{{period="{period}"}})', month_end)
+    by_endpoint = query(
+        url, f'sum by (endpoint_id) (last_over_time({ENDPOINT}{{period="{period}"}}[{WINDOW}]))', month_end
+    )
     assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]).quantize(CENT) for r in by_endpoint} == {
         e.endpoint_id: truth[e.endpoint_id] for e in sim.endpoints
     }
-    by_item = query(url, f'sum by (item) (inference_bill_item_daily_payable_amount{{period="{period}"}})', month_end)
+    item = f'inference_bill_item_daily_payable_amount{{period="{period}"}}'
+    by_item = query(url, f"sum by (item) (last_over_time({item}[{WINDOW}]))", month_end)
     assert {r["metric"]["item"]: Decimal(r["value"][1]).quantize(CENT) for r in by_item} == {i: truth[i] for i in ITEMS}
-    to_date = query(url, f'{MONTH_TO_DATE}{{period="{period}",{target}}}', month_end)
+    to_date = query(url, f'last_over_time({MONTH_TO_DATE}{{period="{period}",{target}}}[{WINDOW}])', month_end)
     assert [Decimal(r["value"][1]) for r in to_date] == [truth["total"]]
 
     day = first + dt.timedelta(days=9)  # one day's value at its end; no series before it began
-    amounts = query(url, f'{ENDPOINT}{{day="{day}",{target}}}', at(day + dt.timedelta(days=1)) - 1)
+    amounts = query(
+        url, f'last_over_time({ENDPOINT}{{day="{day}",{target}}}[{WINDOW}])', at(day + dt.timedelta(days=1)) - 1
+    )
     assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]) for r in amounts} == {
         e.endpoint_id: day_amount(sim, day, e.endpoint_id) for e in sim.endpoints
     }
-    assert query(url, f'{ENDPOINT}{{day="{day}"}}', at(day) - 60) == []
+    assert query(url, f'last_over_time({ENDPOINT}{{day="{day}"}}[{WINDOW}])', at(day) - 1) == []
 
     day = first + dt.timedelta(days=19)
-    instant = at(day) + 12 * 3600 + 599  # 4:59 after a sample: found only with samples 5 minutes apart
+    instant = at(day) + 12 * 3600 + 3599  # 59:59 after a bill sample, 4:59 after a calendar one
     panels = [(title, expr) for title, expr in panel_queries() if "inference_billing_today_info" in expr]
     assert len(panels) >= 4
     for title, expr in panels:
@@ -489,12 +500,14 @@ def check_month(url: str, sim: Simulator, period: str) -> None:
         assert answer, f"{title}: {expr} on {day}"
         assert {r["metric"].get("period", period) for r in answer} == {period}, title
         assert all(first <= dt.date.fromisoformat(r["metric"].get("day", str(day))) <= day for r in answer), title
-    month_to_date = query(url, f"{MONTH_TO_DATE} and on(period) {TODAY}", instant)
+    month_to_date = query(url, f"last_over_time({MONTH_TO_DATE}[{WINDOW}]) and on(period) {TODAY}", instant)
     expected = sum((day_amount(sim, first + dt.timedelta(days=n)) for n in range(20)), Decimal(0))
     assert [Decimal(r["value"][1]) for r in month_to_date] == [expected]
-    bars = query(url, f"sum by (day, endpoint_id) ({ENDPOINT} and on(period) {TODAY})", instant)
+    bars = query(
+        url, f"sum by (day, endpoint_id) (last_over_time({ENDPOINT}[{WINDOW}]) and on(period) {TODAY})", instant
+    )
     assert len(bars) == 20 * len(sim.endpoints)
-    today = query(url, f"sum by (endpoint_id) ({ENDPOINT} and on(day) {TODAY})", instant)
+    today = query(url, f"sum by (endpoint_id) (last_over_time({ENDPOINT}[{WINDOW}]) and on(day) {TODAY})", instant)
     assert {r["metric"]["endpoint_id"]: Decimal(r["value"][1]) for r in today} == {
         e.endpoint_id: day_amount(sim, day, e.endpoint_id) for e in sim.endpoints
     }
@@ -506,11 +519,18 @@ def check_edges(url: str, sim: Simulator, refused: str, last: str) -> None:
     clock = Clock(SHANGHAI)
     at = lambda day: clock.day_start(day).timestamp()  # noqa: E731
     first = dt.date.fromisoformat(f"{refused}-01")
-    assert query(url, f'{{__name__=~"inference_bill_.+",period="{refused}"}}', at(first) + 20 * 86400) == []
+    bills = f'{{__name__=~"inference_bill_.+",period="{refused}"}}'
+    assert query(url, f"last_over_time({bills}[{WINDOW}])", at(first) + 20 * 86400) == []
     start = dt.date.fromisoformat(f"{last}-01")
     following = (start + dt.timedelta(days=31)).replace(day=1)
     second_day = at(following) + 86400 + 43200
-    shown = query(url, f'count({ENDPOINT}{{period="{last}"}})', second_day)
-    if second_day < min(at(following + dt.timedelta(days=3)), at(clock.today()), time.time() - 3 * 3600):
-        assert [int(r["value"][1]) for r in shown] == [(following - start).days * len(sim.endpoints)]
-    assert query(url, f'{ENDPOINT}{{period="{last}"}}', at(following + dt.timedelta(days=3)) + 43200) == []
+    shown = f'count(last_over_time({ENDPOINT}{{period="{last}"}}[{WINDOW}]))'
+    hidden = at(following + dt.timedelta(days=3))
+    written = min(at(clock.today()), time.time() - 3 * 3600)
+    for instant in (second_day, hidden - 1):  # in the grace days, to their last second
+        if instant < written:
+            answer = query(url, shown, instant)
+            assert [int(r["value"][1]) for r in answer] == [(following - start).days * len(sim.endpoints)]
+    if hidden < written:
+        assert query(url, shown, hidden + 1) == []
+    assert query(url, shown, hidden + 43200) == []

@@ -14,8 +14,16 @@ from exporter.app.digests import digest_due
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig, DigestConfig
 from exporter.core.clock import Clock, FrozenClock
-from exporter.digest.build import FiringAlert, ProbeStat, build, p95, span
-from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, Reconciliation, TokenGap
+from exporter.digest.build import LISTED, FiringAlert, ProbeStat, build, p95, span
+from exporter.model.snapshots import (
+    AmountGap,
+    BillsSnapshot,
+    DailyAmount,
+    Latest,
+    MonthBills,
+    Reconciliation,
+    TokenGap,
+)
 from exporter.notifiers.digest import html, slack, subject, text
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
@@ -229,3 +237,75 @@ def test_p95_is_the_nearest_rank() -> None:
     assert p95([1.0]) == 1.0
     assert p95([float(n) for n in range(1, 101)]) == 95.0
     assert p95([float(n) for n in range(1, 21)]) == 19.0
+
+
+def test_past_listed_rows_it_tells_the_largest_anomalies_and_gaps_and_the_latest_alerts_and_counts_the_rest() -> None:
+    """Endpoints ep-00 to ep-24 spend 10 a day; on the 22nd ep-n spends 10 + 20 × n: every one but ep-00 is
+    an anomaly. Each is also off against its usage on the 21st by (n + 1)%, and has an alert that fired n
+    minutes before the first one's."""
+    dates = [dt.date(2026, 11, d) for d in range(1, 23)]
+    names = [f"ep-{n:02d}" for n in range(LISTED + 5)]
+    by_endpoint = [
+        a
+        for n, e in enumerate(names)
+        for a in amounts(e, {d: Decimal(10 + 20 * n if d.day == 22 else 10) for d in dates})
+    ]
+    latest = Latest()
+    latest.bills = BillsSnapshot(
+        (MonthBills("2026-11", tuple(by_endpoint), (), Decimal(0), Decimal(0), Decimal(0)),), SENT_ON
+    )
+    settled = dt.date(2026, 11, 21)
+    latest.reconciliation = Reconciliation(
+        amounts=tuple(AmountGap(settled, e, Decimal(1), Decimal(1), Decimal(n + 1) / 100) for n, e in enumerate(names))
+    )
+    alerts = [FiringAlert({"alertname": "Spend", "endpoint_id": e}, "", 3600.0 - 60 * n) for n, e in enumerate(names)]
+    d = build(
+        latest, schedule="daily", sent_on=SENT_ON, anomalies=[RULE], alerts=alerts, settled=(settled, settled),
+        url="http://exporter:9877",
+    )  # fmt: skip
+    # The largest impact, the largest gap: the last LISTED endpoints; the alerts fired last: the first LISTED.
+    assert [a["labels"]["endpoint_id"] for a in d["anomalies"]] == names[-LISTED:]
+    assert [g["endpoint_id"] for g in d["reconciliation"]] == names[-LISTED:]
+    assert [a["labels"]["endpoint_id"] for a in d["alerts"]] == names[:LISTED]
+    assert d["more"] == {"anomalies": 4, "reconciliation": 5, "alerts": 5}
+    json.dumps(d)
+    # Each rendering says what was left out, and where the exporter lists it all.
+    lines = text(d).splitlines()
+    for title, more in (
+        ("Spend anomalies", "and 4 more"),
+        ("Bill against usage", "and 5 more: see http://exporter:9877/api/v1/reconciliation"),
+        ("Firing alerts", "and 5 more: see http://exporter:9877/api/v1/alerts"),
+    ):
+        section = lines[lines.index(title) :]
+        assert section[LISTED + 1] == f"  {more}", title  # the title, LISTED rows, then the line
+    assert "and 5 more: see http://exporter:9877/api/v1/alerts" in html(d)
+    assert "and 5 more" in json.dumps(slack(d))
+
+
+def test_the_gaps_tell_nothing_counted_first_then_the_largest_then_the_newest_day() -> None:
+    days = [dt.date(2026, 11, 20), dt.date(2026, 11, 21)]
+    gaps = [
+        TokenGap(day, f"ITEM_{n:02d}", Decimal(1), 1, Decimal(n) / 100 if n else None)
+        for day in days
+        for n in range(15)
+    ] + [TokenGap(days[0], "ITEM_X", Decimal(1), 0, None)]
+    latest = month()
+    latest.reconciliation = Reconciliation(tokens=tuple(gaps))
+    d = build(latest, schedule="daily", sent_on=SENT_ON, settled=(days[0], days[1]))
+    # Nothing counted (3), then 14% down to 7% (two each), then of the two at 6% the one of the 21st.
+    kept = [
+        g
+        for g in gaps
+        if g.ratio is None or g.ratio >= Decimal("0.07") or (g.ratio, g.day) == (Decimal("0.06"), days[1])
+    ]
+    assert len(kept) == LISTED
+    assert [(g["day"], g["item"]) for g in d["reconciliation"]] == [(g.day.isoformat(), g.item) for g in kept]
+    assert d["more"] == {"reconciliation": len(gaps) - LISTED}
+
+
+def test_up_to_listed_rows_each_list_is_whole_and_there_is_no_more() -> None:
+    latest = month()
+    alerts = [FiringAlert({"alertname": f"A{n}"}, "", float(n)) for n in range(LISTED)]
+    d = build(latest, schedule="daily", sent_on=SENT_ON, alerts=alerts)
+    assert [a["alertname"] for a in d["alerts"]] == [f"A{n}" for n in range(LISTED)]
+    assert "more" not in d

@@ -4,6 +4,7 @@ its figures and annotations read."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
@@ -49,7 +50,14 @@ class Alert:
             return self.incident_key
         if self.period:
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
-        return fingerprint({"__rule__": self.rule}) if self.grouped else self.key
+        return _rule_incident(self.rule) if self.grouped else self.key
+
+    def true_at(self, now: float) -> Alert:
+        """The same alert, true at `now`: a copy of every field but `last_true` (as `replace` makes
+        it, without re-running its checks: each evaluation does this for every alert still true)."""
+        alert = object.__new__(Alert)
+        alert.__dict__.update(self.__dict__, last_true=now)
+        return alert
 
     def body(self) -> str:
         """As the state file keeps it: its fields as JSON, as `asdict` makes them (its fields hold
@@ -76,6 +84,12 @@ _FIELDS = tuple(f.name for f in fields(Alert))
 
 def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(labels.items())).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule_incident(rule: str) -> str:
+    """The incident of a rule's alerts (each evaluation asks it of every alert firing)."""
+    return fingerprint({"__rule__": rule})
 
 
 def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:

@@ -35,6 +35,22 @@ RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
 GROUP_DETAIL = 100
 """Alerts a queued group keeps in full; the rest are only counted (messages show fewer still)."""
+TRUE_LAG = 0.1
+"""An alert still true with nothing else changed is saved again once its saved `last_true` is this
+share of its rule's `keep_firing_for` old: a crash can end its hold that much early, never late.
+Saving every alert on every evaluation wrote 20 MB a minute at 50,000 alerts firing. A reload
+and a stop save every alert first (`flush`), and a rule without `keep_firing_for` never reads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """A threshold rule's group found true: its value, and its alert's key, labels and annotations."""
+
+    value: Decimal
+    key: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    shown: str
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,13 @@ class Engine:
         """Per anomaly rule and account, that judgement."""
         self._queued: list[tuple[str, Alert, str]] = []
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
+        self._saved_true: dict[str, float] = {}
+        """Per alert whose `last_true` in memory is newer than the state file's, the saved one."""
+        self._found: dict[str, dict[signals.Labels, _Found]] = {}
+        """Per threshold rule id, each group it found true at the last evaluation with data, and
+        what its alert said: a group at the same value says the same (the rules are this engine's)."""
+        self._by_rule: dict[str, list[str]] = {}
+        """Each rule's alerts' keys as an evaluation starts."""
         self._load()
         self.adopt_legacy_ids()
 
@@ -114,6 +137,7 @@ class Engine:
         """The alert state as last committed."""
         self.alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
         self._sent = self.db.load_sent()
+        self._saved_true = {}
 
     # -- evaluation --
 
@@ -136,6 +160,9 @@ class Engine:
         with self.db.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
+            self._by_rule = {}
+            for key, alert in self.alerts.items():
+                self._by_rule.setdefault(alert.rule, []).append(key)
             ids = rule_ids(self.config.rules)
             for rule, rid in zip(self.config.rules, ids, strict=True):
                 if isinstance(rule, BudgetRule):
@@ -150,8 +177,7 @@ class Engine:
                 if gone and alert.state != "resolved":
                     self._resolve(db, alert, now)
                 elif expired or gone:
-                    del self.alerts[key]
-                    self.db.delete_state(db, key)
+                    self._delete(db, key)
             once = {rid for rule, rid in zip(self.config.rules, ids, strict=True) if isinstance(rule, AnomalyRule)}
             self._repeat(db, now, skip=once)
             self._enqueue(db, now)
@@ -163,28 +189,39 @@ class Engine:
             return  # no trustworthy data: every alert of this rule keeps its state
         values, unknown = evaluated
         active: set[str] = set()
+        known, found = self._found.get(rid, {}), {}
+        lag = rule.keep_firing_for * TRUE_LAG if rule.keep_firing_for else float("inf")
         for group, value in values.items():
             if not rules.COMPARE[rule.op](value, rule.threshold):
                 continue
-            labels = {"alertname": rule.alert, **rule.labels, **dict(group)}
-            shown, limit = fmt(value, rule.signal), fmt(rule.threshold, rule.signal)
-            scoped = {name: "|".join(scope_values(wanted)) for name, wanted in rule.where.items()}
-            fields = {**scoped, **dict(group), "value": shown, "threshold": limit}
-            default = f"{rule.alert}: {rule.signal} {shown} {rule.op} {limit}"
-            annotations = {"summary": default} | render(rule.annotations, fields) | {"value": shown}
-            key = alert_key(labels, rid)
-            active.add(key)
-            self._active(db, rid, key, labels, annotations, shown, rule.for_, now)
-        for alert in list(self.alerts.values()):
-            if alert.rule != rid or alert.key in active or alert.state == "resolved":
+            true = known.get(group)
+            if true is None or true.value != value:
+                true = self._true(rule, rid, group, value, None if true is None else true.key)
+            found[group] = true
+            active.add(true.key)
+            self._active(db, rid, true.key, true.labels, true.annotations, true.shown, rule.for_, now, lag=lag)
+        self._found[rid] = found
+        for key in self._by_rule.get(rid, ()):
+            alert = self.alerts.get(key)
+            if alert is None or key in active or alert.state == "resolved":
                 continue
             if alert.labels.get(signals.ACCOUNT) in unknown:
                 continue  # its account's data cannot be trusted now: it keeps its state
             if alert.state == "pending":
-                del self.alerts[alert.key]
-                self.db.delete_state(db, alert.key)
+                self._delete(db, key)
             elif now - alert.last_true >= rule.keep_firing_for:
                 self._resolve(db, alert, now)
+
+    @staticmethod
+    def _true(rule: ThresholdRule, rid: str, group: signals.Labels, value: Decimal, key: str | None) -> _Found:
+        """What the rule's alert for `group` says at `value` (its key given when known)."""
+        labels = {"alertname": rule.alert, **rule.labels, **dict(group)}
+        shown, limit = fmt(value, rule.signal), fmt(rule.threshold, rule.signal)
+        scoped = {name: "|".join(scope_values(wanted)) for name, wanted in rule.where.items()}
+        fields = {**scoped, **dict(group), "value": shown, "threshold": limit}
+        default = f"{rule.alert}: {rule.signal} {shown} {rule.op} {limit}"
+        annotations = {"summary": default} | render(rule.annotations, fields) | {"value": shown}
+        return _Found(value, key or alert_key(labels, rid), labels, annotations, shown)
 
     def _anomaly(self, db: sqlite3.Connection, rule: AnomalyRule, rid: str, now: float) -> None:
         """One alert per anomalous group and day (`day` is a label): a revised bill updates it
@@ -283,10 +320,19 @@ class Engine:
         hold: float,
         now: float,
         period: str = "",
+        lag: float = float("inf"),
     ) -> None:
+        """The alert of `key` is true now; saved when it is new, fires, or reads otherwise, and
+        else once its saved `last_true` is `lag` old."""
         alert = self.alerts.get(key)
         if alert is None or alert.state == "resolved":
             alert = Alert(key, rid, labels, annotations, "pending", now, value, now, period=period, grouped=True)
+            self._saved_true.pop(key, None)
+        elif alert.annotations == annotations and alert.value == value:
+            saved = self._saved_true.setdefault(key, alert.last_true)
+            if not (alert.state == "pending" and now - alert.active_since >= hold) and now - saved < lag:
+                self.alerts[key] = alert.true_at(now)
+                return
         alert = replace(alert, annotations=annotations, value=value, last_true=now)
         if alert.state == "pending" and now - alert.active_since >= hold:
             alert = replace(alert, state="firing", fired_at=now)
@@ -348,10 +394,16 @@ class Engine:
     def _repeat(self, db: sqlite3.Connection, now: float, skip: set[str]) -> None:
         """Remind of firing alerts every `repeat_interval`; not those of `skip` (a day's spend
         anomaly is told once)."""
+        if not self.notifiers:
+            return
+        routed: dict[str, Sequence[str]] = {}
         for alert in self.alerts.values():
             if alert.state != "firing" or alert.rule in skip:
                 continue
-            for notifier in self._routed(alert.rule):
+            notifiers = routed.get(alert.rule)
+            if notifiers is None:
+                notifiers = routed[alert.rule] = self._routed(alert.rule)
+            for notifier in notifiers:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
                     self._notify(db, alert, "firing", now, only=notifier)
 
@@ -373,6 +425,8 @@ class Engine:
         for notifier, alert, status in self._queued:
             groups.setdefault((notifier, alert.rule, status, alert.incident), []).append(alert)
         self._queued.clear()
+        if not groups:
+            return
         firing: dict[str, int] = {}
         for alert in self.alerts.values():
             if alert.state == "firing":
@@ -390,7 +444,25 @@ class Engine:
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
         self.alerts[alert.key] = alert
+        self._saved_true.pop(alert.key, None)
         self.db.save_state(db, alert.key, alert.rule, alert.body())
+
+    def _delete(self, db: sqlite3.Connection, key: str) -> None:
+        del self.alerts[key]
+        self._saved_true.pop(key, None)
+        self.db.delete_state(db, key)
+
+    def flush(self) -> None:
+        """Save every alert whose `last_true` the state file holds older (`TRUE_LAG`): before a
+        reload's engine reads the state file, and at a stop."""
+        with self._lock:
+            if not self._saved_true:
+                return
+            with self.db.store.transaction() as db:
+                for key in self._saved_true:
+                    alert = self.alerts[key]
+                    self.db.save_state(db, key, alert.rule, alert.body())
+            self._saved_true = {}
 
     # -- views --
 

@@ -417,6 +417,7 @@ class Daemon:
         with self._alerts_lock:  # the new engine loads the alert state no evaluation is writing
             old = self.sources
             try:
+                old.engine.flush()  # the new engine reads the alerts from the state file
                 self.sources = Sources(
                     config, self.latest, self.clock, self.state, retry=self.retry, previous=old,
                     dispatcher=self.dispatcher, billing=self.billing, account_state=self._account_states.open,
@@ -463,6 +464,11 @@ class Daemon:
                 self._idle.wait(deadline - time.monotonic())
             finished = finished and self._active == 0
         if finished:
+            with self._alerts_lock:
+                try:
+                    self.sources.engine.flush()
+                except StateError as error:
+                    log.warning("alerts still true not saved at stop: a hold may end early", error=str(error))
             self.state.close()
             self._account_states.close()
         else:

@@ -88,9 +88,19 @@ def todays_history(latest: Latest, clock: Clock) -> bool:
 
 def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
     """The group a series belongs to, or None when `where` excludes it."""
-    if any(not in_scope(value, labels.get(name, "")) for name, value in rule.where.items()):
-        return None
-    return tuple(sorted((name, labels.get(name, "")) for name in rule.by))
+    return grouping(rule)(labels)
+
+
+def grouping(rule: ThresholdRule) -> Callable[[Mapping[str, str]], Labels | None]:
+    """`group_of` for one rule, its names sorted once: for a rule over thousands of series."""
+    names, where = sorted(rule.by), tuple(rule.where.items())
+
+    def group(labels: Mapping[str, str]) -> Labels | None:
+        if where and any(not in_scope(value, labels.get(name, "")) for name, value in where):
+            return None
+        return tuple([(name, labels.get(name, "")) for name in names])
+
+    return group
 
 
 def _sum(pairs: Iterable[tuple[Labels | None, Decimal]], rule: ThresholdRule) -> Values:
@@ -151,10 +161,14 @@ def spend(rule: ThresholdRule, context: Context) -> Values | None:
                 seen[labels] = group_of({key: a.key, "product": a.product, "project_id": a.project_id}, rule)
             yield seen[labels], a
 
-    if rule.window == "today":
-        return _sum(((g, a.payable) for g, a in groups(0) if a.day == today), rule)
-    if rule.window == "month":
-        return _sum(((g, a.payable) for g, a in groups(0)), rule)
+    if rule.window in ("today", "month"):
+        sums = bills.current.totals(key == "endpoint_id", today if rule.window == "today" else None)
+        group_of_labels = grouping(rule)
+        return _sum(
+            ((group_of_labels({key: k, "product": product, "project_id": project}), amount)
+             for (k, product, project), amount in sums.items()),
+            rule,
+        )  # fmt: skip
     current: dict[Labels, list[DailyAmount]] = {} if rule.by else {(): []}
     for group, a in groups(0):
         if group is not None:

@@ -14,6 +14,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import NamedTuple
 
+BillKey = tuple[str, str, str]
+"""An endpoint id or a billing item, the product and the project of a bill's rows."""
 UsageRow = tuple[str, str, str, int, int, int, int]
 """endpoint, model, api_key, requests, prompt, completion, cached"""
 
@@ -50,6 +52,22 @@ class MonthBills:
 
     def spend_on(self, day: dt.date) -> Decimal:
         return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))
+
+    def totals(self, by_endpoint: bool, day: dt.date | None = None) -> Mapping[BillKey, Decimal]:
+        """The payable amount per (endpoint id or item, product, project), over the month or on
+        `day`: what every spend rule of one window sums its groups from. Made once per snapshot
+        and window (a snapshot is never changed): ten rules at 5,000 endpoints read 5,000 sums
+        each instead of 150,000 rows."""
+        cache: dict[tuple[bool, dt.date | None], Mapping[BillKey, Decimal]] = self.__dict__.setdefault("_totals", {})
+        found = cache.get((by_endpoint, day))
+        if found is None:
+            sums: dict[BillKey, Decimal] = {}
+            for a in self.by_endpoint if by_endpoint else self.by_item:
+                if day is None or a.day == day:
+                    key = (a.key, a.product, a.project_id)
+                    sums[key] = sums.get(key, Decimal(0)) + a.payable
+            found = cache[by_endpoint, day] = MappingProxyType(sums)
+        return found
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,16 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
 
 
+def _more(d: Mapping[str, Any], key: str, path: str) -> list[str]:
+    """The line that says how many of a list the digest left out (`LISTED` are listed), and where
+    the exporter lists them all."""
+    count = d.get("more", {}).get(key, 0)
+    if not count:
+        return []
+    where = f": see {d['url']}{path}" if path and d["url"] else ""
+    return [f"and {count:,} more{where}"]
+
+
 def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """The digest as titled lists of lines (plain text; each renderer escapes or formats them)."""
     unknown = "unknown (no bills for it yet)"
@@ -76,7 +86,7 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
                 f"{a['alertname']} {a['day']} {group}: {a['actual']} against {a['expected']} expected{impact}"
                 + (f"; {share}" if share else "")
             )
-        sections.append(("Spend anomalies", lines))
+        sections.append(("Spend anomalies", lines + _more(d, "anomalies", "")))
     if d["reconciliation"]:
         lines = []
         for g in d["reconciliation"]:
@@ -85,12 +95,12 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
                 lines.append(f"{g['day']} {g['item']}: billed {g['billed']} tokens, counted {g['counted']} ({gap})")
             else:
                 lines.append(f"{g['day']} {g['endpoint_id']}: billed {g['billed']}, estimated {g['estimated']} ({gap})")
-        sections.append(("Bill against usage", lines))
+        sections.append(("Bill against usage", lines + _more(d, "reconciliation", "/api/v1/reconciliation")))
     firing = []
     for a in d["alerts"]:
         labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items())
         firing.append(f"{a['alertname']}: {a['summary']}" + (f" [{labels}]" if labels else ""))
-    sections.append(("Firing alerts", firing or ["none"]))
+    sections.append(("Firing alerts", firing + _more(d, "alerts", "/api/v1/alerts") or ["none"]))
     if d["probes"]:
         lines = []
         for p in d["probes"]:

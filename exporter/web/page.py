@@ -1,5 +1,9 @@
 """The landing page: the month's chart, each source's last refresh, the budgets, the probes, the firing alerts and
-what the bill disagrees with, as one HTML page."""
+what the bill disagrees with, as one HTML page.
+
+The tables that grow with the endpoints, the days or the alerts show the `ROWS` rows that matter most (`top`, which
+keeps them in their order): the failing probes, the alerts fired last, the largest gaps (`gap_order`); then how many
+more there are and where they all are."""
 
 from __future__ import annotations
 
@@ -10,12 +14,18 @@ from decimal import Decimal
 from exporter import __version__
 from exporter.config.schema import BudgetConfig
 from exporter.core.fields import scope_values
+from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_figures
-from exporter.model.snapshots import ProbeSnapshot, Reconciliation
+from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, TokenGap
 from exporter.sources.budgets import budget_status, scope_matched
-from exporter.sources.reconcile import disagrees
 from exporter.web.chart import month_chart
 from exporter.web.views import AccountView, View
+
+ROWS = 20
+"""At most this many rows in a table that grows with the endpoints: a screen's worth, enough to see what is wrong.
+Listing every row made the page 5 MB at 5,000 endpoints; the rest are a link away."""
+Probe = tuple[str, ProbeSnapshot, str | None]
+"""A probe's name, its snapshot and, with several accounts, its account (escaped)."""
 
 
 def _age(seconds: float) -> str:
@@ -34,28 +44,38 @@ def _gap(ratio: Decimal | None) -> str:
     return "billed, none counted" if ratio is None else f"{ratio:+.2%}"
 
 
+def _more(rows: int, where: str) -> str:
+    """Under a table of `rows` rows cut to ROWS: how many it left out, and where they all are."""
+    return f"<p>and {rows - ROWS:,} more: see {where}</p>" if rows > ROWS else ""
+
+
+def _gap_row(gap: TokenGap | AmountGap) -> str:
+    if isinstance(gap, TokenGap):
+        return (
+            f"<tr><td>{gap.day}</td><td>{html.escape(gap.item)}</td><td>tokens</td><td>{gap.billed:f}</td>"
+            f"<td>{gap.counted}</td><td class=bad>{_gap(gap.ratio)}</td></tr>"
+        )
+    return (
+        f"<tr><td>{gap.day}</td><td>{html.escape(gap.endpoint_id)}</td><td>amount</td><td>{gap.billed:f}</td>"
+        f"<td>{gap.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(gap.ratio)}</td></tr>"
+    )
+
+
 def _disagreements(result: Reconciliation | None) -> str:
     """The settled days whose bill disagrees with the usage counted (tokens per item, amounts per endpoint)."""
     if result is None or result.last_day is None:
         return "<p>No settled day has been reconciled yet.</p>"
-    rows = [
-        f"<tr><td>{g.day}</td><td>{html.escape(g.item)}</td><td>tokens</td><td>{g.billed:f}</td>"
-        f"<td>{g.counted}</td><td class=bad>{_gap(g.ratio)}</td></tr>"
-        for g in result.tokens
-        if disagrees(g.ratio)
-    ] + [
-        f"<tr><td>{a.day}</td><td>{html.escape(a.endpoint_id)}</td><td>amount</td><td>{a.billed:f}</td>"
-        f"<td>{a.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(a.ratio)}</td></tr>"
-        for a in result.amounts
-        if disagrees(a.ratio)
-    ]
+    gaps = disagreeing(result)
     days = len({g.day for g in result.tokens} | {a.day for a in result.amounts})
-    if not rows:
+    if not gaps:
         return f"<p class=ok>The {days} settled days reconciled agree with the usage counted (within 0.1%).</p>"
     return (
-        f"<p>{len(rows)} figures of {days} settled days disagree with the usage counted:</p>"
+        f"<p>{len(gaps)} figures of {days} settled days disagree with the usage counted:</p>"
         "<table><tr><th>day</th><th>item or endpoint</th><th>what</th><th>billed</th><th>counted or estimated</th>"
-        "<th>gap</th></tr>" + "".join(rows) + "</table>"
+        "<th>gap</th></tr>"
+        + "".join(_gap_row(gap) for gap in top(gaps, ROWS, gap_order))
+        + "</table>"
+        + _more(len(gaps), '<a href="/api/v1/reconciliation">Bill against usage (JSON)</a>')
     )
 
 
@@ -64,12 +84,13 @@ def _scope(budget: BudgetConfig) -> str:
     return f"{what} (usage × prices)" if budget.on_usage else what
 
 
-def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, str, str]:
+def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, list[Probe], str]:
     """With several accounts: their month so far, their budgets and the organisation's, their
     probes and their bills against usage (each table with an `account` column)."""
     today = view.today()
     health = view.sources_health()
-    rows, budgets, probes, gaps = [], [], [], []
+    rows, budgets, gaps = [], [], []
+    probes: list[Probe] = []
     for account in accounts:
         name = html.escape(account.name)
         bills = account.latest.bills
@@ -84,7 +105,7 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, st
         )
         for budget, ratios in budget_status(account.latest, account.budgets, account.prices, today):
             budgets.append(_budget_row(budget, ratios, name, scope_matched(budget, account.latest) is False))
-        probes += [_probe_row(probe, snapshot, name) for probe, snapshot in sorted(account.latest.probes.items())]
+        probes += [(probe, snapshot, name) for probe, snapshot in sorted(account.latest.probes.items())]
         if account.latest.reconciliation is not None:
             gaps.append(f"<h3>{name}</h3>{_disagreements(account.latest.reconciliation)}")
     spans = {a.name: (a.latest, a.prices) for a in accounts}
@@ -98,7 +119,7 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, st
         + "".join(rows)
         + "</table>"
     )
-    return summary, "".join(budgets), "".join(probes), "".join(gaps) or "<p>No settled day has been reconciled yet.</p>"
+    return summary, "".join(budgets), probes, "".join(gaps) or "<p>No settled day has been reconciled yet.</p>"
 
 
 def _budget_row(
@@ -148,10 +169,13 @@ def landing_page(view: View) -> str:
         f"<tr><td class=bad>{html.escape(a.labels['alertname'])}</td>"
         f"<td>{html.escape(', '.join(f'{k}={v}' for k, v in sorted(a.labels.items()) if k != 'alertname'))}</td>"
         f"<td>{html.escape(a.annotations.get('summary', ''))}</td><td>{_age(now - (a.fired_at or now))}</td></tr>"
-        for a in firing
+        for a in top(firing, ROWS, lambda a: -(a.fired_at or now))
     )
     alerts = (
-        "<table><tr><th>alert</th><th>labels</th><th>summary</th><th>firing for</th></tr>" + alert_rows + "</table>"
+        "<table><tr><th>alert</th><th>labels</th><th>summary</th><th>firing for</th></tr>"
+        + alert_rows
+        + "</table>"
+        + _more(len(firing), '<a href="/api/v1/alerts">Alerts (JSON)</a>')
         if firing
         else "<p>No alert is firing.</p>"
     )
@@ -167,7 +191,7 @@ def landing_page(view: View) -> str:
         + "</tr>"
         for b, r in budget_status(view.latest, view.budgets(), view.prices(), view.today())
     )
-    probe_rows = "".join(_probe_row(name, p) for name, p in sorted(view.latest.probes.items()))
+    probed: list[Probe] = [(name, p, None) for name, p in sorted(view.latest.probes.items())]
     probe_head = "<table><tr><th>probe</th><th>endpoint</th>"
     reconciliation = _disagreements(view.latest.reconciliation)
     bills = view.latest.bills
@@ -177,7 +201,7 @@ def landing_page(view: View) -> str:
     budget_head = "<table><tr><th>budget</th><th>scope</th>"
     several = view.accounts() if view.accounts is not None else None
     if several is not None:  # several accounts: a table of them instead of one account's chart
-        chart, budget_rows, probe_rows, reconciliation = _accounts(view, several)
+        chart, budget_rows, probed, reconciliation = _accounts(view, several)
         budget_head = "<table><tr><th>budget</th><th>account</th><th>scope</th>"
         probe_head = "<table><tr><th>probe</th><th>account</th><th>endpoint</th>"
     budgets = (
@@ -188,9 +212,10 @@ def landing_page(view: View) -> str:
     probes = (
         probe_head
         + "<th>scenario</th><th>last run</th><th>duration</th><th>first token</th></tr>"
-        + probe_rows
+        + "".join(_probe_row(*probe) for probe in top(probed, ROWS, lambda probe: probe[1].last.success))
         + "</table>"
-        if probe_rows
+        + _more(len(probed), '<a href="/metrics">Metrics</a> (inference_probe_success)')
+        if probed
         else "<p>No probe has run.</p>"
     )
     return f"""<!doctype html>

@@ -9,7 +9,7 @@ from email.message import Message
 
 from exporter.web.page import landing_page
 from exporter.web.parsing import accepts_gzip
-from exporter.web.views import View, alerts_document, awaited, ready
+from exporter.web.views import View, alerts_document, awaited, ready, reconciliation_document
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 """Liveness and readiness stay reachable without credentials, for orchestrators' probes."""
@@ -45,6 +45,10 @@ def _alerts(view: View, headers: Message) -> Response:
     return Response(200, json.dumps(alerts_document(view)).encode(), "application/json")
 
 
+def _reconciliation(view: View, headers: Message) -> Response:
+    return Response(200, json.dumps(reconciliation_document(view)).encode(), "application/json")
+
+
 def _landing_page(view: View, headers: Message) -> Response:
     return Response(200, landing_page(view).encode(), "text/html; charset=utf-8")
 
@@ -54,6 +58,7 @@ ROUTES: dict[str, Callable[[View, Message], Response]] = {
     "/healthz": _health,
     "/readyz": _ready,
     "/api/v1/alerts": _alerts,
+    "/api/v1/reconciliation": _reconciliation,
     "/": _landing_page,
 }
 """Each path's response, from the view and the request's headers."""

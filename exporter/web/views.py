@@ -1,4 +1,5 @@
-"""What the server shows (`View`, read afresh on each request) and its JSON views: readiness and the alerts."""
+"""What the server shows (`View`, read afresh on each request) and its JSON views: readiness, the alerts and the
+bill's disagreements with the usage."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 from exporter.alerts.alert import Alert
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import iso
-from exporter.model.snapshots import Latest, SourceHealth
+from exporter.digest.build import disagreeing, gap_entry
+from exporter.model.snapshots import Latest, SourceHealth, TokenGap
 
 
 @dataclass(frozen=True)
@@ -98,3 +100,19 @@ def alerts_document(view: View) -> dict[str, object]:
         for alert in view.alerts()
     ]
     return {"status": "success", "data": {"alerts": alerts}}
+
+
+def reconciliation_document(view: View) -> dict[str, object]:
+    """/api/v1/reconciliation: every figure of the settled days whose bill disagrees with the usage counted (the
+    landing page shows the largest few), as the digest gives them, with `what` the page's column; with several
+    accounts, each with its `account`."""
+    several = view.accounts() if view.accounts is not None else None
+    results = [(None, view.latest)] if several is None else [(a.name, a.latest) for a in several]
+    disagreements = [
+        ({} if account is None else {"account": account})
+        | gap_entry(gap)
+        | {"what": "tokens" if isinstance(gap, TokenGap) else "amount"}
+        for account, latest in results
+        for gap in disagreeing(latest.reconciliation)
+    ]
+    return {"status": "success", "data": {"disagreements": disagreements}}
