@@ -20,6 +20,7 @@ from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer
+from exporter.state import StateError
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, alerts_api, fake_billing_section, metrics, statuses, told, unit_daemon
 from tests.helpers import Receiver, named, scrape
@@ -506,3 +507,32 @@ def test_a_hold_outlives_a_crash_at_most_a_tenth_early(
     finally:
         second.stop()
         first.stop()
+
+
+def test_after_a_failed_write_and_a_failed_read_back_the_next_evaluation_saves_what_it_holds(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, spend_rule: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = unit(sim, clock, tmp_path, to_hook(None, spend_rule | {"for": "1h"}))
+    try:
+        assert daemon.refresh("bills")
+        engine = daemon.sources.engine
+
+        def refused(*args: object) -> None:
+            raise StateError(daemon.state.path, f"state file {daemon.state.path} failed (disk I/O error)")
+
+        monkeypatch.setattr(engine.db, "save_state", refused)  # the write fails (the alert is in memory)…
+        monkeypatch.setattr(engine.db, "load_states", refused)  # …and so does reading back what was committed
+        with pytest.raises(StateError):
+            engine.evaluate()
+        monkeypatch.undo()
+        assert [a.state for a in engine.current()] == ["pending"]  # held in memory only
+        assert saved_last_true(daemon) == []
+
+        frozen.advance(dt.timedelta(minutes=1))
+        daemon.alert_cycle()  # reads the state file first: the pending alert is new again, and saved
+        (alert,) = engine.current()
+        assert alert.state == "pending"
+        assert alert.active_since == clock.now().timestamp()
+        assert saved_last_true(daemon) == [alert.last_true]
+    finally:
+        daemon.stop()

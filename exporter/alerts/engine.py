@@ -135,9 +135,10 @@ class Engine:
 
     def _load(self) -> None:
         """The alert state as last committed."""
-        self.alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
-        self._sent = self.db.load_sent()
-        self._saved_true = {}
+        self._unsure = True  # until both are read: memory may hold what the state file does not
+        alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
+        sent = self.db.load_sent()
+        self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
 
     # -- evaluation --
 
@@ -145,10 +146,14 @@ class Engine:
         """Evaluate every rule now; returns how many alerts changed state (fired, resolved, inhibited).
 
         If the evaluation cannot be committed (the state file refuses the write), the state in
-        memory goes back to what was committed, so the next evaluation decides (and notifies) again.
+        memory goes back to what was committed, so the next evaluation decides (and notifies) again;
+        if that read fails too, the next evaluation reads it first (an alert still true is not
+        written again: memory must hold nothing the state file lacks but `last_true`).
         """
         with self._lock:
             self._queued.clear()
+            if self._unsure:  # an evaluation failed and so did reading back what was committed
+                self._load()
             try:
                 return self._evaluate()
             except BaseException:
@@ -460,8 +465,9 @@ class Engine:
                 return
             with self.db.store.transaction() as db:
                 for key in self._saved_true:
-                    alert = self.alerts[key]
-                    self.db.save_state(db, key, alert.rule, alert.body())
+                    alert = self.alerts.get(key)
+                    if alert is not None:
+                        self.db.save_state(db, key, alert.rule, alert.body())
             self._saved_true = {}
 
     # -- views --

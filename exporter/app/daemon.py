@@ -463,12 +463,13 @@ class Daemon:
             while self._active and time.monotonic() < deadline:
                 self._idle.wait(deadline - time.monotonic())
             finished = finished and self._active == 0
-        if finished:
+        if not self._alert_worker.is_alive():  # (refreshes still in flight write no alerts)
             with self._alerts_lock:
                 try:
                     self.sources.engine.flush()
                 except StateError as error:
                     log.warning("alerts still true not saved at stop: a hold may end early", error=str(error))
+        if finished:
             self.state.close()
             self._account_states.close()
         else:

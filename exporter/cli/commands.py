@@ -180,6 +180,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         f"{output.stat().st_size / 1e6:,.1f} MB"
     )
     print(f"load it with: promtool tsdb create-blocks-from openmetrics --max-block-duration=486h {output} DIR")
+    print(
+        "query its bill series through last_over_time(...[1h]), as the dashboard does: their samples are an hour apart"
+    )
     return 0
 
 

@@ -88,7 +88,9 @@ def todays_history(latest: Latest, clock: Clock) -> bool:
 
 def group_of(labels: Mapping[str, str], rule: ThresholdRule) -> Labels | None:
     """The group a series belongs to, or None when `where` excludes it."""
-    return grouping(rule)(labels)
+    if any(not in_scope(value, labels.get(name, "")) for name, value in rule.where.items()):
+        return None
+    return tuple(sorted((name, labels.get(name, "")) for name in rule.by))
 
 
 def grouping(rule: ThresholdRule) -> Callable[[Mapping[str, str]], Labels | None]:

@@ -2,8 +2,8 @@
 openmetrics`, so that dashboards show the months before the exporter ran.
 
 The file holds the series the live exporter exposes from its bills (names, labels, TYPE and HELP
-as its collectors write them), with timestamps, as a Prometheus scraping it every `STEP` through
-those months would have stored them:
+as its collectors write them), with timestamps, as a Prometheus scraping it through those months
+would have stored them, but a bill series' samples are an hour apart (`STEP`):
 
 - a day's series (payable by endpoint, payable and usage by item) appear at the start of that day
   and stay as long as the exporter shows their month: to its end, and through the next month's
@@ -16,7 +16,7 @@ those months would have stored them:
   month" and "today" selections (`and on(period) inference_billing_today_info`) work in the past.
 
 A bill series is read through `last_over_time(…[1h])` (`WINDOW`), as the dashboards read it:
-samples an hour apart instead of Prometheus' 5-minute lookback make the file 12 times smaller, and
+samples an hour apart instead of Prometheus' 5-minute lookback make the file 11.5 times smaller, and
 over the live exporter's series the window gives what the plain selector gives.
 
 Only complete days are written: nothing from the start of today (its bill is still growing; the live
@@ -231,12 +231,15 @@ class _Writer:
 
     def write(self, name: str, labels: Labels, segments: Iterable[tuple[str, int, int]], step: int = STEP) -> None:
         """One series: `value` from `since` until `until` for each segment, in time order, a sample
-        every `step` from `since` (the first within [start, end))."""
+        every `step` from `since` (the first within [start, end)) and the last `step` before its end."""
         text = ",".join(f'{key}="{_escape(value)}"' for key, value in (*labels, *self.target))
         written = 0
         for value, since, until in segments:
             first = since + max(0, -(-(self.start - since) // step)) * step
-            times = range(first, min(until, self.end), step)
+            stop = min(until, self.end)
+            times = list(range(first, stop, step))
+            if len(times) > 1 and times[-1] != stop - step:
+                times[-1] = stop - step  # seen until `stop`, not after: a day of 23.5 hours, an end off the hour
             if times:
                 prefix = f"{name}{{{text}}} {value} "
                 self.out.write("".join(f"{prefix}{t}\n" for t in times))

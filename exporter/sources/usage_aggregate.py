@@ -49,7 +49,8 @@ class SeenIds:
 
     def add_digest(self, digest: int) -> bool:
         """Remember a request id by its `id_digest` (when the caller has it already)."""
-        if self.base is not None and digest in self.base:
+        base = self.base
+        if base is not None and base.count and digest in base:  # (a full read's fork has an empty base)
             return False
         bucket = self._buckets.get(digest >> 52)
         if bucket is None:
@@ -143,8 +144,28 @@ class Aggregate:
         return Aggregate(self.per_api_key, {k: list(v) for k, v in self.sums.items()}, self.seen.fork(), self.rows)
 
     def add(self, records: Iterable[UsageRecord]) -> None:
+        """`count` each record, a page at a time: the same steps with the names looked up once
+        and a key made only for a new (endpoint, model, key), as this runs for every record of
+        the day (it was half the client's CPU in a full read)."""
+        blake2b, from_bytes, add_digest = hashlib.blake2b, int.from_bytes, self.seen.add_digest
+        sums, per_api_key = self.sums, self.per_api_key
+        rows = counted = 0
         for r in records:
-            self.count(r, id_digest(r.request_id))
+            rows += 1
+            if not add_digest(from_bytes(blake2b(r.request_id.encode(), digest_size=8).digest(), "big")):
+                self.duplicates.add(r.request_id)
+                continue
+            key = (r.endpoint, r.model, r.apikey if per_api_key else "")
+            found = sums.get(key)  # type: ignore[call-overload]  # (a tuple finds its UsageKey: equal, same hash)
+            if found is None:
+                found = sums[UsageKey(*key)] = [0, 0, 0, 0]
+            found[0] += 1
+            found[1] += r.prompt_tokens
+            found[2] += r.completion_tokens
+            found[3] += r.cached_prompt_tokens
+            counted += 1
+        self.rows += rows
+        self.records += counted
 
     def count(self, r: UsageRecord, digest: int) -> None:
         """One record, its request id's `id_digest` already made: counted unless its id was seen."""
