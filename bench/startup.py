@@ -30,7 +30,10 @@ def _commands() -> dict[str, list[str]]:
         "--version": [*exporter, "--version"],
         "check": [*exporter, "check", "--config", str(EXAMPLE)],
         "rules": [*exporter, "rules", "--config", str(EXAMPLE)],
-    }
+        "python -c 'import pydantic' (what `check` and `rules` validate with)": [
+            sys.executable, "-c", "import pydantic; pydantic.BaseModel",
+        ],
+    }  # fmt: skip
 
 
 def _example_env(env: dict[str, str]) -> dict[str, str]:
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  python -c pass: {bare * 1000:.0f} ms")
     for name in list(commands)[1:]:
         median = statistics.median(times[name])
-        print(f"  {name}: {median * 1000:.0f} ms; ÷ bare interpreter {median / bare:.1f}  (target ≤ {TARGET:g})")
+        target = f"  (target ≤ {TARGET:g})" if not name.startswith("python") else ""
+        print(f"  {name}: {median * 1000:.0f} ms; ÷ bare interpreter {median / bare:.1f}{target}")
 
 
 if __name__ == "__main__":
