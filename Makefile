@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium
+DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium jsonnet
 # A test run starts about a hundred interpreters (the workers, the CLI's processes): their bytecode
 # is kept, in the virtualenv rather than beside the sources, even where PYTHONDONTWRITEBYTECODE is set.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
@@ -21,7 +21,7 @@ demo: $(BIN)/inference-cost-exporter
 # Installs the Prometheus binaries the integration tests run, when we may (root with apt-get).
 system-deps:
 	@if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null \
-		&& command -v chromium >/dev/null; then \
+		&& command -v chromium >/dev/null && command -v jsonnet >/dev/null; then \
 		true; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; \
