@@ -10,7 +10,10 @@ COPY exporter ./exporter
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim-bookworm
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# The commit the image is built from, for inference_exporter_build_info{revision}:
+#   docker build --build-arg REVISION=$(git rev-parse HEAD) -t inference-cost-exporter .
+ARG REVISION=unknown
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 INFERENCE_COST_EXPORTER_REVISION=$REVISION
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/inference-cost-exporter exporter
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels

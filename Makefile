@@ -7,16 +7,27 @@ DEBIAN_PACKAGES := prometheus prometheus-alertmanager chromium jsonnet
 # is kept, in the virtualenv rather than beside the sources, even where PYTHONDONTWRITEBYTECODE is set.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
-.PHONY: demo test test-fast lint format system-deps bench clean
+# The exporter and its runtime dependencies alone (what `demo` and `install` need), then the test tools.
+RUNTIME := $(VENV)/.installed-runtime
+TOOLS := $(VENV)/.installed-tools
 
-$(BIN)/inference-cost-exporter: pyproject.toml
+.PHONY: demo install test test-fast lint format system-deps bench docs dist clean
+
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(TOOLS): $(RUNTIME)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-demo: $(BIN)/inference-cost-exporter
+demo: $(RUNTIME)
 	$(BIN)/inference-cost-exporter demo
+
+install: $(RUNTIME)
+	@echo "installed: $(BIN)/inference-cost-exporter"
 
 # Installs the Prometheus binaries the integration tests run, when we may (root with apt-get).
 system-deps:
@@ -29,25 +40,35 @@ system-deps:
 		echo "note: not root or no apt-get; integration tests need $(DEBIAN_PACKAGES) (skipped unless CI is set)"; \
 	fi
 
-lint: $(BIN)/inference-cost-exporter
+lint: $(TOOLS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(BIN)/inference-cost-exporter system-deps lint
+test: $(TOOLS) system-deps lint
 	$(TEST_ENV) $(BIN)/pytest
 
 # The unit layer alone: no server, no process, no binary (so one worker a core).
-test-fast: $(BIN)/inference-cost-exporter
+test-fast: $(TOOLS)
 	$(TEST_ENV) $(BIN)/pytest -m "not integration" -n auto
 
-bench: $(BIN)/inference-cost-exporter
+bench: $(TOOLS)
 	$(BIN)/python -m bench
 
-format: $(BIN)/inference-cost-exporter
+format: $(TOOLS)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The documentation site (site/), every link and anchor checked.
+docs: $(TOOLS)
+	$(BIN)/mkdocs build --strict
+
+# The wheel and the sdist (dist/), checked as PyPI would check them.
+dist: $(TOOLS)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache

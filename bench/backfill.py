@@ -5,7 +5,7 @@ Prometheus scraping every 5 minutes stores them (the layout before, read without
 python -m bench.backfill [--months 3 6] [--endpoints 3 30] [--no-promtool]
 
 The months are the simulator's modelled bills (3 billing items, `SpendModel`), fetched in process
-and written with `job` and `instance` labels, as the README's example. For each size: the file's
+and written with `job` and `instance` labels, as docs/backfill.md's example. For each size: the file's
 bytes and samples, and, when `promtool` is on the PATH, its `tsdb create-blocks-from openmetrics
 --max-block-duration=486h` wall time and peak memory. Ratios: before ÷ now at the smallest size
 (the target is ≥ 10 for the file), and each size's file against the smallest's beside the ratio

@@ -472,7 +472,7 @@ def test_prometheus_answers_over_the_backfilled_months_with_the_simulators_figur
     assert subprocess.run(["grep", "-qF", sim.secret_access_key, str(output)]).returncode == 1
 
     # promtool's lint over one instant of the file (every series alive then, their HELP and TYPE),
-    # and its OpenMetrics parser over all of it, into blocks as the README says.
+    # and its OpenMetrics parser over all of it, into blocks as docs/backfill.md says.
     mid = Clock(SHANGHAI).day_start(dt.date.fromisoformat(f"{written[1]}-15")) + dt.timedelta(hours=12)
     instant = ["grep", "-E", f"^#| {int(mid.timestamp())}$", str(output)]
     excerpt = subprocess.run(instant, capture_output=True, check=True).stdout
@@ -576,7 +576,7 @@ def check_edges(url: str, sim: Simulator, refused: str, last: str) -> None:
 def test_months_backfilled_one_file_each_answer_as_one_file_of_them_all(
     sim: Simulator, clock: Clock, tmp_path: Path, output: Path
 ) -> None:
-    """The README's loop for long ranges: a month's series run into the next month's grace days,
+    """docs/backfill.md's loop for long ranges: a month's series run into the next month's grace days,
     so two files' blocks overlap there; Prometheus answers the dashboard's queries over them as
     over one file of both months, in the grace days too."""
     promtool, prometheus = require_binary("promtool"), require_binary("prometheus")

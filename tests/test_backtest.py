@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from exporter.config.load import validate
-from exporter.core.clock import Clock, period_at, period_index
+from exporter.core.clock import Clock, first_day, period_at, period_index
 from exporter.replay.backfill import MAX_MONTHS
 from exporter.replay.backtest import backtest, render
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
@@ -178,6 +178,39 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
         assert refused.returncode == 2
         assert message in refused.stderr
         assert refused.stdout == ""
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_the_backtest_command_prints_its_results_alone_on_stdout_and_the_replay_s_logs_only_at_debug(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path, level: str
+) -> None:
+    """A threshold every day crosses fires anew each day: hundreds of results, which once came among
+    the engine's line for each alert firing and resolving in the replay (three times as many)."""
+    from exporter.core.clock import previous_period
+    from tests.test_cli import run, write_config
+
+    sim, server = live
+    clock = Clock()  # the command runs on the real clock
+    last = previous_period(clock.period())
+    first = previous_period(last)
+    sim.spend = SpendModel(start=first_day(first) - dt.timedelta(days=120))
+    config = write_config(tmp_path, sim, server, log_level=level)
+    document = yaml.safe_load(config.read_text())
+    document["alerts"] = {"rules": [{"alert": "DailyHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": 0}]}
+    config.write_text(yaml.safe_dump(document))
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    result = run("backtest", "--config", str(config), "--from", first, "--to", last, env=env)
+    assert result.returncode == 0, result.stderr
+
+    fired, notes = backtest(validate(document, env), first, last, clock)
+    assert notes == []
+    assert len(fired) > 100
+    assert result.stdout == render(fired, "text")  # the results, and nothing else
+    if level == "info":
+        assert result.stderr == ""
+    else:  # asked for: the replay's own account of each alert, and the requests
+        assert result.stderr.count('msg="alert firing"') == len(fired)
+        assert "component=urllib3.connectionpool" in result.stderr
 
 
 @pytest.fixture

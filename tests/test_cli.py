@@ -4,8 +4,10 @@ starts nothing (`check`, `--help`)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -15,11 +17,15 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import bcrypt
 import pytest
 import requests
+import trustme
 import yaml
 
+from exporter import __version__
 from exporter.core.clock import Clock
+from exporter.metrics.runtime import REVISION_ENV
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
 from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
 
@@ -132,6 +138,43 @@ def test_check_prints_every_error_and_exits_one(
     assert "Traceback" not in result.stderr
 
 
+def test_check_counts_in_words_that_agree_names_the_currency_and_the_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    one_of_each = {
+        "billing": {"url": "https://b", "access_key_id": "AK", "secret_access_key": "written-here", "currency": "CNY"},
+        "inference": {"url": "https://i/v1", "api_key": "${K}"},
+        "probes": [{"name": "p", "model": "ep"}],
+        "budgets": [{"name": "monthly", "amount": 100}],
+        "alerts": {"rules": [{"alert": "B", "budget": "monthly", "tiers": [1]}],
+                   "notifiers": [{"name": "hook", "type": "webhook", "url": "http://r/h"}]},
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(one_of_each))
+    path.chmod(0o644)
+    result = invoke(monkeypatch, capsys, "check", "--config", str(path), env={"K": "k"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == f"{path}: valid (1 probe, 1 budget, 1 rule, 1 notifier; amounts in CNY)"
+    assert result.stderr.splitlines() == [
+        f"{path}: warning: billing.secret_access_key: a secret is written in the config file; use ${{VAR}} or"
+        " ${file:PATH}",
+        f"{path}: warning: the file is world-readable and holds secrets (chmod o-r)",
+    ]
+
+    several = {
+        "accounts": [{"name": name, "billing": one_of_each["billing"] | {"currency": currency}}
+                     for name, currency in (("prod", "USD"), ("lab", ""))],
+        "budgets": [{"name": "a", "amount": 1}, {"name": "b", "amount": 2}],
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(several))
+    result = invoke(monkeypatch, capsys, "check", "--config", str(path))
+    assert result.stdout.splitlines() == [
+        f"{path}: valid (2 accounts, 0 probes, 2 budgets, 0 rules, 0 notifiers)",
+        "  account prod: https://b, 0 probes, 0 budgets; amounts in USD",
+        "  account lab: https://b, 0 probes, 0 budgets; currency not set (billing.currency)",
+    ]
+
+
 def test_once_prints_amounts_that_sum_to_the_simulators_totals(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer]
 ) -> None:
@@ -240,18 +283,21 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
     assert sim.secret_access_key not in stderr
 
 
-def spawn(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """Start the command in the background, listening on a free loopback port; returns it and its URL."""
+def spawn(
+    *args: str, env: dict[str, str] | None = None, listen: str = "--listen", scheme: str = "http"
+) -> tuple[subprocess.Popen[str], str]:
+    """Start the command in the background, listening on a free loopback port (given with the flag `listen`);
+    returns it and its URL."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", *args, "--listen", f"127.0.0.1:{port}"],
+        [sys.executable, "-m", "exporter.cli", *args, listen, f"127.0.0.1:{port}"],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
-    return process, f"http://127.0.0.1:{port}"
+    return process, f"{scheme}://127.0.0.1:{port}"
 
 
 def ready(url: str) -> bool:
@@ -263,7 +309,7 @@ def ready(url: str) -> bool:
 
 @pytest.mark.integration  # runs the demo as a process
 def test_demo_serves_metrics_from_the_embedded_simulator() -> None:
-    process, url = spawn("demo")
+    process, url = spawn("demo", listen="--web.listen-address")
     try:
         wait_for(lambda: ready(url), timeout=30)
         series = scrape(url)
@@ -428,6 +474,28 @@ def test_once_says_so_when_the_inference_api_refuses_the_key(
     assert good.returncode == 0, good.stderr
 
 
+def test_once_takes_the_inference_url_with_or_without_v1_and_names_a_wrong_one(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)
+    document = yaml.safe_load(config.read_text())
+    document["probes"] = [{"name": "chat", "model": sim.endpoints[0].endpoint_id}]
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key, "TEST_INFERENCE_KEY": sim.api_key}
+    for url, code in ((f"{server.url}/v1", 0), (f"{server.url}/v1/", 0), (server.url, 0), (f"{server.url}/api", 2)):
+        document["inference"] = {"url": url, "api_key": "${TEST_INFERENCE_KEY}"}
+        config.write_text(yaml.safe_dump(document))
+        result = run("once", "--config", str(config), env=env)
+        assert result.returncode == code, (url, result.stderr)
+        if code:  # every probe failed to find the API: the line says where it asked
+            assert f"(POST {server.url}/api/v1/chat/completions)" in result.stderr
+            assert "check inference.url" in result.stderr
+            assert [line for line in result.stderr.splitlines() if line.startswith("inference-cost-exporter:")] == [
+                result.stderr.strip().splitlines()[-1]
+            ]  # one line saying why, last
+            assert sim.api_key not in result.stderr
+
+
 @pytest.mark.parametrize("command", ["check", "once", "run", "rules", "demo", "simulate"])
 def test_every_command_explains_itself(
     command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -438,4 +506,115 @@ def test_every_command_explains_itself(
     assert len(description.split()) > 8  # a sentence, not just the usage line
     if command in ("check", "once", "run", "rules"):
         assert "INFERENCE_COST_EXPORTER_CONFIG" in result.stdout
-    assert "(default:" in result.stdout or command in ("check", "once", "rules")
+    assert "(default:" in result.stdout or command in ("check", "once", "run", "rules")
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_web_listen_address_and_listen_are_one_option(command: str) -> None:
+    from exporter.cli import build_parser
+
+    config = ["--config", "config.yaml"] if command == "run" else []
+    for flag in ("--web.listen-address", "--listen"):
+        args = build_parser().parse_args([command, *config, flag, "127.0.0.1:1234"])
+        assert args.listen == "127.0.0.1:1234"
+
+
+@pytest.mark.parametrize(
+    "command", ["check", "once", "run", "digest", "rules", "backtest", "backfill", "demo", "simulate"]
+)
+def test_help_gives_no_default_an_option_does_not_have(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("INFERENCE_COST_EXPORTER_CONFIG", raising=False)
+    text = " ".join(invoke(monkeypatch, capsys, command, "--help").stdout.split())  # (unwrapped)
+    for nothing in ("(default: None)", "(default: False)", "(default: [])"):
+        assert nothing not in text
+    if command == "demo":
+        assert "where the exporter listens (default: 127.0.0.1:9877)" in text
+        assert "debug, info, warn or error (default: info)" in text
+
+
+def write_web_config(path: Path, password: str, **more: object) -> Path:
+    """A web configuration file: HTTPS with cert.pem and key.pem beside it, and the user `prometheus`."""
+    users = {"prometheus": bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}
+    document = {"tls_server_config": {"cert_file": "cert.pem", "key_file": "key.pem"}, "basic_auth_users": users}
+    path.write_text(yaml.safe_dump(document | more))
+    return path
+
+
+@pytest.mark.integration  # the daemon as a process, over HTTPS
+def test_run_takes_the_prometheus_exporters_flags(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer], ca: trustme.CA, ca_file: str
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server, state=tmp_path / "state.db")  # logs at info, as logfmt
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    web = write_web_config(tmp_path / "web.yml", "first-pass")
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key, REVISION_ENV: "0a1b2c3"}
+    process, url = spawn(
+        "run", "--config", str(config), "--web.config.file", str(web), "--log.level", "debug", "--log.format", "json",
+        env=env, listen="--web.listen-address", scheme="https",
+    )  # fmt: skip
+
+    def status(password: str) -> int:
+        try:
+            return requests.get(f"{url}/metrics", auth=("prometheus", password), verify=ca_file, timeout=5).status_code
+        except requests.ConnectionError:
+            return 0
+
+    try:
+        wait_for(lambda: status("first-pass") == 200, timeout=30)
+        assert status("wrong") == 401
+        series = scrape(url, auth=("prometheus", "first-pass"), verify=ca_file)
+        build = {"version": __version__, "revision": "0a1b2c3", "python_version": platform.python_version()}
+        assert value(series, "inference_exporter_build_info", **build) == 1
+        [started] = named(series, "process_start_time_seconds").values()
+        assert time.time() - 60 < started <= time.time()  # this process's, started just now
+        [python] = named(series, "python_info")
+        assert dict(python)["version"] == platform.python_version()
+
+        write_web_config(web, "second-pass")
+        process.send_signal(signal.SIGHUP)  # the web configuration file is read again with the config
+        wait_for(lambda: status("second-pass") == 200, timeout=15)
+        assert status("first-pass") == 401
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        _, stderr = process.communicate()
+    lines = [json.loads(line) for line in stderr.splitlines()]  # JSON, though the config says text
+    assert any(line["level"] == "debug" for line in lines)  # and debug, though it says info
+    assert any(line["msg"] == "listening" and line["url"] == url for line in lines)
+
+
+def test_a_bad_web_config_file_is_refused_naming_the_file_and_the_field(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server, state=tmp_path / "state.db")
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: hunter2\ntls_server_config:\n  min_version: TLS9\n")
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    result = run("run", "--config", str(config), "--web.config.file", str(web), "--listen", "127.0.0.1:0", env=env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{web}: tls_server_config.min_version: unknown TLS version 'TLS9' (one of TLS10, TLS11, TLS12, TLS13)",
+        f"{web}: basic_auth_users.prometheus: not a bcrypt hash ($2a$, $2b$ or $2y$); make one with "
+        "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`",
+    ]
+
+    document = yaml.safe_load(config.read_text()) | {
+        "server": {"basic_auth": {"username": "prometheus", "password": "${TEST_SCRAPE_PASSWORD}"}}
+    }
+    config.write_text(yaml.safe_dump(document))
+    write_web_config(web, "pass")
+    result = run(
+        "run", "--config", str(config), "--web.config.file", str(web), "--listen", "127.0.0.1:0",
+        env=env | {"TEST_SCRAPE_PASSWORD": "pass"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{web}: the config's server.basic_auth would secure the server too; use this file or those keys, not both"
+    ]

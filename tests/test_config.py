@@ -51,8 +51,12 @@ def test_config_is_frozen() -> None:
         ({"billing": BILLING | {"usage_interval": "0s"}}, "billing.usage_interval: must be greater than zero"),
         ({"billing": BILLING | {"timezone": "Mars/Olympus"}}, "billing.timezone: unknown time zone 'Mars/Olympus'"),
         ({"billing": BILLING | {"url": "openapi.example.com"}}, "billing.url: must be an http:// or https:// URL"),
-        ({"billing": BILLING | {"pagesize": 10}}, "billing.pagesize: unknown key"),
+        ({"billing": BILLING | {"pagesize": 10}}, "billing.pagesize: unknown key; did you mean page_size?"),
         ({"billing": BILLING, "extra": 1}, "extra: unknown key"),
+        ({"billing": BILLING | {"currency": "cny"}},
+         "billing.currency: 'cny' is not an ISO 4217 currency code (three upper-case letters, e.g. CNY or USD)"),
+        ({"billing": BILLING | {"currency": "YUAN"}},
+         "billing.currency: 'YUAN' is not an ISO 4217 currency code (three upper-case letters, e.g. CNY or USD)"),
         ({"billing": BILLING | {"secret_access_key": "${NOT_SET}"}},
          "billing.secret_access_key: environment variable NOT_SET is not set"),
         ({"billing": BILLING, "budgets": [{"name": "m", "amount": "lots"}]},
@@ -142,6 +146,59 @@ def test_config_is_frozen() -> None:
 )  # fmt: skip
 def test_each_bad_config_gets_its_own_clear_message(document: dict, expected: str) -> None:
     assert expected in errors_of(document)
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"billing": {"url": "https://b", "acess_key_id": "AK", "secret_access_key": "s"}},
+         ["billing.access_key_id: required key is missing",
+          "billing.acess_key_id: unknown key; did you mean access_key_id?"]),
+        ({"billing": BILLING | {"curency": "CNY"}}, ["billing.curency: unknown key; did you mean currency?"]),
+        ({"billing": BILLING | {"acess_key_id": "AK"}}, ["billing.acess_key_id: unknown key"]),  # it is there
+        ({"billing": BILLING, "inference": {"url": "http://x", "apikey": "k"}},
+         ["inference.api_key: required key is missing", "inference.apikey: unknown key; did you mean api_key?"]),
+        ({"billing": BILLING, "budget": []}, ["budget: unknown key; did you mean budgets?"]),
+        ({"billing": BILLING, "inference": {"url": "http://x", "api_key": "k"},
+          "probes": [{"name": "p", "model": "ep", "timout": "5s"}]},
+         ["probes[0].timout: unknown key; did you mean timeout?"]),
+        ({"billing": BILLING,
+          "alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": 1, "windw": "month"}]}},
+         ["alerts.rules[0].windw (alert A): unknown key; did you mean window?"]),
+        ({"billing": BILLING, "alerts": {"notifiers": [{"name": "n", "type": "slack", "uri": "http://s"}]}},
+         ["alerts.notifiers[0].url: required key is missing",
+          "alerts.notifiers[0].uri: unknown key; did you mean url?"]),
+        ({"accounts": [{"name": "a", "biling": BILLING}]},
+         ["accounts[0].billing: required key is missing", "accounts[0].biling: unknown key; did you mean billing?"]),
+        ({"billing": BILLING, "server": {"tls": {"cert": "c.pem", "key_file": "k.pem"}}},
+         ["server.tls.cert_file: required key is missing", "server.tls.cert: unknown key; did you mean cert_file?"]),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_gets_the_keys_spelt_most_like_it(document: dict, expected: list[str]) -> None:
+    """From the keys of its own place that are not given already, in one line with its location."""
+    assert errors_of(document) == expected
+
+
+def test_the_inference_url_is_kept_without_v1_however_it_is_written() -> None:
+    """OpenAI-style SDKs take the address with `/v1`; the spec's paths start with it. Either way
+    the config keeps the base address the probes add `/v1/chat/completions` to."""
+    for written, kept in [
+        ("https://api.example.com", "https://api.example.com"),
+        ("https://api.example.com/", "https://api.example.com"),
+        ("https://api.example.com/v1", "https://api.example.com"),
+        ("https://api.example.com/v1/", "https://api.example.com"),
+        ("https://gateway.example.com/openai/v1", "https://gateway.example.com/openai"),
+        ("https://api.example.com/v10", "https://api.example.com/v10"),
+        ("https://v1", "https://v1"),  # a host named v1, not a path
+    ]:
+        config = validate({"billing": BILLING, "inference": {"url": written, "api_key": "k"}}, ENV)
+        assert config.inference is not None
+        assert config.inference.url == kept, written
+
+
+def test_the_currency_is_unknown_unless_given() -> None:
+    assert validate({"billing": BILLING}, ENV).billing.currency == ""
+    assert validate({"billing": BILLING | {"currency": "CNY"}}, ENV).billing.currency == "CNY"
 
 
 def test_every_error_is_reported_at_once() -> None:
@@ -260,7 +317,7 @@ def test_secrets_written_in_the_file_get_a_warning(tmp_path: Path) -> None:
     assert not any("literal-secret" in w for w in warnings)
     path.chmod(0o644)
     _, warnings = load_checked(path, {"PD_KEY": "k"})
-    assert warnings[-1] == f"{path}: the file is world-readable and holds secrets (chmod o-r)"
+    assert warnings[-1] == "the file is world-readable and holds secrets (chmod o-r)"  # the caller names the file
     environ = {"BILLING_ACCESS_KEY_ID": "a", "BILLING_SECRET_ACCESS_KEY": "b", "INFERENCE_API_KEY": "c"}
     assert load_checked(ROOT / "config.example.yaml", environ)[1] == []
 

@@ -1,8 +1,8 @@
-"""What users deploy: the container, the example Prometheus/Alertmanager/Kubernetes/compose files."""
+"""What users deploy: the container, the example Prometheus, Alertmanager and compose files (Kubernetes:
+test_kubernetes.py)."""
 
 from __future__ import annotations
 
-import base64
 import http.server
 import json
 import os
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from exporter.alerts.promrules import rule_file
-from exporter.config.load import load, validate
-from exporter.config.schema import ServerConfig
+from exporter.config.load import REFERENCE, load
+from exporter.config.schema import NotifierConfig, ServerConfig
 from tests.conftest import require_binary
 
 ROOT = Path(__file__).parent.parent
@@ -75,86 +75,20 @@ def test_example_alertmanager_config_passes_amtool() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_kubernetes_example_has_a_named_metrics_port_and_a_valid_config() -> None:
-    documents = list(yaml.safe_load_all((EXAMPLES / "kubernetes.yaml").read_text()))
-    kinds = {d["kind"]: d for d in documents}
-    config = yaml.safe_load(kinds["ConfigMap"]["data"]["config.yaml"])
-    validate(config, ENV)
-    container = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9877}]
-    assert kinds["Service"]["spec"]["ports"][0]["name"] == "metrics"
-    assert kinds["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
-
-
-def test_kubernetes_secret_references_resolve_to_a_secret_in_the_same_file() -> None:
-    documents = list(yaml.safe_load_all((EXAMPLES / "kubernetes.yaml").read_text()))
-    secrets = {
-        d["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in d.get("data", {}).items()}
-        | d.get("stringData", {})
-        for d in documents
-        if d["kind"] == "Secret"
-    }
-    assert secrets, "the Deployment reads its credentials from a Secret, so the file must define one"
-    (deployment,) = (d for d in documents if d["kind"] == "Deployment")
-    environment: dict[str, str] = {}
-    references = 0
-    for container in deployment["spec"]["template"]["spec"]["containers"]:
-        for variable in container.get("env", []):
-            reference = variable.get("valueFrom", {}).get("secretKeyRef")
-            if reference is None:
-                environment[variable["name"]] = variable.get("value", "")
-                continue
-            references += 1
-            assert reference["name"] in secrets, f"{variable['name']}: no Secret named {reference['name']!r}"
-            assert reference["key"] in secrets[reference["name"]], f"{variable['name']}: no key {reference['key']!r}"
-            environment[variable["name"]] = secrets[reference["name"]][reference["key"]]
-        for source in container.get("envFrom", []):
-            if "secretRef" in source:
-                references += 1
-                assert source["secretRef"]["name"] in secrets, source
-                environment |= secrets[source["secretRef"]["name"]]
-    assert references > 0
-    # Every ${VAR} the ConfigMap's config reads comes from the pod's environment (validate fails on a missing one).
-    (config_map,) = (d for d in documents if d["kind"] == "ConfigMap")
-    validate(yaml.safe_load(config_map["data"]["config.yaml"]), environment)
-    # The values in the file are placeholders, and say so.
-    for secret in secrets.values():
-        for key, value in secret.items():
-            assert value.startswith("REPLACE-ME"), f"{key}: a real-looking value in an example Secret"
-
-
-def test_kubernetes_state_on_a_read_write_once_volume_means_one_pod_and_recreate() -> None:
-    documents = list(yaml.safe_load_all((EXAMPLES / "kubernetes.yaml").read_text()))
-    claims = {d["metadata"]["name"]: d for d in documents if d["kind"] == "PersistentVolumeClaim"}
-    (deployment,) = (d for d in documents if d["kind"] == "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    single_writer = {
-        volume["name"]
-        for volume in pod.get("volumes", [])
-        if "persistentVolumeClaim" in volume
-        and {"ReadWriteOnce", "ReadWriteOncePod"}
-        & set(claims[volume["persistentVolumeClaim"]["claimName"]]["spec"]["accessModes"])
-    }
-    mounts = {m["mountPath"]: m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
-    assert single_writer & set(mounts.values()), "the example keeps its state on a ReadWriteOnce volume"
-    # ... and the state file (which one exporter locks exclusively) is on that volume.
-    (config_map,) = (d for d in documents if d["kind"] == "ConfigMap")
-    state_path = yaml.safe_load(config_map["data"]["config.yaml"])["state"]["path"]
-    state_mount = max((path for path in mounts if state_path.startswith(path.rstrip("/") + "/")), key=len)
-    assert mounts[state_mount] in single_writer
-    # Two pods can neither attach the volume nor take the lock together: one replica, old pod gone first.
-    assert deployment["spec"].get("replicas", 1) == 1
-    assert deployment["spec"].get("strategy") == {"type": "Recreate"}
-
-
-def test_compose_mounts_files_that_exist() -> None:
+def test_compose_mounts_and_builds_what_exists() -> None:
     compose = yaml.safe_load((EXAMPLES / "docker-compose.yml").read_text())
     assert set(compose["services"]) == {"inference-cost-exporter", "prometheus", "alertmanager", "grafana"}
-    for service in compose["services"].values():
+    named = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        if "build" in service:
+            assert (EXAMPLES / service["build"] / "Dockerfile").is_file(), name
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("."):
-                assert (EXAMPLES / source).exists(), source
+                assert (EXAMPLES / source).exists(), f"{name}: {source}"
+            else:
+                assert source in named, f"{name}: {source} is neither a file nor a volume the compose file defines"
+        assert set(service.get("depends_on", [])) <= set(compose["services"]), name
 
 
 def _mounted(service: dict, target: str) -> Path:
@@ -190,9 +124,78 @@ def test_compose_delivers_each_alert_to_alertmanager_exactly_once() -> None:
     # delivers; Prometheus scrapes only, and is not even given the rule file.
     assert exporter_delivers
     assert config.alerts.rules
+    # The rules alert-rules.yml holds for Prometheus are the exporter's, should Prometheus evaluate instead.
+    assert rule_file(config.alerts, config.all_budgets)[0] == (EXAMPLES / "alert-rules.yml").read_text()
     assert "rule_files" not in prometheus
     assert "alerting" not in prometheus
     assert not any("alert-rules" in volume for volume in services["prometheus"].get("volumes", []))
+
+
+def config_variables(text: str) -> set[str]:
+    """The environment variables a config references as ${VAR}, in its values (not in its comments)."""
+
+    def strings(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [s for value in node.values() for s in strings(value)]
+        if isinstance(node, list):
+            return [s for value in node for s in strings(value)]
+        return [node] if isinstance(node, str) else []
+
+    return {name for value in strings(yaml.safe_load(text)) for _, name in REFERENCE.findall(value) if name}
+
+
+def notifier_destinations(notifier: NotifierConfig) -> list[tuple[str, int]]:
+    """The hosts and ports a notifier sends to."""
+    match notifier.type:
+        case "alertmanager":
+            urls = [str(url) for url in notifier.urls]
+        case "webhook" | "pagerduty":
+            urls = [str(notifier.url)]
+        case "slack":
+            urls = [notifier.url.get_secret_value()]
+        case "email":
+            return [(notifier.host, notifier.port)]
+        case _:
+            raise AssertionError(f"notifier {notifier.name}: say where a {notifier.type} notifier sends")
+    return [url_destination(url) for url in urls]
+
+
+def url_destination(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname, url
+    return parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]
+
+
+def _listens_on(service: dict) -> set[int]:
+    """The ports a compose service's container listens on, as its `ports` and `expose` say."""
+    ports = [str(port).split(":")[-1] for port in service.get("ports", [])] + [
+        str(p) for p in service.get("expose", [])
+    ]
+    return {int(port.split("/")[0]) for port in ports}
+
+
+def test_compose_delivers_the_exporters_alerts_to_services_it_runs() -> None:
+    """Every notifier of the mounted config (the digest's too) sends to a service of the compose file, on
+    a port it listens on; the services Prometheus and Grafana name are there too."""
+    services = yaml.safe_load((EXAMPLES / "docker-compose.yml").read_text())["services"]
+    exporter = services["inference-cost-exporter"]
+    mounted = _mounted(exporter, "/etc/inference-cost-exporter/config.yaml")
+    passed = {variable.split("=")[0] for variable in exporter.get("environment", [])}
+    referenced = config_variables(mounted.read_text())
+    assert referenced <= passed, "a ${VAR} the config reads that the compose file does not pass on"
+    config = load(mounted, dict.fromkeys(referenced, "placeholder"))
+    assert config.alerts.notifiers
+    for notifier in config.alerts.notifiers:
+        for host, port in notifier_destinations(notifier):
+            assert host in services, f"notifier {notifier.name}: no service {host!r}"
+            assert port in _listens_on(services[host]), f"notifier {notifier.name}: {host} does not listen on {port}"
+    prometheus = yaml.safe_load(_mounted(services["prometheus"], "/etc/prometheus/prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for static in job["static_configs"] for t in static["targets"]]
+    datasources = ROOT / "grafana" / "provisioning" / "datasources"
+    urls = [d["url"] for path in datasources.glob("*.yaml") for d in yaml.safe_load(path.read_text())["datasources"]]
+    for host, port in [url_destination(f"http://{target}") for target in targets] + [url_destination(u) for u in urls]:
+        assert host in services, host
+        assert port in _listens_on(services[host]), f"{host}:{port}"
 
 
 @pytest.mark.integration  # promtool

@@ -183,8 +183,9 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
         settled=(dt.date(2026, 11, 21), dt.date(2026, 11, 21)),
     )
     assert d["budgets"] == [
-        {"budget": "monthly", "period": "month", "amount": "5000", "used_ratio": 0.69, "forecast_ratio": 0.89}
-    ]
+        {"budget": "monthly", "period": "month", "so_far": "2026-11", "amount": "5000", "used_ratio": 0.69,
+         "forecast_ratio": 0.89}
+    ]  # fmt: skip
     assert d["anomalies"] == [
         {
             "alertname": "SpendAnomaly",
@@ -206,7 +207,7 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
     ]
     body = text(d)
     for line in (
-        "monthly (month, 5000): used 69%, forecast 89% (now)",
+        "monthly (month 2026-11 so far, 5000): used 69%, forecast 89%",
         "SpendAnomaly 2026-11-22 endpoint_id=ep-b: 200.00 against 50.00 expected (+300%)",
         "2026-11-21 ITEM_COMPLETION_TOKEN: billed 1050 tokens, counted 1000 (+5.00%)",
         "SpendAnomaly: ep-b spent 200 [endpoint_id=ep-b]",
@@ -309,3 +310,58 @@ def test_up_to_listed_rows_each_list_is_whole_and_there_is_no_more() -> None:
     d = build(latest, schedule="daily", sent_on=SENT_ON, alerts=alerts)
     assert [a["alertname"] for a in d["alerts"]] == [f"A{n}" for n in range(LISTED)]
     assert "more" not in d
+
+
+def test_budgets_say_they_are_now_not_yesterday_in_every_form() -> None:
+    """The digest is about yesterday; its budgets are as they stand when it is made (the month and
+    the day in progress): each form says so, and names the period each budget measures."""
+    latest = month()  # the bills' today: the 23rd, the day the digest is made
+    budgets = [BudgetConfig(name="monthly", amount=Decimal(5000)),
+               BudgetConfig(name="daily", amount=Decimal(500), period="day")]  # fmt: skip
+    d = build(latest, schedule="daily", sent_on=SENT_ON, budgets=budgets)
+    assert d["day"] == "2026-11-22"
+    assert [(b["budget"], b["so_far"]) for b in d["budgets"]] == [("monthly", "2026-11"), ("daily", "2026-11-23")]
+    lines = ["monthly (month 2026-11 so far, 5000): used 69%, forecast 89%",
+             "daily (day 2026-11-23 so far, 500): used 0%, forecast 30%"]  # fmt: skip
+    assert "Budgets as they stand now\n" + "".join(f"  {line}\n" for line in lines) in text(d)
+    assert "<h3>Budgets as they stand now</h3><ul>" + "".join(f"<li>{line}</li>" for line in lines) in html(d)
+    [section] = [b["text"]["text"] for b in slack(d)["blocks"] if b["text"]["text"].startswith("*Budgets")]
+    assert section == "*Budgets as they stand now*\n" + "\n".join(f"• {line}" for line in lines)
+    # A digest an earlier version queued (no `so_far`) still reads as now, not as yesterday.
+    earlier = {**d, "budgets": [{k: v for k, v in b.items() if k != "so_far"} for b in d["budgets"]]}
+    assert "monthly (this month so far, 5000)" in text(earlier)
+    assert "daily (today so far, 500)" in text(earlier)
+
+
+def test_amounts_carry_the_currency_when_the_config_names_it() -> None:
+    latest = month()
+    latest.reconciliation = Reconciliation(
+        amounts=(AmountGap(dt.date(2026, 11, 21), "ep-a", Decimal("105"), Decimal("100"), Decimal("0.05")),)
+    )
+    d = build(latest, schedule="daily", sent_on=SENT_ON, budgets=[BudgetConfig(name="monthly", amount=Decimal(5000))],
+              anomalies=[RULE], settled=(dt.date(2026, 11, 21),) * 2, currency="CNY")  # fmt: skip
+    assert d["currency"] == "CNY"
+    assert d["spend"] == "300.00"  # the JSON's amounts stay decimal strings, the currency beside them
+    assert subject(d) == "Daily inference spend 2026-11-22: 300.00 CNY (expected 150.00 CNY)"
+    body = text(d)
+    for line in (
+        "Yesterday (2026-11-22): 300.00 CNY",
+        "Expected: 150.00 CNY",
+        f"Month to date (2026-11): {150 * 21 + 300}.00 CNY",
+        f"Forecast for 2026-11: {150 * 21 + 300 + 1000}.00 CNY",
+        "monthly (month 2026-11 so far, 5000 CNY): used 69%, forecast 89%",
+        "ep-b: 200.00 CNY (+300.0%)",
+        "SpendAnomaly 2026-11-22 endpoint_id=ep-b: 200.00 CNY against 50.00 CNY expected (+300%)",
+        "2026-11-21 ep-a: billed 105.00 CNY, estimated 100.00 CNY (+5.00%)",
+    ):
+        assert f"  {line}\n" in body
+    assert "300.00 CNY" in html(d)
+    assert "300.00 CNY" in json.dumps(slack(d))
+    unknown = build(latest, schedule="daily", sent_on=SENT_ON)
+    assert unknown["currency"] == ""
+    assert subject(unknown) == "Daily inference spend 2026-11-22: 300.00 (expected 150.00)"
+
+
+def test_a_count_of_one_run_is_singular() -> None:
+    d = build(month(), schedule="daily", sent_on=SENT_ON, probes=[ProbeStat("chat", 1, 1, [0.25])])
+    assert "chat: 100% of 1 run succeeded, p95 time to first token 250 ms" in text(d)

@@ -1,6 +1,8 @@
-"""The README's metrics reference is generated from the exposition itself, so it cannot drift.
+"""The documentation: its metrics reference is generated from the exposition itself and its config
+reference checked against the config models, so neither can drift; the example digest is the
+code's own; the site builds with every link and anchor checked, and the README's links resolve.
 
-`UPDATE_README=1 pytest tests/test_docs.py` rewrites the table (and the example digest) after a
+`UPDATE_DOCS=1 pytest tests/test_docs.py` rewrites the table and the example digest after a
 deliberate change.
 """
 
@@ -10,6 +12,8 @@ import datetime as dt
 import json
 import os
 import re
+import subprocess
+import sys
 import typing
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +29,12 @@ from exporter.sim import Simulator
 from tests.test_exposition import full_exposition
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+METRICS_PAGE = ROOT / "docs" / "metrics.md"
+CONFIG_PAGE = ROOT / "docs" / "configuration.md"
+DIGEST_PAGE = ROOT / "docs" / "digest.md"
+UPDATE = bool(os.environ.get("UPDATE_DOCS") or os.environ.get("UPDATE_README"))
 START, END = "<!-- metrics-reference:start -->", "<!-- metrics-reference:end -->"
 LABELS_FROM_RULES = {"inference_alerts": "alertname, alertstate, and the rule's `by` labels and `labels`"}
 """Families whose labels come from the config's rules: the sample exposition's would mislead."""
@@ -43,18 +52,20 @@ def reference(exposition: bytes) -> str:
     return "\n".join(rows)
 
 
-def test_readme_lists_exactly_the_metrics_the_code_exposes(sim: Simulator, clock: Clock, frozen: FrozenClock) -> None:
+def test_the_metrics_reference_lists_exactly_the_metrics_the_code_exposes(
+    sim: Simulator, clock: Clock, frozen: FrozenClock
+) -> None:
     table = reference(full_exposition(sim, clock, frozen))
-    text = README.read_text()
-    if os.environ.get("UPDATE_README"):
+    text = METRICS_PAGE.read_text()
+    if UPDATE:
         text = re.sub(f"{START}.*{END}", f"{START}\n{table}\n{END}", text, flags=re.DOTALL)
-        README.write_text(text)
+        METRICS_PAGE.write_text(text)
     documented = text.split(START, 1)[1].split(END, 1)[0].strip()
     in_readme = set(re.findall(r"^\| `(\w+)`", documented, flags=re.MULTILINE))
     in_code = set(re.findall(r"^\| `(\w+)`", table, flags=re.MULTILINE))
-    assert in_code - in_readme == set(), "metrics the code exposes but the README does not list"
-    assert in_readme - in_code == set(), "metrics the README lists but the code does not expose"
-    assert documented == table, "the README's metrics reference is stale: rerun with UPDATE_README=1"
+    assert in_code - in_readme == set(), "metrics the code exposes but the reference does not list"
+    assert in_readme - in_code == set(), "metrics the reference lists but the code does not expose"
+    assert documented == table, "the metrics reference is stale: rerun with UPDATE_DOCS=1"
 
 
 def _models_in(annotation: object) -> tuple[list[type[BaseModel]], bool]:
@@ -91,15 +102,15 @@ def config_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
     return keys
 
 
-def test_readme_documents_every_config_key() -> None:
+def test_the_config_reference_documents_every_config_key() -> None:
     from exporter.config.schema import Config
 
-    text = README.read_text()
+    text = CONFIG_PAGE.read_text()
     table = text.split("<!-- config-reference:start -->", 1)[1].split("<!-- config-reference:end -->", 1)[0]
     documented = set(re.findall(r"^\| `([\w.\[\]]+)`", table, flags=re.MULTILINE))
     in_code = config_keys(Config)
-    assert in_code - documented == set(), "config keys the README does not document"
-    assert documented - in_code == set(), "keys the README documents that the config does not have"
+    assert in_code - documented == set(), "config keys the reference does not document"
+    assert documented - in_code == set(), "keys the reference documents that the config does not have"
 
 
 DIGEST_START, DIGEST_END = "<!-- example-digest:start -->", "<!-- example-digest:end -->"
@@ -157,21 +168,51 @@ def example_digest() -> dict:
 
 
 @pytest.mark.integration  # the simulator on loopback
-def test_readme_shows_the_example_digest_as_the_code_writes_it() -> None:
+def test_the_digest_page_shows_the_example_digest_as_the_code_writes_it() -> None:
     body = example_digest()
     plain = digest_text(body)
     abridged = {k: (v[:2] if isinstance(v, list) else v) for k, v in body.items()}
     example = "```json\n" + json.dumps(abridged, indent=1, ensure_ascii=False) + "\n```"
-    text = README.read_text()
+    text = DIGEST_PAGE.read_text()
     block = "```\n" + plain + "```"
-    if os.environ.get("UPDATE_README"):
+    if UPDATE:
         text = re.sub(f"{DIGEST_START}.*{DIGEST_END}", f"{DIGEST_START}\n{block}\n{DIGEST_END}", text, flags=re.DOTALL)
         text = re.sub(f"{JSON_START}.*{JSON_END}", f"{JSON_START}\n{example}\n{JSON_END}", text, flags=re.DOTALL)
-        README.write_text(text)
-    assert text.split(DIGEST_START, 1)[1].split(DIGEST_END, 1)[0].strip() == block, "rerun with UPDATE_README=1"
-    assert text.split(JSON_START, 1)[1].split(JSON_END, 1)[0].strip() == example, "rerun with UPDATE_README=1"
+        DIGEST_PAGE.write_text(text)
+    assert text.split(DIGEST_START, 1)[1].split(DIGEST_END, 1)[0].strip() == block, "rerun with UPDATE_DOCS=1"
+    assert text.split(JSON_START, 1)[1].split(JSON_END, 1)[0].strip() == example, "rerun with UPDATE_DOCS=1"
     # What the example must show, whatever its figures: the spike, the 5% gap, the probes.
     assert "Spend anomalies" in plain
     assert "ep-20261101-beta" in plain.split("Spend anomalies", 1)[1]
     assert "ITEM_COMPLETION_TOKEN: billed" in plain
     assert "chat-stream: 99% of 288 runs succeeded" in plain
+
+
+@pytest.mark.integration  # mkdocs as a process
+@pytest.mark.timeout(300)
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    """Every page in the navigation, every link and anchor found (mkdocs.yml: strict, validation)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, env=os.environ | {"NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-4000:]
+    assert (tmp_path / "site" / "metrics" / "index.html").is_file()
+
+
+def test_every_link_of_the_readme_resolves() -> None:
+    """The README is read on its own (on the repository's page): its links to files in the
+    repository, the docs pages among them, must name files that are there, and their anchors
+    headings that are."""
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [link for link in links if "://" not in link]
+    assert len(local) > 10
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = ROOT / path if path else README
+        assert target.exists(), link
+        if anchor:
+            headings = re.findall(r"(?m)^#+ (.+)$", target.read_text())
+            slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, link

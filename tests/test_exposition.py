@@ -7,23 +7,31 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import json
 import os
+import platform
+import socket
 import subprocess
 import zlib
 from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import __version__
 from exporter.alerts.engine import Engine
 from exporter.app.account import build_exposition
+from exporter.app.sources import Sources
 from exporter.config.load import validate
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.metrics import exposition as exposition_module
 from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.runtime import REVISION_ENV, RUNTIME_COLLECTORS, revision
 from exporter.model.snapshots import Latest
 from exporter.sim import Simulator
 from exporter.sources.bills import BillsSource
@@ -32,7 +40,7 @@ from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.sources.usage import UsageSync
 from exporter.state import AlertStore, StateStore
 from tests.conftest import DATA, require_binary
-from tests.daemon_fakes import NOWHERE, fake_billing_section
+from tests.daemon_fakes import NOWHERE, InProcessBilling, fake_billing_section
 from tests.fakes import FakeBilling, chat_runner
 
 GOLDEN = DATA / "exposition.golden"
@@ -80,7 +88,8 @@ def full_latest(sim: Simulator, clock: Clock, frozen: FrozenClock) -> tuple[Conf
 
 
 def full_exposition(sim: Simulator, clock: Clock, frozen: FrozenClock) -> bytes:
-    """With an alert firing, so the alert families have samples too."""
+    """With an alert firing, so the alert families have samples too; and the process's own series last, as the
+    daemon's exposition has them (`Sources`)."""
     config, latest = full_latest(sim, clock, frozen)
     store = StateStore(":memory:")
     engine = Engine(
@@ -90,7 +99,8 @@ def full_exposition(sim: Simulator, clock: Clock, frozen: FrozenClock) -> bytes:
     engine.evaluate()
     latest.record("bills", success=False, at=frozen().timestamp(), duration=1.0, error="x")
     dispatcher = Dispatcher(config.alerts.notifiers, engine.db, clock, engine.current, "http://exporter:9877")
-    return build_exposition(config, latest, clock, AlertsCollector(engine, dispatcher)).render()[0]
+    alerts = AlertsCollector(engine, dispatcher)
+    return build_exposition(config, latest, clock, alerts, *RUNTIME_COLLECTORS).render()[0]
 
 
 def shape(exposition: bytes) -> str:
@@ -228,3 +238,71 @@ def test_a_gzipped_scrape_compresses_only_the_blocks_whose_snapshot_changed(
     health, eof = compressed(OPENMETRICS)
     assert b"inference_exporter_build_info" in health
     assert eof == b"# EOF\n"
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_the_daemons_exposition_has_the_process_series_rendered_afresh_each_scrape(
+    sim: Simulator, clock: Clock, several: bool
+) -> None:
+    billing = fake_billing_section(sim)
+    document = {"accounts": [{"name": "a", "billing": billing}, {"name": "b", "billing": billing}]} if several else {
+        "billing": billing
+    }  # fmt: skip
+    sources = Sources(validate(document, {}), Latest(), clock, StateStore(":memory:"), billing=InProcessBilling(sim))
+    try:
+
+        def scrape() -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+            families: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+            for family in text_string_to_metric_families(sources.exposition.render()[0].decode()):
+                for sample in family.samples:
+                    families.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+            return families
+
+        before = scrape()
+        assert {"process_start_time_seconds", "process_resident_memory_bytes", "python_gc_collections_total"} <= set(
+            before
+        )
+        [info] = before["python_info"]
+        assert dict(info)["version"] == platform.python_version()
+        assert all("account" not in dict(labels) for labels in before["process_open_fds"])
+        opened = [socket.socket() for _ in range(8)]  # the same snapshots, 8 more descriptors open
+        try:
+            after = scrape()
+        finally:
+            for one in opened:
+                one.close()
+        assert next(iter(after["process_open_fds"].values())) >= next(iter(before["process_open_fds"].values())) + 8
+    finally:
+        sources.close()
+
+
+def test_build_info_says_the_version_the_revision_and_the_python(
+    sim: Simulator, clock: Clock, frozen: FrozenClock
+) -> None:
+    [(labels, one)] = [
+        (dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(full_exposition(sim, clock, frozen).decode())
+        for sample in family.samples
+        if sample.name == "inference_exporter_build_info"
+    ]
+    assert one == 1
+    assert labels == {"version": __version__, "revision": revision(), "python_version": platform.python_version()}
+
+
+def test_the_revision_comes_from_the_environment_else_the_installed_commit(tmp_path: Path) -> None:
+    info = tmp_path / "inference_cost_exporter-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: inference-cost-exporter\nVersion: 0.1.0\n")
+    installed = metadata.PathDistribution(info)
+    assert revision({}, installed) == "unknown"  # no direct_url.json: from an index, or a wheel
+    (info / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": True}}))
+    assert revision({}, installed) == "unknown"  # a local directory: no commit recorded
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    (info / "direct_url.json").write_text(
+        json.dumps({"url": "https://example.com/x.git", "vcs_info": {"vcs": "git", "commit_id": commit}})
+    )
+    assert revision({}, installed) == commit
+    assert revision({REVISION_ENV: " 9f8e7d6 "}, installed) == "9f8e7d6"  # set where the image was built
+    assert revision({REVISION_ENV: ""}, installed) == commit
+    (info / "direct_url.json").write_text("not json")
+    assert revision({}, installed) == "unknown"

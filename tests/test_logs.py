@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.core.logs import JsonFormatter, LogfmtFormatter, get_logger
+from exporter.core.logs import JsonFormatter, LogfmtFormatter, MaskingFormatter, get_logger, setup_logging
 from exporter.sim import Fault, Simulator, SimulatorServer
 from tests.helpers import scrape, value, wait_for
-from tests.test_cli import ready, spawn, write_config
+from tests.test_cli import ready, run, spawn, write_config
 
 PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"=]*)(?: |$)')
 RFC3339_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -129,3 +129,48 @@ def test_a_secret_is_masked_however_the_format_escapes_it(formatter: logging.For
     line = masking.format(record)
     assert "pa" not in line.replace("plain", "")  # no piece of it, escaped or not
     assert line.count("***") == 3
+
+
+@pytest.mark.parametrize(
+    ("level", "fmt", "expected"),
+    [
+        ("warn", "logfmt", (logging.WARNING, LogfmtFormatter)),  # promlog's spellings (--log.level, --log.format)
+        ("warning", "text", (logging.WARNING, LogfmtFormatter)),  # the config's
+        ("debug", "json", (logging.DEBUG, JsonFormatter)),
+        ("error", "logfmt", (logging.ERROR, LogfmtFormatter)),
+    ],
+)
+def test_either_spelling_of_a_level_and_a_format(level: str, fmt: str, expected: tuple[int, type]) -> None:
+    root = logging.getLogger()
+    handlers, before = list(root.handlers), root.level
+    try:
+        setup_logging(level, fmt)
+        [handler] = root.handlers
+        assert isinstance(handler.formatter, MaskingFormatter)
+        assert (root.level, type(handler.formatter.inner)) == expected
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(before)
+    with pytest.raises(ValueError, match="'verbose'"):
+        setup_logging("verbose", fmt)
+
+
+@pytest.mark.integration  # a command as a process
+def test_the_log_flags_override_the_config(tmp_path: Path, live: tuple[Simulator, SimulatorServer]) -> None:
+    sim, server = live
+    config = write_config(tmp_path, sim, server)  # level info, format text
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    result = run("once", "--config", str(config), "--log.level", "debug", "--log.format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    parsed = [json.loads(line) for line in result.stderr.splitlines()]
+    assert any(entry["level"] == "debug" for entry in parsed)
+
+    document = yaml.safe_load(config.read_text())
+    document["log"] = {"level": "debug", "format": "json"}
+    config.write_text(yaml.safe_dump(document))
+    result = run("once", "--config", str(config), "--log.level", "warn", "--log.format", "logfmt", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # the config's debug lines, held back by --log.level warn
+    invalid = run("once", "--config", str(config), "--log.level", "verbose", env=env)
+    assert invalid.returncode == 2
+    assert "argument --log.level: invalid choice: 'verbose'" in invalid.stderr

@@ -202,6 +202,9 @@ def fails_once_then_recovers(
     api_key = probe.pop("api_key", None)
     probe_runner = runner(api_key=api_key, **probe)
     assert_failed_once(probe_runner.run(), reason)
+    assert probe_runner.last_reason == reason
+    assert probe_runner.last_detail is not None
+    assert probe_runner.last_detail.endswith(f" (POST {probe_runner.url})")  # every failure names where it went
     sim.clear_faults()
     for name in sim_settings:
         setattr(sim, name, 0.0)
@@ -246,8 +249,10 @@ def test_a_failure_is_logged_once_until_the_probe_recovers(sim: Simulator, caplo
     sim.inject(Fault("stream_error", CHAT, times=2))
     probe_runner = in_process(sim)
     assert [probe_runner.run().last.reason for _ in range(3)] == ["stream_error", "stream_error", None]
-    assert len(logged(caplog.records, "probe failed", probe="p", reason="stream_error")) == 1
+    [failed] = logged(caplog.records, "probe failed", probe="p", reason="stream_error")
+    assert failed.fields["detail"].endswith(" (POST http://127.0.0.1:1/v1/chat/completions)")  # type: ignore[attr-defined]
     assert len(logged(caplog.records, "probe recovered", probe="p")) == 1
+    assert (probe_runner.last_reason, probe_runner.last_detail) == (None, None)
 
 
 def event(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict | None = None) -> bytes:

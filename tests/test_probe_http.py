@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sim import Fault, Simulator, SimulatorServer
-from exporter.sources.probe import ProbeRunner, answer_cap
+from exporter.sources.probe import ProbeRunner, answer_cap, unusable
 from tests.helpers import LoopbackServer, logged
 from tests.test_probe import (
     CHAT,
@@ -199,6 +199,72 @@ def test_the_api_key_never_reaches_the_log(
     assert "probe failed" in caplog.text
     assert sim.api_key not in caplog.text
     assert "sk-live-very-secret" not in caplog.text
+
+
+@pytest.mark.parametrize("written", ["", "/", "/v1", "/v1/"], ids=["base", "base/", "base/v1", "base/v1/"])
+def test_the_inference_url_is_taken_with_or_without_v1(sim: Simulator, server: SimulatorServer, written: str) -> None:
+    """As OpenAI-style SDKs take it (…/v1) or as the spec writes it (the base address): the probe
+    posts to the one chat path either way."""
+    sim.time_to_first_token = 0.05
+    probe_runner = runner(sim, server, url=server.url + written)
+    assert probe_runner.url == f"{server.url}/v1/chat/completions"
+    assert_passed(probe_runner.run(), {"http", "content", "usage"}, stream=True)
+
+
+def test_a_failure_names_the_url_it_requested_and_never_the_key(
+    sim: Simulator, server: SimulatorServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = runner(sim, server, url=f"{server.url}/api")  # an address the API is not at
+    assert_failed_once(elsewhere.run(), "http_404")
+    requested = f"{server.url}/api/v1/chat/completions"
+    assert elsewhere.last_detail == f"HTTP 404 (POST {requested})"
+    [failed] = logged(caplog.records, "probe failed", reason="http_404")
+    assert failed.fields["detail"] == f"HTTP 404 (POST {requested})"  # type: ignore[attr-defined]
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    credentials = f"http://user:pw-in-url@127.0.0.1:{port}"
+    unreachable = runner(sim, server, url=credentials)
+    assert_failed_once(unreachable.run(), "connection")
+    assert (
+        unreachable.last_detail
+        == f"connection failed (connection refused) (POST http://127.0.0.1:{port}/v1/chat/completions)"
+    )
+    assert sim.api_key not in caplog.text
+    assert "pw-in-url" not in caplog.text
+
+
+def test_a_config_the_inference_api_cannot_be_used_with_is_told_apart_from_failed_answers(
+    sim: Simulator, server: SimulatorServer
+) -> None:
+    """What `once` exits 2 for: the key refused, or no probe finding the API at all. An endpoint
+    that fails its answer (or does not exist, beside others that answer) is the probes' finding."""
+    requested = f"{server.url}/api/v1/chat/completions"
+    lost = [runner(sim, server, url=f"{server.url}/api/", name=name) for name in ("a", "b")]
+    for probe_runner in lost:
+        probe_runner.run()
+    assert unusable(lost) == (
+        f"no probe found or reached the inference API; probe a: HTTP 404 (POST {requested});"
+        " check inference.url (its base address, with or without /v1) and the probes' `model`"
+    )
+    assert unusable([*lost, ran(runner(sim, server, name="c"))]) is None  # the API is there: one answers
+    assert unusable([ran(runner(sim, server, model="ep-missing")), ran(runner(sim, server, name="c"))]) is None
+    assert unusable([runner(sim, server)]) is None  # not run yet
+    refused = ran(runner(sim, server, api_key="wrong-key", name="k"))
+    assert unusable([ran(runner(sim, server)), refused]) == (
+        f"probe k: the inference API refused the key (HTTP 401); check inference.api_key"
+        f" (POST {server.url}/v1/chat/completions)"
+    )
+    sim.inject(Fault("status", CHAT, status=503, times=2))
+    failing = [ran(runner(sim, server, name=name)) for name in ("a", "b")]
+    assert [r.last_reason for r in failing] == ["http_5xx", "http_5xx"]
+    assert unusable(failing) is None  # an outage the exposition reports, not a config fault
+
+
+def ran(probe_runner: ProbeRunner) -> ProbeRunner:
+    probe_runner.run()
+    return probe_runner
 
 
 @contextmanager

@@ -277,3 +277,22 @@ def test_curl_compressed_reads_the_whole_metrics_body(clock: Clock) -> None:
             assert body == server.view.render(accept)[0]
     finally:
         server.stop()
+
+
+def test_a_web_config_files_headers_come_on_refusals_too(tmp_path: Path, clock: Clock) -> None:
+    """`http_server_config.headers` are the server's, on every answer: a refused method and a 404 too."""
+    import http.client
+
+    web = tmp_path / "web.yml"
+    web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n")
+    server = start({}, clock, web_config=web)
+    try:
+        host, port = server.server_address[:2]
+        for method, path, expected in (("POST", "/metrics", 405), ("GET", "/nope", 404), ("GET", "/metrics", 200)):
+            connection = http.client.HTTPConnection(host, port, timeout=5)
+            connection.request(method, path)
+            response = connection.getresponse()
+            assert (response.status, response.getheader("X-Frame-Options")) == (expected, "sameorigin")
+            connection.close()
+    finally:
+        server.stop()

@@ -63,7 +63,7 @@ def _client_settings(billing: BillingConfig) -> dict[str, object]:
     """What the billing client and the usage sync are built from: the rest (intervals, grace days)
     changes on a reload without a new client."""
     return billing.model_dump(
-        exclude={"bills_interval", "usage_interval", "previous_month_grace_days", "history_months"}
+        exclude={"bills_interval", "usage_interval", "previous_month_grace_days", "history_months", "currency"}
     )
 
 

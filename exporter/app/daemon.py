@@ -34,7 +34,7 @@ from exporter.core.logs import get_logger, mask_more
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
-from exporter.web import Credentials, ExporterServer, TlsError, View
+from exporter.web import Credentials, ExporterServer, TlsError, View, WebConfigError
 from exporter.web.views import AccountView
 
 log = get_logger(__name__)
@@ -65,15 +65,19 @@ class Daemon:
         config_path: str | Path | None = None,
         clock: Clock | None = None,
         listen: str | None = None,
+        web_config: str | Path | None = None,
         retry: RetryPolicy | None = None,
         billing: BillingFactory | None = None,
         serve: bool = True,
     ) -> None:
         """The HTTP server is bound here (a port in use fails now, with OSError) and serves from `start`;
-        `listen` overrides `server.listen`. `billing` builds the billing API for each new `billing`
+        `listen` overrides `server.listen`; `web_config`, a web configuration file in exporter-toolkit's format,
+        secures it instead of `server.tls` and `server.basic_auth` (WebConfigError if bad, or if the config sets
+        those too), read again on each reload. `billing` builds the billing API for each new `billing`
         section (the HTTP client with `retry` unless given). `serve` False: no HTTP server at all, the
         rest as ever (the unit tests read the exposition and the landing page in process)."""
         self.config_path = config_path
+        self.web_config = web_config
         self.state_path = config.state.path
         self.retry = retry
         self.billing = billing
@@ -123,7 +127,8 @@ class Daemon:
         """What the HTTP server shows, read afresh on each request."""
         self._server: ExporterServer | None = None
         if serve:
-            self._server = ExporterServer(parse_listen(listen or config.server.listen), self.view, config.server)
+            address = parse_listen(listen or config.server.listen)
+            self._server = ExporterServer(address, self.view, config.server, web_config=web_config)
         self._listen = None if listen else config.server.listen
         """The configured address the server listens on; None when `--listen` overrides the config's."""
         self.dispatcher = Dispatcher(
@@ -385,9 +390,9 @@ class Daemon:
 
     def reload(self) -> bool:
         """Load the config file again; a bad one is refused and the running one kept, as is one whose certificate
-        or key does not load. The server's certificate, key and password apply to the next connections and
-        requests (the files are read again); the listen address and state.path change only on restart, which the
-        log says at warning."""
+        or key does not load, or whose web configuration file (read again too) is bad. The server's certificate, key,
+        password and headers apply to the next connections and requests (the files are read again); the listen
+        address and state.path change only on restart, which the log says at warning."""
         if self.config_path is None:
             return False
         try:
@@ -402,8 +407,8 @@ class Daemon:
             return False
         mask_more(config.secret_values())
         try:  # read again even where the paths are the same: a renewed certificate often keeps them
-            credentials = Credentials.load(config.server)
-        except TlsError as error:
+            credentials = Credentials.load(config.server, self.web_config)
+        except (TlsError, WebConfigError) as error:
             log.error("config reload refused (keeping the running config)", error=str(error))
             self.latest.reloaded(success=False)
             return False

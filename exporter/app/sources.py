@@ -24,6 +24,7 @@ from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.collectors import BudgetCollector, ExporterCollector
 from exporter.metrics.exposition import Exposition
+from exporter.metrics.runtime import RUNTIME_COLLECTORS
 from exporter.model import signals
 from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
@@ -171,9 +172,12 @@ class Sources:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
 
     def _exposition(self) -> Exposition | AssembledExposition:
+        """Every account's series, the alerts', and the process's own (RUNTIME_COLLECTORS: client_python's
+        defaults, last)."""
         if not self.config.several:
             one = self.accounts[""]
-            return build_exposition(one.config, one.latest, self.clock, AlertsCollector(self.engine, self.dispatcher))
+            alerts = AlertsCollector(self.engine, self.dispatcher)
+            return build_exposition(one.config, one.latest, self.clock, alerts, *RUNTIME_COLLECTORS)
         per_account = {
             name: collectors(a.config, a.latest, self.clock, part="account") for name, a in self.accounts.items()
         }
@@ -191,6 +195,7 @@ class Sources:
         states = [(name, a.state) for name, a in self.accounts.items()]
         kinds.append([("", ExporterCollector(self.latest, self.clock, part="process"))])
         kinds.append([("", AlertsCollector(self.engine, self.dispatcher, lambda: states))])
+        kinds += [[("", collector)] for collector in RUNTIME_COLLECTORS]
         return AssembledExposition(kinds)
 
     # -- one account (the config's only one) --
@@ -322,6 +327,7 @@ class Sources:
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
+            currency=one.config.billing.currency,
         )  # fmt: skip
         if account:
             body["account"] = account

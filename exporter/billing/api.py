@@ -24,6 +24,7 @@ from exporter.billing.records import (
     parse_usage,
 )
 from exporter.core.logs import get_logger
+from exporter.core.words import counted
 
 log = get_logger(__name__)
 
@@ -197,7 +198,7 @@ class Listings(abc.ABC):
             total = max(total, page_total)
             bills.extend(records)
         if len(bills) != total:
-            raise RecordError(f"{what}: pages held {len(bills)} records, `total` says {total}")
+            raise RecordError(f"{what}: pages held {counted(len(bills), 'record')}, `total` says {total}")
         return bills
 
     def _usage_fetch(self, day: dt.date) -> Callable[[int, int], tuple[tuple[UsageRecord, ...], int]]:

@@ -30,6 +30,7 @@ from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.core.net import network_cause
+from exporter.core.words import counted
 
 log = get_logger(__name__)
 
@@ -177,7 +178,9 @@ class BillingClient(Listings):
                 if self._closed.is_set():
                     raise ClientClosed(f"{what}: the client was closed (config reload)") from None
                 if attempt >= self.retry.attempts:
-                    raise BillingUnavailable(f"{what}: {failure} (gave up after {attempt} attempts)") from None
+                    raise BillingUnavailable(
+                        f"{what}: {failure} (gave up after {counted(attempt, 'attempt')})"
+                    ) from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))
                 (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from exporter import __version__
 from exporter.core.clock import PERIOD
+from exporter.core.logs import FORMATS, LEVELS
 from exporter.replay import MAX_MONTHS
 
 CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
@@ -22,12 +23,21 @@ def _period(value: str) -> str:
     return value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Says an option's default where it has one: not on a required option, a switch, or an option that is unset
+    unless given (None, or an empty list), where argparse's own would say `(default: None)`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if action.required or action.nargs == 0 or default is None or default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _command(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, description: str
 ) -> argparse.ArgumentParser:
-    return commands.add_parser(
-        name, help=summary, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    return commands.add_parser(name, help=summary, description=description, formatter_class=_HelpFormatter)
 
 
 def _config_option(command: argparse.ArgumentParser) -> None:
@@ -43,6 +53,35 @@ def _config_option(command: argparse.ArgumentParser) -> None:
 
 def _account_option(command: argparse.ArgumentParser, what: str) -> None:
     command.add_argument("--account", metavar="NAME", help=what)
+
+
+def _log_options(command: argparse.ArgumentParser, *, config: bool = True) -> None:
+    """`--log.level` and `--log.format`, as the Prometheus exporters spell them (the config's spellings too); with a
+    `config`, they override its `log` section."""
+    level, fmt = (None, None) if config else ("info", "logfmt")
+    overrides = " (overrides log.level)" if config else ""
+    command.add_argument(
+        "--log.level", dest="log_level", choices=LEVELS, default=level, metavar="LEVEL",
+        help=f"debug, info, warn or error{overrides}",
+    )  # fmt: skip
+    command.add_argument(
+        "--log.format", dest="log_format", choices=FORMATS, default=fmt, metavar="FORMAT",
+        help=f"logfmt or json{overrides.replace('level', 'format')}",
+    )  # fmt: skip
+
+
+def _web_options(command: argparse.ArgumentParser, listen: str, default: str | None = None) -> None:
+    """`--web.listen-address` (`--listen` too) and `--web.config.file`, as the Prometheus exporters spell them; with
+    no `default` address, the command reads a config (whose server.listen it overrides, and which SIGHUP reloads)."""
+    command.add_argument(
+        "--web.listen-address", "--listen", dest="listen", default=default, metavar="ADDR", help=listen
+    )
+    with_config = " (instead of server.tls and server.basic_auth; read again on SIGHUP)" if default is None else ""
+    command.add_argument(
+        "--web.config.file", dest="web_config", metavar="FILE",
+        help="a web configuration file in exporter-toolkit's format: TLS, client certificates, basic auth users "
+        f"with bcrypt hashes, response headers{with_config}",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with a one-line reason on stderr.",
     )  # fmt: skip
     _config_option(once)
+    _log_options(once)
     once.set_defaults(func="commands:cmd_once")
 
     run = _command(
@@ -77,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate alert rules and deliver notifications. SIGHUP reloads the config; SIGTERM or SIGINT stop it.",
     )  # fmt: skip
     _config_option(run)
-    run.add_argument("--listen", metavar="ADDR", help="overrides server.listen, e.g. :9877 or 127.0.0.1:9877")
+    _web_options(run, "where the HTTP server listens, e.g. :9877 or 127.0.0.1:9877 (overrides server.listen)")
+    _log_options(run)
     run.add_argument(
         "--reset-state",
         action="store_true",
@@ -97,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(digest)
     digest.add_argument("--send", action="store_true", help="send it through digest.notifiers too")
     _account_option(digest, "the account whose digest to make (with `accounts`: every account's when not given)")
+    _log_options(digest)
     digest.set_defaults(func="commands:cmd_digest")
 
     rules = _command(
@@ -119,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
     replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
     _account_option(replay, "the account to replay (required with `accounts`)")
+    _log_options(replay)
     replay.set_defaults(func="commands:cmd_backtest")
 
     backfill_command = _command(
@@ -145,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label your Prometheus adds to the exporter's series (job, instance); repeat for each",
     )
     _account_option(backfill_command, "the account to backfill (required with `accounts`; its series get `account`)")
+    _log_options(backfill_command)
     backfill_command.set_defaults(func="commands:cmd_backfill")
 
     demo = _command(
@@ -152,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Start the stand-in billing and chat service on loopback and the exporter against it, with growing "
         "usage and an occasional failing chat request, and print the URLs.",
     )  # fmt: skip
-    demo.add_argument("--listen", default="127.0.0.1:9877", metavar="ADDR", help="where the exporter listens")
+    _web_options(demo, "where the exporter listens", default="127.0.0.1:9877")
+    _log_options(demo, config=False)
     demo.set_defaults(func="commands:cmd_demo")
 
     simulate = _command(

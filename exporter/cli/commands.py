@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from exporter.alerts.alert import Alert
@@ -26,17 +26,23 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.notifiers.digest import text as digest_text
 from exporter.replay.backfill import BackfillError, backfill, check_range, months, target_labels
+from exporter.sources.probe import unusable
 from exporter.state import AlertStore, StateError, StateStore, peek
+from exporter.web import WebConfigError
 
 log = get_logger("exporter")
 
 SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-REFUSED_KEY = ("http_401", "http_403")
+
+
+def _logging(args: argparse.Namespace, level: str = "", fmt: str = "", secrets: Iterable[str] = ()) -> None:
+    """Logging as `--log.level` and `--log.format` say, else as the config's `log` (`level`, `fmt`) does."""
+    setup_logging(args.log_level or level, args.log_format or fmt, secrets)
 
 
 def cmd_once(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    setup_logging(config.log.level, config.log.format, config.secret_values())
+    _logging(args, config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     latest = Latest()
     sources = Sources(config, latest, clock, StateStore(":memory:"), external_url="")
@@ -46,11 +52,10 @@ def cmd_once(args: argparse.Namespace) -> int:
         except RefreshFailed as error:
             print(f"inference-cost-exporter: {error}", file=sys.stderr)
             return EXIT_SOURCE
-        for name, probe in latest.probes.items():
-            if probe.last.reason in REFUSED_KEY:  # a wrong inference key is a config problem, not an outage
-                status = probe.last.reason.removeprefix("http_")
-                print(f"inference-cost-exporter: probe {name}: the inference API refused the key (HTTP {status}); "
-                      "check inference.api_key", file=sys.stderr)  # fmt: skip
+        for name, account in sources.accounts.items():  # a wrong key or URL is a config problem, not an outage
+            problem = unusable(account.probes.values())
+            if problem is not None:
+                print(f"inference-cost-exporter: {f'account {name}: ' if name else ''}{problem}", file=sys.stderr)
                 return EXIT_SOURCE
         sys.stdout.write(sources.exposition.render()[0].decode())
     finally:
@@ -63,7 +68,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
     if args.send and config.digest is None:
         print(f"{args.config}: digest: not configured; `--send` sends through `digest.notifiers`", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(config.log.level, config.log.format, config.secret_values())
+    _logging(args, config.log.level, config.log.format, config.secret_values())
     schedule = config.digest.schedule if config.digest is not None else "daily"
     clock = Clock(config.billing.zone)
     latest = Latest()
@@ -110,7 +115,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     from exporter.replay.backtest import backtest, render
 
     config = load_config(args.config)
-    setup_logging(config.log.level, config.log.format, config.secret_values())
+    _logging(args, config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     last = args.to or clock.period()
     if args.start > last:
@@ -138,7 +143,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    setup_logging(config.log.level, config.log.format, config.secret_values())
+    _logging(args, config.log.level, config.log.format, config.secret_values())
     clock = Clock(config.billing.zone)
     try:
         periods = months(args.first, args.last, clock.period())
@@ -225,6 +230,9 @@ def _start(daemon_factory: Callable[[], Daemon], listen: str) -> Daemon:
         daemon = daemon_factory()
     except StateError as error:
         raise _state_problem(error) from None
+    except WebConfigError as error:  # each problem with the file and its field
+        print("\n".join(error.details), file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
     except OSError as error:
         print(f"inference-cost-exporter: cannot listen on {listen}: {error.strerror or error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
@@ -242,23 +250,23 @@ def _reset_state(path: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    setup_logging(config.log.level, config.log.format, config.secret_values())
+    _logging(args, config.log.level, config.log.format, config.secret_values())
     listen = _listen(args.listen or config.server.listen)
     if args.reset_state:
         _reset_state(config.state.path)
     _hold_signals()
-    daemon = _start(lambda: Daemon(config, config_path=args.config, listen=listen), listen)
+    daemon = _start(lambda: Daemon(config, config_path=args.config, listen=listen, web_config=args.web_config), listen)
     return _serve_until_signalled(daemon)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    setup_logging("info")
+    _logging(args)
     listen = _listen(args.listen)
     _hold_signals()
     sim, sim_server, workdir, config = demo_scenario()
     stop = threading.Event()
     try:
-        daemon = _start(lambda: Daemon(config, listen=listen), listen)
+        daemon = _start(lambda: Daemon(config, listen=listen, web_config=args.web_config), listen)
         threading.Thread(target=demo_traffic, args=(sim, stop), name="demo-traffic", daemon=True).start()
         url = daemon.server.url
         host = str(daemon.server.server_address[0])

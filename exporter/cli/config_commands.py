@@ -11,6 +11,7 @@ from exporter.alerts.alert import routes, rule_ids
 from exporter.alerts.promrules import rule_file
 from exporter.config.load import ConfigError, load_checked
 from exporter.config.schema import Config
+from exporter.core.words import counted
 from exporter.state.file import location_problem
 
 EXIT_CONFIG = 1
@@ -64,17 +65,26 @@ def cmd_check(args: argparse.Namespace) -> int:
     digest = config.digest
     sends = f"; digest {digest.schedule} at {digest.at} to {', '.join(digest.notifiers)}" if digest else ""
     probes = sum(len(account.probes) for _, account in config.account_configs())
-    accounts = f"{len(config.accounts)} accounts, " if config.several else ""
+    accounts = f"{counted(len(config.accounts), 'account')}, " if config.several else ""
+    amounts = "" if config.several else f"; {_currency(config.billing.currency)}"
     print(
-        f"{args.config}: valid ({accounts}{probes} probes, {len(config.all_budgets)} budgets, "
-        f"{len(config.alerts.rules)} rules, {len(config.alerts.notifiers)} notifiers{sends})"
+        f"{args.config}: valid ({accounts}{counted(probes, 'probe')}, {counted(len(config.all_budgets), 'budget')}, "
+        f"{counted(len(config.alerts.rules), 'rule')}, {counted(len(config.alerts.notifiers), 'notifier')}"
+        f"{amounts}{sends})"
     )
     for name, account in config.account_configs() if config.several else ():
-        print(f"  account {name}: {account.billing.url}, {len(account.probes)} probes, {len(account.budgets)} budgets")
+        print(
+            f"  account {name}: {account.billing.url}, {counted(len(account.probes), 'probe')}, "
+            f"{counted(len(account.budgets), 'budget')}; {_currency(account.billing.currency)}"
+        )
     routed = routes(config.alerts, digest.notifiers if digest else ())
     for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
         print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
     return 0
+
+
+def _currency(code: str) -> str:
+    return f"amounts in {code}" if code else "currency not set (billing.currency)"
 
 
 def cmd_rules(args: argparse.Namespace) -> int:

@@ -1,12 +1,13 @@
 """Loading a config: YAML → `${VAR}`/`${file:PATH}` → the schema (`exporter.config.schema`) → checks across sections.
 
 `${VAR}` anywhere in a string is replaced from the environment. Every problem is reported at
-once with its location (`billing.page_size: must be ≤ 500`); secrets are `SecretStr` and never
-appear in a message.
+once with its location (`billing.page_size: must be ≤ 500`; a misspelt key with the keys of its
+place spelt most like it); secrets are `SecretStr` and never appear in a message.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import stat
@@ -21,7 +22,7 @@ from pydantic import (
 
 from exporter.config.checks import cross_check, items, location, rule_name
 from exporter.config.rules import twin_rules
-from exporter.config.schema import Config, secret_fields
+from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.logs import get_logger
 from exporter.notifiers.webhook import webhook_secret
 
@@ -29,6 +30,10 @@ REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
 RULE_KINDS = ("threshold-rule", "budget-rule", "anomaly-rule")
 """The tags of a rule's types, which pydantic puts in an error's location."""
+LIKE = 0.6
+"""How alike (difflib's ratio) an unknown key and a known one must be for "did you mean"."""
+NEAR_TIE = 0.05
+"""Known keys this close to the likest one are offered with it."""
 
 
 log = get_logger(__name__)
@@ -55,11 +60,11 @@ _NOT_FOR_KIND = {
 # --- checks across sections (on the document, so they run whatever else is wrong) ------------
 
 
-class _StrictLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """Safe YAML that refuses a key given twice in one mapping."""
 
 
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     seen: set[Any] = set()
     for key_node, _ in node.value:
@@ -74,7 +79,7 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     return loader.construct_mapping(node)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 def substitute(
@@ -110,7 +115,8 @@ def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:
 
 
 def secret_warnings(raw: Any, path: Path) -> list[str]:
-    """Secrets written into the config file itself rather than taken from the environment or a file."""
+    """Secrets written into the config file itself rather than taken from the environment or a file.
+    A warning is about the file at `path` and does not name it: who shows it does, once."""
     warnings = []
     webhooks = [
         ((*where, "url"), item["url"])
@@ -123,7 +129,7 @@ def secret_warnings(raw: Any, path: Path) -> list[str]:
                 f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"
             )
     if warnings and path.stat().st_mode & stat.S_IROTH:
-        warnings.append(f"{path}: the file is world-readable and holds secrets (chmod o-r)")
+        warnings.append("the file is world-readable and holds secrets (chmod o-r)")
     return warnings
 
 
@@ -168,6 +174,27 @@ def _message(error: Any) -> str:
     return str(error["msg"])
 
 
+def _unknown_key(document: dict[str, Any], loc: tuple[int | str, ...], path: tuple[int | str, ...]) -> str:
+    """Why the key at `loc` is refused: a key of another kind of rule says so; another gets the
+    keys of its place that are spelt most like it (the ones not given already)."""
+    key, place = str(loc[-1]), loc[:-1]
+    if place[:2] == ("alerts", "rules") and len(place) == 4:
+        other_kinds = [kind for kind in RULE_KINDS if kind != place[3]]
+        if any(key in keys_at((*place[:3], kind)) for kind in other_kinds):
+            return _NOT_FOR_KIND[str(place[3])]
+    try:
+        given = _at_path(document, path[:-1])
+    except (KeyError, IndexError, TypeError):
+        given = None
+    given = given if isinstance(given, dict) else {}
+    likeness = {k: difflib.SequenceMatcher(None, key, k).ratio() for k in keys_at(place) if k not in given}
+    best = max(likeness.values(), default=0.0)
+    if best < LIKE:
+        return "unknown key"
+    close = [k for k, ratio in sorted(likeness.items(), key=lambda pair: -pair[1]) if ratio >= best - NEAR_TIE]
+    return f"unknown key; did you mean {' or '.join(close)}?"
+
+
 def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     environ = os.environ if environ is None else environ
     missing: dict[tuple[int | str, ...], str] = {}
@@ -190,9 +217,8 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 and not (n == 3 and error["loc"][:2] == ("alerts", "notifiers"))  # the `type` it was read as
             )
             if path not in missing:
-                loc = error["loc"]
-                kind = loc[3] if error["type"] == "extra_forbidden" and loc[:2] == ("alerts", "rules") else None
-                message = _NOT_FOR_KIND.get(str(kind)) or _message(error)
+                unknown = error["type"] == "extra_forbidden"
+                message = _unknown_key(document, error["loc"], path) if unknown else _message(error)
                 errors.append(f"{location(path)}{rule_name(document, path)}: {message}")
     errors += cross_check(document)
     if not errors:
@@ -211,18 +237,19 @@ def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     """Load and validate a config file; warnings about secrets written in it go to the log."""
     config, warnings = load_checked(path, environ)
     for warning in warnings:
-        log.warning("config warning", detail=warning)
+        log.warning("config warning", path=str(path), detail=warning)
     return config
 
 
 def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> tuple[Config, list[str]]:
-    """The validated config and the warnings about it (secrets written in the file)."""
+    """The validated config and the warnings about it (secrets written in the file), each without
+    the file's name (`path: warning: …` is the caller's to write)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

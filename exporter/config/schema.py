@@ -8,7 +8,7 @@ document, `Config.secret_values` in a loaded config.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from types import UnionType
@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     SecretStr,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -68,6 +69,9 @@ class BillingConfig(Strict):
     history_months: Annotated[int, Field(ge=0, le=24)] = 3
     """Past months of daily bills kept for anomaly baselines, the month-start forecast and backtests."""
     per_api_key: bool = False
+    currency: str = ""
+    """The account's currency (ISO 4217, `CNY`), shown beside amounts; the API does not say it, so
+    empty (unknown) unless given."""
 
     @field_validator("secret_access_key")
     @classmethod
@@ -85,13 +89,27 @@ class BillingConfig(Strict):
             raise ValueError(f"unknown time zone {value!r}") from None
         return value
 
+    @field_validator("currency")
+    @classmethod
+    def _currency_code(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Z]{3}", value):
+            raise ValueError(f"{value!r} is not an ISO 4217 currency code (three upper-case letters, e.g. CNY or USD)")
+        return value
+
     @property
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
 
+def _inference_base(url: str) -> str:
+    """The address the spec's paths (`/v1/chat/completions`) go after: OpenAI-style SDKs take it with
+    `/v1` on the end, so that is taken off (the trailing `/` is already gone)."""
+    return url.removesuffix("/v1") if urlsplit(url).path.endswith("/v1") else url
+
+
 class InferenceConfig(Strict):
-    url: HttpUrl
+    url: Annotated[HttpUrl, AfterValidator(_inference_base)]
+    """The inference API's base address, without `/v1` whether or not it was written with it."""
     api_key: SecretStr
 
 
@@ -453,3 +471,37 @@ def _secrets_in(annotation: Any, raw: Any, path: tuple[int | str, ...]) -> Found
             if "type" in fields and kind not in get_args(fields["type"].annotation):
                 continue  # another type of notifier
             yield from _secrets_in(member, raw, path)
+
+
+def keys_at(location: Sequence[int | str], annotation: Any = Config) -> tuple[str, ...]:
+    """The keys the mapping at `location` may hold (a pydantic error's location: list indexes, and
+    the tag of the type an item was read as); none where it leads to no model."""
+    if get_origin(annotation) is Annotated:
+        return keys_at(location, get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        members = [m for m in get_args(annotation) if m is not type(None)]
+        for member in members:  # an item read as a tagged type: the tag comes next in the location
+            if location and location[0] in _tags(member):
+                return keys_at(location[1:], member)
+        return next((keys for member in members if (keys := keys_at(location, member))), ())
+    if get_origin(annotation) is tuple and location and isinstance(location[0], int):
+        return keys_at(location[1:], get_args(annotation)[0])
+    if get_origin(annotation) is dict and location:
+        return keys_at(location[1:], get_args(annotation)[1])
+    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return ()
+    fields = {field.alias or name: field for name, field in annotation.model_fields.items()}
+    if not location:
+        return tuple(fields)
+    field = fields.get(str(location[0]))
+    return () if field is None else keys_at(location[1:], field.annotation)
+
+
+def _tags(annotation: Any) -> tuple[object, ...]:
+    """What a member of a tagged union is called in an error's location: its `Tag`, or the value of
+    its `type` (a notifier's kind)."""
+    if get_origin(annotation) is Annotated:
+        model, *metadata = get_args(annotation)
+        return (*(m.tag for m in metadata if isinstance(m, Tag)), *_tags(model))
+    fields = getattr(annotation, "model_fields", {})
+    return get_args(fields["type"].annotation) if "type" in fields else ()

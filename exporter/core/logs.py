@@ -15,6 +15,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MASK = "***"
+LEVELS = {"debug": "debug", "info": "info", "warn": "warning", "warning": "warning", "error": "error"}
+"""Log levels as `--log.level` (promlog's spelling: `warn`) and the config's `log.level` (`warning`) name them."""
+FORMATS = {"logfmt": "text", "text": "text", "json": "json"}
+"""Log formats as `--log.format` (`logfmt`) and the config's `log.format` (`text`) name them."""
 _RECORD_KEYWORDS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 _NEEDS_QUOTES = re.compile(r'[\s"=\\\x00-\x1f\x7f\u2028\u2029]|^$')
 _OWN_KEYS = ("ts", "level", "component", "msg", "exc")
@@ -107,12 +111,15 @@ class MaskingFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "info", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Log to stderr at `level` in `fmt`, either as LEVELS and FORMATS spell them (ValueError for another)."""
+    if level not in LEVELS or fmt not in FORMATS:
+        raise ValueError(f"log level {level!r} or format {fmt!r} is not one of {list(LEVELS)}, {list(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr)
-    inner = JsonFormatter() if fmt == "json" else LogfmtFormatter()
+    inner = JsonFormatter() if FORMATS[fmt] == "json" else LogfmtFormatter()
     handler.setFormatter(MaskingFormatter(inner, secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(LEVELS[level].upper())
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
 
 

@@ -8,7 +8,9 @@ what the outbox keeps, so a digest delivered late says what it said when it was 
 Spend is the summarised span's (`first_day` to `day`, one day or a week): the total, the expected
 amount from the anomaly baseline (`exporter.model.anomaly`, the account's series; absent where it has
 too little history), the top endpoints and items with their change against the span before, the
-month's total through `day` and its forecast. Then budgets, the anomalies the rules found, the
+month's total through `day` and its forecast. Then budgets as they stand when the digest is made
+(not as of `day`: each says the period it measures, `so_far`, the month or the day in progress; on
+a month's first day, also the month that ended, `of`), the anomalies the rules found, the
 days that settled since the digest before whose bill disagrees with the usage counted, the alerts
 firing, and each probe's
 success ratio and 95th percentile time to first token over the span.
@@ -166,11 +168,12 @@ def build(
     probes: Sequence[ProbeStat] = (),
     settled: tuple[dt.date, dt.date] | None = None,
     url: str = "",
+    currency: str = "",
 ) -> dict[str, Any]:
     """The digest sent on `sent_on` (see the module's docstring). `anomalies`: the spend anomaly
     rules, each judged on every day of the span as the daemon judges it. `settled`: the days that
     settled since the digest before (each day's reconciliation gaps are told once); the span by
-    default."""
+    default. `currency`: the amounts' (`billing.currency`), empty when unknown."""
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
     bills = held(latest)
@@ -192,6 +195,7 @@ def build(
         "first_day": first.isoformat(),
         "day": day.isoformat(),
         "period": period,
+        "currency": currency,
         "spend": _money(spend),
         "yesterday": _money(totals.get(day)),
         "expected": _money(expected),
@@ -220,6 +224,7 @@ def build(
             {
                 "budget": budget.name,
                 "period": budget.period,
+                "so_far": found.period if found is not None else None,
                 "amount": f"{budget.amount:f}",
                 "used_ratio": None if used is None else round(float(used), 4),
                 "forecast_ratio": None if projected is None else round(float(projected), 4),

@@ -8,9 +8,9 @@ from decimal import Decimal
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter import __version__
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
+from exporter.metrics.runtime import build_labels
 from exporter.model.snapshots import Histogram, Latest, UsageKey, UsageTotals
 from exporter.sources.budgets import budget_status, judge_scopes
 
@@ -294,9 +294,11 @@ class ExporterCollector(Collector):
         for (api, code), count in sorted(self.latest.api_calls().items()):
             calls.add_metric([api, code], count)
         build = GaugeMetricFamily(
-            "inference_exporter_build_info", "Always 1; the exporter's version.", labels=["version"]
+            "inference_exporter_build_info",
+            "Always 1; the exporter's version, the source revision it was built from, and the Python running it.",
+            labels=["version", "revision", "python_version"],
         )
-        build.add_metric([__version__], 1.0)
+        build.add_metric(list(build_labels()), 1.0)
         today = self.clock.today()
         calendar = GaugeMetricFamily(
             "inference_billing_today_info",

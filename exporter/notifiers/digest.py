@@ -8,16 +8,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.core import mrkdwn
+from exporter.core.words import counted
 
 
 def _span_name(d: Mapping[str, Any]) -> str:
     return d["day"] if d["first_day"] == d["day"] else f"{d['first_day']} to {d['day']}"
 
 
+def _money(d: Mapping[str, Any], amount: str | None) -> str | None:
+    """An amount with the digest's currency after it, when the config names one."""
+    currency = d.get("currency")  # (not in a digest queued by an earlier version)
+    return f"{amount} {currency}" if currency and amount is not None else amount
+
+
 def subject(d: Mapping[str, Any]) -> str:
     what = "Weekly" if d["schedule"] == "weekly" else "Daily"
-    spend = d["spend"] if d["spend"] is not None else "unknown"
-    expected = f" (expected {d['expected']})" if d["expected"] else ""
+    spend = _money(d, d["spend"]) if d["spend"] is not None else "unknown"
+    expected = f" (expected {_money(d, d['expected'])})" if d["expected"] else ""
     account = f" of {d['account']}" if d.get("account") else ""
     return f"{what} inference spend{account} {_span_name(d)}: {spend}{expected}"
 
@@ -40,30 +47,33 @@ def _more(d: Mapping[str, Any], key: str, path: str) -> list[str]:
     return [f"and {count:,} more{where}"]
 
 
+def _budget(d: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """A budget as the digest was made, not as of the day it summarises: the period it measures
+    (the month or the day in progress, or on the 1st the month that ended) is in its line."""
+    amount = _money(d, b["amount"])
+    if "of" in b:
+        return f"{b['budget']} ({b['of']}, ended, {amount}): used {_ratio(b['used_ratio'])}"
+    period, so_far = b["period"], b.get("so_far")
+    measured = f"{period} {so_far}" if so_far else "this month" if period == "month" else "today"
+    return (
+        f"{b['budget']} ({measured} so far, {amount}): used {_ratio(b['used_ratio'])},"
+        f" forecast {_ratio(b['forecast_ratio'])}"
+    )
+
+
 def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     """The digest as titled lists of lines (plain text; each renderer escapes or formats them)."""
     unknown = "unknown (no bills for it yet)"
     span_word = "Last week" if d["schedule"] == "weekly" else "Yesterday"
-    spend = [f"{span_word} ({_span_name(d)}): {d['spend'] if d['spend'] is not None else unknown}"]
+    spend = [f"{span_word} ({_span_name(d)}): {_money(d, d['spend']) if d['spend'] is not None else unknown}"]
     if d["expected"] is not None:
-        spend.append(f"Expected: {d['expected']}")
-    spend.append(f"Month to date ({d['period']}): {d['month_to_date'] or unknown}")
+        spend.append(f"Expected: {_money(d, d['expected'])}")
+    spend.append(f"Month to date ({d['period']}): {_money(d, d['month_to_date']) or unknown}")
     if d["forecast"] is not None:
-        spend.append(f"Forecast for {d['period']}: {d['forecast']}")
+        spend.append(f"Forecast for {d['period']}: {_money(d, d['forecast'])}")
     sections = [("Spend", spend)]
     if d["budgets"]:
-        sections.append(
-            (
-                "Budgets",
-                [
-                    f"{b['budget']} ({b['of']}, ended, {b['amount']}): used {_ratio(b['used_ratio'])}"
-                    if "of" in b
-                    else f"{b['budget']} ({b['period']}, {b['amount']}): used {_ratio(b['used_ratio'])},"
-                    f" forecast {_ratio(b['forecast_ratio'])} (now)"
-                    for b in d["budgets"]
-                ],
-            )
-        )
+        sections.append(("Budgets as they stand now", [_budget(d, b) for b in d["budgets"]]))
     against = "the week before" if d["schedule"] == "weekly" else "the day before"
     for title, key, rows in (
         ("Top endpoints", "endpoint_id", d["top_endpoints"]),
@@ -73,7 +83,7 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             sections.append(
                 (
                     f"{title} (change against {against})",
-                    [f"{r[key]}: {r['amount']} ({_change(r['change_percent'])})" for r in rows],
+                    [f"{r[key]}: {_money(d, r['amount'])} ({_change(r['change_percent'])})" for r in rows],
                 )
             )
     if d["anomalies"]:
@@ -83,8 +93,8 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             share = ", ".join(f"{c['name']} {c['share']:.0%}" for c in a["contributors"])
             impact = "" if a["impact_percent"] is None else f" ({a['impact_percent']:+.0f}%)"
             lines.append(
-                f"{a['alertname']} {a['day']} {group}: {a['actual']} against {a['expected']} expected{impact}"
-                + (f"; {share}" if share else "")
+                f"{a['alertname']} {a['day']} {group}: {_money(d, a['actual'])} against {_money(d, a['expected'])}"
+                f" expected{impact}" + (f"; {share}" if share else "")
             )
         sections.append(("Spend anomalies", lines + _more(d, "anomalies", "")))
     if d["reconciliation"]:
@@ -94,7 +104,8 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             if "item" in g:
                 lines.append(f"{g['day']} {g['item']}: billed {g['billed']} tokens, counted {g['counted']} ({gap})")
             else:
-                lines.append(f"{g['day']} {g['endpoint_id']}: billed {g['billed']}, estimated {g['estimated']} ({gap})")
+                billed, estimated = _money(d, g["billed"]), _money(d, g["estimated"])
+                lines.append(f"{g['day']} {g['endpoint_id']}: billed {billed}, estimated {estimated} ({gap})")
         sections.append(("Bill against usage", lines + _more(d, "reconciliation", "/api/v1/reconciliation")))
     firing = []
     for a in d["alerts"]:
@@ -109,7 +120,7 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
                 lines.append(f"{p['probe']}: no runs")
                 continue
             lines.append(
-                f"{p['probe']}: {_ratio(p['success_ratio'])} of {p['runs']} runs succeeded"
+                f"{p['probe']}: {_ratio(p['success_ratio'])} of {counted(p['runs'], 'run')} succeeded"
                 + ("" if ttft is None else f", p95 time to first token {ttft * 1000:.0f} ms")
             )
         sections.append(("Probes", lines))

@@ -21,6 +21,7 @@ from pydantic import AfterValidator, Field, SecretStr, model_validator
 
 from exporter.core.fields import Text
 from exporter.core.logs import get_logger
+from exporter.core.words import counted
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
 from exporter.notifiers import smtp
@@ -112,7 +113,7 @@ def alert_message(event: GroupEvent, external_url: str) -> tuple[str, str, str]:
     if total == 1 and alerts:
         headline = f"[{status}] {name}: {alerts[0]['annotations'].get('summary', name)}"
     else:
-        headline = f"[{status}] {name}: {total} alerts"
+        headline = f"[{status}] {name}: {counted(total, 'alert')}"
     subject = line(headline)
     if len(subject) > SUBJECT:
         subject = subject[: SUBJECT - 1] + "…"

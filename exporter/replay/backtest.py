@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -166,7 +167,7 @@ def replay(
     fired: list[Fired] = []
     firing: set[str] = set()
     day = start
-    try:
+    with closing(store), _engine_logs_at_debug():
         while day <= min(end + dt.timedelta(days=1), today):
             period = f"{day:%Y-%m}"
             held = periods_before(period, config.billing.history_months)
@@ -190,9 +191,23 @@ def replay(
                         fired.append(Fired(day, alert))
                 firing = set(now)
             day += dt.timedelta(days=1)
-    finally:
-        store.close()
     return fired
+
+
+@contextmanager
+def _engine_logs_at_debug() -> Iterator[None]:
+    """The engine logs each alert firing and resolving at info, as the daemon should; in a replay
+    those are the results over again, a few hundred lines for months of `today` windows, among
+    which the results were lost. They are left to debug: below it, the replay's engine says
+    warnings and errors only."""
+    engine = logging.getLogger("exporter.alerts")
+    level = engine.level
+    if not engine.isEnabledFor(logging.DEBUG):
+        engine.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        engine.setLevel(level)
 
 
 def render(fired: Sequence[Fired], form: str) -> str:

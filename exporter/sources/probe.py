@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import MappingProxyType
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import requests
 from urllib3.exceptions import HTTPError as TransportError
@@ -27,6 +28,7 @@ from urllib3.exceptions import ReadTimeoutError
 from exporter import __version__
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.logs import get_logger
+from exporter.core.net import network_cause
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
     E2E_BUCKETS,
@@ -181,11 +183,30 @@ class ChatTransport(Protocol):
     def close(self) -> None: ...
 
 
+CHAT_PATH = "/v1/chat/completions"
+"""The chat completion's path on `inference.url` (which the config takes with or without `/v1`,
+and keeps without)."""
+REFUSED_KEY = ("http_401", "http_403")
+NOT_THERE = ("http_404", "connection", "timeout_connect")
+"""Failures that say the inference API is not at `inference.url`, or not reachable there, rather
+than how an endpoint answered."""
+
+
+def chat_url(inference: InferenceConfig) -> str:
+    return f"{inference.url}{CHAT_PATH}"
+
+
+def shown_url(url: str) -> str:
+    """`url` as a message may show it: without a user name and password written into it."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 class HTTPChat:
     """The chat API over HTTP: the API key as a Bearer token (never logged), the body read as it arrives."""
 
     def __init__(self, probe: ProbeConfig, inference: InferenceConfig, clock: Callable[[], float]) -> None:
-        self.url = f"{inference.url}/v1/chat/completions"
+        self.url = chat_url(inference)
         self._clock = clock
         self._session = requests.Session()
         self._session.headers["Authorization"] = f"Bearer {inference.api_key.get_secret_value()}"
@@ -204,7 +225,7 @@ class HTTPChat:
         except requests.ReadTimeout:
             raise ProbeFailure("timeout_first_token", "no response headers in time") from None
         except requests.RequestException as error:
-            raise ProbeFailure("connection", f"connection failed ({type(error).__name__})") from None
+            raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
         with response:
             yield response.status_code, self._arrivals(response)
 
@@ -240,6 +261,8 @@ class ProbeRunner:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.probe = probe
+        self.url = shown_url(chat_url(inference))
+        """Where its requests go, as its failures name it."""
         self._clock = clock
         self._chat = chat if chat is not None else HTTPChat(probe, inference, clock)
         self._lock = threading.Lock()
@@ -248,7 +271,9 @@ class ProbeRunner:
         self.tokens = {"prompt": 0, "completion": 0}
         self.ttft = Histogram(TTFT_BUCKETS, (0,) * len(TTFT_BUCKETS))
         self.e2e = Histogram(E2E_BUCKETS, (0,) * len(E2E_BUCKETS))
-        self._last_reason: str | None = None
+        self.last_reason: str | None = None
+        self.last_detail: str | None = None
+        """Why the last run failed, in words, with the URL it requested; None when it passed."""
 
     def close(self) -> None:
         self._chat.close()
@@ -281,15 +306,38 @@ class ProbeRunner:
     def _measure(self) -> ProbeRun:
         probe = self.probe
         measurement = Measurement(probe, self._clock())
+        reason = detail = None
         try:
             with self._chat.post(request_body(probe)) as (status, body):
                 measurement.response(status, self._clock(), body)
-            reason = None
         except ProbeFailure as failure:
-            reason = failure.reason
-            if reason != self._last_reason:
-                log.warning("probe failed", probe=probe.name, reason=reason, detail=str(failure))
-        if reason is None and self._last_reason is not None:
+            reason, detail = failure.reason, f"{failure} (POST {self.url})"
+            if reason != self.last_reason:
+                log.warning("probe failed", probe=probe.name, reason=reason, detail=detail)
+        if reason is None and self.last_reason is not None:
             log.info("probe recovered", probe=probe.name)
-        self._last_reason = reason
+        self.last_reason, self.last_detail = reason, detail
         return measurement.result(reason, self._clock())
+
+
+def unusable(runners: Iterable[ProbeRunner]) -> str | None:
+    """Why the last runs of one account's probes say its inference API cannot be used as configured,
+    in one line (with the URL requested, never the key), or None: the key refused, or every probe
+    failing to find or reach the API (a wrong `inference.url`). A failed answer (a 5xx, a timeout
+    after connecting, a wrong answer, one endpoint that does not exist) is what probes measure, not
+    a fault of the config."""
+    ran = [runner for runner in runners if runner.runs]
+    for runner in ran:
+        if runner.last_reason in REFUSED_KEY:
+            status = runner.last_reason.removeprefix("http_")
+            return (
+                f"probe {runner.probe.name}: the inference API refused the key (HTTP {status}); "
+                f"check inference.api_key (POST {runner.url})"
+            )
+    if ran and all(runner.last_reason in NOT_THERE for runner in ran):
+        first = ran[0]
+        return (
+            f"no probe found or reached the inference API; probe {first.probe.name}: {first.last_detail};"
+            " check inference.url (its base address, with or without /v1) and the probes' `model`"
+        )
+    return None

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 
 from exporter.billing import BillingAPI, RecordError, UsagePage
 from exporter.core.logs import get_logger
+from exporter.core.words import counted
 from exporter.sources.usage_aggregate import Aggregate, id_digest
 from exporter.state import UsageCursor
 
@@ -178,7 +179,7 @@ class UsageReader:
         assert start is not None  # usage_pages yields at least one page
         assert boundary is not None
         if aggregate.rows != total:
-            raise ResyncNeeded(f"read {aggregate.rows} records, `total` says {total}")
+            raise ResyncNeeded(f"read {counted(aggregate.rows, 'record')}, `total` says {total}")
         if pages > 1:
             ids = [r.request_id for r in start.records]
             again = self.client.usage_page(day, start.page_num)

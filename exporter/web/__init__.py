@@ -1,5 +1,6 @@
 """The HTTP server and what it serves: the server and its handler (`server`), its open connections with their cap
-and deadlines (`connections`), its TLS certificate and basic auth (`credentials`), the strict reading of a request
+and deadlines (`connections`), its TLS certificate, basic auth and headers (`credentials`; from the config, or
+from a web configuration file in exporter-toolkit's format: `webconfig`), the strict reading of a request
 (`parsing`), the routes (`routes`), the view and its JSON documents (`views`), the landing page (`page`) and its
 chart (`chart`).
 """
@@ -11,6 +12,7 @@ from exporter.web.parsing import accepts_gzip, header_problem, target_path
 from exporter.web.routes import OPEN_PATHS
 from exporter.web.server import ExporterServer
 from exporter.web.views import View, alerts_document, ready
+from exporter.web.webconfig import WebConfigError
 
 __all__ = [
     "HEADER_DEADLINE",
@@ -21,6 +23,7 @@ __all__ = [
     "ExporterServer",
     "TlsError",
     "View",
+    "WebConfigError",
     "accepts_gzip",
     "alerts_document",
     "connection_cap",

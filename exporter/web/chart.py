@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.core.clock import days_in_period, first_day
+from exporter.core.words import counted
 from exporter.model.snapshots import MonthBills
 
 TOP_ENDPOINTS = 8
@@ -160,7 +161,7 @@ def _day_bar(day: dt.date, segments: list[_Segment], frame: _Frame, is_today: bo
         size = float(segment.amount) * frame.scale
         stacked += size
         if segment.endpoint is None:
-            name, who, colour = f"other ({segment.endpoints} endpoints)", 'data-group="other"', OTHER_COLOUR
+            name, who, colour = f"other ({counted(segment.endpoints, 'endpoint')})", 'data-group="other"', OTHER_COLOUR
         else:
             name, who = segment.endpoint, f'data-endpoint="{_esc(segment.endpoint)}"'
             colour = COLOURS[segment.rank % len(COLOURS)]
@@ -304,7 +305,7 @@ def month_chart(
         for index, key in enumerate(shown)
     ]
     if others:
-        label = f"other ({others} endpoint{'s' if others > 1 else ''})"
+        label = f"other ({counted(others, 'endpoint')})"
         entries.append((_swatch(OTHER_COLOUR), label, label))
     if 1 <= today_day <= days:
         today_swatch = _swatch(INK, f' fill-opacity="0.25" stroke="{INK}" stroke-dasharray="2 1"')

@@ -1,15 +1,27 @@
-"""What the server serves with: its TLS certificate and key, and the basic-auth user and password; loaded from
-the config, and checked against a request's Authorization header."""
+"""What the server serves with: its TLS context, who may see what basic auth guards, and the headers every response
+carries. From the config's `server.tls` and `server.basic_auth`, or from a web configuration file in exporter-toolkit's
+format (`--web.config.file`, read by `webconfig`), never from both: one of them would silently not apply."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
+import os
 import ssl
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NoReturn
+from pathlib import Path
+from typing import NoReturn, Protocol
+
+import bcrypt
 
 from exporter.config.schema import ServerConfig
+from exporter.core.logs import get_logger
+from exporter.web.webconfig import TlsServerConfig, WebConfig, WebConfigError, read_web_config
+
+log = get_logger(__name__)
 
 
 class TlsError(OSError):
@@ -19,6 +31,11 @@ class TlsError(OSError):
 
 _TLS_REASONS = {"KEY_VALUES_MISMATCH": "the key is not the certificate's"}
 """OpenSSL's reasons, in words."""
+BCRYPT_CACHE = 100
+"""Outcomes of bcrypt checks remembered at once (exporter-toolkit keeps as many)."""
+_DECOY_HASH = b"$2b$10$D6UbXNA56LOjufq9xyI3XuTX06/Iqks3zbmyzz9mFbSQ4elvfbp5e"
+"""A bcrypt hash of a random password nobody knows: an unknown user's password is checked against it, so that the
+time an answer takes does not tell which users exist."""
 
 
 def _no_passphrase() -> NoReturn:
@@ -27,38 +44,130 @@ def _no_passphrase() -> NoReturn:
     raise TlsError("the key is encrypted; an unencrypted key is needed")
 
 
+def _reason(error: OSError) -> str:
+    if isinstance(error, ssl.SSLError):  # its "[SSL] PEM lib (_ssl.c:3905)" only says a file is not PEM
+        return _TLS_REASONS.get(error.reason, error.reason) or "a file is not in PEM format"
+    return error.strerror or str(error)
+
+
+def _tls_context(cert_file: str, key_file: str, where: str) -> ssl.SSLContext:
+    """A server context with this certificate and key, TLS 1.2 at least; TlsError naming `where` if they do not
+    load (unreadable, not PEM, an encrypted key, or a key that is not the certificate's)."""
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        tls.load_cert_chain(cert_file, key_file, password=_no_passphrase)
+    except OSError as error:
+        raise TlsError(
+            f"{where}: cannot load the certificate {cert_file!r} with the key {key_file!r}: {_reason(error)}"
+        ) from None
+    return tls
+
+
+class Password(Protocol):
+    def check(self, username: str, password: str) -> bool:
+        """Whether this user name and password may see what basic auth guards."""
+
+
+@dataclass(frozen=True)
+class PlainPassword:
+    """`server.basic_auth`: one user, and the password itself (UTF-8); out of the repr, so that no log line or
+    traceback can show it."""
+
+    username: bytes
+    password: bytes = field(repr=False)
+
+    def check(self, username: str, password: str) -> bool:
+        user_ok = hmac.compare_digest(username.encode(), self.username)
+        return hmac.compare_digest(password.encode(), self.password) and user_ok
+
+
+class BcryptUsers:
+    """`basic_auth_users` of a web configuration file: each user's bcrypt hash.
+
+    A bcrypt check costs tens of milliseconds by design. A scrape every few seconds must not pay it each time, so each
+    outcome is remembered, as exporter-toolkit does, under a keyed digest of the user, the hash and the password
+    (never the password itself), BCRYPT_CACHE at most. One check runs at a time: a flood of wrong passwords takes one
+    core, not every one, and a scrape whose outcome is remembered never waits for it.
+    """
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self._users = dict(users)
+        self._key = os.urandom(32)
+        self._known: dict[bytes, bool] = {}
+        self._known_lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"BcryptUsers({len(self._users)} users)"
+
+    def _digest(self, *parts: bytes) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in parts:  # each with its length: ("ab", "c") and ("a", "bc") differ
+            mac.update(len(part).to_bytes(8, "big") + part)
+        return mac.digest()
+
+    def check(self, username: str, password: str) -> bool:
+        hashed = self._users.get(username)
+        known_user = hashed is not None
+        hashed = hashed if hashed is not None else _DECOY_HASH
+        key = self._digest(username.encode(), hashed, password.encode())
+        with self._known_lock:
+            outcome = self._known.get(key)
+        if outcome is None:
+            with self._bcrypt_lock:
+                try:  # (for an unknown user too, against the decoy: the same time either way)
+                    matched = bcrypt.checkpw(password.encode(), hashed)
+                except ValueError:  # a password over bcrypt's 72 bytes matches no hash
+                    matched = False
+            outcome = known_user and matched
+            with self._known_lock:
+                if len(self._known) >= BCRYPT_CACHE:
+                    del self._known[next(iter(self._known))]  # the oldest
+                self._known[key] = outcome
+        return outcome
+
+
 @dataclass(frozen=True)
 class Credentials:
     """What the server serves new connections and requests with; replaced whole on a reload, so a request sees
     one certificate and one password, never half of a change."""
 
     tls: ssl.SSLContext | None
-    auth: tuple[bytes, bytes] | None = field(default=None, repr=False)
-    """The basic-auth user and password, UTF-8; out of the repr, so that no log line or traceback can show them."""
+    auth: Password | None = field(default=None, repr=False)
+    headers: tuple[tuple[str, str], ...] = ()
+    """Added to every response (`http_server_config.headers`)."""
 
     @classmethod
-    def load(cls, config: ServerConfig) -> Credentials:
-        """Read the certificate and key files now: a renewed certificate often keeps its paths, so they are read
-        again on each reload, not only when the config names other files."""
+    def load(cls, config: ServerConfig, web_config: str | Path | None = None) -> Credentials:
+        """From `server.tls` and `server.basic_auth`, or from the web configuration file `web_config`
+        (WebConfigError when it is bad, or when the config sets either key too). The files are read now: a renewed
+        certificate often keeps its paths, so they are read again on each reload, not only when the config names
+        other files."""
+        if web_config is not None:
+            return cls._from_web_config(config, web_config)
         tls = None
         if config.tls is not None:
-            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            tls.minimum_version = ssl.TLSVersion.TLSv1_2
-            try:
-                tls.load_cert_chain(config.tls.cert_file, config.tls.key_file, password=_no_passphrase)
-            except OSError as error:  # unreadable, not PEM, encrypted, or a key that is not the certificate's
-                if isinstance(error, ssl.SSLError):  # its "[SSL] PEM lib (_ssl.c:3905)" only says a file is not PEM
-                    detail = _TLS_REASONS.get(error.reason, error.reason) or "a file is not in PEM format"
-                else:
-                    detail = error.strerror or str(error)
-                raise TlsError(
-                    f"server.tls: cannot load the certificate {config.tls.cert_file!r} with the key "
-                    f"{config.tls.key_file!r}: {detail}"
-                ) from None
+            tls = _tls_context(config.tls.cert_file, config.tls.key_file, "server.tls")
         auth = None
         if config.basic_auth is not None:
-            auth = (config.basic_auth.username.encode(), config.basic_auth.password.get_secret_value().encode())
+            password = config.basic_auth.password.get_secret_value().encode()
+            auth = PlainPassword(config.basic_auth.username.encode(), password)
         return cls(tls, auth)
+
+    @classmethod
+    def _from_web_config(cls, config: ServerConfig, path: str | Path) -> Credentials:
+        also = [name for name, value in (("server.tls", config.tls), ("server.basic_auth", config.basic_auth)) if value]
+        if also:
+            raise WebConfigError(path, [
+                f"the config's {' and '.join(also)} would secure the server too; use this file or those keys, "
+                "not both"
+            ])  # fmt: skip
+        web = read_web_config(path)
+        for note in web.notes:
+            log.info("web config: accepted without effect", path=str(path), detail=note)
+        tls = None if web.tls is None else _web_tls(web, web.tls)
+        return cls(tls, BcryptUsers(web.users) if web.users else None, web.headers)
 
     def authorised(self, authorization: str) -> bool:
         """Whether a request with this Authorization header (empty: none) may see what basic auth guards."""
@@ -71,6 +180,32 @@ class Credentials:
             username, _, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        expected_user, expected_password = self.auth
-        user_ok = hmac.compare_digest(username.encode(), expected_user)
-        return hmac.compare_digest(password.encode(), expected_password) and user_ok
+        return self.auth.check(username, password)
+
+
+def _web_tls(web: WebConfig, tls: TlsServerConfig) -> ssl.SSLContext:
+    """The server's TLS context from `tls_server_config`; WebConfigError naming the file and the field."""
+    try:
+        context = _tls_context(tls.cert_file, tls.key_file, "tls_server_config")
+    except TlsError as error:
+        raise WebConfigError(web.path, [str(error)]) from None
+    context.minimum_version, context.maximum_version = tls.min_version, tls.max_version
+    if tls.ciphers is not None:
+        try:
+            context.set_ciphers(tls.ciphers)
+        except ssl.SSLError:
+            raise WebConfigError(
+                web.path, ["tls_server_config.cipher_suites: OpenSSL here offers none of them"]
+            ) from None
+    if not tls.prefer_server_cipher_suites:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    context.verify_mode = tls.client_auth
+    if tls.client_ca_file is not None or tls.client_ca is not None:
+        where = "client_ca_file" if tls.client_ca_file is not None else "client_ca"
+        try:
+            context.load_verify_locations(cafile=tls.client_ca_file, cadata=tls.client_ca)
+        except (OSError, ValueError) as error:
+            named = f" {tls.client_ca_file!r}" if tls.client_ca_file is not None else ""
+            reason = _reason(error) if isinstance(error, OSError) else str(error)
+            raise WebConfigError(web.path, [f"tls_server_config.{where}: cannot load{named}: {reason}"]) from None
+    return context

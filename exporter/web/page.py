@@ -14,6 +14,7 @@ from decimal import Decimal
 from exporter import __version__
 from exporter.config.schema import BudgetConfig
 from exporter.core.fields import scope_values
+from exporter.core.words import counted
 from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_figures
 from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, TokenGap
@@ -68,9 +69,11 @@ def _disagreements(result: Reconciliation | None) -> str:
     gaps = disagreeing(result)
     days = len({g.day for g in result.tokens} | {a.day for a in result.amounts})
     if not gaps:
-        return f"<p class=ok>The {days} settled days reconciled agree with the usage counted (within 0.1%).</p>"
+        agree = "The settled day reconciled agrees" if days == 1 else f"The {days:,} settled days reconciled agree"
+        return f"<p class=ok>{agree} with the usage counted (within 0.1%).</p>"
     return (
-        f"<p>{len(gaps)} figures of {days} settled days disagree with the usage counted:</p>"
+        f"<p>{counted(len(gaps), 'figure')} of {counted(days, 'settled day')} "
+        f"disagree{'s' if len(gaps) == 1 else ''} with the usage counted:</p>"
         "<table><tr><th>day</th><th>item or endpoint</th><th>what</th><th>billed</th><th>counted or estimated</th>"
         "<th>gap</th></tr>"
         + "".join(_gap_row(gap) for gap in top(gaps, ROWS, gap_order))

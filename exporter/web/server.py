@@ -5,7 +5,8 @@ current snapshots (it never waits on the API). Slow clients cannot exhaust it ei
 are capped, and a request's line and headers (TLS handshake included) have one overall deadline
 (see connections). A request whose framing is ambiguous (two Content-Length, a space before a colon…) is refused
 with a 400 (see parsing), and a bug in a handler is a 500: each one log line, never a traceback on stderr.
-The certificate, key and password are swapped on a reload for the connections and requests that follow.
+The certificate, key, password and response headers (from the config, or from a web configuration file in
+exporter-toolkit's format) are swapped on a reload for the connections and requests that follow.
 What each path answers is in routes.
 """
 
@@ -20,6 +21,7 @@ import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from exporter.config.schema import ServerConfig
@@ -54,6 +56,7 @@ class ExporterServer(ThreadingHTTPServer):
         view: View,
         config: ServerConfig,
         *,
+        web_config: str | Path | None = None,
         max_connections: int = MAX_CONNECTIONS,
         header_deadline: float = HEADER_DEADLINE,
         idle_deadline: float = IDLE_DEADLINE,
@@ -61,7 +64,8 @@ class ExporterServer(ThreadingHTTPServer):
         self.connections = Connections(connection_cap(max_connections), header_deadline, idle_deadline)
         self._stopping = threading.Event()
         self._accept_failing = False
-        self.credentials = Credentials.load(config)  # first: a bad certificate leaves no socket bound
+        # First: a bad certificate or web configuration file leaves no socket bound.
+        self.credentials = Credentials.load(config, web_config)
         super().__init__(address, _Handler)
         self.view = view
         self._thread: threading.Thread | None = None
@@ -277,6 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Date", self.date_time_string())
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in self.server.credentials.headers:  # the web configuration file's, on every response
+            self.send_header(name, value)
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()

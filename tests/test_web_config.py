@@ -1,0 +1,447 @@
+"""`--web.config.file`: exporter-toolkit's web configuration file. Bad files refused with the file and the field (a
+table of them); bcrypt users checked once per password; and, over real HTTPS, client certificates, TLS versions and
+suites, basic auth and headers, and a reload that reads the file again."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import requests
+import trustme
+import yaml
+
+from exporter.app.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.sim import Simulator
+from exporter.web import Credentials, ExporterServer, WebConfigError
+from exporter.web import credentials as credentials_module
+from exporter.web.credentials import BCRYPT_CACHE, BcryptUsers
+from exporter.web.webconfig import read_web_config
+from tests.daemon_fakes import InProcessBilling, fake_billing_section
+from tests.helpers import logged, scrape, value
+from tests.test_server import BILLING, start
+
+
+def hashed(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()  # cost 4: the tests' time, not safety
+
+
+def write(path: Path, document: dict) -> Path:
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+class Files:
+    """The server's certificate by the test CA (`ca`), a client CA with a client certificate it issued, and a
+    client certificate from a CA the server does not know; all in one directory."""
+
+    def __init__(self, ca: trustme.CA, directory: Path) -> None:
+        self.directory = directory
+        leaf = ca.issue_cert("127.0.0.1")
+        leaf.cert_chain_pems[0].write_to_path(str(directory / "cert.pem"))
+        leaf.private_key_pem.write_to_path(str(directory / "key.pem"))
+        clients = trustme.CA()
+        clients.cert_pem.write_to_path(str(directory / "client-ca.pem"))
+        clients.issue_cert("scraper.example").private_key_and_cert_chain_pem.write_to_path(
+            str(directory / "client.pem")
+        )
+        stranger = trustme.CA().issue_cert("scraper.example")
+        stranger.private_key_and_cert_chain_pem.write_to_path(str(directory / "stranger.pem"))
+
+    def web_config(self, **document: object) -> Path:
+        return write(self.directory / "web.yml", document)
+
+
+@pytest.fixture
+def files(ca: trustme.CA, tmp_path: Path) -> Files:
+    return Files(ca, tmp_path)
+
+
+@pytest.fixture
+def serving(clock: Clock) -> Iterator[list[ExporterServer]]:
+    """The servers a test starts (`start(..., web_config=...)`), stopped after it."""
+    servers: list[ExporterServer] = []
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def serve(servers: list[ExporterServer], clock: Clock, web_config: Path) -> ExporterServer:
+    server = start({}, clock, web_config=web_config)
+    servers.append(server)
+    return server
+
+
+# -- the file --
+
+TLS = {"cert_file": "cert.pem", "key_file": "key.pem"}
+BAD_FILES = [
+    ({"tls_server_config": {"cert_file": "cert.pem"}}, ["tls_server_config.key_file: required when TLS is on"]),
+    (
+        {"tls_server_config": TLS | {"min_version": "TLS14"}},
+        ["tls_server_config.min_version: unknown TLS version 'TLS14' (one of TLS10, TLS11, TLS12, TLS13)"],
+    ),
+    (
+        {"tls_server_config": TLS | {"min_version": "TLS13", "max_version": "TLS12"}},
+        ["tls_server_config: min_version is above max_version"],
+    ),
+    (
+        {"tls_server_config": TLS | {"client_auth_type": "RequireAndVerifyClientCert"}},
+        [
+            "tls_server_config.client_ca_file: required with client_auth_type RequireAndVerifyClientCert: the CA that "
+            "issues the clients' certificates"
+        ],
+    ),
+    (
+        {"tls_server_config": TLS | {"client_ca_file": "client-ca.pem"}},
+        [
+            "tls_server_config: a client CA is given but client_auth_type is NoClientCert: set client_auth_type to "
+            "RequireAndVerifyClientCert to verify clients against it"
+        ],
+    ),
+    (
+        {"tls_server_config": TLS | {"client_auth_type": "RequireAnyClientCert", "client_ca_file": "client-ca.pem"}},
+        [
+            "tls_server_config.client_auth_type: RequireAnyClientCert takes a client certificate without verifying it, "
+            "which protects nothing and which OpenSSL does not do; use RequireAndVerifyClientCert (or "
+            "VerifyClientCertIfGiven) with client_ca_file"
+        ],
+    ),
+    (
+        {"tls_server_config": TLS | {"client_auth_type": "Mutual"}},
+        [
+            "tls_server_config.client_auth_type: unknown client auth type 'Mutual' (one of NoClientCert, "
+            "VerifyClientCertIfGiven, RequireAndVerifyClientCert)"
+        ],
+    ),
+    (
+        {"tls_server_config": TLS | {"curve_preferences": ["P256"]}},
+        ["tls_server_config.curve_preferences: unknown curve 'P256' (one of CurveP256, CurveP384, CurveP521, X25519)"],
+    ),
+    (
+        {"tls_server_config": TLS | {"cipher_suites": ["TLS_RSA_WITH_3DES_EDE_CBC_SHA"]}},
+        ["tls_server_config.cipher_suites: unknown or insecure cipher suite 'TLS_RSA_WITH_3DES_EDE_CBC_SHA'"],
+    ),
+    (
+        {"tls_server_config": TLS | {"client_allowed_sans": ["scraper.example"]}},
+        [
+            "tls_server_config.client_allowed_sans: not supported by this exporter; issue client certificates from a "
+            "CA of their own (client_ca_file) instead"
+        ],
+    ),
+    (
+        {"tls_server_config": TLS | {"cert_fil": "x"}, "rate_limit": {"interval": "1s", "burst": 2}},
+        [
+            "rate_limit: not supported by this exporter",
+            "tls_server_config.cert_fil: unknown key (expected one of cert_file, key_file, client_auth_type, "
+            "client_ca_file, client_ca, min_version, max_version, cipher_suites, prefer_server_cipher_suites, "
+            "curve_preferences)",
+        ],
+    ),
+    (
+        {"http_server_config": {"headers": {"X-Frame-Options": "allow-from", "Server": "x"}, "http2": "yes"}},
+        [
+            "http_server_config.http2: not true or false",
+            "http_server_config.headers.Server: cannot be set (one of Strict-Transport-Security, "
+            "X-Content-Type-Options, X-Frame-Options, X-XSS-Protection, Content-Security-Policy can)",
+            "http_server_config.headers.X-Frame-Options: must be one of deny, sameorigin",
+        ],
+    ),
+    (
+        {"basic_auth_users": {"alice": "the-password-itself", "bob": "$2y$03$" + "a" * 53}},
+        [
+            "basic_auth_users.alice: not a bcrypt hash ($2a$, $2b$ or $2y$); make one with "
+            "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`",
+            "basic_auth_users.bob: a bcrypt cost of 3: it must be 4 to 31",
+        ],
+    ),
+    (
+        {"tls_server_config": TLS, "extra": 1},
+        ["extra: unknown key (expected one of tls_server_config, http_server_config, basic_auth_users)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("document", "problems"), BAD_FILES)
+def test_a_bad_file_names_itself_and_every_field_at_fault(files: Files, document: dict, problems: list[str]) -> None:
+    path = files.web_config(**document)
+    with pytest.raises(WebConfigError) as refused:
+        read_web_config(path)
+    assert refused.value.details == [f"{path}: {problem}" for problem in problems]
+    assert "the-password-itself" not in str(refused.value)
+
+
+def test_files_that_do_not_load_and_yaml_that_does_not_parse(files: Files, tmp_path: Path) -> None:
+    server = validate({"billing": BILLING}, {}).server
+    path = files.web_config(tls_server_config={"cert_file": "missing.pem", "key_file": "key.pem"})
+    with pytest.raises(WebConfigError) as refused:
+        Credentials.load(server, path)
+    assert refused.value.details == [
+        f"{path}: tls_server_config: cannot load the certificate {str(tmp_path / 'missing.pem')!r} with the key "
+        f"{str(tmp_path / 'key.pem')!r}: No such file or directory"
+    ]
+    path = files.web_config(
+        tls_server_config=TLS | {"client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": "key.pem"}
+    )
+    with pytest.raises(WebConfigError, match=r"web\.yml: tls_server_config\.client_ca_file: cannot load '.*key\.pem'"):
+        Credentials.load(server, path)
+    path.write_text("tls_server_config:\n  cert_file: [\n")
+    with pytest.raises(WebConfigError, match=r"web\.yml: line 3, column 1: invalid YAML"):
+        read_web_config(path)
+    path.write_text("basic_auth_users: {}\nbasic_auth_users: {}\n")
+    with pytest.raises(WebConfigError, match="key 'basic_auth_users' is given twice"):
+        read_web_config(path)
+    with pytest.raises(WebConfigError, match=r"nowhere\.yml: cannot read \(No such file or directory\)"):
+        read_web_config(tmp_path / "nowhere.yml")
+
+
+def test_relative_paths_are_the_files_directory_s(
+    files: Files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = files.web_config(tls_server_config=TLS)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = read_web_config(path)
+    assert config.tls is not None
+    assert config.tls.cert_file == str(tmp_path / "cert.pem")
+    assert Credentials.load(validate({"billing": BILLING}, {}).server, path).tls is not None
+
+
+def test_an_empty_file_secures_nothing(files: Files) -> None:
+    path = files.directory / "web.yml"
+    path.write_text("")
+    credentials = Credentials.load(validate({"billing": BILLING}, {}).server, path)
+    assert (credentials.tls, credentials.auth, credentials.headers) == (None, None, ())
+
+
+def test_curve_preferences_are_taken_and_said_to_change_nothing(files: Files, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    path = files.web_config(tls_server_config=TLS | {"curve_preferences": ["X25519", "CurveP256"]})
+    assert Credentials.load(validate({"billing": BILLING}, {}).server, path).tls is not None
+    [note] = logged(caplog.records, "web config: accepted without effect", path=str(path))
+    assert note.fields["detail"] == "tls_server_config.curve_preferences: OpenSSL's default groups apply"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("section", [{"basic_auth": {"username": "u", "password": "p"}}, {"tls": TLS}])
+def test_the_file_and_the_configs_own_keys_are_not_both_taken(
+    files: Files, section: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(files.directory)
+    server = validate({"billing": BILLING, "server": section}, {}).server
+    path = files.web_config(basic_auth_users={"alice": hashed("pw")})
+    with pytest.raises(WebConfigError) as refused:
+        Credentials.load(server, path)
+    key = f"server.{next(iter(section))}"
+    assert refused.value.details == [
+        f"{path}: the config's {key} would secure the server too; use this file or those keys, not both"
+    ]
+
+
+# -- bcrypt, once per password --
+
+
+@pytest.fixture
+def bcrypt_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The hashes each bcrypt check is made against, in order."""
+    calls: list[bytes] = []
+    checkpw = bcrypt.checkpw
+
+    def counted(password: bytes, hashed_password: bytes) -> bool:
+        calls.append(hashed_password)
+        return checkpw(password, hashed_password)
+
+    monkeypatch.setattr(credentials_module.bcrypt, "checkpw", counted)
+    return calls
+
+
+def test_each_outcome_is_remembered_so_a_scrape_costs_no_bcrypt(bcrypt_calls: list[bytes]) -> None:
+    alice = hashed("right")
+    users = BcryptUsers({"alice": alice.encode()})
+    assert [users.check("alice", "right") for _ in range(3)] == [True] * 3
+    assert [users.check("alice", "wrong") for _ in range(3)] == [False] * 3
+    assert bcrypt_calls == [alice.encode()] * 2
+    assert users.check("mallory", "right") is False  # checked against a decoy all the same: no faster answer
+    assert bcrypt_calls[2] == credentials_module._DECOY_HASH
+    assert users.check("alice", "x" * 100) is False  # over bcrypt's 72 bytes: no match, no crash
+    assert "right" not in repr(users)
+
+    for n in range(BCRYPT_CACHE):  # as many new outcomes as are kept push the first ones out
+        users.check("alice", f"guess-{n}")
+    before = len(bcrypt_calls)
+    assert users.check("alice", "right") is True
+    assert len(bcrypt_calls) == before + 1
+
+
+# -- over HTTP --
+
+
+@pytest.mark.integration
+def test_basic_auth_users_and_headers_over_http(
+    files: Files, clock: Clock, serving: list[ExporterServer], bcrypt_calls: list[bytes]
+) -> None:
+    path = files.web_config(
+        basic_auth_users={"alice": hashed("scrape-pass")},
+        http_server_config={"http2": True, "headers": {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}},
+    )
+    url = serve(serving, clock, path).url
+    refused = requests.get(f"{url}/metrics", timeout=5)
+    assert refused.status_code == 401
+    assert refused.headers["WWW-Authenticate"].startswith("Basic")
+    assert refused.headers["X-Frame-Options"] == "deny"
+    assert requests.get(f"{url}/metrics", auth=("alice", "wrong"), timeout=5).status_code == 401
+    assert requests.get(f"{url}/metrics", auth=("bob", "scrape-pass"), timeout=5).status_code == 401
+    for _ in range(5):
+        good = requests.get(f"{url}/metrics", auth=("alice", "scrape-pass"), timeout=5)
+        assert good.status_code == 200
+        assert "inference_exporter_build_info" in good.text
+        assert good.headers["X-Content-Type-Options"] == "nosniff"
+    assert len(bcrypt_calls) == 3  # wrong, bob (against the decoy), and alice's right password: once for 5 scrapes
+    health = requests.get(f"{url}/healthz", timeout=5)
+    assert health.status_code == 200  # open for orchestrators' probes, as with server.basic_auth
+    assert health.headers["X-Frame-Options"] == "deny"
+
+
+def client_tls(
+    ca_file: str, certificate: Path | None = None, *, versions: tuple[str, str] = ("TLSv1_2", "TLSv1_3"),
+    ciphers: str | None = None,
+) -> ssl.SSLContext:  # fmt: skip
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion[versions[0]]
+    context.maximum_version = ssl.TLSVersion[versions[1]]
+    if certificate is not None:
+        context.load_cert_chain(str(certificate))
+    if ciphers is not None:
+        context.set_ciphers(ciphers)
+    return context
+
+
+REFUSED = (ssl.SSLError, ConnectionError)
+"""What a client sees of a refused handshake: an alert, or the connection cut."""
+
+
+def fetch(server: ExporterServer, context: ssl.SSLContext) -> tuple[int, str, tuple[str, str, int]]:
+    """GET /healthz over a connection with this client context: the status, the TLS version and the cipher. Raises
+    one of REFUSED for a refused handshake (with TLS 1.3 the server's refusal of a client certificate comes after
+    the client's handshake, at the first read)."""
+    with (
+        socket.create_connection(server.server_address[:2], timeout=10) as plain,
+        context.wrap_socket(plain, server_hostname="127.0.0.1") as connection,
+    ):
+        connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        answer = connection.recv(65536)
+        if not answer:
+            raise ConnectionResetError("the server closed the connection")
+        version, cipher = connection.version(), connection.cipher()
+        assert version is not None
+        assert cipher is not None
+        return int(answer.split()[1]), version, cipher
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("auth_type", "without_a_certificate"), [("RequireAndVerifyClientCert", False), ("VerifyClientCertIfGiven", True)]
+)
+def test_a_client_ca_verifies_the_clients_certificates(
+    files: Files, clock: Clock, serving: list[ExporterServer], ca_file: str, auth_type: str,
+    without_a_certificate: bool,
+) -> None:  # fmt: skip
+    path = files.web_config(tls_server_config=TLS | {"client_auth_type": auth_type, "client_ca_file": "client-ca.pem"})
+    server = serve(serving, clock, path)
+    assert server.url.startswith("https://")
+    assert fetch(server, client_tls(ca_file, files.directory / "client.pem"))[0] == 200
+    certificate = str(files.directory / "client.pem")
+    assert requests.get(f"{server.url}/metrics", verify=ca_file, cert=certificate, timeout=5).status_code == 200
+    with pytest.raises(REFUSED):  # a certificate from a CA the server does not know
+        fetch(server, client_tls(ca_file, files.directory / "stranger.pem"))
+    if without_a_certificate:
+        assert fetch(server, client_tls(ca_file))[0] == 200
+    else:
+        with pytest.raises(REFUSED):
+            fetch(server, client_tls(ca_file))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("tls", "client", "expected"),
+    [
+        ({}, {"versions": ("TLSv1_2", "TLSv1_2")}, ("TLSv1.2", None)),
+        ({"min_version": "TLS13"}, {"versions": ("TLSv1_2", "TLSv1_2")}, None),
+        ({"min_version": "TLS13"}, {}, ("TLSv1.3", None)),
+        ({"max_version": "TLS12"}, {"versions": ("TLSv1_3", "TLSv1_3")}, None),
+        (
+            {"max_version": "TLS12", "cipher_suites": ["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"]},
+            {},
+            ("TLSv1.2", "ECDHE-ECDSA-AES256-GCM-SHA384"),
+        ),
+        (
+            {"max_version": "TLS12", "cipher_suites": ["TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384"]},
+            {"ciphers": "ECDHE-ECDSA-AES128-GCM-SHA256"},
+            None,
+        ),
+    ],
+)
+def test_tls_versions_and_suites_bound_the_handshake(
+    files: Files, clock: Clock, serving: list[ExporterServer], ca_file: str, tls: dict, client: dict,
+    expected: tuple[str, str | None] | None,
+) -> None:  # fmt: skip
+    server = serve(serving, clock, files.web_config(tls_server_config=TLS | tls))
+    if expected is None:
+        with pytest.raises(REFUSED):
+            fetch(server, client_tls(ca_file, **client))
+        return
+    status, version, cipher = fetch(server, client_tls(ca_file, **client))
+    assert (status, version) == (200, expected[0])
+    if expected[1] is not None:
+        assert cipher[0] == expected[1]
+
+
+# -- a reload reads the file again --
+
+
+@pytest.mark.integration
+def test_a_reload_reads_the_file_again_and_refuses_a_bad_one_whole(
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, ca_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "state.db")}}
+    config = write(tmp_path / "config.yaml", document)
+    web = files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("old-pass")})
+    daemon = Daemon(
+        validate(document, {}), config_path=config, clock=clock, listen="127.0.0.1:0", web_config=web,
+        billing=InProcessBilling(sim),
+    )  # fmt: skip
+    daemon.start(schedule=False)
+    try:
+        url = daemon.server.url
+
+        def status(password: str) -> int:
+            return requests.get(f"{url}/metrics", auth=("alice", password), verify=ca_file, timeout=5).status_code
+
+        assert (status("old-pass"), status("new-pass")) == (200, 401)
+        files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("new-pass")})
+        assert daemon.reload() is True
+        assert (status("old-pass"), status("new-pass")) == (401, 200)
+
+        files.web_config(tls_server_config=TLS, basic_auth_users={"alice": "new-pass"})
+        assert daemon.reload() is False
+        [refusal] = logged(caplog.records, "config reload refused")
+        assert refusal.levelno == logging.ERROR
+        assert f"{web}: basic_auth_users.alice: not a bcrypt hash" in refusal.fields["error"]  # type: ignore[attr-defined]
+        assert status("new-pass") == 200  # the running file's users still
+        series = scrape(url, verify=ca_file, auth=("alice", "new-pass"))
+        assert value(series, "inference_exporter_config_last_reload_successful") == 0
+
+        files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("new-pass")})
+        write(config, document | {"server": {"basic_auth": {"username": "bob", "password": "pw"}}})
+        assert daemon.reload() is False  # the config's own basic auth beside the file: refused, not merged
+        assert "would secure the server too" in logged(caplog.records, "config reload refused")[-1].fields["error"]  # type: ignore[attr-defined]
+        assert requests.get(f"{url}/metrics", auth=("bob", "pw"), verify=ca_file, timeout=5).status_code == 401
+    finally:
+        daemon.stop(grace=5)
