@@ -5,7 +5,7 @@
 
 FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

@@ -8,6 +8,7 @@ from bench import (
     chart,
     evaluation,
     faults,
+    forecast,
     history,
     landing,
     probe,
@@ -26,6 +27,7 @@ if __name__ == "__main__":
     probe.main([])
     faults.main([])
     anomaly.main([])
+    forecast.main([])
     backtest.main([])
     backfill.main([])
     reconcile.main([])

@@ -131,6 +131,33 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
     assert render(fired, "text").count("\n") == len(fired)
 
 
+def test_backtest_forecast_prints_each_days_forecast_against_the_months_total(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    from exporter.core.clock import previous_period
+    from tests.test_cli import run, write_config
+
+    sim, server = live
+    today = Clock().today()  # the command runs on the real clock
+    last = previous_period(f"{today:%Y-%m}")
+    first = previous_period(last)
+    sim.spend = SpendModel(start=today - dt.timedelta(days=200))
+    config = write_config(tmp_path, sim, server, history_months=3)
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    result = run("backtest", "--config", str(config), "--from", first, "--to", last, "--forecast", "--format", "json",
+                 env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {tuple(sorted(line)) for line in lines} == {("actual", "day", "forecast", "lower", "period", "upper")}
+    assert {line["period"] for line in lines} == {first, last}
+    for line in lines:  # each month's actual is the simulator's total; each day's interval holds its point
+        assert Decimal(line["actual"]) == sim.bill_totals(line["period"])["total"]
+        assert Decimal(line["lower"]) <= Decimal(line["forecast"]) <= Decimal(line["upper"])
+    text = run("backtest", "--config", str(config), "--from", first, "--to", last, "--forecast", env=env)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0].split() == ["day", "n", "forecast", "formula", "naive", "inside"]
+
+
 def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_sense(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:

@@ -600,7 +600,7 @@ def test_a_bad_web_config_file_is_refused_naming_the_file_and_the_field(
     result = run("run", "--config", str(config), "--web.config.file", str(web), "--listen", "127.0.0.1:0", env=env)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"{web}: tls_server_config.min_version: unknown TLS version 'TLS9' (one of TLS10, TLS11, TLS12, TLS13)",
+        f"{web}: tls_server_config.min_version: unknown TLS version 'TLS9' (one of TLS12, TLS13)",
         f"{web}: basic_auth_users.prometheus: not a bcrypt hash ($2a$, $2b$ or $2y$); make one with "
         "`htpasswd -nBC 10 \"\" | tr -d ':\\n'`",
     ]

@@ -196,6 +196,19 @@ def test_the_inference_url_is_kept_without_v1_however_it_is_written() -> None:
         assert config.inference.url == kept, written
 
 
+def test_an_inference_url_with_a_query_a_fragment_or_a_password_is_refused_without_its_value() -> None:
+    """A query would land before the path, and a user name or password would replace the API key
+    with basic auth: each refused, naming the part, never what it holds."""
+    for written, part in [
+        ("https://api.example.com/v1?key=s3cret-in-query", "a query"),
+        ("https://api.example.com/#s3cret-in-fragment", "a fragment"),
+        ("https://user:s3cret-password@api.example.com/v1", "a user name or password"),
+    ]:
+        details = errors_of({"billing": BILLING, "inference": {"url": written, "api_key": "k"}})
+        assert details == [f"inference.url: has {part}: give the base address alone (the API key goes in `api_key`)"]
+        assert "s3cret" not in " ".join(details)
+
+
 def test_the_currency_is_unknown_unless_given() -> None:
     assert validate({"billing": BILLING}, ENV).billing.currency == ""
     assert validate({"billing": BILLING | {"currency": "CNY"}}, ENV).billing.currency == "CNY"

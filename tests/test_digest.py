@@ -23,6 +23,7 @@ from exporter.model.snapshots import (
     MonthBills,
     Reconciliation,
     TokenGap,
+    per_day,
 )
 from exporter.notifiers.digest import html, slack, subject, text
 
@@ -184,8 +185,17 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
     )
     assert d["budgets"] == [
         {"budget": "monthly", "period": "month", "so_far": "2026-11", "amount": "5000", "used_ratio": 0.69,
-         "forecast_ratio": 0.89}
+         "forecast_ratio": 0.89, "crossing": None}  # (forecast under the amount: not crossed this month)
     ]  # fmt: skip
+    over = build(latest, schedule="daily", sent_on=SENT_ON, budgets=[BudgetConfig(name="low", amount=Decimal(3000))])
+    (low,) = over["budgets"]  # 3,450 spent by the 22nd: crossed on the day the month to date reached 3,000
+    total, crossed = Decimal(0), None
+    for day, amount in sorted(per_day(latest.bills.current.by_item).items()):  # type: ignore[union-attr]
+        total += amount
+        if crossed is None and total >= 3000:
+            crossed = day
+    assert low["crossing"] == crossed.isoformat()  # type: ignore[union-attr]
+    assert f"at this pace its amount is crossed on {crossed}" in text(over)
     assert d["anomalies"] == [
         {
             "alertname": "SpendAnomaly",

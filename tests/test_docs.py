@@ -197,7 +197,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=240, env=os.environ | {"NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
     assert built.returncode == 0, built.stderr[-4000:]
-    assert (tmp_path / "site" / "metrics" / "index.html").is_file()
+    assert (tmp_path / "site" / "metrics.html").is_file()  # (pages as files: the site works opened from disk)
 
 
 def test_every_link_of_the_readme_resolves() -> None:

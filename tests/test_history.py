@@ -12,7 +12,7 @@ import pytest
 
 from exporter.billing import BillingAPIError, BillingClient, BillingError
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
-from exporter.model.forecast import forecast
+from exporter.model.forecast import filled, forecast, month_forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
@@ -118,7 +118,16 @@ def test_the_month_start_forecast_reads_the_days_before_it_from_the_history(
         days[a.day] += a.payable
     october = history.item_days(previous_period("2026-11"))
     assert october is not None
-    assert (with_history.forecast, with_history.today_forecast) == forecast("2026-11", clock.today(), days, october)
+    # With it, the forecast learns the account's weekly rhythm and level from the months held.
+    held = {d: a for p in sorted(history.months) for d, a in filled(p, history.item_days(p) or {}).items()}
+    assert max(held) == dt.date(2026, 10, 31)
+    expected = month_forecast("2026-11", clock.today(), days, held)
+    assert (with_history.forecast, with_history.lower, with_history.upper) == (
+        expected.point,
+        expected.lower,
+        expected.upper,
+    )
+    assert with_history.today_forecast == days[clock.today()] + expected.daily[clock.today()]
     # without it, the two complete days of November stand for the week: a weekend-heavy guess
     assert alone.forecast == forecast("2026-11", clock.today(), days, None)[0] != with_history.forecast
 

@@ -131,8 +131,8 @@ document.body.append(out);
 @pytest.mark.integration
 def test_month_chart_in_chromium_matches_the_bills(daemon: Daemon, tmp_path: Path) -> None:
     """The chart Chromium lays out shows the bills /metrics serves: one segment per (day, endpoint) of the
-    month, with its amount to the cent and a height of amount × the chart's scale; the forecast bars at
-    the trailing week's average; the monthly budget's line at its daily pace."""
+    month, with its amount to the cent and a height of amount × the chart's scale; the forecast bars
+    sharing what the forecast adds after today; the monthly budget's line at its daily pace."""
     url = f"{daemon.server.url}/"
     series = scrape(daemon.server.url)
     billed: dict[tuple[str, str], Decimal] = {}
@@ -146,8 +146,6 @@ def test_month_chart_in_chromium_matches_the_bills(daemon: Daemon, tmp_path: Pat
     month_end = value(series, "inference_bill_month_forecast_payable_amount", period="2026-11")
     assert month_to_date is not None
     assert month_end is not None
-    # The days after today at the trailing week's average, which the forecast projects with.
-    rate = float(sum(v for (d, _), v in billed.items() if "2026-11-15" <= d <= "2026-11-21")) / 7
 
     # The DOM Chromium built from the page.
     dom = chromium("--dump-dom", url, profile=tmp_path / "profile-dom")
@@ -158,6 +156,9 @@ def test_month_chart_in_chromium_matches_the_bills(daemon: Daemon, tmp_path: Pat
     for key, amount in billed.items():
         assert abs(shown[key] - amount) < Decimal("0.005"), key
     assert [f.attrs["data-day"] for f in chart.forecasts] == [f"2026-11-{d}" for d in range(23, 31)]
+    # The days after today share what the forecast adds beyond the month so far and the rest of today.
+    rest = sum(float(r.attrs["data-amount"]) for r in chart.find("rect", "rest-of-today"))
+    rate = (month_end - month_to_date - rest) / len(chart.forecasts)
     for bar in chart.forecasts:
         assert float(bar.attrs["data-amount"]) == pytest.approx(rate, abs=0.006)
     assert [g.attrs["data-budget"] for g in chart.find("g", "budget")] == ["monthly"]  # not the daily one

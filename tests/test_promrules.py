@@ -31,6 +31,8 @@ RULES = [
     {"alert": "ProbeDown", "signal": "probe_success", "by": ["probe"], "op": "<", "threshold": 1, "for": "3m"},
     {"alert": "StaleData", "signal": "data_age", "by": ["source"], "threshold": 1800},
     {"alert": "MonthlyBudget", "budget": "monthly", "tiers": [0.5, 0.8, 1.0], "labels": {"severity": "critical"}},
+    {"alert": "MonthlyBudgetForecast", "budget": "monthly", "tiers": [1.0], "basis": "forecast",
+     "annotations": {"description": "crossed on {crossing_day} ({chance} chance)"}},
 ]  # fmt: skip
 
 
@@ -60,7 +62,7 @@ def test_every_signal_becomes_a_rule_promtool_accepts(tmp_path: Path) -> None:
     ]
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert all("2026" not in rule["expr"] for rule in rules)  # no date or month baked in
     tokens = next(rule for rule in rules if rule["alert"] == "Tokens")
@@ -86,6 +88,10 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
                 "interval": "1m",
                 "input_series": [
                     {"series": 'inference_budget_used_ratio{budget="monthly"}', "values": "0.3 0.4 0.6 0.85 0.9 1.2"},
+                    {"series": 'inference_budget_forecast_ratio{budget="monthly"}', "values": "0.9 0.95 1.05x8"},
+                    {"series": 'inference_budget_crossing_timestamp_seconds{budget="monthly"}',
+                     "values": "_ _ 1795363200x8"},
+                    {"series": 'inference_budget_crossing_probability{budget="monthly"}', "values": "0.2 0.4 0.7x8"},
                     {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x10"},
                     bill("2026-11-21", "a", "100x10"),
                     bill("2026-11-22", "a", "60x10"),
@@ -100,6 +106,11 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
                     {"eval_time": "4m", "alertname": "MonthlyBudget", "exp_alerts": [
                         {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8"},
                          "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
+                    {"eval_time": "1m", "alertname": "MonthlyBudgetForecast", "exp_alerts": []},
+                    {"eval_time": "2m", "alertname": "MonthlyBudgetForecast", "exp_alerts": [
+                        {"exp_labels": {"budget": "monthly", "tier": "1", "basis": "forecast"},
+                         "exp_annotations": {"summary": "Budget monthly is forecast at 105%: tier 1 crossed",
+                                             "description": "crossed on 2026-11-22 16:00:00 +0000 UTC (70% chance)"}}]},
                     {"eval_time": "4m", "alertname": "EndpointDailySpendHigh", "exp_alerts": []},
                     {"eval_time": "5m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
                         {"exp_labels": {"severity": "warning", "endpoint_id": "a"},

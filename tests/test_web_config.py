@@ -86,7 +86,11 @@ BAD_FILES = [
     ({"tls_server_config": {"cert_file": "cert.pem"}}, ["tls_server_config.key_file: required when TLS is on"]),
     (
         {"tls_server_config": TLS | {"min_version": "TLS14"}},
-        ["tls_server_config.min_version: unknown TLS version 'TLS14' (one of TLS10, TLS11, TLS12, TLS13)"],
+        ["tls_server_config.min_version: unknown TLS version 'TLS14' (one of TLS12, TLS13)"],
+    ),
+    (  # OpenSSL would refuse every handshake: refused at once rather than started
+        {"tls_server_config": TLS | {"max_version": "TLS11"}},
+        ["tls_server_config.max_version: TLS11 is not supported (TLS 1.2 at least: TLS12 or TLS13)"],
     ),
     (
         {"tls_server_config": TLS | {"min_version": "TLS13", "max_version": "TLS12"}},
@@ -262,21 +266,35 @@ def bcrypt_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return calls
 
 
-def test_each_outcome_is_remembered_so_a_scrape_costs_no_bcrypt(bcrypt_calls: list[bytes]) -> None:
-    alice = hashed("right")
-    users = BcryptUsers({"alice": alice.encode()})
+def test_each_outcome_is_remembered_so_a_scrape_costs_no_bcrypt(
+    bcrypt_calls: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, bob = hashed("right"), bcrypt.hashpw(b"y" * 72, bcrypt.gensalt(rounds=5)).decode()
+    users = BcryptUsers({"alice": alice.encode(), "bob": bob.encode()})
     assert [users.check("alice", "right") for _ in range(3)] == [True] * 3
     assert [users.check("alice", "wrong") for _ in range(3)] == [False] * 3
     assert bcrypt_calls == [alice.encode()] * 2
-    assert users.check("mallory", "right") is False  # checked against a decoy all the same: no faster answer
-    assert bcrypt_calls[2] == credentials_module._DECOY_HASH
-    assert users.check("alice", "x" * 100) is False  # over bcrypt's 72 bytes: no match, no crash
+    costliest = max((alice, bob), key=lambda h: int(h.split("$")[2])).encode()
+    assert users.check("mallory", "right") is False  # checked against the costliest user's hash: no faster answer
+    assert bcrypt_calls[2] == costliest
+    assert users.check("bob", "y" * 72 + "more") is True  # bcrypt reads 72 bytes, as htpasswd and Go do
+    assert users.check("alice", "x" * 100) is False
     assert "right" not in repr(users)
 
-    for n in range(BCRYPT_CACHE):  # as many new outcomes as are kept push the first ones out
+    for n in range(3 * BCRYPT_CACHE):  # a flood of wrong passwords never pushes a right one out
         users.check("alice", f"guess-{n}")
     before = len(bcrypt_calls)
     assert users.check("alice", "right") is True
+    assert len(bcrypt_calls) == before
+
+    # While bcrypt is busy with others, a password not checked yet is refused at once, not held;
+    # one checked right before is still let in without waiting.
+    monkeypatch.setattr(credentials_module, "BCRYPT_WAIT", 0.01)
+    with users._bcrypt_lock:
+        assert users.check("alice", "never-checked") is False
+        assert users.check("alice", "right") is True
+    assert len(bcrypt_calls) == before
+    assert users.check("alice", "never-checked") is False  # asked again once bcrypt is free: checked now
     assert len(bcrypt_calls) == before + 1
 
 

@@ -358,10 +358,10 @@ class Engine:
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = next(b for b in self.budgets if b.name == rule.budget)
         spans = [(w.latest, w.prices) for w in self.accounts if in_scope(budget.where.get(signals.ACCOUNT), w.name)]
-        measured = rules.budget_ratio(budget.in_account(), spans, self.clock)
+        measured = rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis)
         if measured is None:
             return
-        period, ratio = measured
+        period, ratio = measured.period, measured.ratio
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing" and alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
@@ -375,16 +375,31 @@ class Engine:
                 self._resolve(db, alert, now, inhibited=True)
         named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
+        if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
+            labels["basis"] = rule.basis
         if len(named) == 1:
             labels[signals.ACCOUNT] = named[0]  # one account's budget: its alerts say which
+        crossing = "not this period" if measured.crossing is None else measured.crossing.isoformat()
+        chance = "unknown" if measured.chance is None else f"{measured.chance:.0%}"
         fields = {
             "budget": budget.name,
             "tier": f"{tier:g}",
             "amount": fmt(budget.amount),
             "period": period,
             "value": fmt(ratio),
+            "basis": rule.basis,
+            "crossing_day": crossing,
+            "chance": chance,
         }
-        default = f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
+        if rule.basis == "forecast":
+            default = (
+                f"Budget {budget.name} ({period}) is forecast at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g}"
+                f" crossed; at this pace the amount is crossed on {crossing} (chance {chance})"
+            )
+        else:
+            default = (
+                f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
+            )
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         self.db.mark_tiers(db, rid, period, crossed)
         key = alert_key(labels, rid, period)

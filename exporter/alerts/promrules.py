@@ -52,15 +52,22 @@ def signal_rule(rule: ThresholdRule) -> dict[str, Any]:
 def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]:
     entries = []
     tiers = list(rule.tiers)
+    forecast = rule.basis == "forecast"
+    selector = f'{{budget="{budget.name}"}}'
     for index, tier in enumerate(tiers):
-        ratio = f'inference_budget_used_ratio{{budget="{budget.name}"}}'
+        ratio = f"inference_budget_{'forecast' if forecast else 'used'}_ratio{selector}"
         expr = f"{ratio} >= {tier:g}"
         if index + 1 < len(tiers):
             expr += f" < {tiers[index + 1]:g}"
-        fields = {"budget": budget.name, "tier": f"{tier:g}", "amount": f"{budget.amount:f}", "period": budget.period}
-        annotations = {
-            "summary": f"Budget {budget.name} is at {{{{ $value | humanizePercentage }}}}: tier {tier:g} crossed"
-        }
+        fields = {"budget": budget.name, "tier": f"{tier:g}", "amount": f"{budget.amount:f}", "period": budget.period,
+                  "basis": rule.basis,
+                  # (templates Prometheus fills when it sends the alert, from the exporter's own series)
+                  "crossing_day": f"{{{{ with query `inference_budget_crossing_timestamp_seconds{selector}` }}}}"
+                                  '{{ . | first | value | humanizeTimestamp }}{{ else }}not this period{{ end }}',
+                  "chance": f"{{{{ with query `inference_budget_crossing_probability{selector}` }}}}"
+                            '{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }}'}  # fmt: skip
+        summary = f"Budget {budget.name} is {'forecast ' if forecast else ''}at {{{{ $value | humanizePercentage }}}}"
+        annotations = {"summary": f"{summary}: tier {tier:g} crossed"}
         for name, template in rule.annotations.items():
             filled = template
             for field, value in fields.items():
@@ -70,7 +77,8 @@ def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]
             {
                 "alert": rule.alert,
                 "expr": expr,
-                "labels": {**rule.labels, "budget": budget.name, "tier": f"{tier:g}"},
+                "labels": {**rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
+                | ({"basis": rule.basis} if forecast else {}),
                 "annotations": annotations,
             }
         )

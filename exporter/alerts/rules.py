@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.model.signals import fresh, todays_bills
 from exporter.model.snapshots import Latest
-from exporter.sources.budgets import figures
+from exporter.sources.budgets import BudgetFigures, figures
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
     ">": operator.gt,
@@ -22,14 +24,51 @@ COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
 }
 
 
+@dataclass(frozen=True)
+class BudgetMeasure:
+    """A budget as a rule judges it: its period key, the share of the amount used (or forecast to be
+    used), and when the spend crosses the amount at the forecast's pace, with the chance it does."""
+
+    period: str
+    ratio: Decimal
+    crossing: dt.date | None
+    """None when the pace does not cross the amount this period, or when that is not known."""
+    chance: float | None
+
+
+def _crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None:
+    """When the summed spend crosses `amount` at the summed pace of the accounts' forecasts."""
+    if len(found) == 1:
+        return found[0].crossing(amount)
+    if any(f.outlook is None for f in found):
+        return None
+    total = sum((f.spent for f in found), Decimal(0))
+    days: dict[dt.date, Decimal] = {}
+    for f in found:
+        for day, amount_of_day in (f.outlook.daily if f.outlook is not None else {}).items():
+            days[day] = days.get(day, Decimal(0)) + amount_of_day
+    if total >= amount:
+        return min(days, default=None)
+    for day in sorted(days):
+        total += days[day]
+        if total >= amount:
+            return day
+    return None
+
+
 def budget_ratio(
-    budget: BudgetConfig, spans: Sequence[tuple[Latest, Sequence[PriceConfig]]], clock: Clock
-) -> tuple[str, Decimal] | None:
-    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used, summed over
-    the accounts it spans (each with its prices), from fresh figures of today only (bills, or usage
-    for a scope priced from usage; what the metrics show may be older); None when an account has
-    none (a part unknown is never read as zero)."""
-    period, spent = "", Decimal(0)
+    budget: BudgetConfig,
+    spans: Sequence[tuple[Latest, Sequence[PriceConfig]]],
+    clock: Clock,
+    basis: str = "actual",
+) -> BudgetMeasure | None:
+    """The budget's period key (`2026-11` or `2026-11-22`) and the share of it used (`actual`) or
+    forecast to be used at the period's end (`forecast`), summed over the accounts it spans (each
+    with its prices), from fresh figures of today only (bills, or usage for a scope priced from
+    usage; what the metrics show may be older); None when an account has none (a part unknown is
+    never read as zero). The chance of crossing is known for one account's budget only."""
+    period = ""
+    found: list[BudgetFigures] = []
     for latest, prices in spans:
         if budget.on_usage:
             usage = latest.usage
@@ -38,10 +77,13 @@ def budget_ratio(
             current = todays_bills(latest, clock)
         if not current:
             return None
-        found = figures(budget, latest, prices)
-        if found is None or (period and found.period != period):
+        figures_now = figures(budget, latest, prices)
+        if figures_now is None or (period and figures_now.period != period):
             return None
-        period, spent = found.period, spent + found.spent
+        period = figures_now.period
+        found.append(figures_now)
     if not period:
         return None
-    return period, spent / budget.amount
+    share = sum((f.projected if basis == "forecast" else f.spent for f in found), Decimal(0)) / budget.amount
+    chance = found[0].chance(budget.amount) if len(found) == 1 else None
+    return BudgetMeasure(period, share, _crossing(found, budget.amount), chance)

@@ -114,6 +114,7 @@ class Account:
             self.client, self.usage = previous.client, previous.usage
             self.bills, self.history = previous.bills, previous.history
             self.bills.grace_days = config.billing.previous_month_grace_days
+            self.bills.interval = config.forecast.interval
             self.history.months = config.billing.history_months
         else:
             if billing is None:
@@ -123,8 +124,9 @@ class Account:
                 )  # fmt: skip
             self.client = billing(config.billing)
             self.bills = BillsSource(
-                self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history
-            )
+                self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history,
+                interval=config.forecast.interval,
+            )  # fmt: skip
             self.history = HistorySource(
                 self.client, clock, state, config.billing.history_months,
                 wide=lambda: all(

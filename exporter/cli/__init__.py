@@ -159,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(replay)
     replay.add_argument("--from", dest="start", required=True, type=_period, metavar="YYYY-MM", help="first month")
     replay.add_argument("--to", type=_period, metavar="YYYY-MM", help="last month (default: the current one)")
+    replay.add_argument(
+        "--forecast",
+        action="store_true",
+        help="instead, the month-end forecast as it stood on each day of the months that ended, against their "
+        "actual totals: its error by day of month beside today's formula and a naive one, and how often the "
+        "actual fell inside its interval",
+    )
     replay.add_argument("--format", choices=("text", "json"), default="text", help="text, or JSON lines")
     _account_option(replay, "the account to replay (required with `accounts`)")
     _log_options(replay)
@@ -167,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     backfill_command = _command(
         commands, "backfill", "past months' bill series as OpenMetrics, for promtool to load into Prometheus",
         "Fetch the daily bills of the months --from ... --to and write the series the exporter exposes from them, "
-        "with timestamps every 5 minutes as a Prometheus scraping it would have stored them, as OpenMetrics text for "
-        "`promtool tsdb create-blocks-from openmetrics FILE DIR`. Only complete days (of this month: before today). "
+        "with timestamps (a bill series' an hour apart: read them through last_over_time(...[1h]), as the dashboard "
+        "does), as OpenMetrics text for `promtool tsdb create-blocks-from openmetrics FILE DIR`. Only complete days "
+        "(of this month: before today). "
         "A month the API refuses or lists nothing for is skipped and said. Exits 2 for a bad --from, --to, --label "
         "or --output, and when nothing could be written.",
     )  # fmt: skip
@@ -190,6 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
     _account_option(backfill_command, "the account to backfill (required with `accounts`; its series get `account`)")
     _log_options(backfill_command)
     backfill_command.set_defaults(func="commands:cmd_backfill")
+
+    export = _command(
+        commands, "export", "the bills in another format", "Write past months' billed charges in another format.",
+    )  # fmt: skip
+    formats = export.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    focus = formats.add_parser(
+        "focus", help="FOCUS 1.0 rows (CSV)", formatter_class=_HelpFormatter,
+        description="Fetch the daily bills of the months --from ... --to and write them as FOCUS 1.0 rows (the FinOps "
+        "Foundation's cost and usage format), one per day, endpoint and billing item, as CSV. Needs "
+        "billing.currency. Only complete days (of this month: before today). A month the API refuses or lists "
+        "nothing for is skipped and said. Exits 1 for a bad config or no currency, 2 for a bad --from, --to or "
+        "--output, a refused key, or nothing to write.",
+    )  # fmt: skip
+    _config_option(focus)
+    focus.add_argument("--from", dest="first", required=True, metavar="YYYY-MM", help="the first month")
+    focus.add_argument("--to", dest="last", metavar="YYYY-MM", help="the last month (when not given: this month)")
+    focus.add_argument("--output", required=True, metavar="FILE", help="the CSV file to write (replaced when complete)")
+    _account_option(focus, "the account to export (required with `accounts`)")
+    _log_options(focus)
+    focus.set_defaults(func="commands:cmd_export_focus")
 
     demo = _command(
         commands, "demo", "the embedded simulator and the daemon, no credentials needed",

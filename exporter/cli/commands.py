@@ -26,6 +26,7 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.notifiers.digest import text as digest_text
 from exporter.replay.backfill import BackfillError, backfill, check_range, months, target_labels
+from exporter.replay.focus import FocusError, MissingCurrency, export
 from exporter.sources.probe import unusable
 from exporter.state import AlertStore, StateError, StateStore, peek
 from exporter.web import WebConfigError
@@ -131,13 +132,21 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     ((name, account),) = chosen_accounts(config, args, "backtest")
     try:
-        fired, notes = backtest(account, args.start, last, clock, account=name)
+        if args.forecast:  # how right the month-end forecast was, day by day
+            from exporter.replay.forecast_backtest import forecast_backtest
+            from exporter.replay.forecast_backtest import render as render_forecast
+
+            rows, notes = forecast_backtest(account, args.start, last, clock)
+            output = render_forecast(rows, args.format)
+        else:
+            fired, notes = backtest(account, args.start, last, clock, account=name)
+            output = render(fired, args.format)
     except BillingError as error:
         print(f"inference-cost-exporter: backtest: {error}", file=sys.stderr)
         return EXIT_SOURCE
     for note in notes:
         print(f"{args.config}: {note}", file=sys.stderr)
-    sys.stdout.write(render(fired, args.format))
+    sys.stdout.write(output)
     return 0
 
 
@@ -165,6 +174,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 grace_days=account.billing.previous_month_grace_days,
                 history=account.billing.history_months > 0,
                 target=target,
+                history_months=account.billing.history_months,
+                level=account.forecast.interval,
             )
         except BackfillError as error:
             print(f"inference-cost-exporter backfill: {error}", file=sys.stderr)
@@ -187,6 +198,42 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     print(f"load it with: promtool tsdb create-blocks-from openmetrics --max-block-duration=486h {output} DIR")
     print(
         "query its bill series through last_over_time(...[1h]), as the dashboard does: their samples are an hour apart"
+    )
+    return 0
+
+
+def cmd_export_focus(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    _logging(args, config.log.level, config.log.format, config.secret_values())
+    clock = Clock(config.billing.zone)
+    try:
+        periods = months(args.first, args.last, clock.period())
+    except ValueError as error:
+        print(f"inference-cost-exporter export focus: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    ((name, account),) = chosen_accounts(config, args, "export focus")
+    output = Path(args.output)
+    currency = account.billing.currency
+    with BillingClient.from_config(account.billing, clock) as client:
+        try:
+            result = export(client, clock, periods, output, account=name or account.billing.access_key_id,
+                            account_name=name or None, currency=currency)  # fmt: skip
+        except MissingCurrency as error:
+            whose = f"account {name}: " if name else ""
+            print(f"inference-cost-exporter export focus: {whose}{error}", file=sys.stderr)
+            return EXIT_CONFIG
+        except FocusError as error:
+            print(f"inference-cost-exporter export focus: {error}", file=sys.stderr)
+            return EXIT_SOURCE
+        except OSError as error:
+            reason = error.strerror or error
+            print(f"inference-cost-exporter export focus: cannot write {output}: {reason}", file=sys.stderr)
+            return EXIT_USAGE
+    for period, why in result.skipped:
+        print(f"inference-cost-exporter export focus: {period} skipped: {why}", file=sys.stderr)
+    print(
+        f"wrote {output}: {', '.join(result.written)}: {result.rows:,} rows (FOCUS 1.0), "
+        f"{result.billed:f} {currency} billed"
     )
     return 0
 

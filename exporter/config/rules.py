@@ -100,6 +100,9 @@ class BudgetRule(_Rule):
 
     budget: Name
     tiers: Annotated[tuple[float, ...], Field(min_length=1)]
+    basis: Literal["actual", "forecast"] = "actual"
+    """What a tier is a share of: what was spent, or what the month is forecast to end at (its
+    `{crossing_day}` the day the forecast's pace crosses the amount)."""
 
     @field_validator("tiers")
     @classmethod
@@ -113,7 +116,7 @@ class BudgetRule(_Rule):
 
     @model_validator(mode="after")
     def _shape(self) -> BudgetRule:
-        self._check({"value", "budget", "tier", "amount", "period"})
+        self._check({"value", "budget", "tier", "amount", "period", "basis", "crossing_day", "chance"})
         return self
 
 
@@ -163,6 +166,8 @@ def rule_id(rule: RuleConfig) -> str:
     stays (its threshold, tiers, `for` and annotations may change)."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
         identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
+        if rule.basis != "actual":  # (a rule on the forecast is another rule than one on what was spent)
+            identity.append(rule.basis)
     elif isinstance(rule, AnomalyRule):
         identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
     else:

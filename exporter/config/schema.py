@@ -103,8 +103,16 @@ class BillingConfig(Strict):
 
 def _inference_base(url: str) -> str:
     """The address the spec's paths (`/v1/chat/completions`) go after: OpenAI-style SDKs take it with
-    `/v1` on the end, so that is taken off (the trailing `/` is already gone)."""
-    return url.removesuffix("/v1") if urlsplit(url).path.endswith("/v1") else url
+    `/v1` on the end, so that is taken off (the trailing `/` is already gone). A query or a fragment
+    would end up before the path, and a user name or password would replace the API key with basic
+    auth: refused, naming only the part, never its value."""
+    parts = urlsplit(url)
+    for present, what in ((parts.query, "a query"), (parts.fragment, "a fragment")):
+        if present:
+            raise ValueError(f"has {what}: give the base address alone (the API key goes in `api_key`)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("has a user name or password: give the base address alone (the API key goes in `api_key`)")
+    return url.removesuffix("/v1") if parts.path.endswith("/v1") else url
 
 
 class InferenceConfig(Strict):
@@ -298,6 +306,12 @@ class ReconciliationConfig(Strict):
     """Past days whose usage is read per usage refresh (the API cost of reconciling, spread out)."""
 
 
+class ForecastConfig(Strict):
+    interval: Annotated[float, Field(gt=0, lt=1)] = 0.8
+    """The nominal coverage of the month-end forecast's interval: its bounds are the quantiles
+    (1 − interval) ÷ 2 and (1 + interval) ÷ 2 of what the month's total may be."""
+
+
 class StateConfig(Strict):
     path: Text = "./inference-cost-exporter.db"
 
@@ -344,6 +358,7 @@ class Config(Strict):
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
     reconciliation: ReconciliationConfig = ReconciliationConfig()
+    forecast: ForecastConfig = ForecastConfig()
     digest: DigestConfig | None = None
 
     @model_validator(mode="after")

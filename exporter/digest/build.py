@@ -36,7 +36,7 @@ from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.model.anomaly import Judgement, judge_all
 from exporter.model.snapshots import AmountGap, DailyAmount, Latest, Reconciliation, TokenGap, per_day
-from exporter.sources.budgets import figures, month_spent
+from exporter.sources.budgets import BudgetFigures, figures, month_spent
 from exporter.sources.reconcile import disagrees
 
 TOP = 5
@@ -77,6 +77,12 @@ def _percent(now: Decimal, before: Decimal | None) -> float | None:
     if before is None or before == 0:
         return None
     return round(float((now - before) / before * 100), 1)
+
+
+def _crossing(found: BudgetFigures | None, amount: Decimal) -> str | None:
+    """The day the budget's amount is (or was) crossed at the forecast's pace, when it is this period."""
+    day = None if found is None else found.crossing(amount)
+    return None if day is None else day.isoformat()
 
 
 def top(rows: Sequence[T], n: int, key: Callable[[T], Any]) -> list[T]:
@@ -228,6 +234,7 @@ def build(
                 "amount": f"{budget.amount:f}",
                 "used_ratio": None if used is None else round(float(used), 4),
                 "forecast_ratio": None if projected is None else round(float(projected), 4),
+                "crossing": _crossing(found, budget.amount),
             }
         )
     anomalous = [

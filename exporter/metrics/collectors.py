@@ -12,7 +12,7 @@ from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.metrics.runtime import build_labels
 from exporter.model.snapshots import Histogram, Latest, UsageKey, UsageTotals
-from exporter.sources.budgets import budget_status, judge_scopes
+from exporter.sources.budgets import current_figures, judge_scopes
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
 
@@ -48,7 +48,18 @@ class BillsCollector(Collector):
         )
         month_forecast = GaugeMetricFamily(
             "inference_bill_month_forecast_payable_amount",
-            "Projected month-end payable amount: complete days + trailing 7-day average for the rest. " + CACHED,
+            "Projected month-end payable amount: the complete days + each day left as the account's weekly rhythm and"
+            f" level expect it (the median forecast). {CACHED}",
+            labels=["period"],
+        )
+        lower = GaugeMetricFamily(
+            "inference_bill_month_forecast_lower_payable_amount",
+            f"Lower bound of the month-end forecast's interval (forecast.interval, 80% by default). {CACHED}",
+            labels=["period"],
+        )
+        upper = GaugeMetricFamily(
+            "inference_bill_month_forecast_upper_payable_amount",
+            f"Upper bound of the month-end forecast's interval (forecast.interval, 80% by default). {CACHED}",
             labels=["period"],
         )
         snapshot = self.latest.bills
@@ -61,7 +72,10 @@ class BillsCollector(Collector):
                 usage.add_metric(labels, float(a.usage))
             month_to_date.add_metric([month.period], float(month.month_to_date))
             month_forecast.add_metric([month.period], float(month.forecast))
-        yield from (endpoint, item, usage, month_to_date, month_forecast)
+            if month.lower is not None and month.upper is not None:
+                lower.add_metric([month.period], float(month.lower))
+                upper.add_metric([month.period], float(month.upper))
+        yield from (endpoint, item, usage, month_to_date, month_forecast, lower, upper)
 
 
 USAGE_FIELDS = (
@@ -143,6 +157,22 @@ def budget_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetric
     return amount, used, forecast, matched
 
 
+def crossing_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """When each budget's amount is crossed at the forecast's pace, and the chance it is."""
+    crossing = GaugeMetricFamily(
+        "inference_budget_crossing_timestamp_seconds",
+        "Start of the billing day on which the budget's period spends its amount: the day it did, or the day it"
+        f" does at the forecast's pace; absent when it does not this period. {CACHED}",
+        labels=["budget"],
+    )
+    chance = GaugeMetricFamily(
+        "inference_budget_crossing_probability",
+        f"Chance the budget's month ends over its amount, from the forecast's error (month budgets on bills). {CACHED}",
+        labels=["budget"],
+    )
+    return crossing, chance
+
+
 class BudgetCollector(Collector):
     def __init__(
         self,
@@ -174,17 +204,25 @@ class BudgetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         amount, used, forecast, matched = budget_families()
-        for budget, ratios in budget_status(
-            self.latest, self.budgets, self.prices, self.clock.today() if self.clock is not None else None
-        ):
+        crossing, chance = crossing_families()
+        today = self.clock.today() if self.clock is not None else None
+        for budget, figures in current_figures(self.latest, self.budgets, self.prices, today):
             amount.add_metric([budget.name], float(budget.amount))
-            if ratios is not None:
-                used.add_metric([budget.name], float(ratios[0]))
-                forecast.add_metric([budget.name], float(ratios[1]))
+            if figures is None:
+                continue
+            spent, projected = figures.ratios(budget.amount)
+            used.add_metric([budget.name], float(spent))
+            forecast.add_metric([budget.name], float(projected))
+            day = figures.crossing(budget.amount)
+            if day is not None and self.clock is not None:
+                crossing.add_metric([budget.name], self.clock.day_start(day).timestamp())
+            probability = figures.chance(budget.amount)
+            if probability is not None:
+                chance.add_metric([budget.name], probability)
         for budget, found in judge_scopes(self.latest, self.budgets):
             if found is not None:
                 matched.add_metric([budget.name], 1.0 if found else 0.0)
-        yield from (amount, used, forecast, matched)
+        yield from (amount, used, forecast, matched, crossing, chance)
 
 
 class ReconciliationCollector(Collector):

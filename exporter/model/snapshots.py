@@ -49,6 +49,9 @@ class MonthBills:
     month_to_date: Decimal
     forecast: Decimal
     today_forecast: Decimal
+    lower: Decimal | None = None
+    """The bounds of the forecast's interval (`forecast.interval`); None when it has none."""
+    upper: Decimal | None = None
 
     def spend_on(self, day: dt.date) -> Decimal:
         return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))

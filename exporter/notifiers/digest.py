@@ -55,9 +55,11 @@ def _budget(d: Mapping[str, Any], b: Mapping[str, Any]) -> str:
         return f"{b['budget']} ({b['of']}, ended, {amount}): used {_ratio(b['used_ratio'])}"
     period, so_far = b["period"], b.get("so_far")
     measured = f"{period} {so_far}" if so_far else "this month" if period == "month" else "today"
+    crossing = b.get("crossing")  # (a digest queued by a version without it has none)
+    when = f"; at this pace its amount is crossed on {crossing}" if crossing else ""
     return (
         f"{b['budget']} ({measured} so far, {amount}): used {_ratio(b['used_ratio'])},"
-        f" forecast {_ratio(b['forecast_ratio'])}"
+        f" forecast {_ratio(b['forecast_ratio'])}{when}"
     )
 
 

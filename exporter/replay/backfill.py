@@ -9,9 +9,10 @@ would have stored them, but a bill series' samples are an hour apart (`STEP`):
   and stay as long as the exporter shows their month: to its end, and through the next month's
   first `previous_month_grace_days` days. Their value is the day's final billed amount throughout:
   how a day's bill grew within it is not known any more;
-- each month's month to date and month-end forecast, every day as the exporter would have
-  computed them at that day's end (the forecast's trailing average reaches into the month before
-  where the exporter would have held it: in the grace days, or always when it keeps history);
+- each month's month to date and month-end forecast with its interval's bounds, every day as the
+  exporter would have computed them at that day's end, from the months before it the exporter
+  would have held then (in the grace days last month; with history, `history_months` of them,
+  fetched from before `--from` too);
 - `inference_billing_today_info` for every day, every `CALENDAR_STEP`, so the dashboards' "this
   month" and "today" selections (`and on(period) inference_billing_today_info`) work in the past.
 
@@ -45,7 +46,7 @@ from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, B
 from exporter.core.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
 from exporter.core.logs import get_logger
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
-from exporter.model.forecast import forecast
+from exporter.model.forecast import DEFAULT_LEVEL, filled, month_forecast
 from exporter.model.snapshots import DailyAmount, Latest, per_day
 from exporter.replay import MAX_MONTHS
 from exporter.sources.bills import daily_amounts
@@ -73,6 +74,8 @@ ITEM_DAILY = "inference_bill_item_daily_payable_amount"
 ITEM_USAGE = "inference_bill_item_daily_usage"
 MONTH_TO_DATE = "inference_bill_month_to_date_payable_amount"
 MONTH_FORECAST = "inference_bill_month_forecast_payable_amount"
+MONTH_LOWER = "inference_bill_month_forecast_lower_payable_amount"
+MONTH_UPPER = "inference_bill_month_forecast_upper_payable_amount"
 TODAY_INFO = "inference_billing_today_info"
 FILE_KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
@@ -176,15 +179,23 @@ def fetch(client: BillingAPI, periods: Sequence[str]) -> tuple[dict[str, Month],
     return found, skipped
 
 
-def _days_before(client: BillingAPI, period: str) -> dict[dt.date, Decimal] | None:
-    """The account's days of the month before the first one written, which the first week's
-    forecasts average over (the exporter would have held them)."""
-    try:
-        return per_day(daily_amounts(client.bills(period, GROUP_TERM_ITEM), "item")) or None
-    except BillingError as error:
-        log.warning("the month before --from could not be fetched: the first week's forecasts average fewer days",
-                    period=period, error=str(error))  # fmt: skip
-        return None
+def _months_before(client: BillingAPI, first: str, count: int) -> dict[str, dict[dt.date, Decimal]]:
+    """The account's days of the `count` months before `first`, by period: what the first months'
+    forecasts learn from (the exporter would have held them). A month that cannot be fetched is
+    left out, and the forecasts then learn from fewer."""
+    found: dict[str, dict[dt.date, Decimal]] = {}
+    period = first
+    for _ in range(count):
+        period = previous_period(period)
+        try:
+            days = per_day(daily_amounts(client.bills(period, GROUP_TERM_ITEM), "item"))
+        except BillingError as error:
+            log.warning("a month before --from could not be fetched: the first forecasts learn from fewer days",
+                        period=period, error=str(error))  # fmt: skip
+            continue
+        if days:
+            found[period] = days
+    return found
 
 
 # --- the file ----------------------------------------------------------------------------
@@ -268,17 +279,27 @@ def _daily(a: DailyAmount, key: str) -> Labels:
 
 
 def _month_figures(
-    month: Month, before: dict[dt.date, Decimal] | None, calendar: _Calendar, until: int, history: bool
-) -> Iterator[tuple[dt.date, Decimal, Decimal]]:
-    """(day, month to date, forecast) for each day the exporter shows the month, as at that day's
-    end; `before`: the account's days of the month before, if at hand."""
+    month: Month,
+    earlier: Mapping[str, dict[dt.date, Decimal]],
+    calendar: _Calendar,
+    until: int,
+    history: int,
+    level: float,
+) -> Iterator[tuple[dt.date, tuple[Decimal, Decimal, Decimal, Decimal]]]:
+    """(day, (month to date, forecast, its interval's bounds at `level`)) for each day the exporter
+    shows the month, as at that day's end, from the months before it the exporter would have held
+    then: the `history` months before it, or else last month in the month's first grace days
+    (`earlier`: the account's days of the months at hand, by period)."""
     days = per_day(month.by_item)
+    previous = previous_period(month.period)
+    held_always = [p for p in sorted(earlier) if p < month.period][-history:] if history else []
     day = first_day(month.period)
     while day < calendar.hidden_from(month.period) and calendar.at(day) < until:
         so_far = {d: amount for d, amount in days.items() if d <= day}
-        previous = before if history or day.day <= calendar.grace_days else None
-        month_end, _ = forecast(month.period, day, so_far, previous)
-        yield day, sum(so_far.values(), Decimal(0)), month_end
+        held = held_always or ([previous] if previous in earlier and day.day <= calendar.grace_days else [])
+        known = {d: a for p in held for d, a in filled(p, earlier[p]).items()}
+        outlook = month_forecast(month.period, day, so_far, known, level)
+        yield day, (sum(so_far.values(), Decimal(0)), outlook.point, outlook.lower, outlook.upper)
         day += dt.timedelta(days=1)
 
 
@@ -289,20 +310,20 @@ def render(
     span: tuple[int, int],
     *,
     history: bool,
-    before: dict[dt.date, Decimal] | None = None,
+    before: Mapping[str, dict[dt.date, Decimal]] | None = None,
     target: Labels = (),
     step: int = STEP,
+    history_months: int = 3,
+    level: float = DEFAULT_LEVEL,
 ) -> tuple[int, int]:
     """Write the months' series over `span` (Unix seconds, [start, end)). `before`: the account's
-    days of the month before the first month; `step`: seconds between a bill series' samples
+    days of the months before the first month, by period; `step`: seconds between a bill series' samples
     (`CALENDAR_STEP` writes them as a Prometheus scraping every 5 minutes stores them, for
     queries without `last_over_time`). Returns the number of series and of samples."""
     families = _families(calendar.clock)
     writer = _Writer(out, target, *span)
     ordered = [months[period] for period in sorted(months)]
-    account_days = {m.period: per_day(m.by_item) for m in ordered}
-    if ordered and before is not None:
-        account_days[previous_period(ordered[0].period)] = before
+    account_days = {**(before or {}), **{m.period: per_day(m.by_item) for m in ordered}}
     for name, key, amounts in (
         (ENDPOINT_DAILY, "endpoint_id", [(m.period, a, a.payable) for m in ordered for a in m.by_endpoint]),
         (ITEM_DAILY, "item", [(m.period, a, a.payable) for m in ordered for a in m.by_item]),
@@ -312,22 +333,13 @@ def render(
         for period, a, amount in amounts:
             shown_until = calendar.at(calendar.hidden_from(period))
             writer.write(name, _daily(a, key), [(_number(amount), calendar.at(a.day), shown_until)], step)
-    figures = {
-        m.period: list(_month_figures(m, account_days.get(previous_period(m.period)), calendar, span[1], history))
-        for m in ordered
-    }
+    held = history_months if history else 0
+    figures = {m.period: list(_month_figures(m, account_days, calendar, span[1], held, level)) for m in ordered}
     day_long = dt.timedelta(days=1)
-    for name in (MONTH_TO_DATE, MONTH_FORECAST):
+    for index, name in enumerate((MONTH_TO_DATE, MONTH_FORECAST, MONTH_LOWER, MONTH_UPPER)):
         writer.family(families[name])
         for period, rows in figures.items():
-            segments = [
-                (
-                    _number(to_date if name == MONTH_TO_DATE else month_end),
-                    calendar.at(day),
-                    calendar.at(day + day_long),
-                )
-                for day, to_date, month_end in rows
-            ]
+            segments = [(_number(values[index]), calendar.at(day), calendar.at(day + day_long)) for day, values in rows]
             writer.write(name, (("period", period),), segments, step)
     writer.family(families[TODAY_INFO])
     day = dt.datetime.fromtimestamp(span[0], calendar.clock.tz).date()
@@ -357,7 +369,7 @@ def _refuse_unless_regular(path: Path) -> None:
 
 
 @contextmanager
-def _replacing(path: Path) -> Iterator[TextIO]:
+def replacing(path: Path) -> Iterator[TextIO]:
     """A file beside `path` that replaces it once complete, and is removed if anything fails: a
     failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first.
     What is at `path` is checked then and again just before the replace, as a run takes minutes."""
@@ -383,13 +395,15 @@ def backfill(
     grace_days: int,
     history: bool,
     target: Labels = (),
+    history_months: int = 3,
+    level: float = DEFAULT_LEVEL,
 ) -> Result:
     """Fetch `periods` (consecutive, oldest first) and write their series to `output`.
 
-    `grace_days` and `history` as the exporter's `billing.previous_month_grace_days` and
-    `billing.history_months > 0`. BackfillError when nothing could be written (`output` is then
-    left as it was); OSError when `output` cannot be written, FileExistsError when it is there and
-    is not a regular file (it is left as it is too).
+    `grace_days`, `history` and `history_months` as the exporter's `billing.previous_month_grace_days`,
+    `billing.history_months > 0` and `billing.history_months`. BackfillError when nothing could be
+    written (`output` is then left as it was); OSError when `output` cannot be written,
+    FileExistsError when it is there and is not a regular file (it is left as it is too).
     """
     calendar = _Calendar(clock, grace_days)
     now = clock.now()
@@ -401,14 +415,14 @@ def backfill(
     )
     if end <= start:
         raise BackfillError(f"nothing to backfill yet: {periods[0]} has no complete day")
-    with _replacing(output) as out:
+    with replacing(output) as out:
         found, skipped = fetch(client, periods)
         if not found:
             raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
-        before = None
-        if (history or grace_days) and periods[0] in found:
-            before = _days_before(client, previous_period(periods[0]))
-        series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target)
+        count = history_months if history else 1 if grace_days else 0
+        before = _months_before(client, periods[0], count) if periods[0] in found else {}
+        series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target,
+                                 history_months=history_months, level=level)  # fmt: skip
     return Result(
         written=tuple(sorted(found)),
         skipped=tuple(skipped),

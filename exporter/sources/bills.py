@@ -4,22 +4,26 @@ Bills get revised, so every refresh re-fetches the whole month and replaces the 
 During the first `grace_days` of a month the previous month is fetched too, so its last
 days settle.
 
-Forecast (current month) = the complete days' sum + max(today so far, average) + average ×
-days after today, where average is that of the trailing 7 complete days (fewer at the start
-of a month when the previous month is neither fetched nor held in the history; with no complete
-day at all, today so far stands for the average). Today's forecast is max(today so far, average). A past month's
-forecast is its total.
+Forecast (current month): `model.forecast.month_forecast` on the month's days and every day held
+before it (the history's months, and last month's while fetched in its grace days): the complete
+days, each day left at the account's level × its weekday's factor, with the interval
+(`forecast.interval`) learnt from the history (`docs/forecast.md`); today's forecast is today so far
+plus what the model expects it still adds. With fewer than three weeks of days known, it is
+today's formula (`model.forecast.forecast`): the complete days' sum + max(today so far, average) +
+average × days after today, where average is that of the trailing 7 complete days (fewer at the
+start of a month when the previous month is neither fetched nor held). A past month's forecast and
+bounds are its total.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillRecord
 from exporter.core.clock import Clock, previous_period
-from exporter.model.forecast import forecast
+from exporter.model.forecast import DEFAULT_LEVEL, filled, forecast, month_forecast
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills, per_day
 
 
@@ -43,12 +47,24 @@ def month_bills(
     by_endpoint: tuple[DailyAmount, ...],
     by_item: tuple[DailyAmount, ...],
     previous: dict[dt.date, Decimal] | None,
+    history: Mapping[dt.date, Decimal] | None = None,
+    level: float = DEFAULT_LEVEL,
 ) -> MonthBills:
     """A month's bills as of `today`, with its month to date (from the item lines, which cover
-    every charge) and forecast; `previous`: last month's days, when held."""
-    month_end, today_end = forecast(period, today, per_day(by_item), previous)
+    every charge) and forecast. `history`: the account's days before the month, each month held
+    whole (`filled`): the forecast is the model's, with its `level` interval; without it, today's
+    formula (`previous`: last month's days, when held) and no interval."""
+    days = per_day(by_item)
     month_to_date = sum((a.payable for a in by_item), Decimal(0))
-    return MonthBills(period, by_endpoint, by_item, month_to_date, month_end, today_end)
+    if history is None:
+        month_end, today_end = forecast(period, today, days, previous)
+        return MonthBills(period, by_endpoint, by_item, month_to_date, month_end, today_end)
+    outlook = month_forecast(period, today, days, history, level)
+    so_far = days.get(today, Decimal(0)) if period == f"{today:%Y-%m}" else Decimal(0)
+    today_end = so_far + outlook.daily.get(today, Decimal(0))
+    return MonthBills(
+        period, by_endpoint, by_item, month_to_date, outlook.point, today_end, outlook.lower, outlook.upper
+    )
 
 
 class BillsSource:
@@ -58,12 +74,15 @@ class BillsSource:
         clock: Clock,
         grace_days: int,
         history: Callable[[], HistorySnapshot | None] = lambda: None,
+        interval: float = DEFAULT_LEVEL,
     ) -> None:
         self.client = client
         self.clock = clock
         self.grace_days = grace_days
         self.history = history
-        """The past months held, for the days before this month in the forecast's trailing window."""
+        """The past months held: what the forecast learns the account's rhythm and error from."""
+        self.interval = interval
+        """The forecast interval's nominal coverage (`forecast.interval`)."""
 
     def periods(self, today: dt.date) -> list[str]:
         current = self.clock.period(today)
@@ -76,16 +95,21 @@ class BillsSource:
             for period in self.periods(today)
         ]
         by_items = [daily_amounts(items, "item") for _, _, items in fetched]
-        # Last month's days for this month's trailing week: fetched in the grace days, else held.
+        # The days before this month: the history's months, and last month as fetched in the grace days.
         history = self.history()
-        before: dict[dt.date, Decimal] | None
+        held = {p: per_day(m.by_item) for p, m in history.months.items()} if history is not None else {}
         if len(by_items) > 1:
-            before = per_day(by_items[1])
-        else:
-            before = history.item_days(previous_period(fetched[0][0])) if history is not None else None
+            held[fetched[1][0]] = per_day(by_items[1])
+        before = {d: a for p, days in sorted(held.items()) for d, a in filled(p, days).items()}
         months = [
             month_bills(
-                period, today, daily_amounts(instances, "instance"), by_items[index], before if index == 0 else None
+                period,
+                today,
+                daily_amounts(instances, "instance"),
+                by_items[index],
+                None,
+                before if index == 0 else {},
+                self.interval,
             )
             for index, (period, instances, _) in enumerate(fetched)
         ]

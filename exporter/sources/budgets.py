@@ -6,7 +6,8 @@ matches: by endpoint when it names an endpoint or a project (the bills' lines by
 project), by item otherwise (the item grouping covers every charge). A scope on usage labels
 (`model`, `api_key`, with `endpoint_id` if wanted) prices the matching usage with `prices`:
 today's counters, yesterday as its last pull left it, and the settled days read in full before.
-Either way the forecast is the bills' (`model.forecast`), on the scope's own days.
+Either way the forecast is the bills' (`model.forecast.month_forecast`), on the scope's own days and
+those of the months held before.
 
 Figures are given only when every day they add up is known: a usage scope's month waits until
 each past day of the month has been read, and a row of a model without a price leaves the
@@ -25,10 +26,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.config.schema import BudgetConfig, PriceConfig
-from exporter.core.clock import previous_period
 from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
-from exporter.model.forecast import TRAILING_DAYS, forecast
+from exporter.model.forecast import TRAILING_DAYS, MonthForecast, filled, forecast, month_forecast
 from exporter.model.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageRow, UsageSnapshot, per_day
 from exporter.sources.usage import estimate
 
@@ -45,9 +45,30 @@ class BudgetFigures:
     spent: Decimal
     projected: Decimal
     """Forecast at the period's end."""
+    outlook: MonthForecast | None = None
+    """A month budget's forecast in full (its expected days and its error), for when its pace
+    crosses the amount and the chance it does; None for a day budget or one priced from usage."""
+    days: tuple[tuple[dt.date, Decimal], ...] = ()
+    """A month budget's days so far, in order (for the day its spend crossed an amount)."""
 
     def ratios(self, amount: Decimal) -> tuple[Decimal, Decimal]:
         return self.spent / amount, self.projected / amount
+
+    def crossing(self, amount: Decimal) -> dt.date | None:
+        """The day the spend crosses `amount`: the day it did, when it has; else the day it does at
+        the forecast's pace. None when it does not this period, or when that is not known."""
+        if self.spent >= amount:
+            total = Decimal(0)
+            for day, spent in self.days:
+                total += spent
+                if total >= amount:
+                    return day
+            return dt.date.fromisoformat(self.period) if len(self.period) == 10 else None  # a day budget: today
+        return None if self.outlook is None else self.outlook.crossing_day(amount, self.spent)
+
+    def chance(self, amount: Decimal) -> float | None:
+        """The chance the period ends over `amount`, from the forecast's error; None unknown."""
+        return None if self.outlook is None else self.outlook.chance_over(amount)
 
 
 def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
@@ -137,6 +158,19 @@ def _window_before(today: dt.date, days: Days) -> Days | None:
     return {d: days[d] for d in wanted}
 
 
+def _days_before(latest: Latest, budget: BudgetConfig, period: str) -> Days:
+    """The scope's every day of the months before `period` that are held (the history's, and last
+    month's in its grace days), each month whole: what its forecast learns its rhythm and error from."""
+    months: dict[str, MonthBills | MonthHistory] = dict(latest.history.months) if latest.history is not None else {}
+    bills = latest.bills
+    months.update({m.period: m for m in (bills.months[1:] if bills is not None else ())})
+    days: Days = {}
+    for held, month in sorted(months.items()):
+        if held < period:
+            days.update(filled(held, per_day(_scoped(budget, month) if budget.where else month.by_item)))
+    return days
+
+
 def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] = ()) -> BudgetFigures | None:
     """What the budget has used of its current period and is forecast to use; None while unknown."""
     bills = latest.bills
@@ -145,16 +179,16 @@ def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] 
     if bills is None:
         return None
     today, month = bills.today, bills.current
-    if budget.where:
-        days = _billed_month(latest, budget, month.period) or {}
-        last = _billed_month(latest, budget, previous_period(month.period))
-        month_end, today_end = forecast(month.period, today, days, last)
-    else:  # the account: the bills' own figures, so the budget agrees with their metrics to the cent
-        days = per_day(month.by_item)
-        month_end, today_end = month.forecast, month.today_forecast
+    days = (_billed_month(latest, budget, month.period) or {}) if budget.where else per_day(month.by_item)
+    outlook = month_forecast(month.period, today, days, _days_before(latest, budget, month.period))
+    # The account's: the bills' own figures (the same forecast), so the budget agrees with their metrics to the cent.
+    so_far = days.get(today, Decimal(0))
+    month_end = outlook.point if budget.where else month.forecast
+    today_end = so_far + outlook.daily.get(today, Decimal(0)) if budget.where else month.today_forecast
     if budget.period == "month":
-        return BudgetFigures(month.period, sum(days.values(), Decimal(0)), month_end)
-    return BudgetFigures(today.isoformat(), days.get(today, Decimal(0)), today_end)
+        spent = sum(days.values(), Decimal(0))
+        return BudgetFigures(month.period, spent, month_end, outlook, tuple(sorted(days.items())))
+    return BudgetFigures(today.isoformat(), so_far, today_end)
 
 
 def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig]) -> BudgetFigures | None:
@@ -191,20 +225,28 @@ def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | 
     return None if days is None else sum(days.values(), Decimal(0))
 
 
+def current_figures(
+    latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = (), today: dt.date | None = None
+) -> list[tuple[BudgetConfig, BudgetFigures | None]]:
+    """Each budget with its figures (None while unknown, and, given `today`, while they are of a
+    period that has ended: just after midnight, before the new day's bills)."""
+    current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
+    found: list[tuple[BudgetConfig, BudgetFigures | None]] = []
+    for budget in budgets:
+        these = figures(budget, latest, prices)
+        ended = these is not None and current is not None and these.period not in current
+        found.append((budget, None if ended else these))
+    return found
+
+
 def budget_status(
     latest: Latest, budgets: Iterable[BudgetConfig], prices: Sequence[PriceConfig] = (), today: dt.date | None = None
 ) -> list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]]:
-    """Each budget with its used and forecast ratios (None while its figures are unknown, and,
-    given `today`, while they are of a period that has ended: just after midnight, before the
-    new day's bills)."""
-    status: list[tuple[BudgetConfig, tuple[Decimal, Decimal] | None]] = []
-    current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
-    for budget in budgets:
-        found = figures(budget, latest, prices)
-        if found is not None and current is not None and found.period not in current:
-            found = None
-        status.append((budget, None if found is None else found.ratios(budget.amount)))
-    return status
+    """Each budget with its used and forecast ratios (None while unknown: `current_figures`)."""
+    return [
+        (budget, None if found is None else found.ratios(budget.amount))
+        for budget, found in current_figures(latest, budgets, prices, today)
+    ]
 
 
 def scope_matched(budget: BudgetConfig, latest: Latest) -> bool | None:

@@ -32,10 +32,14 @@ class TlsError(OSError):
 _TLS_REASONS = {"KEY_VALUES_MISMATCH": "the key is not the certificate's"}
 """OpenSSL's reasons, in words."""
 BCRYPT_CACHE = 100
-"""Outcomes of bcrypt checks remembered at once (exporter-toolkit keeps as many)."""
-_DECOY_HASH = b"$2b$10$D6UbXNA56LOjufq9xyI3XuTX06/Iqks3zbmyzz9mFbSQ4elvfbp5e"
-"""A bcrypt hash of a random password nobody knows: an unknown user's password is checked against it, so that the
-time an answer takes does not tell which users exist."""
+"""Passwords checked right remembered at once (exporter-toolkit keeps as many); wrong ones are remembered apart,
+as many, so a flood of wrong passwords never pushes out a scrape's."""
+BCRYPT_WAIT = 0.5
+"""Seconds a request waits for its turn at bcrypt (one check runs at a time) before it is refused: under a flood
+of wrong passwords a connection is answered at once rather than held, and the connection cap is not used up."""
+BCRYPT_MAX_BYTES = 72
+"""What bcrypt reads of a password: the rest is ignored, as htpasswd and Go ignore it (bcrypt 5 refuses longer
+passwords instead; cut here, every version agrees)."""
 
 
 def _no_passphrase() -> NoReturn:
@@ -85,16 +89,21 @@ class PlainPassword:
 class BcryptUsers:
     """`basic_auth_users` of a web configuration file: each user's bcrypt hash.
 
-    A bcrypt check costs tens of milliseconds by design. A scrape every few seconds must not pay it each time, so each
-    outcome is remembered, as exporter-toolkit does, under a keyed digest of the user, the hash and the password
-    (never the password itself), BCRYPT_CACHE at most. One check runs at a time: a flood of wrong passwords takes one
-    core, not every one, and a scrape whose outcome is remembered never waits for it.
+    A bcrypt check costs tens of milliseconds by design. A scrape every few seconds must not pay it each time, so a
+    password checked right is remembered, as exporter-toolkit does, under a keyed digest of the user, the hash and
+    the password (never the password itself), BCRYPT_CACHE at most; wrong ones apart, so that they cannot push a
+    right one out. One check runs at a time (a flood takes one core, not every one), and a request that cannot
+    have its turn within BCRYPT_WAIT is refused: a remembered password never waits, and a flood holds no
+    connection open. An unknown user's password is checked against the hash of the costliest user, so the time an
+    answer takes does not tell which users exist.
     """
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
         self._users = dict(users)
+        self._decoy = max(self._users.values(), key=lambda hashed: int(hashed.split(b"$")[2]), default=b"")
         self._key = os.urandom(32)
-        self._known: dict[bytes, bool] = {}
+        self._right: dict[bytes, None] = {}
+        self._wrong: dict[bytes, None] = {}
         self._known_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
 
@@ -107,25 +116,32 @@ class BcryptUsers:
             mac.update(len(part).to_bytes(8, "big") + part)
         return mac.digest()
 
+    def _remember(self, outcomes: dict[bytes, None], key: bytes) -> None:
+        with self._known_lock:
+            if len(outcomes) >= BCRYPT_CACHE:
+                del outcomes[next(iter(outcomes))]  # the oldest
+            outcomes[key] = None
+
     def check(self, username: str, password: str) -> bool:
         hashed = self._users.get(username)
         known_user = hashed is not None
-        hashed = hashed if hashed is not None else _DECOY_HASH
-        key = self._digest(username.encode(), hashed, password.encode())
+        hashed = hashed if hashed is not None else self._decoy
+        secret = password.encode()[:BCRYPT_MAX_BYTES]
+        key = self._digest(username.encode(), hashed, secret)
         with self._known_lock:
-            outcome = self._known.get(key)
-        if outcome is None:
-            with self._bcrypt_lock:
-                try:  # (for an unknown user too, against the decoy: the same time either way)
-                    matched = bcrypt.checkpw(password.encode(), hashed)
-                except ValueError:  # a password over bcrypt's 72 bytes matches no hash
-                    matched = False
-            outcome = known_user and matched
-            with self._known_lock:
-                if len(self._known) >= BCRYPT_CACHE:
-                    del self._known[next(iter(self._known))]  # the oldest
-                self._known[key] = outcome
-        return outcome
+            if key in self._right:
+                return True
+            if key in self._wrong:
+                return False
+        if not hashed or not self._bcrypt_lock.acquire(timeout=BCRYPT_WAIT):
+            return False  # no users, or bcrypt busy with others: refused now, asked again by the next request
+        try:  # (for an unknown user too, against the decoy: the same time either way)
+            matched = bcrypt.checkpw(secret, hashed)
+        finally:
+            self._bcrypt_lock.release()
+        right = known_user and matched
+        self._remember(self._right if right else self._wrong, key)
+        return right
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from exporter.core.words import counted
 from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_figures
 from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, TokenGap
-from exporter.sources.budgets import budget_status, scope_matched
+from exporter.sources.budgets import BudgetFigures, current_figures, scope_matched
 from exporter.web.chart import month_chart
 from exporter.web.views import AccountView, View
 
@@ -106,8 +106,10 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
             + (f"<td class=bad>{failing} failing</td>" if failing else f"<td class=ok>{len(states)} ok</td>")
             + "</tr>"
         )
-        for budget, ratios in budget_status(account.latest, account.budgets, account.prices, today):
-            budgets.append(_budget_row(budget, ratios, name, scope_matched(budget, account.latest) is False))
+        for budget, found in current_figures(account.latest, account.budgets, account.prices, today):
+            ratios = None if found is None else found.ratios(budget.amount)
+            unmatched = scope_matched(budget, account.latest) is False
+            budgets.append(_budget_row(budget, ratios, name, unmatched, _crosses(found, budget)))
         probes += [(probe, snapshot, name) for probe, snapshot in sorted(account.latest.probes.items())]
         if account.latest.reconciliation is not None:
             gaps.append(f"<h3>{name}</h3>{_disagreements(account.latest.reconciliation)}")
@@ -125,8 +127,18 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
     return summary, "".join(budgets), probes, "".join(gaps) or "<p>No settled day has been reconciled yet.</p>"
 
 
+def _crosses(found: BudgetFigures | None, budget: BudgetConfig) -> str:
+    """The day the budget's amount is (or was) crossed at the forecast's pace, or a dash."""
+    day = None if found is None else found.crossing(budget.amount)
+    return "—" if day is None else day.isoformat()
+
+
 def _budget_row(
-    budget: BudgetConfig, ratios: tuple[Decimal, Decimal] | None, account: str, unmatched: bool = False
+    budget: BudgetConfig,
+    ratios: tuple[Decimal, Decimal] | None,
+    account: str,
+    unmatched: bool = False,
+    crosses: str = "—",
 ) -> str:
     return (
         f"<tr><td>{html.escape(budget.name)}</td><td>{account}</td><td>{html.escape(_scope(budget))}"
@@ -137,7 +149,7 @@ def _budget_row(
             if ratios
             else "<td class=wait>—</td><td class=wait>—</td>"
         )
-        + "</tr>"
+        + f"<td>{crosses}</td></tr>"
     )
 
 
@@ -191,8 +203,9 @@ def landing_page(view: View) -> str:
             if r
             else "<td class=wait>—</td><td class=wait>—</td>"
         )
-        + "</tr>"
-        for b, r in budget_status(view.latest, view.budgets(), view.prices(), view.today())
+        + f"<td>{_crosses(found, b)}</td></tr>"
+        for b, found in current_figures(view.latest, view.budgets(), view.prices(), view.today())
+        for r in [None if found is None else found.ratios(b.amount)]
     )
     probed: list[Probe] = [(name, p, None) for name, p in sorted(view.latest.probes.items())]
     probe_head = "<table><tr><th>probe</th><th>endpoint</th>"
@@ -208,7 +221,10 @@ def landing_page(view: View) -> str:
         budget_head = "<table><tr><th>budget</th><th>account</th><th>scope</th>"
         probe_head = "<table><tr><th>probe</th><th>account</th><th>endpoint</th>"
     budgets = (
-        budget_head + "<th>period</th><th>amount</th><th>used</th><th>forecast</th></tr>" + budget_rows + "</table>"
+        budget_head
+        + "<th>period</th><th>amount</th><th>used</th><th>forecast</th><th>crossed at this pace</th></tr>"
+        + budget_rows
+        + "</table>"
         if budget_rows
         else "<p>No budget is configured.</p>"
     )

@@ -21,11 +21,15 @@ import yaml
 from exporter.config.load import StrictLoader
 
 TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+OLD_TLS = frozenset({"TLS10", "TLS11"})
+"""exporter-toolkit's names for versions OpenSSL no longer negotiates at its default security level: a file
+that asks for them would start cleanly and then fail every handshake, so it is refused."""
+BCRYPT_COST_WARNING = 12
+"""Above this cost one check takes a quarter of a second or more; each user's first scrape (and every wrong
+password) pays it."""
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -282,6 +286,9 @@ class _Reader:
         name = self.string(node, key, "tls_server_config")
         if name is None:
             return default
+        if name in OLD_TLS:
+            self.problem(f"tls_server_config.{key}", f"{name} is not supported (TLS 1.2 at least: TLS12 or TLS13)")
+            return default
         if name not in TLS_VERSIONS:
             self.problem(f"tls_server_config.{key}", f"unknown TLS version {name!r} (one of {', '.join(TLS_VERSIONS)})")
             return default
@@ -325,4 +332,9 @@ class _Reader:
                 self.problem(f"{where}.{name}", f"a bcrypt cost of {int(found[1])}: it must be 4 to 31")
             else:
                 users[name] = hashed.encode()
+                if int(found[1]) > BCRYPT_COST_WARNING:
+                    self.notes.append(
+                        f"{where}.{name}: a bcrypt cost of {int(found[1])} makes each check slow"
+                        f" (over {BCRYPT_COST_WARNING}: a quarter of a second or more)"
+                    )
         return users

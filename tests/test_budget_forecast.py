@@ -1,0 +1,83 @@
+"""Budgets on the forecast (`basis: forecast`): a tier fires on the day the month's forecast first
+reaches it, once per period, saying the day the pace crosses the amount; over the simulator's
+seasonal history, day by day, as the daemon refreshes and evaluates."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock, days_in_period
+from exporter.model.forecast import filled, month_forecast
+from exporter.sim import ITEMS, Simulator, SpendModel
+from tests.conftest import SHANGHAI
+from tests.daemon_fakes import fake_billing_section, statuses, told, unit_daemon
+
+MONTH = "2026-10"
+
+
+def account_days(sim: Simulator, first: dt.date, last: dt.date) -> dict[dt.date, Decimal]:
+    """The simulator's payable amount of each day from `first` to `last`, the whole account."""
+    days, day = {}, first
+    while day <= last:
+        days[day] = sum(
+            (sim.charge(f"{day:%Y-%m}", day, e, item)[0] for e in sim.endpoints for item in ITEMS), Decimal(0)
+        )
+        day += dt.timedelta(days=1)
+    return days
+
+
+def test_a_forecast_budget_fires_on_the_day_the_pace_first_reaches_it_and_once(tmp_path: Path) -> None:
+    frozen = FrozenClock(dt.datetime(2026, 10, 1, 23, 0, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    sim = Simulator(clock=clock)
+    sim.spend = SpendModel(start=dt.date(2026, 6, 1))
+    first = dt.date(2026, 10, 1)
+    history = account_days(sim, dt.date(2026, 7, 1), first - dt.timedelta(days=1))
+    month = account_days(sim, first, dt.date(2026, 10, days_in_period(MONTH)))
+    # What the forecast says at each day's end (its bills through that day, three months before),
+    # and an amount it first reaches mid-month: the day the alert must fire.
+    points = {
+        day: month_forecast(MONTH, day, {d: a for d, a in month.items() if d <= day}, filled("2026-09", history)).point
+        for day in month
+    }
+    amount = sorted(points.values())[len(points) // 2].quantize(Decimal("0.01"))
+    expected = min(day for day, point in points.items() if point >= amount)
+    assert first < expected < max(month)  # (the amount is reached mid-month, not on the first day)
+
+    document = {
+        "billing": fake_billing_section(sim, history_months=3),
+        "budgets": [{"name": "monthly", "amount": str(amount)}],
+        "alerts": {
+            "rules": [
+                {"alert": "MonthlyForecast", "budget": "monthly", "tiers": [1.0], "basis": "forecast",
+                 "annotations": {"description": "crossed on {crossing_day} at this pace ({chance})"}},
+            ],
+            "notifiers": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/hook"}],
+        },
+        "state": {"path": str(tmp_path / "state.db")},
+    }  # fmt: skip
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    fired_on = []
+    try:
+        for day in sorted(month):
+            frozen.set(dt.datetime.combine(day, dt.time(23, 0), SHANGHAI))
+            for source in ("history", "bills"):
+                assert daemon.refresh(source), source
+            daemon.alert_cycle()
+            now = clock.now().timestamp()
+            fired_on += [day for a in daemon.sources.engine.current() if a.state == "firing" and a.fired_at == now]
+        assert fired_on == [expected]  # on that day, and never again this month
+        assert statuses(daemon)[0] == "firing"
+        event = told(daemon)[0]
+        (alert,) = event["alerts"]
+        assert alert["labels"]["basis"] == "forecast"
+        crossing = month_forecast(
+            MONTH, expected, {d: a for d, a in month.items() if d <= expected}, filled("2026-09", history)
+        ).crossing_day(amount, sum((a for d, a in month.items() if d <= expected), Decimal(0)))
+        assert crossing is not None
+        assert alert["annotations"]["description"].startswith(f"crossed on {crossing.isoformat()} at this pace (")
+    finally:
+        daemon.stop()

@@ -1,0 +1,236 @@
+"""The month-end forecast with its interval (`model.forecast.month_forecast`) on the simulator's
+seasonal history, and `backtest --forecast` (`replay.forecast_backtest`): behaviour, not numbers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from itertools import accumulate
+
+import pytest
+
+from bench.forecast import account_days
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock, days_in_period, periods_between
+from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast, filled, forecast, month_forecast
+from exporter.model.snapshots import MonthBills, per_day
+from exporter.replay.forecast_backtest import by_day_of_month, errors, forecast_backtest, render, replay_forecasts
+from exporter.sim import ITEMS, Simulator, SpendModel
+from exporter.sources.bills import BillsSource, month_bills
+from exporter.sources.history import HistorySource
+from exporter.state import StateStore
+from tests.conftest import SHANGHAI
+from tests.daemon_fakes import fake_billing_section
+from tests.fakes import FakeBilling
+
+YEAR = account_days(seed=1, spikes=2.0)
+"""The account's days of 2026 by month: weekly rhythm, noise, growth, about two spikes a month."""
+MONTH = "2026-06"
+FIRST = dt.date(2026, 6, 1)
+KEYS = {"day", "period", "forecast", "lower", "upper", "actual"}
+
+
+def held(*periods: str) -> dict[dt.date, Decimal]:
+    """The months' days, each held whole, as the daemon passes them."""
+    return {d: a for p in periods for d, a in filled(p, YEAR[p]).items()}
+
+
+def before(today: dt.date) -> dict[dt.date, Decimal]:
+    """June's days before `today`."""
+    return {d: a for d, a in YEAR[MONTH].items() if d < today}
+
+
+def june(today: dt.date, changed: dict[dt.date, Decimal] | None = None) -> MonthForecast:
+    """June forecast on `today` with three months held: its days before today complete (some of
+    them `changed`), nothing billed today yet."""
+    return month_forecast(MONTH, today, before(today) | (changed or {}), held("2026-03", "2026-04", "2026-05"))
+
+
+def test_the_interval_holds_the_point_and_narrows_as_the_month_runs_out() -> None:
+    widths = []
+    for day in (2, 6, 10, 14, 18, 22, 26, 29):
+        f = june(FIRST.replace(day=day))
+        assert f.month_to_date <= f.lower < f.point < f.upper
+        assert f.level == DEFAULT_LEVEL
+        assert f.point == f.month_to_date + sum(f.daily.values(), Decimal(0))
+        widths.append(f.upper - f.lower)
+    assert widths == sorted(widths, reverse=True)
+    assert len(set(widths)) == len(widths)
+
+
+def test_a_month_that_has_ended_is_its_total_with_no_room() -> None:
+    total = sum(YEAR[MONTH].values(), Decimal(0))
+    f = month_forecast(MONTH, dt.date(2026, 7, 1), YEAR[MONTH], held("2026-05"))
+    assert f.point == f.lower == f.upper == total
+    assert f.daily == {}
+    assert f.chance_over(total - 1) == 1.0
+    assert f.chance_over(total) == 0.0
+
+
+def test_with_no_history_the_point_is_todays_formula_and_the_interval_says_it_is_unsure() -> None:
+    today = FIRST.replace(day=6)
+    days = {d: a for d, a in YEAR[MONTH].items() if d <= today}  # today's bills so far among them
+    alone = month_forecast(MONTH, today, days)
+    assert alone.point == forecast(MONTH, today, days, None)[0]
+    assert (alone.point - alone.month_to_date).quantize(Decimal("0.01")) == sum(alone.daily.values(), Decimal(0))
+    informed = month_forecast(MONTH, today, days, held("2026-03", "2026-04", "2026-05"))
+    assert alone.point != informed.point
+
+    def relative_width(f: MonthForecast) -> Decimal:
+        return (f.upper - f.lower) / (f.point - f.month_to_date)
+
+    assert relative_width(alone) > 3 * relative_width(informed)
+    assert relative_width(alone) > Decimal("0.5")  # unsure: the days left could be half as much again or more
+
+
+def test_with_a_few_weeks_of_days_the_model_takes_over_and_widens_for_what_it_lacks() -> None:
+    """Three weeks of June and nothing before it: a weekday rhythm to learn, few errors to learn from."""
+    today = FIRST.replace(day=23)
+    short = month_forecast(MONTH, today, before(today), {})
+    assert short.point != forecast(MONTH, today, before(today), None)[0]  # the weekdays left, not the week's average
+    longer = june(today)
+    assert (short.upper - short.lower) > (longer.upper - longer.lower)
+
+
+def test_the_previous_month_alone_at_the_start_of_a_month_in_its_grace_days() -> None:
+    """History off, last month fetched in its grace days: the model learns from it."""
+    today = FIRST.replace(day=2)
+    days = {FIRST: YEAR[MONTH][FIRST]}
+    f = month_forecast(MONTH, today, days, held("2026-05"))
+    assert f.lower < f.point < f.upper
+    assert f.point != forecast(MONTH, today, days, YEAR["2026-05"])[0]
+
+
+def test_a_spike_in_the_recent_days_moves_the_point_less_than_the_trailing_average_moves() -> None:
+    today = FIRST.replace(day=16)
+    spiked = FIRST.replace(day=14)
+    usual = YEAR[MONTH][spiked]
+    model = june(today).point, june(today, {spiked: usual * 4}).point
+    formula = (
+        forecast(MONTH, today, before(today), YEAR["2026-05"])[0],
+        forecast(MONTH, today, before(today) | {spiked: usual * 4}, YEAR["2026-05"])[0],
+    )
+    extra = usual * 3  # what the spike billed, in the month to date of both
+    assert model[1] - model[0] < formula[1] - formula[0]
+    # Beyond the spike itself: a seventh of it on each of the 15 days left for the trailing average;
+    # for the model, one value of the level's 21 (and one error of many).
+    assert formula[1] - formula[0] - extra == pytest.approx(extra / 7 * 15)
+    assert model[1] - model[0] - extra < (formula[1] - formula[0] - extra) / 4
+
+
+def test_the_crossing_day_is_the_first_day_the_expected_spend_reaches_the_amount() -> None:
+    f = june(FIRST.replace(day=11))
+    spent = f.month_to_date
+    days = sorted(f.daily)
+    reached = list(accumulate((f.daily[d] for d in days), initial=spent))[1:]
+    assert days[0] == f.today
+    for index in (0, 5, len(days) - 1):
+        assert f.crossing_day(reached[index], spent) == days[index]
+    assert f.crossing_day(reached[5] + Decimal("0.01"), spent) == days[6]
+    assert f.crossing_day(reached[-1] + Decimal("0.01"), spent) is None  # not this month
+    assert f.crossing_day(spent, spent) == f.today  # already there
+    assert f.crossing_day(spent - 1, spent) == f.today
+    # Another scope's spend at the same pace: its own month to date, the same expected days.
+    assert f.crossing_day(reached[3] - spent, Decimal(0)) == days[3]
+
+
+def test_the_chance_of_going_over_falls_with_the_amount_and_is_even_at_the_point() -> None:
+    f = june(FIRST.replace(day=9))
+    low, high = f.month_to_date * Decimal("0.9"), f.upper * Decimal("1.2")
+    amounts = [low + (high - low) * n / 200 for n in range(201)]
+    chances = [f.chance_over(a) for a in amounts]
+    assert chances == sorted(chances, reverse=True)
+    assert chances[0] == 1.0  # less than already billed
+    assert chances[-1] < 0.01
+    assert f.chance_over(f.point) == pytest.approx(0.5, abs=1e-6)
+    # the interval's bounds are the error model's own quantiles
+    assert f.chance_over(f.lower) == pytest.approx((1 + f.level) / 2, abs=1e-6)
+    assert f.chance_over(f.upper) == pytest.approx((1 - f.level) / 2, abs=1e-6)
+
+
+def test_the_level_sets_how_wide_the_interval_is() -> None:
+    today = FIRST.replace(day=9)
+    history = held("2026-03", "2026-04", "2026-05")
+    narrow, wide = (month_forecast(MONTH, today, before(today), history, level) for level in (0.5, 0.95))
+    assert narrow.point == wide.point
+    assert wide.lower < narrow.lower < narrow.point < narrow.upper < wide.upper
+
+
+def bounds(month: MonthBills) -> tuple[Decimal, Decimal]:
+    assert month.lower is not None
+    assert month.upper is not None
+    return month.lower, month.upper
+
+
+def test_the_bills_source_forecasts_from_the_days_it_holds_with_its_interval(
+    sim: Simulator, fake: FakeBilling, clock: Clock, frozen: FrozenClock
+) -> None:
+    sim.spend = SpendModel(start=dt.date(2026, 6, 1))
+    frozen.set(dt.datetime(2026, 11, 2, 12, 0, tzinfo=SHANGHAI))  # in October's grace days
+    history = HistorySource(fake, clock, StateStore(":memory:"), months=3).refresh()
+    november, october = BillsSource(fake, clock, 3, history=lambda: history).refresh().months
+    today = clock.today()
+    days = per_day(november.by_item)
+    held = {d: a for p, m in history.months.items() for d, a in filled(p, per_day(m.by_item)).items()}
+    held |= filled("2026-10", per_day(october.by_item))  # fresher than the history's copy
+    outlook = month_forecast("2026-11", today, days, held)
+    assert (november.forecast, november.lower, november.upper) == (outlook.point, outlook.lower, outlook.upper)
+    lower, upper = bounds(november)
+    assert november.month_to_date < lower < november.forecast < upper
+    assert november.today_forecast == days[today] + outlook.daily[today]
+    assert october.forecast == october.lower == october.upper == october.month_to_date  # over: no room
+
+    narrower = BillsSource(fake, clock, 3, history=lambda: history, interval=0.5).refresh().current
+    assert narrower.forecast == november.forecast
+    assert lower < bounds(narrower)[0] < bounds(narrower)[1] < upper
+
+    # Without the history: the model on what the bills hold (October in its grace days).
+    alone = BillsSource(fake, clock, 3).refresh().current
+    assert alone.forecast == month_forecast("2026-11", today, days, filled("2026-10", per_day(october.by_item))).point
+    # Others who make a month's bills with today's formula alone have no interval.
+    formula = month_bills("2026-11", today, november.by_endpoint, november.by_item, None)
+    assert (formula.forecast, formula.lower, formula.upper) == (forecast("2026-11", today, days, None)[0], None, None)
+
+
+def test_the_backtest_says_each_days_forecast_in_designs_json_lines() -> None:
+    rows = replay_forecasts(YEAR, "2026-05", "2026-06", history_months=3, grace_days=3)
+    assert [r.day for r in rows] == [dt.date(2026, 5, 1) + dt.timedelta(days=n) for n in range(31 + 30)]
+    lines = [json.loads(line) for line in render(rows, "json").splitlines()]
+    assert len(lines) == len(rows)
+    assert all(set(line) == KEYS for line in lines)
+    assert (lines[0]["day"], lines[0]["period"]) == ("2026-05-01", "2026-05")
+    assert lines[-1]["forecast"] == lines[-1]["lower"] == lines[-1]["upper"] == lines[-1]["actual"]  # over
+    assert {Decimal(line["actual"]) for line in lines[:31]} == {sum(YEAR["2026-05"].values(), Decimal(0))}
+    text = render(rows, "text")
+    assert len(by_day_of_month(rows)) == 30  # the last day of each month has nothing left to forecast
+    assert text.count("\n") == 1 + 30 + 1  # header, a row a day of the month, the summary
+    assert "inside the 80% interval" in text
+
+
+def test_the_backtest_fetches_the_months_and_the_history_before_them(sim: Simulator, clock: Clock) -> None:
+    sim.spend = SpendModel(start=dt.date(2026, 5, 1))
+    config = validate({"billing": fake_billing_section(sim, history_months=2)}, {})
+    rows, notes = forecast_backtest(config, "2026-04", "2026-11", clock, FakeBilling(sim))
+    assert {r.period for r in rows} == {"2026-05", "2026-06", "2026-07", "2026-08", "2026-09", "2026-10"}
+    assert notes == ["2026-11: not over yet, no actual total to measure against", "2026-04: no bills"]
+    october = [r for r in rows if r.period == "2026-10"]
+    assert [r.day.day for r in october] == list(range(1, 32))
+    days = [dt.date(2026, 10, n) for n in range(1, 32)]
+    total = sum((sim.spend.amount(d, e.endpoint_id, item) for d in days for e in sim.endpoints for item in ITEMS),
+                Decimal(0))  # fmt: skip
+    assert {r.actual for r in october} == {total}
+
+
+@pytest.mark.timeout(300)  # a year of forecasts for each of three seeds: the slowest here, handed out first
+def test_over_the_simulators_history_the_interval_holds_the_total_as_often_as_it_says() -> None:
+    rows = [
+        r
+        for seed in (1, 2, 3)
+        for r in replay_forecasts(account_days(seed, spikes=2.0), "2026-04", "2026-12", history_months=3, grace_days=3)
+    ]
+    measured = errors(rows)
+    assert measured is not None
+    assert measured.count == sum(days_in_period(p) - 1 for p in periods_between("2026-04", "2026-12")) * 3
+    assert abs(measured.inside - DEFAULT_LEVEL) <= 0.10
+    assert measured.model < measured.formula < measured.naive
