@@ -394,7 +394,7 @@ def test_the_command_writes_the_months_and_says_what_it_wrote(tmp_path: Path) ->
     server = sim.serve()
     try:
         env = {"TEST_BILLING_SECRET": sim.secret_access_key}
-        month = (dt.date.today().replace(day=1) - dt.timedelta(days=1)).strftime("%Y-%m")
+        month = (Clock().today().replace(day=1) - dt.timedelta(days=1)).strftime("%Y-%m")  # (the billing day)
         output = tmp_path / "charges.csv"
         without = write_config(tmp_path, sim, server)
         refused = run("export", "focus", "--config", str(without), "--from", month, "--to", month,

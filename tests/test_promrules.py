@@ -48,7 +48,7 @@ def generated(tmp_path: Path) -> tuple[Path, list[str]]:
         },
         {},
     )
-    text, skipped = rule_file(config.alerts, config.budgets)
+    text, skipped = rule_file(config.alerts, config.budgets, config.billing.zone)
     path = tmp_path / "rules.yml"
     path.write_text(text)
     return path, skipped
@@ -110,7 +110,7 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
                     {"eval_time": "2m", "alertname": "MonthlyBudgetForecast", "exp_alerts": [
                         {"exp_labels": {"budget": "monthly", "tier": "1", "basis": "forecast"},
                          "exp_annotations": {"summary": "Budget monthly is forecast at 105%: tier 1 crossed",
-                                             "description": "crossed on 2026-11-22 16:00:00 +0000 UTC (70% chance)"}}]},
+                                             "description": "crossed on 2026-11-23 (70% chance)"}}]},
                     {"eval_time": "4m", "alertname": "EndpointDailySpendHigh", "exp_alerts": []},
                     {"eval_time": "5m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
                         {"exp_labels": {"severity": "warning", "endpoint_id": "a"},

@@ -365,6 +365,11 @@ class Engine:
         for alert in list(self.alerts.values()):
             if alert.rule == rid and alert.state == "firing" and alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
+            elif (
+                rule.basis == "forecast" and alert.rule == rid and alert.state == "firing"
+                and ratio < Decimal(alert.labels["tier"])
+            ):  # fmt: skip
+                self._resolve(db, alert, now)  # the forecast fell back under it (its tier fired: not again this period)
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
         fired = self.db.tiers_fired(rid, period)
         if not crossed or max(crossed) in fired:

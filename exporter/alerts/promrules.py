@@ -8,8 +8,10 @@ which is how the lower tiers are inhibited.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import yaml
 
@@ -49,8 +51,13 @@ def signal_rule(rule: ThresholdRule) -> dict[str, Any]:
     return entry
 
 
-def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]:
+def budget_rules(rule: BudgetRule, budget: BudgetConfig, zone: ZoneInfo | None = None) -> list[dict[str, Any]]:
+    """A rule per tier. `{crossing_day}` is read from the exporter's crossing series when Prometheus
+    sends the alert, as the billing day (`zone`): its start moved to midday in that zone (Prometheus'
+    templates know UTC only), so a change of the clocks cannot move it to another day."""
     entries = []
+    offset = zone.utcoffset(dt.datetime.now(zone)) if zone is not None else None
+    shift = int(offset.total_seconds() if offset is not None else 0) + 12 * 3600
     tiers = list(rule.tiers)
     forecast = rule.basis == "forecast"
     selector = f'{{budget="{budget.name}"}}'
@@ -59,13 +66,20 @@ def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]
         expr = f"{ratio} >= {tier:g}"
         if index + 1 < len(tiers):
             expr += f" < {tiers[index + 1]:g}"
-        fields = {"budget": budget.name, "tier": f"{tier:g}", "amount": f"{budget.amount:f}", "period": budget.period,
-                  "basis": rule.basis,
-                  # (templates Prometheus fills when it sends the alert, from the exporter's own series)
-                  "crossing_day": f"{{{{ with query `inference_budget_crossing_timestamp_seconds{selector}` }}}}"
-                                  '{{ . | first | value | humanizeTimestamp }}{{ else }}not this period{{ end }}',
-                  "chance": f"{{{{ with query `inference_budget_crossing_probability{selector}` }}}}"
-                            '{{ . | first | value | humanizePercentage }}{{ else }}unknown{{ end }}'}  # fmt: skip
+        # (templates Prometheus fills when it sends the alert, from the exporter's own series)
+        crossing = f"inference_budget_crossing_timestamp_seconds{selector} + {shift}"
+        day = '{{ (. | first | value | toTime).Format "2006-01-02" }}'
+        chance = f"inference_budget_crossing_probability{selector}"
+        fields = {
+            "budget": budget.name,
+            "tier": f"{tier:g}",
+            "amount": f"{budget.amount:f}",
+            "period": budget.period,
+            "basis": rule.basis,
+            "crossing_day": f"{{{{ with query `{crossing}` }}}}{day}{{{{ else }}}}not this period{{{{ end }}}}",
+            "chance": f"{{{{ with query `{chance}` }}}}{{{{ . | first | value | humanizePercentage }}}}"
+            "{{ else }}unknown{{ end }}",
+        }
         summary = f"Budget {budget.name} is {'forecast ' if forecast else ''}at {{{{ $value | humanizePercentage }}}}"
         annotations = {"summary": f"{summary}: tier {tier:g} crossed"}
         for name, template in rule.annotations.items():
@@ -85,14 +99,17 @@ def budget_rules(rule: BudgetRule, budget: BudgetConfig) -> list[dict[str, Any]]
     return entries
 
 
-def rule_file(alerts: AlertsConfig, budgets: tuple[BudgetConfig, ...]) -> tuple[str, list[str]]:
-    """The rule file's YAML, and a note for each rule that could not be expressed."""
+def rule_file(
+    alerts: AlertsConfig, budgets: tuple[BudgetConfig, ...], zone: ZoneInfo | None = None
+) -> tuple[str, list[str]]:
+    """The rule file's YAML, and a note for each rule that could not be expressed; `zone`: the
+    billing time zone, whose days `{crossing_day}` names."""
     entries: list[dict[str, Any]] = []
     skipped = []
     for index, rule in enumerate(alerts.rules):
         if isinstance(rule, BudgetRule):
             budget = next(b for b in budgets if b.name == rule.budget)
-            entries.extend(budget_rules(rule, budget))
+            entries.extend(budget_rules(rule, budget, zone))
             continue
         if isinstance(rule, AnomalyRule):
             skipped.append(

@@ -12,7 +12,7 @@ from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.model.signals import fresh, todays_bills
 from exporter.model.snapshots import Latest
-from exporter.sources.budgets import BudgetFigures, figures
+from exporter.sources.budgets import BudgetFigures, crossed, figures
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
     ">": operator.gt,
@@ -40,20 +40,23 @@ def _crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None
     """When the summed spend crosses `amount` at the summed pace of the accounts' forecasts."""
     if len(found) == 1:
         return found[0].crossing(amount)
+    if len(found[0].period) == 10:  # a day budget: today, when the accounts' spend or forecast reaches it
+        reached = max(sum((f.spent for f in found), Decimal(0)), sum((f.projected for f in found), Decimal(0)))
+        return dt.date.fromisoformat(found[0].period) if reached >= amount else None
+    spent: dict[dt.date, Decimal] = {}
+    for f in found:
+        for day, amount_of_day in f.days:
+            spent[day] = spent.get(day, Decimal(0)) + amount_of_day
+    if sum(spent.values(), Decimal(0)) >= amount:
+        return crossed(sorted(spent.items()), amount)  # the day the accounts' spend did
     if any(f.outlook is None for f in found):
         return None
-    total = sum((f.spent for f in found), Decimal(0))
-    days: dict[dt.date, Decimal] = {}
+    ahead: dict[dt.date, Decimal] = {}
     for f in found:
         for day, amount_of_day in (f.outlook.daily if f.outlook is not None else {}).items():
-            days[day] = days.get(day, Decimal(0)) + amount_of_day
-    if total >= amount:
-        return min(days, default=None)
-    for day in sorted(days):
-        total += days[day]
-        if total >= amount:
-            return day
-    return None
+            ahead[day] = ahead.get(day, Decimal(0)) + amount_of_day
+    total = sum(spent.values(), Decimal(0))
+    return crossed(sorted(ahead.items()), amount - total)
 
 
 def budget_ratio(

@@ -89,7 +89,7 @@ def _currency(code: str) -> str:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    text, skipped = rule_file(config.alerts, config.all_budgets)
+    text, skipped = rule_file(config.alerts, config.all_budgets, config.billing.zone)
     for note in skipped:
         print(f"{args.config}: {note}", file=sys.stderr)
     sys.stdout.write(text)

@@ -350,6 +350,8 @@ def month_forecast(
     rest = point - month_to_date
     lower = month_to_date + rest * Decimal(repr(math.exp(-z * below)))
     upper = month_to_date + rest * Decimal(repr(math.exp(z * above)))
+    if upper < lower:  # credits outweighing charges: the days left take money off, and the bounds swap
+        lower, upper = upper, lower
     return MonthForecast(
         period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above
     )

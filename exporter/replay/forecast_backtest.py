@@ -85,7 +85,7 @@ def _money(amount: Decimal) -> str:
 
 
 def _error(forecast_: Decimal, actual: Decimal) -> float:
-    return float(abs(forecast_ - actual) / actual) if actual else 0.0
+    return float(abs(forecast_ - actual) / abs(actual)) if actual else 0.0  # (a month of net credits too)
 
 
 def errors(rows: Iterable[Forecasted]) -> Errors | None:

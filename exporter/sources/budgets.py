@@ -56,19 +56,27 @@ class BudgetFigures:
 
     def crossing(self, amount: Decimal) -> dt.date | None:
         """The day the spend crosses `amount`: the day it did, when it has; else the day it does at
-        the forecast's pace. None when it does not this period, or when that is not known."""
+        the forecast's pace (a day budget: today, when its forecast reaches it). None when it does
+        not this period, or when that is not known."""
+        if len(self.period) == 10:  # a day budget
+            return dt.date.fromisoformat(self.period) if max(self.spent, self.projected) >= amount else None
         if self.spent >= amount:
-            total = Decimal(0)
-            for day, spent in self.days:
-                total += spent
-                if total >= amount:
-                    return day
-            return dt.date.fromisoformat(self.period) if len(self.period) == 10 else None  # a day budget: today
+            return crossed(self.days, amount)
         return None if self.outlook is None else self.outlook.crossing_day(amount, self.spent)
 
     def chance(self, amount: Decimal) -> float | None:
         """The chance the period ends over `amount`, from the forecast's error; None unknown."""
         return None if self.outlook is None else self.outlook.chance_over(amount)
+
+
+def crossed(days: Iterable[tuple[dt.date, Decimal]], amount: Decimal) -> dt.date | None:
+    """The first of `days` (in order) by which their running sum reaches `amount`."""
+    total = Decimal(0)
+    for day, spent in days:
+        total += spent
+        if total >= amount:
+            return day
+    return None
 
 
 def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
@@ -171,6 +179,20 @@ def _days_before(latest: Latest, budget: BudgetConfig, period: str) -> Days:
     return days
 
 
+def _outlook(latest: Latest, budget: BudgetConfig, month: MonthBills, today: dt.date, days: Days) -> MonthForecast:
+    """The scope's month forecast, made once per bills snapshot, history and scope (kept on the
+    snapshot, which is never changed): every evaluation, scrape and page asks it again, and its
+    error model reads every day held."""
+    cache: dict[object, tuple[object, MonthForecast]] = month.__dict__.setdefault("_outlooks", {})
+    key = (repr(sorted(budget.where.items())), today)
+    held = cache.get(key)
+    if held is not None and held[0] is latest.history:
+        return held[1]
+    outlook = month_forecast(month.period, today, days, _days_before(latest, budget, month.period))
+    cache[key] = (latest.history, outlook)
+    return outlook
+
+
 def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] = ()) -> BudgetFigures | None:
     """What the budget has used of its current period and is forecast to use; None while unknown."""
     bills = latest.bills
@@ -180,7 +202,7 @@ def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] 
         return None
     today, month = bills.today, bills.current
     days = (_billed_month(latest, budget, month.period) or {}) if budget.where else per_day(month.by_item)
-    outlook = month_forecast(month.period, today, days, _days_before(latest, budget, month.period))
+    outlook = _outlook(latest, budget, month, today, days)
     # The account's: the bills' own figures (the same forecast), so the budget agrees with their metrics to the cent.
     so_far = days.get(today, Decimal(0))
     month_end = outlook.point if budget.where else month.forecast
@@ -213,7 +235,7 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
     days = {d: a for d, a in month_days.items() if a is not None}
     period = f"{today:%Y-%m}"
     month_end, _ = forecast(period, today, days, _window_before(today, known))
-    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end)
+    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end, days=tuple(sorted(days.items())))
 
 
 def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | None:
