@@ -52,6 +52,8 @@ class MonthBills:
     lower: Decimal | None = None
     """The bounds of the forecast's interval (`forecast.interval`); None when it has none."""
     upper: Decimal | None = None
+    interval: float = 0.8
+    """The interval's nominal coverage the bills were forecast with (`forecast.interval`)."""
 
     def spend_on(self, day: dt.date) -> Decimal:
         return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))

@@ -63,7 +63,7 @@ def month_bills(
     so_far = days.get(today, Decimal(0)) if period == f"{today:%Y-%m}" else Decimal(0)
     today_end = so_far + outlook.daily.get(today, Decimal(0))
     return MonthBills(
-        period, by_endpoint, by_item, month_to_date, outlook.point, today_end, outlook.lower, outlook.upper
+        period, by_endpoint, by_item, month_to_date, outlook.point, today_end, outlook.lower, outlook.upper, level
     )
 
 

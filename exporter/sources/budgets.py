@@ -188,7 +188,7 @@ def _outlook(latest: Latest, budget: BudgetConfig, month: MonthBills, today: dt.
     held = cache.get(key)
     if held is not None and held[0] is latest.history:
         return held[1]
-    outlook = month_forecast(month.period, today, days, _days_before(latest, budget, month.period))
+    outlook = month_forecast(month.period, today, days, _days_before(latest, budget, month.period), month.interval)
     cache[key] = (latest.history, outlook)
     return outlook
 
