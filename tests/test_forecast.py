@@ -234,3 +234,13 @@ def test_over_the_simulators_history_the_interval_holds_the_total_as_often_as_it
     assert measured.count == sum(days_in_period(p) - 1 for p in periods_between("2026-04", "2026-12")) * 3
     assert abs(measured.inside - DEFAULT_LEVEL) <= 0.10
     assert measured.model < measured.formula < measured.naive
+
+
+def test_a_history_without_spread_still_gives_an_interval_while_it_is_short() -> None:
+    """A month of exactly the same spend every day has no error to learn from: the interval then
+    comes from the prior's share, never a zero-wide certainty."""
+    september = {dt.date(2026, 9, 1) + dt.timedelta(days=n): Decimal(100) for n in range(30)}
+    days = {dt.date(2026, 10, 1) + dt.timedelta(days=n): Decimal(100) for n in range(10)}
+    outlook = month_forecast("2026-10", dt.date(2026, 10, 10), days, september)
+    assert outlook.lower < outlook.point < outlook.upper
+    assert 0.0 < outlook.chance_over(outlook.upper) < 0.5 < outlook.chance_over(outlook.lower) < 1.0

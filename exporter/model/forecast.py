@@ -269,7 +269,9 @@ def _towards_prior(variance: tuple[float, float, float], weight: float) -> tuple
     """The curve scaled so that its variance a day ahead is the samples' ^ weight × the prior's ^ (1 − weight)."""
     a, b, c = variance
     prior = PRIOR_SIGMA**2
-    scale = (prior / max(a + b + c, 1e-12)) ** (1 - weight)
+    if a + b + c <= 0:  # errors with no spread at all (a flat history): the prior's share is all there is
+        return prior * (1 - weight), 0.0, 0.0
+    scale = (prior / (a + b + c)) ** (1 - weight)
     return a * scale, b * scale, c * scale
 
 
