@@ -184,6 +184,21 @@ def test_amounts_are_the_exact_decimals_in_positional_notation(amount: str, text
     assert number(Decimal(amount)) == text
 
 
+def test_money_given_back_is_a_credit_with_nothing_consumed() -> None:
+    """FOCUS 1.0: ChargeCategory `Credit` for a refund or credit, and ConsumedQuantity (and its
+    unit) null for any charge that is not usage; a charge is usage otherwise."""
+    clock = Clock(SHANGHAI)
+    period = billing_period(clock, "2026-10")
+    account = Account("prod", None, "CNY", "Acme")
+    for billed, category, consumed in ((Decimal("-12.5"), "Credit", None), (Decimal("12.5"), "Usage", "1000.0")):
+        charge = Charge(dt.date(2026, 10, 5), "ep", "ITEM_PROMPT_TOKEN", "PRODUCT_INFERENCE_ENDPOINT", "", billed,
+                        Decimal(1000))  # fmt: skip
+        values = row(charge, period, clock, account)
+        assert (values["ChargeCategory"], values["ConsumedQuantity"]) == (category, consumed)
+        assert (values["ConsumedUnit"] is None) == (consumed is None)
+        assert values["BilledCost"] == values["EffectiveCost"] == number(billed)
+
+
 def test_a_unit_comes_from_the_item() -> None:
     assert [unit(item) for item in ITEMS] == ["Tokens"] * 3
     assert unit("ITEM_IMAGE") == "Units"  # an item whose unit is not known here: FOCUS's generic count

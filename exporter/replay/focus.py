@@ -238,6 +238,7 @@ def billing_period(clock: Clock, period: str) -> tuple[str, str]:
 def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account) -> Row:
     """The FOCUS 1.0 columns of one charge (None: null)."""
     billed, usage, service = number(charge.billed), number(charge.usage), _words(charge.product, "PRODUCT_")
+    credit = charge.billed < 0  # money given back (a refund, a credit): FOCUS's Credit, with nothing consumed
     return {
         "AvailabilityZone": None,
         "BilledCost": billed,
@@ -246,7 +247,7 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "BillingCurrency": account.currency,
         "BillingPeriodEnd": period[1],
         "BillingPeriodStart": period[0],
-        "ChargeCategory": "Usage",
+        "ChargeCategory": "Credit" if credit else "Usage",
         "ChargeClass": None,
         "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}",
         "ChargeFrequency": "Usage-Based",
@@ -257,8 +258,8 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "CommitmentDiscountName": None,
         "CommitmentDiscountStatus": None,
         "CommitmentDiscountType": None,
-        "ConsumedQuantity": usage,
-        "ConsumedUnit": unit(charge.item),
+        "ConsumedQuantity": None if credit else usage,
+        "ConsumedUnit": None if credit else unit(charge.item),
         "ContractedCost": billed,
         "ContractedUnitPrice": None,
         "EffectiveCost": billed,
