@@ -10,9 +10,10 @@ from decimal import Decimal
 
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
+from exporter.model.forecast import crossing
 from exporter.model.signals import fresh, todays_bills
 from exporter.model.snapshots import Latest
-from exporter.sources.budgets import BudgetFigures, crossed, figures
+from exporter.sources.budgets import BudgetFigures, figures
 
 COMPARE: dict[str, Callable[[Decimal, Decimal], bool]] = {
     ">": operator.gt,
@@ -48,7 +49,7 @@ def _crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None
         for day, amount_of_day in f.days:
             spent[day] = spent.get(day, Decimal(0)) + amount_of_day
     if sum(spent.values(), Decimal(0)) >= amount:
-        return crossed(sorted(spent.items()), amount)  # the day the accounts' spend did
+        return crossing(sorted(spent.items()), amount)  # the day the accounts' spend did
     if any(f.outlook is None for f in found):
         return None
     ahead: dict[dt.date, Decimal] = {}
@@ -56,7 +57,7 @@ def _crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None
         for day, amount_of_day in (f.outlook.daily if f.outlook is not None else {}).items():
             ahead[day] = ahead.get(day, Decimal(0)) + amount_of_day
     total = sum(spent.values(), Decimal(0))
-    return crossed(sorted(ahead.items()), amount - total)
+    return crossing(sorted(ahead.items()), amount, total)
 
 
 def budget_ratio(

@@ -20,6 +20,7 @@ from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
 from exporter.cli.config_commands import EXIT_CONFIG, EXIT_SOURCE, EXIT_USAGE, chosen_accounts, load_config
+from exporter.config.schema import Config
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger, setup_logging
 from exporter.delivery.dispatcher import Dispatcher
@@ -41,10 +42,15 @@ def _logging(args: argparse.Namespace, level: str = "", fmt: str = "", secrets: 
     setup_logging(args.log_level or level, args.log_format or fmt, secrets)
 
 
-def cmd_once(args: argparse.Namespace) -> int:
+def _configured(args: argparse.Namespace) -> tuple[Config, Clock]:
+    """The command's config (exits on a bad one), logging as it and the flags say, and its billing clock."""
     config = load_config(args.config)
     _logging(args, config.log.level, config.log.format, config.secret_values())
-    clock = Clock(config.billing.zone)
+    return config, Clock(config.billing.zone)
+
+
+def cmd_once(args: argparse.Namespace) -> int:
+    config, clock = _configured(args)
     latest = Latest()
     sources = Sources(config, latest, clock, StateStore(":memory:"), external_url="")
     try:
@@ -115,9 +121,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 def cmd_backtest(args: argparse.Namespace) -> int:
     from exporter.replay.backtest import backtest, render
 
-    config = load_config(args.config)
-    _logging(args, config.log.level, config.log.format, config.secret_values())
-    clock = Clock(config.billing.zone)
+    config, clock = _configured(args)
     last = args.to or clock.period()
     if args.start > last:
         print(f"inference-cost-exporter: backtest: --from {args.start} is after --to {last}", file=sys.stderr)
@@ -151,9 +155,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    _logging(args, config.log.level, config.log.format, config.secret_values())
-    clock = Clock(config.billing.zone)
+    config, clock = _configured(args)
     try:
         periods = months(args.first, args.last, clock.period())
         target = target_labels(args.label)
@@ -203,9 +205,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_export_focus(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    _logging(args, config.log.level, config.log.format, config.secret_values())
-    clock = Clock(config.billing.zone)
+    config, clock = _configured(args)
     try:
         periods = months(args.first, args.last, clock.period())
     except ValueError as error:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from statistics import NormalDist
@@ -94,6 +94,22 @@ def filled(period: str, days: Mapping[dt.date, Decimal]) -> dict[dt.date, Decima
     return month
 
 
+def held_days(months: Mapping[str, Mapping[dt.date, Decimal]]) -> dict[dt.date, Decimal]:
+    """Every day of the months held (by period), each month whole (`filled`): the history a
+    forecast learns from."""
+    return {d: a for period in sorted(months) for d, a in filled(period, months[period]).items()}
+
+
+def crossing(days: Iterable[tuple[dt.date, Decimal]], amount: Decimal, start: Decimal = ZERO) -> dt.date | None:
+    """The first of `days` (in order) by which `start` and their running sum reach `amount`."""
+    total = start
+    for day, spent in days:
+        total += spent
+        if total >= amount:
+            return day
+    return None
+
+
 @dataclass(frozen=True)
 class MonthForecast:
     """A month's total as forecast on `today`, with its interval."""
@@ -119,12 +135,7 @@ class MonthForecast:
         has; None when it does not this month)."""
         if spent >= amount:
             return self.today
-        total = spent
-        for day in sorted(self.daily):
-            total += self.daily[day]
-            if total >= amount:
-                return day
-        return None
+        return crossing(sorted(self.daily.items()), amount, spent)
 
     def chance_over(self, amount: Decimal) -> float:
         """The chance the month's total exceeds `amount`, by the interval's error model."""

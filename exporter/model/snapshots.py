@@ -14,6 +14,8 @@ from decimal import Decimal
 from types import MappingProxyType
 from typing import NamedTuple
 
+from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast
+
 BillKey = tuple[str, str, str]
 """An endpoint id or a billing item, the product and the project of a bill's rows."""
 UsageRow = tuple[str, str, str, int, int, int, int]
@@ -49,11 +51,23 @@ class MonthBills:
     month_to_date: Decimal
     forecast: Decimal
     today_forecast: Decimal
-    lower: Decimal | None = None
-    """The bounds of the forecast's interval (`forecast.interval`); None when it has none."""
-    upper: Decimal | None = None
-    interval: float = 0.8
-    """The interval's nominal coverage the bills were forecast with (`forecast.interval`)."""
+    outlook: MonthForecast | None = None
+    """The forecast in full (its expected days, its interval at `forecast.interval`); None for
+    today's formula (no history at hand) and for a month that has ended."""
+
+    @property
+    def lower(self) -> Decimal | None:
+        """The bounds of the forecast's interval; None when it has none."""
+        return None if self.outlook is None else self.outlook.lower
+
+    @property
+    def upper(self) -> Decimal | None:
+        return None if self.outlook is None else self.outlook.upper
+
+    @property
+    def interval(self) -> float:
+        """The interval's nominal coverage the bills were forecast with (`forecast.interval`)."""
+        return DEFAULT_LEVEL if self.outlook is None else self.outlook.level
 
     def spend_on(self, day: dt.date) -> Decimal:
         return sum((a.payable for a in self.by_item if a.day == day), Decimal(0))

@@ -46,7 +46,7 @@ from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, B
 from exporter.core.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
 from exporter.core.logs import get_logger
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
-from exporter.model.forecast import DEFAULT_LEVEL, filled, month_forecast
+from exporter.model.forecast import DEFAULT_LEVEL, held_days, month_forecast
 from exporter.model.snapshots import DailyAmount, Latest, per_day
 from exporter.replay import MAX_MONTHS
 from exporter.sources.bills import daily_amounts
@@ -297,7 +297,7 @@ def _month_figures(
     while day < calendar.hidden_from(month.period) and calendar.at(day) < until:
         so_far = {d: amount for d, amount in days.items() if d <= day}
         held = held_always or ([previous] if previous in earlier and day.day <= calendar.grace_days else [])
-        known = {d: a for p in held for d, a in filled(p, earlier[p]).items()}
+        known = held_days({p: earlier[p] for p in held})
         outlook = month_forecast(month.period, day, so_far, known, level)
         yield day, (sum(so_far.values(), Decimal(0)), outlook.point, outlook.lower, outlook.upper)
         day += dt.timedelta(days=1)

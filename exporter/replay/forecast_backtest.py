@@ -26,7 +26,7 @@ from exporter.billing import GROUP_TERM_ITEM, BillingAPI, BillingClient
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, days_in_period, first_day, periods_before, periods_between, previous_period
 from exporter.core.logs import get_logger
-from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast, filled, forecast, month_forecast
+from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast, filled, forecast, held_days, month_forecast
 from exporter.model.snapshots import per_day
 from exporter.sources.bills import daily_amounts
 
@@ -132,7 +132,7 @@ def replay_forecasts(
         month = filled(period, months[period])
         actual = sum(month.values(), Decimal(0))
         held = periods_before(period, history_months) if history_months else []
-        history = {d: a for p in held if p in months for d, a in filled(p, months[p]).items()}
+        history = held_days({p: months[p] for p in held if p in months})
         previous_month = previous_period(period)
         previous = filled(previous_month, months[previous_month]) if previous_month in months else None
         for number in range(1, days_in_period(period) + 1):

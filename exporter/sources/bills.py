@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillRecord
 from exporter.core.clock import Clock, previous_period
-from exporter.model.forecast import DEFAULT_LEVEL, filled, forecast, month_forecast
+from exporter.model.forecast import DEFAULT_LEVEL, forecast, held_days, month_forecast
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, MonthBills, per_day
 
 
@@ -62,9 +62,7 @@ def month_bills(
     outlook = month_forecast(period, today, days, history, level)
     so_far = days.get(today, Decimal(0)) if period == f"{today:%Y-%m}" else Decimal(0)
     today_end = so_far + outlook.daily.get(today, Decimal(0))
-    return MonthBills(
-        period, by_endpoint, by_item, month_to_date, outlook.point, today_end, outlook.lower, outlook.upper, level
-    )
+    return MonthBills(period, by_endpoint, by_item, month_to_date, outlook.point, today_end, outlook)
 
 
 class BillsSource:
@@ -100,7 +98,7 @@ class BillsSource:
         held = {p: per_day(m.by_item) for p, m in history.months.items()} if history is not None else {}
         if len(by_items) > 1:
             held[fetched[1][0]] = per_day(by_items[1])
-        before = {d: a for p, days in sorted(held.items()) for d, a in filled(p, days).items()}
+        before = held_days(held)
         months = [
             month_bills(
                 period,

@@ -28,7 +28,7 @@ from decimal import Decimal
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
-from exporter.model.forecast import TRAILING_DAYS, MonthForecast, filled, forecast, month_forecast
+from exporter.model.forecast import TRAILING_DAYS, MonthForecast, crossing, forecast, held_days, month_forecast
 from exporter.model.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageRow, UsageSnapshot, per_day
 from exporter.sources.usage import estimate
 
@@ -61,22 +61,12 @@ class BudgetFigures:
         if len(self.period) == 10:  # a day budget
             return dt.date.fromisoformat(self.period) if max(self.spent, self.projected) >= amount else None
         if self.spent >= amount:
-            return crossed(self.days, amount)
+            return crossing(self.days, amount)
         return None if self.outlook is None else self.outlook.crossing_day(amount, self.spent)
 
     def chance(self, amount: Decimal) -> float | None:
         """The chance the period ends over `amount`, from the forecast's error; None unknown."""
         return None if self.outlook is None else self.outlook.chance_over(amount)
-
-
-def crossed(days: Iterable[tuple[dt.date, Decimal]], amount: Decimal) -> dt.date | None:
-    """The first of `days` (in order) by which their running sum reaches `amount`."""
-    total = Decimal(0)
-    for day, spent in days:
-        total += spent
-        if total >= amount:
-            return day
-    return None
 
 
 def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
@@ -172,11 +162,7 @@ def _days_before(latest: Latest, budget: BudgetConfig, period: str) -> Days:
     months: dict[str, MonthBills | MonthHistory] = dict(latest.history.months) if latest.history is not None else {}
     bills = latest.bills
     months.update({m.period: m for m in (bills.months[1:] if bills is not None else ())})
-    days: Days = {}
-    for held, month in sorted(months.items()):
-        if held < period:
-            days.update(filled(held, per_day(_scoped(budget, month) if budget.where else month.by_item)))
-    return days
+    return held_days({held: per_day(_scoped(budget, month)) for held, month in months.items() if held < period})
 
 
 def _outlook(latest: Latest, budget: BudgetConfig, month: MonthBills, today: dt.date, days: Days) -> MonthForecast:
@@ -201,16 +187,19 @@ def figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig] 
     if bills is None:
         return None
     today, month = bills.today, bills.current
-    days = (_billed_month(latest, budget, month.period) or {}) if budget.where else per_day(month.by_item)
-    outlook = _outlook(latest, budget, month, today, days)
-    # The account's: the bills' own figures (the same forecast), so the budget agrees with their metrics to the cent.
-    so_far = days.get(today, Decimal(0))
-    month_end = outlook.point if budget.where else month.forecast
-    today_end = so_far + outlook.daily.get(today, Decimal(0)) if budget.where else month.today_forecast
+    if budget.where:
+        days = _billed_month(latest, budget, month.period) or {}
+        outlook = _outlook(latest, budget, month, today, days)
+        so_far = days.get(today, Decimal(0))
+        month_end, today_end = outlook.point, so_far + outlook.daily.get(today, Decimal(0))
+    else:  # the account: the bills' own figures and forecast, so the budget agrees with their metrics to the cent
+        days = per_day(month.by_item)
+        outlook = month.outlook or _outlook(latest, budget, month, today, days)
+        month_end, today_end = month.forecast, month.today_forecast
     if budget.period == "month":
         spent = sum(days.values(), Decimal(0))
         return BudgetFigures(month.period, spent, month_end, outlook, tuple(sorted(days.items())))
-    return BudgetFigures(today.isoformat(), so_far, today_end)
+    return BudgetFigures(today.isoformat(), days.get(today, Decimal(0)), today_end)
 
 
 def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceConfig]) -> BudgetFigures | None:
