@@ -362,22 +362,21 @@ class Engine:
         if measured is None:
             return
         period, ratio = measured.period, measured.ratio
-        for alert in list(self.alerts.values()):
-            if alert.rule == rid and alert.state == "firing" and alert.period != period:
+        firing = [a for a in map(self.alerts.get, self._by_rule.get(rid, ())) if a is not None and a.state == "firing"]
+        for alert in firing:
+            if alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
-            elif (
-                rule.basis == "forecast" and alert.rule == rid and alert.state == "firing"
-                and ratio < Decimal(alert.labels["tier"])
-            ):  # fmt: skip
+            elif rule.basis == "forecast" and ratio < Decimal(alert.labels["tier"]):
                 self._resolve(db, alert, now)  # the forecast fell back under it (its tier fired: not again this period)
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
         fired = self.db.tiers_fired(rid, period)
         if not crossed or max(crossed) in fired:
             return
         tier = max(crossed)
-        for alert in list(self.alerts.values()):
-            if alert.rule == rid and alert.state == "firing":
-                self._resolve(db, alert, now, inhibited=True)
+        for earlier in firing:
+            still = self.alerts.get(earlier.key)
+            if still is not None and still.state == "firing":  # (those the loop above left firing)
+                self._resolve(db, still, now, inhibited=True)
         named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
