@@ -250,7 +250,12 @@ def test_malformed_usage_records_name_the_field(change: dict, message: str) -> N
 
 def test_usage_record_parses() -> None:
     record = parse_usage(GOOD_USAGE | {"promptTokens": "10"}, "usage")
-    assert tuple(record)[4:] == ("sk-ab****", 10, 5, 2)
+    assert (record.apikey, record.prompt_tokens, record.completion_tokens, record.cached_prompt_tokens) == (
+        "sk-ab****",
+        10,
+        5,
+        2,
+    )
 
 
 def test_a_clock_correction_is_dropped_once_our_clock_is_right_again(

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from queue import SimpleQueue
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -114,6 +115,8 @@ class BillingClient(Listings):
         self._closed = threading.Event()
         self._closing: Future[None] = Future()
         """Done when the client closes: waits on pages watch it too, so a close wakes them at once."""
+        self._arrivals: set[SimpleQueue[Future[Any]]] = set()
+        """The queues pages arrive in, one per read under way (`_many`): a close puts `_closing` in each."""
 
     @classmethod
     def from_config(
@@ -151,6 +154,8 @@ class BillingClient(Listings):
         self._closed.set()
         if self._closing.set_running_or_notify_cancel():
             self._closing.set_result(None)
+        for arrivals in list(self._arrivals):
+            arrivals.put(self._closing)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
 
@@ -273,17 +278,28 @@ class BillingClient(Listings):
 
     def _many(self, fetch: Callable[[int], R], pages: range) -> Generator[tuple[int, R], None, None]:
         """The pages `pages` as they arrive, at most LOOKAHEAD × `concurrency` submitted at a time
-        (so memory stays bounded; a page waiting out a retry holds nothing else up)."""
+        (so memory stays bounded; a page waiting out a retry holds nothing else up). Each page puts
+        itself in the read's queue when done, so a wait for the next costs the same however many
+        are pending."""
         numbers = iter(pages)
         pending: dict[Future[R], int] = {}
+        arrivals: SimpleQueue[Future[Any]] = SimpleQueue()
+        self._arrivals.add(arrivals)
         try:
             while True:
+                if self._closed.is_set():  # (closed before this read's queue was there to tell)
+                    raise ClientClosed("the client was closed during the refresh (config reload)")
                 while len(pending) < LOOKAHEAD * self.concurrency and (page_num := next(numbers, None)) is not None:
-                    pending[self._submit(fetch, page_num)] = page_num
+                    future = self._submit(fetch, page_num)
+                    pending[future] = page_num
+                    future.add_done_callback(arrivals.put)
                 if not pending:
                     return
-                for future in self._wait(pending):
-                    yield pending.pop(future), future.result()
+                done = arrivals.get()
+                if done is self._closing or done.cancelled():
+                    raise ClientClosed("the client was closed during the refresh (config reload)")
+                yield pending.pop(done), done.result()
         finally:
+            self._arrivals.discard(arrivals)
             for future in pending:
                 future.cancel()

@@ -2,8 +2,9 @@
 
 Amounts parse to Decimal and a malformed record raises `RecordError` naming the field, never a
 silent zero. A usage page takes a fast path when every record on it is well formed (a day's read
-parses every one): msgspec decodes and checks it in one pass (`decode_usage_page`); anything it
-refuses goes through the field-by-field checks, which name what is wrong.
+parses every one): msgspec decodes and checks it in one pass into `UsageRecord`s
+(`decode_usage_page`); a page it refuses goes through the field-by-field checks (`parse_usage`),
+which name what is wrong.
 """
 
 from __future__ import annotations
@@ -34,15 +35,37 @@ class BillRecord(NamedTuple):
     usage_value: Decimal
 
 
-class UsageRecord(NamedTuple):
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+
+Instant = Annotated[dt.datetime, msgspec.Meta(tz=True)]
+"""An RFC 3339 time with its offset, as msgspec reads it (a lower-case `t` or `z` taken, fractions
+beyond microseconds rounded); `_instant` reads it so too, and takes what `fromisoformat` takes besides."""
+
+
+class UsageRecord(
+    msgspec.Struct,
+    frozen=True,
+    gc=False,
+    rename={
+        "request_id": "requestId",
+        "request_time": "requestTime",
+        "prompt_tokens": "promptTokens",
+        "completion_tokens": "completionTokens",
+        "cached_prompt_tokens": "promptCachedTokens",
+    },
+):
+    """One request's usage, as the API documents it: a page of them is decoded and checked in one
+    pass straight into these (`decode_usage_page`), the day's read never touching a field in Python."""
+
     request_id: str
-    request_time: dt.datetime
+    request_time: Instant
     model: str
     endpoint: str
-    apikey: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_prompt_tokens: int
+    prompt_tokens: Count
+    completion_tokens: Count
+    cached_prompt_tokens: Count
+    apikey: str | None = None
+    """The masked API key; None when the record has none (null or absent)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +116,10 @@ def _count(record: dict[str, Any], name: str, where: str) -> int:
 def _instant(record: dict[str, Any], name: str, where: str) -> dt.datetime:
     value = _text(record, name, where)
     try:
+        return msgspec.convert(value, Instant)  # (as a page decoded in one pass reads it)
+    except msgspec.ValidationError:
+        pass
+    try:
         instant = dt.datetime.fromisoformat(value)
     except ValueError:
         raise RecordError(f"{where}: field {name!r} is not an RFC 3339 time: {value[:40]!r}") from None
@@ -122,57 +149,24 @@ def parse_bill(raw: Any, where: str, tz: dt.tzinfo) -> BillRecord:
 
 
 def parse_usage(raw: Any, where: str) -> UsageRecord:
-    """One usage record. The common, well-formed case takes a fast path; anything else goes
-    through the field-by-field checks, which name the field that is wrong."""
-    try:
-        request_id, model, endpoint = raw["requestId"], raw["model"], raw["endpoint"]
-        apikey = raw.get("apikey") or ""
-        prompt, completion, cached = raw["promptTokens"], raw["completionTokens"], raw["promptCachedTokens"]
-        request_time = dt.datetime.fromisoformat(raw["requestTime"])
-    except (KeyError, TypeError, ValueError, AttributeError):
-        pass
-    else:
-        if (
-            type(request_id) is str
-            and type(model) is str
-            and type(endpoint) is str
-            and type(apikey) is str
-            and request_id.isascii()
-            and model.isascii()
-            and endpoint.isascii()
-            and apikey.isascii()
-            and type(prompt) is int
-            and type(completion) is int
-            and type(cached) is int
-            and 0 <= prompt <= MAX_COUNT
-            and 0 <= completion <= MAX_COUNT
-            and 0 <= cached <= MAX_COUNT
-            and request_time.tzinfo is not None
-        ):
-            return UsageRecord(request_id, request_time, model, endpoint, apikey, prompt, completion, cached)
-    return _parse_usage_checked(raw, where)
-
-
-Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
-
-
-class _Usage(msgspec.Struct, rename="camel"):
-    """A usage record as the API documents it (what `parse_usage` accepts on its fast path)."""
-
-    request_id: str
-    request_time: str
-    """Parsed as the checks parse it (`fromisoformat`): msgspec's RFC 3339 takes more (a lower-case
-    `t` or `z`) and rounds fractions beyond microseconds where `fromisoformat` refuses them."""
-    model: str
-    endpoint: str
-    prompt_tokens: Count
-    completion_tokens: Count
-    prompt_cached_tokens: Count
-    apikey: str | None = None
+    """One usage record read field by field, each check naming the field that is wrong. It takes
+    what `decode_usage_page` takes, with the same result, and more besides (counts as digit strings,
+    a time `fromisoformat` reads)."""
+    record = _object(raw, where)
+    return UsageRecord(
+        request_id=_text(record, "requestId", where),
+        request_time=_instant(record, "requestTime", where),
+        model=_text(record, "model", where),
+        endpoint=_text(record, "endpoint", where),
+        apikey=None if record.get("apikey") is None else _text(record, "apikey", where),
+        prompt_tokens=_count(record, "promptTokens", where),
+        completion_tokens=_count(record, "completionTokens", where),
+        cached_prompt_tokens=_count(record, "promptCachedTokens", where),
+    )
 
 
 class _UsageListing(msgspec.Struct, rename={"records": "list"}):
-    records: list[_Usage] | None = None
+    records: list[UsageRecord] | None = None
     total: int | str | None = None
     date: str | None = None
 
@@ -197,41 +191,7 @@ def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, obj
     data = envelope.data
     if envelope.code != 0 or data is None:
         return None
-    records = []
-    for r in data.records or ():
-        try:
-            at = dt.datetime.fromisoformat(r.request_time)
-        except ValueError:
-            return None
-        if at.tzinfo is None:
-            return None
-        records.append(
-            UsageRecord(
-                r.request_id,
-                at,
-                r.model,
-                r.endpoint,
-                r.apikey or "",
-                r.prompt_tokens,
-                r.completion_tokens,
-                r.prompt_cached_tokens,
-            )
-        )
-    return tuple(records), data.total, data.date
-
-
-def _parse_usage_checked(raw: Any, where: str) -> UsageRecord:
-    record = _object(raw, where)
-    return UsageRecord(
-        request_id=_text(record, "requestId", where),
-        request_time=_instant(record, "requestTime", where),
-        model=_text(record, "model", where),
-        endpoint=_text(record, "endpoint", where),
-        apikey=_text(record, "apikey", where, optional=True),
-        prompt_tokens=_count(record, "promptTokens", where),
-        completion_tokens=_count(record, "completionTokens", where),
-        cached_prompt_tokens=_count(record, "promptCachedTokens", where),
-    )
+    return tuple(data.records or ()), data.total, data.date
 
 
 def parse_envelope(status: int, body: bytes, what: str) -> dict[str, Any]:
