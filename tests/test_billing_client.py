@@ -184,6 +184,26 @@ def test_project_filter_is_sent_snake_case(sim: Simulator, server: SimulatorServ
     assert {r.endpoint for r in usage} == {"ep-20261102-gamma"}
 
 
+def test_the_environments_proxy_is_used_and_no_proxy_bypasses_it(
+    sim: Simulator, server: SimulatorServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The environment is read once per client (not per page), and still as requests reads it: an
+    address only the proxy can reach (the simulator, which takes the absolute form a proxy is sent)
+    is read through `HTTP_PROXY`, and `NO_PROXY` for its host goes around the proxy."""
+    unreachable = "http://billing.invalid"
+    config = validate({"billing": billing_section(sim, server, url=unreachable)}, {})
+    sim.add_usage(7)
+    for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    with BillingClient.from_config(config.billing, clock) as client:
+        assert sum(len(page.records) for page in client.usage_pages(clock.today())) == 7
+    monkeypatch.setenv("NO_PROXY", "billing.invalid")
+    bypassing = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(attempts=1))
+    with bypassing, pytest.raises(BillingUnavailable, match=r"billing\.invalid"):
+        list(bypassing.usage_pages(clock.today()))
+
+
 def test_api_calls_are_reported_by_status(
     sim: Simulator, server: SimulatorServer, config: Config, clock: Clock
 ) -> None:

@@ -103,6 +103,12 @@ class BillingClient(Listings):
         self._on_skew = on_skew or (lambda skew: None)
         self._session = requests.Session()
         self._session.auth = auth
+        # The environment's proxy and CA bundle for the API's address, read once: requests would
+        # read it again for every page (0.1 ms of scanning the environment each, as much as the
+        # rest of a request's preparation). A reload makes a new client, which reads it anew.
+        found = self._session.merge_environment_settings(self.base_url, {}, None, None, None)
+        self._session.proxies, self._session.verify = found["proxies"], found["verify"]
+        self._session.trust_env = False
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=2 * self.concurrency + 1)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
