@@ -198,6 +198,9 @@ def test_the_environments_proxy_is_used_and_no_proxy_bypasses_it(
     monkeypatch.setenv("HTTP_PROXY", server.url)
     with BillingClient.from_config(config.billing, clock) as client:
         assert sum(len(page.records) for page in client.usage_pages(clock.today())) == 7
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # (refused) read once: not seen now
+        assert sum(len(page.records) for page in client.usage_pages(clock.today())) == 7
+    monkeypatch.setenv("HTTP_PROXY", server.url)
     monkeypatch.setenv("NO_PROXY", "billing.invalid")
     bypassing = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(attempts=1))
     with bypassing, pytest.raises(BillingUnavailable, match=r"billing\.invalid"):
@@ -229,6 +232,12 @@ GOOD_USAGE = {
 
 def test_bill_day_is_the_shanghai_day_of_start_time() -> None:
     bill = parse_bill(GOOD_BILL, "bill", SHANGHAI)
+    assert bill.day.isoformat() == "2026-11-22"
+
+
+def test_a_bills_start_a_tenth_of_a_microsecond_before_midnight_stays_on_its_day() -> None:
+    """Digits beyond the microsecond are cut, never rounded up into the next day."""
+    bill = parse_bill(GOOD_BILL | {"startTime": "2026-11-22T23:59:59.9999996+08:00"}, "bill", SHANGHAI)
     assert bill.day.isoformat() == "2026-11-22"
     assert bill.payable_amount == Decimal("1.23456789")
 

@@ -9,6 +9,7 @@ what only the real client does (closing it ends a read).
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import threading
 import time
@@ -19,11 +20,11 @@ from pathlib import Path
 import pytest
 from requests.auth import AuthBase
 
-from exporter.billing import BillingAPI, BillingClient, ClientClosed, RecordError
+from exporter.billing import BillingAPI, BillingClient, ClientClosed, RecordError, UsageRecord
 from exporter.core.clock import Clock
 from exporter.sim import Simulator
 from exporter.sources.usage import SeenIds, UsageSync
-from exporter.sources.usage_aggregate import id_digest
+from exporter.sources.usage_aggregate import Aggregate, id_digest
 from exporter.state import StateStore
 from tests.conftest import PAGE
 from tests.fakes import FakeBilling
@@ -220,6 +221,50 @@ def test_a_fork_settles_into_its_base() -> None:
     again.extend(b"".join(fork.chunks()[:3]))
     again.extend(b"".join(fork.chunks()))  # some of them twice: each counted once
     assert again.count == 5_300
+
+
+def test_a_page_of_ids_is_remembered_at_once_and_its_repeats_named_by_position() -> None:
+    """Repeats within the page, of the fork's own ids and of its base's, each found where it is;
+    the first of two equal ids in a page is the one remembered."""
+    base = SeenIds()
+    base.add("old-1")
+    fork = base.fork()
+    fork.add("mine-1")
+    page = ["a", "old-1", "b", "a", "mine-1", "c", "b"]
+    assert fork.add_digests([id_digest(i) for i in page]) == [1, 3, 4, 6]
+    assert fork.count == base.count + 4  # mine-1, a, b, c
+    assert b"".join(fork.added()) == b"".join(sorted_ids(["mine-1", "a", "b", "c"]))
+    assert fork.add_digests([]) == []
+
+
+def test_a_full_reads_fork_of_an_empty_set_settles_into_its_own_ids() -> None:
+    empty = SeenIds()
+    fork = empty.fork()
+    ids = [f"req-{n}" for n in range(2_000)]
+    assert fork.add_digests([id_digest(i) for i in ids]) == []
+    fork.settle()
+    assert fork.base is None
+    assert fork.count == 2_000
+    assert b"".join(fork.chunks()) == b"".join(sorted_ids(ids))
+    assert not fork.add(ids[1_234])
+    assert fork.add("req-new")
+
+
+def test_aggregate_counts_a_repeat_once_and_names_it() -> None:
+    """`rows` is every record read, `records` every distinct request; sums leave the repeat out."""
+    at = dt.datetime(2026, 11, 22, 2, tzinfo=dt.UTC)
+
+    def record(request_id: str, prompt: int, apikey: str | None = "sk-a****") -> UsageRecord:
+        return UsageRecord(request_id, at, "model-a", "ep-1", prompt, 1, 0, apikey)
+
+    aggregate = Aggregate(per_api_key=True)
+    aggregate.add([record("r1", 10), record("r2", 20, None), record("r1", 1000)])
+    aggregate.add((record("r2", 2000, None), record("r3", 30)))
+    assert (aggregate.rows, aggregate.records, aggregate.duplicates) == (5, 3, {"r1", "r2"})
+    assert sorted(aggregate.table()) == [
+        ("ep-1", "model-a", "", 1, 20, 1, 0),
+        ("ep-1", "model-a", "sk-a****", 2, 40, 2, 0),
+    ]
 
 
 def id_bytes(request_id: str) -> bytes:

@@ -103,9 +103,10 @@ class BillingClient(Listings):
         self._on_skew = on_skew or (lambda skew: None)
         self._session = requests.Session()
         self._session.auth = auth
-        # The environment's proxy and CA bundle for the API's address, read once: requests would
-        # read it again for every page (0.1 ms of scanning the environment each, as much as the
-        # rest of a request's preparation). A reload makes a new client, which reads it anew.
+        # The environment's proxy (`HTTP(S)_PROXY`, `ALL_PROXY`, `NO_PROXY`) and CA bundle
+        # (`REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE`) for the API's address, read once per client:
+        # requests would read them again for every page (0.1 ms of scanning the environment each,
+        # as much as the rest of a request's preparation). The API's address is the only one asked.
         found = self._session.merge_environment_settings(self.base_url, {}, None, None, None)
         self._session.proxies, self._session.verify = found["proxies"], found["verify"]
         self._session.trust_env = False

@@ -39,7 +39,8 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 
 Instant = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 """An RFC 3339 time with its offset, as msgspec reads it (a lower-case `t` or `z` taken, fractions
-beyond microseconds rounded); `_instant` reads it so too, and takes what `fromisoformat` takes besides."""
+beyond microseconds rounded); `parse_usage` reads it so too, and takes what `fromisoformat` takes
+besides."""
 
 
 class UsageRecord(
@@ -55,7 +56,7 @@ class UsageRecord(
     },
 ):
     """One request's usage, as the API documents it: a page of them is decoded and checked in one
-    pass straight into these (`decode_usage_page`), the day's read never touching a field in Python."""
+    pass straight into these (`decode_usage_page`), no field read in Python until they are summed."""
 
     request_id: str
     request_time: Instant
@@ -113,12 +114,17 @@ def _count(record: dict[str, Any], name: str, where: str) -> int:
     return value
 
 
-def _instant(record: dict[str, Any], name: str, where: str) -> dt.datetime:
+def _instant(record: dict[str, Any], name: str, where: str, *, as_decoded: bool = False) -> dt.datetime:
+    """A time with its offset, as `fromisoformat` reads it; `as_decoded`, as a usage page decoded
+    in one pass reads it first (`Instant`), so that both readings of a record agree. Bills are read
+    by `fromisoformat` alone: msgspec rounds a fraction beyond microseconds, which could move a
+    bill's start to the next day."""
     value = _text(record, name, where)
-    try:
-        return msgspec.convert(value, Instant)  # (as a page decoded in one pass reads it)
-    except msgspec.ValidationError:
-        pass
+    if as_decoded:
+        try:
+            return msgspec.convert(value, Instant)
+        except msgspec.ValidationError:
+            pass
     try:
         instant = dt.datetime.fromisoformat(value)
     except ValueError:
@@ -155,7 +161,7 @@ def parse_usage(raw: Any, where: str) -> UsageRecord:
     record = _object(raw, where)
     return UsageRecord(
         request_id=_text(record, "requestId", where),
-        request_time=_instant(record, "requestTime", where),
+        request_time=_instant(record, "requestTime", where, as_decoded=True),
         model=_text(record, "model", where),
         endpoint=_text(record, "endpoint", where),
         apikey=None if record.get("apikey") is None else _text(record, "apikey", where),

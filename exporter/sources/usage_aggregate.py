@@ -1,7 +1,8 @@
 """A day's usage as running sums: `Aggregate` adds records into totals per (endpoint, model, API
 key), counting each request id once, which `SeenIds` remembers in 8 bytes an id.
 
-Every record a read returns passes through `Aggregate.count`: it is the hot loop of a day's read.
+Every record a read returns passes through `Aggregate.add`, a page at a time (a list shown newest
+first, through `Aggregate.count`): it is the hot loop of a day's read.
 """
 
 from __future__ import annotations
