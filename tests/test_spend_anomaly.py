@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from exporter.alerts import anomalies
 from exporter.app.daemon import Daemon
+from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock, FrozenClock
+from exporter.model.snapshots import DailyAmount
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import metrics, statuses, told
@@ -213,3 +216,35 @@ def test_a_restart_mid_day_waits_for_the_history_rather_than_resolve_and_fire_ag
         assert named(metrics(again), "inference_alerts")
     finally:
         again.stop(grace=5)
+
+
+@pytest.mark.parametrize("by", [(), ("endpoint_id",), ("item",)])
+def test_judging_several_days_at_once_is_judging_each_in_turn(by: tuple[str, ...]) -> None:
+    """A weekly digest judges seven days in one call (each group's history indexed once): the
+    findings, their order and their contributors are those of seven calls of one day."""
+    start = dt.date(2026, 9, 1)
+    rows = []
+    for n in range(80):
+        day = start + dt.timedelta(days=n)
+        for e, endpoint in enumerate(("ep-a", "ep-b", "ep-c")):
+            for i, item in enumerate(ITEMS):
+                usual = Decimal(10 + 3 * e + i) * (Decimal("0.6") if day.weekday() >= 5 else 1)
+                spike = Decimal(5) if (n % 17 == e and n > 30) else Decimal(1)
+                rows.append((day, endpoint, item, (usual * spike + Decimal(n % 5) / 7).quantize(Decimal("0.01"))))
+
+    def amounts(key: int) -> tuple[DailyAmount, ...]:
+        sums: dict[tuple[dt.date, str], Decimal] = {}
+        for row in rows:
+            sums[row[0], row[key]] = sums.get((row[0], row[key]), Decimal(0)) + row[3]
+        return tuple(DailyAmount(f"{d:%Y-%m}", d, k, "p", "", v, Decimal(0)) for (d, k), v in sums.items())
+
+    split = {
+        endpoint: tuple(DailyAmount(f"{d:%Y-%m}", d, i, "p", "", v, Decimal(0)) for d, e, i, v in rows if e == endpoint)
+        for endpoint in ("ep-a", "ep-b", "ep-c")
+    }
+    bills = anomalies.Bills(amounts(1), amounts(2), split)
+    rule = AnomalyRule(alert="A", signal="spend_anomaly", by=by, min_amount=Decimal(1), min_percent=Decimal(10))
+    days = [start + dt.timedelta(days=n) for n in range(60, 80)]
+    one_by_one = [finding for day in days for finding in anomalies.judge_groups(rule, bills, day)]
+    assert any(f.judgement.anomalous for f in one_by_one)
+    assert anomalies.judge_groups(rule, bills, *days) == one_by_one

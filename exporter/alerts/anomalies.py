@@ -16,7 +16,7 @@ from decimal import Decimal
 from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
-from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge
+from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge_all
 from exporter.model.signals import Labels
 from exporter.model.snapshots import DailyAmount, Latest, per_day
 
@@ -75,35 +75,38 @@ def judged_day(clock: Clock) -> dt.date:
     return clock.today() - dt.timedelta(days=1)
 
 
-def judge_groups(rule: AnomalyRule, bills: Bills, day: dt.date) -> list[Finding]:
-    """Judge `day` for every group of `rule`; an anomaly names the sub-groups carrying it: the
-    endpoints of the account or of an item, the items of an endpoint."""
+def judge_groups(rule: AnomalyRule, bills: Bills, *days: dt.date) -> list[Finding]:
+    """Judge each of `days` for every group of `rule`, day after day; an anomaly names the
+    sub-groups carrying it: the endpoints of the account or of an item, the items of an endpoint.
+    A group's history is indexed once for all of `days` (a weekly digest judges seven)."""
     endpoints, items = _series(bills.by_endpoint), _series(bills.by_item)
     split = {endpoint: _series(rows) for endpoint, rows in bills.items_by_endpoint.items()}
     groups: dict[Labels, tuple[Series, Mapping[str, Series]]]
     if rule.by == ("endpoint_id",):
-        groups = {(("endpoint_id", key),): (days, split.get(key, {})) for key, days in endpoints.items()}
+        groups = {(("endpoint_id", key),): (amounts, split.get(key, {})) for key, amounts in endpoints.items()}
     elif rule.by == ("item",):
         groups = {
-            (("item", key),): (days, {e: by_item[key] for e, by_item in split.items() if key in by_item})
-            for key, days in items.items()
+            (("item", key),): (amounts, {e: by_item[key] for e, by_item in split.items() if key in by_item})
+            for key, amounts in items.items()
         }
     else:
         groups = {(): (per_day(bills.by_item), endpoints)}
-    findings = []
+    found: dict[dt.date, list[Finding]] = {day: [] for day in days}
     for group, (series, parts) in sorted(groups.items()):
-        judgement = judge(
-            series, day, min_amount=rule.min_amount, min_percent=rule.min_percent, sensitivity=rule.sensitivity
+        judged = judge_all(
+            series, days, min_amount=rule.min_amount, min_percent=rule.min_percent, sensitivity=rule.sensitivity
         )
-        if judgement is None:
-            if day in series and (rule.alert, group) not in _said:
-                _said.add((rule.alert, group))
-                log.info("spend anomaly not judged: too little history for this group", alertname=rule.alert,
-                         group=dict(group) or "account", needs_days=MIN_HISTORY_DAYS)  # fmt: skip
-            continue
-        shares = tuple(contributors(parts, day)) if parts and judgement.anomalous else ()
-        findings.append(Finding(group, judgement, shares))
-    return findings
+        for day in days:
+            judgement = judged.get(day)
+            if judgement is None:
+                if day in series and (rule.alert, group) not in _said:
+                    _said.add((rule.alert, group))
+                    log.info("spend anomaly not judged: too little history for this group", alertname=rule.alert,
+                             group=dict(group) or "account", needs_days=MIN_HISTORY_DAYS)  # fmt: skip
+                continue
+            shares = tuple(contributors(parts, day)) if parts and judgement.anomalous else ()
+            found[day].append(Finding(group, judgement, shares))
+    return [finding for day in days for finding in found[day]]
 
 
 def describe(shares: Iterable[tuple[str, Decimal]]) -> str:

@@ -237,9 +237,7 @@ def build(
                 "crossing": _crossing(found, budget.amount),
             }
         )
-    anomalous = [
-        (rule, f) for rule in anomalies for on in days for f in judge_groups(rule, bills, on) if f.judgement.anomalous
-    ]
+    anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]
     for rule, finding in top(anomalous, LISTED, lambda pair: _by_impact(pair[1].judgement)):
         j = finding.judgement
         digest["anomalies"].append(
