@@ -248,3 +248,4 @@ def test_judging_several_days_at_once_is_judging_each_in_turn(by: tuple[str, ...
     one_by_one = [finding for day in days for finding in anomalies.judge_groups(rule, bills, day)]
     assert any(f.judgement.anomalous for f in one_by_one)
     assert anomalies.judge_groups(rule, bills, *days) == one_by_one
+    assert anomalies.judge_groups(rule, bills, *days, days[0]) == one_by_one  # (a day given twice: judged once)

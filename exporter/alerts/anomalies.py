@@ -78,7 +78,9 @@ def judged_day(clock: Clock) -> dt.date:
 def judge_groups(rule: AnomalyRule, bills: Bills, *days: dt.date) -> list[Finding]:
     """Judge each of `days` for every group of `rule`, day after day; an anomaly names the
     sub-groups carrying it: the endpoints of the account or of an item, the items of an endpoint.
-    A group's history is indexed once for all of `days` (a weekly digest judges seven)."""
+    A group's history is indexed once for all of `days` (a weekly digest judges seven); a day
+    given twice is judged once."""
+    days = tuple(dict.fromkeys(days))
     endpoints, items = _series(bills.by_endpoint), _series(bills.by_item)
     split = {endpoint: _series(rows) for endpoint, rows in bills.items_by_endpoint.items()}
     groups: dict[Labels, tuple[Series, Mapping[str, Series]]]
