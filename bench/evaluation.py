@@ -4,17 +4,13 @@ process), `--rules` spend rules by endpoint whose threshold every endpoint is ov
 once to fire them all, then timed over `--repeat` evaluations (the steady state of an incident,
 every `alerts.evaluation_interval`).
 
-The process's collector is tuned as `run` tunes it (`tune_collector`); the evaluation at 10 × N is
-also timed with the interpreter's thresholds, for comparison.
-
-python -m bench.evaluation [--endpoints 500] [--rules 10] [--repeat 7]
+python -m bench.evaluation [--endpoints 500] [--rules 10] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import logging
 import statistics
 import tempfile
@@ -23,7 +19,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-from exporter.app.daemon import Daemon, tune_collector
+from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord, UsagePage
 from exporter.config.load import validate
 from exporter.core.clock import Clock
@@ -114,11 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoints", type=int, default=500)
     parser.add_argument("--rules", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
-    interpreters = gc.get_threshold()
-    tune_collector()  # (as `run` does)
     today = Clock().today()
     print(f"alert evaluation, {args.rules} rules by endpoint, everything firing, median of {args.repeat}; the month "
           f"billed up to today, day {today.day} (the work grows with the day of the month)")  # fmt: skip
@@ -132,13 +126,6 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  {large:,} endpoints, every alert saved again (keep_firing_for: 1s): {writing * 1000:.0f} ms an evaluation"
     )
-    tuned = gc.get_threshold()
-    gc.set_threshold(*interpreters)
-    try:
-        untuned, _ = measure(large, args.rules, args.repeat)
-    finally:
-        gc.set_threshold(*tuned)
-    print(f"  {large:,} endpoints with the interpreter's collector thresholds {interpreters}: {untuned * 1000:.0f} ms")
     print(
         f"  ratio at {large:,} ÷ at {small:,}: {results[large] / results[small]:.1f}  (linear: 10); "
         f"at {large:,}: {results[large]:.2f} s  (target < {TARGET:g} s at 5,000 endpoints and 10 rules)"

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from exporter.alerts.alert import Alert
-from exporter.app.daemon import tune_collector
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig
 from exporter.digest.build import FiringAlert, ProbeStat, build
@@ -147,7 +146,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
-    tune_collector()  # (as `run` does)
     small, large = args.endpoints, 10 * args.endpoints
     print(f"landing page and weekly digest, everything firing ({args.rules} rules by endpoint), {DAYS} days billed, "
           f"{SETTLED} settled days disagreeing for every endpoint; fastest of {args.repeat}")  # fmt: skip

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from exporter.app.daemon import Daemon, tune_collector
+from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
 from exporter.config.load import load
 from exporter.core.clock import Clock
@@ -328,7 +328,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speed", type=float, default=600.0)
     parser.add_argument("--examples", type=int, default=200, help="property-based examples of config changes")
     args = parser.parse_args(argv)
-    tune_collector()  # (as `run` does)
     report = run_soak(args.minutes * 60, args.speed)
     simulated = dt.timedelta(seconds=args.minutes * 60 * args.speed)
     print(f"soak: {args.minutes:g} min real, {simulated} on the billing clock, days seen {sorted(report.days)}")

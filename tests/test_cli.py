@@ -4,7 +4,6 @@ starts nothing (`check`, `--help`)."""
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import json
 import logging
 import os
@@ -619,24 +618,3 @@ def test_a_bad_web_config_file_is_refused_naming_the_file_and_the_field(
     assert result.stderr.splitlines() == [
         f"{web}: the config's server.basic_auth would secure the server too; use this file or those keys, not both"
     ]
-
-
-def test_run_and_demo_tune_the_collector_before_the_daemon_starts() -> None:
-    """`_start` (what `run` and `demo` start the daemon with) sets the daemon's thresholds first."""
-    from exporter.app.daemon import GC_THRESHOLDS
-    from exporter.cli import commands
-
-    class Started:
-        thresholds: tuple[int, ...] = ()
-
-        def start(self) -> None:
-            self.thresholds = gc.get_threshold()
-
-    saved = gc.get_threshold()
-    daemon = Started()
-    try:
-        gc.set_threshold(700, 10, 10)
-        assert commands._start(lambda: daemon, ":0") is daemon  # type: ignore[arg-type,return-value]
-        assert daemon.thresholds == GC_THRESHOLDS
-    finally:
-        gc.set_threshold(*saved)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import gc
 import logging
 import threading
 import time
@@ -41,14 +40,6 @@ from exporter.web.views import AccountView
 log = get_logger(__name__)
 
 SHUTDOWN_GRACE = 10.0
-GC_THRESHOLDS = (50_000, 20, 10)
-"""The cyclic collector's thresholds in the daemon's process (the interpreter's are 700, 10, 10).
-An evaluation of thousands of alerts makes some 100,000 short-lived containers; collected every
-700 allocations, many of them were still alive, and so promoted to the oldest generation, whose
-full collections, each a walk over every object the process holds, took a third of an evaluation
-at 5,000 endpoints (`bench.evaluation`). The middle generation is collected half as often too, as
-its objects now come 50,000 at a time. Objects without cycles are freed at once either way: only
-garbage in cycles waits longer (the demo's memory is the same either way)."""
 SCHEDULER_THREADS = 1024
 
 
@@ -58,12 +49,6 @@ def parse_listen(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"listen address {address!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
-
-
-def tune_collector() -> None:
-    """Set `GC_THRESHOLDS` for the process: what `run` and `demo` do before the daemon starts
-    (a daemon made inside another program leaves its collector alone)."""
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 class Daemon:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from exporter.alerts.alert import Alert
-from exporter.app.daemon import Daemon, parse_listen, tune_collector
+from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
@@ -273,7 +273,6 @@ def _listen(address: str) -> str:
 
 
 def _start(daemon_factory: Callable[[], Daemon], listen: str) -> Daemon:
-    tune_collector()
     try:
         daemon = daemon_factory()
     except StateError as error:
