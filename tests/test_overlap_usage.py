@@ -505,3 +505,33 @@ def test_a_full_read_writes_the_ids_whole_and_drops_what_polls_appended(
         assert as_truth(snapshot) == sim.usage_totals(distinct=True)
     finally:
         store.close()
+
+
+def test_closing_the_client_ends_a_wait_on_a_single_running_page_at_once(clock: Clock) -> None:
+    """The first page (read alone, `_one`) is running when the client closes: the wait ends then,
+    not when the page would have come back."""
+    release = threading.Event()
+
+    def fetch(page_num: int) -> int:
+        release.wait(10)
+        return page_num
+
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(client._one(fetch, 1))
+        except ClientClosed as closed:
+            outcome.append(closed)
+
+    client = BillingClient("http://127.0.0.1:9", AuthBase(), tz=clock.tz, page_size=2, concurrency=1)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(0.3)  # page 1 running
+    started = time.monotonic()
+    client.close()
+    reader.join(5)
+    release.set()
+    assert not reader.is_alive(), "the read still waits on the page"
+    assert time.monotonic() - started < 2
+    assert isinstance(outcome[-1], ClientClosed)

@@ -13,11 +13,11 @@ import email.utils
 import random
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import SimpleQueue
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -120,10 +120,10 @@ class BillingClient(Listings):
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
         self._closed = threading.Event()
-        self._closing: Future[None] = Future()
-        """Done when the client closes: waits on pages watch it too, so a close wakes them at once."""
-        self._arrivals: set[SimpleQueue[Future[Any]]] = set()
-        """The queues pages arrive in, one per read under way (`_many`): a close puts `_closing` in each."""
+        self._arrivals: set[SimpleQueue[Future[Any] | None]] = set()
+        """The queues pages arrive in, one per read under way (`_many`): a close puts None in each,
+        so that a read waiting on pages wakes at once (cancelled pages would wake it too, but not
+        one that is running)."""
 
     @classmethod
     def from_config(
@@ -159,10 +159,8 @@ class BillingClient(Listings):
         """Stop: pending pages are cancelled, waits before retries end now, and a refresh waiting on
         pages fails at once with `ClientClosed`; nothing here blocks."""
         self._closed.set()
-        if self._closing.set_running_or_notify_cancel():
-            self._closing.set_result(None)
         for arrivals in list(self._arrivals):
-            arrivals.put(self._closing)
+            arrivals.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()
 
@@ -265,23 +263,13 @@ class BillingClient(Listings):
         except RuntimeError:  # the pool is shut down: the client was closed
             raise ClientClosed("the client was closed (config reload)") from None
 
-    def _wait(self, pending: Iterable[Future[R]]) -> set[Future[R]]:
-        """The futures among `pending` that are done, once one is; `ClientClosed` if the client
-        closes first (cancelled futures never wake a `wait`, so the close itself must)."""
-        watched: list[Future[Any]] = [*pending, self._closing]
-        done, _ = wait(watched, return_when=FIRST_COMPLETED)
-        if self._closing in done:
-            raise ClientClosed("the client was closed during the refresh (config reload)")
-        return cast("set[Future[R]]", done)
-
     def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
         """One page, fetched in the pool so that closing the client ends the wait at once."""
-        future = self._submit(fetch, page_num)
+        pages = self._many(fetch, range(page_num, page_num + 1))
         try:
-            self._wait([future])
+            return next(pages)[1]
         finally:
-            future.cancel()
-        return future.result()
+            pages.close()
 
     def _many(self, fetch: Callable[[int], R], pages: range) -> Generator[tuple[int, R], None, None]:
         """The pages `pages` as they arrive, at most LOOKAHEAD × `concurrency` submitted at a time
@@ -290,7 +278,7 @@ class BillingClient(Listings):
         are pending."""
         numbers = iter(pages)
         pending: dict[Future[R], int] = {}
-        arrivals: SimpleQueue[Future[Any]] = SimpleQueue()
+        arrivals: SimpleQueue[Future[Any] | None] = SimpleQueue()
         self._arrivals.add(arrivals)
         try:
             while True:
@@ -303,7 +291,7 @@ class BillingClient(Listings):
                 if not pending:
                     return
                 done = arrivals.get()
-                if done is self._closing or done.cancelled():
+                if done is None or done.cancelled():
                     raise ClientClosed("the client was closed during the refresh (config reload)")
                 yield pending.pop(done), done.result()
         finally:
