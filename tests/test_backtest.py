@@ -131,16 +131,22 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
     assert render(fired, "text").count("\n") == len(fired)
 
 
+def _last_two_months() -> tuple[dt.date, str, str]:
+    """Today on the real clock (what the command runs on), and the two months before this one."""
+    from exporter.core.clock import previous_period
+
+    today = Clock().today()
+    last = previous_period(f"{today:%Y-%m}")
+    return today, previous_period(last), last
+
+
 def test_backtest_forecast_prints_each_days_forecast_against_the_months_total(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:
-    from exporter.core.clock import previous_period
     from tests.test_cli import run, write_config
 
     sim, server = live
-    today = Clock().today()  # the command runs on the real clock
-    last = previous_period(f"{today:%Y-%m}")
-    first = previous_period(last)
+    today, first, last = _last_two_months()
     sim.spend = SpendModel(start=today - dt.timedelta(days=200))
     config = write_config(tmp_path, sim, server, history_months=3)
     env = {"TEST_BILLING_SECRET": sim.secret_access_key}
@@ -161,13 +167,10 @@ def test_backtest_forecast_prints_each_days_forecast_against_the_months_total(
 def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_sense(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:
-    from exporter.core.clock import previous_period
     from tests.test_cli import run, write_config
 
     sim, server = live
-    today = Clock().today()  # the command runs on the real clock
-    last = previous_period(f"{today:%Y-%m}")
-    first = previous_period(last)
+    _, first, last = _last_two_months()
     spike = dt.date(int(first[:4]), int(first[5:]), 16)
     sim.spend = SpendModel(start=spike - dt.timedelta(days=120))
     sim.add_spike(spike, sim.endpoints[0].endpoint_id, 3.0)

@@ -154,6 +154,18 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cannot_write(command: str, output: Path, error: OSError) -> int:
+    """A file command's output that could not be written: one line, and the exit status."""
+    print(f"inference-cost-exporter {command}: cannot write {output}: {error.strerror or error}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _say_skipped(command: str, skipped: Iterable[tuple[str, str]]) -> None:
+    """The months a file command left out, and why: a line each."""
+    for period, why in skipped:
+        print(f"inference-cost-exporter {command}: {period} skipped: {why}", file=sys.stderr)
+
+
 def cmd_backfill(args: argparse.Namespace) -> int:
     config, clock = _configured(args)
     try:
@@ -183,11 +195,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             print(f"inference-cost-exporter backfill: {error}", file=sys.stderr)
             return EXIT_SOURCE
         except OSError as error:
-            reason = error.strerror or error
-            print(f"inference-cost-exporter backfill: cannot write {output}: {reason}", file=sys.stderr)
-            return EXIT_USAGE
-    for period, why in result.skipped:
-        print(f"inference-cost-exporter backfill: {period} skipped: {why}", file=sys.stderr)
+            return _cannot_write("backfill", output, error)
+    _say_skipped("backfill", result.skipped)
     if not {"job", "instance"} <= {name for name, _ in target}:
         print("inference-cost-exporter backfill: note: Prometheus adds `job` and `instance` to the live series; "
               "without --label job=... --label instance=... as your scrape config sets them, the backfilled "
@@ -226,11 +235,8 @@ def cmd_export_focus(args: argparse.Namespace) -> int:
             print(f"inference-cost-exporter export focus: {error}", file=sys.stderr)
             return EXIT_SOURCE
         except OSError as error:
-            reason = error.strerror or error
-            print(f"inference-cost-exporter export focus: cannot write {output}: {reason}", file=sys.stderr)
-            return EXIT_USAGE
-    for period, why in result.skipped:
-        print(f"inference-cost-exporter export focus: {period} skipped: {why}", file=sys.stderr)
+            return _cannot_write("export focus", output, error)
+    _say_skipped("export focus", result.skipped)
     print(
         f"wrote {output}: {', '.join(result.written)}: {result.rows:,} rows (FOCUS 1.0), "
         f"{result.billed:f} {currency} billed"
