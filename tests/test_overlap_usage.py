@@ -14,7 +14,7 @@ import math
 import threading
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -309,9 +309,32 @@ def test_a_change_at_the_head_during_a_parallel_read_over_http_is_caught(
     head_change(sim, small_pages, clock, store, page=3)
 
 
+def ends_when_closed(client: BillingClient, read: Callable[[], Iterable[object]], release: threading.Event) -> None:
+    """`read` runs in a thread until it waits on pages, and the client closes then: the read must
+    end at once with `ClientClosed`, not when its pages would have come back (at `release`)."""
+    outcome: list[object] = []
+
+    def reading() -> None:
+        try:
+            outcome.extend(read())
+        except ClientClosed as closed:
+            outcome.append(closed)
+
+    reader = threading.Thread(target=reading, daemon=True)
+    reader.start()
+    time.sleep(0.3)  # (waiting on its pages by now; a read not there yet is refused at once all the same)
+    started = time.monotonic()
+    client.close()
+    reader.join(5)
+    release.set()
+    assert not reader.is_alive(), "the read still waits on pages after the close"
+    assert time.monotonic() - started < 2
+    assert isinstance(outcome[-1], ClientClosed)
+
+
 def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) -> None:
     """Every page submitted, two running and three queued when the client closes: the close
-    cancels the queued ones, which never wake a wait by themselves; the read must end anyway."""
+    cancels the queued ones and must end the wait on the running ones too."""
     release = threading.Event()
 
     def fetch(page_num: int, page_size: int) -> tuple[tuple[int, ...], int]:
@@ -319,25 +342,8 @@ def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) ->
             release.wait(10)  # pages 2 and 3 hold both workers; 4 to 6 stay queued
         return (page_num,) * 2, 12
 
-    outcome: list[object] = []
-
-    def read() -> None:
-        try:
-            outcome.extend(client._pages(fetch, 1, 2))
-        except ClientClosed as closed:
-            outcome.append(closed)
-
     client = BillingClient("http://127.0.0.1:9", AuthBase(), tz=clock.tz, page_size=2, concurrency=1)
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    time.sleep(0.3)  # pages 2 and 3 running, 4 to 6 queued
-    started = time.monotonic()
-    client.close()
-    reader.join(5)
-    release.set()
-    assert not reader.is_alive(), "the read still waits on pages the close cancelled"
-    assert time.monotonic() - started < 2
-    assert isinstance(outcome[-1], ClientClosed)
+    ends_when_closed(client, lambda: client._pages(fetch, 1, 2), release)
 
 
 def test_a_repeat_within_one_page_costs_no_full_read(
@@ -516,22 +522,5 @@ def test_closing_the_client_ends_a_wait_on_a_single_running_page_at_once(clock: 
         release.wait(10)
         return page_num
 
-    outcome: list[object] = []
-
-    def read() -> None:
-        try:
-            outcome.append(client._one(fetch, 1))
-        except ClientClosed as closed:
-            outcome.append(closed)
-
     client = BillingClient("http://127.0.0.1:9", AuthBase(), tz=clock.tz, page_size=2, concurrency=1)
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    time.sleep(0.3)  # page 1 running
-    started = time.monotonic()
-    client.close()
-    reader.join(5)
-    release.set()
-    assert not reader.is_alive(), "the read still waits on the page"
-    assert time.monotonic() - started < 2
-    assert isinstance(outcome[-1], ClientClosed)
+    ends_when_closed(client, lambda: [client._one(fetch, 1)], release)
