@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from decimal import Decimal
 
 import pytest
@@ -19,9 +20,10 @@ from exporter.billing import (
     parse_bill,
     parse_usage,
 )
+from exporter.billing.client import RESIGN_AFTER
 from exporter.config.load import validate
 from exporter.config.schema import Config
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
 
@@ -77,6 +79,29 @@ def test_pages_in_flight_are_bounded_by_concurrency(
         records = sum(len(p.records) for p in client.usage_pages(clock.today()))
     assert records == 5000
     assert sim.max_in_flight == 3
+
+
+def test_a_request_that_waited_long_for_a_slot_is_signed_again(
+    sim: Simulator, server: SimulatorServer, frozen: FrozenClock, clock: Clock
+) -> None:
+    """Pages 2 and 3 are signed at once; one waits for the one slot while the other is answered,
+    slowly, and meanwhile the time moves past the first signature's expiry."""
+    sim.add_usage(1500)
+    answered: list[int] = []
+
+    def slow_first_of_the_rest(page_num: int) -> None:
+        answered.append(page_num)
+        if len(answered) == 2:
+            frozen.advance(dt.timedelta(seconds=30))
+            time.sleep(RESIGN_AFTER + 0.2)
+
+    sim.before_usage_page = slow_first_of_the_rest
+    section = billing_section(sim, server, concurrency=1, page_size=500, signature_lifetime="10s")
+    config = validate({"billing": section}, {})
+    with BillingClient.from_config(config.billing, clock) as client:
+        pages = list(client.usage_pages(clock.today()))
+    assert sorted(p.page_num for p in pages) == [1, 2, 3]
+    assert sum(len(p.records) for p in pages) == 1500
 
 
 def test_retries_5xx_and_dropped_connections_then_succeeds(

@@ -9,12 +9,13 @@ import datetime as dt
 import json
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import requests
 
 from exporter.billing.signing import new_nonce, sign_request
-from exporter.core.clock import FrozenClock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator, SimulatorServer
 from exporter.sim.model import SimulatorError
 
@@ -164,6 +165,19 @@ def test_usage_pages_and_total_as_string(sim: Simulator) -> None:
     assert {p["total"] for p in pages} == {"250"}
     ids = [json.loads(r)["requestId"] for p in pages for r in p["list"]]  # records as JSON text
     assert len(set(ids)) == 250
+
+
+@pytest.mark.parametrize("zone", ["Asia/Shanghai", "Asia/Kolkata", "America/St_Johns", "UTC"])
+def test_usage_times_fall_in_the_day_asked_across_the_whole_day(zone: str) -> None:
+    tz = ZoneInfo(zone)
+    sim = Simulator(clock=Clock(tz, FrozenClock(dt.datetime(2026, 11, 23, 12, tzinfo=tz))))
+    day = dt.date(2026, 11, 22)
+    sim.add_usage(3000, day)
+    stamps = [r["requestTime"] for r in sim.usage_records(day)]
+    assert all(stamp.endswith("Z") for stamp in stamps)  # (UTC, as the specification's example)
+    local = [dt.datetime.fromisoformat(stamp).astimezone(tz) for stamp in stamps]
+    assert {t.date() for t in local} == {day}
+    assert (min(local).hour, max(local).hour) == (0, 23)  # spread over the whole local day
 
 
 def test_bills_by_instance_and_by_item_cover_the_same_charges(sim: Simulator) -> None:

@@ -38,6 +38,8 @@ log = get_logger(__name__)
 MAX_RETRY_AFTER = 120.0
 MAX_CLOCK_SKEW = 60.0
 LOOKAHEAD = 4
+RESIGN_AFTER = 1.0
+"""Seconds a signed request may wait for a slot before it is signed again (`created` counts whole seconds)."""
 R = TypeVar("R")
 
 
@@ -196,10 +198,17 @@ class BillingClient(Listings):
                 (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> tuple[int, bytes]:
+        """One request. It is signed before it waits for a slot, so that a slot (a request in
+        flight) is held only while the request is on the wire, and signed again if that wait took
+        longer than the signature's time resolution; the body is read in one piece."""
         try:
+            request = self._prepare(path, params)
+            signed = time.monotonic()
             with self._slots:
-                response = self._session.get(self.base_url + path, params=params, timeout=self.timeout)
-                body = response.content
+                if time.monotonic() - signed > RESIGN_AFTER:
+                    request = self._prepare(path, params)
+                response = self._session.send(request, timeout=self.timeout, stream=True)
+                body = b"".join(response.iter_content(None))
         except requests.Timeout:
             self._on_response(api, "timeout")
             raise _Retryable("timed out") from None
@@ -215,6 +224,9 @@ class BillingClient(Listings):
         if response.status_code in (401, 403):
             parse_envelope(response.status_code, body, what)  # raises SignatureRejected (the clock may be off)
         return response.status_code, body
+
+    def _prepare(self, path: str, params: dict[str, str | int]) -> requests.PreparedRequest:
+        return self._session.prepare_request(requests.Request("GET", self.base_url + path, params=params))
 
     # -- the server's clock --
 

@@ -4,6 +4,7 @@ prices) or from the seed, and its own totals for tests to compare with."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 from collections import deque
@@ -32,6 +33,12 @@ from exporter.sim.model import (
 )
 
 
+@functools.cache
+def _times_of_day() -> tuple[str, ...]:
+    """ "HH:MM:SSZ" for every second of a day, made once: a record's time is looked up, not formatted."""
+    return tuple(f"{h:02d}:{m:02d}:{s:02d}Z" for h in range(24) for m in range(60) for s in range(60))
+
+
 class Ledger:
     """What the simulator bills and lists (a part of `Simulator`)."""
 
@@ -45,7 +52,8 @@ class Ledger:
     label: str
     _lock: threading.Lock
     _usage: dict[dt.date, UsageDay]
-    _day_prefixes: dict[dt.date, tuple[str, dt.datetime]]
+    _day_prefixes: dict[dt.date, tuple[str, str, str, int]]
+    """A day's request id prefix, its first and next UTC dates, and the UTC second its start is."""
     _fragments: dict[Endpoint, str]
     _nonces: dict[str, float]
     _nonce_expiry: deque[tuple[float, str]]
@@ -223,12 +231,18 @@ class Ledger:
             )[1:-1]
         day_prefix = self._day_prefixes.get(day)
         if day_prefix is None:
-            start = self.clock.day_start(day).astimezone(dt.UTC).replace(tzinfo=None)
-            day_prefix = self._day_prefixes[day] = (f"req-{day:%Y%m%d}-", start)
+            start = self.clock.day_start(day).astimezone(dt.UTC)
+            dates = (f"{start:%Y-%m-%d}T", f"{start + dt.timedelta(days=1):%Y-%m-%d}T")
+            day_prefix = self._day_prefixes[day] = (
+                f"req-{day:%Y%m%d}-",
+                *dates,
+                start.hour * 3600 + start.minute * 60 + start.second,
+            )
         prompt, completion, cached = _record_tokens(h)
-        instant = day_prefix[1] + dt.timedelta(seconds=(index * 37) % 86400)
+        second = day_prefix[3] + (index * 37) % 86400  # (after the UTC midnight the day starts on)
+        instant = (day_prefix[2] if second >= 86400 else day_prefix[1]) + _times_of_day()[second % 86400]
         return (
-            f'{{"requestId": "{day_prefix[0]}{index:09d}", "requestTime": "{instant.isoformat()}Z", '
+            f'{{"requestId": "{day_prefix[0]}{index:09d}", "requestTime": "{instant}", '
             f'"tenantId": "{TENANT}", {fragment}, "apikey": "{API_KEYS[(h >> 20) % len(API_KEYS)]}", '
             f'"promptTokens": {prompt}, "completionTokens": {completion}, '
             f'"promptCachedTokens": {cached}}}'

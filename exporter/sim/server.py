@@ -65,9 +65,15 @@ class _Handler(ChatRequests):
     # the client's delayed ACK of the headers (40 ms) on every request of a kept-alive connection
     # after the first, as no real service makes one wait.
     disable_nagle_algorithm = True
+    received = 0.0
+    """When the request line arrived (`time.monotonic`): `latency` counts from here."""
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
+
+    def parse_request(self) -> bool:
+        self.received = time.monotonic()
+        return super().parse_request()
 
     @property
     def sim(self) -> Simulator:
@@ -136,8 +142,8 @@ class _Handler(ChatRequests):
                 sim.in_flight -= 1
 
     def _billing(self) -> None:
-        """`latency` is the whole response time: the simulator's own work counts toward it."""
-        received = time.monotonic()
+        """`latency` is the whole response time from the request line's arrival: the simulator's own
+        work (reading the headers, checking the signature, making the page) counts toward it."""
         url = urlsplit(self.path)
         body = self._body()
         with self.sim._lock:
@@ -171,7 +177,7 @@ class _Handler(ChatRequests):
         if fault is not None:
             data = corrupt(data, fault)
         payload = _encode({"code": 0, "reason": "OK", "message": "success", "data": data})
-        remaining = self.sim.latency - (time.monotonic() - received)
+        remaining = self.sim.latency - (time.monotonic() - self.received)
         if remaining > 0:
             time.sleep(remaining)
         self._send(200, payload)
