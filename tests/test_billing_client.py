@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
@@ -20,7 +20,6 @@ from exporter.billing import (
     parse_bill,
     parse_usage,
 )
-from exporter.billing.client import RESIGN_AFTER
 from exporter.config.load import validate
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
@@ -81,27 +80,41 @@ def test_pages_in_flight_are_bounded_by_concurrency(
     assert sim.max_in_flight == 3
 
 
-def test_a_request_that_waited_long_for_a_slot_is_signed_again(
+def test_a_request_that_waited_for_a_slot_is_signed_again_when_the_time_moved(
     sim: Simulator, server: SimulatorServer, frozen: FrozenClock, clock: Clock
 ) -> None:
     """Pages 2 and 3 are signed at once; one waits for the one slot while the other is answered,
-    slowly, and meanwhile the time moves past the first signature's expiry."""
+    and meanwhile the time moves past the first signature's expiry."""
     sim.add_usage(1500)
     answered: list[int] = []
 
-    def slow_first_of_the_rest(page_num: int) -> None:
+    def time_moves_at_the_first_of_the_rest(page_num: int) -> None:
         answered.append(page_num)
         if len(answered) == 2:
             frozen.advance(dt.timedelta(seconds=30))
-            time.sleep(RESIGN_AFTER + 0.2)
 
-    sim.before_usage_page = slow_first_of_the_rest
+    sim.before_usage_page = time_moves_at_the_first_of_the_rest
     section = billing_section(sim, server, concurrency=1, page_size=500, signature_lifetime="10s")
     config = validate({"billing": section}, {})
     with BillingClient.from_config(config.billing, clock) as client:
         pages = list(client.usage_pages(clock.today()))
     assert sorted(p.page_num for p in pages) == [1, 2, 3]
     assert sum(len(p.records) for p in pages) == 1500
+
+
+def test_a_request_that_waited_for_a_slot_is_signed_again_after_a_clock_correction(
+    sim: Simulator, server: SimulatorServer
+) -> None:
+    """Two listings at once through one slot, our clock 10 minutes fast: the first is refused and
+    corrects the clock; the second, signed while it waited, goes out signed with the correction."""
+    skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=10))
+    config = validate({"billing": billing_section(sim, server, concurrency=1)}, {})
+    seen: list[tuple[str, str]] = []
+    client = BillingClient.from_config(config.billing, skewed, lambda *call: seen.append(call))
+    with client, ThreadPoolExecutor(2) as pool:
+        listings = [pool.submit(client.bills, "2026-11", GROUP_TERM_ITEM) for _ in range(2)]
+        assert [len(listing.result()) for listing in listings] == [66, 66]
+    assert seen.count(("bills", "200")) == 2
 
 
 def test_retries_5xx_and_dropped_connections_then_succeeds(

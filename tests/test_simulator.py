@@ -180,6 +180,23 @@ def test_usage_times_fall_in_the_day_asked_across_the_whole_day(zone: str) -> No
     assert (min(local).hour, max(local).hour) == (0, 23)  # spread over the whole local day
 
 
+@pytest.mark.parametrize(
+    ("zone", "day"),
+    [
+        ("Asia/Shanghai", dt.date(2026, 11, 22)),
+        ("America/St_Johns", dt.date(2026, 3, 8)),  # (a -03:30 offset, on the day it changes)
+        ("Asia/Kolkata", dt.date(1900, 6, 1)),  # (+05:21:10: the day starts off a whole minute)
+    ],
+)
+def test_usage_record_i_is_at_the_days_start_plus_37_i_seconds_mod_a_day(zone: str, day: dt.date) -> None:
+    tz = ZoneInfo(zone)
+    sim = Simulator(clock=Clock(tz, FrozenClock(dt.datetime(2026, 11, 23, 12, tzinfo=tz))))
+    start = sim.clock.day_start(day).astimezone(dt.UTC).replace(tzinfo=None)
+    for index in range(86400):  # (every second of a day: 37 and 86,400 have no common factor)
+        expected = (start + dt.timedelta(seconds=index * 37 % 86400)).isoformat() + "Z"
+        assert json.loads(sim.usage_record_json(day, index))["requestTime"] == expected, index
+
+
 def test_bills_by_instance_and_by_item_cover_the_same_charges(sim: Simulator) -> None:
     by_instance = sum(Decimal(r["payableAmount"]) for r in sim.bill_rows("2026-11", "GROUP_TERM_INSTANCE"))
     by_item = sum(Decimal(r["payableAmount"]) for r in sim.bill_rows("2026-11", "GROUP_TERM_ITEM"))

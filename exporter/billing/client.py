@@ -38,8 +38,6 @@ log = get_logger(__name__)
 MAX_RETRY_AFTER = 120.0
 MAX_CLOCK_SKEW = 60.0
 LOOKAHEAD = 4
-RESIGN_AFTER = 1.0
-"""Seconds a signed request may wait for a slot before it is signed again (`created` counts whole seconds)."""
 R = TypeVar("R")
 
 
@@ -199,13 +197,16 @@ class BillingClient(Listings):
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> tuple[int, bytes]:
         """One request. It is signed before it waits for a slot, so that a slot (a request in
-        flight) is held only while the request is on the wire, and signed again if that wait took
-        longer than the signature's time resolution; the body is read in one piece."""
+        flight) is held only while the request is on the wire, and signed again once it has one if
+        a signature made now would say another `created` (a second went by, or the clock was
+        corrected meanwhile); the body is read in one piece."""
         try:
+            created = self._created()
             request = self._prepare(path, params)
-            signed = time.monotonic()
             with self._slots:
-                if time.monotonic() - signed > RESIGN_AFTER:
+                if self._closed.is_set():
+                    raise ClientClosed(f"{what}: the client was closed (config reload)")
+                if self._created() != created:
                     request = self._prepare(path, params)
                 response = self._session.send(request, timeout=self.timeout, stream=True)
                 body = b"".join(response.iter_content(None))
@@ -227,6 +228,11 @@ class BillingClient(Listings):
 
     def _prepare(self, path: str, params: dict[str, str | int]) -> requests.PreparedRequest:
         return self._session.prepare_request(requests.Request("GET", self.base_url + path, params=params))
+
+    def _created(self) -> int:
+        """The `created` a request signed now would carry."""
+        signer = self._session.auth
+        return signer.created() if isinstance(signer, BillingSigner) else int(time.time())
 
     # -- the server's clock --
 

@@ -132,12 +132,16 @@ class BillingSigner(requests.auth.AuthBase):
         """Our clock, before any correction."""
         return self._time()
 
+    def created(self) -> int:
+        """The signature's `created` for a request signed now: the corrected time, in whole seconds."""
+        return int(self._time() + self.clock_offset)
+
     def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
         url = urlsplit(request.url or "")
         body = request.body or b""
         if isinstance(body, str):
             body = body.encode("utf-8")
-        created = int(self._time() + self.clock_offset)
+        created = self.created()
         headers = sign_request(
             method=request.method or "GET",
             query=url.query,

@@ -4,7 +4,6 @@ prices) or from the seed, and its own totals for tests to compare with."""
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import json
 import threading
 from collections import deque
@@ -32,11 +31,9 @@ from exporter.sim.model import (
     _unit,
 )
 
-
-@functools.cache
-def _times_of_day() -> tuple[str, ...]:
-    """ "HH:MM:SSZ" for every second of a day, made once: a record's time is looked up, not formatted."""
-    return tuple(f"{h:02d}:{m:02d}:{s:02d}Z" for h in range(24) for m in range(60) for s in range(60))
+_MINUTES = tuple(f"{h:02d}:{m:02d}:" for h in range(24) for m in range(60))
+_SECONDS = tuple(f"{s:02d}Z" for s in range(60))
+"""A record's time of day is looked up in these ("HH:MM:" by minute, "SSZ"), not formatted."""
 
 
 class Ledger:
@@ -232,7 +229,9 @@ class Ledger:
         day_prefix = self._day_prefixes.get(day)
         if day_prefix is None:
             start = self.clock.day_start(day).astimezone(dt.UTC)
-            dates = (f"{start:%Y-%m-%d}T", f"{start + dt.timedelta(days=1):%Y-%m-%d}T")
+            first = start.date()
+            following = first + dt.timedelta(days=1) if first < dt.date.max else first
+            dates = (f"{first.isoformat()}T", f"{following.isoformat()}T")
             day_prefix = self._day_prefixes[day] = (
                 f"req-{day:%Y%m%d}-",
                 *dates,
@@ -240,9 +239,10 @@ class Ledger:
             )
         prompt, completion, cached = _record_tokens(h)
         second = day_prefix[3] + (index * 37) % 86400  # (after the UTC midnight the day starts on)
-        instant = (day_prefix[2] if second >= 86400 else day_prefix[1]) + _times_of_day()[second % 86400]
+        date = day_prefix[2] if second >= 86400 else day_prefix[1]
         return (
-            f'{{"requestId": "{day_prefix[0]}{index:09d}", "requestTime": "{instant}", '
+            f'{{"requestId": "{day_prefix[0]}{index:09d}", '
+            f'"requestTime": "{date}{_MINUTES[second % 86400 // 60]}{_SECONDS[second % 60]}", '
             f'"tenantId": "{TENANT}", {fragment}, "apikey": "{API_KEYS[(h >> 20) % len(API_KEYS)]}", '
             f'"promptTokens": {prompt}, "completionTokens": {completion}, '
             f'"promptCachedTokens": {cached}}}'
