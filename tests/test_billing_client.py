@@ -102,13 +102,16 @@ def test_a_request_that_waited_for_a_slot_is_signed_again_when_the_time_moved(
     assert sum(len(p.records) for p in pages) == 1500
 
 
-def test_a_request_that_waited_for_a_slot_is_signed_again_after_a_clock_correction(
-    sim: Simulator, server: SimulatorServer
+@pytest.mark.parametrize("slots", [1, 2])
+def test_requests_signed_before_a_clock_correction_are_signed_again_with_it(
+    sim: Simulator, server: SimulatorServer, slots: int
 ) -> None:
-    """Two listings at once through one slot, our clock 10 minutes fast: the first is refused and
-    corrects the clock; the second, signed while it waited, goes out signed with the correction."""
+    """Two listings at once, our clock 10 minutes fast. Through one slot: the first is refused and
+    corrects the clock, and the second, signed while it waited, goes out signed with the correction.
+    Through two: both are refused, and the one that finds the clock corrected by the other tries
+    again with it."""
     skewed = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(minutes=10))
-    config = validate({"billing": billing_section(sim, server, concurrency=1)}, {})
+    config = validate({"billing": billing_section(sim, server, concurrency=slots)}, {})
     seen: list[tuple[str, str]] = []
     client = BillingClient.from_config(config.billing, skewed, lambda *call: seen.append(call))
     with client, ThreadPoolExecutor(2) as pool:

@@ -176,11 +176,13 @@ class BillingClient(Listings):
         what = self._request(path)
         attempt = corrected = 0
         while True:
+            offset = self._clock_offset()
             try:
                 return self._attempt(api, path, params, what)
             except SignatureRejected:
-                # Refused while our signing clock is far from the server's: sign with its time, once.
-                if corrected or not self._correct_clock():
+                # Refused while our signing clock is far from the server's: sign with its time, once
+                # (this request's correction, or the one another request made while it was out).
+                if corrected or (self._clock_offset() == offset and not self._correct_clock()):
                     raise
                 corrected = 1
             except _Retryable as failure:
@@ -259,6 +261,10 @@ class BillingClient(Listings):
     def _local_time(self) -> float:
         signer = self._session.auth
         return signer.local_time() if isinstance(signer, BillingSigner) else time.time()
+
+    def _clock_offset(self) -> float:
+        signer = self._session.auth
+        return signer.clock_offset if isinstance(signer, BillingSigner) else 0.0
 
     def _correct_clock(self) -> bool:
         """After a refusal: if the time we sign with is far from the server's, adopt the server's
