@@ -131,6 +131,21 @@ def test_retries_5xx_and_dropped_connections_then_succeeds(
     assert all(0 < pause <= 1.0 for pause in sleeps)  # jittered exponential backoff from 0.5 s
 
 
+def test_a_body_that_stops_coming_is_reported_a_timeout_and_retried(
+    sim: Simulator, server: SimulatorServer, clock: Clock, sleeps: Sleeps
+) -> None:
+    sim.inject(Fault("slow_body", seconds=3))
+    config = validate({"billing": billing_section(sim, server, timeout="1s")}, {})
+    seen: list[tuple[str, str]] = []
+    client = BillingClient.from_config(
+        config.billing, clock, lambda *call: seen.append(call), RetryPolicy(sleep=sleeps)
+    )
+    with client:
+        assert len(client.bills("2026-11", GROUP_TERM_ITEM)) == 66
+    assert seen == [("bills", "timeout"), ("bills", "200")]
+    assert len(sleeps) == 1
+
+
 def test_429_honours_retry_after(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
     sim.inject(Fault("status", status=429, retry_after=7))
     client.bills("2026-11", GROUP_TERM_ITEM)

@@ -30,7 +30,7 @@ from exporter.billing.signing import BillingSigner
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
-from exporter.core.net import network_cause
+from exporter.core.net import network_cause, timed_out
 from exporter.core.words import counted
 
 log = get_logger(__name__)
@@ -212,10 +212,10 @@ class BillingClient(Listings):
                     request = self._prepare(path, params)
                 response = self._session.send(request, timeout=self.timeout, stream=True)
                 body = b"".join(response.iter_content(None))
-        except requests.Timeout:
-            self._on_response(api, "timeout")
-            raise _Retryable("timed out") from None
         except requests.RequestException as error:
+            if timed_out(error):  # (a body that stopped coming is a connection error to requests)
+                self._on_response(api, "timeout")
+                raise _Retryable("timed out") from None
             self._on_response(api, "error")
             raise _Retryable(f"connection to {self._host} failed: {network_cause(error)}") from None
         self._on_response(api, str(response.status_code))

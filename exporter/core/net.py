@@ -44,3 +44,9 @@ def network_cause(error: BaseException) -> str:
             detail = getattr(match, "verify_message", "") or ""
             return f"{words} ({detail})" if detail else words
     return type(error).__name__
+
+
+def timed_out(error: BaseException) -> bool:
+    """Whether the cause `network_cause` names is a timeout: a connection or an answer that did not
+    come in time, or a body that stopped coming (which requests reports as a connection error)."""
+    return network_cause(error).startswith("timed out")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from exporter.sim.service import Simulator
 
 CHAT_PATH = "/v1/chat/completions"
-WIRE_FAULTS = frozenset({"delay", "drop", "reset"})
+WIRE_FAULTS = frozenset({"delay", "drop", "reset", "slow_body"})
 """Faults only a connection can show: the HTTP server applies them, `chat_exchange` refuses them."""
 
 

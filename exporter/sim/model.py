@@ -89,7 +89,8 @@ class Fault:
     """One injected fault, applied to the next `times` requests whose path starts with `path`.
 
     kind: status (HTTP `status`, envelope body), code (HTTP 200, non-zero `code`), reset (the
-    connection reset in the middle of the body), malformed
+    connection reset in the middle of the body), slow_body (the body stops in the middle for
+    `seconds`, then the connection is closed), malformed
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then
     the normal answer), bad_amount (one bill's payableAmount not a number), total_mismatch
     (`total` one higher than the records), bad_value (the first record's `field` set to `value`,

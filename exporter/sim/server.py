@@ -102,7 +102,8 @@ class _Handler(ChatRequests):
         return super().date_time_string(self.sim.clock.now().timestamp() if timestamp is None else timestamp)
 
     def _transport_fault(self, fault: Fault | None, error_body: Callable[[int], bytes]) -> bool:
-        """Apply a fault both APIs share (delay, drop, HTTP status); True when it ended the request."""
+        """Apply a fault both APIs share (delay, drop, HTTP status, a body cut or stopped); True when
+        it ended the request."""
         if fault is None:
             return False
         if fault.kind == "delay":
@@ -123,6 +124,16 @@ class _Handler(ChatRequests):
             self.wfile.flush()
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._drop()  # with SO_LINGER 0 the close is a reset, mid-body
+            return True
+        elif fault.kind == "slow_body":
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "4096")
+            self.end_headers()
+            self.wfile.write(b'{"code": 0, "data": {"list": [{"requestId": "')
+            self.wfile.flush()
+            time.sleep(fault.seconds)  # (the rest of the body never comes)
+            self._drop()
             return True
         return False
 
