@@ -14,6 +14,7 @@ from exporter.billing import (
     BillingAPIError,
     BillingClient,
     BillingUnavailable,
+    ClientClosed,
     RecordError,
     RetryPolicy,
     SignatureRejected,
@@ -100,6 +101,27 @@ def test_a_request_that_waited_for_a_slot_is_signed_again_when_the_time_moved(
         pages = list(client.usage_pages(clock.today()))
     assert sorted(p.page_num for p in pages) == [1, 2, 3]
     assert sum(len(p.records) for p in pages) == 1500
+
+
+def test_a_request_waiting_for_a_slot_is_not_sent_once_the_client_is_closed(
+    sim: Simulator, server: SimulatorServer, clock: Clock
+) -> None:
+    """Pages 2 and 3 through one slot; the client is closed while the first of them is answered."""
+    sim.add_usage(1500)
+    config = validate({"billing": billing_section(sim, server, concurrency=1)}, {})
+    client = BillingClient.from_config(config.billing, clock)
+    answered: list[int] = []
+
+    def close_at_the_first_of_the_rest(page_num: int) -> None:
+        answered.append(page_num)
+        if len(answered) == 2:
+            client.close()
+
+    sim.before_usage_page = close_at_the_first_of_the_rest
+    with pytest.raises(ClientClosed):
+        list(client.usage_pages(clock.today()))
+    client._pool.shutdown(wait=True)  # (the page that was waiting has taken the slot, and stopped)
+    assert len(answered) == 2
 
 
 @pytest.mark.parametrize("slots", [1, 2])
