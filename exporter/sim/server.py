@@ -116,26 +116,25 @@ class _Handler(ChatRequests):
             self._send(fault.status, error_body(fault.status), **extra)
             return True
         elif fault.kind == "reset":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", "4096")
-            self.end_headers()
-            self.wfile.write(b'{"code": 0, "data": {"list": [{"requestId": "')
-            self.wfile.flush()
+            self._start_body()
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self._drop()  # with SO_LINGER 0 the close is a reset, mid-body
             return True
         elif fault.kind == "slow_body":
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", "4096")
-            self.end_headers()
-            self.wfile.write(b'{"code": 0, "data": {"list": [{"requestId": "')
-            self.wfile.flush()
+            self._start_body()
             time.sleep(fault.seconds)  # (the rest of the body never comes)
             self._drop()
             return True
         return False
+
+    def _start_body(self) -> None:
+        """A successful answer's headers and the start of its body, sent: the fault then cuts it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "4096")
+        self.end_headers()
+        self.wfile.write(b'{"code": 0, "data": {"list": [{"requestId": "')
+        self.wfile.flush()
 
     def _drop(self) -> None:
         self.close_connection = True
