@@ -180,8 +180,8 @@ class BillingClient(Listings):
             try:
                 return self._attempt(api, path, params, what)
             except SignatureRejected:
-                # Refused while our signing clock is far from the server's: sign with its time, once
-                # (this request's correction, or the one another request made while it was out).
+                # Refused while our signing clock was far from the server's: sign with its time, once
+                # (as corrected at the refusal, by this request or by another while it was out).
                 if corrected or (self._clock_offset() == offset and not self._correct_clock()):
                     raise
                 corrected = 1
@@ -212,14 +212,19 @@ class BillingClient(Listings):
                     request = self._prepare(path, params)
                 response = self._session.send(request, timeout=self.timeout, stream=True)
                 body = b"".join(response.iter_content(None))
+                # The server's clock, and on a refusal the correction, before the slot goes to a
+                # request waiting for it: that one then goes out signed with the correction.
+                self._observe_clock(response.headers.get("Date"))
+                if response.status_code in (401, 403):
+                    self._correct_clock()
         except requests.RequestException as error:
-            if timed_out(error):  # (a body that stopped coming is a connection error to requests)
+            # (a body that stopped coming is a connection error to requests, a timeout all the same)
+            if isinstance(error, requests.Timeout) or timed_out(error):
                 self._on_response(api, "timeout")
                 raise _Retryable("timed out") from None
             self._on_response(api, "error")
             raise _Retryable(f"connection to {self._host} failed: {network_cause(error)}") from None
         self._on_response(api, str(response.status_code))
-        self._observe_clock(response.headers.get("Date"))
         if response.status_code == 429:
             raise _Retryable("HTTP 429 (rate limited)", _retry_after(response))
         if response.status_code >= 500:

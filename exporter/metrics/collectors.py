@@ -326,7 +326,7 @@ class ExporterCollector(Collector):
             duration.add_metric([source], health.duration)
         calls = CounterMetricFamily(
             "inference_exporter_api_requests",
-            "HTTP calls made to the service, by API and status code (timeout or error when no answer came).",
+            "HTTP calls made to the service, by API and status code (timeout or error when no whole answer came).",
             labels=["api", "code"],
         )
         for (api, code), count in sorted(self.latest.api_calls().items()):
