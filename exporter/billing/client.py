@@ -103,6 +103,8 @@ class BillingClient(Listings):
         self._on_skew = on_skew or (lambda skew: None)
         self._session = requests.Session()
         self._session.auth = auth
+        self._signer = auth if isinstance(auth, BillingSigner) else None
+        """The signer whose clock a refusal corrects (None: requests signed otherwise, never corrected)."""
         # The environment's proxy (`HTTP(S)_PROXY`, `ALL_PROXY`, `NO_PROXY`) and CA bundle
         # (`REQUESTS_CA_BUNDLE`, `CURL_CA_BUNDLE`) for the API's address, read once per client:
         # requests would read them again for every page (0.1 ms of scanning the environment each,
@@ -180,9 +182,9 @@ class BillingClient(Listings):
             try:
                 return self._attempt(api, path, params, what)
             except SignatureRejected:
-                # Refused while our signing clock was far from the server's: sign with its time, once
-                # (as corrected at the refusal, by this request or by another while it was out).
-                if corrected or (self._clock_offset() == offset and not self._correct_clock()):
+                # Refused while our signing clock was far from the server's: signed again with its
+                # time, once (the refusal corrected it, or another request did while this one was out).
+                if corrected or self._clock_offset() == offset:
                     raise
                 corrected = 1
             except _Retryable as failure:
@@ -237,9 +239,8 @@ class BillingClient(Listings):
         return self._session.prepare_request(requests.Request("GET", self.base_url + path, params=params))
 
     def _created(self) -> int:
-        """The `created` a request signed now would carry."""
-        signer = self._session.auth
-        return signer.created() if isinstance(signer, BillingSigner) else int(time.time())
+        """The `created` a request signed now would carry (0 when no signer of ours signs it)."""
+        return self._signer.created() if self._signer else 0
 
     # -- the server's clock --
 
@@ -264,25 +265,21 @@ class BillingClient(Listings):
             log.info("clock skew back within limits", skew_seconds=round(skew), limit_seconds=MAX_CLOCK_SKEW)
 
     def _local_time(self) -> float:
-        signer = self._session.auth
-        return signer.local_time() if isinstance(signer, BillingSigner) else time.time()
+        return self._signer.local_time() if self._signer else time.time()
 
     def _clock_offset(self) -> float:
-        signer = self._session.auth
-        return signer.clock_offset if isinstance(signer, BillingSigner) else 0.0
+        return self._signer.clock_offset if self._signer else 0.0
 
-    def _correct_clock(self) -> bool:
+    def _correct_clock(self) -> None:
         """After a refusal: if the time we sign with is far from the server's, adopt the server's
         (and drop an old correction once our own clock is right again)."""
-        signer = self._session.auth
-        skew = self.clock_skew
-        if not isinstance(signer, BillingSigner) or skew is None or abs(skew - signer.clock_offset) <= MAX_CLOCK_SKEW:
-            return False
+        signer, skew = self._signer, self.clock_skew
+        if signer is None or skew is None or abs(skew - signer.clock_offset) <= MAX_CLOCK_SKEW:
+            return
         signer.clock_offset = skew if abs(skew) > MAX_CLOCK_SKEW else 0.0
         log.warning(
             "signature refused while our clock is off: now signing with the server's time", skew_seconds=round(skew)
         )
-        return True
 
     # -- paging --
 
