@@ -402,11 +402,10 @@ def test_rule_ids_are_those_earlier_versions_saved() -> None:
     assert rule_id(budget) == saved_by_earlier_versions(["Monthly", None, "today", [], [], "m"])
 
 
-def test_an_alert_is_kept_as_asdict_writes_it_and_read_back_the_same() -> None:
-    """The state file's body of an alert: its fields as JSON (what `asdict` made, which older
-    versions wrote and read), and back."""
+def test_an_alert_is_kept_as_earlier_versions_wrote_it_and_read_back_the_same() -> None:
+    """The state file's body of an alert: its fields as a JSON object in their order, byte for byte
+    what earlier versions wrote (and read back), and back."""
     import json
-    from dataclasses import asdict
 
     from exporter.alerts.alert import Alert
 
@@ -415,9 +414,18 @@ def test_an_alert_is_kept_as_asdict_writes_it_and_read_back_the_same() -> None:
         Alert("k2", "r2", {"alertname": "B"}, {}, "resolved", 1.0, "0.5", 2.0, fired_at=1.5, resolved_at=9.0,
               inhibited=True, period="2026-11", grouped=True, incident_key="i"),
     ]  # fmt: skip
-    for alert in alerts:
-        assert alert.body() == json.dumps(asdict(alert))
-        assert Alert(**json.loads(alert.body())) == alert
+    written_before = [
+        '{"key": "k1", "rule": "r1", "labels": {"alertname": "A", "endpoint_id": "ep-1"}, "annotations": '
+        '{"summary": "s"}, "state": "pending", "active_since": 1.0, "value": "3", "last_true": 1.0, "fired_at": '
+        'null, "resolved_at": null, "inhibited": false, "period": "", "grouped": false, "incident_key": ""}',
+        '{"key": "k2", "rule": "r2", "labels": {"alertname": "B"}, "annotations": {}, "state": "resolved", '
+        '"active_since": 1.0, "value": "0.5", "last_true": 2.0, "fired_at": 1.5, "resolved_at": 9.0, "inhibited": '
+        'true, "period": "2026-11", "grouped": true, "incident_key": "i"}',
+    ]
+    for alert, body in zip(alerts, written_before, strict=True):
+        assert alert.body() == body
+        assert Alert(**json.loads(body)) == alert
+    assert alerts[0].true_at(5.0) == Alert(**(json.loads(alerts[0].body()) | {"last_true": 5.0}))
 
 
 def saved_last_true(daemon: Daemon) -> list[float]:

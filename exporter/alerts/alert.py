@@ -8,9 +8,10 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
 from decimal import Decimal
 from typing import Literal
+
+import msgspec
 
 from exporter.config.rules import RuleConfig, rule_id, rule_key
 from exporter.config.schema import AlertsConfig
@@ -20,8 +21,12 @@ from exporter.model.events import AlertEvent
 State = Literal["pending", "firing", "resolved"]
 
 
-@dataclass(frozen=True)
-class Alert:
+class Alert(msgspec.Struct, frozen=True, gc=False):
+    """One alert of one rule. The garbage collector does not track it (`gc=False`): it holds
+    strings, numbers and dicts of strings, so it can be part of no cycle, and an evaluation makes
+    one anew for every alert still true (`true_at`), which tracked went the collector's oldest
+    generation each time and set off a walk over every object the daemon holds."""
+
     key: str
     rule: str
     labels: dict[str, str]
@@ -53,17 +58,12 @@ class Alert:
         return _rule_incident(self.rule) if self.grouped else self.key
 
     def true_at(self, now: float) -> Alert:
-        """The same alert, true at `now`: a copy of every field but `last_true` (as `replace` makes
-        it, without re-running its checks: each evaluation does this for every alert still true)."""
-        alert = object.__new__(Alert)
-        alert.__dict__.update(self.__dict__, last_true=now)
-        return alert
+        """The same alert, true at `now` (each evaluation asks it of every alert still true)."""
+        return msgspec.structs.replace(self, last_true=now)
 
     def body(self) -> str:
-        """As the state file keeps it: its fields as JSON, as `asdict` makes them (its fields hold
-        no dataclass to convert), without `asdict`'s deep copy, which with every alert of an
-        incident saved on each evaluation was most of an evaluation's time."""
-        return json.dumps({name: getattr(self, name) for name in _FIELDS})
+        """As the state file keeps it: its fields as a JSON object, in their order."""
+        return json.dumps(msgspec.structs.asdict(self))
 
     def event(self, status: str) -> AlertEvent:
         """One alert's state change, as the notifiers format it (inside a group)."""
@@ -77,9 +77,6 @@ class Alert:
             "ends_at": self.resolved_at,
             "value": self.value,
         }
-
-
-_FIELDS = tuple(f.name for f in fields(Alert))
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -145,10 +142,10 @@ def alert_key(labels: dict[str, str], rule: str, period: str = "") -> str:
 
 
 def rekey(body: dict[str, object], rule: str) -> dict[str, object]:
-    """A saved alert (as `asdict` wrote it) moved to the rule id `rule`, keeping its incident."""
+    """A saved alert (as `Alert.body` wrote it) moved to the rule id `rule`, keeping its incident."""
     alert = Alert(**body)  # type: ignore[arg-type]
-    moved = replace(alert, rule=rule, key=alert_key(alert.labels, rule, alert.period), incident_key=alert.incident)
-    return asdict(moved)
+    key = alert_key(alert.labels, rule, alert.period)
+    return msgspec.structs.asdict(msgspec.structs.replace(alert, rule=rule, key=key, incident_key=alert.incident))
 
 
 def fmt(value: Decimal, signal: str | None = None) -> str:

@@ -14,8 +14,10 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
+
+from msgspec.structs import replace
 
 from exporter.alerts import anomalies, rules
 from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render, rule_ids
