@@ -402,30 +402,35 @@ def test_rule_ids_are_those_earlier_versions_saved() -> None:
     assert rule_id(budget) == saved_by_earlier_versions(["Monthly", None, "today", [], [], "m"])
 
 
-def test_an_alert_is_kept_as_earlier_versions_wrote_it_and_read_back_the_same() -> None:
-    """The state file's body of an alert: its fields as a JSON object in their order, byte for byte
-    what earlier versions wrote (and read back), and back."""
+def test_an_alert_is_kept_as_the_object_earlier_versions_wrote_and_read_back_the_same() -> None:
+    """The state file's body of an alert: its fields as a JSON object in their order, the object
+    earlier versions wrote (with `json.dumps`'s spaces, which they and this version read), and back;
+    a label no UTF-8 can carry (a lone surrogate, which YAML's "\\ud800" makes) is escaped."""
     import json
 
     from exporter.alerts.alert import Alert
 
     alerts = [
         Alert("k1", "r1", {"alertname": "A", "endpoint_id": "ep-1"}, {"summary": "s"}, "pending", 1.0, "3", 1.0),
-        Alert("k2", "r2", {"alertname": "B"}, {}, "resolved", 1.0, "0.5", 2.0, fired_at=1.5, resolved_at=9.0,
-              inhibited=True, period="2026-11", grouped=True, incident_key="i"),
+        Alert("k2", "r2", {"alertname": "B"}, {}, "resolved", 1764201600.123456, "0.5", 2.0, fired_at=1.5,
+              resolved_at=9.0, inhibited=True, period="2026-11", grouped=True, incident_key="i"),
     ]  # fmt: skip
     written_before = [
         '{"key": "k1", "rule": "r1", "labels": {"alertname": "A", "endpoint_id": "ep-1"}, "annotations": '
         '{"summary": "s"}, "state": "pending", "active_since": 1.0, "value": "3", "last_true": 1.0, "fired_at": '
         'null, "resolved_at": null, "inhibited": false, "period": "", "grouped": false, "incident_key": ""}',
         '{"key": "k2", "rule": "r2", "labels": {"alertname": "B"}, "annotations": {}, "state": "resolved", '
-        '"active_since": 1.0, "value": "0.5", "last_true": 2.0, "fired_at": 1.5, "resolved_at": 9.0, "inhibited": '
-        'true, "period": "2026-11", "grouped": true, "incident_key": "i"}',
+        '"active_since": 1764201600.123456, "value": "0.5", "last_true": 2.0, "fired_at": 1.5, "resolved_at": 9.0, '
+        '"inhibited": true, "period": "2026-11", "grouped": true, "incident_key": "i"}',
     ]
     for alert, body in zip(alerts, written_before, strict=True):
-        assert alert.body() == body
+        assert list(json.loads(alert.body()).items()) == list(json.loads(body).items())
         assert Alert(**json.loads(body)) == alert
+        assert Alert(**json.loads(alert.body())) == alert
     assert alerts[0].true_at(5.0) == Alert(**(json.loads(alerts[0].body()) | {"last_true": 5.0}))
+    odd = Alert("k3", "r3", {"alertname": "C", "team": "ops-\ud800"}, {}, "firing", 1.0, "1", 1.0)
+    assert odd.body().isascii()
+    assert Alert(**json.loads(odd.body())) == odd
 
 
 def saved_last_true(daemon: Daemon) -> list[float]:

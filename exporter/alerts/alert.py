@@ -62,8 +62,12 @@ class Alert(msgspec.Struct, frozen=True, gc=False):
         return msgspec.structs.replace(self, last_true=now)
 
     def body(self) -> str:
-        """As the state file keeps it: its fields as a JSON object, in their order."""
-        return json.dumps(msgspec.structs.asdict(self))
+        """As the state file keeps it: its fields as a JSON object, in their order (written
+        compactly; versions before wrote `json.dumps`'s spaces, and both read either)."""
+        try:
+            return _ENCODER.encode(self).decode()
+        except UnicodeEncodeError:  # a lone surrogate (YAML's "\ud800" in a rule's labels): escaped as JSON can
+            return json.dumps(msgspec.structs.asdict(self), separators=(",", ":"))
 
     def event(self, status: str) -> AlertEvent:
         """One alert's state change, as the notifiers format it (inside a group)."""
@@ -77,6 +81,9 @@ class Alert(msgspec.Struct, frozen=True, gc=False):
             "ends_at": self.resolved_at,
             "value": self.value,
         }
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 def fingerprint(labels: dict[str, str]) -> str:
