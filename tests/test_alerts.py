@@ -433,6 +433,24 @@ def test_an_alert_is_kept_as_the_object_earlier_versions_wrote_and_read_back_the
     assert Alert(**json.loads(odd.body())) == odd
 
 
+def test_alerts_and_daily_bills_are_not_walked_by_the_garbage_collector() -> None:
+    """Every evaluation makes each alert still true anew and a month at 5,000 endpoints holds 135k
+    daily amounts: tracked, they sent the collector over every object held at each evaluation
+    (`bench.evaluation`). Neither can be part of a cycle (strings, numbers, dicts of strings)."""
+    import datetime as dt
+    import gc
+    from decimal import Decimal
+
+    from exporter.alerts.alert import Alert
+    from exporter.model.snapshots import DailyAmount
+
+    alert = Alert("k1", "r1", {"alertname": "A"}, {"summary": "s"}, "firing", 1.0, "3", 1.0)
+    amount = DailyAmount("2026-11", dt.date(2026, 11, 27), "ep-1", "inference", "", Decimal("1.5"), Decimal(10))
+    assert not gc.is_tracked(alert)
+    assert not gc.is_tracked(alert.true_at(2.0))
+    assert not gc.is_tracked(amount)
+
+
 def saved_last_true(daemon: Daemon) -> list[float]:
     """Each saved alert's `last_true`, as another process would read it from the state file."""
     with contextlib.closing(sqlite3.connect(daemon.config.state.path)) as db:
