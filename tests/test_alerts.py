@@ -428,6 +428,9 @@ def test_an_alert_is_kept_as_the_object_earlier_versions_wrote_and_read_back_the
         assert Alert(**json.loads(body)) == alert
         assert Alert(**json.loads(alert.body())) == alert
     assert alerts[0].true_at(5.0) == Alert(**(json.loads(alerts[0].body()) | {"last_true": 5.0}))
+    labels = {"alertname": "D", "endpoint_id": "推理-东"}
+    chinese = Alert("k4", "r4", labels, {"summary": "超出"}, "firing", 1.0, "1", 1.0)
+    assert Alert(**json.loads(chinese.body())) == chinese
     odd = Alert("k3", "r3", {"alertname": "C", "team": "ops-\ud800"}, {}, "firing", 1.0, "1", 1.0)
     assert odd.body().isascii()
     assert Alert(**json.loads(odd.body())) == odd

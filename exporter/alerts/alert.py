@@ -57,9 +57,26 @@ class Alert(msgspec.Struct, frozen=True, gc=False):
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
         return _rule_incident(self.rule) if self.grouped else self.key
 
+    # Its changes, each a copy: named and typed here, as `msgspec.structs.replace` takes any keyword.
+
     def true_at(self, now: float) -> Alert:
         """The same alert, true at `now` (each evaluation asks it of every alert still true)."""
         return msgspec.structs.replace(self, last_true=now)
+
+    def reading(self, value: str, annotations: dict[str, str], now: float) -> Alert:
+        """True at `now`, reading `value` (with the annotations that show it)."""
+        return msgspec.structs.replace(self, annotations=annotations, value=value, last_true=now)
+
+    def fired(self, now: float) -> Alert:
+        return msgspec.structs.replace(self, state="firing", fired_at=now)
+
+    def resolved(self, now: float, inhibited: bool = False) -> Alert:
+        return msgspec.structs.replace(self, state="resolved", resolved_at=now, inhibited=inhibited)
+
+    def moved(self, rule: str) -> Alert:
+        """Under the rule id `rule` (its key follows), still closing the incident it opened."""
+        key = alert_key(self.labels, rule, self.period)
+        return msgspec.structs.replace(self, rule=rule, key=key, incident_key=self.incident)
 
     def body(self) -> str:
         """As the state file keeps it: its fields as a JSON object, in their order (written
@@ -149,10 +166,8 @@ def alert_key(labels: dict[str, str], rule: str, period: str = "") -> str:
 
 
 def rekey(body: dict[str, object], rule: str) -> dict[str, object]:
-    """A saved alert (as `Alert.body` wrote it) moved to the rule id `rule`, keeping its incident."""
-    alert = Alert(**body)  # type: ignore[arg-type]
-    key = alert_key(alert.labels, rule, alert.period)
-    return msgspec.structs.asdict(msgspec.structs.replace(alert, rule=rule, key=key, incident_key=alert.incident))
+    """A saved alert (its body as the state file holds it, read as JSON) moved to the rule id `rule`."""
+    return msgspec.structs.asdict(Alert(**body).moved(rule))  # type: ignore[arg-type]
 
 
 def fmt(value: Decimal, signal: str | None = None) -> str:

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from msgspec.structs import replace
-
 from exporter.alerts import anomalies, rules
 from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render, rule_ids
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
@@ -340,16 +338,16 @@ class Engine:
             if not (alert.state == "pending" and now - alert.active_since >= hold) and now - saved < lag:
                 self.alerts[key] = alert.true_at(now)
                 return
-        alert = replace(alert, annotations=annotations, value=value, last_true=now)
+        alert = alert.reading(value, annotations, now)
         if alert.state == "pending" and now - alert.active_since >= hold:
-            alert = replace(alert, state="firing", fired_at=now)
+            alert = alert.fired(now)
             self._transitions += 1
             log.info("alert firing", alertname=labels["alertname"], labels=labels, value=value)
             self._notify(db, alert, "firing", now)
         self._save(db, alert)
 
     def _resolve(self, db: sqlite3.Connection, alert: Alert, now: float, inhibited: bool = False) -> None:
-        resolved = replace(alert, state="resolved", resolved_at=now, inhibited=inhibited)
+        resolved = alert.resolved(now, inhibited)
         self._transitions += 1
         self._save(db, resolved)
         how = "inhibited" if inhibited else "resolved"
