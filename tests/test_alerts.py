@@ -570,3 +570,55 @@ def test_after_a_failed_write_and_a_failed_read_back_the_next_evaluation_saves_w
         assert saved_last_true(daemon) == [alert.last_true]
     finally:
         daemon.stop()
+
+
+def test_spend_rules_grouping_the_bills_alike_share_their_groups_and_no_one_elses() -> None:
+    """A month's bills summed by a rule's groups are kept with the snapshot, for each way of
+    grouping them (`by`, `where`, endpoint or item, the day): a rule reads what another made only
+    when it groups alike, and what it is given is its own to change. (Within a snapshot the day is
+    always the snapshot's: the next day's evaluation waits for the next day's bills.)"""
+    from exporter.core.clock import FrozenClock
+    from exporter.model import signals
+    from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills
+
+    zone = Clock().tz
+    clock = Clock(zone, FrozenClock(dt.datetime(2026, 11, 27, 12, tzinfo=zone)))
+    today, yesterday = clock.today(), clock.today() - dt.timedelta(days=1)
+
+    def amount(day: dt.date, endpoint: str, product: str, payable: str) -> DailyAmount:
+        return DailyAmount("2026-11", day, endpoint, product, "", Decimal(payable), Decimal(0))
+
+    rows = (amount(yesterday, "ep-a", "inference", "5"), amount(today, "ep-a", "inference", "2"),
+            amount(today, "ep-b", "inference", "3"), amount(today, "ep-b", "fine-tune", "7"))  # fmt: skip
+    latest = Latest(bills=BillsSnapshot((MonthBills("2026-11", rows, (), Decimal(17), Decimal(0), Decimal(0)),), today))
+    latest.record("bills", success=True, at=clock.now().timestamp(), duration=0.1)
+
+    def spend(**rule: object) -> dict[signals.Labels, Decimal] | None:
+        document = {
+            "billing": {"url": "https://billing.invalid", "access_key_id": "AK", "secret_access_key": "S"},
+            "alerts": {"rules": [{"alert": "Spend", "signal": "spend", "threshold": "1", **rule}]},
+        }
+        found = signals.evaluate(validate(document, {}).alerts.rules[0], latest, clock, ["bills"])
+        assert found is not None
+        return found
+
+    by_endpoint = {(("endpoint_id", "ep-a"),): Decimal(7), (("endpoint_id", "ep-b"),): Decimal(10)}
+    first = spend(window="month", by=["endpoint_id"])
+    assert first == by_endpoint
+    first.clear()  # (its own: the next rule still reads the groups)
+    assert spend(window="month", by=["endpoint_id"], threshold="9") == by_endpoint
+    assert spend(window="today", by=["endpoint_id"]) == {
+        (("endpoint_id", "ep-a"),): Decimal(2),
+        (("endpoint_id", "ep-b"),): Decimal(10),
+    }
+    assert spend(window="month", by=["endpoint_id"], where={"product": "inference"}) == {
+        (("endpoint_id", "ep-a"),): Decimal(7),
+        (("endpoint_id", "ep-b"),): Decimal(3),
+    }
+    assert spend(window="month", by=["endpoint_id", "product"]) == {
+        (("endpoint_id", "ep-a"), ("product", "inference")): Decimal(7),
+        (("endpoint_id", "ep-b"), ("product", "fine-tune")): Decimal(7),
+        (("endpoint_id", "ep-b"), ("product", "inference")): Decimal(3),
+    }
+    assert spend(window="month", where={"endpoint_id": "ep-b"}) == {(): Decimal(10)}
+    assert spend(window="month", where={"endpoint_id": "ep-a"}) == {(): Decimal(7)}
