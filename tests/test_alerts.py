@@ -142,6 +142,14 @@ def test_spend_rule_pends_fires_repeats_and_resolves_once_each(
         daemon.alert_cycle()
         assert statuses(daemon) == ["firing", "firing"]
 
+        sim.revise_bill(TODAY, top, ITEMS[0], Decimal(1000))  # still over: the alert reads the new figure
+        evaluated(daemon)
+        raised = today_by_endpoint(sim)[top].quantize(Decimal("0.01"))
+        assert raised != amounts[top].quantize(Decimal("0.01"))
+        (shown,) = alerts_api(daemon)["data"]["alerts"]
+        assert shown["annotations"]["summary"].startswith(f"{top} spent {raised} today")
+        assert statuses(daemon) == ["firing", "firing"]
+
         for item in ITEMS:
             sim.revise_bill(TODAY, top, item, Decimal("0.01"))
         evaluated(daemon)
@@ -622,3 +630,11 @@ def test_spend_rules_grouping_the_bills_alike_share_their_groups_and_no_one_else
     }
     assert spend(window="month", where={"endpoint_id": "ep-b"}) == {(): Decimal(10)}
     assert spend(window="month", where={"endpoint_id": "ep-a"}) == {(): Decimal(7)}
+    assert spend(window="month", where={"endpoint_id": ["ep-a", "ep-b"]}) == {(): Decimal(17)}
+
+    revised = (*rows, amount(today, "ep-a", "inference", "4"))  # the next bills refresh: a new snapshot
+    latest.bills = BillsSnapshot((MonthBills("2026-11", revised, (), Decimal(21), Decimal(0), Decimal(0)),), today)
+    assert spend(window="month", by=["endpoint_id"]) == {
+        (("endpoint_id", "ep-a"),): Decimal(11),
+        (("endpoint_id", "ep-b"),): Decimal(10),
+    }
