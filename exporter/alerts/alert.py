@@ -23,9 +23,9 @@ State = Literal["pending", "firing", "resolved"]
 
 class Alert(msgspec.Struct, frozen=True, gc=False):
     """One alert of one rule. The garbage collector does not track it (`gc=False`): it holds
-    strings, numbers and dicts of strings, so it can be part of no cycle, and an evaluation makes
-    one anew for every alert still true (`true_at`), which tracked went the collector's oldest
-    generation each time and set off a walk over every object the daemon holds."""
+    strings, numbers and dicts of strings, so it can be part of no cycle. An evaluation makes one
+    anew for every alert still true (`true_at`); tracked, those reached the collector's oldest
+    generation at every evaluation and set off a walk over every object the daemon holds."""
 
     key: str
     rule: str
@@ -57,7 +57,7 @@ class Alert(msgspec.Struct, frozen=True, gc=False):
             return fingerprint({k: v for k, v in self.labels.items() if k != "tier"} | {"period": self.period})
         return _rule_incident(self.rule) if self.grouped else self.key
 
-    # Its changes, each a copy: named and typed here, as `msgspec.structs.replace` takes any keyword.
+    # Its changes, each a copy, named and typed here: `msgspec.structs.replace` checks no keyword.
 
     def true_at(self, now: float) -> Alert:
         """The same alert, true at `now` (each evaluation asks it of every alert still true)."""
