@@ -638,3 +638,46 @@ def test_spend_rules_grouping_the_bills_alike_share_their_groups_and_no_one_else
         (("endpoint_id", "ep-a"),): Decimal(11),
         (("endpoint_id", "ep-b"),): Decimal(10),
     }
+
+
+def test_usage_rules_grouping_alike_share_their_groups_and_no_other_signals_or_snapshots() -> None:
+    """Today's usage summed by a rule's groups is kept with the usage snapshot, for each signal and
+    way of grouping: a `requests` rule never reads a `tokens` rule's groups, nor the last poll's."""
+    from exporter.core.clock import FrozenClock
+    from exporter.model import signals
+    from exporter.model.snapshots import Latest, UsageKey, UsageSnapshot, UsageTotals
+
+    zone = Clock().tz
+    clock = Clock(zone, FrozenClock(dt.datetime(2026, 11, 27, 12, tzinfo=zone)))
+    totals = {
+        UsageKey("ep-a", "m-1"): UsageTotals(requests=2, prompt_tokens=10, completion_tokens=5),
+        UsageKey("ep-a", "m-2"): UsageTotals(requests=1, prompt_tokens=7, completion_tokens=0),
+        UsageKey("ep-b", "m-1"): UsageTotals(requests=4, prompt_tokens=1, completion_tokens=1),
+    }
+    latest = Latest(usage=UsageSnapshot(clock.today(), totals, 7, 0.0))
+    latest.record("usage", success=True, at=clock.now().timestamp(), duration=0.1)
+
+    def evaluate(signal: str, **rule: object) -> dict[signals.Labels, Decimal]:
+        document = {
+            "billing": {"url": "https://billing.invalid", "access_key_id": "AK", "secret_access_key": "S"},
+            "alerts": {"rules": [{"alert": "Use", "signal": signal, "threshold": "1", **rule}]},
+        }
+        found = signals.evaluate(validate(document, {}).alerts.rules[0], latest, clock, ["usage"])
+        assert found is not None
+        return found
+
+    a, b = (("endpoint_id", "ep-a"),), (("endpoint_id", "ep-b"),)
+    requests = evaluate("requests", by=["endpoint_id"])
+    assert requests == {a: Decimal(3), b: Decimal(4)}
+    requests.clear()  # (its own)
+    assert evaluate("tokens", by=["endpoint_id"]) == {a: Decimal(22), b: Decimal(2)}
+    assert evaluate("requests", by=["endpoint_id"]) == {a: Decimal(3), b: Decimal(4)}
+    assert evaluate("requests", by=["endpoint_id"], where={"model": "m-1"}) == {a: Decimal(2), b: Decimal(4)}
+    assert evaluate("requests", by=["model", "endpoint_id"]) == {
+        (("endpoint_id", "ep-a"), ("model", "m-1")): Decimal(2),
+        (("endpoint_id", "ep-a"), ("model", "m-2")): Decimal(1),
+        (("endpoint_id", "ep-b"), ("model", "m-1")): Decimal(4),
+    }
+    more = totals | {UsageKey("ep-b", "m-2"): UsageTotals(requests=5)}  # the next poll: a new snapshot
+    latest.usage = UsageSnapshot(clock.today(), more, 12, 0.0)
+    assert evaluate("requests", by=["endpoint_id"]) == {a: Decimal(3), b: Decimal(9)}

@@ -222,19 +222,26 @@ def spend_promql(rule: ThresholdRule) -> str:
 
 
 def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[ThresholdRule, Context], Values | None]:
-    """An evaluator over today's usage totals: `value` of each (endpoint, model[, api key])."""
+    """An evaluator over today's usage totals: `value` of each (endpoint, model[, api key]),
+    summed by the rule's groups once per usage snapshot for each way of grouping them (as spend's
+    are per bills snapshot: `_grouped_totals`), each caller a copy of its own."""
 
     def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
         snapshot = context.latest.usage
         if snapshot is None or not fresh(context.latest, "usage") or snapshot.day != context.clock.today():
             return None
-        pairs = []
-        for key, totals in snapshot.totals.items():
-            figure = value(totals)
-            if figure is not None:
-                labels = {"endpoint_id": key.endpoint_id, "model": key.model, "api_key": key.api_key}
-                pairs.append((group_of(labels, rule), figure))
-        return _sum(pairs, rule)
+        cache: dict[tuple[object, ...], Values] = snapshot.__dict__.setdefault("_grouped", {})
+        shape = (value, tuple(sorted(rule.by)), tuple(sorted(rule.where.items())))
+        found = cache.get(shape)
+        if found is None:
+            group_of_labels, pairs = grouping(rule), []
+            for key, totals in snapshot.totals.items():
+                figure = value(totals)
+                if figure is not None:
+                    labels = {"endpoint_id": key.endpoint_id, "model": key.model, "api_key": key.api_key}
+                    pairs.append((group_of_labels(labels), figure))
+            found = cache[shape] = _sum(pairs, rule)
+        return dict(found)
 
     return evaluate
 
