@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
@@ -26,7 +26,6 @@ from exporter.model.snapshots import (
     PROBE_PREFIX,
     DailyAmount,
     Latest,
-    MonthBills,
     UsageTotals,
     per_day,
     probe_source,
@@ -156,21 +155,19 @@ def _bill_key(rule: ThresholdRule) -> str:
     return "endpoint_id" if "endpoint_id" in {*rule.by, *rule.where} else "item"
 
 
-def _grouped_totals(month: MonthBills, rule: ThresholdRule, key: str, day: dt.date | None) -> Values:
-    """The month's totals (`MonthBills.totals`) summed by the rule's groups, made once per snapshot
-    for each way of grouping them, as the totals are: at 5,000 endpoints, ten rules by endpoint
-    made 50,000 groups anew at every evaluation, where they now read the ones made at the bills
-    refresh. Each caller gets a copy of its own (the groups themselves are shared)."""
-    cache: dict[tuple[object, ...], Values] = month.__dict__.setdefault("_grouped", {})
-    shape = (key, day, tuple(sorted(rule.by)), tuple(sorted(rule.where.items())))
+def _grouped(
+    snapshot: object, kind: object, rule: ThresholdRule, series: Callable[[], Iterable[tuple[dict[str, str], Decimal]]]
+) -> Values:
+    """The `series` (each its labels and value) summed by the rule's groups, made once per snapshot
+    (never changed: bills per refresh, usage per poll) for each `kind` of series and way of
+    grouping, and kept on it: at 5,000 endpoints, ten rules by endpoint made 50,000 groups anew at
+    every evaluation. Each caller gets a copy of its own (the groups themselves are shared)."""
+    cache: dict[tuple[object, ...], Values] = snapshot.__dict__.setdefault("_grouped", {})
+    shape = (kind, tuple(sorted(rule.by)), tuple(sorted(rule.where.items())))
     found = cache.get(shape)
     if found is None:
         group_of_labels = grouping(rule)
-        found = cache[shape] = _sum(
-            ((group_of_labels({key: k, "product": product, "project_id": project}), amount)
-             for (k, product, project), amount in month.totals(key == "endpoint_id", day).items()),
-            rule,
-        )  # fmt: skip
+        found = cache[shape] = _sum(((group_of_labels(labels), value) for labels, value in series()), rule)
     return dict(found)
 
 
@@ -190,7 +187,16 @@ def spend(rule: ThresholdRule, context: Context) -> Values | None:
             yield seen[labels], a
 
     if rule.window in ("today", "month"):
-        return _grouped_totals(bills.current, rule, key, today if rule.window == "today" else None)
+        month, day = bills.current, today if rule.window == "today" else None
+        return _grouped(
+            month,
+            (key, day),
+            rule,
+            lambda: (
+                ({key: k, "product": product, "project_id": project}, amount)
+                for (k, product, project), amount in month.totals(key == "endpoint_id", day).items()
+            ),
+        )
     current: dict[Labels, list[DailyAmount]] = {} if rule.by else {(): []}
     for group, a in groups(0):
         if group is not None:
@@ -223,25 +229,20 @@ def spend_promql(rule: ThresholdRule) -> str:
 
 def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[ThresholdRule, Context], Values | None]:
     """An evaluator over today's usage totals: `value` of each (endpoint, model[, api key]),
-    summed by the rule's groups once per usage snapshot for each way of grouping them (as spend's
-    are per bills snapshot: `_grouped_totals`), each caller a copy of its own."""
+    summed by the rule's groups once per usage snapshot (`_grouped`)."""
 
     def evaluate(rule: ThresholdRule, context: Context) -> Values | None:
         snapshot = context.latest.usage
         if snapshot is None or not fresh(context.latest, "usage") or snapshot.day != context.clock.today():
             return None
-        cache: dict[tuple[object, ...], Values] = snapshot.__dict__.setdefault("_grouped", {})
-        shape = (value, tuple(sorted(rule.by)), tuple(sorted(rule.where.items())))
-        found = cache.get(shape)
-        if found is None:
-            group_of_labels, pairs = grouping(rule), []
+
+        def series() -> Iterator[tuple[dict[str, str], Decimal]]:
             for key, totals in snapshot.totals.items():
                 figure = value(totals)
                 if figure is not None:
-                    labels = {"endpoint_id": key.endpoint_id, "model": key.model, "api_key": key.api_key}
-                    pairs.append((group_of_labels(labels), figure))
-            found = cache[shape] = _sum(pairs, rule)
-        return dict(found)
+                    yield {"endpoint_id": key.endpoint_id, "model": key.model, "api_key": key.api_key}, figure
+
+        return _grouped(snapshot, value, rule, series)
 
     return evaluate
 
