@@ -237,11 +237,12 @@ class Ledger:
                 *dates,
                 start.hour * 3600 + start.minute * 60 + start.second,
             )
+        ids, first_date, next_date, start_second = day_prefix
         prompt, completion, cached = _record_tokens(h)
-        second = day_prefix[3] + (index * 37) % 86400  # (after the UTC midnight the day starts on)
-        date = day_prefix[2] if second >= 86400 else day_prefix[1]
+        second = start_second + (index * 37) % 86400  # (after the UTC midnight the day starts on)
+        date = next_date if second >= 86400 else first_date
         return (
-            f'{{"requestId": "{day_prefix[0]}{index:09d}", '
+            f'{{"requestId": "{ids}{index:09d}", '
             f'"requestTime": "{date}{_MINUTES[second % 86400 // 60]}{_SECONDS[second % 60]}", '
             f'"tenantId": "{TENANT}", {fragment}, "apikey": "{API_KEYS[(h >> 20) % len(API_KEYS)]}", '
             f'"promptTokens": {prompt}, "completionTokens": {completion}, '
