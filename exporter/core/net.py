@@ -22,8 +22,11 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
         stack += [e for e in under if isinstance(e, BaseException)]
 
 
-def network_cause(error: BaseException) -> str:
-    """Why a connection failed, in words: DNS, refused, TLS verification, timeout, reset."""
+TIMED_OUT = "timed out"
+
+
+def _named_cause(error: BaseException) -> tuple[str, BaseException] | None:
+    """The first cause (in this order of kinds) that has words, with them; None when none has."""
     causes = list(_causes(error))
     kinds: list[tuple[type[BaseException], str]] = [
         (socket.gaierror, "the host name does not resolve (DNS)"),
@@ -31,22 +34,32 @@ def network_cause(error: BaseException) -> str:
         (ssl.SSLError, "TLS failed"),
         (ConnectionRefusedError, "connection refused"),
         (ConnectionResetError, "connection reset"),
-        (TimeoutError, "timed out"),
+        (TimeoutError, TIMED_OUT),
     ]
     # requests' own timeout, where requests is in use (a process that never loaded it has none of
     # its errors: `check` and the email notifier do not load it for this).
     requests = sys.modules.get("requests")
     if requests is not None:
-        kinds.append((requests.Timeout, "timed out"))
+        kinds.append((requests.Timeout, TIMED_OUT))
     for kind, words in kinds:
         match = next((c for c in causes if isinstance(c, kind)), None)
         if match is not None:
-            detail = getattr(match, "verify_message", "") or ""
-            return f"{words} ({detail})" if detail else words
-    return type(error).__name__
+            return words, match
+    return None
+
+
+def network_cause(error: BaseException) -> str:
+    """Why a connection failed, in words: DNS, refused, TLS verification, timeout, reset."""
+    named = _named_cause(error)
+    if named is None:
+        return type(error).__name__
+    words, match = named
+    detail = getattr(match, "verify_message", "") or ""
+    return f"{words} ({detail})" if detail else words
 
 
 def timed_out(error: BaseException) -> bool:
     """Whether the cause `network_cause` names is a timeout: a connection or an answer that did not
     come in time, or a body that stopped coming (which requests reports as a connection error)."""
-    return network_cause(error).startswith("timed out")
+    named = _named_cause(error)
+    return named is not None and named[0] == TIMED_OUT
