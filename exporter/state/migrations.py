@@ -113,8 +113,10 @@ CREATE TABLE IF NOT EXISTS budget_tiers (
 );
 CREATE TABLE IF NOT EXISTS outbox ({OUTBOX_COLUMNS});
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (notifier, delivered, id);
+CREATE INDEX IF NOT EXISTS outbox_delivered ON outbox (delivered);
 CREATE TABLE IF NOT EXISTS digest_outbox ({OUTBOX_COLUMNS});
 CREATE INDEX IF NOT EXISTS digest_outbox_pending ON digest_outbox (notifier, delivered, id);
+CREATE INDEX IF NOT EXISTS digest_outbox_delivered ON digest_outbox (delivered);
 CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL
@@ -132,7 +134,9 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 """
 """Every table in the newest layout. Run at each opening: it makes what a file lacks (all of a new
-file); a table an earlier layout made is brought up to date by MIGRATIONS."""
+file); a table an earlier layout made is brought up to date by MIGRATIONS. An index is made here
+for a file of any layout (older versions keep it up to date without knowing it): an outbox's
+`_delivered` one lets each delivery forget rows older than a week without reading the table."""
 
 
 def _to_layout_1(db: sqlite3.Connection) -> None:
