@@ -48,17 +48,17 @@ class Bills:
 def held(latest: Latest) -> Bills:
     """The past months held and the months the bills source fetched (fresher: they win for the same month)."""
     months: dict[str, tuple[tuple[DailyAmount, ...], tuple[DailyAmount, ...]]] = {}
-    split: dict[str, tuple[DailyAmount, ...]] = {}
+    split: dict[str, list[DailyAmount]] = {}  # (each endpoint's months extended, not joined anew: linear in months)
     history = latest.history
     for past in [*history.months.values(), *([history.current] if history.current else [])] if history else []:
         months[past.period] = (past.by_endpoint, past.by_item)
         for endpoint, rows in past.items_by_endpoint.items():
-            split[endpoint] = split.get(endpoint, ()) + rows
+            split.setdefault(endpoint, []).extend(rows)
     for month in latest.bills.months if latest.bills else ():
         months[month.period] = (month.by_endpoint, month.by_item)
     by_endpoint = tuple(a for endpoints, _ in months.values() for a in endpoints)
     by_item = tuple(a for _, items in months.values() for a in items)
-    return Bills(by_endpoint, by_item, split)
+    return Bills(by_endpoint, by_item, {endpoint: tuple(rows) for endpoint, rows in split.items()})
 
 
 def _series(amounts: Iterable[DailyAmount]) -> dict[str, Series]:
