@@ -120,6 +120,7 @@ class Engine:
         what its alert said: a group at the same value says the same (the rules are this engine's)."""
         self._by_rule: dict[str, list[str]] = {}
         """Each rule's alerts' keys as an evaluation starts."""
+        self._budget_named = {budget.name: budget for budget in self.budgets}  # (names are unique)
         self._load()
         self.adopt_legacy_ids()
 
@@ -237,17 +238,25 @@ class Engine:
         judged_day = anomalies.judged_day(self.clock)
         day = judged_day.isoformat()
         judged = dict(self.judged)
+        firing: dict[str, list[str]] = {}  # the rule's firing alerts by account: each looks at its own, not at all held
+        for key in self._by_rule.get(rid, ()):
+            alert = self.alerts.get(key)
+            if alert is not None and alert.state == "firing":
+                firing.setdefault(alert.labels.get(signals.ACCOUNT, ""), []).append(key)
         for watched in self.accounts:
             findings = self._judge(rule, rid, watched, judged_day)
             if findings is None:
                 continue  # not judged now: its last judgement stays shown, its alerts as they are
-            self._anomalies(db, rule, rid, watched.name, findings, day, now)
+            self._anomalies(db, rule, rid, watched.name, findings, day, now, firing.pop(watched.name, []))
             judged[f"{rid}/{watched.name}" if watched.name else rid] = (rule, day, findings, watched.name)
         self.judged = judged  # replaced whole: scrapes read it unlocked
         names = {watched.name for watched in self.accounts}
-        for alert in list(self.alerts.values()):  # an account a reload removed: its day is judged no more
-            if alert.rule == rid and alert.state == "firing" and alert.labels.get(signals.ACCOUNT, "") not in names:
-                self._resolve(db, alert, now)
+        for account, keys in firing.items():
+            if account in names:
+                continue  # not judged now
+            for key in keys:  # an account a reload removed: its day is judged no more
+                if (alert := self.alerts[key]).state == "firing":
+                    self._resolve(db, alert, now)
 
     def _judge(
         self, rule: AnomalyRule, rid: str, watched: Watched, judged_day: dt.date
@@ -276,7 +285,9 @@ class Engine:
         findings: list[anomalies.Finding],
         day: str,
         now: float,
+        firing: Sequence[str],
     ) -> None:
+        """The account's alerts of the rule for `findings`; `firing`: the keys of those firing before."""
         named = {signals.ACCOUNT: account} if account else {}
         active: set[str] = set()
         for finding in findings:
@@ -306,11 +317,10 @@ class Engine:
             active.add(key)
             self._active(db, rid, key, labels, annotations, fields["value"], 0.0, now)
         judged_groups = {finding.group for finding in findings}
-        for alert in list(self.alerts.values()):
-            if alert.rule != rid or alert.key in active or alert.state != "firing":
+        for key in firing:
+            alert = self.alerts[key]
+            if key in active or alert.state != "firing":
                 continue
-            if alert.labels.get(signals.ACCOUNT, "") != account:
-                continue  # another account's: judged on its own data
             alert_group: signals.Labels = tuple(sorted((name, alert.labels.get(name, "")) for name in rule.by))
             if alert.labels.get("day") != day or alert_group in judged_groups:  # a new day, or judged usual now
                 self._resolve(db, alert, now)
@@ -357,7 +367,7 @@ class Engine:
             self._notify(db, resolved, "resolved", now)
 
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
-        budget = next(b for b in self.budgets if b.name == rule.budget)
+        budget = self._budget_named[rule.budget]
         spans = [(w.latest, w.prices) for w in self.accounts if in_scope(budget.where.get(signals.ACCOUNT), w.name)]
         measured = rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis)
         if measured is None:

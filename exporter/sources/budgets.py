@@ -71,17 +71,35 @@ class BudgetFigures:
 
 def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
     """The lines of `month` a billed scope takes: by endpoint when it names an endpoint or a
-    project (the lines by item carry no project), by item otherwise."""
+    project (the lines by item carry no project), by item otherwise. A scope that names its
+    endpoints or items reads their lines alone (`_lines`)."""
     where = budget.where
     by_endpoint = bool({"endpoint_id", "project_id"} & set(where))
-    key = "endpoint_id" if by_endpoint else "item"
+    named = where.get("endpoint_id" if by_endpoint else "item")
+    if named is None:
+        lines: Iterable[DailyAmount] = month.by_endpoint if by_endpoint else month.by_item
+    else:
+        index = _lines(month, by_endpoint)
+        lines = [a for key in dict.fromkeys(scope_values(named)) for a in index.get(key, ())]
     return (
         a
-        for a in (month.by_endpoint if by_endpoint else month.by_item)
-        if in_scope(where.get(key), a.key)
-        and in_scope(where.get("product"), a.product)
-        and in_scope(where.get("project_id"), a.project_id)
+        for a in lines
+        if in_scope(where.get("product"), a.product) and in_scope(where.get("project_id"), a.project_id)
     )
+
+
+def _lines(month: MonthBills | MonthHistory, by_endpoint: bool) -> Mapping[str, tuple[DailyAmount, ...]]:
+    """The month's lines by endpoint (or by item) per endpoint id (item): made once per month
+    (kept on it, which is never changed). With a budget for each of E endpoints, each reading every
+    line of the month, an evaluation grew with E²: 1 s at 2,000 endpoints."""
+    cache: dict[bool, Mapping[str, tuple[DailyAmount, ...]]] = month.__dict__.setdefault("_lines", {})
+    index = cache.get(by_endpoint)
+    if index is None:
+        grouped: dict[str, list[DailyAmount]] = {}
+        for a in month.by_endpoint if by_endpoint else month.by_item:
+            grouped.setdefault(a.key, []).append(a)
+        index = cache[by_endpoint] = {key: tuple(rows) for key, rows in grouped.items()}
+    return index
 
 
 def _billed_month(latest: Latest, budget: BudgetConfig, period: str) -> Days | None:
