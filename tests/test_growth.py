@@ -92,7 +92,8 @@ def delivery_steps(path: Path, table: str, kept: int) -> int:
 @pytest.mark.parametrize("table", OUTBOXES)
 def test_a_delivery_costs_the_same_however_many_deliveries_are_kept(tmp_path: Path, table: str) -> None:
     """Each delivery forgets what was delivered over a week ago: through an index, not by reading
-    every row (draining 10,000 notifications took 84 times as long as 1,000, each delivery reading every row delivered before it)."""
+    every row (draining 10,000 notifications took 84 times as long as 1,000, each delivery reading
+    every row delivered before it)."""
     small = delivery_steps(tmp_path / "small.db", table, 2_000)
     large = delivery_steps(tmp_path / "large.db", table, 20_000)
     assert large < 2 * small + 2, (small, large)
