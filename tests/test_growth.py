@@ -5,6 +5,7 @@ virtual-machine steps (its progress handler), Python's in the functions it calls
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import sqlite3
 import sys
@@ -18,6 +19,7 @@ from exporter.config.load import validate
 from exporter.config.schema import BudgetConfig
 from exporter.model.events import GroupEvent
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills
+from exporter.sources import history
 from exporter.sources.budgets import current_figures
 from exporter.state import AlertStore, StateStore
 from exporter.state.migrations import OUTBOXES
@@ -151,3 +153,22 @@ def test_budgets_scoped_on_endpoints_read_their_own_lines_of_the_bills() -> None
         latest, budgets = month_of_bills(endpoints), budgets_of(endpoints)
         calls[endpoints] = python_calls(lambda: current_figures(latest, budgets))  # noqa: B023 (called at once)
     assert calls[400] < 15 * calls[40], calls
+
+
+# -- history read back at start-up --
+
+
+def test_history_read_back_is_exact_and_left_to_no_collection() -> None:
+    """The months held are read back from the state file as they were written, amounts to the last
+    digit, through rows the garbage collector does not track: at 5,000 endpoints a start-up made a
+    list for each of 3M rows, and the collections they set off made it 18 times 500 endpoints' time."""
+    amounts = ("1.50", "0", "1E+2", "-0.001", "123456789012345678901234.5678", "0E-8")
+    held = tuple(
+        DailyAmount("2026-10", dt.date(2026, 10, n + 1), f"ep-{n}", "inference", "proj", Decimal(a), Decimal(n))
+        for n, a in enumerate(amounts)
+    )
+    rows = history._ROWS.decode(json.dumps(history._rows(held)))
+    assert not any(gc.is_tracked(row) for row in rows)
+    back = history._amounts("2026-10", rows)
+    assert back == held
+    assert [str(a.payable) for a in back] == list(amounts)
