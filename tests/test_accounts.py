@@ -205,6 +205,9 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
         page = requests.get(daemon.server.url, timeout=10).text
         for name in sims:
             assert f"<tr><td>{name}</td>" in page
+        summary = {name: page.split(f"<tr><td>{name}</td>", 1)[1].split("</tr>", 1)[0] for name in sims}
+        assert summary["staging"].endswith(" failing</td>")  # its own sources, not another account's
+        assert summary["prod"].endswith(" ok</td>")
         assert "<td>organisation</td><td>every account</td>" in page
         assert "<td>prod-and-lab</td><td>lab, prod</td>" in page
         ready = requests.get(f"{daemon.server.url}/readyz", timeout=10).json()

@@ -17,7 +17,7 @@ from exporter.core.fields import scope_values
 from exporter.core.words import counted
 from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_figures
-from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, TokenGap
+from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, SourceHealth, TokenGap
 from exporter.sources.budgets import BudgetFigures, current_figures, scope_matched
 from exporter.web.chart import month_chart
 from exporter.web.views import AccountView, View
@@ -91,14 +91,18 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
     """With several accounts: their month so far, their budgets and the organisation's, their
     probes and their bills against usage (each table with an `account` column)."""
     today = view.today()
-    health = view.sources_health()
+    health: dict[str, list[SourceHealth]] = {}  # by account (`<account>/<source>`: a name holds no slash)
+    for key, state in view.sources_health().items():
+        owner, slash, _ = key.partition("/")
+        if slash:
+            health.setdefault(owner, []).append(state)
     rows, budgets, gaps = [], [], []
     probes: list[Probe] = []
     for account in accounts:
         name = html.escape(account.name)
         bills = account.latest.bills
         month = bills.current if bills is not None else None
-        states = [h for key, h in health.items() if key.startswith(f"{account.name}/")]
+        states = health.get(account.name, [])
         failing = sum(not h.success for h in states)
         rows.append(
             f"<tr><td>{name}</td><td>{'—' if month is None else f'{month.month_to_date:f}'}</td>"
