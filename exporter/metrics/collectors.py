@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.metrics.runtime import build_labels
-from exporter.model.snapshots import Histogram, Latest, UsageKey, UsageTotals
+from exporter.model.snapshots import Histogram, Latest, ProbeSnapshot, UsageKey, UsageTotals
 from exporter.sources.budgets import current_figures, judge_scopes
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
@@ -371,6 +371,10 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
     ]
 
 
+_NO_PROBE = object()
+"""The version of the probes' families without samples (they never change)."""
+
+
 class ProbeCollector(Collector):
     """The synthetic probes: the last run of each, and running totals since start-up."""
 
@@ -379,6 +383,24 @@ class ProbeCollector(Collector):
 
     def version(self) -> object:
         return self.latest.probes
+
+    def parts(self) -> Iterator[tuple[object, Collector]]:
+        """The families without samples (every header, even with no probe), then each probe's series alone
+        under its snapshot, in the order of the whole: a run replaces one probe's snapshot, so the exposition
+        renders that probe's series again and joins the rest as they were, not every probe's afresh."""
+        yield _NO_PROBE, _Probes({})
+        for name, snapshot in sorted(self.latest.probes.items()):
+            yield snapshot, _Probes({name: snapshot})
+
+    def collect(self) -> Iterator[Metric]:
+        return _Probes(self.latest.probes).collect()
+
+
+class _Probes(Collector):
+    """The probes' families with these probes' samples."""
+
+    def __init__(self, probes: Mapping[str, ProbeSnapshot]) -> None:
+        self.probes = probes
 
     def collect(self) -> Iterator[Metric]:
         def gauge(name: str, text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
@@ -418,7 +440,7 @@ class ProbeCollector(Collector):
         tokens = CounterMetricFamily(
             "inference_probe_tokens", "Tokens the probes used (their own cost).", labels=[*PROBE_LABELS, "token_type"]
         )
-        for name, snapshot in sorted(self.latest.probes.items()):
+        for name, snapshot in sorted(self.probes.items()):
             labels = [name, snapshot.endpoint_id, snapshot.scenario]
             last = snapshot.last
             success.add_metric(labels, 1.0 if last.success else 0.0)

@@ -9,6 +9,12 @@ out (and logged once), so one bad value never takes the whole exposition down.
 Gzipped, likewise: a block is compressed once per snapshot, on its own, and cached beside its
 text; a scrape compresses only what it rendered afresh (the health block) and joins the pieces
 into one gzip member (one: curl and other libcurl clients stop after a stream's first member).
+
+A collector with `parts()` (the probes) changes a part at a time: each run of P probes replaces one
+probe's snapshot, and rendering the block whole after each would cost P probes' series per run, P²
+a round. Each part is rendered once per its version instead (a run renders its probe's series), and
+the block is joined from the parts, family by family, and compressed at the first scrape that needs
+it: once per scrape at most, however many runs came between.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -31,7 +38,7 @@ OPENMETRICS_EOF = b"# EOF\n"
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
 GZIP_LEVEL = 5
 """Compression level of every gzipped response."""
-Encoder = Callable[[CollectorRegistry], bytes]
+Encoder = Callable[[Collector], bytes]
 
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 """RFC 1952: deflate, no flags, no modification time, no extra flags, unknown OS."""
@@ -65,6 +72,50 @@ class _Block:
     piece: bytes | None = None
 
 
+@runtime_checkable
+class Parted(Protocol):
+    """A collector whose series change a part at a time (a probe's)."""
+
+    def parts(self) -> Iterable[tuple[object, Collector]]:
+        """Its parts in order, each with its version (the same object, the same text) and a collector of the part
+        alone: their families joined family by family make the collector's."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A part of a collector rendered for one version and format: its families' headers and samples, by name."""
+
+    version: object
+    headers: dict[str, bytes]
+    samples: dict[str, bytes]
+
+
+def _by_family(version: object, text: bytes) -> _Part:
+    """`text` as prometheus_client writes it, by family: each starts at its `# HELP` line and holds the `#` lines
+    (its header) and the samples that follow."""
+    headers: dict[str, list[bytes]] = {}
+    samples: dict[str, list[bytes]] = {}
+    name = ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            name = line.split(b" ", 3)[2].decode()
+            headers[name], samples[name] = [], []
+        (headers if line.startswith(b"#") else samples)[name].append(line)
+    return _Part(version, {k: b"".join(v) for k, v in headers.items()}, {k: b"".join(v) for k, v in samples.items()})
+
+
+def _join(parts: Sequence[_Part]) -> bytes:
+    """The parts' families in the order they first come, each under its first header and with every part's samples
+    (a family's samples in one group, its HELP and TYPE once, as the text format needs)."""
+    names = dict.fromkeys(name for part in parts for name in part.headers)
+    pieces = []
+    for name in names:
+        pieces.append(next(part.headers[name] for part in parts if name in part.headers))
+        pieces += [part.samples[name] for part in parts if name in part.samples]
+    return b"".join(pieces)
+
+
 class Exposition:
     def __init__(self, collectors: Sequence[Collector]) -> None:
         self.collectors = tuple(collectors)
@@ -73,7 +124,11 @@ class Exposition:
             registry = CollectorRegistry()
             registry.register(collector)
             self._registries.append(registry)
+        self._parted = {index: c for index, c in enumerate(self.collectors) if isinstance(c, Parted)}
         self._cache: dict[tuple[int, str], _Block] = {}
+        self._parts: dict[tuple[int, str], dict[int, _Part]] = {}
+        """Per collector with parts and format, its parts as last rendered, by the id of their version (which each
+        holds, so no other object has that id while it is there); never changed, only replaced."""
         self._lock = threading.Lock()
         self._broken: dict[int, str] = {}
         """Collectors whose last render failed, with the error (logged once per new error)."""
@@ -94,11 +149,16 @@ class Exposition:
     def prepare(self, account: str | None = None) -> None:
         """Render and compress new snapshots' blocks now (after a refresh), in both formats, so
         that scrapes, plain or Prometheus' OpenMetrics, find them cached. Only the cached pieces:
-        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it.
+        no body is joined or checksummed, and blocks rendered per scrape (health) wait for it. A
+        collector with parts has its new parts rendered; its block is joined and compressed by a scrape.
         (`account`: as `AssembledExposition.prepare`'s; here every collector is the one account's.)"""
+        found = {index: list(collector.parts()) for index, collector in self._parted.items()}  # once for both formats
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
             for index in range(len(self.collectors)):
+                if index in found:
+                    self._rendered_parts(index, found[index], encoder, content_type)
+                    continue
                 block = self._block(index, encoder, content_type)
                 if block.version is not None:
                     self._piece((index, content_type), block)
@@ -110,7 +170,11 @@ class Exposition:
             cached = self._cache.get((index, content_type))
         if version is not None and cached is not None and cached.version is version:
             return cached
-        block = _Block(version, self._text(index, encoder))
+        if index in self._parted:
+            parts = self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
+            block = _Block(version, _join(parts))
+        else:
+            block = _Block(version, self._text(index, encoder))
         if version is not None:
             with self._lock:
                 self._cache[(index, content_type)] = block
@@ -126,6 +190,32 @@ class Exposition:
                 if self._cache.get(key) is block:  # not replaced meanwhile by a newer snapshot's block
                     self._cache[key] = replace(block, piece=piece)
         return piece
+
+    def _rendered_parts(
+        self, index: int, found: Iterable[tuple[object, Collector]], encoder: Encoder, content_type: str
+    ) -> list[_Part]:
+        """A collector's parts (`found`: what its `parts()` gave) in order: each cached for its version, else rendered
+        (and cached). Those it no longer has are dropped; one that cannot be rendered is left out, the rest kept."""
+        with self._lock:
+            cached = self._parts.get((index, content_type), {})
+        parts: list[_Part] = []
+        error: Exception | None = None
+        for version, part_collector in found:
+            part = cached.get(id(version))
+            if part is None or part.version is not version:
+                try:
+                    part = _by_family(version, encoder(part_collector).removesuffix(OPENMETRICS_EOF))
+                except Exception as failed:  # a value no exposition can hold: leave this part out
+                    error = failed
+                    continue
+            parts.append(part)
+        with self._lock:
+            self._parts[(index, content_type)] = {id(part.version): part for part in parts}
+        if error is not None:
+            self._failed(index, self.collectors[index], error)
+        else:
+            self._broken.pop(index, None)
+        return parts
 
     def _text(self, index: int, encoder: Encoder) -> bytes:
         try:
