@@ -9,9 +9,11 @@ from bench import (
     evaluation,
     faults,
     forecast,
+    growth,
     history,
     landing,
     probe,
+    probes,
     reconcile,
     render,
     scaling,
@@ -25,6 +27,7 @@ if __name__ == "__main__":
     render.main([])
     chart.main([])
     probe.main([])
+    probes.main([])
     faults.main([])
     anomaly.main([])
     forecast.main([])
@@ -34,6 +37,7 @@ if __name__ == "__main__":
     history.main([])
     scaling.main([])
     evaluation.main([])
+    growth.main([])
     landing.main([])
     state_writes.main([])
     startup.main([])
