@@ -17,6 +17,7 @@ from bench import (
     reconcile,
     render,
     scaling,
+    seen_ids,
     startup,
     state_writes,
     sync,
@@ -36,6 +37,7 @@ if __name__ == "__main__":
     reconcile.main([])
     history.main([])
     scaling.main([])
+    seen_ids.main([])
     evaluation.main([])
     growth.main([])
     landing.main([])

@@ -20,24 +20,68 @@ def id_digest(request_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
 
 
+Buckets = list["array[int] | None"]
+"""Sorted digests by their leading bits (a list of 1 << bits: the digest's bucket is at `digest >>
+(64 - bits)`), None where no digest has come."""
+
+FIRST_BITS = 12
+"""A new set's buckets: by the leading 12 bits (4,096, 32 KB of empty slots)."""
+BUCKET_IDS = 256
+"""The ids a bucket holds on average before the set's buckets are cut by one more bit: an insert
+moves at most a few KB at any day size, and a bucket's own cost (its array and slot, some 140
+bytes) is a tenth or less of its ids' 1-2 KB."""
+_PIECE = 4096
+
+
+def _bits(count: int) -> int:
+    """The leading bits that cut a set of `count` ids into buckets."""
+    bits = FIRST_BITS
+    while count > BUCKET_IDS << bits:
+        bits += 1
+    return bits
+
+
+def _bits_of(buckets: Buckets) -> int:
+    return len(buckets).bit_length() - 1
+
+
+def _split(buckets: Iterable[array[int] | None], bits: int) -> Buckets:
+    """Sorted arrays cut by `bits` leading bits, no fewer than theirs: each bucket is a slice of
+    one of them, so the ids are copied once, in C."""
+    shift = 64 - bits
+    split: Buckets = [None] * (1 << bits)
+    for bucket in filter(None, buckets):
+        at = 0
+        while at < len(bucket):
+            key = bucket[at] >> shift
+            upto = bisect_left(bucket, (key + 1) << shift, at)
+            split[key] = bucket[at:upto]
+            at = upto
+    return split
+
+
 class SeenIds:
     """The request ids of one day, as 64-bit digests in sorted arrays (8 bytes an id, so a day of
-    a million requests costs 8 MB): one array per leading 12 bits, so an insert moves little.
+    a million requests costs 8 MB): one array for each value of the digests' leading bits, so an
+    insert moves little. There are 12 bits to start with, and one more each time the buckets hold
+    `BUCKET_IDS` on average, so an insert moves as little in a day of ten million ids as in one of
+    a million.
     A bucket is made when its first id arrives: an empty or small day costs next to nothing.
 
     A poll works on a `fork`: it sees the ids of the set it was forked from (its base, left as it
     is) and keeps those it adds apart (`added`), so that a poll costs what it finds, not the day's
     size, and a poll that fails leaves the base untouched. `settle` folds them into the base once
-    the poll is kept.
+    the poll is kept. A fork's bits follow its own ids, not its base's.
     """
 
-    def __init__(self, buckets: dict[int, array[int]] | None = None, base: SeenIds | None = None) -> None:
-        self._buckets = buckets if buckets is not None else {}
+    def __init__(self, buckets: Buckets | None = None, base: SeenIds | None = None) -> None:
+        self._buckets: Buckets = buckets if buckets is not None else [None] * (1 << FIRST_BITS)
+        self._shift = 64 - _bits_of(self._buckets)
         self.base = base
-        self.count: int = sum(map(len, self._buckets.values())) + (base.count if base is not None else 0)
+        self.count: int = sum(len(b) for b in self._buckets if b) + (base.count if base is not None else 0)
 
     def __contains__(self, digest: int) -> bool:
-        bucket = self._buckets.get(digest >> 52)
+        bucket = self._buckets[digest >> self._shift]
         if bucket is not None:
             at = bisect_left(bucket, digest)
             if at < len(bucket) and bucket[at] == digest:
@@ -54,23 +98,28 @@ class SeenIds:
 
     def add_digests(self, digests: Sequence[int]) -> list[int]:
         """Remember every digest of `digests`; the positions of those seen before (almost always
-        none). A page's digests at a time: this runs for every record of the day."""
+        none). A page's digests at a time: this runs for every record of the day (the buckets are
+        cut finer, once they have grown, after a call)."""
         base = self.base if self.base is not None and self.base.count else None  # (a full read's fork: empty)
-        buckets = self._buckets
+        buckets, shift = self._buckets, self._shift
         repeated: list[int] = []
         for at_digest, digest in enumerate(digests):
             if base is not None and digest in base:
                 repeated.append(at_digest)
                 continue
-            bucket = buckets.get(digest >> 52)
+            bucket = buckets[digest >> shift]
             if bucket is None:
-                bucket = buckets[digest >> 52] = array("Q")
+                bucket = buckets[digest >> shift] = array("Q")
             at = bisect_left(bucket, digest)
             if at < len(bucket) and bucket[at] == digest:
                 repeated.append(at_digest)
                 continue
             bucket.insert(at, digest)
         self.count += len(digests) - len(repeated)
+        own = self.count - (base.count if base is not None else 0)
+        if own > BUCKET_IDS * len(buckets):
+            bits = _bits(own)
+            self._buckets, self._shift = _split(buckets, bits), 64 - bits
         return repeated
 
     def fork(self) -> SeenIds:
@@ -79,7 +128,7 @@ class SeenIds:
 
     def added(self) -> list[memoryview]:
         """The digests a fork added to its base, in order (every digest, for a set that is no fork)."""
-        return [memoryview(self._buckets[key]) for key in sorted(self._buckets) if self._buckets[key]]
+        return [memoryview(bucket) for bucket in self._buckets if bucket]
 
     def settle(self) -> None:
         """Fold a fork's own ids into its base and take the base's arrays as its own: the base, left
@@ -91,42 +140,46 @@ class SeenIds:
         if not base.count:  # (a full read's fork: its ids are all there are)
             self.base = None
             return
-        for bucket in self._buckets.values():
-            base.add_digests(bucket)
-        self._buckets, self.base, self.count = base._buckets, None, base.count
+        for bucket in self._buckets:
+            if bucket:
+                base.add_digests(bucket)
+        self._buckets, self._shift, self.base, self.count = base._buckets, base._shift, None, base.count
 
     def chunks(self) -> list[memoryview]:
         """Every digest, in order, as views (for writing out without a copy of the whole)."""
-        buckets = self._merged()
-        return [memoryview(buckets[key]) for key in sorted(buckets) if buckets[key]]
+        return [memoryview(bucket) for bucket in self._merged() if bucket]
 
-    def _merged(self) -> dict[int, array[int]]:
+    def _merged(self) -> Buckets:
         if self.base is None:
             return self._buckets
-        merged = dict(self.base._merged())
-        for key, bucket in self._buckets.items():  # (a fork's ids are never its base's)
-            before = merged.get(key)
-            merged[key] = bucket if before is None else array("Q", sorted((*before, *bucket)))
+        merged, own = self.base._merged(), self._buckets
+        # The one with fewer buckets is cut as fine as the other (it has fewer ids: bits grow with them).
+        if len(own) < len(merged):
+            own = _split(own, _bits_of(merged))
+        elif len(own) > len(merged):
+            merged = _split(merged, _bits_of(own))
+        merged = list(merged)
+        for key, bucket in enumerate(own):  # (a fork's ids are never its base's)
+            if bucket:
+                before = merged[key]
+                merged[key] = bucket if before is None else array("Q", sorted((*before, *bucket)))
         return merged
 
     def extend(self, data: bytes) -> None:
-        """Add the digests of `data` (as `added` wrote them; some may be known already)."""
+        """Add the digests of `data` (as `added` wrote them; some may be known already), a piece at
+        a time so that the buckets are cut finer as they grow."""
         digests = array("Q")
         digests.frombytes(data)
-        self.add_digests(digests)
+        for at in range(0, len(digests), _PIECE):
+            self.add_digests(digests[at : at + _PIECE])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
-        """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError)."""
+        """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError): as
+        they are sorted, each bucket is a slice of them."""
         digests = array("Q")
         digests.frombytes(data)
-        buckets: dict[int, array[int]] = {}
-        for digest in digests:
-            bucket = buckets.get(digest >> 52)
-            if bucket is None:
-                bucket = buckets[digest >> 52] = array("Q")
-            bucket.append(digest)
-        return cls(buckets)
+        return cls(_split((digests,), _bits(len(digests))))
 
 
 class Aggregate:
