@@ -190,3 +190,13 @@ def test_data_that_is_no_whole_number_of_digests_is_refused() -> None:
     with pytest.raises(ValueError, match="multiple of item size"):
         SeenIds.from_bytes(b"\x00" * 12)
     assert SeenIds.from_bytes(b"").count == 0
+
+
+def test_a_whole_out_of_order_is_refused() -> None:
+    """A damaged list, here its first and last ids swapped, is refused (the day is then read
+    afresh) rather than cut into buckets by the order it is in: all of it went to the last id's
+    bucket, where almost none of its ids is looked for, and the count, intact, did not show it."""
+    ids = sorted(digests(100_000))
+    ids[0], ids[-1] = ids[-1], ids[0]
+    with pytest.raises(ValueError, match="out of order"):
+        SeenIds.from_bytes(array("Q", ids).tobytes())

@@ -47,16 +47,21 @@ def _bits_of(buckets: Buckets) -> int:
 
 def _split(buckets: Iterable[array[int] | None], bits: int) -> Buckets:
     """Sorted arrays cut by `bits` leading bits, no fewer than theirs: each bucket is a slice of
-    one of them, so the ids are copied once, in C."""
+    one of them, so the ids are copied once, in C. Arrays found out of order (a damaged saved
+    list) are refused, ValueError: cut as they are, whole runs of ids would go to buckets where
+    they are never looked for, and the count would not show it."""
     shift = 64 - bits
     split: Buckets = [None] * (1 << bits)
+    before = -1
     for bucket in filter(None, buckets):
         at = 0
         while at < len(bucket):
             key = bucket[at] >> shift
             upto = bisect_left(bucket, (key + 1) << shift, at)
+            if key <= before or bucket[upto - 1] >> shift != key:
+                raise ValueError("digests out of order")
             split[key] = bucket[at:upto]
-            at = upto
+            at, before = upto, key
     return split
 
 
@@ -175,8 +180,8 @@ class SeenIds:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SeenIds:
-        """The ids `chunks()` wrote (data not a whole number of digests is refused: ValueError): as
-        they are sorted, each bucket is a slice of them."""
+        """The ids `chunks()` wrote (data not a whole number of digests, or out of order, is refused:
+        ValueError): as they are sorted, each bucket is a slice of them."""
         digests = array("Q")
         digests.frombytes(data)
         return cls(_split((digests,), _bits(len(digests))))
