@@ -75,7 +75,7 @@ def test_the_block_is_the_whole_collectors_through_runs_removals_and_additions(a
     assert scraped(exposition, accept).count(b"# HELP inference_probe_") == 13
 
     for n, name in enumerate(["zeta", "alpha", "é-probe", 'say "hi"\\', "b_2"]):
-        latest.publish_probe(snapshot(name, n, endpoint=f"ep-{n}\n"))
+        latest.publish_probe(snapshot(name, n, endpoint=f"ep-{n}\n\r# {n}"))  # (a label holds \r unescaped)
         exposition.prepare()
     assert scraped(exposition, accept) == whole(latest, accept)
 

@@ -97,7 +97,7 @@ def _by_family(version: object, text: bytes) -> _Part:
     headers: dict[str, list[bytes]] = {}
     samples: dict[str, list[bytes]] = {}
     name = ""
-    for line in text.splitlines(keepends=True):
+    for line in (line + b"\n" for line in text.split(b"\n")[:-1]):  # (by \n alone: a label value may hold \r)
         if line.startswith(b"# HELP "):
             name = line.split(b" ", 3)[2].decode()
             headers[name], samples[name] = [], []
