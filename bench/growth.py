@@ -1,7 +1,7 @@
 """Work that grew faster than what it is given, each at a size and ten times it: the ratio of the
 two times, median of `--rounds` rounds taken in turn (linear: 10).
 
-python -m bench.growth [--rounds 3]
+python -m bench.growth [--rounds 3] [--notifications 1000] [--endpoints 500] [--accounts 100] [--history 200]
 
 - draining the outbox: N notifications waiting, each delivered in turn (the state file's work of
   a delivery: the next one found, marked delivered, rows a week old forgotten; no HTTP);
