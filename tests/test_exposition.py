@@ -19,7 +19,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.alerts.engine import Engine
@@ -31,6 +34,7 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.metrics import exposition as exposition_module
 from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.runtime import REVISION_ENV, RUNTIME_COLLECTORS, revision
 from exporter.model.snapshots import Latest
 from exporter.sim import Simulator
@@ -306,3 +310,34 @@ def test_the_revision_comes_from_the_environment_else_the_installed_commit(tmp_p
     assert revision({REVISION_ENV: ""}, installed) == commit
     (info / "direct_url.json").write_text("not json")
     assert revision({}, installed) == "unknown"
+
+
+class _Endpoints(Collector):
+    """A gauge per endpoint id, as the bills' API names them (any text), versioned like a snapshot."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+        self.snapshot = object()
+
+    def version(self) -> object:
+        return self.snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("inference_test_spend", "Spend.", labels=["endpoint_id"])
+        for n, endpoint in enumerate(self.ids):
+            gauge.add_metric([endpoint], float(n))
+        yield gauge
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+def test_an_endpoint_id_holding_a_carriage_return_keeps_its_sample_whole_with_several_accounts(accept: str) -> None:
+    """prometheus_client writes \\r in a label value as it is: the accounts' pieces are cut into
+    lines at \\n alone, or such a sample was cut in two (half of it taken for a header and lost)."""
+    ids = ["ep-1", "ep\r# 2", "ep\r# HELP inference_test_spend x", "ep\r\n3"]
+    assembled = AssembledExposition([[("prod", _Endpoints(ids)), ("lab", _Endpoints(ids[:1]))]])
+    text = assembled.render(accept)[0].decode()
+    parse = text_string_to_metric_families if not accept else openmetrics_families
+    (family,) = [f for f in parse(text) if f.name == "inference_test_spend"]
+    assert sorted((s.labels["account"], s.labels["endpoint_id"]) for s in family.samples) == sorted(
+        [("prod", endpoint) for endpoint in ids] + [("lab", "ep-1")]
+    )

@@ -84,7 +84,7 @@ def _split(text: bytes) -> _Families:
             families.headers[key] = _Piece(b"".join(header))
             families.samples[key] = _Piece(b"".join(samples))
 
-    for line in text.splitlines(keepends=True):
+    for line in (line + b"\n" for line in text.split(b"\n")[:-1]):  # (by \n alone: a label value may hold \r)
         if line.startswith(b"# HELP "):
             close()
             name, header, samples = line.split(b" ", 3)[2], [line], []
