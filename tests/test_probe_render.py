@@ -7,7 +7,7 @@ import gc
 import gzip
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, parser
@@ -16,7 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import parser as openmetrics_parser
 from prometheus_client.registry import Collector
 
+from exporter.metrics import assembled as assembled_module
 from exporter.metrics import exposition as exposition_module
+from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.collectors import ProbeCollector
 from exporter.metrics.exposition import Exposition
 from exporter.model.snapshots import Histogram, Latest, ProbeRun, ProbeSnapshot, probe_source
@@ -229,3 +231,71 @@ def test_scrapes_during_runs_see_each_family_whole_and_end_at_the_last_figures()
     for accept in FORMATS:
         assert scraped(exposition, accept) == whole(latest, accept)
     assert all(snapshot.runs == 39 for snapshot in latest.probes.values())
+
+
+# -- several accounts --
+
+
+class _Whole(Collector):
+    """An account's probes as one collector with no parts: rendered whole, as every run rendered them before."""
+
+    def __init__(self, collector: ProbeCollector) -> None:
+        self.collector = collector
+
+    def version(self) -> object:
+        return self.collector.version()
+
+    def collect(self) -> Iterator[Metric]:
+        return self.collector.collect()
+
+
+def accounts_of(latests: dict[str, Latest], parted: bool = True) -> AssembledExposition:
+    probes = [ProbeCollector(latest) for latest in latests.values()]
+    return AssembledExposition([list(zip(latests, probes if parted else map(_Whole, probes), strict=True))])
+
+
+def assembled_scrape(exposition: AssembledExposition, accept: str) -> bytes:
+    body = exposition.render(accept)[0]
+    assert gzip.decompress(exposition.render(accept, gzipped=True)[0]) == body
+    return body
+
+
+@pytest.mark.parametrize("accept", FORMATS)
+def test_with_several_accounts_the_block_is_as_each_accounts_probes_rendered_whole(accept: str) -> None:
+    latests = {"prod": Latest(), "lab": Latest()}
+    exposition, reference = accounts_of(latests), accounts_of(latests, parted=False)
+    assert assembled_scrape(exposition, accept) == assembled_scrape(reference, accept)
+    for n, name in enumerate(["zeta", "alpha", 'say "hi"\\']):
+        for account, latest in latests.items():
+            latest.publish_probe(snapshot(name, n, endpoint=f"ep-{account}\r# {n}"))
+            exposition.prepare(account)
+    assert assembled_scrape(exposition, accept) == assembled_scrape(reference, accept)
+    latests["lab"].publish_probe(snapshot("alpha", 9))
+    exposition.prepare("lab")
+    latests["prod"].forget({probe_source("zeta")})
+    exposition.prepare("prod")
+    body = assembled_scrape(exposition, accept)
+    assert body == assembled_scrape(reference, accept)
+    assert b'account="prod",endpoint_id="ep-prod\r# 0",probe="zeta"' not in body
+    assert b'account="lab",endpoint_id="ep-lab\r# 0",probe="zeta"' in body
+
+
+def test_with_several_accounts_a_run_renders_its_probes_series_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    latests = {"prod": Latest(), "lab": Latest()}
+    exposition = accounts_of(latests)
+    for account, latest in latests.items():
+        for n in range(8):
+            latest.publish_probe(snapshot(f"probe-{n}", n))
+        exposition.prepare(account)
+    rendered: list[bytes] = []
+
+    def recording(accept: str) -> tuple[Callable[[Collector], bytes], str]:
+        encoder, content_type = choose_encoder(accept)
+        return lambda collector: rendered.append(encoder(collector)) or rendered[-1], content_type
+
+    monkeypatch.setattr(assembled_module, "choose_encoder", recording)
+    latests["lab"].publish_probe(snapshot("probe-3", 20))
+    exposition.prepare("lab")
+    series = [line for text in rendered for line in text.splitlines() if not line.startswith(b"#")]
+    assert series  # in both formats, and nobody else's
+    assert all(b'account="lab"' in line and b'probe="probe-3"' in line for line in series)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -25,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from exporter.config.schema import ACCOUNT
 from exporter.core.logs import get_logger
-from exporter.metrics.exposition import OPENMETRICS_ACCEPT, OPENMETRICS_EOF, Encoder, deflate, gzip_member
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT, OPENMETRICS_EOF, Encoder, Parted, deflate, gzip_member
 
 log = get_logger(__name__)
 
@@ -96,6 +97,15 @@ def _split(text: bytes) -> _Families:
     return families
 
 
+def _joined(parts: Sequence[_Families]) -> _Families:
+    """The families of parts joined: each under the first header of it, with every part's samples."""
+    joined = _Families(None)
+    for name in dict.fromkeys(chain.from_iterable(families.headers for families in parts)):
+        joined.headers[name] = next(f.headers[name] for f in parts if name in f.headers)
+        joined.samples[name] = _Piece(b"".join([f.samples[name].text for f in parts if name in f.samples]))
+    return joined
+
+
 class AssembledExposition:
     """The exposition of `kinds`: each a list of (account, collector) whose families are joined,
     a part named "" unlabelled (what spans the accounts: the organisation's budgets). A collector
@@ -111,6 +121,9 @@ class AssembledExposition:
                 registry.register(_Labelled(account, collector))
                 self._registries[(k, i)] = registry
         self._cache: dict[tuple[int, int, str], _Families] = {}
+        self._parts: dict[tuple[int, int, str], dict[int, tuple[object, _Families]]] = {}
+        """Per collector with parts (an account's probes) and format, each part rendered, by the id of
+        its version (which it holds, so no other object has that id meanwhile); only ever replaced."""
         self._joined: dict[tuple[int, str], tuple[tuple[_Families, ...], list[_Piece]]] = {}
         """Per kind and format, its families' pieces in order, and the parts they were joined from."""
         self._lock = threading.Lock()
@@ -129,18 +142,50 @@ class AssembledExposition:
             cached = self._cache.get((k, i, content_type))
         if version is not None and cached is not None and cached.version is version:
             return cached
-        try:
-            text = encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF)
-        except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
-            self._failed(k, i, error)
-            return _Families(None)
-        self._broken.pop((k, i), None)
-        families = _split(text)
+        collector = self.kinds[k][i][1]
+        if isinstance(collector, Parted):
+            families = _joined(self._rendered_parts(k, i, collector, encoder, content_type))
+        else:
+            try:
+                text = encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF)
+            except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
+                self._failed(k, i, error)
+                return _Families(None)
+            self._broken.pop((k, i), None)
+            families = _split(text)
         families = _Families(version, families.headers, families.samples)
         if version is not None:
             with self._lock:
                 self._cache[(k, i, content_type)] = families
         return families
+
+    def _rendered_parts(
+        self, k: int, i: int, collector: Parted, encoder: Encoder, content_type: str
+    ) -> list[_Families]:
+        """An account's collector with parts, each part rendered once per its version (a probe's run
+        renders that probe's series, not every one of the account's); one that cannot be rendered is
+        left out, the rest kept."""
+        account = self.kinds[k][i][0]
+        with self._lock:
+            cached = self._parts.get((k, i, content_type), {})
+        parts: list[tuple[object, _Families]] = []
+        failure: Exception | None = None
+        for version, part in collector.parts():
+            found = cached.get(id(version))
+            if found is None or found[0] is not version:
+                try:
+                    found = (version, _split(encoder(_Labelled(account, part)).removesuffix(OPENMETRICS_EOF)))
+                except Exception as error:  # a value no exposition can hold
+                    failure = error
+                    continue
+            parts.append(found)
+        with self._lock:
+            self._parts[(k, i, content_type)] = {id(version): (version, families) for version, families in parts}
+        if failure is not None:
+            self._failed(k, i, failure)
+        else:
+            self._broken.pop((k, i), None)
+        return [families for _, families in parts]
 
     def _failed(self, k: int, i: int, error: Exception) -> None:
         account, collector = self.kinds[k][i]
@@ -191,6 +236,9 @@ class AssembledExposition:
                     if getattr(collector, "version", None) is None:
                         continue  # rendered on each scrape anyway
                     if account is not None and name not in (account, ""):
+                        continue
+                    if isinstance(collector, Parted):  # its new parts: joined and deflated by the next scrape, once
+                        self._rendered_parts(k, i, collector, encoder, content_type)
                         continue
                     families = self._families(k, i, encoder, content_type)
                     if families.version is None or families.prepared:
