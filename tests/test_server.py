@@ -17,6 +17,7 @@ import requests
 from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT
 from exporter.model.snapshots import Latest
 from exporter.web import ExporterServer, View
 from tests.conftest import require_binary
@@ -115,6 +116,39 @@ def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         assert om.text.endswith("# EOF\n")
         assert requests.get(f"{server.url}/nope", timeout=5).status_code == 404
+    finally:
+        server.stop()
+
+
+PROMETHEUS_3_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
+    "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+def test_every_accept_header_is_served_one_of_two_formats_from_the_same_caches(clock: Clock) -> None:
+    """Prometheus 3's header, made-up versions and escapings get OpenMetrics 1.0.0 or the text
+    format 0.0.4, the bytes `prepare` rendered: each variant cached apart missed them, and a client
+    making up versions grew the caches with every one."""
+    server = start({}, clock)
+    try:
+        exposition = server.view.render.__self__  # type: ignore[attr-defined]  # (the bound render of `start`)
+        openmetrics, text = (server.view.render(accept)[0] for accept in (OPENMETRICS_ACCEPT, ""))
+        asked = [PROMETHEUS_3_ACCEPT, "text/plain;version=1.0.0;escaping=allow-utf-8", "*/*"]
+        asked += [f"application/openmetrics-text; version=1.0.{n}" for n in range(20)]
+        for accept in asked:
+            response = requests.get(f"{server.url}/metrics", headers={"Accept": accept}, timeout=5)
+            om = accept != "*/*" and not accept.startswith("text/plain")
+            assert response.headers["Content-Type"] == (
+                "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+                if om
+                else "text/plain; version=0.0.4; charset=utf-8"
+            ), accept
+            assert response.content == (openmetrics if om else text)
+        assert {content_type for _, content_type in exposition._cache} == {
+            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores",
+        }
     finally:
         server.stop()
 

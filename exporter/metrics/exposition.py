@@ -62,6 +62,16 @@ def gzip_member(texts: Sequence[bytes], pieces: Sequence[bytes]) -> bytes:
     return b"".join([_GZIP_HEADER, *pieces, _FINAL_BLOCK, struct.pack("<II", crc, size)])
 
 
+def negotiated(accept: str) -> str:
+    """The `Accept` header as one of the two expositions served: OpenMetrics 1.0.0 when the client
+    prefers OpenMetrics, else the text format 0.0.4. prometheus_client would write another for each
+    variant asked (any `version=1.0.N`, `escaping=allow-utf-8`, as Prometheus 3 asks), each cached
+    apart: every scrape of Prometheus 3 missed what `prepare` had rendered, and a client making up
+    versions grew the caches without end. The names here need no escaping: each format says the same."""
+    _, content_type = choose_encoder(accept)
+    return OPENMETRICS_ACCEPT if content_type.startswith("application/openmetrics-text") else ""
+
+
 @dataclass(frozen=True)
 class _Block:
     """A collector's block for one snapshot version and format; `piece`: its text deflated, from the first gzipped

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from email.message import Message
 
+from exporter.metrics.exposition import negotiated
 from exporter.web.page import landing_page
 from exporter.web.parsing import accepts_gzip
 from exporter.web.views import View, alerts_document, awaited, ready, reconciliation_document
@@ -25,7 +26,7 @@ class Response:
 
 
 def _metrics(view: View, headers: Message) -> Response:
-    accept = headers.get("Accept", "")
+    accept = negotiated(headers.get("Accept", ""))
     if view.render_gzipped is not None and accepts_gzip(headers.get_all("Accept-Encoding", [])):
         return Response(200, *view.render_gzipped(accept), gzipped=True)
     return Response(200, *view.render(accept))
