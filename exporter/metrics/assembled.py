@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -26,7 +25,18 @@ from prometheus_client.registry import Collector
 
 from exporter.config.schema import ACCOUNT
 from exporter.core.logs import get_logger
-from exporter.metrics.exposition import OPENMETRICS_ACCEPT, OPENMETRICS_EOF, Encoder, Parted, deflate, gzip_member
+from exporter.metrics.exposition import (
+    OPENMETRICS_ACCEPT,
+    OPENMETRICS_EOF,
+    Encoder,
+    Families,
+    Parted,
+    deflate,
+    families,
+    gzip_member,
+    joined,
+    rendered_parts,
+)
 
 log = get_logger(__name__)
 
@@ -71,39 +81,13 @@ class _Labelled(Collector):
             yield family
 
 
-def _split(text: bytes) -> _Families:
-    """Text as prometheus_client writes it, by family: each starts at its `# HELP` line, its header
-    runs over the `#` lines that follow, and its samples up to the next family's `# HELP`."""
-    families = _Families(None)
-    name = b""
-    header: list[bytes] = []
-    samples: list[bytes] = []
-
-    def close() -> None:
-        if name:
-            key = name.decode()
-            families.headers[key] = _Piece(b"".join(header))
-            families.samples[key] = _Piece(b"".join(samples))
-
-    for line in (line + b"\n" for line in text.split(b"\n")[:-1]):  # (by \n alone: a label value may hold \r)
-        if line.startswith(b"# HELP "):
-            close()
-            name, header, samples = line.split(b" ", 3)[2], [line], []
-        elif line.startswith(b"#") and not samples:
-            header.append(line)
-        else:
-            samples.append(line)
-    close()
-    return families
-
-
-def _joined(parts: Sequence[_Families]) -> _Families:
-    """The families of parts joined: each under the first header of it, with every part's samples."""
-    joined = _Families(None)
-    for name in dict.fromkeys(chain.from_iterable(families.headers for families in parts)):
-        joined.headers[name] = next(f.headers[name] for f in parts if name in f.headers)
-        joined.samples[name] = _Piece(b"".join([f.samples[name].text for f in parts if name in f.samples]))
-    return joined
+def _pieces_of(found: Families, version: object) -> _Families:
+    """Rendered families as pieces to deflate one at a time, for `version`."""
+    return _Families(
+        version,
+        {name: _Piece(header) for name, (header, _) in found.items()},
+        {name: _Piece(samples) for name, (_, samples) in found.items()},
+    )
 
 
 class AssembledExposition:
@@ -121,9 +105,9 @@ class AssembledExposition:
                 registry.register(_Labelled(account, collector))
                 self._registries[(k, i)] = registry
         self._cache: dict[tuple[int, int, str], _Families] = {}
-        self._parts: dict[tuple[int, int, str], dict[int, tuple[object, _Families]]] = {}
-        """Per collector with parts (an account's probes) and format, each part rendered, by the id of
-        its version (which it holds, so no other object has that id meanwhile); only ever replaced."""
+        self._parts: dict[tuple[int, int, str], dict[int, tuple[object, Families]]] = {}
+        """Per collector with parts (an account's probes) and format, its parts as last rendered
+        (`exposition.rendered_parts`); only ever replaced."""
         self._joined: dict[tuple[int, str], tuple[tuple[_Families, ...], list[_Piece]]] = {}
         """Per kind and format, its families' pieces in order, and the parts they were joined from."""
         self._lock = threading.Lock()
@@ -144,48 +128,34 @@ class AssembledExposition:
             return cached
         collector = self.kinds[k][i][1]
         if isinstance(collector, Parted):
-            families = _joined(self._rendered_parts(k, i, collector, encoder, content_type))
+            found = joined(self._rendered_parts(k, i, collector, encoder, content_type))
         else:
             try:
-                text = encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF)
+                found = families(encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF))
             except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
                 self._failed(k, i, error)
                 return _Families(None)
             self._broken.pop((k, i), None)
-            families = _split(text)
-        families = _Families(version, families.headers, families.samples)
+        rendered = _pieces_of(found, version)
         if version is not None:
             with self._lock:
-                self._cache[(k, i, content_type)] = families
-        return families
+                self._cache[(k, i, content_type)] = rendered
+        return rendered
 
-    def _rendered_parts(
-        self, k: int, i: int, collector: Parted, encoder: Encoder, content_type: str
-    ) -> list[_Families]:
-        """An account's collector with parts, each part rendered once per its version (a probe's run
-        renders that probe's series, not every one of the account's); one that cannot be rendered is
-        left out, the rest kept."""
+    def _rendered_parts(self, k: int, i: int, collector: Parted, encoder: Encoder, content_type: str) -> list[Families]:
+        """An account's collector with parts, each part labelled and rendered once per its version (a
+        probe's run renders that probe's series, not every one of the account's)."""
         account = self.kinds[k][i][0]
         with self._lock:
             cached = self._parts.get((k, i, content_type), {})
-        parts: list[tuple[object, _Families]] = []
-        failure: Exception | None = None
-        for version, part in collector.parts():
-            found = cached.get(id(version))
-            if found is None or found[0] is not version:
-                try:
-                    found = (version, _split(encoder(_Labelled(account, part)).removesuffix(OPENMETRICS_EOF)))
-                except Exception as error:  # a value no exposition can hold
-                    failure = error
-                    continue
-            parts.append(found)
+        parts, failure = rendered_parts(cached, collector.parts(), lambda part: encoder(_Labelled(account, part)))
         with self._lock:
-            self._parts[(k, i, content_type)] = {id(version): (version, families) for version, families in parts}
+            self._parts[(k, i, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
             self._failed(k, i, failure)
         else:
             self._broken.pop((k, i), None)
-        return [families for _, families in parts]
+        return [part for _, part in parts]
 
     def _failed(self, k: int, i: int, error: Exception) -> None:
         account, collector = self.kinds[k][i]
@@ -198,9 +168,9 @@ class AssembledExposition:
         pieces: list[_Piece] = []
         for k, parts in enumerate(self.kinds):
             rendered = tuple(self._families(k, i, encoder, content_type) for i in range(len(parts)))
-            joined = self._joined.get((k, content_type))
-            if joined is not None and all(a is b for a, b in zip(joined[0], rendered, strict=True)):
-                pieces += joined[1]  # no account's part of this kind changed: joined as last time
+            before = self._joined.get((k, content_type))
+            if before is not None and all(a is b for a, b in zip(before[0], rendered, strict=True)):
+                pieces += before[1]  # no account's part of this kind changed: joined as last time
                 continue
             kind: list[_Piece] = []
             order = dict.fromkeys(name for families in rendered for name in families.headers)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
@@ -92,38 +93,61 @@ class Parted(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class _Part:
-    """A part of a collector rendered for one version and format: its families' headers and samples, by name."""
-
-    version: object
-    headers: dict[str, bytes]
-    samples: dict[str, bytes]
+Families = dict[str, tuple[bytes, bytes]]
+"""Rendered text by family, in order: each family's header (its `#` lines) and its samples."""
 
 
-def _by_family(version: object, text: bytes) -> _Part:
-    """`text` as prometheus_client writes it, by family: each starts at its `# HELP` line and holds the `#` lines
-    (its header) and the samples that follow."""
-    headers: dict[str, list[bytes]] = {}
-    samples: dict[str, list[bytes]] = {}
-    name = ""
-    for line in (line + b"\n" for line in text.split(b"\n")[:-1]):  # (by \n alone: a label value may hold \r)
+def families(text: bytes) -> Families:
+    """`text` as prometheus_client writes it, by family: each starts at its `# HELP` line, its header
+    runs over the `#` lines that follow, and its samples up to the next family's `# HELP`. Lines
+    end at `\n` alone: a label value may hold `\r`, written as it is."""
+    found: dict[str, tuple[list[bytes], list[bytes]]] = {}
+    header: list[bytes] = []
+    samples: list[bytes] = []
+    for line in (line + b"\n" for line in text.split(b"\n")[:-1]):
         if line.startswith(b"# HELP "):
-            name = line.split(b" ", 3)[2].decode()
-            headers[name], samples[name] = [], []
-        (headers if line.startswith(b"#") else samples)[name].append(line)
-    return _Part(version, {k: b"".join(v) for k, v in headers.items()}, {k: b"".join(v) for k, v in samples.items()})
+            header, samples = [line], []
+            found[line.split(b" ", 3)[2].decode()] = (header, samples)
+        elif line.startswith(b"#") and not samples:
+            header.append(line)
+        else:
+            samples.append(line)
+    return {name: (b"".join(header), b"".join(samples)) for name, (header, samples) in found.items()}
 
 
-def _join(parts: Sequence[_Part]) -> bytes:
-    """The parts' families in the order they first come, each under its first header and with every part's samples
-    (a family's samples in one group, its HELP and TYPE once, as the text format needs)."""
-    names = dict.fromkeys(name for part in parts for name in part.headers)
-    pieces = []
-    for name in names:
-        pieces.append(next(part.headers[name] for part in parts if name in part.headers))
-        pieces += [part.samples[name] for part in parts if name in part.samples]
-    return b"".join(pieces)
+def joined(parts: Sequence[Families]) -> Families:
+    """The parts' families in the order they first come, each under its first header and with every
+    part's samples (a family's samples in one group, its HELP and TYPE once, as the format needs)."""
+    return {
+        name: (
+            next(part[name][0] for part in parts if name in part),
+            b"".join([part[name][1] for part in parts if name in part]),
+        )
+        for name in dict.fromkeys(chain.from_iterable(parts))
+    }
+
+
+def rendered_parts(
+    cached: Mapping[int, tuple[object, Families]],
+    found: Iterable[tuple[object, Collector]],
+    render: Callable[[Collector], bytes],
+) -> tuple[list[tuple[object, Families]], Exception | None]:
+    """A collector's parts (`found`: what its `parts()` gave) in order, each with its version: taken
+    from `cached` (by the id of its version, which each holds, so no other object has that id
+    meanwhile) or else rendered; one that cannot be rendered is left out (the last such error
+    returned), the rest kept. The caller keeps what comes back as its cache, in place of `cached`."""
+    parts: list[tuple[object, Families]] = []
+    failure: Exception | None = None
+    for version, part in found:
+        known = cached.get(id(version))
+        if known is None or known[0] is not version:
+            try:
+                known = (version, families(render(part).removesuffix(OPENMETRICS_EOF)))
+            except Exception as error:  # a value no exposition can hold: this part is left out
+                failure = error
+                continue
+        parts.append(known)
+    return parts, failure
 
 
 class Exposition:
@@ -136,9 +160,8 @@ class Exposition:
             self._registries.append(registry)
         self._parted = {index: c for index, c in enumerate(self.collectors) if isinstance(c, Parted)}
         self._cache: dict[tuple[int, str], _Block] = {}
-        self._parts: dict[tuple[int, str], dict[int, _Part]] = {}
-        """Per collector with parts and format, its parts as last rendered, by the id of their version (which each
-        holds, so no other object has that id while it is there); never changed, only replaced."""
+        self._parts: dict[tuple[int, str], dict[int, tuple[object, Families]]] = {}
+        """Per collector with parts and format, its parts as last rendered (`rendered_parts`); only ever replaced."""
         self._lock = threading.Lock()
         self._broken: dict[int, str] = {}
         """Collectors whose last render failed, with the error (logged once per new error)."""
@@ -182,7 +205,7 @@ class Exposition:
             return cached
         if index in self._parted:
             parts = self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
-            block = _Block(version, _join(parts))
+            block = _Block(version, b"".join(header + samples for header, samples in joined(parts).values()))
         else:
             block = _Block(version, self._text(index, encoder))
         if version is not None:
@@ -203,29 +226,18 @@ class Exposition:
 
     def _rendered_parts(
         self, index: int, found: Iterable[tuple[object, Collector]], encoder: Encoder, content_type: str
-    ) -> list[_Part]:
-        """A collector's parts (`found`: what its `parts()` gave) in order: each cached for its version, else rendered
-        (and cached). Those it no longer has are dropped; one that cannot be rendered is left out, the rest kept."""
+    ) -> list[Families]:
+        """A collector's parts (`found`: what its `parts()` gave), each rendered once per its version."""
         with self._lock:
             cached = self._parts.get((index, content_type), {})
-        parts: list[_Part] = []
-        error: Exception | None = None
-        for version, part_collector in found:
-            part = cached.get(id(version))
-            if part is None or part.version is not version:
-                try:
-                    part = _by_family(version, encoder(part_collector).removesuffix(OPENMETRICS_EOF))
-                except Exception as failed:  # a value no exposition can hold: leave this part out
-                    error = failed
-                    continue
-            parts.append(part)
+        parts, failure = rendered_parts(cached, found, encoder)
         with self._lock:
-            self._parts[(index, content_type)] = {id(part.version): part for part in parts}
-        if error is not None:
-            self._failed(index, self.collectors[index], error)
+            self._parts[(index, content_type)] = {id(version): (version, part) for version, part in parts}
+        if failure is not None:
+            self._failed(index, self.collectors[index], failure)
         else:
             self._broken.pop(index, None)
-        return parts
+        return [part for _, part in parts]
 
     def _text(self, index: int, encoder: Encoder) -> bytes:
         try:
