@@ -30,8 +30,8 @@ def _commands() -> dict[str, list[str]]:
         "--version": [*exporter, "--version"],
         "check": [*exporter, "check", "--config", str(EXAMPLE)],
         "rules": [*exporter, "rules", "--config", str(EXAMPLE)],
-        "python -c 'import pydantic' (what `check` and `rules` validate with)": [
-            sys.executable, "-c", "import pydantic; pydantic.BaseModel",
+        "python -c (pydantic and a model of one field, validated: what `check` and `rules` cannot start under)": [
+            sys.executable, "-c", "import pydantic\nclass M(pydantic.BaseModel):\n    x: int\nM(x=1)",
         ],
     }  # fmt: skip
 

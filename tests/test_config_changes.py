@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerts.alert import legacy_moves, legacy_rule_ids, rule_ids
+from exporter.alerts.alert import legacy_moves, legacy_rule_ids
 from exporter.app.daemon import Daemon
 from exporter.config.load import ConfigError, load, validate
+from exporter.config.rules import rule_ids
 from exporter.core.clock import Clock, FrozenClock
 from exporter.core.mrkdwn import TEXT
 from exporter.delivery.dispatcher import BACKOFF_MAX

@@ -21,7 +21,8 @@ from exporter.metrics import exposition as exposition_module
 from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.collectors import ProbeCollector
 from exporter.metrics.exposition import Exposition
-from exporter.model.snapshots import Histogram, Latest, ProbeRun, ProbeSnapshot, probe_source
+from exporter.model.snapshots import Histogram, Latest, ProbeRun, ProbeSnapshot
+from exporter.model.source_names import probe_source
 
 FORMATS = ["", "application/openmetrics-text; version=1.0.0"]
 PARSERS: dict[str, Callable[[str], Iterable[Metric]]] = {

@@ -13,8 +13,8 @@ from typing import Literal
 
 import msgspec
 
-from exporter.config.rules import RuleConfig, rule_id, rule_key
-from exporter.config.schema import AlertsConfig
+from exporter.config.rules import RuleConfig, rule_id
+from exporter.config.rules import rule_ids as rule_ids  # (the engine reads it here)
 from exporter.model import signals
 from exporter.model.events import AlertEvent
 
@@ -113,12 +113,6 @@ def _rule_incident(rule: str) -> str:
     return fingerprint({"__rule__": rule})
 
 
-def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
-    """Each rule's id (`config.rules.rule_key`), whatever its position and whatever rules come before or
-    after it."""
-    return [rule_key(rule) for rule in rules]
-
-
 def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
     """The ids versions before `rule_ids` gave: the second rule watching the same thing as an
     earlier one got `-2`, and so on (so reordering them swapped their alerts). Read only to move
@@ -181,10 +175,3 @@ def fmt(value: Decimal, signal: str | None = None) -> str:
 def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
     """Fill `{field}` templates (the names were checked when the config was loaded)."""
     return {name: template.format_map(fields) for name, template in templates.items()}
-
-
-def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
-    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
-    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
-    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
-    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}

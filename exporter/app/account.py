@@ -24,7 +24,8 @@ from exporter.metrics.collectors import (
     UsageCollector,
 )
 from exporter.metrics.exposition import Exposition
-from exporter.model.snapshots import Latest, probe_source
+from exporter.model.snapshots import Latest
+from exporter.model.source_names import probe_source
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
 from exporter.sources.probe import ProbeRunner

@@ -10,12 +10,12 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from exporter.alerts.alert import Alert, routes
+from exporter.alerts.alert import Alert
 from exporter.alerts.engine import Engine, Watched
 from exporter.app.account import Account, BillingFactory, RefreshFailed, build_exposition, collectors
 from exporter.billing import BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule
-from exporter.config.schema import ACCOUNT, BudgetConfig, Config
+from exporter.config.schema import ACCOUNT, BudgetConfig, Config, routes
 from exporter.core.clock import Clock
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, build, span

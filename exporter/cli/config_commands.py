@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.alerts.alert import routes, rule_ids
 from exporter.alerts.promrules import rule_file
 from exporter.config.load import ConfigError, load_checked
-from exporter.config.schema import Config
+from exporter.config.rules import rule_ids
+from exporter.config.schema import Config, routes
 from exporter.core.words import counted
 from exporter.state.file import location_problem
 

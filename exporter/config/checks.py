@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from exporter.model.signals import SIGNALS
-from exporter.model.snapshots import probe_source
+from exporter.model.source_names import probe_source
 from exporter.notifiers.kind import ResendKind
 from exporter.notifiers.registry import KINDS, no_digest
 

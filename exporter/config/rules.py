@@ -188,6 +188,12 @@ def rule_key(rule: RuleConfig) -> str:
     return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
 
 
+def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
+    """Each rule's id (`config.rules.rule_key`), whatever its position and whatever rules come before or
+    after it."""
+    return [rule_key(rule) for rule in rules]
+
+
 def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
     """(earlier, later) positions of rules that would make the same alerts."""
     first: dict[str, int] = {}

@@ -8,7 +8,7 @@ document, `Config.secret_values` in a loaded config.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
 from types import UnionType
@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.config.rules import RuleConfig
+from exporter.config.rules import RuleConfig, rule_ids
 from exporter.core.fields import (
     Amount,
     Duration,
@@ -520,3 +520,10 @@ def _tags(annotation: Any) -> tuple[object, ...]:
         return (*(m.tag for m in metadata if isinstance(m, Tag)), *_tags(model))
     fields = getattr(annotation, "model_fields", {})
     return get_args(fields["type"].annotation) if "type" in fields else ()
+
+
+def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
+    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
+    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
+    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}

@@ -1,8 +1,17 @@
-"""Counts in words people read: `1 probe`, `2 probes`, never `1 probes`."""
+"""Words people read: counts (`1 probe`, `2 probes`, never `1 probes`), and text on one line."""
 
 from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 def counted(count: int, noun: str, plural: str = "") -> str:
     """`count` and `noun` agreeing with it (`plural`, when adding an `s` does not make it)."""
     return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
+def line(text: str) -> str:
+    """One line of text: control characters (line breaks too) become a space."""
+    return _CONTROL.sub(" ", text).strip()

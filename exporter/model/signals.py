@@ -21,18 +21,11 @@ from typing import TYPE_CHECKING
 
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope, scope_values
-from exporter.model.forecast import forecast
-from exporter.model.snapshots import (
-    PROBE_PREFIX,
-    DailyAmount,
-    Latest,
-    UsageTotals,
-    per_day,
-    probe_source,
-)
+from exporter.model.source_names import PROBE_PREFIX, probe_source
 
 if TYPE_CHECKING:
     from exporter.config.rules import ThresholdRule
+    from exporter.model.snapshots import DailyAmount, Latest, UsageTotals
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted (name, value) pairs: a group's identity."""
@@ -205,6 +198,10 @@ def spend(rule: ThresholdRule, context: Context) -> Values | None:
     for group, a in groups(1) if len(bills.months) > 1 else ():
         if group is not None:
             previous.setdefault(group, []).append(a)
+    # (Imported here: the config's checks read SIGNALS, and `check` and `rules` load no snapshots.)
+    from exporter.model.forecast import forecast
+    from exporter.model.snapshots import per_day
+
     period = bills.current.period
     return {
         group: forecast(period, today, per_day(days), per_day(previous.get(group, [])) if previous else None)[0]

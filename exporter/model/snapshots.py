@@ -17,6 +17,7 @@ from typing import NamedTuple
 import msgspec
 
 from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast
+from exporter.model.source_names import probe_source
 
 BillKey = tuple[str, str, str]
 """An endpoint id or a billing item, the product and the project of a bill's rows."""
@@ -243,14 +244,6 @@ class ProbeSnapshot:
     tokens: Mapping[str, int]
     time_to_first_token: Histogram
     e2e_latency: Histogram
-
-
-PROBE_PREFIX = "probe:"
-
-
-def probe_source(name: str) -> str:
-    """The source name a probe refreshes as (`probe:NAME`): health, scheduling and alert rules use it."""
-    return PROBE_PREFIX + name
 
 
 @dataclass(frozen=True)

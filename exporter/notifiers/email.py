@@ -21,12 +21,10 @@ from pydantic import AfterValidator, Field, SecretStr, model_validator
 
 from exporter.core.fields import Text
 from exporter.core.logs import get_logger
-from exporter.core.words import counted
+from exporter.core.words import counted, line
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
-from exporter.notifiers import smtp
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind
-from exporter.notifiers.smtp import line
 
 if TYPE_CHECKING:
     from exporter.state import OutboxEntry
@@ -163,6 +161,8 @@ def _deliver(
     recipients = [r for r in entry.recipients if r in notifier.to] if entry.recipients else list(notifier.to)
     if not recipients:
         return Attempt(None)  # those it was still owed to have left `to` since
+    from exporter.notifiers import smtp  # (smtplib and ssl load with the first email, not with the config)
+
     sent = smtp.send(
         notifier,
         subject,

@@ -13,7 +13,6 @@ login, a missing STARTTLS, a certificate, the network, the deadline) is worth re
 
 from __future__ import annotations
 
-import re
 import smtplib
 import socket
 import ssl
@@ -27,16 +26,10 @@ from typing import TYPE_CHECKING
 
 from exporter.core.deadline import Deadline
 from exporter.core.net import network_cause
+from exporter.core.words import line
 
 if TYPE_CHECKING:
     from exporter.notifiers.email import EmailNotifier
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-
-
-def line(text: str) -> str:
-    """One line of text: control characters (line breaks too) become a space."""
-    return _CONTROL.sub(" ", text).strip()
 
 
 def _encodable(text: str) -> str:

@@ -19,10 +19,10 @@ from contextlib import AbstractContextManager, closing, contextmanager, nullcont
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from exporter.alerts.alert import Alert, rule_ids
+from exporter.alerts.alert import Alert
 from exporter.alerts.engine import Engine, Watched
 from exporter.billing import BillingAPI, BillingClient
-from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
 from exporter.config.schema import AlertsConfig, BudgetConfig, Config
 from exporter.core.clock import (
     Clock,

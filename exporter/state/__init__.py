@@ -8,12 +8,40 @@ per owner's tables (`usage`, `settled`, `history`, `probes`, `alerts`), and `sto
 which composes the owners' tables but the alerts', and `peek`).
 """
 
-from exporter.state.alerts import AlertStore, OutboxEntry
-from exporter.state.errors import StateError
-from exporter.state.file import location_problem
-from exporter.state.migrations import LAYOUT
-from exporter.state.store import StateStore, peek
-from exporter.state.usage import UsageCursor
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exporter.state.alerts import AlertStore, OutboxEntry
+    from exporter.state.errors import StateError
+    from exporter.state.file import location_problem
+    from exporter.state.migrations import LAYOUT
+    from exporter.state.store import StateStore, peek
+    from exporter.state.usage import UsageCursor
+
+_MODULES = {
+    "AlertStore": "alerts",
+    "OutboxEntry": "alerts",
+    "StateError": "errors",
+    "location_problem": "file",
+    "LAYOUT": "migrations",
+    "StateStore": "store",
+    "peek": "store",
+    "UsageCursor": "usage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Each name is imported from its module when first asked for, so that importing one module of the
+    package (`check` reads `file.location_problem`) does not load every owner's tables."""
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LAYOUT",
