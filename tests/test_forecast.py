@@ -244,3 +244,28 @@ def test_a_history_without_spread_still_gives_an_interval_while_it_is_short() ->
     outlook = month_forecast("2026-10", dt.date(2026, 10, 10), days, september)
     assert outlook.lower < outlook.point < outlook.upper
     assert 0.0 < outlook.chance_over(outlook.upper) < 0.5 < outlook.chance_over(outlook.lower) < 1.0
+
+
+def test_the_forecast_sorts_its_known_days_as_often_whatever_their_number(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weekday shape is refitted for every week of the days backtested for the interval, each
+    time from the days before it in order, not by sorting all the known days again: a longer
+    history is no more sorts of days."""
+    from exporter.model import forecast as module
+
+    sorts_of_days = [0]
+
+    def counting(values, **kwargs):  # type: ignore[no-untyped-def]
+        values = list(values)
+        sorts_of_days[0] += bool(values) and isinstance(values[0], dt.date)
+        return sorted(values, **kwargs)
+
+    monkeypatch.setattr(module, "sorted", counting, raising=False)
+    counts = []
+    for months in (3, 9):
+        history = held(*(f"2026-{m:02}" for m in range(12 - months, 12)))
+        december = {d: a for d, a in YEAR["2026-12"].items() if d.day < 10}
+        sorts_of_days[0] = 0
+        found = month_forecast("2026-12", dt.date(2026, 12, 10), december, history)
+        assert found.lower < found.point < found.upper  # (the model's forecast, not the fallback's)
+        counts.append(sorts_of_days[0])
+    assert counts[0] == counts[1] > 0, counts

@@ -181,7 +181,12 @@ def _week_around(known: Mapping[dt.date, Decimal], day: dt.date) -> Decimal | No
 def _factors(known: Mapping[dt.date, Decimal], last: dt.date) -> Factors | None:
     """The weekday factors from the latest `SHAPE_DAYS` known days up to `last`; None while a
     weekday has fewer than three days with a known week around them."""
-    window = {d: known[d] for d in sorted(d for d in known if d <= last)[-SHAPE_DAYS:]}
+    return _shape(known, sorted(d for d in known if d <= last)[-SHAPE_DAYS:])
+
+
+def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors | None:
+    """`_factors` of the known days `days` (in order, the window)."""
+    window = {d: known[d] for d in days}
     ratios: list[list[Decimal]] = [[] for _ in range(7)]
     for day, amount in window.items():
         mean = _week_around(window, day)
@@ -231,8 +236,8 @@ def _errors(known: Mapping[dt.date, Decimal], level: float) -> _Errors:
     for n, anchor in enumerate(days):
         if n + 1 < MIN_SHAPE_DAYS:
             continue
-        if fitted is None or (anchor - fitted).days >= 7:
-            factors, fitted = _factors(known, anchor), anchor
+        if fitted is None or (anchor - fitted).days >= 7:  # (`_factors(known, anchor)`, from the days in order)
+            factors, fitted = _shape(known, days[max(0, n + 1 - SHAPE_DAYS) : n + 1]), anchor
         if factors is None:
             continue
         weekdays = [float(f) for f in factors]
