@@ -2,7 +2,9 @@
 API of the benchmark's own (each endpoint billed every day of the month so far, answered in
 process), `--rules` spend rules by endpoint whose threshold every endpoint is over, evaluated
 once to fire them all, then timed over `--repeat` evaluations (the steady state of an incident,
-every `alerts.evaluation_interval`).
+every `alerts.evaluation_interval`). Then a scrape of /metrics after them, the alerts unchanged
+(OpenMetrics, gzipped, as Prometheus asks), timed over `--repeat` scrapes, beside rendering the
+alerts' block afresh (and compressing it), which each scrape did before the block was kept.
 
 python -m bench.evaluation [--endpoints 500] [--rules 10] [--repeat 5] [--rounds 3]
 
@@ -20,14 +22,20 @@ import logging
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import NamedTuple
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord, UsagePage
 from exporter.config.load import validate
 from exporter.core.clock import Clock
+from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT, Exposition, deflate
 
 TARGET = 0.5
 """Seconds for an evaluation at 5,000 endpoints and 10 rules, everything firing."""
@@ -79,10 +87,30 @@ class Billed:
         pass
 
 
-def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s") -> tuple[float, int]:
-    """(median seconds of an evaluation, alerts firing). With `keep_firing_for` as short as 1s,
-    every alert still true is due to be saved again at each evaluation (`engine.TRUE_LAG`): the
-    evaluation that writes them all, which a longer one has once in a tenth of it."""
+class Measured(NamedTuple):
+    """Median seconds of each, and the alerts firing."""
+
+    evaluation: float
+    firing: int
+    scrape: float
+    """A scrape of /metrics with the alerts unchanged since the last."""
+    rebuild: float
+    """The alerts' block rendered afresh and compressed."""
+
+
+def median_seconds(work: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s") -> Measured:
+    """With `keep_firing_for` as short as 1s, every alert still true is due to be saved again at
+    each evaluation (`engine.TRUE_LAG`): the evaluation that writes them all, which a longer one
+    has once in a tenth of it."""
     clock = Clock()
     with tempfile.TemporaryDirectory() as workdir:
         document = {
@@ -101,14 +129,27 @@ def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s"
             assert daemon.refresh("usage")
             daemon.alert_cycle()  # everything fires
             firing = sum(a.state == "firing" for a in daemon.sources.engine.current())
-            times = []
-            for _ in range(repeat):
-                started = time.perf_counter()
-                daemon.alert_cycle()
-                times.append(time.perf_counter() - started)
+            evaluation = median_seconds(daemon.alert_cycle, repeat)
+            exposition = daemon.sources.exposition
+            assert isinstance(exposition, Exposition)
+            exposition.render(OPENMETRICS_ACCEPT, gzipped=True)  # the first scrape since the alerts fired
+            scrape = median_seconds(lambda: exposition.render(OPENMETRICS_ACCEPT, gzipped=True), repeat)
+            registry = CollectorRegistry()
+            registry.register(next(c for c in exposition.collectors if isinstance(c, AlertsCollector)))
+            render = choose_encoder(OPENMETRICS_ACCEPT)[0]
+            rebuild = median_seconds(lambda: deflate(render(registry)), repeat)
         finally:
             daemon.stop()
-    return statistics.median(times), firing
+    return Measured(evaluation, firing, scrape, rebuild)
+
+
+def print_ratios(what: str, sizes: tuple[int, int, int], seconds: dict[int, list[float]]) -> None:
+    """10 × N ÷ N and 20 × N ÷ 10 × N, each the median of the rounds' ratios."""
+    small, large, larger = sizes
+    for before, after, linear in ((small, large, 10), (large, larger, 2)):
+        ratios = [b / a for a, b in zip(seconds[before], seconds[after], strict=True)]
+        print(f"  {what}ratio at {after:,} ÷ at {before:,}, median of the rounds': {statistics.median(ratios):.1f} "
+              f"(rounds: {', '.join(f'{r:.1f}' for r in ratios)}; linear: {linear})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,29 +162,33 @@ def main(argv: list[str] | None = None) -> None:
     logging.disable(logging.WARNING)
     today = Clock().today()
     sizes = (args.endpoints, 10 * args.endpoints, 20 * args.endpoints)
-    small, large, larger = sizes
+    large = sizes[1]
     listed = ", ".join(f"{n:,}" for n in sizes)
     print(f"alert evaluation, {args.rules} rules by endpoint, everything firing; the month billed up to today, day "
           f"{today.day} (the work grows with the day of the month); {args.rounds} rounds of {listed} endpoints in "
           f"turn, each the median of {args.repeat} evaluations")  # fmt: skip
-    results: dict[int, list[float]] = {n: [] for n in sizes}
-    firing: dict[int, int] = {}
+    rounds: dict[int, list[Measured]] = {n: [] for n in sizes}
     for _ in range(args.rounds):  # (in turn, so that a slower spell of a shared machine falls on every size)
         for endpoints in sizes:
-            seconds, firing[endpoints] = measure(endpoints, args.rules, args.repeat)
-            results[endpoints].append(seconds)
+            rounds[endpoints].append(measure(endpoints, args.rules, args.repeat))
+    results = {n: [m.evaluation for m in measured] for n, measured in rounds.items()}
     for endpoints in sizes:
         runs = ", ".join(f"{s * 1000:.0f}" for s in results[endpoints])
-        print(f"  {endpoints:,} endpoints ({firing[endpoints]:,} alerts firing): "
+        print(f"  {endpoints:,} endpoints ({rounds[endpoints][-1].firing:,} alerts firing): "
               f"{statistics.median(results[endpoints]) * 1000:.0f} ms an evaluation (rounds: {runs})")  # fmt: skip
-    writing, _ = measure(large, args.rules, args.repeat, keep_firing_for="1s")
+    writing = measure(large, args.rules, args.repeat, keep_firing_for="1s").evaluation
     print(
         f"  {large:,} endpoints, every alert saved again (keep_firing_for: 1s): {writing * 1000:.0f} ms an evaluation"
     )
-    for before, after, linear in ((small, large, 10), (large, larger, 2)):
-        ratios = [b / a for a, b in zip(results[before], results[after], strict=True)]
-        print(f"  ratio at {after:,} ÷ at {before:,}, median of the rounds': {statistics.median(ratios):.1f} "
-              f"(rounds: {', '.join(f'{r:.1f}' for r in ratios)}; linear: {linear})")  # fmt: skip
+    print_ratios("", sizes, results)
+    scrapes = {n: [m.scrape for m in measured] for n, measured in rounds.items()}
+    for endpoints in sizes:
+        shares = [m.scrape / m.rebuild for m in rounds[endpoints]]
+        print(f"  {endpoints:,} endpoints, a scrape with unchanged alerts: "
+              f"{statistics.median(scrapes[endpoints]) * 1000:.1f} ms, {statistics.median(shares):.3f} × rendering "
+              f"the alerts' block afresh ({statistics.median(m.rebuild for m in rounds[endpoints]) * 1000:.0f} ms; "
+              f"rounds: {', '.join(f'{r:.3f}' for r in shares)})")  # fmt: skip
+    print_ratios("a scrape with unchanged alerts, ", sizes, scrapes)
     at_large = statistics.median(results[large])
     print(f"  at {large:,}: {at_large:.2f} s  (target < {TARGET:g} s at 5,000 endpoints and 10 rules)")
 

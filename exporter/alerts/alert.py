@@ -13,8 +13,7 @@ from typing import Literal
 
 import msgspec
 
-from exporter.config.rules import RuleConfig, rule_id
-from exporter.config.rules import rule_ids as rule_ids  # (the engine reads it here)
+from exporter.config.rules import RuleConfig, rule_id, rule_ids
 from exporter.model import signals
 from exporter.model.events import AlertEvent
 

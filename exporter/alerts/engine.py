@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from exporter.alerts import anomalies, rules
-from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render, rule_ids
-from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
+from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope, scope_values
@@ -121,8 +121,12 @@ class Engine:
         self._by_rule: dict[str, list[str]] = {}
         """Each rule's alerts' keys as an evaluation starts."""
         self._budget_named = {budget.name: budget for budget in self.budgets}  # (names are unique)
+        self._version: object = object()
+        self._changed = False
+        """What the alerts show changed in memory since `_version` was last replaced."""
         self._load()
         self.adopt_legacy_ids()
+        self._publish()
 
     def adopt_legacy_ids(self) -> None:
         """Alerts saved by a version whose rule ids depended on the rules' order move to their
@@ -140,6 +144,7 @@ class Engine:
         alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
         sent = self.db.load_sent()
         self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
+        self._changed = True
 
     # -- evaluation --
 
@@ -161,6 +166,22 @@ class Engine:
                 with contextlib.suppress(StateError):  # then the original failure says enough
                     self._load()
                 raise
+            finally:
+                self._publish()  # (memory changed even when the evaluation failed)
+
+    @property
+    def version(self) -> object:
+        """Stands for what the alerts show (`current`'s alerts, their labels and states, and
+        `judged`): the same object, the same; a new one once an evaluation or a read of the state
+        file has changed any of it. Replaced only when the change is complete, so what is rendered
+        after reading it is at least as new as it."""
+        return self._version
+
+    def _publish(self) -> None:
+        """A new `version` if what the alerts show changed (called holding the lock, or at start)."""
+        if self._changed:
+            self._version = object()
+            self._changed = False
 
     def _evaluate(self) -> int:
         with self.db.store.transaction() as db:
@@ -249,6 +270,8 @@ class Engine:
                 continue  # not judged now: its last judgement stays shown, its alerts as they are
             self._anomalies(db, rule, rid, watched.name, findings, day, now, firing.pop(watched.name, []))
             judged[f"{rid}/{watched.name}" if watched.name else rid] = (rule, day, findings, watched.name)
+        if judged != self.judged:  # (the same rules' findings are the same lists while their inputs are)
+            self._changed = True
         self.judged = judged  # replaced whole: scrapes read it unlocked
         names = {watched.name for watched in self.accounts}
         for account, keys in firing.items():
@@ -478,12 +501,16 @@ class Engine:
             self.db.enqueue(db, notifier, event, now)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:
+        before = self.alerts.get(alert.key)
+        if before is None or before.state != alert.state or before.labels is not alert.labels:
+            self._changed = True  # (a new value or annotation alone changes nothing `version` stands for)
         self.alerts[alert.key] = alert
         self._saved_true.pop(alert.key, None)
         self.db.save_state(db, alert.key, alert.rule, alert.body())
 
     def _delete(self, db: sqlite3.Connection, key: str) -> None:
         del self.alerts[key]
+        self._changed = True
         self._saved_true.pop(key, None)
         self.db.delete_state(db, key)
 

@@ -14,7 +14,9 @@ A collector with `parts()` (the probes) changes a part at a time: each run of P 
 probe's snapshot, and rendering the block whole after each would cost P probes' series per run, P²
 a round. Each part is rendered once per its version instead (a run renders its probe's series), and
 the block is joined from the parts, family by family, and compressed at the first scrape that needs
-it: once per scrape at most, however many runs came between.
+it: once per scrape at most, however many runs came between. The alerts' collector is in parts too:
+their series, rendered once per change of the alerts, and the small notification figures, which
+change with each delivery (`metrics.alerts`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class _Block:
 
 @runtime_checkable
 class Parted(Protocol):
-    """A collector whose series change a part at a time (a probe's)."""
+    """A collector whose series change a part at a time (a probe's; the alerts' or the notification figures)."""
 
     def parts(self) -> Iterable[tuple[object, Collector]]:
         """Its parts in order, each with its version (the same object, the same text) and a collector of the part

@@ -1,0 +1,289 @@
+"""The alerts' block of /metrics is rendered once per change of the alerts, not at every scrape:
+byte for byte what rendering the collector whole gives, in both formats, plain and gzipped, through
+evaluations that change states, a reload that removes a rule and alerts resolving; and never stale,
+even when an evaluation ends while a scrape renders. On the simulator in process
+(tests/daemon_fakes.py), on a frozen clock."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from exporter.alerts.alert import Alert
+from exporter.alerts.engine import Engine
+from exporter.app.daemon import Daemon
+from exporter.app.sources import source_key
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock
+from exporter.metrics.alerts import AlertsCollector
+from exporter.metrics.assembled import AssembledExposition
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT, Exposition
+from exporter.sim import ITEMS, Simulator, SpendModel
+from tests.daemon_fakes import NOWHERE, fake_billing_section, unit_daemon
+from tests.helpers import named, parse
+from tests.test_spend_anomaly import RULE as ANOMALY_RULE
+from tests.test_spend_anomaly import YESTERDAY
+
+TODAY = dt.date(2026, 11, 22)
+VARIANTS = [(accept, gzipped) for accept in ("", OPENMETRICS_ACCEPT) for gzipped in (False, True)]
+"""Both formats, plain and gzipped."""
+
+
+class Whole(Collector):
+    """A collector rendered whole at every scrape: how the alerts' block was rendered before it was
+    kept between scrapes."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.collector.collect()
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[Engine]:
+    """Each call of `Engine.current` (a walk over every alert held), by any engine."""
+    calls: list[Engine] = []
+    current = Engine.current
+
+    def counted(engine: Engine, notifier: str | None = None) -> list[Alert]:
+        calls.append(engine)
+        return current(engine, notifier)
+
+    monkeypatch.setattr(Engine, "current", counted)
+    return calls
+
+
+@pytest.fixture
+def spiked(sim: Simulator) -> Simulator:
+    """Months of history with a spike on the day judged (an anomaly fires and the judged days show)."""
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    sim.add_spike(YESTERDAY, sim.endpoints[1].endpoint_id, 2.5)
+    return sim
+
+
+def spent_today(sim: Simulator) -> dict[str, Decimal]:
+    return {
+        e.endpoint_id: sum((sim.charge(f"{TODAY:%Y-%m}", TODAY, e, item)[0] for item in ITEMS), Decimal(0))
+        for e in sim.endpoints
+    }
+
+
+def spend_rule(alert: str, threshold: Decimal, hold: str) -> dict[str, object]:
+    return {"alert": alert, "signal": "spend", "window": "today", "by": ["endpoint_id"], "op": ">",
+            "threshold": str(threshold), "for": hold, "labels": {"severity": "warning"}}  # fmt: skip
+
+
+def started(sim: Simulator, clock: Clock, tmp_path: Path, rules: list[dict[str, object]], several: bool) -> Daemon:
+    """A unit-layer daemon with these rules, its config in a file (for reloads)."""
+    billing = fake_billing_section(sim)
+    document: dict[str, object] = {
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"rules": rules, "notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]},
+    }
+    if several:
+        document["accounts"] = [{"name": "a", "billing": billing}, {"name": "b", "billing": billing}]
+    else:
+        document["billing"] = billing
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return unit_daemon(validate(document, {}), sim, clock, config_path=path)
+
+
+def reconfigured(daemon: Daemon, change: Callable[[dict[str, Any]], None]) -> None:
+    """The daemon's config file changed by `change`, and reloaded."""
+    assert daemon.config_path is not None
+    path = Path(daemon.config_path)
+    document = yaml.safe_load(path.read_text())
+    change(document)
+    path.write_text(yaml.safe_dump(document))
+    assert daemon.reload()
+
+
+def refreshed(daemon: Daemon, *sources: str) -> None:
+    """These sources of every account refreshed, then the rules evaluated."""
+    for source in sources:
+        for account in daemon.sources.accounts:
+            assert daemon.refresh(source_key(account, source))
+    daemon.alert_cycle()
+
+
+def states(text: str) -> dict[str, set[str]]:
+    """Each alert name in `inference_alerts`, with the states its alerts are in."""
+    found: dict[str, set[str]] = {}
+    for labels in named(parse(text), "inference_alerts"):
+        found.setdefault(dict(labels)["alertname"], set()).add(dict(labels)["alertstate"])
+    return found
+
+
+def alerted(text: str, alertname: str) -> set[str]:
+    """The endpoints with an alert of `alertname` in `inference_alerts`."""
+    return {dict(labels)["endpoint_id"] for labels in named(parse(text), "inference_alerts")
+            if dict(labels)["alertname"] == alertname}  # fmt: skip
+
+
+def alerts_collector(daemon: Daemon) -> AlertsCollector:
+    exposition = daemon.sources.exposition
+    if isinstance(exposition, Exposition):
+        collectors = list(exposition.collectors)
+    else:
+        collectors = [collector for kind in exposition.kinds for _, collector in kind]
+    (found,) = [collector for collector in collectors if isinstance(collector, AlertsCollector)]
+    return found
+
+
+class Scrapes:
+    """Scrapes of the daemon's alerts collector alone, as its exposition has it (one account's
+    `Exposition`, several accounts' `AssembledExposition`; the rest of /metrics moves between two
+    scrapes on its own), each checked against the collector rendered whole."""
+
+    def __init__(self, daemon: Daemon, walks: list[Engine]) -> None:
+        self.daemon, self.walks = daemon, walks
+        self._built: tuple[AlertsCollector, Exposition | AssembledExposition] | None = None
+
+    def exposition(self, collector: Collector) -> Exposition | AssembledExposition:
+        if isinstance(self.daemon.sources.exposition, Exposition):
+            return Exposition([collector])
+        return AssembledExposition([[("", collector)]])
+
+    def __call__(self) -> str:
+        """The block in each format, twice, each time what the collector rendered whole gives; the
+        second scrape does not walk the alerts. Returns the plain text."""
+        collector = alerts_collector(self.daemon)
+        if self._built is None or self._built[0] is not collector:  # a reload built another
+            self._built = (collector, self.exposition(collector))
+        exposition = self._built[1]
+        for accept, gzipped in VARIANTS:
+            served = exposition.render(accept, gzipped)[0]
+            self.walks.clear()
+            assert exposition.render(accept, gzipped)[0] == served
+            assert self.walks == []
+            assert served == self.exposition(Whole(collector)).render(accept, gzipped)[0]
+        return exposition.render()[0].decode()
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_the_kept_block_is_byte_for_byte_a_fresh_one_through_evaluations_a_reload_and_resolves(
+    spiked: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine], several: bool
+) -> None:
+    low = min(spent_today(spiked).values()) / 2  # every endpoint is over it
+    rules = [spend_rule("Held", low, "10m"), spend_rule("Quick", low, "0s"), ANOMALY_RULE]
+    daemon = started(spiked, clock, tmp_path, rules, several)
+    try:
+        scrape = Scrapes(daemon, walks)
+        assert states(scrape()) == {}
+        refreshed(daemon, "history", "bills")
+        text = scrape()
+        assert states(text) == {"Held": {"pending"}, "Quick": {"firing"}, "SpendAnomaly": {"firing"}}
+        assert named(parse(text), "inference_spend_anomaly_impact_amount")
+
+        spiked.revise_bill(YESTERDAY, spiked.endpoints[1].endpoint_id, ITEMS[0], Decimal(500))
+        refreshed(daemon, "history", "bills")  # the same alerts, a larger impact judged
+        impact = [line for line in scrape().splitlines() if line.startswith("inference_spend_anomaly_impact")]
+        assert impact != [line for line in text.splitlines() if line.startswith("inference_spend_anomaly_impact")]
+
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.alert_cycle()  # Held's alerts fire
+        assert states(scrape()) == {"Held": {"firing"}, "Quick": {"firing"}, "SpendAnomaly": {"firing"}}
+
+        reconfigured(daemon, lambda document: document["alerts"]["rules"].pop(1))  # Quick is removed
+        assert "Quick" in states(scrape())  # still held until the new engine evaluates
+        daemon.alert_cycle()
+        assert states(scrape()) == {"Held": {"firing"}, "SpendAnomaly": {"firing"}}
+
+        calm = spiked.endpoints[0].endpoint_id
+        for item in ITEMS:
+            spiked.revise_bill(TODAY, calm, item, Decimal("0.0001"))
+        held = alerted(scrape(), "Held")
+        refreshed(daemon, "bills")  # its Held alert resolves
+        assert calm in held
+        assert alerted(scrape(), "Held") == held - {calm}
+    finally:
+        daemon.stop(grace=5)
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_a_scrape_with_unchanged_alerts_does_not_walk_them(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine], several: bool
+) -> None:
+    low = min(spent_today(sim).values()) / 2
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", low, "0s")], several)
+    try:
+        refreshed(daemon, "bills")
+        exposition = daemon.sources.exposition
+        for accept, gzipped in VARIANTS:
+            exposition.render(accept, gzipped)
+        frozen.advance(dt.timedelta(minutes=1))
+        top = max(spent_today(sim).items(), key=lambda pair: pair[1])[0]
+        sim.revise_bill(TODAY, top, ITEMS[0], Decimal(1000))  # a new reading of an alert still firing
+        refreshed(daemon, "bills")
+        daemon.alert_cycle()
+        daemon.deliver()  # the webhook is nowhere: a failed attempt
+        walks.clear()
+        for accept, gzipped in VARIANTS:
+            exposition.render(accept, gzipped)
+        assert walks == []
+        assert 'inference_alert_notifications_failed_total{notifier="hook"} 1.0' in exposition.render()[0].decode()
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_evaluation_that_changes_an_alerts_state_shows_at_the_next_scrape(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine]
+) -> None:
+    amounts = sorted(spent_today(sim).values())
+    between = (amounts[-2] + amounts[-1]) / 2  # the top endpoint alone is over it
+    rules = [spend_rule("Top", between, "10m"), spend_rule("Quick", amounts[0] / 2, "0s")]
+    daemon = started(sim, clock, tmp_path, rules, several=False)
+    try:
+        refreshed(daemon, "bills")
+        scrape = Scrapes(daemon, walks)
+        assert states(scrape()) == {"Top": {"pending"}, "Quick": {"firing"}}
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.alert_cycle()  # Top's one alert fires
+        assert states(scrape()) == {"Top": {"firing"}, "Quick": {"firing"}}
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_evaluation_ending_while_a_scrape_renders_shows_at_the_next_scrape(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    amounts = sorted(spent_today(sim).values())
+    between = (amounts[-2] + amounts[-1]) / 2
+    daemon = started(sim, clock, tmp_path, [spend_rule("Top", between, "10m")], several=False)
+    try:
+        exposition = daemon.sources.exposition
+
+        def shown() -> dict[str, set[str]]:
+            return states(exposition.render()[0].decode())
+
+        assert shown() == {}
+        refreshed(daemon, "bills")  # pending
+        frozen.advance(dt.timedelta(minutes=10))
+        current, walks = Engine.current, []
+
+        def evaluated_meanwhile(engine: Engine, notifier: str | None = None) -> list[Alert]:
+            """The alerts, then an evaluation that fires the pending one before the scrape renders them."""
+            walks.append(engine)
+            alerts = current(engine, notifier)
+            if len(walks) == 1:
+                daemon.alert_cycle()
+            return alerts
+
+        monkeypatch.setattr(Engine, "current", evaluated_meanwhile)
+        assert shown() == {"Top": {"pending"}}  # rendered from what it read before the evaluation
+        assert shown() == {"Top": {"firing"}}
+        assert len(walks) == 2
+        assert shown() == {"Top": {"firing"}}
+        assert len(walks) == 2  # kept from then on
+    finally:
+        daemon.stop(grace=5)
