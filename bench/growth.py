@@ -1,7 +1,8 @@
 """Work that grew faster than what it is given, each at a size and ten times it: the ratio of the
 two times, median of `--rounds` rounds taken in turn (linear: 10).
 
-python -m bench.growth [--rounds 3] [--notifications 1000] [--endpoints 500] [--accounts 100] [--history 200]
+python -m bench.growth [--rounds 3] [--notifications 1000] [--endpoints 500] [--accounts 100] [--digests 40]
+                       [--history 200]
 
 - draining the outbox: N notifications waiting, each delivered in turn (the state file's work of
   a delivery: the next one found, marked delivered, rows a week old forgotten; no HTTP);
@@ -9,6 +10,8 @@ python -m bench.growth [--rounds 3] [--notifications 1000] [--endpoints 500] [--
   alert evaluation, and the budgets' metrics rendered;
 - a spend rule by account and endpoint (everything firing) and a spend anomaly rule, over A
   accounts of 5 endpoints: an alert evaluation;
+- digests over A accounts of 5 endpoints, the spend rule by account and endpoint firing: a round
+  of digests, each account's made and queued;
 - the months of history held in the state file read back at start-up, 4 months and the current
   one of E endpoints.
 """
@@ -59,8 +62,8 @@ def drain(waiting: int) -> float:
     return elapsed
 
 
-def daemon_of(document: dict[str, Any], endpoints: int, workdir: str) -> Daemon:
-    clock = Clock()
+def daemon_of(document: dict[str, Any], endpoints: int, workdir: str, clock: Clock | None = None) -> Daemon:
+    clock = clock or Clock()
     config = validate(document | {"state": {"path": str(Path(workdir) / "state.db")}}, {})
     daemon = Daemon(config, clock=clock, billing=lambda c: Billed(endpoints, clock), serve=False)
     for account in config.accounts or [None]:
@@ -98,13 +101,18 @@ def budgets(endpoints: int) -> tuple[float, float]:
             daemon.stop()
 
 
+SPEND_BY_ACCOUNT = {
+    "alert": "Spend", "signal": "spend", "window": "month", "by": ["account", "endpoint_id"], "threshold": "0.5",
+}  # fmt: skip
+"""Every endpoint is over it (`Billed`): an alert each, firing."""
+
+
 def accounts(count: int) -> float:
     """An evaluation over `count` accounts of 5 endpoints, a spend rule by account and endpoint firing."""
     document = {
         "accounts": [{"name": f"a{n:04d}", "billing": BILLING} for n in range(count)],
         "alerts": {"rules": [
-            {"alert": "Spend", "signal": "spend", "window": "month", "by": ["account", "endpoint_id"],
-             "threshold": "0.5"},
+            SPEND_BY_ACCOUNT,
             {"alert": "Anomaly", "signal": "spend_anomaly", "by": ["endpoint_id"], "min_amount": "0",
              "min_percent": "1"},
         ]},
@@ -113,6 +121,31 @@ def accounts(count: int) -> float:
         daemon = daemon_of(document, 5, workdir)
         try:
             return timed(daemon.alert_cycle)
+        finally:
+            daemon.stop()
+
+
+def digests(count: int) -> float:
+    """Seconds to make and queue the digests of `count` accounts of 5 endpoints, a spend rule by
+    account and endpoint firing: the daemon is made an hour before the digests' time, then its
+    clock is moved to it (each daemon makes its digests once)."""
+    zone = Clock().tz
+    frozen = FrozenClock(dt.datetime.combine(dt.datetime.now(zone).date(), dt.time(10), zone))
+    document = {
+        "accounts": [{"name": f"a{n:04d}", "billing": BILLING} for n in range(count)],
+        "alerts": {"rules": [SPEND_BY_ACCOUNT], "notifiers": [{"name": "finance", "type": "webhook",
+                                                            "url": "https://hook.invalid"}]},
+        "digest": {"notifiers": ["finance"], "at": "11:00"},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory() as workdir:
+        daemon = daemon_of(document, 5, workdir, Clock(zone, frozen))
+        try:
+            frozen.advance(dt.timedelta(hours=1))
+            started = time.perf_counter()
+            daemon.digest_cycle()
+            elapsed = time.perf_counter() - started
+            assert daemon.dispatcher.pending() == {"finance": count}, "a digest per account, and nothing else"
+            return elapsed
         finally:
             daemon.stop()
 
@@ -148,12 +181,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoints", type=int, default=500, help="for the budgets")
     parser.add_argument("--history", type=int, default=200, help="endpoints, for the history")
     parser.add_argument("--accounts", type=int, default=100)
+    parser.add_argument("--digests", type=int, default=40, help="accounts, for the digests")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     cases: list[tuple[str, int, Callable[[int], tuple[float, ...]]]] = [
         ("draining the outbox, notifications", args.notifications, lambda n: (drain(n),)),
         ("budgets on an endpoint each (evaluation; render), endpoints", args.endpoints, budgets),
         ("spend and anomaly rules over accounts (evaluation), accounts", args.accounts, lambda n: (accounts(n),)),
+        ("digests over accounts (a round of digests), accounts", args.digests, lambda n: (digests(n),)),
         ("history read back at start-up, endpoints", args.history, lambda n: (history(n),)),
     ]
     print(f"growth: each at N and 10 × N, {args.rounds} rounds in turn; ratio 10 × N ÷ N, median of the rounds'")

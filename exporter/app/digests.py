@@ -1,15 +1,19 @@
 """When the digest is due: its scheduled day, how long it waits for the day's figures, and its
-queueing (once per day or week and account, across restarts)."""
+queueing (once per day or week and account, across restarts), each account's with its own alerts."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import heapq
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from operator import itemgetter
 
+from exporter.alerts.alert import Alert
 from exporter.app.sources import Sources
-from exporter.config.schema import Config, DigestConfig
+from exporter.config.schema import ACCOUNT, Config, DigestConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.delivery.dispatcher import Dispatcher
@@ -47,6 +51,34 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     return config.billing.history_months == 0 or todays_history(latest, clock)
 
 
+class FiringByAccount:
+    """The firing alerts each account's digest tells, read once for a round of digests and grouped
+    by account in one pass: each account's digest then reads its own alerts, not every one held
+    (400 accounts' digests, each sorting and walking all 2,000 alerts held, took 0.9 s)."""
+
+    def __init__(self, current: Callable[[], Sequence[Alert]]) -> None:
+        """`current`: the alerts held, in the order a digest lists them; read at the first `of`, so
+        a round whose digests were all made before reads nothing."""
+        self._current = current
+
+    @functools.cached_property
+    def _groups(self) -> tuple[dict[str, list[tuple[int, Alert]]], list[tuple[int, Alert]]]:
+        """Each account's firing alerts, and those of rules not split by account (no `account`
+        label: in every account's digest), each with its place in the order held."""
+        own: dict[str, list[tuple[int, Alert]]] = {}
+        shared: list[tuple[int, Alert]] = []
+        for place, alert in enumerate(self._current()):
+            if alert.state == "firing":
+                name = alert.labels.get(ACCOUNT)
+                (shared if name is None else own.setdefault(name, [])).append((place, alert))
+        return own, shared
+
+    def of(self, account: str) -> list[Alert]:
+        """The firing alerts of `account` and of rules not split by account, in the order held."""
+        own, shared = self._groups
+        return [alert for _, alert in heapq.merge(own.get(account, []), shared, key=itemgetter(0))]
+
+
 class DigestQueue:
     """Queues the digest of each account when its time has come (see `Daemon.digest_cycle`)."""
 
@@ -77,8 +109,9 @@ class DigestQueue:
         if sent_on is None:
             return False
         queued = False
+        firing = FiringByAccount(sources.engine.current)
         for name in list(sources.accounts):  # with several accounts, one digest each
-            queued = self._account(sources, dispatcher, url, config, name, sent_on, now) or queued
+            queued = self._account(sources, dispatcher, url, config, name, sent_on, now, firing) or queued
         return queued
 
     def _account(
@@ -90,6 +123,7 @@ class DigestQueue:
         name: str,
         sent_on: dt.date,
         now: dt.datetime,
+        firing: FiringByAccount,
     ) -> bool:
         key = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
         with self._busy():
@@ -105,7 +139,7 @@ class DigestQueue:
                     seconds=DIGEST_WAIT
                 ):
                     return False
-                body = sources.digest(sent_on, config.schedule, url, account=name)
+                body = sources.digest(sent_on, config.schedule, url, alerts=firing.of(name), account=name)
                 # For the notifiers configured now: a reload meanwhile may have removed one (and
                 # dropped its queue), which a digest queued after it must not fill again.
                 with self._alerts_lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 from exporter.alerts.alert import Alert
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
+from exporter.app.digests import FiringByAccount
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
 from exporter.billing import BillingClient, BillingError
 from exporter.cli.config_commands import EXIT_CONFIG, EXIT_SOURCE, EXIT_USAGE, chosen_accounts, load_config
@@ -93,13 +94,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
         runs, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
-        bodies = []
+        bodies, firing = [], FiringByAccount(lambda: alerts)
         for name, _ in chosen_accounts(config, args, "digest", every=True):
             if name:  # with several accounts, each keeps its probe runs in its own file
                 of_account = peek(account_state_path(config.state.path, name), *sources.digest_span(today, schedule))
                 runs = [] if of_account is None else of_account[0]
             url = config.server.external_url or ""
-            bodies.append(sources.digest(today, schedule, url, runs=runs, alerts=alerts, account=name))
+            bodies.append(sources.digest(today, schedule, url, runs=runs, alerts=firing.of(name), account=name))
         sys.stdout.write("\n".join(digest_text(body) for body in bodies))
         if not args.send:
             return 0
