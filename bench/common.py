@@ -1,12 +1,13 @@
-"""A simulator in its own process (so its CPU does not share our GIL) and a client for it."""
+"""A simulator in its own process (so its CPU does not share our GIL), a client for it, and timing."""
 
 from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
 import resource
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -89,3 +90,13 @@ def add_usage(url: str, count: int) -> None:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median_seconds(work: Callable[[], object], repeat: int = 3) -> float:
+    """The median wall time of `repeat` runs of `work`."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)

@@ -21,8 +21,7 @@ import datetime as dt
 import logging
 import statistics
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from typing import NamedTuple
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from bench.common import median_seconds
 from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord, UsagePage
 from exporter.config.load import validate
@@ -96,15 +96,6 @@ class Measured(NamedTuple):
     """A scrape of /metrics with the alerts unchanged since the last."""
     rebuild: float
     """The alerts' block rendered afresh and compressed."""
-
-
-def median_seconds(work: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s") -> Measured:

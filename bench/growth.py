@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import median_seconds
 from bench.evaluation import Billed
 from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord
@@ -74,15 +75,6 @@ def daemon_of(document: dict[str, Any], endpoints: int, workdir: str, clock: Clo
     return daemon
 
 
-def timed(action: Callable[[], object], repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def budgets(endpoints: int) -> tuple[float, float]:
     """(an evaluation, the budgets' render), with a budget on every tenth endpoint and a rule on each."""
     named = [
@@ -96,7 +88,7 @@ def budgets(endpoints: int) -> tuple[float, float]:
             exposition = daemon.sources.exposition
             assert isinstance(exposition, Exposition)  # (one account)
             collector = next(c for c in exposition.collectors if isinstance(c, BudgetCollector))
-            return timed(daemon.alert_cycle), timed(lambda: list(collector.collect()))
+            return median_seconds(daemon.alert_cycle), median_seconds(lambda: list(collector.collect()))
         finally:
             daemon.stop()
 
@@ -120,7 +112,7 @@ def accounts(count: int) -> float:
     with tempfile.TemporaryDirectory() as workdir:
         daemon = daemon_of(document, 5, workdir)
         try:
-            return timed(daemon.alert_cycle)
+            return median_seconds(daemon.alert_cycle)
         finally:
             daemon.stop()
 
@@ -167,7 +159,7 @@ def history(endpoints: int, months: int = 4) -> float:
         store = StateStore(Path(workdir) / "state.db")
         HistorySource(BilledBefore(endpoints, clock), clock, store, months).refresh()
         again = HistorySource(BilledBefore(endpoints, clock), clock, store, months)
-        elapsed = timed(again._stored, 1)
+        elapsed = median_seconds(again._stored, 1)
         held = len(again._stored())
         store.close()
     assert held == months + 1, (held, months)  # (the ledger bills every month: each is held, and the current one)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import statistics
-import time
 from collections.abc import Callable
 from decimal import Decimal
 
+from bench.common import median_seconds
 from exporter.config.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, MonthBills, UsageRow
 from exporter.sources.reconcile import reconcile
@@ -48,15 +47,6 @@ def _reconcile_inputs(endpoints: int, days: int) -> Callable[[], object]:
     return lambda: reconcile(bills, settled, items, PRICES)
 
 
-def _median_seconds(run: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoints", type=int, default=1000)
@@ -65,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n = args.endpoints
     print(f"scaling: each at {n:,} and {2 * n:,} endpoints × {args.days} days, median of {args.repeat}")
-    small = _median_seconds(_reconcile_inputs(n, args.days), args.repeat)
-    large = _median_seconds(_reconcile_inputs(2 * n, args.days), args.repeat)
+    small = median_seconds(_reconcile_inputs(n, args.days), args.repeat)
+    large = median_seconds(_reconcile_inputs(2 * n, args.days), args.repeat)
     print(f"  reconciliation: {small * 1000:.0f} ms → {large * 1000:.0f} ms; ratio {large / small:.2f}  "
           f"(linear 2, quadratic 4; target ≤ 2.5)")  # fmt: skip
 
