@@ -288,6 +288,8 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
+        # The alerts' block (it spans the accounts: `""`) rendered here if they changed, not in a scrape.
+        self.sources.exposition.prepare("")
         self.digest_cycle()
         self.dispatcher.poke()
         if changes:
