@@ -224,8 +224,10 @@ def test_a_scrape_with_unchanged_alerts_does_not_walk_them(
         frozen.advance(dt.timedelta(minutes=1))
         top = max(spent_today(sim).items(), key=lambda pair: pair[1])[0]
         sim.revise_bill(TODAY, top, ITEMS[0], Decimal(1000))  # a new reading of an alert still firing
+        walks.clear()
         refreshed(daemon, "bills")
         daemon.alert_cycle()
+        assert walks == []  # nothing new to render after the evaluations either
         daemon.deliver()  # the webhook is nowhere: a failed attempt
         walks.clear()
         for accept, gzipped in VARIANTS:
@@ -236,40 +238,27 @@ def test_a_scrape_with_unchanged_alerts_does_not_walk_them(
         daemon.stop(grace=5)
 
 
-def test_an_evaluation_that_changes_an_alerts_state_shows_at_the_next_scrape(
-    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine]
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_an_evaluation_that_changes_an_alerts_state_shows_at_the_next_scrape_rendered_by_the_worker(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine], several: bool
 ) -> None:
+    """The alert worker renders the alerts' series after an evaluation that changed them, in both
+    formats: the scrape after it finds them rendered (at 50,000 alerts it does not wait half a
+    second for them)."""
     amounts = sorted(spent_today(sim).values())
     between = (amounts[-2] + amounts[-1]) / 2  # the top endpoint alone is over it
     rules = [spend_rule("Top", between, "10m"), spend_rule("Quick", amounts[0] / 2, "0s")]
-    daemon = started(sim, clock, tmp_path, rules, several=False)
+    daemon = started(sim, clock, tmp_path, rules, several)
     try:
-        refreshed(daemon, "bills")
         scrape = Scrapes(daemon, walks)
-        assert states(scrape()) == {"Top": {"pending"}, "Quick": {"firing"}}
-        frozen.advance(dt.timedelta(minutes=10))
-        daemon.alert_cycle()  # Top's one alert fires
-        assert states(scrape()) == {"Top": {"firing"}, "Quick": {"firing"}}
-    finally:
-        daemon.stop(grace=5)
-
-
-@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
-def test_the_alert_worker_renders_the_block_after_an_evaluation_that_changed_it(
-    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, walks: list[Engine], several: bool
-) -> None:
-    """The scrape after an evaluation finds the alerts' series rendered, in both formats: a scrape
-    at 50,000 alerts does not wait half a second for them."""
-    amounts = sorted(spent_today(sim).values())
-    between = (amounts[-2] + amounts[-1]) / 2
-    daemon = started(sim, clock, tmp_path, [spend_rule("Top", between, "10m")], several=several)
-    try:
-        for evaluation, state in ((lambda: refreshed(daemon, "bills"), "pending"), (daemon.alert_cycle, "firing")):
-            evaluation()
+        for evaluation, top in ((lambda: refreshed(daemon, "bills"), "pending"), (daemon.alert_cycle, "firing")):
+            evaluation()  # Top's alert pending; ten minutes later, firing
+            shown = {"Top": {top}, "Quick": {"firing"}}
             walks.clear()
             for accept in ("", OPENMETRICS_ACCEPT):
-                assert states(daemon.sources.exposition.render(accept)[0].decode()) == {"Top": {state}}
+                assert states(daemon.sources.exposition.render(accept)[0].decode()) == shown
             assert walks == []
+            assert states(scrape()) == shown
             frozen.advance(dt.timedelta(minutes=10))
     finally:
         daemon.stop(grace=5)
