@@ -162,10 +162,14 @@ def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
     assert exposition.render("application/openmetrics-text; version=1.0.0")[0] == openmetrics
 
 
-def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: pytest.LogCaptureFixture) -> None:
-    from prometheus_client.core import GaugeMetricFamily
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(
+    caplog: pytest.LogCaptureFixture, several: bool
+) -> None:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    from exporter.metrics.exposition import Exposition
+    from exporter.metrics.assembled import AssembledExposition
+    from exporter.metrics.exposition import OPENMETRICS_ACCEPT, Exposition
 
     class Fine:
         def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -174,20 +178,29 @@ def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(caplog: 
             yield family
 
     class Broken:
-        def collect(self) -> Iterator[GaugeMetricFamily]:
+        def collect(self) -> Iterator[Metric]:
+            first = CounterMetricFamily("inference_broken_first", "Renders, in lines that differ by format.")
+            first.add_metric([], 1.0)
+            yield first
             family = GaugeMetricFamily("inference_broken", "Broken.", labels=["l"])
-            family.add_metric(["ep\ud800x"], 1.0)  # no text encoding can hold it
+            family.add_metric(["ep\ud800x"], 1.0)  # no text encoding can hold it (where it is differs by format)
             yield family
 
-    exposition = Exposition([Broken(), Fine()])  # type: ignore[list-item]
-    for _ in range(3):
-        body, _ = exposition.render()
-        assert b'inference_fine{l="ok"} 1.0' in body
-        assert b"inference_broken" not in body
-        assert gzip.decompress(exposition.render(gzipped=True)[0]) == body
+    exposition: Exposition | AssembledExposition = (
+        AssembledExposition([[("a", Broken())], [("a", Fine())]])  # type: ignore[list-item]
+        if several
+        else Exposition([Broken(), Fine()])  # type: ignore[list-item]
+    )
+    fine = b'inference_fine{account="a",l="ok"} 1.0' if several else b'inference_fine{l="ok"} 1.0'
+    for _ in range(3):  # scrapes in both formats, taking turns (a person's and Prometheus')
+        for accept in ("", OPENMETRICS_ACCEPT):
+            body, _ = exposition.render(accept)
+            assert fine in body
+            assert b"inference_broken" not in body
+            assert gzip.decompress(exposition.render(accept, gzipped=True)[0]) == body
     errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
-    assert len(errors) == 1  # once, not per scrape
-    assert errors[0].fields["collector"] == "Broken"  # type: ignore[attr-defined]
+    assert len(errors) == 2  # once for each format (its position in the text differs), not per scrape
+    assert {r.fields["collector"] for r in errors} == {"Broken"}  # type: ignore[attr-defined]
 
 
 def gunzip_one_member(body: bytes) -> bytes:

@@ -111,7 +111,7 @@ class AssembledExposition:
         self._joined: dict[tuple[int, str], tuple[tuple[_Families, ...], list[_Piece]]] = {}
         """Per kind and format, its families' pieces in order, and the parts they were joined from."""
         self._lock = threading.Lock()
-        self._broken: dict[tuple[int, int], str] = {}
+        self._broken: dict[tuple[int, int, str], str] = {}
 
     def _version(self, collector: Collector) -> object:
         version = getattr(collector, "version", None)
@@ -133,9 +133,9 @@ class AssembledExposition:
             try:
                 found = families(encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF))
             except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
-                self._failed(k, i, error)
+                self._failed(k, i, content_type, error)
                 return _Families(None)
-            self._broken.pop((k, i), None)
+            self._broken.pop((k, i, content_type), None)
         rendered = _pieces_of(found, version)
         if version is not None:
             with self._lock:
@@ -152,17 +152,18 @@ class AssembledExposition:
         with self._lock:
             self._parts[(k, i, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
-            self._failed(k, i, failure)
+            self._failed(k, i, content_type, failure)
         else:
-            self._broken.pop((k, i), None)
+            self._broken.pop((k, i, content_type), None)
         return [part for _, part in parts]
 
-    def _failed(self, k: int, i: int, error: Exception) -> None:
+    def _failed(self, k: int, i: int, content_type: str, error: Exception) -> None:
         account, collector = self.kinds[k][i]
         reason = f"{type(error).__name__}: {error}"[:300]
-        if self._broken.get((k, i)) != reason:
-            log.error("metrics left out of /metrics", collector=type(collector).__name__, account=account, error=reason)
-        self._broken[(k, i)] = reason
+        if self._broken.get((k, i, content_type)) != reason:  # (once per format: its position differs in each)
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, account=account,
+                      error=reason, format=content_type)  # fmt: skip
+        self._broken[(k, i, content_type)] = reason
 
     def _pieces(self, encoder: Encoder, content_type: str) -> list[_Piece]:
         pieces: list[_Piece] = []

@@ -165,7 +165,9 @@ class Exposition:
         self._parts: dict[tuple[int, str], dict[int, tuple[object, Families]]] = {}
         """Per collector with parts and format, its parts as last rendered (`rendered_parts`); only ever replaced."""
         self._lock = threading.Lock()
-        self._broken: dict[int, str] = {}
+        self._broken: dict[tuple[int, str], str] = {}
+        """Per collector and format, why it was last left out (its error, logged once: its position in
+        the text differs between the formats)."""
         """Collectors whose last render failed, with the error (logged once per new error)."""
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
@@ -209,7 +211,7 @@ class Exposition:
             parts = self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
             block = _Block(version, b"".join(header + samples for header, samples in joined(parts).values()))
         else:
-            block = _Block(version, self._text(index, encoder))
+            block = _Block(version, self._text(index, encoder, content_type))
         if version is not None:
             with self._lock:
                 self._cache[(index, content_type)] = block
@@ -236,22 +238,22 @@ class Exposition:
         with self._lock:
             self._parts[(index, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
-            self._failed(index, self.collectors[index], failure)
+            self._failed((index, content_type), self.collectors[index], failure)
         else:
-            self._broken.pop(index, None)
+            self._broken.pop((index, content_type), None)
         return [part for _, part in parts]
 
-    def _text(self, index: int, encoder: Encoder) -> bytes:
+    def _text(self, index: int, encoder: Encoder, content_type: str) -> bytes:
         try:
             text = encoder(self._registries[index]).removesuffix(OPENMETRICS_EOF)
         except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
-            self._failed(index, self.collectors[index], error)
+            self._failed((index, content_type), self.collectors[index], error)
             return b""
-        self._broken.pop(index, None)
+        self._broken.pop((index, content_type), None)
         return text
 
-    def _failed(self, index: int, collector: Collector, error: Exception) -> None:
+    def _failed(self, key: tuple[int, str], collector: Collector, error: Exception) -> None:
         reason = f"{type(error).__name__}: {error}"[:300]
-        if self._broken.get(index) != reason:
-            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason)
-        self._broken[index] = reason
+        if self._broken.get(key) != reason:
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason, format=key[1])
+        self._broken[key] = reason
