@@ -4,6 +4,7 @@ would otherwise follow one another without end. On the simulator in process."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -59,3 +60,40 @@ def test_evaluations_woken_by_refreshes_take_a_bounded_share_of_the_workers_cpu(
     # with the machine's other work taking half its time, over 8.
     bound = REFRESHING * daemon_module.EVALUATION_SHARE / BURN + 2
     assert 1 <= len(during) <= bound, (len(during), bound)
+
+
+def test_the_evaluation_interval_runs_from_the_last_evaluation_whatever_the_share(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without refreshes (the billing API down: `data_age` and `for:` need the timer), evaluations
+    come `evaluation_interval` apart, not that plus the wait a refresh's would have had."""
+    interval, burn = 0.2, 0.05  # (a refresh's evaluation would wait min(9 × 0.05, 0.2) = 0.2 s more)
+    document = {
+        "billing": fake_billing_section(sim),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"evaluation_interval": f"{interval * 1000:.0f}ms"},
+    }
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    spans: list[tuple[float, float]] = []
+    evaluate = daemon.sources.engine.evaluate
+
+    def slow_evaluation() -> int:
+        began = time.monotonic()
+        changes = evaluate()
+        started = time.thread_time()
+        while time.thread_time() - started < burn:
+            pass
+        spans.append((began, time.monotonic()))
+        return changes
+
+    monkeypatch.setattr(daemon.sources.engine, "evaluate", slow_evaluation)
+    daemon.start(schedule=False)
+    try:
+        deadline = time.monotonic() + 60  # (a busy machine: enough evaluations however slow it is)
+        while len(spans) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        daemon.stop()
+    gaps = sorted(after[0] - before[1] for before, after in itertools.pairwise(spans))
+    assert len(gaps) >= 7, gaps
+    assert gaps[len(gaps) // 2] < interval * 1.5, gaps  # (0.4 s with the share's wait as well)

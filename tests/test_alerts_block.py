@@ -7,6 +7,7 @@ even when an evaluation ends while a scrape renders. On the simulator in process
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -296,5 +297,55 @@ def test_an_evaluation_ending_while_a_scrape_renders_shows_at_the_next_scrape(
         assert len(walks) == 2
         assert shown() == {"Top": {"firing"}}
         assert len(walks) == 2  # kept from then on
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_an_accounts_refresh_does_not_wait_for_an_evaluation_holding_the_main_state_file(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """With several accounts, a refresh writes its own account's file and renders its own series:
+    the alerts' (whose notification figures read the main state file) are the alert worker's to
+    render, so a long evaluation, which holds that file, holds up no account's refresh."""
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", Decimal("0.01"), "0s")], several=True)
+    held, done, released = threading.Event(), threading.Event(), threading.Event()
+
+    def evaluation() -> None:
+        with daemon.state.transaction():
+            held.set()
+            done.wait(10)
+        released.set()
+
+    holder = threading.Thread(target=evaluation)
+    try:
+        refreshed(daemon, "bills")
+        frozen.advance(dt.timedelta(minutes=1))
+        holder.start()
+        assert held.wait(30)
+        assert daemon.refresh(source_key("a", "bills"))
+        assert not released.is_set()  # (the refresh returned while the file was still held)
+    finally:
+        done.set()
+        holder.join()
+        daemon.stop(grace=5)
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_a_delivery_ending_for_a_notifier_a_reload_removed_breaks_no_scrape(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, several: bool
+) -> None:
+    """Its outcome is counted nowhere (its series went with the reload), and /metrics, the alert
+    worker and the refreshes go on as before."""
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", Decimal("0.01"), "0s")], several)
+    try:
+        refreshed(daemon, "bills")
+        daemon.dispatcher.outcome("gone", None)  # as a worker whose notifier was removed meanwhile
+        daemon.dispatcher.outcome("gone", "HTTP 500")
+        refreshed(daemon, "bills")
+        for accept in ("", OPENMETRICS_ACCEPT):
+            text = daemon.sources.exposition.render(accept)[0].decode()
+            assert states(text) == {"Quick": {"firing"}}
+            assert 'notifier="hook"' in text
+            assert 'notifier="gone"' not in text
     finally:
         daemon.stop(grace=5)

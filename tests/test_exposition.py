@@ -203,6 +203,59 @@ def test_a_collector_that_cannot_render_is_left_out_and_the_rest_served(
     assert {r.fields["collector"] for r in errors} == {"Broken"}  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+@pytest.mark.parametrize("failing", ["version", "parts"])
+def test_a_collector_whose_version_or_parts_fail_is_left_out_and_the_rest_served(
+    caplog: pytest.LogCaptureFixture, several: bool, failing: str
+) -> None:
+    """As one that cannot be rendered: in scrapes and in `prepare` alike (a refresh, the alert
+    worker), which go on. A collector without a version is not rendered by `prepare` at all (every
+    scrape renders it)."""
+    from exporter.metrics.assembled import AssembledExposition
+    from exporter.metrics.exposition import OPENMETRICS_ACCEPT, Exposition
+
+    class Fine:
+        collected = 0
+
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            type(self).collected += 1
+            family = GaugeMetricFamily("inference_fine", "Fine.")
+            family.add_metric([], 1.0)
+            yield family
+
+    class Failing:
+        def version(self) -> object:
+            if failing == "version":
+                raise KeyError("gone")
+            return self
+
+        def parts(self) -> Iterator[tuple[object, Collector]]:
+            yield self, Fine()
+            raise KeyError("gone")
+
+        def collect(self) -> Iterator[Metric]:
+            yield from ()
+
+    if failing == "version":
+        del Failing.parts  # (a plain versioned collector)
+    fine, broken = Fine(), Failing()
+    exposition: Exposition | AssembledExposition = (
+        AssembledExposition([[("a", broken)], [("a", fine)]])  # type: ignore[list-item]
+        if several
+        else Exposition([broken, fine])  # type: ignore[list-item]
+    )
+    exposition.prepare()
+    exposition.prepare(only=broken)  # type: ignore[arg-type]
+    assert Fine.collected == 0
+    for accept in ("", OPENMETRICS_ACCEPT):
+        body = exposition.render(accept)[0]
+        assert body.count(b"inference_fine") == 3  # the fine collector's, and not the failing one's part
+        assert gzip.decompress(exposition.render(accept, gzipped=True)[0]) == body
+    errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
+    assert errors
+    assert {r.fields["collector"] for r in errors} == {"Failing"}  # type: ignore[attr-defined]
+
+
 def gunzip_one_member(body: bytes) -> bytes:
     """`body` decoded as a single gzip member, which must be the whole of it (curl reads no further)."""
     reader = zlib.decompressobj(16 + zlib.MAX_WBITS)

@@ -256,16 +256,20 @@ class Daemon:
     # -- alerts --
 
     def _alert_loop(self) -> None:
-        """Evaluates after successful refreshes (`EVALUATION_SHARE`) and every `evaluation_interval`."""
+        """Evaluates after successful refreshes (not before `EVALUATION_SHARE` allows) and
+        `evaluation_interval` after the last evaluation."""
+        not_before = 0.0
         while not self._stopping.is_set():
             interval = self.config.alerts.evaluation_interval
-            self._alerts_due.wait(interval)
+            if self._alerts_due.wait(interval):  # woken by a refresh (or a reload, or a stop)
+                self._stopping.wait(max(not_before - time.monotonic(), 0.0))  # (those meanwhile share this one)
             self._alerts_due.clear()
             if self._stopping.is_set():
                 return
             started = time.thread_time()  # (this thread's CPU: not its waits for the lock, the disk or the GIL)
             self.alert_cycle()
-            self._stopping.wait(min((time.thread_time() - started) * (1 / EVALUATION_SHARE - 1), interval))
+            rest = (time.thread_time() - started) * (1 / EVALUATION_SHARE - 1)
+            not_before = time.monotonic() + min(rest, interval)
 
     def alert_cycle(self) -> None:
         """Evaluate the rules now and hand what changed to the notifiers' workers (never waits on them).
@@ -288,8 +292,10 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
-        # The alerts' block (it spans the accounts: `""`) rendered here if they changed, not in a scrape.
-        self.sources.exposition.prepare("")
+        try:  # the alerts' series rendered here if they changed, not in the next scrape
+            self.sources.exposition.prepare(only=self.sources.alerts_collector)
+        except Exception:  # a bug must not stop the alert worker; it is logged with its traceback
+            log.exception("rendering the alerts' series crashed")
         self.digest_cycle()
         self.dispatcher.poke()
         if changes:

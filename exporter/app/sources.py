@@ -176,8 +176,8 @@ class Sources:
         defaults, last)."""
         if not self.config.several:
             one = self.accounts[""]
-            alerts = AlertsCollector(self.engine, self.dispatcher)
-            return build_exposition(one.config, one.latest, self.clock, alerts, *RUNTIME_COLLECTORS)
+            self.alerts_collector = AlertsCollector(self.engine, self.dispatcher)
+            return build_exposition(one.config, one.latest, self.clock, self.alerts_collector, *RUNTIME_COLLECTORS)
         per_account = {
             name: collectors(a.config, a.latest, self.clock, part="account") for name, a in self.accounts.items()
         }
@@ -194,7 +194,8 @@ class Sources:
         kinds[budgets].append(("", shared))  # (one HELP and TYPE for the accounts' budgets and these)
         states = [(name, a.state) for name, a in self.accounts.items()]
         kinds.append([("", ExporterCollector(self.latest, self.clock, part="process"))])
-        kinds.append([("", AlertsCollector(self.engine, self.dispatcher, lambda: states))])
+        self.alerts_collector = AlertsCollector(self.engine, self.dispatcher, lambda: states)
+        kinds.append([("", self.alerts_collector)])
         kinds += [[("", collector)] for collector in RUNTIME_COLLECTORS]
         return AssembledExposition(kinds)
 

@@ -266,7 +266,8 @@ class Dispatcher:
         its targets') first failure and its recovery, once each; returns `reason`."""
         if reason is None:
             with self._counts:
-                self.sent[notifier] = self.sent.get(notifier, 0) + 1
+                if notifier in self.sent:  # (not one a reload removed while its delivery was on the wire)
+                    self.sent[notifier] += 1
             if self.recovered_at(notifier, target):
                 log.info("notifier recovered", **_fields(notifier, target))
             return None
@@ -274,9 +275,16 @@ class Dispatcher:
             log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
         return reason
 
+    def counts(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Notifications sent and failed attempts per notifier configured, and those discarded per
+        reason: copies read together, none changing while they are read."""
+        with self._counts:
+            return dict(self.sent), dict(self.failed), dict(self.discarded)
+
     def failed_at(self, notifier: str, target: str) -> bool:
         with self._counts:
-            self.failed[notifier] = self.failed.get(notifier, 0) + 1
+            if notifier in self.failed:  # (as in `outcome`)
+                self.failed[notifier] += 1
             first = (notifier, target) not in self._failing
             self._failing.add((notifier, target))
         return first

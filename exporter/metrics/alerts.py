@@ -127,6 +127,10 @@ class _Notifications(Collector):
 class AlertsCollector(Collector):
     """The alerts' series and the notification figures, in two parts (`parts`) with a version each."""
 
+    refreshed = False
+    """Its series change with evaluations, not refreshes: the alert worker prepares it (`exposition.prepare`),
+    a refresh does not (its version reads the main state file, which an evaluation holds)."""
+
     def __init__(
         self, engine: Engine, dispatcher: Dispatcher, accounts: Callable[[], Iterable[tuple[str, StateStore]]] = tuple
     ) -> None:
@@ -166,14 +170,14 @@ class AlertsCollector(Collector):
 
     def _figures(self) -> _Figures:
         dispatcher = self.dispatcher
-        sent, failed = dispatcher.sent, dispatcher.failed
+        sent, failed, discarded = dispatcher.counts()
         pending: tuple[tuple[str, int], ...] = ()
         with contextlib.suppress(StateError):  # a failing state file: its own gauge and the log say so
             backlog = dispatcher.pending()
             pending = tuple((notifier.name, backlog.get(notifier.name, 0)) for notifier in dispatcher.outbox_notifiers)
         return _Figures(
-            delivered=tuple((name, sent[name], failed[name]) for name in sorted(sent)),
-            discarded=tuple(sorted(dispatcher.discarded.items())),
+            delivered=tuple((name, sent[name], failed.get(name, 0)) for name in sorted(sent)),
+            discarded=tuple(sorted(discarded.items())),
             pending=pending,
             written=0.0 if self.engine.db.store.write_error else 1.0,
             accounts_written=tuple((account, 0.0 if store.write_error else 1.0) for account, store in self.accounts()),

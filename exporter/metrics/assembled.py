@@ -35,6 +35,7 @@ from exporter.metrics.exposition import (
     families,
     gzip_member,
     joined,
+    prepared,
     rendered_parts,
 )
 
@@ -121,7 +122,11 @@ class AssembledExposition:
         return NOTHING if found is None else found
 
     def _families(self, k: int, i: int, encoder: Encoder, content_type: str) -> _Families:
-        version = self._version(self.kinds[k][i][1])
+        try:
+            version = self._version(self.kinds[k][i][1])
+        except Exception as error:  # as a render's: this part is left out, the rest served
+            self._failed(k, i, content_type, error)
+            return _Families(None)
         with self._lock:
             cached = self._cache.get((k, i, content_type))
         if version is not None and cached is not None and cached.version is version:
@@ -148,7 +153,12 @@ class AssembledExposition:
         account = self.kinds[k][i][0]
         with self._lock:
             cached = self._parts.get((k, i, content_type), {})
-        parts, failure = rendered_parts(cached, collector.parts(), lambda part: encoder(_Labelled(account, part)))
+        try:
+            found = list(collector.parts())
+        except Exception as error:  # as a render's: this part is left out, the rest served
+            self._failed(k, i, content_type, error)
+            return []
+        parts, failure = rendered_parts(cached, found, lambda part: encoder(_Labelled(account, part)))
         with self._lock:
             self._parts[(k, i, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
@@ -195,17 +205,18 @@ class AssembledExposition:
             return b"".join(texts), content_type
         return gzip_member(texts, [piece.piece() for piece in pieces]), content_type
 
-    def prepare(self, account: str | None = None) -> None:
+    def prepare(self, account: str | None = None, only: Collector | None = None) -> None:
         """Render and deflate what changed since (after a refresh), in both formats, so that scrapes
         find it cached; a refresh of one account renders that account's only. With `account`, only
         its collectors and those spanning the accounts are looked at (the others' snapshots did not
-        change): a refresh costs the same with 50 accounts as with one."""
+        change): a refresh costs the same with 50 accounts as with one. `only`: that collector
+        alone (the alerts', after an evaluation); without it, not those whose `refreshed` is False."""
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
             for k, parts in enumerate(self.kinds):
                 for i, (name, collector) in enumerate(parts):
-                    if getattr(collector, "version", None) is None:
-                        continue  # rendered on each scrape anyway
+                    if not prepared(collector, only):
+                        continue
                     if account is not None and name not in (account, ""):
                         continue
                     if isinstance(collector, Parted):  # its new parts: joined and deflated by the next scrape, once

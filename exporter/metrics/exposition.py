@@ -152,6 +152,14 @@ def rendered_parts(
     return parts, failure
 
 
+def prepared(collector: Collector, only: Collector | None) -> bool:
+    """Whether `prepare` renders `collector`: `only`, or without it every one a refresh changes (not
+    one whose `refreshed` is False: the alerts', whose version reads the state file); each with a
+    version (the others are rendered by every scrape anyway)."""
+    chosen = collector is only if only is not None else getattr(collector, "refreshed", True)
+    return chosen and getattr(collector, "version", None) is not None
+
+
 class Exposition:
     def __init__(self, collectors: Sequence[Collector]) -> None:
         self.collectors = tuple(collectors)
@@ -166,9 +174,8 @@ class Exposition:
         """Per collector with parts and format, its parts as last rendered (`rendered_parts`); only ever replaced."""
         self._lock = threading.Lock()
         self._broken: dict[tuple[int, str], str] = {}
-        """Per collector and format, why it was last left out (its error, logged once: its position in
-        the text differs between the formats)."""
-        """Collectors whose last render failed, with the error (logged once per new error)."""
+        """Per collector and format, why its last render failed (logged once per new error, and per
+        format: where a bad value sits in the text differs between them)."""
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
         """The exposition in the format the `Accept` header asks for (as one gzip member if `gzipped`), and its
@@ -183,18 +190,20 @@ class Exposition:
         pieces = [self._piece((index, content_type), block) for index, block in enumerate(blocks)]
         return gzip_member(texts, pieces), content_type
 
-    def prepare(self, account: str | None = None) -> None:
+    def prepare(self, account: str | None = None, only: Collector | None = None) -> None:
         """Render and compress new snapshots' blocks now (after a refresh), in both formats, so
         that scrapes, plain or Prometheus' OpenMetrics, find them cached. Only the cached pieces:
         no body is joined or checksummed, and blocks rendered per scrape (health) wait for it. A
         collector with parts has its new parts rendered; its block is joined and compressed by a scrape.
-        (`account`: as `AssembledExposition.prepare`'s; here every collector is the one account's.)"""
-        found = {index: list(collector.parts()) for index, collector in self._parted.items()}  # once for both formats
+        (`account`: as `AssembledExposition.prepare`'s; here every collector is the one account's.)
+        `only`: that collector alone (the alerts', after an evaluation); without it, every one a
+        refresh changes (not those whose `refreshed` is False)."""
+        chosen = [index for index, collector in enumerate(self.collectors) if prepared(collector, only)]
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
-            for index in range(len(self.collectors)):
-                if index in found:
-                    self._rendered_parts(index, found[index], encoder, content_type)
+            for index in chosen:
+                if index in self._parted:
+                    self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
                     continue
                 block = self._block(index, encoder, content_type)
                 if block.version is not None:
@@ -202,7 +211,11 @@ class Exposition:
 
     def _block(self, index: int, encoder: Encoder, content_type: str) -> _Block:
         """A collector's block: cached for its snapshot's version, else rendered (and cached)."""
-        version = getattr(self.collectors[index], "version", lambda: None)()
+        try:
+            version = getattr(self.collectors[index], "version", lambda: None)()
+        except Exception as error:  # as a render's: this block is left out, the rest served
+            self._failed((index, content_type), self.collectors[index], error)
+            return _Block(None, b"")
         with self._lock:
             cached = self._cache.get((index, content_type))
         if version is not None and cached is not None and cached.version is version:
@@ -231,9 +244,14 @@ class Exposition:
     def _rendered_parts(
         self, index: int, found: Iterable[tuple[object, Collector]], encoder: Encoder, content_type: str
     ) -> list[Families]:
-        """A collector's parts (`found`: what its `parts()` gave), each rendered once per its version."""
+        """A collector's parts (`found`: what its `parts()` gives), each rendered once per its version."""
         with self._lock:
             cached = self._parts.get((index, content_type), {})
+        try:
+            found = list(found)
+        except Exception as error:  # as a render's: this block is left out, the rest served
+            self._failed((index, content_type), self.collectors[index], error)
+            return []
         parts, failure = rendered_parts(cached, found, encoder)
         with self._lock:
             self._parts[(index, content_type)] = {id(version): (version, part) for version, part in parts}
