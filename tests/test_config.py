@@ -290,6 +290,10 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
         load(twice)
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "missing.yaml")
+    alias = tmp_path / "alias.yaml"
+    alias.write_text("billing:\n  url: *nope\n")
+    with pytest.raises(ConfigError, match=r"alias.yaml:2:8: invalid YAML: found undefined alias 'nope'"):
+        load(alias)  # (libyaml's parser, which reads it, does not name the alias: PyYAML's own tells it)
 
 
 def test_the_example_config_is_valid() -> None:

@@ -62,13 +62,17 @@ _NOT_FOR_KIND = {
 
 if TYPE_CHECKING:
     _SafeLoader = yaml.SafeLoader
-else:  # libyaml's parser where PyYAML has it: ten times faster than PyYAML's own (the same positions
-    # in errors; a syntax error in its own words)
+else:  # libyaml's parser where PyYAML has it: ten times faster than PyYAML's own
     _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class StrictLoader(_SafeLoader):
     """Safe YAML that refuses a key given twice in one mapping."""
+
+
+class _PyYAMLStrictLoader(yaml.SafeLoader):
+    """`StrictLoader` on PyYAML's own parser, whose words for a syntax error are clearer (it names an
+    undefined alias, for one)."""
 
 
 def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -86,7 +90,21 @@ def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     return loader.construct_mapping(node)
 
 
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+for _loader in (StrictLoader, _PyYAMLStrictLoader):
+    _loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def parse_yaml(text: str) -> Any:
+    """The document in `text` (`StrictLoader`); yaml.YAMLError if it is none, told as PyYAML's own
+    parser tells it where that finds the fault too."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        try:
+            yaml.load(text, Loader=_PyYAMLStrictLoader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.YAMLError as told:
+            raise told from None
+        raise error from None
 
 
 def substitute(
@@ -256,7 +274,7 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
     except OSError as error:
         raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None
     try:
-        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = parse_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

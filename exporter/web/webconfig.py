@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from exporter.config.load import StrictLoader
+from exporter.config.load import parse_yaml
 
 TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
@@ -131,7 +131,7 @@ def read_web_config(path: str | Path) -> WebConfig:
     except OSError as error:
         raise WebConfigError(path, [f"cannot read ({error.strerror or error})"]) from None
     try:
-        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = parse_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
