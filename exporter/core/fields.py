@@ -63,7 +63,7 @@ Text = Annotated[str, Field(min_length=1)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 def _http_url(url: str) -> str:
