@@ -349,3 +349,28 @@ def test_a_delivery_ending_for_a_notifier_a_reload_removed_breaks_no_scrape(
             assert 'notifier="gone"' not in text
     finally:
         daemon.stop(grace=5)
+
+
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+def test_a_reload_renders_the_new_expositions_blocks_not_the_next_scrape(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, several: bool
+) -> None:
+    """The blocks a reload's exposition serves are rendered by the reload; the alerts' by the
+    evaluation after it."""
+    from exporter.metrics.collectors import BillsCollector
+
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", Decimal("0.01"), "0s")], several)
+    try:
+        refreshed(daemon, "bills")
+        daemon.sources.exposition.render()
+        reconfigured(daemon, lambda document: document["alerts"]["rules"].append(spend_rule("More", Decimal(1), "0s")))
+        daemon.alert_cycle()
+        rendered = []
+        collect = BillsCollector.collect
+        monkeypatch.setattr(BillsCollector, "collect", lambda self: rendered.append(self) or collect(self))
+        both = {"Quick": {"firing"}, "More": {"firing"}}
+        for accept in ("", OPENMETRICS_ACCEPT):
+            assert states(daemon.sources.exposition.render(accept)[0].decode()) == both
+        assert rendered == []
+    finally:
+        daemon.stop(grace=5)

@@ -294,6 +294,15 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
     alias.write_text("billing:\n  url: *nope\n")
     with pytest.raises(ConfigError, match=r"alias.yaml:2:8: invalid YAML: found undefined alias 'nope'"):
         load(alias)  # (libyaml's parser, which reads it, does not name the alias: PyYAML's own tells it)
+    for depth in (700, 1000, 5000):  # (deeper than PyYAML's parser can recurse; over libyaml's limit)
+        deep = tmp_path / "deep.yaml"
+        deep.write_text("billing: " + "[" * depth + "]" * depth + "\n" + "bad: [\n" * (depth == 700))
+        with pytest.raises(ConfigError, match=r"deep.yaml(:\d+:\d+)?: invalid YAML: "):
+            load(deep)  # (told, not a RecursionError)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("billing:\n  url: http://café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text \(byte 27 cannot be read\)"):
+        load(latin)
 
 
 def test_the_example_config_is_valid() -> None:
@@ -311,6 +320,11 @@ def test_secrets_from_files(tmp_path: Path) -> None:
     missing = errors_of({"billing": BILLING | {"secret_access_key": "${file:/nonexistent/secret}"}}, {})
     assert missing == [
         "billing.secret_access_key: cannot read secret file /nonexistent/secret (No such file or directory)"
+    ]
+    latin = tmp_path / "latin"
+    latin.write_bytes("clé-secrète".encode("latin-1"))
+    assert errors_of({"billing": BILLING | {"secret_access_key": f"${{file:{latin}}}"}}, {}) == [
+        f"billing.secret_access_key: secret file {latin} is not UTF-8 text"
     ]
 
 

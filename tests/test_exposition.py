@@ -256,6 +256,55 @@ def test_a_collector_whose_version_or_parts_fail_is_left_out_and_the_rest_served
     assert {r.fields["collector"] for r in errors} == {"Failing"}  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["one account", "several accounts"])
+@pytest.mark.parametrize(
+    ("failing", "fails_at", "shown"),
+    [("version", {2, 4}, [True, False, True, False]), ("parts", {1}, [False, True, True])],
+)
+def test_a_collector_whose_version_or_parts_failed_once_is_served_again_and_a_new_failure_logged(
+    caplog: pytest.LogCaptureFixture, several: bool, failing: str, fails_at: set[int], shown: list[bool]
+) -> None:
+    """A failure leaves the block out of that scrape only (nothing is kept for its version), and a
+    failure after a success is logged again."""
+    from exporter.metrics.assembled import AssembledExposition
+    from exporter.metrics.exposition import Exposition
+
+    calls = [0]
+
+    class Part:
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            family = GaugeMetricFamily("inference_flaky", "Flaky.")
+            family.add_metric([], 1.0)
+            yield family
+
+    class Flaky:
+        def version(self) -> object:
+            if failing == "version":
+                calls[0] += 1
+                if calls[0] in fails_at:
+                    raise OSError("the state file is busy")
+            return self
+
+        def parts(self) -> Iterator[tuple[object, Collector]]:
+            calls[0] += 1
+            if calls[0] in fails_at:
+                raise OSError("the state file is busy")
+            yield self, Part()
+
+        def collect(self) -> Iterator[Metric]:
+            yield from Part().collect()
+
+    if failing == "version":
+        del Flaky.parts  # (a plain versioned collector)
+    flaky = Flaky()
+    exposition: Exposition | AssembledExposition = (
+        AssembledExposition([[("a", flaky)]]) if several else Exposition([flaky])  # type: ignore[list-item]
+    )
+    assert [b"inference_flaky" in exposition.render()[0] for _ in shown] == shown
+    errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
+    assert len(errors) == len(fails_at)
+
+
 def gunzip_one_member(body: bytes) -> bytes:
     """`body` decoded as a single gzip member, which must be the whole of it (curl reads no further)."""
     reader = zlib.decompressobj(16 + zlib.MAX_WBITS)

@@ -189,7 +189,7 @@ def test_a_probe_that_cannot_be_rendered_is_left_out_and_the_others_served(caplo
             assert b'probe="fine"' in body
             assert b'probe="broken"' not in body
     errors = [r for r in caplog.records if r.getMessage() == "metrics left out of /metrics"]
-    assert len(errors) == len({r.fields["format"] for r in errors}) == 2  # type: ignore[attr-defined]
+    assert len(errors) == len({r.fields["during"] for r in errors}) == 2  # type: ignore[attr-defined]
     # (once for each format, not per scrape)
     assert {r.fields["collector"] for r in errors} == {"ProbeCollector"}  # type: ignore[attr-defined]
 

@@ -293,7 +293,8 @@ class Daemon:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
         try:  # the alerts' series rendered here if they changed, not in the next scrape
-            self.sources.exposition.prepare(only=self.sources.alerts_collector)
+            sources = self.sources  # (one reload's: the exposition and its collector together)
+            sources.exposition.prepare(only=sources.alerts_collector)
         except Exception:  # a bug must not stop the alert worker; it is logged with its traceback
             log.exception("rendering the alerts' series crashed")
         self.digest_cycle()
@@ -457,6 +458,7 @@ class Daemon:
             if before is not None:
                 account.latest.forget(set(before.refreshers) - set(account.refreshers))
         self._reprice(old)
+        self.sources.exposition.prepare()  # the new exposition's blocks rendered here, not in the next scrape
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()

@@ -99,11 +99,15 @@ def parse_yaml(text: str) -> Any:
     parser tells it where that finds the fault too."""
     try:
         return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # (lists or mappings nested hundreds deep)
+        raise yaml.YAMLError("nested too deeply") from None
     except yaml.YAMLError as error:
         try:
             yaml.load(text, Loader=_PyYAMLStrictLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as told:
             raise told from None
+        except RecursionError:  # (nested deeper than PyYAML's parser can go: libyaml's error says so)
+            pass
         raise error from None
 
 
@@ -124,6 +128,9 @@ def substitute(
                 return Path(match[1]).read_text(encoding="utf-8").strip()
             except OSError as error:
                 missing.setdefault(path, f"cannot read secret file {match[1]} ({error.strerror})")
+                return match[0]
+            except UnicodeDecodeError:
+                missing.setdefault(path, f"secret file {match[1]} is not UTF-8 text")
                 return match[0]
         if match[2] not in environ:
             missing.setdefault(path, f"environment variable {match[2]} is not set")
@@ -273,6 +280,8 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {error.start + 1} cannot be read)"]) from None
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as error:

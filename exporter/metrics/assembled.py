@@ -124,16 +124,19 @@ class AssembledExposition:
     def _families(self, k: int, i: int, encoder: Encoder, content_type: str) -> _Families:
         try:
             version = self._version(self.kinds[k][i][1])
-        except Exception as error:  # as a render's: this part is left out, the rest served
-            self._failed(k, i, content_type, error)
+        except Exception as error:  # as a render's: this part is left out, the rest served (and asked again)
+            self._failed(k, i, "version()", error)
             return _Families(None)
+        self._broken.pop((k, i, "version()"), None)
         with self._lock:
             cached = self._cache.get((k, i, content_type))
         if version is not None and cached is not None and cached.version is version:
             return cached
         collector = self.kinds[k][i][1]
         if isinstance(collector, Parted):
-            found = joined(self._rendered_parts(k, i, collector, encoder, content_type))
+            if (listed := self._parts_of(k, i, collector)) is None:
+                return _Families(None)  # (not kept: the next scrape asks again)
+            found = joined(self._rendered_parts(k, i, listed, encoder, content_type))
         else:
             try:
                 found = families(encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF))
@@ -147,17 +150,25 @@ class AssembledExposition:
                 self._cache[(k, i, content_type)] = rendered
         return rendered
 
-    def _rendered_parts(self, k: int, i: int, collector: Parted, encoder: Encoder, content_type: str) -> list[Families]:
-        """An account's collector with parts, each part labelled and rendered once per its version (a
-        probe's run renders that probe's series, not every one of the account's)."""
-        account = self.kinds[k][i][0]
-        with self._lock:
-            cached = self._parts.get((k, i, content_type), {})
+    def _parts_of(self, k: int, i: int, collector: Parted) -> list[tuple[object, Collector]] | None:
+        """A collector's `parts()`; None if they cannot be had (logged as a render's failure)."""
         try:
             found = list(collector.parts())
         except Exception as error:  # as a render's: this part is left out, the rest served
-            self._failed(k, i, content_type, error)
-            return []
+            self._failed(k, i, "parts()", error)
+            return None
+        self._broken.pop((k, i, "parts()"), None)
+        return found
+
+    def _rendered_parts(
+        self, k: int, i: int, found: list[tuple[object, Collector]], encoder: Encoder, content_type: str
+    ) -> list[Families]:
+        """An account's collector's parts (`found`: what its `parts()` gave), each labelled and
+        rendered once per its version (a probe's run renders that probe's series, not every one of
+        the account's)."""
+        account = self.kinds[k][i][0]
+        with self._lock:
+            cached = self._parts.get((k, i, content_type), {})
         parts, failure = rendered_parts(cached, found, lambda part: encoder(_Labelled(account, part)))
         with self._lock:
             self._parts[(k, i, content_type)] = {id(version): (version, part) for version, part in parts}
@@ -167,13 +178,15 @@ class AssembledExposition:
             self._broken.pop((k, i, content_type), None)
         return [part for _, part in parts]
 
-    def _failed(self, k: int, i: int, content_type: str, error: Exception) -> None:
+    def _failed(self, k: int, i: int, during: str, error: Exception) -> None:
+        """Log a collector's failure once while it stays the same: `during`, what failed (rendering
+        in a format, whose text places a bad value apart from the other's; `version()`; `parts()`)."""
         account, collector = self.kinds[k][i]
         reason = f"{type(error).__name__}: {error}"[:300]
-        if self._broken.get((k, i, content_type)) != reason:  # (once per format: its position differs in each)
+        if self._broken.get((k, i, during)) != reason:
             log.error("metrics left out of /metrics", collector=type(collector).__name__, account=account,
-                      error=reason, format=content_type)  # fmt: skip
-        self._broken[(k, i, content_type)] = reason
+                      error=reason, during=during)  # fmt: skip
+        self._broken[(k, i, during)] = reason
 
     def _pieces(self, encoder: Encoder, content_type: str) -> list[_Piece]:
         pieces: list[_Piece] = []
@@ -211,21 +224,26 @@ class AssembledExposition:
         its collectors and those spanning the accounts are looked at (the others' snapshots did not
         change): a refresh costs the same with 50 accounts as with one. `only`: that collector
         alone (the alerts', after an evaluation); without it, not those whose `refreshed` is False."""
+        chosen = [
+            (k, i, collector)
+            for k, parts in enumerate(self.kinds)
+            for i, (name, collector) in enumerate(parts)
+            if prepared(collector, only) and (account is None or name in (account, ""))
+        ]
+        found = {  # once for both formats
+            (k, i): self._parts_of(k, i, collector) for k, i, collector in chosen if isinstance(collector, Parted)
+        }
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
-            for k, parts in enumerate(self.kinds):
-                for i, (name, collector) in enumerate(parts):
-                    if not prepared(collector, only):
-                        continue
-                    if account is not None and name not in (account, ""):
-                        continue
-                    if isinstance(collector, Parted):  # its new parts: joined and deflated by the next scrape, once
-                        self._rendered_parts(k, i, collector, encoder, content_type)
-                        continue
-                    families = self._families(k, i, encoder, content_type)
-                    if families.version is None or families.prepared:
-                        continue
-                    for piece in (*families.headers.values(), *families.samples.values()):
-                        if piece.text:
-                            piece.piece()
-                    families.prepared = True
+            for k, i, collector in chosen:
+                if isinstance(collector, Parted):  # its new parts: joined and deflated by the next scrape, once
+                    if (listed := found[(k, i)]) is not None:
+                        self._rendered_parts(k, i, listed, encoder, content_type)
+                    continue
+                families = self._families(k, i, encoder, content_type)
+                if families.version is None or families.prepared:
+                    continue
+                for piece in (*families.headers.values(), *families.samples.values()):
+                    if piece.text:
+                        piece.piece()
+                families.prepared = True

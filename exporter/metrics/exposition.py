@@ -174,8 +174,8 @@ class Exposition:
         """Per collector with parts and format, its parts as last rendered (`rendered_parts`); only ever replaced."""
         self._lock = threading.Lock()
         self._broken: dict[tuple[int, str], str] = {}
-        """Per collector and format, why its last render failed (logged once per new error, and per
-        format: where a bad value sits in the text differs between them)."""
+        """Per collector and what failed (a format's render, `version()`, `parts()`), why it last
+        failed: logged once per new error, and per format (where a bad value sits differs in each)."""
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
         """The exposition in the format the `Accept` header asks for (as one gzip member if `gzipped`), and its
@@ -199,29 +199,35 @@ class Exposition:
         `only`: that collector alone (the alerts', after an evaluation); without it, every one a
         refresh changes (not those whose `refreshed` is False)."""
         chosen = [index for index, collector in enumerate(self.collectors) if prepared(collector, only)]
+        found = {index: self._parts_of(index) for index in chosen if index in self._parted}  # once for both formats
         for accept in ("", OPENMETRICS_ACCEPT):
             encoder, content_type = choose_encoder(accept)
             for index in chosen:
                 if index in self._parted:
-                    self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
+                    if (parts := found[index]) is not None:
+                        self._rendered_parts(index, parts, encoder, content_type)
                     continue
                 block = self._block(index, encoder, content_type)
                 if block.version is not None:
                     self._piece((index, content_type), block)
 
     def _block(self, index: int, encoder: Encoder, content_type: str) -> _Block:
-        """A collector's block: cached for its snapshot's version, else rendered (and cached)."""
+        """A collector's block: cached for its snapshot's version, else rendered (and cached). One
+        whose version or parts cannot be had is left out of this scrape and asked again by the next."""
         try:
             version = getattr(self.collectors[index], "version", lambda: None)()
         except Exception as error:  # as a render's: this block is left out, the rest served
-            self._failed((index, content_type), self.collectors[index], error)
+            self._failed((index, "version()"), self.collectors[index], error)
             return _Block(None, b"")
+        self._broken.pop((index, "version()"), None)
         with self._lock:
             cached = self._cache.get((index, content_type))
         if version is not None and cached is not None and cached.version is version:
             return cached
         if index in self._parted:
-            parts = self._rendered_parts(index, self._parted[index].parts(), encoder, content_type)
+            if (found := self._parts_of(index)) is None:
+                return _Block(None, b"")
+            parts = self._rendered_parts(index, found, encoder, content_type)
             block = _Block(version, b"".join(header + samples for header, samples in joined(parts).values()))
         else:
             block = _Block(version, self._text(index, encoder, content_type))
@@ -241,17 +247,22 @@ class Exposition:
                     self._cache[key] = replace(block, piece=piece)
         return piece
 
+    def _parts_of(self, index: int) -> list[tuple[object, Collector]] | None:
+        """A collector's `parts()`; None if they cannot be had (logged as a render's failure)."""
+        try:
+            found = list(self._parted[index].parts())
+        except Exception as error:  # as a render's: this block is left out, the rest served
+            self._failed((index, "parts()"), self.collectors[index], error)
+            return None
+        self._broken.pop((index, "parts()"), None)
+        return found
+
     def _rendered_parts(
         self, index: int, found: Iterable[tuple[object, Collector]], encoder: Encoder, content_type: str
     ) -> list[Families]:
-        """A collector's parts (`found`: what its `parts()` gives), each rendered once per its version."""
+        """A collector's parts (`found`: what its `parts()` gave), each rendered once per its version."""
         with self._lock:
             cached = self._parts.get((index, content_type), {})
-        try:
-            found = list(found)
-        except Exception as error:  # as a render's: this block is left out, the rest served
-            self._failed((index, content_type), self.collectors[index], error)
-            return []
         parts, failure = rendered_parts(cached, found, encoder)
         with self._lock:
             self._parts[(index, content_type)] = {id(version): (version, part) for version, part in parts}
@@ -271,7 +282,9 @@ class Exposition:
         return text
 
     def _failed(self, key: tuple[int, str], collector: Collector, error: Exception) -> None:
+        """Log a collector's failure once while it stays the same: `key`, the collector's index and
+        what failed (rendering in a format, its `version()` or its `parts()`)."""
         reason = f"{type(error).__name__}: {error}"[:300]
         if self._broken.get(key) != reason:
-            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason, format=key[1])
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason, during=key[1])
         self._broken[key] = reason

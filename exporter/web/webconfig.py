@@ -130,6 +130,8 @@ def read_web_config(path: str | Path) -> WebConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise WebConfigError(path, [f"cannot read ({error.strerror or error})"]) from None
+    except UnicodeDecodeError as error:
+        raise WebConfigError(path, [f"not UTF-8 text (byte {error.start + 1} cannot be read)"]) from None
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as error:
