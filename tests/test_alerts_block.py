@@ -374,3 +374,23 @@ def test_a_reload_renders_the_new_expositions_blocks_not_the_next_scrape(
         assert rendered == []
     finally:
         daemon.stop(grace=5)
+
+
+def test_a_reload_whose_rendering_crashes_is_done_all_the_same(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendering after a reload is a cache: its crash is logged, and the reload completes (its
+    rules in force, the old sources closed), as the next scrape renders what is needed."""
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", Decimal("0.01"), "0s")], several=False)
+    try:
+        refreshed(daemon, "bills")
+
+        def crash(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(Exposition, "prepare", crash)
+        reconfigured(daemon, lambda document: document["alerts"]["rules"].append(spend_rule("More", Decimal(1), "0s")))
+        daemon.alert_cycle()
+        assert states(daemon.sources.exposition.render()[0].decode()) == {"Quick": {"firing"}, "More": {"firing"}}
+    finally:
+        daemon.stop(grace=5)

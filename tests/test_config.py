@@ -294,9 +294,10 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
     alias.write_text("billing:\n  url: *nope\n")
     with pytest.raises(ConfigError, match=r"alias.yaml:2:8: invalid YAML: found undefined alias 'nope'"):
         load(alias)  # (libyaml's parser, which reads it, does not name the alias: PyYAML's own tells it)
-    for depth in (700, 1000, 5000):  # (deeper than PyYAML's parser can recurse; over libyaml's limit)
+    for depth, valid in ((600, True), (700, False), (1000, True), (5000, True)):
+        # (deeper than the checks or PyYAML's parser can recurse; over libyaml's limit)
         deep = tmp_path / "deep.yaml"
-        deep.write_text("billing: " + "[" * depth + "]" * depth + "\n" + "bad: [\n" * (depth == 700))
+        deep.write_text("billing: " + "[" * depth + "]" * depth + "\n" + "bad: [\n" * (not valid))
         with pytest.raises(ConfigError, match=r"deep.yaml(:\d+:\d+)?: invalid YAML: "):
             load(deep)  # (told, not a RecursionError)
     latin = tmp_path / "latin.yaml"

@@ -458,7 +458,10 @@ class Daemon:
             if before is not None:
                 account.latest.forget(set(before.refreshers) - set(account.refreshers))
         self._reprice(old)
-        self.sources.exposition.prepare()  # the new exposition's blocks rendered here, not in the next scrape
+        try:  # the new exposition's blocks rendered here, not in the next scrape
+            self.sources.exposition.prepare()
+        except Exception:  # a bug must not stop the reload half done; it is logged with its traceback
+            log.exception("rendering the reloaded metrics crashed")
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
             self._schedule()

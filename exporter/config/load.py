@@ -289,4 +289,7 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(error, "problem", None) or str(error)
         raise ConfigError([f"{where}: invalid YAML: {problem}"]) from None
-    return validate(raw, environ), secret_warnings(raw, Path(path))
+    try:
+        return validate(raw, environ), secret_warnings(raw, Path(path))
+    except RecursionError:  # (lists nested hundreds deep: libyaml reads them, the checks recurse)
+        raise ConfigError([f"{path}: invalid YAML: nested too deeply"]) from None
