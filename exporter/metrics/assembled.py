@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -24,11 +25,12 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from exporter.config.schema import ACCOUNT
-from exporter.core.logs import get_logger
 from exporter.metrics.exposition import (
     OPENMETRICS_ACCEPT,
     OPENMETRICS_EOF,
     Encoder,
+    Failed,
+    Failures,
     Families,
     Parted,
     deflate,
@@ -38,8 +40,6 @@ from exporter.metrics.exposition import (
     prepared,
     rendered_parts,
 )
-
-log = get_logger(__name__)
 
 NOTHING = object()
 """The version of a collector that has no snapshot yet (it shows nothing until it has one)."""
@@ -112,7 +112,7 @@ class AssembledExposition:
         self._joined: dict[tuple[int, str], tuple[tuple[_Families, ...], list[_Piece]]] = {}
         """Per kind and format, its families' pieces in order, and the parts they were joined from."""
         self._lock = threading.Lock()
-        self._broken: dict[tuple[int, int, str], str] = {}
+        self._failures = Failures()  # (keyed by the collector's kind and place, and what failed)
 
     def _version(self, collector: Collector) -> object:
         version = getattr(collector, "version", None)
@@ -122,28 +122,27 @@ class AssembledExposition:
         return NOTHING if found is None else found
 
     def _families(self, k: int, i: int, encoder: Encoder, content_type: str) -> _Families:
-        try:
-            version = self._version(self.kinds[k][i][1])
-        except Exception as error:  # as a render's: this part is left out, the rest served (and asked again)
-            self._failed(k, i, "version()", error)
-            return _Families(None)
-        self._broken.pop((k, i, "version()"), None)
+        account, collector = self.kinds[k][i]
+        ask = partial(self._version, collector)
+        version = self._failures.asked((k, i, "version()"), collector, ask, account=account)
+        if isinstance(version, Failed):
+            return _Families(None)  # (not kept: the next scrape asks again)
         with self._lock:
             cached = self._cache.get((k, i, content_type))
         if version is not None and cached is not None and cached.version is version:
             return cached
-        collector = self.kinds[k][i][1]
         if isinstance(collector, Parted):
             if (listed := self._parts_of(k, i, collector)) is None:
-                return _Families(None)  # (not kept: the next scrape asks again)
+                return _Families(None)
             found = joined(self._rendered_parts(k, i, listed, encoder, content_type))
         else:
-            try:
-                found = families(encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF))
-            except Exception as error:  # a value no exposition can hold: leave this part out, keep the rest
-                self._failed(k, i, content_type, error)
+            text = self._failures.asked(
+                (k, i, content_type), collector,
+                lambda: encoder(self._registries[(k, i)]).removesuffix(OPENMETRICS_EOF), account=account,
+            )  # fmt: skip
+            if isinstance(text, Failed):
                 return _Families(None)
-            self._broken.pop((k, i, content_type), None)
+            found = families(text)
         rendered = _pieces_of(found, version)
         if version is not None:
             with self._lock:
@@ -151,14 +150,10 @@ class AssembledExposition:
         return rendered
 
     def _parts_of(self, k: int, i: int, collector: Parted) -> list[tuple[object, Collector]] | None:
-        """A collector's `parts()`; None if they cannot be had (logged as a render's failure)."""
-        try:
-            found = list(collector.parts())
-        except Exception as error:  # as a render's: this part is left out, the rest served
-            self._failed(k, i, "parts()", error)
-            return None
-        self._broken.pop((k, i, "parts()"), None)
-        return found
+        """A collector's `parts()`; None if they cannot be had (`Failures`)."""
+        account = self.kinds[k][i][0]
+        found = self._failures.asked((k, i, "parts()"), collector, lambda: list(collector.parts()), account=account)
+        return None if isinstance(found, Failed) else found
 
     def _rendered_parts(
         self, k: int, i: int, found: list[tuple[object, Collector]], encoder: Encoder, content_type: str
@@ -173,20 +168,10 @@ class AssembledExposition:
         with self._lock:
             self._parts[(k, i, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
-            self._failed(k, i, content_type, failure)
+            self._failures.failed((k, i, content_type), self.kinds[k][i][1], failure, account=account)
         else:
-            self._broken.pop((k, i, content_type), None)
+            self._failures.succeeded((k, i, content_type))
         return [part for _, part in parts]
-
-    def _failed(self, k: int, i: int, during: str, error: Exception) -> None:
-        """Log a collector's failure once while it stays the same: `during`, what failed (rendering
-        in a format, whose text places a bad value apart from the other's; `version()`; `parts()`)."""
-        account, collector = self.kinds[k][i]
-        reason = f"{type(error).__name__}: {error}"[:300]
-        if self._broken.get((k, i, during)) != reason:
-            log.error("metrics left out of /metrics", collector=type(collector).__name__, account=account,
-                      error=reason, during=during)  # fmt: skip
-        self._broken[(k, i, during)] = reason
 
     def _pieces(self, encoder: Encoder, content_type: str) -> list[_Piece]:
         pieces: list[_Piece] = []

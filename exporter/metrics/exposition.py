@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
@@ -152,6 +152,46 @@ def rendered_parts(
     return parts, failure
 
 
+T = TypeVar("T")
+
+
+class Failed:
+    """What `Failures.asked` gives when what it asked failed."""
+
+
+FAILED = Failed()
+
+
+class Failures:
+    """What collectors failed at, each keyed by the collector and what failed (its render in a
+    format, its `version()`, its `parts()`): logged once while the error stays the same (a render's
+    once per format, as where a bad value sits in the text differs in each), forgotten once it
+    succeeds. What failed is left out of that scrape; the rest of /metrics is served."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[object, ...], str] = {}
+
+    def asked(self, key: tuple[object, ...], collector: object, ask: Callable[[], T], **fields: Any) -> T | Failed:
+        """`ask()`, or FAILED (logged as `failed`) if it raised."""
+        try:
+            found = ask()
+        except Exception as error:  # a value no exposition can hold; a version or parts not to be had
+            self.failed(key, collector, error, **fields)
+            return FAILED
+        self.succeeded(key)
+        return found
+
+    def failed(self, key: tuple[object, ...], collector: object, error: Exception, **fields: Any) -> None:
+        reason = f"{type(error).__name__}: {error}"[:300]
+        if self._last.get(key) != reason:
+            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason,
+                      during=str(key[-1]), **fields)  # fmt: skip
+        self._last[key] = reason
+
+    def succeeded(self, key: tuple[object, ...]) -> None:
+        self._last.pop(key, None)
+
+
 def prepared(collector: Collector, only: Collector | None) -> bool:
     """Whether `prepare` renders `collector`: `only`, or without it every one a refresh changes (not
     one whose `refreshed` is False: the alerts', whose version reads the state file); each with a
@@ -173,9 +213,7 @@ class Exposition:
         self._parts: dict[tuple[int, str], dict[int, tuple[object, Families]]] = {}
         """Per collector with parts and format, its parts as last rendered (`rendered_parts`); only ever replaced."""
         self._lock = threading.Lock()
-        self._broken: dict[tuple[int, str], str] = {}
-        """Per collector and what failed (a format's render, `version()`, `parts()`), why it last
-        failed: logged once per new error, and per format (where a bad value sits differs in each)."""
+        self._failures = Failures()  # (keyed by the collector's index and what failed)
 
     def render(self, accept: str = "", gzipped: bool = False) -> tuple[bytes, str]:
         """The exposition in the format the `Accept` header asks for (as one gzip member if `gzipped`), and its
@@ -214,12 +252,10 @@ class Exposition:
     def _block(self, index: int, encoder: Encoder, content_type: str) -> _Block:
         """A collector's block: cached for its snapshot's version, else rendered (and cached). One
         whose version or parts cannot be had is left out of this scrape and asked again by the next."""
-        try:
-            version = getattr(self.collectors[index], "version", lambda: None)()
-        except Exception as error:  # as a render's: this block is left out, the rest served
-            self._failed((index, "version()"), self.collectors[index], error)
+        collector = self.collectors[index]
+        version = self._failures.asked((index, "version()"), collector, getattr(collector, "version", lambda: None))
+        if isinstance(version, Failed):
             return _Block(None, b"")
-        self._broken.pop((index, "version()"), None)
         with self._lock:
             cached = self._cache.get((index, content_type))
         if version is not None and cached is not None and cached.version is version:
@@ -248,14 +284,10 @@ class Exposition:
         return piece
 
     def _parts_of(self, index: int) -> list[tuple[object, Collector]] | None:
-        """A collector's `parts()`; None if they cannot be had (logged as a render's failure)."""
-        try:
-            found = list(self._parted[index].parts())
-        except Exception as error:  # as a render's: this block is left out, the rest served
-            self._failed((index, "parts()"), self.collectors[index], error)
-            return None
-        self._broken.pop((index, "parts()"), None)
-        return found
+        """A collector's `parts()`; None if they cannot be had (`Failures`)."""
+        parted = self._parted[index]
+        found = self._failures.asked((index, "parts()"), parted, lambda: list(parted.parts()))
+        return None if isinstance(found, Failed) else found
 
     def _rendered_parts(
         self, index: int, found: Iterable[tuple[object, Collector]], encoder: Encoder, content_type: str
@@ -267,24 +299,14 @@ class Exposition:
         with self._lock:
             self._parts[(index, content_type)] = {id(version): (version, part) for version, part in parts}
         if failure is not None:
-            self._failed((index, content_type), self.collectors[index], failure)
+            self._failures.failed((index, content_type), self.collectors[index], failure)
         else:
-            self._broken.pop((index, content_type), None)
+            self._failures.succeeded((index, content_type))
         return [part for _, part in parts]
 
     def _text(self, index: int, encoder: Encoder, content_type: str) -> bytes:
-        try:
-            text = encoder(self._registries[index]).removesuffix(OPENMETRICS_EOF)
-        except Exception as error:  # a value no exposition can hold: leave this block out, keep the rest
-            self._failed((index, content_type), self.collectors[index], error)
-            return b""
-        self._broken.pop((index, content_type), None)
-        return text
-
-    def _failed(self, key: tuple[int, str], collector: Collector, error: Exception) -> None:
-        """Log a collector's failure once while it stays the same: `key`, the collector's index and
-        what failed (rendering in a format, its `version()` or its `parts()`)."""
-        reason = f"{type(error).__name__}: {error}"[:300]
-        if self._broken.get(key) != reason:
-            log.error("metrics left out of /metrics", collector=type(collector).__name__, error=reason, during=key[1])
-        self._broken[key] = reason
+        text = self._failures.asked(
+            (index, content_type), self.collectors[index],
+            lambda: encoder(self._registries[index]).removesuffix(OPENMETRICS_EOF),
+        )  # fmt: skip
+        return b"" if isinstance(text, Failed) else text
