@@ -394,3 +394,23 @@ def test_a_reload_whose_rendering_crashes_is_done_all_the_same(
         assert states(daemon.sources.exposition.render()[0].decode()) == {"Quick": {"firing"}, "More": {"firing"}}
     finally:
         daemon.stop(grace=5)
+
+
+def test_a_scrape_reads_the_outbox_once(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notification figures (the outbox's pending count, a query of the state file) are read
+    once a scrape, even when they changed since the last and their part is rendered again."""
+    from exporter.delivery.dispatcher import Dispatcher
+
+    daemon = started(sim, clock, tmp_path, [spend_rule("Quick", Decimal("0.01"), "0s")], several=False)
+    try:
+        refreshed(daemon, "bills")  # an alert fires: a notification waits
+        reads = []
+        pending = Dispatcher.pending
+        monkeypatch.setattr(Dispatcher, "pending", lambda self: reads.append(self) or pending(self))
+        text = daemon.sources.exposition.render()[0].decode()
+        assert 'inference_alert_notifications_pending{notifier="hook"} 1.0' in text
+        assert len(reads) == 1
+    finally:
+        daemon.stop(grace=5)

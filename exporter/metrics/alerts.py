@@ -152,9 +152,10 @@ class AlertsCollector(Collector):
         return last
 
     def parts(self) -> Iterator[tuple[object, Collector]]:
-        """The alerts' series under the engine's version (read before they are), then the figures'."""
+        """The alerts' series under the engine's version (read before they are), then the figures
+        as `version` last read them (a scrape asks it first: they are read once a scrape)."""
         yield self.engine.version, _AlertStates(self.engine)
-        notifications = self._notified()
+        notifications = self._notifications or self._notified()
         yield notifications, notifications
 
     def collect(self) -> Iterator[Metric]:
