@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import json
 import logging
-import time
 from collections.abc import Callable
 from decimal import Decimal
 
+from bench.common import fastest
 from exporter.alerts.alert import Alert
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig
@@ -107,13 +106,8 @@ def _alerts(names: list[str], rules: int, now: float) -> list[Alert]:
 
 def _fastest(run: Callable[[], bytes], repeat: int) -> tuple[float, int]:
     """(the fastest run's seconds, bytes made)."""
-    times, size = [], 0
-    for _ in range(repeat):
-        gc.collect()  # each run starts with no garbage of the one before
-        started = time.perf_counter()
-        size = len(run())
-        times.append(time.perf_counter() - started)
-    return min(times), size
+    seconds, made = fastest(run, repeat)
+    return seconds, len(made)
 
 
 def measure(endpoints: int, rules: int, repeat: int) -> dict[str, tuple[float, int]]:

@@ -17,8 +17,8 @@ import gc
 import itertools
 import logging
 import time
-from collections.abc import Callable
 
+from bench.common import fastest
 from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
@@ -36,16 +36,6 @@ def _snapshot(name: str, runs: int) -> ProbeSnapshot:
     histogram = Histogram(BOUNDS, tuple(runs + n for n in range(len(BOUNDS))), 0.3 * runs)
     return ProbeSnapshot(name, f"ep-{name}", "chat", last, runs, {"timeout": 1}, {"prompt": 10 * runs}, histogram,
                          histogram)  # fmt: skip
-
-
-def _fastest(run: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        gc.collect()  # each run starts with no garbage of the one before
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def measure(probes: int, rounds: int, repeat: int) -> tuple[float, float, int]:
@@ -75,7 +65,7 @@ def measure(probes: int, rounds: int, repeat: int) -> tuple[float, float, int]:
         exposition.render(OPENMETRICS_ACCEPT, gzipped=True)
         return time.perf_counter() - started
 
-    round_time = _fastest(some_rounds, repeat) / rounds
+    round_time = fastest(some_rounds, repeat)[0] / rounds
     scrape = min(scrape_after_a_run() for _ in range(repeat))
     return round_time, scrape, len(exposition.render(OPENMETRICS_ACCEPT, gzipped=True)[0])
 

@@ -72,43 +72,29 @@ def test_repeats_are_named_by_position_before_and_after_a_cut() -> None:
     assert written(seen.chunks()) == sorted([*first, *new])
 
 
-def test_a_fork_cut_coarser_than_its_base() -> None:
-    """The common case: a poll's few ids against a large day."""
-    day, found = digests(30_000), digests(300, seed=2)
+@pytest.mark.parametrize(
+    ("days", "finds", "cut"),
+    [(30_000, 300, (FIRST_BITS, 14)), (1_000, 20_000, (14, FIRST_BITS))],
+    ids=["a poll's few ids against a large day: coarser than its base", "more than its base: cut finer"],
+)
+def test_a_fork_cut_apart_from_its_base(days: int, finds: int, cut: tuple[int, int]) -> None:
+    """A fork is cut by its own ids, coarser or finer than its base; the two still agree."""
+    day, found = digests(days), digests(finds, seed=2)
     base = SeenIds()
     add_pages(base, day)
     fork = base.fork()
     add_pages(fork, found)
-    assert (bits(fork), bits(base)) == (FIRST_BITS, 14)
-    assert fork.add_digests([day[7], found[7], day[29_999]]) == [0, 1, 2]
-    assert fork.count == 30_300
+    assert (bits(fork), bits(base)) == cut
+    assert fork.add_digests([day[7], found[7], day[-1]]) == [0, 1, 2]
+    assert fork.count == days + finds
     assert written(fork.added()) == sorted(found)
     assert written(fork.chunks()) == sorted([*day, *found])
     assert not any(d in base for d in found)  # the base is left as it was
     assert written(base.chunks()) == sorted(day)
     fork.settle()
     assert fork.base is None
-    assert bits(fork) == 14
-    assert fork.count == 30_300
-    assert all(d in fork for d in [*day, *found])
-    assert written(fork.chunks()) == sorted([*day, *found])
-
-
-def test_a_fork_cut_finer_than_its_base() -> None:
-    """A fork that adds more than its base holds is cut by its own ids, past its base."""
-    day, found = digests(1_000), digests(20_000, seed=2)
-    base = SeenIds()
-    add_pages(base, day)
-    fork = base.fork()
-    add_pages(fork, found)
-    assert (bits(fork), bits(base)) == (14, FIRST_BITS)
-    assert fork.add_digests([found[3], day[3]]) == [0, 1]
-    assert written(fork.added()) == sorted(found)
-    assert written(fork.chunks()) == sorted([*day, *found])
-    assert written(base.chunks()) == sorted(day)
-    fork.settle()
-    assert fork.count == 21_000
-    assert bits(fork) == 14  # the base's, cut finer as the fork's ids went in
+    assert fork.count == days + finds
+    assert bits(fork) == 14  # the base's, cut finer as the fork's ids went in where it had fewer
     assert all(d in fork for d in [*day, *found])
     assert written(fork.chunks()) == sorted([*day, *found])
 
