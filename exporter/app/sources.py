@@ -166,6 +166,9 @@ class Sources:
         if dispatcher is None:
             dispatcher = Dispatcher(config.alerts.notifiers, alert_store, clock, self.engine.current, external_url)
         self.dispatcher = dispatcher
+        states = [(name, a.state) for name, a in self.accounts.items()] if config.several else []
+        self.alerts_collector = AlertsCollector(self.engine, dispatcher, lambda: states)
+        """The alerts' series in the exposition: the alert worker renders them after evaluating."""
         self.exposition = self._exposition()
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
@@ -176,7 +179,6 @@ class Sources:
         defaults, last)."""
         if not self.config.several:
             one = self.accounts[""]
-            self.alerts_collector = AlertsCollector(self.engine, self.dispatcher)
             return build_exposition(one.config, one.latest, self.clock, self.alerts_collector, *RUNTIME_COLLECTORS)
         per_account = {
             name: collectors(a.config, a.latest, self.clock, part="account") for name, a in self.accounts.items()
@@ -192,9 +194,7 @@ class Sources:
         )
         budgets = next(k for k, parts in enumerate(kinds) if isinstance(parts[0][1], BudgetCollector))
         kinds[budgets].append(("", shared))  # (one HELP and TYPE for the accounts' budgets and these)
-        states = [(name, a.state) for name, a in self.accounts.items()]
         kinds.append([("", ExporterCollector(self.latest, self.clock, part="process"))])
-        self.alerts_collector = AlertsCollector(self.engine, self.dispatcher, lambda: states)
         kinds.append([("", self.alerts_collector)])
         kinds += [[("", collector)] for collector in RUNTIME_COLLECTORS]
         return AssembledExposition(kinds)
