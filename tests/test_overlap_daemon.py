@@ -430,6 +430,40 @@ def test_a_state_file_that_turns_read_only_is_named_and_metrics_keep_serving(
     assert len(failures) == 1
 
 
+def test_a_scrape_is_answered_while_a_save_holds_the_state_file(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    """A scrape reads the state file (the notifications waiting) beside the writer: a long save or
+    a slow disk holding the write lock does not hold up /metrics, nor blank the figure."""
+    notifiers = [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]  # refused: it stays queued
+    daemon = Daemon(
+        validate(alerting_document(sim, server, tmp_path, notifiers), {}), clock=clock, listen="127.0.0.1:0"
+    )
+    daemon.start(schedule=False)
+    held, release = threading.Event(), threading.Event()
+
+    def save() -> None:
+        with daemon.state.transaction():
+            held.set()
+            release.wait(60)
+
+    saving = threading.Thread(target=save)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        assert value(scrape(daemon.server.url), "inference_alert_notifications_pending", notifier="hook") == 1
+        saving.start()
+        assert held.wait(30)
+        series = scrape(daemon.server.url)  # (10 s at most: a scrape waiting for the save fails here)
+        assert saving.is_alive()  # answered while the save still held the file
+        assert value(series, "inference_alert_notifications_pending", notifier="hook") == 1
+    finally:
+        release.set()
+        if saving.is_alive():
+            saving.join(30)
+        daemon.stop()
+
+
 def test_a_delivery_the_state_file_cannot_record_is_not_sent_again(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -549,3 +583,32 @@ def test_an_alertmanager_peer_that_drips_does_not_hold_back_the_other(
     assert dispatcher.failed["am"] == 1
     (failure,) = logged(caplog.records, "notification failed", notifier="am")
     assert failure.fields["target"] == "urls[0]"  # type: ignore[attr-defined]
+
+
+def test_a_notifier_removed_and_added_again_tells_its_failures_afresh(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure is logged once until the notifier recovers; a reload that removes the notifier
+    ends that, so the one added again under its name has its first failure told, and no recovery
+    from a failure of the one removed."""
+    from exporter.delivery.dispatcher import Dispatcher
+    from exporter.notifiers.webhook import WebhookNotifier
+    from exporter.state import AlertStore, StateStore
+
+    hook = WebhookNotifier.model_validate({"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"})
+    dispatcher = Dispatcher([hook], AlertStore(StateStore(":memory:")), clock, lambda _: [], "http://exporter")
+    caplog.set_level(logging.INFO)
+    for _ in range(2):
+        assert dispatcher.post("hook", str(hook.url), {}) is not None  # refused: nothing listens
+    assert len(logged(caplog.records, "notification failed", notifier="hook")) == 1
+    dispatcher.configure([], "http://exporter")
+    assert dispatcher.post("hook", str(hook.url), {}) is not None  # on the wire as it was removed: not told
+    assert len(logged(caplog.records, "notification failed", notifier="hook")) == 1
+    dispatcher.configure([hook], "http://exporter")
+    assert dispatcher.post("hook", str(hook.url), {}) is not None
+    assert len(logged(caplog.records, "notification failed", notifier="hook")) == 2
+    assert dispatcher.failed == {"hook": 1}  # the new one's own
+    dispatcher.configure([], "http://exporter")
+    dispatcher.configure([hook], "http://exporter")
+    assert dispatcher.outcome("hook", None) is None  # a success of the new one: nothing to recover from
+    assert not logged(caplog.records, "notifier recovered")

@@ -10,6 +10,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -354,6 +355,78 @@ def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> No
     reopened = StateStore(path)
     assert reopened.load_usage(DAY)[0].records == 9  # type: ignore[index]
     reopened.close()
+
+
+# -- what a scrape reads, beside the writer --
+
+
+def test_the_outbox_is_counted_beside_a_write_in_progress_as_last_committed(tmp_path: Path) -> None:
+    """What every scrape reads (`pending_count`) is answered while another thread's write
+    transaction is open (a large save, a slow disk), not after it, and counts only what was committed."""
+    store = StateStore(tmp_path / "state.db")
+    alerts = AlertStore(store)
+    add_alert(store, "committed")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.transaction() as db:
+            AlertStore.enqueue(db, "hook", "firing uncommitted", 2.0)  # type: ignore[arg-type]
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        counted: dict[str, int] = {}
+        reading = threading.Thread(target=lambda: counted.update(alerts.pending_count()), daemon=True)
+        reading.start()
+        reading.join(10)
+        assert not reading.is_alive(), "the count waited for the write transaction"
+        assert counted == {"hook": 1}
+    finally:
+        release.set()
+        holder.join(30)
+    assert alerts.pending_count() == {"hook": 2}
+    store.close()
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["reader open before", "no reader yet"])
+@pytest.mark.parametrize("deleted", ["the file alone", "file, -wal and -shm", "the -wal journal alone"])
+def test_the_outbox_counted_beside_follows_a_deleted_file_and_its_recreation(
+    tmp_path: Path, deleted: str, opened: bool
+) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    alerts = AlertStore(store)
+    add_alert(store, "before")
+    if opened:
+        assert alerts.pending_count() == {"hook": 1}
+    suffixes = {"the file alone": [""], "the -wal journal alone": ["-wal"]}.get(deleted, ["", "-wal", "-shm"])
+    for suffix in suffixes:
+        os.remove(f"{path}{suffix}")
+    assert alerts.pending_count() == {"hook": 1}  # deleted, not yet recreated: what the writer holds
+    add_alert(store, "after")  # recreates the file
+    assert alerts.pending_count() == {"hook": 2}  # read from the new file, not from the deleted one
+    add_alert(store, "later")
+    assert alerts.pending_count() == {"hook": 3}
+    store.close()
+
+
+@pytest.mark.parametrize("opened", [True, False], ids=["reader open before", "no reader yet"])
+def test_the_outbox_counted_beside_is_never_that_of_a_file_put_in_its_place(tmp_path: Path, opened: bool) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    alerts = AlertStore(store)
+    add_alert(store, "ours")
+    if opened:
+        assert alerts.pending_count() == {"hook": 1}
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # as a checkpoint leaves it: all of it in the file
+    other = tmp_path / "other.db"
+    write_real_state(other)  # 40 notifications waiting for "hook"
+    os.replace(other, path)
+    assert alerts.pending_count() == {"hook": 1}
+    store.close()
 
 
 # -- the run command --

@@ -166,6 +166,8 @@ class Dispatcher:
         with self._counts:
             self.sent = {name: self.sent.get(name, 0) for name in self._notifiers}
             self.failed = {name: self.failed.get(name, 0) for name in self._notifiers}
+            # (a notifier added again starts afresh: its first failure is told, no recovery from before)
+            self._failing = {pair for pair in self._failing if pair[0] in self._notifiers}
         for name in self._notifiers:
             self._locks.setdefault(name, threading.Lock())
         self._drop_orphans()
@@ -282,9 +284,13 @@ class Dispatcher:
             return dict(self.sent), dict(self.failed), dict(self.discarded)
 
     def failed_at(self, notifier: str, target: str) -> bool:
+        """Count a failure; whether it is the first since the notifier (or this target of it) last
+        went through, to be logged. One that a reload removed while its delivery was on the wire
+        is neither counted nor told (it is not retried: its queue was dropped, and that logged)."""
         with self._counts:
-            if notifier in self.failed:  # (as in `outcome`)
-                self.failed[notifier] += 1
+            if notifier not in self.failed:
+                return False
+            self.failed[notifier] += 1
             first = (notifier, target) not in self._failing
             self._failing.add((notifier, target))
         return first

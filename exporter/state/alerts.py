@@ -22,6 +22,15 @@ def read_alert_states(db: sqlite3.Connection) -> dict[str, tuple[str, str]]:
     return {key: (rule, body) for key, rule, body in db.execute("SELECT key, rule, body FROM alert_state")}
 
 
+def read_pending(db: sqlite3.Connection) -> dict[str, int]:
+    """Notifier → its notifications not yet delivered (alert groups and digests)."""
+    rows = db.execute(
+        "SELECT notifier, COUNT(*) FROM (SELECT notifier FROM outbox WHERE delivered IS NULL"
+        " UNION ALL SELECT notifier FROM digest_outbox WHERE delivered IS NULL) GROUP BY notifier"
+    ).fetchall()
+    return dict(rows)
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     id: int
@@ -231,9 +240,7 @@ class AlertStore:
         return len(renamed)
 
     def pending_count(self) -> dict[str, int]:
-        with self.store.reading() as db:
-            rows = db.execute(
-                "SELECT notifier, COUNT(*) FROM (SELECT notifier FROM outbox WHERE delivered IS NULL"
-                " UNION ALL SELECT notifier FROM digest_outbox WHERE delivered IS NULL) GROUP BY notifier"
-            ).fetchall()
-        return dict(rows)
+        """Notifications waiting per notifier, as last committed: read beside the writer (`peeking`),
+        as every scrape reads it and no save may hold a scrape up."""
+        with self.store.peeking() as db:
+            return read_pending(db)

@@ -4,7 +4,8 @@ time (`LockFile`), checked and migrated as it opens, and kept at its path while 
 One connection, serialised by a lock, WAL journal; each save is one transaction, so a crash leaves
 the previous complete state. Every fault of the file (corrupt, read-only, full, deleted, replaced,
 in use) is a `StateError` whose message names the file. The tables' owners read and write through
-`StateFile`'s `reading` and `transaction` (see `StateStore` and `AlertStore`).
+`StateFile`'s `reading` and `transaction` (see `StateStore` and `AlertStore`); what a scrape reads
+goes through `peeking`, a read-only connection beside that one, which no write waits for or holds up.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class StateFile:
         self._identity: tuple[int, int] | None = None
         self._wal = False
         self._closed = False
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+        self._beside = False
+        """The connection is on the file at the path, in WAL mode: a reader may open it beside (`peeking`)."""
         self.write_error = ""
         """How the last write transaction failed ("" if it was committed)."""
         self.layout = LAYOUT
@@ -178,6 +183,7 @@ class StateFile:
                 ) from None
             raise self._error(error) from error
         self._identity = self._stat_identity()
+        self._beside = self._wal
         return db
 
     def _stat_identity(self) -> tuple[int, int] | None:
@@ -245,8 +251,9 @@ class StateFile:
                 os.remove(staging)
             fault, _ = fault_of(error)
             raise StateError(self.path, f"{event}, and it cannot be recreated ({fault})") from None
-        # The old connection must be gone before the new file is opened: its -wal and -shm, if still
+        # The old connections must be gone before the new file is opened: its -wal and -shm, if still
         # there, belong to the deleted file and would be taken for the new one's.
+        self._leave_beside()
         self._db.close()
         try:
             for suffix in ("-wal", "-shm"):
@@ -270,6 +277,7 @@ class StateFile:
         except sqlite3.Error as error:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             raise self._error(error) from error
+        self._beside = self._wal
         log.warning("state file recreated from the open copy", path=self.path, event=event)
 
     # -- reading and writing --
@@ -283,6 +291,7 @@ class StateFile:
                 self._check_file()  # a file deleted since the last write is written back before closing
             except StateError as error:
                 log.error("closing the state file failed", path=self.path, error=str(error))
+            self._leave_beside()
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
             if self._lock_file is not None:
@@ -295,6 +304,62 @@ class StateFile:
                 yield self._db
             except sqlite3.Error as error:
                 raise self._error(error) from error
+
+    @contextmanager
+    def peeking(self) -> Iterator[sqlite3.Connection]:
+        """A read of what was last committed that no write transaction holds up: through a read-only
+        connection of its own beside the one that writes (in WAL mode a reader neither waits for
+        the writer nor holds it up), for what a scrape reads while a large save or a slow disk
+        keeps the writer busy. Where there can be no such reader (an in-memory file, a file not in
+        WAL mode, one deleted or replaced since the last write, or a copy the exporter works on
+        because it could not put it back at the path), it reads as `reading` does."""
+        with self._reader_lock:
+            reader = self._open_reader() if self._beside else None
+            if reader is not None:
+                try:
+                    yield reader
+                except sqlite3.Error as error:
+                    self._close_reader()
+                    raise self._error(error) from error
+                return
+        with self.reading() as db:
+            yield db
+
+    def _open_reader(self) -> sqlite3.Connection | None:
+        """The reader of `peeking`, opened the first time (holding `_reader_lock`); None where the
+        path does not hold the file, with its -wal journal, that the writing connection is on."""
+        if self._reader is not None:
+            return self._reader
+        if not os.path.exists(self.path + "-wal"):
+            return None
+        try:
+            reader = sqlite3.connect(
+                f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error:
+            return None
+        try:
+            if self._stat_identity() != self._identity:
+                reader.close()
+                return None
+        except StateError:
+            reader.close()
+            return None
+        self._reader = reader
+        return reader
+
+    def _close_reader(self) -> None:
+        """(Holding `_reader_lock`.)"""
+        if self._reader is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._reader.close()
+            self._reader = None
+
+    def _leave_beside(self) -> None:
+        """No reader beside the writing connection from now on (until `_beside` is set again)."""
+        with self._reader_lock:
+            self._beside = False
+            self._close_reader()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
