@@ -14,11 +14,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import LAYOUT, AlertStore, StateError, StateStore, UsageCursor
+from exporter.state import file as state_file
 from tests.conftest import DATA
 from tests.helpers import free_port, logged, wait_for
 from tests.test_cli import ready, run, spawn, write_config
@@ -323,6 +325,38 @@ def test_a_file_deleted_while_running_is_recreated_with_every_row(
     assert not list(directory.glob("*.recreating*"))
 
 
+@pytest.mark.parametrize("deleted", ["the file alone", "the -wal journal alone"])
+def test_a_file_deleted_again_as_it_is_recreated_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, deleted: str
+) -> None:
+    """Deleted again between being put back at the path and being opened there: that write is
+    refused, and the next one puts the copy back, every row in it (no new, empty file is opened)."""
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY, rows=5)
+    add_alert(store, "before")
+    os.remove(f"{path}{'' if deleted == 'the file alone' else '-wal'}")
+    install = state_file._install
+
+    def and_gone_again(staging: str, target: str, *, over: bool) -> None:
+        install(staging, target, over=over)
+        os.remove(target)
+
+    monkeypatch.setattr(state_file, "_install", and_gone_again)
+    with pytest.raises(StateError, match="while running, and it cannot be recreated"):
+        add_alert(store, "refused")
+    monkeypatch.undo()
+    assert AlertStore(store).pending_count() == {"hook": 1}
+    add_alert(store, "after")
+    assert rows_in_file(path) == (1, 5, 2, 2)
+    store.close()
+    reopened = StateStore(path)
+    assert set(AlertStore(reopened).load_states()) == {"before", "after"}
+    assert reopened.load_usage(DAY)[1] == usage_rows(5)  # type: ignore[index]
+    reopened.close()
+    assert not list(tmp_path.glob("*.recreating*"))
+
+
 def test_a_file_deleted_after_the_last_write_is_written_back_on_close(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     store = StateStore(path)
@@ -360,12 +394,9 @@ def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> No
 # -- what a scrape reads, beside the writer --
 
 
-def test_the_outbox_is_counted_beside_a_write_in_progress_as_last_committed(tmp_path: Path) -> None:
-    """What every scrape reads (`pending_count`) is answered while another thread's write
-    transaction is open (a large save, a slow disk), not after it, and counts only what was committed."""
-    store = StateStore(tmp_path / "state.db")
-    alerts = AlertStore(store)
-    add_alert(store, "committed")
+def counted_during_a_write(store: StateStore) -> dict[str, int]:
+    """`pending_count` (what every scrape reads), asked while another thread holds a write
+    transaction that queues one more notification; fails if the count waits for that transaction."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -379,16 +410,26 @@ def test_the_outbox_is_counted_beside_a_write_in_progress_as_last_committed(tmp_
     try:
         assert held.wait(30)
         counted: dict[str, int] = {}
-        reading = threading.Thread(target=lambda: counted.update(alerts.pending_count()), daemon=True)
+        reading = threading.Thread(target=lambda: counted.update(AlertStore(store).pending_count()), daemon=True)
         reading.start()
         reading.join(10)
         assert not reading.is_alive(), "the count waited for the write transaction"
-        assert counted == {"hook": 1}
     finally:
         release.set()
         holder.join(30)
-    assert alerts.pending_count() == {"hook": 2}
+    return counted
+
+
+def test_the_outbox_is_counted_beside_a_write_in_progress_as_last_committed(tmp_path: Path) -> None:
+    """Answered while a write transaction is open (a large save, a slow disk), not after it, and
+    counting only what was committed; the reader leaves nothing behind at a clean close."""
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    add_alert(store, "committed")
+    assert counted_during_a_write(store) == {"hook": 1}
+    assert AlertStore(store).pending_count() == {"hook": 2}
     store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db", "state.db.lock"]  # no -wal, no -shm
 
 
 @pytest.mark.parametrize("opened", [True, False], ids=["reader open before", "no reader yet"])
@@ -408,9 +449,50 @@ def test_the_outbox_counted_beside_follows_a_deleted_file_and_its_recreation(
     assert alerts.pending_count() == {"hook": 1}  # deleted, not yet recreated: what the writer holds
     add_alert(store, "after")  # recreates the file
     assert alerts.pending_count() == {"hook": 2}  # read from the new file, not from the deleted one
-    add_alert(store, "later")
+    assert counted_during_a_write(store) == {"hook": 2}  # and beside the writer again
     assert alerts.pending_count() == {"hook": 3}
     store.close()
+
+
+@pytest.mark.parametrize("when", ["reader open before", "no reader yet", "as the reader opens"])
+def test_a_wal_journal_replaced_by_an_empty_one_is_neither_read_nor_written_to(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """What a reader opened just after the -wal journal was deleted leaves (it makes an empty one):
+    counted from the writer's own, and the file recreated at the next write, with every row."""
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    alerts = AlertStore(store)
+    add_alert(store, "before")
+    if when == "reader open before":
+        assert alerts.pending_count() == {"hook": 1}
+    if when == "as the reader opens":  # deleted between the reader's look at the -wal and its first read
+        connect = sqlite3.connect
+
+        def deleted_first(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+            os.remove(f"{path}-wal")
+            return connect(*args, **kwargs)
+
+        monkeypatch.setattr(sqlite3, "connect", deleted_first)
+        assert alerts.pending_count() == {"hook": 1}
+        monkeypatch.undo()
+        assert os.path.exists(f"{path}-wal")  # made anew, empty, by the reader
+    else:
+        os.remove(f"{path}-wal")
+        Path(f"{path}-wal").touch()
+    assert alerts.pending_count() == {"hook": 1}
+    with caplog.at_level(logging.WARNING, logger="exporter.state"):
+        add_alert(store, "after")
+    [warning] = logged(caplog.records, "state file recreated from the open copy", path=str(path))
+    event = warning.fields["event"]  # type: ignore[attr-defined]
+    assert event == f"the -wal journal of state file {path} was replaced while running"
+    assert alerts.pending_count() == {"hook": 2}
+    assert counted_during_a_write(store) == {"hook": 2}
+    store.close()
+    reopened = StateStore(path)
+    assert set(AlertStore(reopened).load_states()) == {"before", "after"}
+    assert AlertStore(reopened).pending_count() == {"hook": 3}  # (the one `counted_during_a_write` queued too)
+    reopened.close()
 
 
 @pytest.mark.parametrize("opened", [True, False], ids=["reader open before", "no reader yet"])

@@ -38,6 +38,15 @@ def _directory_writable(directory: Path) -> bool:
         return False
 
 
+def _identity_of(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of the file at `path`; None if there is none (OSError for other faults)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def location_problem(path: str | Path) -> str:
     """Why no state file could be kept at `path` ("" if one could), found without creating anything."""
     if str(path) == ":memory:":
@@ -93,6 +102,8 @@ class StateFile:
         self._lock_file: LockFile | None = None
         self._identity: tuple[int, int] | None = None
         self._wal = False
+        self._wal_identity: tuple[int, int] | None = None
+        """The -wal journal's, as the connection opened it: one at the path since is not its own."""
         self._closed = False
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
@@ -132,9 +143,14 @@ class StateFile:
 
     # -- opening --
 
-    def _connect(self, path: str) -> sqlite3.Connection:
-        """A connection in WAL mode with the tables; raises sqlite3.Error."""
-        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    def _connect(self, path: str, *, create: bool = True) -> sqlite3.Connection:
+        """A connection in WAL mode with the tables; raises sqlite3.Error (also, not `create`, when
+        there is no file at `path`)."""
+        if create or path == ":memory:":
+            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        else:
+            target = f"{Path(path).resolve().as_uri()}?mode=rw"
+            db = sqlite3.connect(target, uri=True, check_same_thread=False, isolation_level=None)
         try:
             (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode == "wal"
@@ -183,17 +199,23 @@ class StateFile:
                 ) from None
             raise self._error(error) from error
         self._identity = self._stat_identity()
-        self._beside = self._wal
+        self._opened_beside()
         return db
 
     def _stat_identity(self) -> tuple[int, int] | None:
         try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
+            return _identity_of(self.path)
         except OSError as error:
             raise StateError(self.path, f"state file {self.path} cannot be examined ({error.strerror})") from None
-        return st.st_dev, st.st_ino
+
+    def _opened_beside(self) -> None:
+        """The connection is now on the file at the path: note its -wal journal, and let a reader
+        open beside it (in WAL mode)."""
+        try:
+            self._wal_identity = _identity_of(self.path + "-wal") if self._wal else None
+        except OSError:
+            self._wal_identity = None
+        self._beside = self._wal_identity is not None
 
     def _move_aside(self) -> str:
         try:
@@ -229,10 +251,18 @@ class StateFile:
                 self._lock_file.check()
             if identity is None:
                 self._recreate(f"state file {self.path} was deleted while running")
-            elif self._wal and not os.path.exists(self.path + "-wal"):
-                self._recreate(f"the -wal journal of state file {self.path} was deleted while running")
+            elif self._wal and (moved := self._wal_moved()):
+                self._recreate(f"the -wal journal of state file {self.path} was {moved} while running")
         except OSError as error:
             raise StateError(self.path, f"state file {self.path}: {error.strerror or error}") from None
+
+    def _wal_moved(self) -> str:
+        """How the -wal journal at the path is not the connection's own: "deleted", "replaced"
+        (another file in its place, such as one a connection made after it was deleted), or ""."""
+        wal = _identity_of(self.path + "-wal")
+        if wal is None:
+            return "deleted"
+        return "replaced" if self._wal_identity is not None and wal != self._wal_identity else ""
 
     def _recreate(self, event: str) -> None:
         """Write the open connection's database to a new file at the path and switch to it."""
@@ -256,28 +286,38 @@ class StateFile:
         self._leave_beside()
         self._db.close()
         try:
+            copied = _identity_of(staging)
             for suffix in ("-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.path + suffix)
-            if self._stat_identity() == self._identity:  # our own file, its -wal gone: replace it
-                os.replace(staging, self.path)
+            # The copy keeps its own name too until a connection is on it at the path: should the
+            # path lose it again meanwhile, the copy is still there to work on.
+            _install(staging, self.path, over=self._stat_identity() == self._identity)  # (over: our own file)
+            db = self._connect(self.path, create=False)  # (never a new, empty file)
+            if _identity_of(self.path) != copied:
+                db.close()
+                raise OSError(errno.ENOENT, "the file put at the path was gone again at once")
+        except (OSError, StateError, sqlite3.Error) as error:
+            # Keep working on the copy (the next write tries again to put it at the path), under
+            # whichever name it still has.
+            cause = error.args[0] if isinstance(error, sqlite3.Error) else getattr(error, "strerror", None) or error
+            if _identity_of(staging) == copied:
+                kept = staging  # (the path's file stays the one that was lost: the next write looks again)
             else:
-                _install(staging, self.path)
-        except (OSError, StateError) as error:
-            # Keep working on the copy: the next write tries again to put it at the path.
-            self._db = sqlite3.connect(staging, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            raise StateError(
-                self.path,
-                f"{event}, and it cannot be recreated ({getattr(error, 'strerror', None) or error})",
-            ) from None
-        self._identity = self._stat_identity()
-        try:
-            self._db = self._connect(self.path)
-        except sqlite3.Error as error:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            raise self._error(error) from error
-        self._beside = self._wal
+                kept, self._identity = self.path, copied
+            try:
+                self._db = sqlite3.connect(f"{Path(kept).resolve().as_uri()}?mode=rw", uri=True,
+                                           check_same_thread=False, isolation_level=None)  # fmt: skip
+                self._db.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.Error:  # (its directory deleted again meanwhile, say)
+                raise StateError(
+                    self.path, f"{event}, and it cannot be recreated ({cause}): its copy was lost too"
+                ) from None
+            raise StateError(self.path, f"{event}, and it cannot be recreated ({cause})") from None
+        self._identity, self._db = copied, db
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(staging)
+        self._opened_beside()
         log.warning("state file recreated from the open copy", path=self.path, event=event)
 
     # -- reading and writing --
@@ -327,23 +367,28 @@ class StateFile:
 
     def _open_reader(self) -> sqlite3.Connection | None:
         """The reader of `peeking`, opened the first time (holding `_reader_lock`); None where the
-        path does not hold the file, with its -wal journal, that the writing connection is on."""
+        path does not hold the file and the -wal journal that the writing connection has open."""
         if self._reader is not None:
             return self._reader
-        if not os.path.exists(self.path + "-wal"):
-            return None
+        wal = self.path + "-wal"
         try:
+            if _identity_of(wal) != self._wal_identity:
+                return None
             reader = sqlite3.connect(
                 f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False, isolation_level=None
             )
-        except sqlite3.Error:
+        except (OSError, sqlite3.Error):
             return None
         try:
-            if self._stat_identity() != self._identity:
+            # The first read opens the -wal: one deleted since the look above is made anew, empty,
+            # and the reader is not used (the writer's next write finds it is not its own).
+            reader.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            same = _identity_of(self.path) == self._identity and _identity_of(wal) == self._wal_identity
+        except (OSError, sqlite3.Error):
+            same = False
+        if not same:
+            with contextlib.suppress(sqlite3.Error):
                 reader.close()
-                return None
-        except StateError:
-            reader.close()
             return None
         self._reader = reader
         return reader
@@ -402,13 +447,21 @@ class StateFile:
                 self._db.execute("ROLLBACK")
 
 
-def _install(staging: str, path: str) -> None:
-    """Put `staging` at `path`, unless a file appeared there meanwhile."""
+def _install(staging: str, path: str, *, over: bool) -> None:
+    """Put `staging` at `path` as a second name of it (a hard link), unless a file appeared there
+    meanwhile; `over`: in place of the file there. Where the file system has no hard links, it is
+    moved (then the name `staging` is gone)."""
+    linked = f"{staging}-link"
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(linked)
     try:
-        os.link(staging, path)
+        os.link(staging, linked if over else path)
     except FileExistsError:
         raise OSError(errno.EEXIST, "another file appeared at the path meanwhile") from None
-    except OSError:
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK):
+            raise
         os.replace(staging, path)  # no hard links on this file system
         return
-    os.remove(staging)
+    if over:
+        os.replace(linked, path)
