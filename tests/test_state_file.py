@@ -4,6 +4,7 @@ replaced while running. Real files in tmp_path; the `run` command as a real proc
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import logging
 import os
 import shutil
@@ -354,6 +355,43 @@ def test_a_file_deleted_again_as_it_is_recreated_loses_nothing(
     assert set(AlertStore(reopened).load_states()) == {"before", "after"}
     assert reopened.load_usage(DAY)[1] == usage_rows(5)  # type: ignore[index]
     reopened.close()
+    assert not list(tmp_path.glob("*.recreating*"))
+
+
+@pytest.mark.parametrize("opening", ["succeeds", "fails once"])
+def test_a_file_deleted_on_a_file_system_without_hard_links_is_recreated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, opening: str
+) -> None:
+    """The copy is moved to the path (no second name to keep). Should opening it there fail, the
+    exporter works on it there all the same: the next writes neither lose it nor recreate it again."""
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    save_day(store, DAY, rows=5)
+    add_alert(store, "before")
+    os.remove(path)
+
+    def no_links(*args: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    if opening == "fails once":
+        connect = StateStore._connect
+
+        def fails_once(self: StateStore, at: str, *, create: bool = True) -> sqlite3.Connection:
+            monkeypatch.setattr(StateStore, "_connect", connect)
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(StateStore, "_connect", fails_once)
+        with pytest.raises(StateError, match="was deleted while running, and it cannot be recreated"):
+            add_alert(store, "refused")
+    caplog.set_level(logging.WARNING, logger="exporter.state")
+    for n in range(3):
+        add_alert(store, f"after-{n}")
+    recreated = logged(caplog.records, "state file recreated from the open copy")
+    assert len(recreated) == (1 if opening == "succeeds" else 0)
+    assert rows_in_file(path) == (1, 5, 4, 4)
+    assert counted_during_a_write(store) == {"hook": 4}  # read beside the writer
+    store.close()
     assert not list(tmp_path.glob("*.recreating*"))
 
 

@@ -308,11 +308,14 @@ class StateFile:
             try:
                 self._db = sqlite3.connect(f"{Path(kept).resolve().as_uri()}?mode=rw", uri=True,
                                            check_same_thread=False, isolation_level=None)  # fmt: skip
-                self._db.execute("PRAGMA journal_mode=WAL")
+                (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
             except sqlite3.Error:  # (its directory deleted again meanwhile, say)
                 raise StateError(
                     self.path, f"{event}, and it cannot be recreated ({cause}): its copy was lost too"
                 ) from None
+            if kept == self.path:  # (at the path after all: its journal is the one to look after)
+                self._wal = mode == "wal"
+                self._opened_beside()
             raise StateError(self.path, f"{event}, and it cannot be recreated ({cause})") from None
         self._identity, self._db = copied, db
         with contextlib.suppress(FileNotFoundError):
