@@ -432,6 +432,17 @@ def test_a_file_replaced_while_running_is_not_written_over(tmp_path: Path) -> No
 # -- what a scrape reads, beside the writer --
 
 
+def one_waiting(path: Path, key: str, *, counted: bool) -> tuple[StateStore, AlertStore]:
+    """A store at `path` with one alert and its notification waiting; `counted`: counted once
+    already (as a scrape does), so its reader beside the writer is open."""
+    store = StateStore(path)
+    alerts = AlertStore(store)
+    add_alert(store, key)
+    if counted:
+        assert alerts.pending_count() == {"hook": 1}
+    return store, alerts
+
+
 def counted_during_a_write(store: StateStore) -> dict[str, int]:
     """`pending_count` (what every scrape reads), asked while another thread holds a write
     transaction that queues one more notification; fails if the count waits for that transaction."""
@@ -476,11 +487,7 @@ def test_the_outbox_counted_beside_follows_a_deleted_file_and_its_recreation(
     tmp_path: Path, deleted: str, opened: bool
 ) -> None:
     path = tmp_path / "state.db"
-    store = StateStore(path)
-    alerts = AlertStore(store)
-    add_alert(store, "before")
-    if opened:
-        assert alerts.pending_count() == {"hook": 1}
+    store, alerts = one_waiting(path, "before", counted=opened)
     suffixes = {"the file alone": [""], "the -wal journal alone": ["-wal"]}.get(deleted, ["", "-wal", "-shm"])
     for suffix in suffixes:
         os.remove(f"{path}{suffix}")
@@ -499,11 +506,7 @@ def test_a_wal_journal_replaced_by_an_empty_one_is_neither_read_nor_written_to(
     """What a reader opened just after the -wal journal was deleted leaves (it makes an empty one):
     counted from the writer's own, and the file recreated at the next write, with every row."""
     path = tmp_path / "state.db"
-    store = StateStore(path)
-    alerts = AlertStore(store)
-    add_alert(store, "before")
-    if when == "reader open before":
-        assert alerts.pending_count() == {"hook": 1}
+    store, alerts = one_waiting(path, "before", counted=when == "reader open before")
     if when == "as the reader opens":  # deleted between the reader's look at the -wal and its first read
         connect = sqlite3.connect
 
@@ -536,11 +539,7 @@ def test_a_wal_journal_replaced_by_an_empty_one_is_neither_read_nor_written_to(
 @pytest.mark.parametrize("opened", [True, False], ids=["reader open before", "no reader yet"])
 def test_the_outbox_counted_beside_is_never_that_of_a_file_put_in_its_place(tmp_path: Path, opened: bool) -> None:
     path = tmp_path / "state.db"
-    store = StateStore(path)
-    alerts = AlertStore(store)
-    add_alert(store, "ours")
-    if opened:
-        assert alerts.pending_count() == {"hook": 1}
+    store, alerts = one_waiting(path, "ours", counted=opened)
     store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # as a checkpoint leaves it: all of it in the file
     other = tmp_path / "other.db"
     write_real_state(other)  # 40 notifications waiting for "hook"
