@@ -358,12 +358,14 @@ def test_a_file_deleted_again_as_it_is_recreated_loses_nothing(
     assert not list(tmp_path.glob("*.recreating*"))
 
 
+@pytest.mark.parametrize("links", [True, False], ids=["hard links", "no hard links"])
 @pytest.mark.parametrize("opening", ["succeeds", "fails once"])
-def test_a_file_deleted_on_a_file_system_without_hard_links_is_recreated(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, opening: str
+def test_a_recreated_file_that_cannot_be_opened_at_once_is_worked_on_at_the_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, opening: str, links: bool
 ) -> None:
-    """The copy is moved to the path (no second name to keep). Should opening it there fail, the
-    exporter works on it there all the same: the next writes neither lose it nor recreate it again."""
+    """The copy is put at the path (a second name of it, or moved there on a file system without
+    hard links). Should opening it there fail (a full disk, say), the exporter works on it there
+    all the same: the next writes neither lose it, nor refuse it as another file, nor recreate it again."""
     path = tmp_path / "state.db"
     store = StateStore(path)
     save_day(store, DAY, rows=5)
@@ -373,7 +375,8 @@ def test_a_file_deleted_on_a_file_system_without_hard_links_is_recreated(
     def no_links(*args: object) -> None:
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(os, "link", no_links)
+    if not links:
+        monkeypatch.setattr(os, "link", no_links)
     if opening == "fails once":
         connect = StateStore._connect
 

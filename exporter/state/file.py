@@ -298,30 +298,40 @@ class StateFile:
                 db.close()
                 raise OSError(errno.ENOENT, "the file put at the path was gone again at once")
         except (OSError, StateError, sqlite3.Error) as error:
-            # Keep working on the copy (the next write tries again to put it at the path), under
-            # whichever name it still has.
             cause = error.args[0] if isinstance(error, sqlite3.Error) else getattr(error, "strerror", None) or error
-            if _identity_of(staging) == copied:
-                kept = staging  # (the path's file stays the one that was lost: the next write looks again)
-            else:
-                kept, self._identity = self.path, copied
-            try:
-                self._db = sqlite3.connect(f"{Path(kept).resolve().as_uri()}?mode=rw", uri=True,
-                                           check_same_thread=False, isolation_level=None)  # fmt: skip
-                (mode,) = self._db.execute("PRAGMA journal_mode=WAL").fetchone()
-            except sqlite3.Error:  # (its directory deleted again meanwhile, say)
-                raise StateError(
-                    self.path, f"{event}, and it cannot be recreated ({cause}): its copy was lost too"
-                ) from None
-            if kept == self.path:  # (at the path after all: its journal is the one to look after)
-                self._wal = mode == "wal"
-                self._opened_beside()
+            self._work_on_copy(staging, copied)
             raise StateError(self.path, f"{event}, and it cannot be recreated ({cause})") from None
         self._identity, self._db = copied, db
         with contextlib.suppress(FileNotFoundError):
             os.remove(staging)
         self._opened_beside()
         log.warning("state file recreated from the open copy", path=self.path, event=event)
+
+    def _work_on_copy(self, staging: str, copied: tuple[int, int] | None) -> None:
+        """After a recreation that failed once the old connection was closed: go on with the copy,
+        at the path if it is there (the next write then looks at its journal), else under its own
+        name (the next write tries again to put it at the path). StateError if neither holds it."""
+        for name in (self.path, staging):
+            try:
+                if copied is None or _identity_of(name) != copied:
+                    continue
+                db = sqlite3.connect(f"{Path(name).resolve().as_uri()}?mode=rw", uri=True,
+                                     check_same_thread=False, isolation_level=None)  # fmt: skip
+            except (OSError, sqlite3.Error):
+                continue
+            try:
+                (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
+            except sqlite3.Error:
+                db.close()
+                continue
+            self._db, self._identity = db, copied
+            if name == self.path:
+                self._wal = mode == "wal"
+                self._opened_beside()
+                with contextlib.suppress(OSError):
+                    os.remove(staging)  # (its second name, or nothing)
+            return
+        raise StateError(self.path, f"state file {self.path}: its copy was lost while it was being recreated")
 
     # -- reading and writing --
 
