@@ -285,6 +285,7 @@ class StateFile:
         # there, belong to the deleted file and would be taken for the new one's.
         self._leave_beside()
         self._db.close()
+        copied: tuple[int, int] | None = None
         try:
             copied = _identity_of(staging)
             for suffix in ("-wal", "-shm"):
