@@ -286,7 +286,7 @@ class Dispatcher:
     def failed_at(self, notifier: str, target: str) -> bool:
         """Count a failure; whether it is the first since the notifier (or this target of it) last
         went through, to be logged. One that a reload removed while its delivery was on the wire
-        is neither counted nor told (it is not retried: its queue was dropped, and that logged)."""
+        is neither counted nor told: it is not retried."""
         with self._counts:
             if notifier not in self.failed:
                 return False

@@ -5,7 +5,7 @@ One connection, serialised by a lock, WAL journal; each save is one transaction,
 the previous complete state. Every fault of the file (corrupt, read-only, full, deleted, replaced,
 in use) is a `StateError` whose message names the file. The tables' owners read and write through
 `StateFile`'s `reading` and `transaction` (see `StateStore` and `AlertStore`); what a scrape reads
-goes through `peeking`, a read-only connection beside that one, which no write waits for or holds up.
+goes through `peeking`, a read-only connection beside that one, which a write in progress does not hold up.
 """
 
 from __future__ import annotations
@@ -364,9 +364,10 @@ class StateFile:
         """A read of what was last committed that no write transaction holds up: through a read-only
         connection of its own beside the one that writes (in WAL mode a reader neither waits for
         the writer nor holds it up), for what a scrape reads while a large save or a slow disk
-        keeps the writer busy. Where there can be no such reader (an in-memory file, a file not in
+        keeps the writer busy. Where no such reader can be opened (an in-memory file, a file not in
         WAL mode, one deleted or replaced since the last write, or a copy the exporter works on
-        because it could not put it back at the path), it reads as `reading` does."""
+        because it could not put it back at the path), it reads as `reading` does; one opened
+        before reads the file the writer has open until a recreation closes it."""
         with self._reader_lock:
             reader = self._open_reader() if self._beside else None
             if reader is not None:
@@ -463,8 +464,8 @@ class StateFile:
 
 def _install(staging: str, path: str, *, over: bool) -> None:
     """Put `staging` at `path` as a second name of it (a hard link), unless a file appeared there
-    meanwhile; `over`: in place of the file there. Where the file system has no hard links, it is
-    moved (then the name `staging` is gone)."""
+    meanwhile; `over`: in place of the file there, whichever it is. Where the file system has no
+    hard links, it is moved, over whatever is there (then the name `staging` is gone)."""
     linked = f"{staging}-link"
     with contextlib.suppress(FileNotFoundError):
         os.remove(linked)
