@@ -52,6 +52,11 @@ def snapshot(name: str, runs: int, endpoint: str = "ep-1") -> ProbeSnapshot:
     return ProbeSnapshot(name, endpoint, "chat", last, runs, failures, {"prompt": 7 * runs}, histogram, histogram)
 
 
+def removed(latest: Latest, *names: str) -> None:
+    """The probes `names` taken out of the config by a reload (the others kept)."""
+    latest.configure({probe_source(name) for name in latest.probes if name not in names})
+
+
 def whole(latest: Latest, accept: str) -> bytes:
     """The probes' collector rendered whole by prometheus_client, as every run rendered it before."""
     registry = CollectorRegistry()
@@ -86,20 +91,21 @@ def test_the_block_is_the_whole_collectors_through_runs_removals_and_additions(a
     exposition.prepare()
     assert scraped(exposition, accept) == whole(latest, accept)
 
-    latest.forget({probe_source("alpha"), probe_source("zeta")})
+    removed(latest, "alpha", "zeta")
     exposition.prepare()
     body = scraped(exposition, accept)
     assert body == whole(latest, accept)
     assert b'probe="alpha"' not in body
     assert b'probe="zeta"' not in body
 
+    latest.configure({*map(probe_source, latest.probes), probe_source("alpha")})  # (a reload adds it back)
     latest.publish_probe(snapshot("alpha", 2, endpoint="ep-new"))
     exposition.prepare()
     body = scraped(exposition, accept)
     assert body == whole(latest, accept)
     assert b'inference_probe_runs_total{endpoint_id="ep-new",probe="alpha",scenario="chat"} 2.0' in body
 
-    latest.forget({probe_source(name) for name in latest.probes})
+    removed(latest, *latest.probes)
     assert scraped(exposition, accept) == whole(latest, accept)
 
 
@@ -169,7 +175,7 @@ def test_replaced_and_removed_snapshots_are_not_kept() -> None:
     gc.collect()
     assert old() is None
 
-    latest.forget({probe_source("goes")})
+    removed(latest, "goes")
     exposition.prepare()
     for accept in FORMATS:
         assert b'probe="goes"' not in scraped(exposition, accept)
@@ -274,7 +280,7 @@ def test_with_several_accounts_the_block_is_as_each_accounts_probes_rendered_who
     assert assembled_scrape(exposition, accept) == assembled_scrape(reference, accept)
     latests["lab"].publish_probe(snapshot("alpha", 9))
     exposition.prepare("lab")
-    latests["prod"].forget({probe_source("zeta")})
+    removed(latests["prod"], "zeta")
     exposition.prepare("prod")
     body = assembled_scrape(exposition, accept)
     assert body == assembled_scrape(reference, accept)

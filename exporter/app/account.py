@@ -111,12 +111,12 @@ class Account:
         self.name = name
         self.config = config
         self.latest = latest
+        self.successor: Account | None = None
+        """The account a reload built in this one's place (`activate`)."""
+        self._previous = previous
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
             self.bills, self.history = previous.bills, previous.history
-            self.bills.grace_days = config.billing.previous_month_grace_days
-            self.bills.interval = config.forecast.interval
-            self.history.months = config.billing.history_months
         else:
             if billing is None:
                 billing = partial(
@@ -154,8 +154,6 @@ class Account:
         if config.billing.history_months:
             self.refreshers["history"] = self._history
             self.intervals["history"] = HISTORY_CHECK
-        else:
-            latest.history = None  # (a reload that turns it off: nothing stale is judged on)
         for probe in config.probes:
             self.refreshers[probe_source(probe.name)] = partial(self._probe, self.probes[probe.name])
             self.intervals[probe_source(probe.name)] = probe.interval
@@ -164,7 +162,21 @@ class Account:
         and, after the previous month's grace days, the forecast's trailing week (until they arrive,
         a forecast early in the month reads only the month's own days), not the figures that make
         an exporter worth scraping; at thousands of endpoints they take minutes to fetch."""
-        self._reconcile()  # a reload's items and prices apply at once
+
+    def activate(self) -> None:
+        """Make this account's config the one its shared parts follow: the sources it carries over,
+        its snapshots (`Latest.configure`), and the reconciliation (a reload's items and prices
+        apply at once). Called once everything a reload builds is built, so that a reload refused
+        on the way changes nothing; from then on, a refresh of the account it replaces that is
+        still in flight judges with this one's config."""
+        self.bills.grace_days = self.config.billing.previous_month_grace_days
+        self.bills.interval = self.config.forecast.interval
+        self.history.months = self.config.billing.history_months
+        self.latest.configure(self.refreshers)
+        if self._previous is not None:
+            self._previous.successor = self
+            self._previous = None
+        self._reconcile()
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
         """Refresh each source once (those named, in the order given; else all), recording its
@@ -191,7 +203,7 @@ class Account:
         self._reconcile()
 
     def _history(self) -> None:
-        self.latest.history = self.history.refresh()
+        self.latest.publish_history(self.history.refresh())
 
     def _usage(self) -> None:
         self.latest.usage = self.usage.refresh()
@@ -210,10 +222,15 @@ class Account:
             self._reconcile()
 
     def _reconcile(self) -> None:
+        """Judge the bills against the settled usage, with the items and prices of the config in
+        force (the latest account built in this one's place, for a refresh still in flight)."""
+        current = self
+        while current.successor is not None:
+            current = current.successor
         if self.latest.bills is not None:
-            rec = self.config.reconciliation
+            rec = current.config.reconciliation
             self.latest.reconciliation = reconcile(
-                self.latest.bills, self.latest.settled, rec.items, self.config.prices
+                self.latest.bills, self.latest.settled, rec.items, current.config.prices
             )
 
     def _probe(self, runner: ProbeRunner) -> None:

@@ -453,10 +453,6 @@ class Daemon:
             if self._server is not None:
                 self._server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
-        for name, account in self.sources.accounts.items():
-            before = old.accounts.get(name)
-            if before is not None:
-                account.latest.forget(set(before.refreshers) - set(account.refreshers))
         self._reprice(old)
         try:  # the new exposition's blocks rendered here, not in the next scrape
             self.sources.exposition.prepare()

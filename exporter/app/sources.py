@@ -170,6 +170,8 @@ class Sources:
         self.alerts_collector = AlertsCollector(self.engine, dispatcher, lambda: states)
         """The alerts' series in the exposition: the alert worker renders them after evaluating."""
         self.exposition = self._exposition()
+        for account in self.accounts.values():  # (last: a reload refused on the way changes nothing)
+            account.activate()
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []

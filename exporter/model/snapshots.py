@@ -277,14 +277,33 @@ class Latest:
     config_reload_timestamp: float = field(default_factory=time.time)
     _missed_scopes: dict[str, str] = field(default_factory=dict)
     """Budgets whose scope matched nothing when last judged, with that scope (`budgets.judge_scopes`)."""
+    _sources: frozenset[str] | None = None
+    """The sources the config has (`configure`); None: any (until a config says)."""
 
     @property
     def health(self) -> Mapping[str, SourceHealth]:
         return self._health
 
-    def record(self, source: str, *, success: bool, at: float, duration: float, error: str = "") -> None:
-        """A refresh of `source` ended at `at` (the billing clock's time) after `duration` seconds."""
+    def configure(self, sources: Iterable[str]) -> None:
+        """The sources the config has from now on: what others left behind is dropped (a probe
+        taken out of the config, the history turned off), and what a refresh of theirs still in
+        flight publishes is not taken (it would come back, and its age grow for ever)."""
         with self._lock:
+            self._sources = kept = frozenset(sources)
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k in kept})
+            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) in kept})
+            if "history" not in kept:
+                self.history = None  # (nothing stale is judged on)
+
+    def _has(self, source: str) -> bool:
+        return self._sources is None or source in self._sources
+
+    def record(self, source: str, *, success: bool, at: float, duration: float, error: str = "") -> None:
+        """A refresh of `source` ended at `at` (the billing clock's time) after `duration` seconds
+        (not taken for a source the config no longer has)."""
+        with self._lock:
+            if not self._has(source):
+                return
             previous = self._health.get(source)
             last_success = at if success else (previous.last_success if previous else None)
             entry = SourceHealth(source, success, last_success, duration, "" if success else error)
@@ -292,13 +311,13 @@ class Latest:
 
     def publish_probe(self, snapshot: ProbeSnapshot) -> None:
         with self._lock:
-            self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
+            if self._has(probe_source(snapshot.probe)):
+                self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
 
-    def forget(self, sources: set[str]) -> None:
-        """Drop what removed sources left behind (a probe taken out of the config)."""
+    def publish_history(self, snapshot: HistorySnapshot) -> None:
         with self._lock:
-            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
-            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) not in sources})
+            if self._has("history"):
+                self.history = snapshot
 
     def observe_clock_skew(self, skew: float) -> None:
         self.clock_skew = skew

@@ -1,0 +1,253 @@
+"""What a reload leaves behind: a refresh still in flight across it publishes nothing for what the
+new config removed and judges with the new config; a reload refused on the way changes nothing;
+accounts that come and go leave no series of an old config. On the simulator in process
+(tests/daemon_fakes.py), each refresh held at a gate while the config changes under it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.app import account
+from exporter.app.daemon import Daemon
+from exporter.config.load import validate
+from exporter.core.clock import Clock
+from exporter.sim import Simulator, prices_from_config
+from tests.daemon_fakes import (
+    NOWHERE,
+    account_simulators,
+    accounts_section,
+    fake_billing_section,
+    metrics,
+    unit_daemon,
+)
+from tests.fakes import chat_runner
+from tests.helpers import named
+from tests.test_accounts_unit import AccountsBilling
+from tests.test_reconcile import DAYS, PRICES
+
+
+def write(path: Path, document: dict) -> None:
+    path.write_text(yaml.safe_dump(document))
+
+
+@contextmanager
+def held(target: Any, name: str) -> Iterator[Callable[[], None]]:
+    """`target.name` made to wait, once it has done its work, until the test lets it go (the
+    function it yields; it waits at most 20 s): a refresh caught in flight."""
+    gate, entered = threading.Event(), threading.Event()
+    work = getattr(target, name)
+
+    def waiting(*args: object, **kwargs: object) -> object:
+        done = work(*args, **kwargs)
+        entered.set()
+        gate.wait(20)
+        return done
+
+    def caught() -> None:
+        assert entered.wait(20), "the refresh never came"
+
+    setattr(target, name, waiting)
+    try:
+        yield caught
+    finally:
+        gate.set()
+        setattr(target, name, work)
+
+
+def health(daemon: Daemon) -> list[str]:
+    return sorted(dict(labels)["source"] for labels in named(metrics(daemon), "inference_exporter_refresh_success"))
+
+
+def probes_shown(daemon: Daemon) -> list[str]:
+    return sorted(dict(labels)["probe"] for labels in named(metrics(daemon), "inference_probe_success"))
+
+
+def amount_gaps(daemon: Daemon) -> set[float]:
+    return {round(v, 6) for v in named(metrics(daemon), "inference_reconciliation_amount_gap_ratio").values()}
+
+
+def priced_at(factor: int) -> list[dict]:
+    """The reconciliation's prices, `factor` times what the simulator bills."""
+    fields = ("prompt_per_million", "cached_prompt_per_million", "completion_per_million")
+    return [p.model_copy(update={f: getattr(p, f) * factor for f in fields}).model_dump(mode="json") for p in PRICES]
+
+
+@pytest.fixture
+def priced(sim: Simulator) -> Simulator:
+    sim.set_prices(prices_from_config(PRICES))
+    for n, day in enumerate(DAYS):
+        sim.add_usage(150 + 40 * n, day)
+    return sim
+
+
+def run_held(daemon: Daemon, source: str) -> threading.Thread:
+    """`source` refreshed on a thread of its own (held where the test holds it)."""
+    refreshing = threading.Thread(target=daemon.refresh, args=(source,))
+    refreshing.start()
+    return refreshing
+
+
+def test_a_probe_removed_while_it_runs_does_not_come_back(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+
+    def document(probes: list[str]) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
+            "probes": [{"name": n, "model": sim.endpoints[0].endpoint_id, "interval": "1h"} for n in probes],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    write(path, document(["kept", "removed"]))
+    daemon = unit_daemon(validate(document(["kept", "removed"]), {}), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("probe:kept")
+        with held(daemon.sources.one.probes["removed"], "run") as caught:
+            refreshing = run_held(daemon, "probe:removed")
+            caught()
+            write(path, document(["kept"]))
+            assert daemon.reload()
+            assert probes_shown(daemon) == ["kept"]
+        refreshing.join(20)
+        assert probes_shown(daemon) == ["kept"]  # what the run in flight found is not taken
+        assert health(daemon) == ["probe:kept"]  # nor its health: its age would grow for ever
+        write(path, document(["kept"]) | {"budgets": [{"name": "month", "amount": "1"}]})
+        assert daemon.reload()
+        assert (probes_shown(daemon), health(daemon)) == (["kept"], ["probe:kept"])
+    finally:
+        daemon.stop()
+
+
+def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
+    def document(months: int) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=months),
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    write(path, document(2))
+    daemon = unit_daemon(validate(document(2), {}), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        with held(daemon.sources.one.history, "refresh") as caught:
+            refreshing = run_held(daemon, "history")
+            caught()
+            write(path, document(0))
+            assert daemon.reload()
+        refreshing.join(20)
+        assert daemon.latest.history is None  # nothing stale is judged on
+        assert health(daemon) == ["bills", "usage"]
+    finally:
+        daemon.stop()
+
+
+def test_a_bills_refresh_in_flight_across_new_prices_reconciles_at_the_new_prices(
+    priced: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    def document(factor: int) -> dict:
+        return {
+            "billing": fake_billing_section(priced),
+            "state": {"path": str(tmp_path / "state.db")},
+            "prices": priced_at(factor),
+        }
+
+    path = tmp_path / "config.yaml"
+    write(path, document(1))
+    daemon = unit_daemon(validate(document(1), {}), priced, clock, config_path=path)
+    try:
+        assert daemon.refresh("usage")
+        assert daemon.refresh("bills")
+        assert amount_gaps(daemon) == {0.0}  # billed at the config's prices
+        with held(daemon.sources.one.bills, "refresh") as caught:
+            refreshing = run_held(daemon, "bills")
+            caught()
+            write(path, document(2))
+            assert daemon.reload()
+            at_new_prices = amount_gaps(daemon)
+            assert at_new_prices == {-0.5}  # the usage is worth twice the bills now
+        refreshing.join(20)
+        assert amount_gaps(daemon) == at_new_prices  # not judged again at the old prices
+    finally:
+        daemon.stop()
+
+
+def test_a_reload_refused_on_the_way_changes_nothing(clock: Clock, tmp_path: Path) -> None:
+    sims = account_simulators(clock, ("prod", "lab"))
+    for sim in sims.values():
+        sim.set_prices(prices_from_config(PRICES))
+        for n, day in enumerate(DAYS):
+            sim.add_usage(150 + 40 * n, day)
+
+    def document(names: list[str], factor: int, months: int) -> dict:
+        return {
+            "accounts": accounts_section({n: sims[n] for n in names}, history_months=months),
+            "prices": priced_at(factor),
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    write(path, document(["prod"], 1, 1))
+    daemon = Daemon(
+        validate(document(["prod"], 1, 1), {}), config_path=path, clock=clock, billing=AccountsBilling(sims),
+        serve=False,
+    )  # fmt: skip
+    try:
+        for source in ("prod/usage", "prod/bills", "prod/history"):
+            assert daemon.refresh(source), source
+        prod = daemon.sources.accounts["prod"]
+        before = (amount_gaps(daemon), prod.latest.history, prod.history.months, prod.bills.grace_days)
+        (tmp_path / "state.lab.db").mkdir()  # the new account's state file cannot be opened: refused
+        write(path, document(["prod", "lab"], 2, 0))  # new prices, history off, and a new account
+        assert not daemon.reload()
+        assert daemon.sources.accounts["prod"] is prod
+        assert (amount_gaps(daemon), prod.latest.history, prod.history.months, prod.bills.grace_days) == before
+        assert prod.latest.history is not None
+        assert daemon.config.prices[0].prompt_per_million == Decimal(4)
+    finally:
+        daemon.stop()
+
+
+def test_an_account_taken_out_and_the_one_account_back_leave_nothing_of_before(
+    clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One account with a probe, then `accounts:`, then one account again without the probe: the
+    process's snapshots, which the one account uses, show nothing of the first config's probe."""
+    sims = account_simulators(clock, ("prod",))
+    sim = sims["prod"]
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    state = {"path": str(tmp_path / "state.db")}
+    with_probe = {
+        "billing": fake_billing_section(sim),
+        "state": state,
+        "inference": {"url": NOWHERE, "api_key": sim.api_key},
+        "probes": [{"name": "x", "model": sim.endpoints[0].endpoint_id, "interval": "1h"}],
+    }
+    path = tmp_path / "config.yaml"
+    write(path, with_probe)
+    daemon = Daemon(validate(with_probe, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert daemon.refresh("probe:x")
+        assert daemon.refresh("bills")
+        assert (probes_shown(daemon), health(daemon)) == (["x"], ["bills", "probe:x"])
+        write(path, {"accounts": accounts_section(sims), "state": state})
+        assert daemon.reload()
+        write(path, {"billing": fake_billing_section(sim), "state": state})
+        assert daemon.reload()
+        assert probes_shown(daemon) == []
+        assert health(daemon) == ["bills"]  # (its last success as it was: its age tells)
+    finally:
+        daemon.stop()
