@@ -1,10 +1,12 @@
-"""What a reload leaves behind: a refresh still in flight across it publishes nothing for what the
-new config removed and judges with the new config; a reload refused on the way changes nothing;
-accounts that come and go leave no series of an old config. On the simulator in process
+"""What a reload leaves behind, and what it keeps: a refresh still in flight across it publishes
+nothing for what the new config removed and judges with the new config; a reload refused on the
+way changes nothing; accounts that come and go leave no series of an old config; an anomaly rule
+the reload leaves as it was keeps its last judgement shown. On the simulator in process
 (tests/daemon_fakes.py), each refresh held at a gate while the config changes under it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ from exporter.app import account
 from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.sim import Simulator, prices_from_config
+from exporter.sim import Fault, Simulator, SpendModel, prices_from_config
 from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
@@ -32,7 +34,9 @@ from tests.daemon_fakes import (
 from tests.fakes import chat_runner
 from tests.helpers import named
 from tests.test_accounts_unit import AccountsBilling
+from tests.test_alerts import to_hook
 from tests.test_reconcile import DAYS, PRICES
+from tests.test_spend_anomaly import RULE, YESTERDAY
 
 
 def write(path: Path, document: dict) -> None:
@@ -249,5 +253,81 @@ def test_an_account_taken_out_and_the_one_account_back_leave_nothing_of_before(
         assert daemon.reload()
         assert probes_shown(daemon) == []
         assert health(daemon) == ["bills"]  # (its last success as it was: its age tells)
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("rule", ["as it was", "changed"])
+def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_bills_fail(
+    sim: Simulator, clock: Clock, tmp_path: Path, rule: str
+) -> None:
+    """While the bills fail, an anomaly rule cannot judge again and shows its last judgement: a
+    reload that leaves the rule as it was keeps it shown; one that changes the rule does not show
+    what the old rule judged."""
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    sim.add_spike(YESTERDAY, sim.endpoints[1].endpoint_id, 2.5)
+
+    def document(anomaly: dict) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": to_hook(None, anomaly),
+            "budgets": [{"name": "month", "amount": "100000"}],
+        }
+
+    def shown() -> int:
+        return len(named(metrics(daemon), "inference_spend_expected_daily_amount"))
+
+    path = tmp_path / "config.yaml"
+    write(path, document(RULE))
+    daemon = unit_daemon(validate(document(RULE), {}), sim, clock, config_path=path)
+    try:
+        for source in ("history", "bills"):
+            assert daemon.refresh(source)
+        daemon.alert_cycle()
+        judged = shown()
+        assert judged == len(sim.endpoints)
+        sim.inject(Fault("status", path="/api/v1/bills/details", status=403, times=100))
+        assert not daemon.refresh("bills")
+        daemon.alert_cycle()
+        assert shown() == judged
+        reloaded = document(RULE if rule == "as it was" else RULE | {"min_percent": 40})
+        reloaded["budgets"][0]["amount"] = "200000"  # (a change elsewhere, as it was)
+        write(path, reloaded)
+        assert daemon.reload()
+        daemon.alert_cycle()
+        assert shown() == (judged if rule == "as it was" else 0)
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("change", "runs_again"),
+    [
+        ({"forecast": {"interval": 0.5}}, {"bills"}),
+        ({"billing": {"previous_month_grace_days": 5}}, {"bills"}),
+        ({"billing": {"history_months": 3}}, {"history"}),
+        ({"billing": {"history_months": 1}}, set()),  # (fewer months: what it holds covers them)
+        ({"budgets": [{"name": "month", "amount": "1"}]}, set()),
+    ],
+    ids=["forecast interval", "grace days", "more history", "less history", "a budget"],
+)
+def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
+    sim: Simulator, clock: Clock, tmp_path: Path, change: dict, runs_again: set[str]
+) -> None:
+    """The forecast's bounds and the month's figures are made as the bills are read, and history
+    months are fetched at the history's look (every 10 minutes): a reload that changes them runs
+    those sources at once, not up to an interval later."""
+    document = {"billing": fake_billing_section(sim, history_months=2), "state": {"path": str(tmp_path / "s.db")}}
+    path = tmp_path / "config.yaml"
+    write(path, document)
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
+    try:
+        changed = {key: value for key, value in change.items() if key != "billing"}
+        changed["billing"] = document["billing"] | change.get("billing", {})
+        write(path, document | changed)
+        old = daemon.sources
+        assert daemon.reload()
+        assert daemon.sources.changed(old) == runs_again
     finally:
         daemon.stop()

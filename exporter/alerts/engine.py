@@ -128,6 +128,22 @@ class Engine:
         self.adopt_legacy_ids()
         self._publish()
 
+    def carry_judged(self, before: Engine) -> None:
+        """Take over the last judgement of each anomaly rule `before` had that this config has as
+        it was, for each account it still watches: shown on until the rule judges again (a reload
+        while the bills fail, or before the day's history came, must not blank what was judged)."""
+        names = [watched.name for watched in self.accounts]
+        kept = {}
+        for rule, rid in zip(self.config.rules, rule_ids(self.config.rules), strict=True):
+            if isinstance(rule, AnomalyRule):
+                for name in names:
+                    key = f"{rid}/{name}" if name else rid
+                    if (entry := before.judged.get(key)) is not None and entry[0] == rule:
+                        kept[key] = entry
+        with self._lock:
+            self.judged, self._changed = kept, True
+            self._publish()
+
     def adopt_legacy_ids(self) -> None:
         """Alerts saved by a version whose rule ids depended on the rules' order move to their
         rule's id now (once per state file), so an upgrade re-pages nothing."""

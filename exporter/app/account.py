@@ -251,6 +251,14 @@ class Account:
         if self.client is not previous.client:
             changed |= {"bills", "usage", "history"} & set(self.refreshers)
         changed |= {probe_source(n) for n, r in self.probes.items() if previous.probes.get(n) is not r}
+        config, before = self.config, previous.config
+        if (config.forecast, config.billing.previous_month_grace_days) != (
+            before.forecast,
+            before.billing.previous_month_grace_days,
+        ):
+            changed.add("bills")  # (the forecast and the month's figures are made as the bills are read)
+        if config.billing.history_months > before.billing.history_months:
+            changed.add("history")  # (the months it did not hold are fetched now, not at its next look)
         return changed
 
     def close(self, keep: Account | None = None) -> None:

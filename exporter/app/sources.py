@@ -144,6 +144,8 @@ class Sources:
             accounts=watched,
             routes=routes(config.alerts, config.digest.notifiers if config.digest is not None else ()),
         )
+        if previous is not None:
+            self.engine.carry_judged(previous.engine)
         for name, account_config in named:
             kept = previous.accounts.get(name) if previous is not None else None
             store = state if not name else (account_state(name) if account_state else StateStore(":memory:"))
