@@ -208,6 +208,39 @@ def test_changed_settings_start_the_day_afresh(
     assert snapshot.records == 500
 
 
+@pytest.mark.parametrize("change", ["page size", "per api key"])
+@pytest.mark.parametrize("when", ["a restart after midnight", "a reload after the day was finalised"])
+def test_changed_settings_read_the_day_before_again_under_them(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock,
+    change: str, when: str,
+) -> None:  # fmt: skip
+    """The day before, read under other settings, is read whole again under the new ones: its
+    late records counted, its figures kept (not dropped, nor left unfinalised)."""
+    sim.add_usage(300)
+    make_sync(fake_pages, clock, store).refresh()
+    day = clock.today()
+    sim.add_usage(12)  # late: after the day's last poll
+    frozen.advance(dt.timedelta(days=1))
+    if when == "a reload after the day was finalised":
+        finalised = make_sync(fake_pages, clock, store).refresh().previous_day
+        assert finalised is not None
+        assert finalised.records == 312
+    sim.add_usage(7)
+    if change == "page size":
+        changed = UsageSync(FakeBilling(sim, page_size=250), clock, store, per_api_key=False)
+    else:
+        changed = UsageSync(fake_pages, clock, store, per_api_key=True)
+    snapshot = changed.refresh()
+    assert snapshot.previous_day is not None
+    assert (snapshot.previous_day.day, snapshot.previous_day.records) == (day, 312)
+    assert snapshot.records == 7
+    again = make_sync(FakeBilling(sim, page_size=250), clock, store) if change == "page size" else None
+    if again is not None:  # and once more under the same new settings: the day before is not read again
+        counter = PageCounter(sim)
+        assert again.refresh().previous_day.records == 312  # type: ignore[union-attr]
+        assert counter.pages <= 2  # (today's: the day before was restored)
+
+
 def test_per_api_key_splits_the_totals(
     sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:

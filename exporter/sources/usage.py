@@ -156,7 +156,15 @@ class UsageSync(UsageReader):
     def _restore(self, today: dt.date) -> None:
         for day in (today - dt.timedelta(days=1), today):
             saved = self.state.load_usage(day)
-            if saved is None or saved[0].settings != self.settings:
+            if saved is None:
+                continue
+            if saved[0].settings != self.settings:
+                if day < today:
+                    # Read under other settings (a page size, per_api_key, a project): what it
+                    # counted cannot go on under these. The day before is read whole again under
+                    # these (its late records too: `refresh` finalises it), not dropped.
+                    self._day, self._cursor, self._aggregate = day, None, Aggregate(self.per_api_key)
+                    self._created = self.clock.day_start(day).timestamp()
                 continue
             whole, added = self.state.load_usage_ids(day)
             try:
