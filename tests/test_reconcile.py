@@ -35,13 +35,17 @@ DAYS = [dt.date(2026, 11, d) for d in range(15, 22)]
 SIX_HOURS = 6 * 3600.0
 
 
-@pytest.fixture
-def priced(sim: Simulator) -> Simulator:
+def billed_week(sim: Simulator) -> Simulator:
     """A week of past days with usage records, billed from them at the config's prices."""
     sim.set_prices(prices_from_config(PRICES))
     for n, day in enumerate(DAYS):
         sim.add_usage(150 + 40 * n, day)
     return sim
+
+
+@pytest.fixture
+def priced(sim: Simulator) -> Simulator:
+    return billed_week(sim)
 
 
 def settled_usage(client: BillingAPI, clock: Clock, store: StateStore, per_refresh: int = 10) -> SettledUsage:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -22,7 +21,7 @@ from exporter.app import account
 from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.sim import Fault, Simulator, SpendModel, prices_from_config
+from exporter.sim import Fault, Simulator, SpendModel
 from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
@@ -35,7 +34,7 @@ from tests.fakes import chat_runner
 from tests.helpers import named
 from tests.test_accounts_unit import AccountsBilling
 from tests.test_alerts import to_hook
-from tests.test_reconcile import DAYS, PRICES
+from tests.test_reconcile import PRICES, billed_week
 from tests.test_spend_anomaly import RULE, YESTERDAY
 
 
@@ -43,10 +42,13 @@ def write(path: Path, document: dict) -> None:
     path.write_text(yaml.safe_dump(document))
 
 
-@contextmanager
-def held(target: Any, name: str) -> Iterator[Callable[[], None]]:
-    """`target.name` made to wait, once it has done its work, until the test lets it go (the
-    function it yields; it waits at most 20 s): a refresh caught in flight."""
+def reload_in_flight(
+    daemon: Daemon, source: str, target: Any, name: str, path: Path, document: dict,
+    meanwhile: Callable[[], None] = lambda: None,
+) -> None:  # fmt: skip
+    """Refresh `source` on a thread of its own, held once `target.name` has done its work (a
+    refresh caught in flight) while the config at `path` becomes `document` and is reloaded (and
+    `meanwhile` runs); then let it finish."""
     gate, entered = threading.Event(), threading.Event()
     work = getattr(target, name)
 
@@ -56,15 +58,30 @@ def held(target: Any, name: str) -> Iterator[Callable[[], None]]:
         gate.wait(20)
         return done
 
-    def caught() -> None:
-        assert entered.wait(20), "the refresh never came"
-
     setattr(target, name, waiting)
+    refreshing = threading.Thread(target=daemon.refresh, args=(source,))
+    refreshing.start()
     try:
-        yield caught
+        assert entered.wait(20), "the refresh never came"
+        write(path, document)
+        assert daemon.reload()
+        meanwhile()
     finally:
         gate.set()
+        refreshing.join(20)
         setattr(target, name, work)
+    assert not refreshing.is_alive()
+
+
+@pytest.fixture
+def priced(sim: Simulator) -> Simulator:
+    return billed_week(sim)
+
+
+def reloadable(sim: Simulator, clock: Clock, path: Path, document: dict) -> Daemon:
+    """A daemon on `sim` in process, its config `document` written at `path` (reloaded from there)."""
+    write(path, document)
+    return unit_daemon(validate(document, {}), sim, clock, config_path=path)
 
 
 def health(daemon: Daemon) -> list[str]:
@@ -79,25 +96,18 @@ def amount_gaps(daemon: Daemon) -> set[float]:
     return {round(v, 6) for v in named(metrics(daemon), "inference_reconciliation_amount_gap_ratio").values()}
 
 
+def assert_probes(daemon: Daemon, probes: list[str]) -> None:
+    assert probes_shown(daemon) == probes
+
+
+def assert_gaps(daemon: Daemon, gaps: set[float]) -> None:
+    assert amount_gaps(daemon) == gaps
+
+
 def priced_at(factor: int) -> list[dict]:
     """The reconciliation's prices, `factor` times what the simulator bills."""
     fields = ("prompt_per_million", "cached_prompt_per_million", "completion_per_million")
     return [p.model_copy(update={f: getattr(p, f) * factor for f in fields}).model_dump(mode="json") for p in PRICES]
-
-
-@pytest.fixture
-def priced(sim: Simulator) -> Simulator:
-    sim.set_prices(prices_from_config(PRICES))
-    for n, day in enumerate(DAYS):
-        sim.add_usage(150 + 40 * n, day)
-    return sim
-
-
-def run_held(daemon: Daemon, source: str) -> threading.Thread:
-    """`source` refreshed on a thread of its own (held where the test holds it)."""
-    refreshing = threading.Thread(target=daemon.refresh, args=(source,))
-    refreshing.start()
-    return refreshing
 
 
 def test_a_probe_removed_while_it_runs_does_not_come_back(
@@ -114,17 +124,12 @@ def test_a_probe_removed_while_it_runs_does_not_come_back(
         }
 
     path = tmp_path / "config.yaml"
-    write(path, document(["kept", "removed"]))
-    daemon = unit_daemon(validate(document(["kept", "removed"]), {}), sim, clock, config_path=path)
+    daemon = reloadable(sim, clock, path, document(["kept", "removed"]))
     try:
         assert daemon.refresh("probe:kept")
-        with held(daemon.sources.one.probes["removed"], "run") as caught:
-            refreshing = run_held(daemon, "probe:removed")
-            caught()
-            write(path, document(["kept"]))
-            assert daemon.reload()
-            assert probes_shown(daemon) == ["kept"]
-        refreshing.join(20)
+        runner = daemon.sources.one.probes["removed"]
+        reload_in_flight(daemon, "probe:removed", runner, "run", path, document(["kept"]),
+                         meanwhile=lambda: assert_probes(daemon, ["kept"]))  # fmt: skip
         assert probes_shown(daemon) == ["kept"]  # what the run in flight found is not taken
         assert health(daemon) == ["probe:kept"]  # nor its health: its age would grow for ever
         write(path, document(["kept"]) | {"budgets": [{"name": "month", "amount": "1"}]})
@@ -142,17 +147,11 @@ def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock:
         }
 
     path = tmp_path / "config.yaml"
-    write(path, document(2))
-    daemon = unit_daemon(validate(document(2), {}), sim, clock, config_path=path)
+    daemon = reloadable(sim, clock, path, document(2))
     try:
         assert daemon.refresh("bills")
         assert daemon.refresh("usage")
-        with held(daemon.sources.one.history, "refresh") as caught:
-            refreshing = run_held(daemon, "history")
-            caught()
-            write(path, document(0))
-            assert daemon.reload()
-        refreshing.join(20)
+        reload_in_flight(daemon, "history", daemon.sources.one.history, "refresh", path, document(0))
         assert daemon.latest.history is None  # nothing stale is judged on
         assert health(daemon) == ["bills", "usage"]
     finally:
@@ -170,20 +169,14 @@ def test_a_bills_refresh_in_flight_across_new_prices_reconciles_at_the_new_price
         }
 
     path = tmp_path / "config.yaml"
-    write(path, document(1))
-    daemon = unit_daemon(validate(document(1), {}), priced, clock, config_path=path)
+    daemon = reloadable(priced, clock, path, document(1))
     try:
         assert daemon.refresh("usage")
         assert daemon.refresh("bills")
         assert amount_gaps(daemon) == {0.0}  # billed at the config's prices
-        with held(daemon.sources.one.bills, "refresh") as caught:
-            refreshing = run_held(daemon, "bills")
-            caught()
-            write(path, document(2))
-            assert daemon.reload()
-            at_new_prices = amount_gaps(daemon)
-            assert at_new_prices == {-0.5}  # the usage is worth twice the bills now
-        refreshing.join(20)
+        at_new_prices = {-0.5}  # the usage is worth twice the bills now
+        reload_in_flight(daemon, "bills", daemon.sources.one.bills, "refresh", path, document(2),
+                         meanwhile=lambda: assert_gaps(daemon, at_new_prices))  # fmt: skip
         assert amount_gaps(daemon) == at_new_prices  # not judged again at the old prices
     finally:
         daemon.stop()
@@ -192,9 +185,7 @@ def test_a_bills_refresh_in_flight_across_new_prices_reconciles_at_the_new_price
 def test_a_reload_refused_on_the_way_changes_nothing(clock: Clock, tmp_path: Path) -> None:
     sims = account_simulators(clock, ("prod", "lab"))
     for sim in sims.values():
-        sim.set_prices(prices_from_config(PRICES))
-        for n, day in enumerate(DAYS):
-            sim.add_usage(150 + 40 * n, day)
+        billed_week(sim)
 
     def document(names: list[str], factor: int, months: int) -> dict:
         return {
@@ -279,8 +270,7 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
         return len(named(metrics(daemon), "inference_spend_expected_daily_amount"))
 
     path = tmp_path / "config.yaml"
-    write(path, document(RULE))
-    daemon = unit_daemon(validate(document(RULE), {}), sim, clock, config_path=path)
+    daemon = reloadable(sim, clock, path, document(RULE))
     try:
         for source in ("history", "bills"):
             assert daemon.refresh(source)
@@ -320,8 +310,7 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
     those sources at once, not up to an interval later."""
     document = {"billing": fake_billing_section(sim, history_months=2), "state": {"path": str(tmp_path / "s.db")}}
     path = tmp_path / "config.yaml"
-    write(path, document)
-    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
+    daemon = reloadable(sim, clock, path, document)
     try:
         changed = {key: value for key, value in change.items() if key != "billing"}
         changed["billing"] = document["billing"] | change.get("billing", {})
