@@ -408,6 +408,39 @@ def test_a_state_change_overtaken_while_it_waited_is_never_delivered(
         down.stop()
 
 
+def test_a_firing_whose_alerts_resolved_and_fired_again_while_it_waited_is_never_delivered(
+    deployment: Deployment, frozen: FrozenClock
+) -> None:
+    """Fired, resolved, fired again while the receiver refused: the first firing tells of an
+    episode that is over (its resolve is not news either); only the second is delivered."""
+    down = Receiver()
+    down.refuse = 10**6
+    try:
+        deployment.write([WARNING], [webhook(down)])
+        daemon = deployment.start()
+        deployment.evaluate()  # fires; the receiver refuses
+        for _ in range(6):  # and goes on refusing: the retries are BACKOFF_MAX (±20%) apart now
+            frozen.advance(dt.timedelta(minutes=6))
+            deployment.evaluate()
+        for threshold in ("1000000", WARNING["threshold"]):  # within one of them, resolves and fires again
+            frozen.advance(dt.timedelta(seconds=60))
+            deployment.write([WARNING | {"threshold": threshold}], [webhook(down)])
+            assert daemon.reload()
+            deployment.evaluate()
+        fired_again = deployment.clock.now()
+        assert daemon.dispatcher.pending() == {"hook": 3}
+        down.refuse = 0
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+        daemon.deliver()
+        (delivered,) = down.bodies()
+        assert delivered["status"] == "firing"
+        starts = {dt.datetime.fromisoformat(a["startsAt"].replace("Z", "+00:00")) for a in delivered["alerts"]}
+        assert starts == {fired_again}  # the episode of now, not the one that resolved
+        assert daemon.dispatcher.pending() == {}
+    finally:
+        down.stop()
+
+
 @pytest.mark.integration
 def test_notification_ids_never_repeat_after_a_fresh_state_file(deployment: Deployment, hook: Receiver) -> None:
     for state in ("old.db", "new.db"):  # the same config; the second run on a fresh state file

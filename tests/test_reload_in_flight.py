@@ -1,7 +1,8 @@
 """What a reload leaves behind, and what it keeps: a refresh still in flight across it publishes
 nothing for what the new config removed and judges with the new config; a reload refused on the
 way changes nothing; accounts that come and go leave no series of an old config; an anomaly rule
-the reload leaves as it was keeps its last judgement shown. On the simulator in process
+the reload leaves as it was keeps its last judgement shown; a digest made across a reload goes to
+the notifiers of the config of now. On the simulator in process
 (tests/daemon_fakes.py), each refresh held at a gate while the config changes under it."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import yaml
 
 from exporter.app import account
 from exporter.app.daemon import Daemon
+from exporter.app.sources import Sources
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SpendModel
@@ -26,6 +28,7 @@ from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
     accounts_section,
+    digests_told,
     fake_billing_section,
     metrics,
     unit_daemon,
@@ -318,5 +321,38 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
         old = daemon.sources
         assert daemon.reload()
         assert daemon.sources.changed(old) == runs_again
+    finally:
+        daemon.stop()
+
+
+def test_a_reload_renaming_the_digests_notifier_while_the_digest_is_made_sends_it_once_to_the_new_name(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def document(notifier: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=0),  # (the digest waits for nothing but the bills)
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"notifiers": [{"name": notifier, "type": "webhook", "url": f"{NOWHERE}/{notifier}"}]},
+            "digest": {"at": "09:00", "notifiers": [notifier]},
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document("hook"))
+    digest = Sources.digest
+
+    def reloaded_meanwhile(self: Sources, *args: Any, **kwargs: Any) -> object:
+        monkeypatch.setattr(Sources, "digest", digest)
+        body = digest(self, *args, **kwargs)
+        write(path, document("renamed"))
+        assert daemon.reload()
+        return body
+
+    monkeypatch.setattr(Sources, "digest", reloaded_meanwhile)
+    try:
+        assert daemon.refresh("bills")
+        for _ in range(3):
+            daemon.alert_cycle()
+        assert [d["id"] for d in digests_told(daemon, "renamed")] == [f"daily:{clock.today().isoformat()}"]
+        assert digests_told(daemon, "hook") == []
     finally:
         daemon.stop()

@@ -145,6 +145,8 @@ class DigestQueue:
                 with self._alerts_lock:
                     current = {n.name for n in dispatcher.outbox_notifiers}
                     names = [n for n in config.notifiers if n in current]
+                    if not names:  # all of them renamed or removed: the next round makes it for the config of now
+                        return False
                     queued = dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
             except StateError as error:
                 if self._error != str(error):

@@ -35,6 +35,7 @@ from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.core.net import network_cause
 from exporter.core.post import DeadlineExceeded, post_json
+from exporter.model.events import AlertEvent
 from exporter.notifiers.kind import Attempt, OutboxKind
 from exporter.notifiers.registry import kind, outbox
 from exporter.state import AlertStore, OutboxEntry, StateError
@@ -321,7 +322,15 @@ class Dispatcher:
         alerts = event["alerts"]
         states = self.store.alert_states(alert["key"] for alert in alerts)
         firing = event["status"] == "firing"
-        kept = [alert for alert in alerts if (states.get(alert["key"]) == "firing") == firing]
+
+        def told_still(alert: AlertEvent) -> bool:
+            state, since = states.get(alert["key"], ("", None))
+            if not firing:
+                return state != "firing"
+            # (the same episode: one that resolved and fired again since is told by the change queued behind)
+            return state == "firing" and (since is None or since == alert["starts_at"])
+
+        kept = [alert for alert in alerts if told_still(alert)]
         if len(kept) == len(alerts):
             return entry
         if not kept and event["total"] > len(alerts):
