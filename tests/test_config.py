@@ -142,6 +142,9 @@ def test_config_is_frozen() -> None:
         ({"billing": {**BILLING, "project_id": "p1"},
           "budgets": [{"name": "t", "amount": 5, "where": {"project_id": "p2"}}]},
          "budgets[0].where.project_id (budget 't'): matches nothing: `billing.project_id` is 'p1'"),
+        ({"billing": BILLING, "server": {"basic_auth": {"username": "ops:team", "password": "pw"}}},
+         "server.basic_auth.username: a user name cannot hold ':' (a client sends the user name and the password"
+         " joined by one)"),
     ],
 )  # fmt: skip
 def test_each_bad_config_gets_its_own_clear_message(document: dict, expected: str) -> None:

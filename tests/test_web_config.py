@@ -196,6 +196,9 @@ def test_files_that_do_not_load_and_yaml_that_does_not_parse(files: Files, tmp_p
     )
     with pytest.raises(WebConfigError, match=r"web\.yml: tls_server_config\.client_ca_file: cannot load '.*key\.pem'"):
         Credentials.load(server, path)
+    path = files.web_config(tls_server_config={"cert_file": "cert.pem\0", "key_file": "key.pem"})
+    with pytest.raises(WebConfigError, match=r"tls_server_config: cannot load the certificate .*: embedded null byte"):
+        Credentials.load(server, path)  # (a NUL in a path: told as any file that does not load, not a traceback)
     path.write_text("tls_server_config:\n  cert_file: [\n")
     with pytest.raises(WebConfigError, match=r"web\.yml: line 3, column 1: invalid YAML"):
         read_web_config(path)
@@ -327,6 +330,26 @@ def test_basic_auth_users_and_headers_over_http(
     assert health.headers["X-Frame-Options"] == "deny"
 
 
+def test_a_hash_of_the_right_shape_that_bcrypt_refuses_lets_nobody_in_and_says_so_once(
+    files: Files, clock: Clock, serving: list[ExporterServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    right = hashed("pass")
+    refused = (
+        right[:28] + ("A" if right[28] != "A" else "B") + right[29:]
+    )  # the salt's last character: bcrypt refuses it
+    with pytest.raises(ValueError, match="Invalid salt"):
+        bcrypt.checkpw(b"pass", refused.encode())
+    path = files.web_config(basic_auth_users={"carol": refused, "alice": right})
+    url = serve(serving, clock, path).url
+    for _ in range(2):
+        for user in ("carol", "nobody"):  # the hash's user, and (against the costliest hash) one that is not
+            assert requests.get(f"{url}/metrics", auth=(user, "pass"), timeout=5).status_code == 401
+    assert requests.get(f"{url}/metrics", auth=("alice", "pass"), timeout=5).status_code == 200
+    [said] = logged(caplog.records, "a basic_auth_users hash is not one bcrypt can check: its user cannot log in")
+    assert said.fields == {"user": "carol"}  # type: ignore[attr-defined]
+    assert not logged(caplog.records, "http request crashed")
+
+
 def client_tls(
     ca_file: str, certificate: Path | None = None, *, versions: tuple[str, str] = ("TLSv1_2", "TLSv1_3"),
     ciphers: str | None = None,
@@ -446,6 +469,11 @@ def test_a_reload_reads_the_file_again_and_refuses_a_bad_one_whole(
         files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("new-pass")})
         assert daemon.reload() is True
         assert (status("old-pass"), status("new-pass")) == (401, 200)
+
+        files.web_config(tls_server_config=TLS | {"cert_file": "cert.pem\0"}, basic_auth_users={"alice": hashed("x")})
+        assert daemon.reload() is False  # (a NUL in a path: refused, not a crash of the reload)
+        assert "embedded null byte" in logged(caplog.records, "config reload refused")[-1].fields["error"]  # type: ignore[attr-defined]
+        caplog.clear()
 
         files.web_config(tls_server_config=TLS, basic_auth_users={"alice": "new-pass"})
         assert daemon.reload() is False

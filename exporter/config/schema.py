@@ -265,8 +265,14 @@ class TlsConfig(Strict):
         return self
 
 
+def _no_colon(username: str) -> str:
+    if ":" in username:
+        raise ValueError("a user name cannot hold ':' (a client sends the user name and the password joined by one)")
+    return username
+
+
 class BasicAuthConfig(Strict):
-    username: Text
+    username: Annotated[Text, AfterValidator(_no_colon)]
     password: SecretStr
 
 

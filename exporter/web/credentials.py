@@ -61,9 +61,10 @@ def _tls_context(cert_file: str, key_file: str, where: str) -> ssl.SSLContext:
     tls.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         tls.load_cert_chain(cert_file, key_file, password=_no_passphrase)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # (ValueError: a path with a NUL in it)
+        reason = _reason(error) if isinstance(error, OSError) else str(error)
         raise TlsError(
-            f"{where}: cannot load the certificate {cert_file!r} with the key {key_file!r}: {_reason(error)}"
+            f"{where}: cannot load the certificate {cert_file!r} with the key {key_file!r}: {reason}"
         ) from None
     return tls
 
@@ -106,6 +107,8 @@ class BcryptUsers:
         self._wrong: dict[bytes, None] = {}
         self._known_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
+        self._refused: set[str] = set()
+        """Users whose hash bcrypt refused (logged once each)."""
 
     def __repr__(self) -> str:
         return f"BcryptUsers({len(self._users)} users)"
@@ -137,6 +140,11 @@ class BcryptUsers:
             return False  # no users, or bcrypt busy with others: refused now, asked again by the next request
         try:  # (for an unknown user too, against the decoy: the same time either way)
             matched = bcrypt.checkpw(secret, hashed)
+        except ValueError:  # a hash of the right shape that bcrypt refuses (its salt mistyped): nothing matches it
+            matched = False
+            if known_user and username not in self._refused:
+                self._refused.add(username)
+                log.error("a basic_auth_users hash is not one bcrypt can check: its user cannot log in", user=username)
         finally:
             self._bcrypt_lock.release()
         right = known_user and matched
