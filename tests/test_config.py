@@ -294,9 +294,13 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "missing.yaml")
     alias = tmp_path / "alias.yaml"
-    alias.write_text("billing:\n  url: *nope\n")
-    with pytest.raises(ConfigError, match=r"alias.yaml:2:8: invalid YAML: found undefined alias 'nope'"):
-        load(alias)  # (libyaml's parser, which reads it, does not name the alias: PyYAML's own tells it)
+    for value, problem in (("*S3cret", "found undefined alias"), ("!S3cret", "could not determine a constructor")):
+        alias.write_text(f"billing:\n  secret_access_key: {value}\n")  # (a password that starts with * or !)
+        with pytest.raises(ConfigError) as refused:
+            load(alias)
+        (said,) = refused.value.details
+        assert said.startswith(f"{alias}:2:22: invalid YAML: {problem}")  # where, so that it can be found
+        assert "S3cret" not in said  # but not the name: it may be a secret written by mistake
     for depth, valid in ((600, True), (700, False), (1000, True), (5000, True)):
         # (deeper than the checks or PyYAML's parser can recurse; over libyaml's limit)
         deep = tmp_path / "deep.yaml"

@@ -202,6 +202,11 @@ def test_files_that_do_not_load_and_yaml_that_does_not_parse(files: Files, tmp_p
     path.write_text("tls_server_config:\n  cert_file: [\n")
     with pytest.raises(WebConfigError, match=r"web\.yml: line 3, column 1: invalid YAML"):
         read_web_config(path)
+    path.write_text("basic_auth_users:\n  alice: *S3cret\n")  # (a password, not a hash, that YAML reads as an alias)
+    with pytest.raises(WebConfigError) as refused:
+        read_web_config(path)
+    assert "line 2, column 10: invalid YAML: found undefined alias" in str(refused.value)
+    assert "S3cret" not in str(refused.value)
     path.write_text("basic_auth_users: {}\nbasic_auth_users: {}\n")
     with pytest.raises(WebConfigError, match="key 'basic_auth_users' is given twice"):
         read_web_config(path)

@@ -111,6 +111,25 @@ def parse_yaml(text: str) -> Any:
         raise error from None
 
 
+_QUOTED = re.compile(r"'[^']*'")
+_QUOTING = (
+    "found undefined alias",
+    "could not determine a constructor",
+    "found undefined tag",
+    "found duplicate anchor",
+)
+"""PyYAML's problems that quote a name from the file: an alias (`*name`), a tag (`!name`), an anchor (`&name`)."""
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What PyYAML found wrong, without the names from the file it quotes: a password written by
+    mistake that starts with `*`, `!` or `&` is read as an alias, a tag or an anchor."""
+    problem = getattr(error, "problem", None)
+    if not isinstance(problem, str):
+        return str(error) if str(error) == "nested too deeply" else "not YAML"
+    return _QUOTED.sub("(its name not repeated here)", problem) if problem.startswith(_QUOTING) else problem
+
+
 def substitute(
     node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
 ) -> Any:
@@ -287,8 +306,7 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError([f"{where}: invalid YAML: {problem}"]) from None
+        raise ConfigError([f"{where}: invalid YAML: {yaml_problem(error)}"]) from None
     try:
         return validate(raw, environ), secret_warnings(raw, Path(path))
     except RecursionError:  # (lists nested hundreds deep: libyaml reads them, the checks recurse)

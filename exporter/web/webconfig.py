@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from exporter.config.load import parse_yaml
+from exporter.config.load import parse_yaml, yaml_problem
 
 TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
@@ -137,7 +137,7 @@ def read_web_config(path: str | Path) -> WebConfig:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise WebConfigError(path, [f"{where}invalid YAML: {getattr(error, 'problem', None) or error}"]) from None
+        raise WebConfigError(path, [f"{where}invalid YAML: {yaml_problem(error)}"]) from None
     reader = _Reader(Path(path))
     config = reader.read({} if raw is None else raw)
     if reader.problems:
