@@ -197,7 +197,7 @@ class Deployment:
         self.state = tmp_path / "state.db"
         self.daemon: Daemon | None = None
 
-    def write(self, rules: list[dict], notifiers: list[dict], state: Path | None = None) -> None:
+    def write(self, rules: list[dict], notifiers: list[dict], state: Path | None = None, **alerts: object) -> None:
         if self.server is None:
             billing = fake_billing_section(self.sim, history_months=0)
         else:
@@ -207,7 +207,7 @@ class Deployment:
                 {
                     "billing": billing,
                     "budgets": [{"name": "month", "amount": "1"}],
-                    "alerts": {"rules": rules, "notifiers": notifiers},
+                    "alerts": {"rules": rules, "notifiers": notifiers} | alerts,
                     "state": {"path": str(state or self.state)},
                 }
             )
@@ -437,6 +437,57 @@ def test_a_firing_whose_alerts_resolved_and_fired_again_while_it_waited_is_never
         starts = {dt.datetime.fromisoformat(a["startsAt"].replace("Z", "+00:00")) for a in delivered["alerts"]}
         assert starts == {fired_again}  # the episode of now, not the one that resolved
         assert daemon.dispatcher.pending() == {}
+    finally:
+        down.stop()
+
+
+def test_a_firing_queued_for_a_notifier_a_reload_routed_the_rule_away_from_goes_to_the_new_one_only(
+    deployment: Deployment, frozen: FrozenClock
+) -> None:
+    old, new = Receiver(), Receiver()
+    old.refuse = 10**6
+    notifiers = [webhook(old, "old"), webhook(new, "new")]
+    try:
+        deployment.write([WARNING | {"notifiers": ["old"]}], notifiers)
+        daemon = deployment.start()
+        deployment.evaluate()  # fires; "old" refuses
+        assert daemon.dispatcher.pending() == {"old": 1}
+        deployment.write([WARNING | {"notifiers": ["new"]}], notifiers)
+        assert daemon.reload()
+        deployment.evaluate()  # "new" is told it fires
+        old.refuse = 0
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+        daemon.deliver()
+        assert [b["status"] for b in alerts_told(new)] == ["firing"]
+        assert alerts_told(old) == []  # not its rule's to tell any more
+        assert daemon.dispatcher.pending() == {}
+    finally:
+        old.stop()
+        new.stop()
+
+
+def test_reminders_do_not_pile_up_behind_a_receiver_that_is_down(deployment: Deployment, frozen: FrozenClock) -> None:
+    """A reminder every `repeat_interval` is for a receiver that took the firing and heard nothing
+    since: none is queued while what waits for it is not taken, so a receiver back after hours
+    gets the firing once, not once for each hour it was down."""
+    down = Receiver()
+    down.refuse = 10**6
+    try:
+        deployment.write([WARNING], [webhook(down)], repeat_interval="1h")
+        daemon = deployment.start()
+        deployment.evaluate()  # fires; the receiver refuses
+        for _ in range(4):
+            frozen.advance(dt.timedelta(hours=1))
+            deployment.evaluate()
+        assert daemon.dispatcher.pending() == {"hook": 1}
+        down.refuse = 0
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+        daemon.deliver()
+        assert [b["status"] for b in down.bodies()] == ["firing"]
+        deployment.evaluate()  # the receiver has it now: reminded again after `repeat_interval`, as before
+        frozen.advance(dt.timedelta(hours=1))
+        deployment.evaluate()
+        assert [b["status"] for b in down.bodies()] == ["firing", "firing"]
     finally:
         down.stop()
 

@@ -28,6 +28,7 @@ from exporter.model import signals
 from exporter.model.events import GroupEvent
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError
+from exporter.state.alerts import read_pending
 
 log = get_logger(__name__)
 
@@ -459,7 +460,7 @@ class Engine:
         key = alert_key(labels, rid, period)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
-    def _routed(self, rule: str) -> Sequence[str]:
+    def routed(self, rule: str) -> Sequence[str]:
         """The notifiers that get one notification per state change of the rule's alerts."""
         if self.routes is None:
             return self.notifiers
@@ -471,20 +472,29 @@ class Engine:
         if not self.notifiers:
             return
         routed: dict[str, Sequence[str]] = {}
+        waiting: dict[str, int] | None = None
         for alert in self.alerts.values():
             if alert.state != "firing" or alert.rule in skip:
                 continue
             notifiers = routed.get(alert.rule)
             if notifiers is None:
-                notifiers = routed[alert.rule] = self._routed(alert.rule)
+                notifiers = routed[alert.rule] = self.routed(alert.rule)
             for notifier in notifiers:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
+                    if waiting is None:
+                        waiting = read_pending(db)
+                    if waiting.get(notifier):
+                        # Its receiver has not taken what waits for it (reminders would pile up behind):
+                        # that is the firing it gets, and the next reminder counts from now.
+                        self.db.mark_sent(db, alert.key, notifier, now)
+                        self._sent[(alert.key, notifier)] = now
+                        continue
                     self._notify(db, alert, "firing", now, only=notifier)
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
         """Queue the change for the notifiers the alert's rule routes to; a resolve also for those
         told of its firing (its rule removed, or routed elsewhere since, by a reload)."""
-        notifiers = list(self._routed(alert.rule))
+        notifiers = list(self.routed(alert.rule))
         if status == "resolved":
             notifiers += [n for n in self.notifiers if n not in notifiers and (alert.key, n) in self._sent]
         for notifier in [only] if only else notifiers:

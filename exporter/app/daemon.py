@@ -143,6 +143,7 @@ class Daemon:
             self.clock,
             lambda notifier: self.sources.engine.current(notifier),
             self._external_url(config),
+            routed=lambda rule: self.sources.engine.routed(rule),
         )
         self.sources = Sources(
             config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,

@@ -130,11 +130,15 @@ class Dispatcher:
         clock: Clock,
         alerts: Callable[[str], Sequence[Alert]],
         external_url: str,
+        routed: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
-        """`alerts`: the current alerts routed to the notifier named (what a kind that is resent sends)."""
+        """`alerts`: the current alerts routed to the notifier named (what a kind that is resent sends).
+        `routed`: the notifiers a rule's state changes go to now (a queued firing of a rule a reload
+        routed elsewhere is not delivered); without it, a queued firing goes where it was queued."""
         self.store = store
         self.clock = clock
         self.alerts = alerts
+        self.routed = routed
         self.deadline = DEADLINE
         self.sent: dict[str, int] = {}
         self.failed: dict[str, int] = {}
@@ -315,16 +319,21 @@ class Dispatcher:
 
     def _current(self, entry: OutboxEntry) -> OutboxEntry | None:
         """The notification with only the alerts whose state it tells is still theirs: a `firing`
-        for alerts that fire now, a `resolved` for alerts that do not (None when that leaves none).
+        for alerts that fire now, in the same episode, a `resolved` for alerts that do not (None
+        when that leaves none, or when a reload routed a firing's rule away from this notifier).
         A state change that was overtaken while it waited (a receiver down, a queue held back) is
         never delivered as if it were news; the change that overtook it is queued behind it."""
         event = entry.event
         alerts = event["alerts"]
         states = self.store.alert_states(alert["key"] for alert in alerts)
         firing = event["status"] == "firing"
+        if firing and self.routed is not None:
+            rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
+            if rules and not any(entry.notifier in self.routed(rule) for rule in rules):
+                return None  # its rule goes elsewhere now (a reload routed it away): not this notifier's to tell
 
         def told_still(alert: AlertEvent) -> bool:
-            state, since = states.get(alert["key"], ("", None))
+            state, since, _ = states.get(alert["key"], ("", None, ""))
             if not firing:
                 return state != "firing"
             # (the same episode: one that resolved and fired again since is told by the change queued behind)

@@ -182,18 +182,20 @@ class AlertStore:
             db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
         return dropped
 
-    def alert_states(self, keys: Iterable[str]) -> dict[str, tuple[str, float | None]]:
+    def alert_states(self, keys: Iterable[str]) -> dict[str, tuple[str, float | None, str]]:
         """The current state of each of these alerts that is kept (one resolved long ago is not),
-        and when its episode started (when it fired; while pending, since when)."""
+        when its episode started (when it fired; while pending, since when), and its rule."""
         wanted = list(dict.fromkeys(keys))
-        found: dict[str, tuple[str, float | None]] = {}
+        found: dict[str, tuple[str, float | None, str]] = {}
         with self.store.reading() as db:
             for start in range(0, len(wanted), 500):
                 chunk = wanted[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 since = "coalesce(json_extract(body, '$.fired_at'), json_extract(body, '$.active_since'))"
-                query = f"SELECT key, json_extract(body, '$.state'), {since} FROM alert_state WHERE key IN ({marks})"  # noqa: S608
-                found.update((key, (state, since)) for key, state, since in db.execute(query, chunk))
+                query = (
+                    f"SELECT key, json_extract(body, '$.state'), {since}, rule FROM alert_state WHERE key IN ({marks})"  # noqa: S608
+                )
+                found.update((key, (state, since, rule)) for key, state, since, rule in db.execute(query, chunk))
         return found
 
     @property
