@@ -384,63 +384,69 @@ def test_a_restart_without_a_notifier_drops_its_queue_and_its_digests(
                   notifier="hook")  # fmt: skip
 
 
+@pytest.fixture
+def down() -> Iterator[Receiver]:
+    """A webhook receiver that refuses everything until the test says otherwise (`refuse = 0`)."""
+    receiver = Receiver()
+    receiver.refuse = 10**6
+    yield receiver
+    receiver.stop()
+
+
+def fired_at(deployment: Deployment, down: Receiver, **alerts: object) -> Daemon:
+    """The daemon started with WARNING notifying `down`, evaluated once: the alert fires, and its
+    receiver refuses the firing."""
+    deployment.write([WARNING], [webhook(down)], **alerts)
+    daemon = deployment.start()
+    deployment.evaluate()
+    return daemon
+
+
 @pytest.mark.integration
 def test_a_state_change_overtaken_while_it_waited_is_never_delivered(
-    deployment: Deployment, frozen: FrozenClock
+    deployment: Deployment, down: Receiver, frozen: FrozenClock
 ) -> None:
-    down = Receiver()
-    down.refuse = 10**6
-    try:
-        deployment.write([WARNING], [webhook(down)])
-        daemon = deployment.start()
-        deployment.evaluate()  # fires; the receiver refuses
-        deployment.write([WARNING | {"threshold": "1000000"}], [webhook(down)])
-        assert daemon.reload()
-        deployment.evaluate()  # resolves; queued behind the firing
-        assert daemon.dispatcher.pending() == {"hook": 2}
-        down.refuse = 0
-        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
-        daemon.deliver()
-        assert [b["status"] for b in down.bodies()] == ["resolved"]  # the firing it overtook is not news
-        assert daemon.dispatcher.discarded["superseded"] == 1
-        assert daemon.dispatcher.pending() == {}
-    finally:
-        down.stop()
+    daemon = fired_at(deployment, down)  # fires; the receiver refuses
+    deployment.write([WARNING | {"threshold": "1000000"}], [webhook(down)])
+    assert daemon.reload()
+    deployment.evaluate()  # resolves; queued behind the firing
+    assert daemon.dispatcher.pending() == {"hook": 2}
+    down.refuse = 0
+    frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+    daemon.deliver()
+    assert [b["status"] for b in down.bodies()] == ["resolved"]  # the firing it overtook is not news
+    assert daemon.dispatcher.discarded["superseded"] == 1
+    assert daemon.dispatcher.pending() == {}
 
 
+@pytest.mark.integration
 def test_a_firing_whose_alerts_resolved_and_fired_again_while_it_waited_is_never_delivered(
-    deployment: Deployment, frozen: FrozenClock
+    deployment: Deployment, down: Receiver, frozen: FrozenClock
 ) -> None:
     """Fired, resolved, fired again while the receiver refused: the first firing tells of an
     episode that is over (its resolve is not news either); only the second is delivered."""
-    down = Receiver()
-    down.refuse = 10**6
-    try:
-        deployment.write([WARNING], [webhook(down)])
-        daemon = deployment.start()
-        deployment.evaluate()  # fires; the receiver refuses
-        for _ in range(6):  # and goes on refusing: the retries are BACKOFF_MAX (±20%) apart now
-            frozen.advance(dt.timedelta(minutes=6))
-            deployment.evaluate()
-        for threshold in ("1000000", WARNING["threshold"]):  # within one of them, resolves and fires again
-            frozen.advance(dt.timedelta(seconds=60))
-            deployment.write([WARNING | {"threshold": threshold}], [webhook(down)])
-            assert daemon.reload()
-            deployment.evaluate()
-        fired_again = deployment.clock.now()
-        assert daemon.dispatcher.pending() == {"hook": 3}
-        down.refuse = 0
-        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
-        daemon.deliver()
-        (delivered,) = down.bodies()
-        assert delivered["status"] == "firing"
-        starts = {dt.datetime.fromisoformat(a["startsAt"].replace("Z", "+00:00")) for a in delivered["alerts"]}
-        assert starts == {fired_again}  # the episode of now, not the one that resolved
-        assert daemon.dispatcher.pending() == {}
-    finally:
-        down.stop()
+    daemon = fired_at(deployment, down)  # fires; the receiver refuses
+    for _ in range(6):  # and goes on refusing: the retries are BACKOFF_MAX (±20%) apart now
+        frozen.advance(dt.timedelta(minutes=6))
+        deployment.evaluate()
+    for threshold in ("1000000", WARNING["threshold"]):  # within one of them, resolves and fires again
+        frozen.advance(dt.timedelta(seconds=60))
+        deployment.write([WARNING | {"threshold": threshold}], [webhook(down)])
+        assert daemon.reload()
+        deployment.evaluate()
+    fired_again = deployment.clock.now()
+    assert daemon.dispatcher.pending() == {"hook": 3}
+    down.refuse = 0
+    frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+    daemon.deliver()
+    (delivered,) = down.bodies()
+    assert delivered["status"] == "firing"
+    starts = {dt.datetime.fromisoformat(a["startsAt"].replace("Z", "+00:00")) for a in delivered["alerts"]}
+    assert starts == {fired_again}  # the episode of now, not the one that resolved
+    assert daemon.dispatcher.pending() == {}
 
 
+@pytest.mark.integration
 def test_a_firing_queued_for_a_notifier_a_reload_routed_the_rule_away_from_goes_to_the_new_one_only(
     deployment: Deployment, frozen: FrozenClock
 ) -> None:
@@ -466,30 +472,26 @@ def test_a_firing_queued_for_a_notifier_a_reload_routed_the_rule_away_from_goes_
         new.stop()
 
 
-def test_reminders_do_not_pile_up_behind_a_receiver_that_is_down(deployment: Deployment, frozen: FrozenClock) -> None:
+@pytest.mark.integration
+def test_reminders_do_not_pile_up_behind_a_receiver_that_is_down(
+    deployment: Deployment, down: Receiver, frozen: FrozenClock
+) -> None:
     """A reminder every `repeat_interval` is for a receiver that took the firing and heard nothing
     since: none is queued while what waits for it is not taken, so a receiver back after hours
     gets the firing once, not once for each hour it was down."""
-    down = Receiver()
-    down.refuse = 10**6
-    try:
-        deployment.write([WARNING], [webhook(down)], repeat_interval="1h")
-        daemon = deployment.start()
-        deployment.evaluate()  # fires; the receiver refuses
-        for _ in range(4):
-            frozen.advance(dt.timedelta(hours=1))
-            deployment.evaluate()
-        assert daemon.dispatcher.pending() == {"hook": 1}
-        down.refuse = 0
-        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
-        daemon.deliver()
-        assert [b["status"] for b in down.bodies()] == ["firing"]
-        deployment.evaluate()  # the receiver has it now: reminded again after `repeat_interval`, as before
+    daemon = fired_at(deployment, down, repeat_interval="1h")  # fires; the receiver refuses
+    for _ in range(4):
         frozen.advance(dt.timedelta(hours=1))
         deployment.evaluate()
-        assert [b["status"] for b in down.bodies()] == ["firing", "firing"]
-    finally:
-        down.stop()
+    assert daemon.dispatcher.pending() == {"hook": 1}
+    down.refuse = 0
+    frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+    daemon.deliver()
+    assert [b["status"] for b in down.bodies()] == ["firing"]
+    deployment.evaluate()  # the receiver has it now: reminded again after `repeat_interval`, as before
+    frozen.advance(dt.timedelta(hours=1))
+    deployment.evaluate()
+    assert [b["status"] for b in down.bodies()] == ["firing", "firing"]
 
 
 @pytest.mark.integration
