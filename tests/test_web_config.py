@@ -4,6 +4,8 @@ suites, basic auth and headers, and a reload that reads the file again."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import logging
 import socket
 import ssl
@@ -23,6 +25,7 @@ from exporter.sim import Simulator
 from exporter.web import Credentials, ExporterServer, WebConfigError
 from exporter.web import credentials as credentials_module
 from exporter.web.credentials import BCRYPT_CACHE, BcryptUsers
+from exporter.web.server import _still_serves
 from exporter.web.webconfig import read_web_config
 from tests.daemon_fakes import InProcessBilling, fake_billing_section
 from tests.helpers import logged, scrape, value
@@ -496,3 +499,54 @@ def test_a_reload_reads_the_file_again_and_refuses_a_bad_one_whole(
         assert requests.get(f"{url}/metrics", auth=("bob", "pw"), verify=ca_file, timeout=5).status_code == 401
     finally:
         daemon.stop(grace=5)
+
+
+def test_a_reload_that_turns_tls_on_closes_the_plain_connections_kept_alive(
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, ca_file: str
+) -> None:
+    """A connection made in clear keeps no access once TLS is required: its next request is not
+    answered (closed, as an idle keep-alive connection is), and its client connects again under TLS."""
+    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "state.db")}}
+    config = write(tmp_path / "config.yaml", document)
+    web = files.web_config()
+    daemon = Daemon(
+        validate(document, {}), config_path=config, clock=clock, listen="127.0.0.1:0", web_config=web,
+        billing=InProcessBilling(sim),
+    )  # fmt: skip
+    daemon.start(schedule=False)
+    try:
+        host, port = daemon.server.server_address[:2]
+        kept = http.client.HTTPConnection(str(host), port, timeout=10)
+        try:
+            kept.request("GET", "/metrics")
+            answer = kept.getresponse()
+            assert answer.status == 200
+            answer.read()
+            files.web_config(tls_server_config=TLS)
+            assert daemon.reload()
+            with contextlib.suppress(ConnectionError):  # (sent into a connection closed already, maybe)
+                kept.request("GET", "/metrics")
+            with pytest.raises((http.client.HTTPException, ConnectionError)):  # closed, unanswered
+                kept.getresponse()
+        finally:
+            kept.close()
+        assert requests.get(f"{daemon.server.url}/metrics", verify=ca_file, timeout=5).status_code == 200
+        assert daemon.server.url.startswith("https://")
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_connection_kept_alive_goes_on_after_a_reload_only_if_the_new_tls_would_take_it(files: Files) -> None:
+    server = validate({"billing": BILLING}, {}).server
+
+    def tls(**settings: object) -> ssl.SSLContext | None:
+        return Credentials.load(server, files.web_config(**settings)).tls
+
+    verified = TLS | {"client_auth_type": "RequireAndVerifyClientCert", "client_ca_file": "client-ca.pem"}
+    plain, served, renewed = None, tls(tls_server_config=TLS), tls(tls_server_config=TLS)
+    asking, asking_again = tls(tls_server_config=verified), tls(tls_server_config=verified)
+    assert _still_serves(served, renewed)  # a renewed certificate: its session goes on
+    assert _still_serves(asking, asking_again)  # the same client certificates asked for
+    assert not _still_serves(plain, served)  # made in clear: TLS is on now
+    assert not _still_serves(served, plain)
+    assert not _still_serves(served, asking)  # made without the client certificate now asked for

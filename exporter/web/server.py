@@ -72,8 +72,9 @@ class ExporterServer(ThreadingHTTPServer):
 
     def use(self, credentials: Credentials) -> None:
         """Serve with these from now on: new connections get the new certificate, and every request from now on
-        (on a kept-alive connection too) is checked against the new password; connections in flight keep their
-        TLS session."""
+        (on a kept-alive connection too) is checked against the new password; a kept-alive connection these would
+        not have taken (in clear with TLS on, or without the client certificate now asked) is closed after the
+        request it serves (see _still_serves)."""
         self.credentials = credentials
 
     @property
@@ -179,6 +180,20 @@ class ExporterServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
 
+def _still_serves(made_with: ssl.SSLContext | None, now: ssl.SSLContext | None) -> bool:
+    """Whether a connection made under the TLS context `made_with` (None: in clear) may go on under the one of
+    now, after a reload: not in clear once TLS is on (nor under TLS once it is off), nor when the client
+    certificates asked for changed (`client_auth_type`, the client CA). A renewed server certificate alone
+    leaves it as it is: its session goes on as it began."""
+    if made_with is now:
+        return True
+    if made_with is None or now is None:
+        return False
+    if now.verify_mode == ssl.CERT_NONE:
+        return True
+    return made_with.verify_mode == now.verify_mode and made_with.get_ca_certs() == now.get_ca_certs()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.1"
@@ -212,12 +227,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.handle_one_request()
 
     def _next_request(self) -> bool:
-        """Wait, idle, for the next request's first byte; its header deadline starts there."""
+        """Wait, idle, for the next request's first byte; its header deadline starts there. A connection that the
+        TLS settings of now would not have taken (see _still_serves) takes no more requests: its client connects
+        again under them."""
+        made_with = self.request.context if isinstance(self.request, ssl.SSLSocket) else None
+        if not _still_serves(made_with, self.server.credentials.tls):
+            return False
         if not self.server.connections.enter(self.request, Phase.IDLE):
             return False
         try:
             arrived = bool(self.rfile.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
         except OSError:  # timed out, reset, or a TLS error
+            return False
+        if not _still_serves(made_with, self.server.credentials.tls):  # (a reload while it waited: unanswered)
             return False
         return arrived and self.server.connections.enter(self.request, Phase.HEADERS)
 
