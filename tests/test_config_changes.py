@@ -477,8 +477,9 @@ def test_reminders_do_not_pile_up_behind_a_receiver_that_is_down(
     deployment: Deployment, down: Receiver, frozen: FrozenClock
 ) -> None:
     """A reminder every `repeat_interval` is for a receiver that took the firing and heard nothing
-    since: none is queued while what waits for it is not taken, so a receiver back after hours
-    gets the firing once, not once for each hour it was down."""
+    since: none is queued while what waits for it has failed, so a receiver back after hours gets
+    the firing once, not once for each hour it was down (one that merely waits its turn holds
+    back no reminder: tests/test_alerts.py)."""
     daemon = fired_at(deployment, down, repeat_interval="1h")  # fires; the receiver refuses
     for _ in range(4):
         frozen.advance(dt.timedelta(hours=1))

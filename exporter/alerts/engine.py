@@ -28,7 +28,7 @@ from exporter.model import signals
 from exporter.model.events import GroupEvent
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError
-from exporter.state.alerts import read_pending
+from exporter.state.alerts import read_refused
 
 log = get_logger(__name__)
 
@@ -472,7 +472,7 @@ class Engine:
         if not self.notifiers:
             return
         routed: dict[str, Sequence[str]] = {}
-        waiting: dict[str, int] | None = None
+        refused: set[str] | None = None
         for alert in self.alerts.values():
             if alert.state != "firing" or alert.rule in skip:
                 continue
@@ -481,11 +481,11 @@ class Engine:
                 notifiers = routed[alert.rule] = self.routed(alert.rule)
             for notifier in notifiers:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
-                    if waiting is None:
-                        waiting = read_pending(db)
-                    if waiting.get(notifier):
-                        # Its receiver has not taken what waits for it (reminders would pile up behind):
-                        # that is the firing it gets, and the next reminder counts from now.
+                    if refused is None:
+                        refused = read_refused(db)
+                    if notifier in refused:
+                        # Its receiver is down (what waits for it failed): a reminder would pile up
+                        # behind; what waits is the firing it gets, and the next reminder counts from now.
                         self.db.mark_sent(db, alert.key, notifier, now)
                         self._sent[(alert.key, notifier)] = now
                         continue

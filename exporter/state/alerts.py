@@ -31,6 +31,16 @@ def read_pending(db: sqlite3.Connection) -> dict[str, int]:
     return dict(rows)
 
 
+def read_refused(db: sqlite3.Connection) -> set[str]:
+    """The notifiers with a notification not delivered that was tried and failed (their receiver
+    down, or refusing): not one that merely waits its turn."""
+    rows = db.execute(
+        "SELECT notifier FROM outbox WHERE delivered IS NULL AND attempts > 0"
+        " UNION SELECT notifier FROM digest_outbox WHERE delivered IS NULL AND attempts > 0"
+    ).fetchall()
+    return {notifier for (notifier,) in rows}
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     id: int
