@@ -455,18 +455,25 @@ def test_tls_versions_and_suites_bound_the_handshake(
 # -- a reload reads the file again --
 
 
-@pytest.mark.integration
-def test_a_reload_reads_the_file_again_and_refuses_a_bad_one_whole(
-    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, ca_file: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def daemon_on(sim: Simulator, clock: Clock, tmp_path: Path, web: Path) -> tuple[Daemon, dict, Path]:
+    """A daemon serving on 127.0.0.1 with the web configuration file `web` (started, unscheduled):
+    it, its config document and the config file's path (to reload)."""
     document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "state.db")}}
     config = write(tmp_path / "config.yaml", document)
-    web = files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("old-pass")})
     daemon = Daemon(
         validate(document, {}), config_path=config, clock=clock, listen="127.0.0.1:0", web_config=web,
         billing=InProcessBilling(sim),
     )  # fmt: skip
     daemon.start(schedule=False)
+    return daemon, document, config
+
+
+@pytest.mark.integration
+def test_a_reload_reads_the_file_again_and_refuses_a_bad_one_whole(
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, ca_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    web = files.web_config(tls_server_config=TLS, basic_auth_users={"alice": hashed("old-pass")})
+    daemon, document, config = daemon_on(sim, clock, tmp_path, web)
     try:
         url = daemon.server.url
 
@@ -506,14 +513,7 @@ def test_a_reload_that_turns_tls_on_closes_the_plain_connections_kept_alive(
 ) -> None:
     """A connection made in clear keeps no access once TLS is required: its next request is not
     answered (closed, as an idle keep-alive connection is), and its client connects again under TLS."""
-    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "state.db")}}
-    config = write(tmp_path / "config.yaml", document)
-    web = files.web_config()
-    daemon = Daemon(
-        validate(document, {}), config_path=config, clock=clock, listen="127.0.0.1:0", web_config=web,
-        billing=InProcessBilling(sim),
-    )  # fmt: skip
-    daemon.start(schedule=False)
+    daemon, _, _ = daemon_on(sim, clock, tmp_path, files.web_config())
     try:
         host, port = daemon.server.server_address[:2]
         kept = http.client.HTTPConnection(str(host), port, timeout=10)
