@@ -72,6 +72,7 @@ MALFORMED = {
     "Transfer-Encoding and Content-Length": b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
     b"Content-Length: 5\r\n\r\n0\r\n\r\n",
     "two Host": b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+    "no Host in HTTP/1.1": b"GET /healthz HTTP/1.1\r\n\r\n",
     "a long bad request line": b"GET /healthz HTTP/1.1" + b"A" * 2000 + b"\r\nHost: x\r\n\r\n",  # echoed in the reason
 }
 

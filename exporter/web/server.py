@@ -255,6 +255,8 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         path = target_path(self.command, self.path)
         problem = "a target that is neither a path nor a URL" if path is None else header_problem(self.headers)
+        if problem is None and self.request_version == "HTTP/1.1" and "Host" not in self.headers:
+            problem = "no Host header (a version 1.1 request must have one)"  # (RFC 9112 §3.2, as Go answers it)
         if path is None or problem is not None:
             self._refuse(400, f"bad request: {problem}")
             return False
