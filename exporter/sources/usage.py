@@ -163,8 +163,7 @@ class UsageSync(UsageReader):
                     # Read under other settings (a page size, per_api_key, a project): what it
                     # counted cannot go on under these. The day before is read whole again under
                     # these (its late records too: `refresh` finalises it), not dropped.
-                    self._day, self._cursor, self._aggregate = day, None, Aggregate(self.per_api_key)
-                    self._created = self.clock.day_start(day).timestamp()
+                    self._begin(day)
                 continue
             whole, added = self.state.load_usage_ids(day)
             try:
@@ -179,10 +178,9 @@ class UsageSync(UsageReader):
                 # them a repeat could be counted twice, so the day is read afresh.
                 log.info("usage sync starts the day afresh: its request ids were not saved", day=day)
                 continue
-            self._day, self._cursor, self._aggregate = day, saved[0], aggregate
+            self._begin(day, saved[0], aggregate)
             self.newest_first = saved[0].newest_first
-            self._created = self.clock.day_start(day).timestamp()
-            if day < today and self._cursor.finalised:
+            if day < today and saved[0].finalised:
                 self._previous = (day, self._aggregate, self._created)
             if day == today:
                 self._counted = self._saved = self._load_counted(day)
@@ -191,6 +189,12 @@ class UsageSync(UsageReader):
             saved_size = self._cursor.page_size if self._cursor is not None else 0
             if 0 < saved_size < self.client.page_size:  # the service caps its pages
                 self.client.adopt_cap(saved_size)
+
+    def _begin(self, day: dt.date, cursor: UsageCursor | None = None, aggregate: Aggregate | None = None) -> None:
+        """Count `day` on from `cursor` into `aggregate` (without them: from its start, nothing counted yet)."""
+        self._day, self._cursor = day, cursor
+        self._aggregate = aggregate if aggregate is not None else Aggregate(self.per_api_key)
+        self._created = self.clock.day_start(day).timestamp()
 
     def _finalise(self, day: dt.date) -> None:
         """The old day's last full pull, for records that arrived late."""
@@ -215,11 +219,10 @@ class UsageSync(UsageReader):
                               day=self._day, tries=self._finalise_failures)  # fmt: skip
             self._day, self._finalise_failures = None, 0
         if self._day is None:
-            self._day, self._cursor, self._aggregate = today, None, Aggregate(self.per_api_key)
+            self._begin(today)
             # Nothing at a rollover; after a restart that reads the day afresh (its settings
             # changed), what its counters counted, so that they go on from there.
             self._counted = self._saved = self._load_counted(today)
-            self._created = self.clock.day_start(today).timestamp()
 
         try:
             if self._cursor is None or self._cursor.records == 0:

@@ -47,6 +47,13 @@ def _identity_of(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def connect_existing(path: str | Path, mode: str) -> sqlite3.Connection:
+    """A connection to the file at `path` that never creates one (sqlite3.Error if there is none):
+    read-only (`mode` "ro") or read-write ("rw")."""
+    uri = f"{Path(path).resolve().as_uri()}?mode={mode}"
+    return sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+
+
 def location_problem(path: str | Path) -> str:
     """Why no state file could be kept at `path` ("" if one could), found without creating anything."""
     if str(path) == ":memory:":
@@ -149,8 +156,7 @@ class StateFile:
         if create or path == ":memory:":
             db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         else:
-            target = f"{Path(path).resolve().as_uri()}?mode=rw"
-            db = sqlite3.connect(target, uri=True, check_same_thread=False, isolation_level=None)
+            db = connect_existing(path, "rw")
         try:
             (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode == "wal"
@@ -316,8 +322,7 @@ class StateFile:
             try:
                 if copied is None or _identity_of(name) != copied:
                     continue
-                db = sqlite3.connect(f"{Path(name).resolve().as_uri()}?mode=rw", uri=True,
-                                     check_same_thread=False, isolation_level=None)  # fmt: skip
+                db = connect_existing(name, "rw")
             except (OSError, sqlite3.Error):
                 continue
             try:
@@ -389,9 +394,7 @@ class StateFile:
         try:
             if _identity_of(wal) != self._wal_identity:
                 return None
-            reader = sqlite3.connect(
-                f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False, isolation_level=None
-            )
+            reader = connect_existing(self.path, "ro")
         except (OSError, sqlite3.Error):
             return None
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from exporter.core.logs import get_logger
 from exporter.state.alerts import read_alert_states
+from exporter.state.file import connect_existing
 from exporter.state.history import HistoryTable
 from exporter.state.probes import ProbeTable, read_probe_runs
 from exporter.state.settled import SettledTables
@@ -30,7 +31,7 @@ def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bo
     if not Path(path).is_file():
         return None
     try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        db = connect_existing(path, "ro")
         try:
             runs = read_probe_runs(db, start, end)
             bodies = [body for _, body in read_alert_states(db).values()]
