@@ -15,7 +15,7 @@ from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator
 from exporter.sim.model import CONTENT_FAULTS, SimulatorError, _encode, corrupt
-from exporter.sources.probe import ProbeFailure, ProbeRunner, timeouts
+from exporter.sources.probe import ProbeRunner, Silence
 
 R = TypeVar("R")
 
@@ -109,32 +109,36 @@ class Ticks:
 class InProcessChat:
     """The simulator's chat API in process, behind the probe's `ChatTransport`: its answers, faults
     and pauses as over HTTP (`Simulator.chat_exchange`), each pause passing on `clock`. A pause
-    longer than the run's read timeout ends the wait that much later, as a socket's timeout would:
-    before the headers as `HTTPChat`'s ProbeFailure, in the body as TimeoutError."""
+    that outlasts the run's deadline ends the wait at the deadline, as a socket's timeout would:
+    Silence, before the headers as in the body."""
 
-    def __init__(self, sim: Simulator, probe: ProbeConfig, clock: Ticks, api_key: str, cut: str = "as written") -> None:
+    def __init__(self, sim: Simulator, clock: Ticks, api_key: str, cut: str = "as written") -> None:
         self.sim, self.clock, self.api_key, self.cut = sim, clock, api_key, cut
-        self.read_timeout = timeouts(probe)[1]
 
     def close(self) -> None:
         """Nothing to release: no connections."""
 
     @contextmanager
-    def post(self, body: dict[str, Any]) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
+    def post(
+        self, body: dict[str, Any], deadline: Callable[[], float]
+    ) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
         reply = self.sim.chat_exchange(json.dumps(body).encode(), f"Bearer {self.api_key}")
         if reply.events is None:
-            self._wait(reply.wait, ProbeFailure("timeout_first_token", "no response headers in time"))
-            yield reply.status, self._arrivals([(0.0, reply.body)] if reply.body else [])
+            self._wait(reply.wait, deadline)
+            yield reply.status, self._arrivals([(0.0, reply.body)] if reply.body else [], deadline)
         else:
-            yield reply.status, self._arrivals(reply.events)
+            yield reply.status, self._arrivals(reply.events, deadline)
 
-    def _wait(self, pause: float, timeout: Exception) -> None:
-        if pause > self.read_timeout:
-            self.clock.now += self.read_timeout
-            raise timeout
+    def _wait(self, pause: float, deadline: Callable[[], float]) -> None:
+        limit = max(deadline() - self.clock.now, 0.0)
+        if pause > limit:
+            self.clock.now += limit
+            raise Silence(self.clock.now)
         self.clock.now += pause
 
-    def _arrivals(self, writes: Sequence[tuple[float, bytes]]) -> Iterator[tuple[bytes, float]]:
+    def _arrivals(
+        self, writes: Sequence[tuple[float, bytes]], deadline: Callable[[], float]
+    ) -> Iterator[tuple[bytes, float]]:
         if self.cut == "coalesced":
             merged: list[tuple[float, bytes]] = []
             for pause, data in writes:
@@ -144,7 +148,7 @@ class InProcessChat:
                     merged.append((pause, data))
             writes = merged
         for pause, data in writes:
-            self._wait(pause, TimeoutError("nothing arrived within the read timeout"))
+            self._wait(pause, deadline)
             size = 7 if self.cut == "split" else len(data)
             for start in range(0, len(data), size):
                 yield data[start : start + size], self.clock.now
@@ -154,5 +158,5 @@ def chat_runner(sim: Simulator, probe: ProbeConfig, inference: InferenceConfig) 
     """A runner of `probe` whose requests `sim` answers in process, with the config's API key,
     timed on a clock of its own that moves only when an answer pauses."""
     ticks = Ticks()
-    chat = InProcessChat(sim, probe, ticks, inference.api_key.get_secret_value())
+    chat = InProcessChat(sim, ticks, inference.api_key.get_secret_value())
     return ProbeRunner(probe, inference, chat=chat, clock=ticks)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -20,7 +21,16 @@ from exporter.config.load import validate
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.model.snapshots import ProbeRun, ProbeSnapshot
 from exporter.sim import Fault, Simulator
-from exporter.sources.probe import REASONS, Measurement, ProbeFailure, ProbeRunner, answer_cap, sse_events, timeouts
+from exporter.sources.probe import (
+    REASONS,
+    Measurement,
+    ProbeFailure,
+    ProbeRunner,
+    Silence,
+    answer_cap,
+    sse_events,
+    without,
+)
 from exporter.sources.probe_answer import MAX_LINE_BYTES
 from tests.fakes import InProcessChat, Ticks
 from tests.helpers import logged
@@ -51,7 +61,7 @@ def in_process(sim: Simulator, cut: str = "as written", api_key: str | None = No
     """A runner of a probe on `sim`'s first endpoint, its requests answered in process."""
     config, inference = configs(**({"model": sim.endpoints[0].endpoint_id} | probe))
     clock = Ticks()
-    chat = InProcessChat(sim, config, clock, api_key or sim.api_key, cut)
+    chat = InProcessChat(sim, clock, api_key or sim.api_key, cut)
     return ProbeRunner(config, inference, chat=chat, clock=clock)
 
 
@@ -171,6 +181,7 @@ FAULTS = [
     ("tool_args_invalid", {}, Fault("bad_tool_args", CHAT), {"scenario": "tools"}),
     ("usage_missing", {}, Fault("no_usage", CHAT), {}),
     ("content_mismatch", {}, None, {"expect_content": "^hello$"}),
+    ("content_mismatch", {}, Fault("plain_answer", CHAT), {"scenario": "thinking"}),  # no reasoning came back
 ]
 """Each reason the simulator's answers can produce in process: as (reason, simulator settings, the
 fault of one request, probe settings). Those of a connection (`connection`, `timeout_connect`, a
@@ -218,30 +229,78 @@ def fails_once_then_recovers(
     ("sim_settings", "fault", "probe", "reason", "gave_up"),
     [
         ({"time_to_first_token": 1.0}, None, {"first_token_timeout": "300ms"}, "timeout_first_token", 0.3),
-        ({"time_to_first_token": 1.0}, None, {"stream": False, "timeout": "600ms"}, "timeout_first_token", 0.6),
+        ({"time_to_first_token": 1.0}, None, {"stream": False, "timeout": "600ms"}, "timeout_total", 0.6),
+        (
+            {"time_to_first_token": 1.0},
+            None,
+            {"stream": False, "first_token_timeout": "300ms", "stall_timeout": "200ms"},
+            None,
+            None,
+        ),  # a whole answer: the streamed deadlines do not apply
+        ({"time_to_first_token": 0.5}, None, {"first_token_timeout": "800ms", "stall_timeout": "300ms"}, None, None),
         ({}, Fault("stall", CHAT, seconds=1.0), {"stall_timeout": "300ms"}, "stall", 0.3),
     ],
-    ids=["first token", "whole answer", "stall"],
+    ids=[
+        "first token",
+        "whole answer",
+        "whole answer, streamed deadlines",
+        "a stall shorter than the first token's",
+        "stall",
+    ],
 )
 def test_a_silent_endpoint_is_left_at_the_read_timeout(
     sim: Simulator, sim_settings: dict, fault: Fault | None, probe: dict, reason: str, gave_up: float
 ) -> None:
-    """The read timeout is the nearest deadline: the run ends when that much silence has passed
-    (from the start: the answer's other pieces come at once), not when the late piece comes."""
+    """Each wait ends at the deadline of the run's phase: the run ends when that much silence has
+    passed (from the start: the answer's other pieces come at once), not when the late piece comes;
+    a first token later than the stall's deadline but within its own passes (None: the run passes)."""
     for name, value in sim_settings.items():
         setattr(sim, name, value)
     if fault:
         sim.inject(fault)
     last = in_process(sim, **probe).run().last
     assert last.reason == reason
-    assert last.duration == pytest.approx(gave_up)
+    if gave_up is not None:
+        assert last.duration == pytest.approx(gave_up)
 
 
-def test_the_read_timeout_is_the_nearest_deadline() -> None:
-    assert timeouts(configs(timeout="30s")[0]) == (10.0, 30.0)
-    assert timeouts(configs(timeout="4s")[0]) == (4.0, 4.0)
-    assert timeouts(configs(timeout="30s", first_token_timeout="2s", stall_timeout="5s")[0]) == (10.0, 2.0)
-    assert timeouts(configs(timeout="30s", stall_timeout="1500ms")[0]) == (10.0, 1.5)
+def test_each_wait_ends_at_the_deadline_of_the_runs_phase() -> None:
+    """Until a streamed answer's first token, the first token's deadline; then the stall's, from the
+    last event (bytes that make none, keep-alive comments, do not move it); never past the whole
+    request's. A whole answer has the whole request's alone."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 2}
+    pieces = [
+        (event({"role": "assistant"}), 101.0),  # not a token
+        (event({"content": "po"}), 104.0),  # the first token
+        (b": keep-alive\n\n", 105.0),
+        (event({"content": "ng"}, "stop"), 105.5),
+        (event(usage=usage) + b"data: [DONE]\n\n", 106.0),
+    ]
+
+    def deadlines(timeout: str, **probe: object) -> list[float]:
+        config, _ = configs(timeout=timeout, first_token_timeout="8s", stall_timeout="2s", **probe)
+        measurement = Measurement(config, 100.0)
+        seen = []
+
+        def body() -> Iterator[tuple[bytes, float]]:
+            for piece in pieces:
+                seen.append(measurement.deadline())
+                yield piece
+
+        if not config.stream:
+            list(body())
+            return seen
+        if timeout == "30s":
+            measurement.response(200, 100.0, body())
+        else:
+            with pytest.raises(ProbeFailure) as failed:
+                measurement.response(200, 100.0, body())
+            assert failed.value.reason == "timeout_total"
+        return seen
+
+    assert deadlines("30s") == [108.0, 108.0, 106.0, 106.0, 107.5]
+    assert deadlines("5s") == [105.0] * 4  # (the piece at 105.5 comes too late: the run fails at it)
+    assert deadlines("30s", stream=False) == [130.0] * 5
 
 
 def test_a_failure_is_logged_once_until_the_probe_recovers(sim: Simulator, caplog: pytest.LogCaptureFixture) -> None:
@@ -274,23 +333,26 @@ def then_raise(pieces: Iterable[tuple[bytes, float]], error: Exception) -> Itera
 @pytest.mark.parametrize(
     ("stream", "before", "error", "reason", "first_token"),
     [
-        (True, [], TimeoutError(), "timeout_first_token", None),
-        (True, [(ROLE, 0.1)], TimeoutError(), "timeout_first_token", None),  # a role is not a token
-        (True, [(ROLE, 0.1), (PONG, 0.2)], TimeoutError(), "stall", 0.2),
+        (True, [], Silence(5.0), "timeout_first_token", None),
+        (True, [(ROLE, 0.1)], Silence(5.0), "timeout_first_token", None),  # a role is not a token
+        (True, [(ROLE, 0.1), (PONG, 0.2)], Silence(1.2), "stall", 0.2),
         (True, [(ROLE, 0.1), (PONG, 0.2)], ConnectionError("ProtocolError"), "truncated", 0.2),
-        (False, [(b'{"choices": [', 0.1)], TimeoutError(), "timeout_first_token", None),
+        (False, [(b'{"choices": [', 0.1)], Silence(5.0), "timeout_total", None),
         (False, [(b'{"choices": [', 0.1)], ConnectionError("ProtocolError"), "truncated", None),
     ],
-    ids=["silent", "silent after the role", "silent after a token", "broken", "whole silent", "whole broken"],
+    ids=["silent", "silent after the role", "stalled", "broken", "whole silent", "whole broken"],
 )
 def test_silence_or_a_broken_connection_mid_body(
     stream: bool, before: list[tuple[bytes, float]], error: Exception, reason: str, first_token: float | None
 ) -> None:
-    """What the transport reports while the body comes: silence past the read timeout (TimeoutError)
-    or a broken connection (ConnectionError)."""
-    run = measure(then_raise(before, error), stream=stream)
+    """What the transport reports while the body comes: silence until the run's deadline (Silence,
+    here 5 s for the whole request and the first token, 1 s for a stall) or a broken connection
+    (ConnectionError). A stall counts as the longest gap: it was at least that long."""
+    run = measure(then_raise(before, error), stream=stream, stall_timeout="1s")
     assert (run.success, run.reason, run.checks["http"]) == (False, reason, True)
     assert run.time_to_first_token == first_token
+    if reason == "stall":
+        assert run.max_chunk_gap == pytest.approx(1.0)
 
 
 def test_a_stream_ending_without_a_finish_reason_is_truncated() -> None:
@@ -391,3 +453,34 @@ def test_a_long_answer_within_max_tokens_still_passes() -> None:
     run = measure([(body[i : i + 65536], 1.0) for i in range(0, len(body), 65536)], max_tokens=tokens, timeout="30s")
     assert (run.success, run.reason) == (True, None)
     assert run.completion_tokens == tokens
+
+
+class Echoing:
+    """An endpoint whose error, inside a 200 stream, echoes the API key after `before` characters."""
+
+    def __init__(self, key: str, before: int) -> None:
+        self.error = "x" * before + f" bad key {key} given"
+
+    @contextmanager
+    def post(
+        self, body: dict[str, Any], deadline: Callable[[], float]
+    ) -> Iterator[tuple[int, list[tuple[bytes, float]]]]:
+        yield 200, [(f"data: {json.dumps({'error': self.error})}\n\n".encode(), 0.0)]
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@pytest.mark.parametrize("before", [0, 100, 105, 106])
+def test_an_api_key_an_endpoint_echoes_is_masked_where_its_message_is_cut(before: int) -> None:
+    """The error text is cut at 120 characters: wherever the cut falls in the key, no start of it of
+    six characters or more is left (106: only five are, too few to mask)."""
+    key = "sk-secretkey123456"
+    config, inference = configs(api_key=key)
+    probe_runner = ProbeRunner(config, inference, chat=Echoing(key, before), clock=Ticks())
+    assert probe_runner.run().last.reason == "stream_error"
+    detail = probe_runner.last_detail
+    assert detail is not None
+    assert key[:6] not in detail
+    assert ("***" in detail) == (before != 106)
+    assert without("sk-s, a name", key) == "sk-s, a name"  # shorter than six: no key to mask

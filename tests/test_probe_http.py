@@ -4,6 +4,7 @@ connection, a dripping server, an endless answer cut off. The logic is in test_p
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import socket
@@ -320,6 +321,58 @@ def test_keep_alive_comments_do_not_hold_a_probe_past_its_deadline(framing: str)
         snapshot = runner_for(url, timeout="2s", first_token_timeout="300ms").run()
         assert snapshot.last.reason == "timeout_first_token"
         assert time.monotonic() - started < 2
+
+
+TOKEN = b'data: {"choices": [{"index": 0, "delta": {"content": "pong"}}]}\n\n'
+FINISH = (
+    b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],'
+    b' "usage": {"prompt_tokens": 5, "completion_tokens": 1}}\n\ndata: [DONE]\n\n'
+)
+
+
+def after(seconds: float, *pieces: bytes) -> Iterator[bytes]:
+    time.sleep(seconds)
+    yield from pieces
+
+
+PHASES = {
+    # A first token later than the stall's deadline, within its own: the run passes.
+    "late first token": (
+        lambda: after(0.8, TOKEN, FINISH),
+        {"first_token_timeout": "3s", "stall_timeout": "300ms"},
+        None,
+    ),
+    # Keep-alive comments after the first token make no event: the stall is counted from the token.
+    "comments after a token": (
+        lambda: itertools.chain([TOKEN], *(after(0.1, b": keep-alive\n\n") for _ in range(60))),
+        {"stall_timeout": "500ms"},
+        "stall",
+    ),
+    # A late token, then silence: the whole request's deadline ends the wait, not a read timeout later.
+    "silent after a late token": (
+        lambda: itertools.chain(after(1.0, TOKEN), after(6)),
+        {"timeout": "1500ms"},
+        "timeout_total",
+    ),
+}
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+@pytest.mark.parametrize(("body", "probe", "reason"), PHASES.values(), ids=PHASES.keys())
+def test_each_wait_on_the_wire_ends_at_the_deadline_of_the_runs_phase(
+    framing: str, body: Callable[[], Iterator[bytes]], probe: dict, reason: str | None
+) -> None:
+    with streaming_server(framing, body) as url:
+        last = runner_for(url, **({"timeout": "5s"} | probe)).run().last
+    assert last.reason == reason
+    if reason == "stall":
+        assert last.max_chunk_gap is not None
+        assert last.max_chunk_gap >= 0.5
+        assert last.duration < 5  # not held to the whole request's deadline
+    if reason == "timeout_total":
+        assert last.duration < 2.4  # (a read timeout of the whole 1.5 s after the token at 1 s: 2.5)
+        assert last.max_chunk_gap is not None
+        assert last.max_chunk_gap >= 0.4
 
 
 @pytest.mark.parametrize("framing", FRAMINGS)

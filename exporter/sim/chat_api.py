@@ -115,8 +115,8 @@ class ChatAPI:
             return _chat_error(404, "not_found_error", "endpoint not found")
         if fault and fault.kind == "malformed":
             return ChatReply(200, b'{"id": "chatcmpl-sim", "choices": [')
-        if fault and fault.kind == "plain_answer":
-            request = {k: v for k, v in request.items() if k != "tools"}
+        if fault and fault.kind == "plain_answer":  # (a model that does not call tools or think)
+            request = {k: v for k, v in request.items() if k not in ("tools", "chat_template_kwargs")}
         reasoning, content, tool_calls, prompt_tokens = self.chat_answer(request)
         if fault and fault.kind == "bad_tool_args":
             tool_calls = [call | {"function": call["function"] | {"arguments": '{"service": '}} for call in tool_calls]

@@ -94,7 +94,7 @@ class Fault:
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then
     the normal answer), bad_amount (one bill's payableAmount not a number), total_mismatch
     (`total` one higher than the records), bad_value (the first record's `field` set to `value`,
-    any JSON value), plain_answer (tools ignored) / bad_tool_args (arguments
+    any JSON value), plain_answer (tools and thinking ignored) / bad_tool_args (arguments
     not JSON) / stream_error / truncate / no_usage / stall (chat
     streams only).
     """

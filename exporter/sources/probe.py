@@ -22,12 +22,15 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as TransportError
 from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
 from exporter.config.schema import InferenceConfig, ProbeConfig
-from exporter.core.logs import get_logger
+from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
@@ -41,20 +44,34 @@ from exporter.sources.probe_answer import (
     apply_event,
     apply_response,
     check_answer,
+    connect_timeout,
     http_reason,
     request_body,
     sse_events,
-    timeouts,
     tokens,
 )
 
 log = get_logger(__name__)
 
 
+class Silence(TimeoutError):
+    """Nothing arrived by the run's next deadline (`Measurement.deadline`); `at`: when the wait ended."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__("nothing arrived by the deadline")
+        self.at = at
+
+
 class Measurement:
     """One run of a probe made from what arrives: the status, then the body's pieces (decoded), each
     with the time it arrived. It does no I/O and reads no clock: the times are the caller's (`HTTPChat`
     stamps them from the runner's clock; the unit tests write them down).
+
+    Each wait has one deadline (`deadline`), by the phase the run is in: the first token's
+    (`first_token_timeout`) until a streamed answer's first token, then the stall's
+    (`stall_timeout` after the last event), never later than the whole request's (`timeout`); a
+    whole (not streamed) answer has the whole request's alone. A piece that arrives after it, and a
+    wait that ends at it (`silent`), fail the run for that phase's reason.
 
     `response` raises a ProbeFailure for the first thing wrong; `result` is the run either way.
     """
@@ -73,12 +90,15 @@ class Measurement:
         """The longest wait between two events after the first token."""
         self._arrived = started
         """When the piece being parsed arrived: the time of each event it completes."""
+        self._last_event = started
+        """When the last event arrived: a stall is counted from it, not from bytes that make none
+        (keep-alive comments)."""
 
     def response(self, status: int, at: float, body: Iterable[tuple[bytes, float]]) -> None:
         """The status, whose headers arrived at `at`; the body as it arrives; the scenario's checks.
 
-        Taking the next piece of `body` may raise TimeoutError (nothing arrived within the read
-        timeout) or ConnectionError (the connection broke): failures of the run as well.
+        Taking the next piece of `body` may raise Silence (nothing arrived by `deadline()`) or
+        ConnectionError (the connection broke): failures of the run as well.
         """
         self.headers = at - self.started
         if status >= 400:
@@ -89,9 +109,8 @@ class Measurement:
                 self._read_stream(body)
             else:
                 apply_response(b"".join(self._within_limits(body)).decode("utf-8", errors="replace"), self.answer)
-        except TimeoutError:
-            waited = "timeout_first_token" if self.first_token is None else "stall"
-            raise ProbeFailure(waited, "the stream went silent") from None
+        except Silence as silence:
+            raise self.silent(silence.at) from None
         except ConnectionError as error:
             raise ProbeFailure("truncated", f"the connection broke mid-answer ({error})") from None
         check_answer(self.probe, self.answer, self.checks)
@@ -120,41 +139,61 @@ class Measurement:
             output_tokens_per_second=completion / decode if completion and decode > 0 else None,
         )
 
+    def deadline(self) -> float:
+        """When the next piece must have arrived, on the caller's clock (see the class)."""
+        return self._next()[0]
+
+    def _next(self) -> tuple[float, str]:
+        """The next deadline and the reason a run fails for at it."""
+        probe, started = self.probe, self.started
+        whole = (started + probe.timeout, "timeout_total")
+        if not probe.stream:
+            return whole
+        if self.first_token is None:
+            phase = (started + (probe.first_token_timeout or probe.timeout), "timeout_first_token")
+        else:
+            phase = (self._last_event + (probe.stall_timeout or probe.timeout), "stall")
+        return phase if phase[0] <= whole[0] else whole
+
+    def silent(self, at: float) -> ProbeFailure:
+        """The failure of a run whose wait for the next piece ended at `at`, at its deadline: after the
+        first token, the silence counts as a gap between chunks (it was at least that long)."""
+        reason = self._next()[1]
+        gap = at - self._last_event
+        if self.first_token is not None:
+            self.max_gap = max(self.max_gap or 0.0, gap)
+        if reason == "stall":
+            return ProbeFailure(reason, f"{gap:.1f}s without an event")
+        if reason == "timeout_first_token":
+            return ProbeFailure(reason, f"no token after {at - self.started:.1f}s")
+        return ProbeFailure(reason, f"the answer took over {self.probe.timeout:g}s")
+
     def _within_limits(self, body: Iterable[tuple[bytes, float]]) -> Iterator[bytes]:
         """The body's bytes, each piece checked as it arrives: past `answer_cap` is a ProbeFailure, so
         an endless body cannot fill memory (counted decoded: a small gzip body can inflate to any
-        size), and so is a piece past the first-token or the whole-run deadline, so a server trickling
-        keep-alive bytes cannot hold the probe past them."""
-        probe, started = self.probe, self.started
-        cap, stream, timeout = answer_cap(probe), probe.stream, probe.timeout
-        first_deadline = probe.first_token_timeout or timeout
+        size), and so is a piece past the deadline, so a server trickling keep-alive bytes cannot
+        hold the probe past it."""
+        cap = answer_cap(self.probe)
         read = 0
         for chunk, at in body:
             read += len(chunk)
             if read > cap:
                 raise ProbeFailure("answer_too_large", f"the answer is over {cap:,} bytes")
-            elapsed = at - started
-            if stream and self.first_token is None and elapsed > first_deadline:
-                raise ProbeFailure("timeout_first_token", f"no token after {elapsed:.1f}s")
-            if elapsed > timeout:
-                raise ProbeFailure("timeout_total", f"the answer took over {timeout:.0f}s")
+            if at > self.deadline():
+                raise self.silent(at)
             self._arrived = at
             yield chunk
 
     def _read_stream(self, body: Iterable[tuple[bytes, float]]) -> None:
         """The events into the answer, timed; an event comes when the piece completing it arrived, so
-        the deadlines `_within_limits` checked for that piece hold for its events too."""
-        stall = self.probe.stall_timeout or self.probe.timeout
+        the deadline `_within_limits` checked for that piece holds for its events too."""
         answer = self.answer
-        last = self.started
         self.checks["stream_complete"] = False
         for data in sse_events(self._within_limits(body)):
             now = self._arrived
-            gap, last = now - last, now
             if self.first_token is not None:
-                self.max_gap = max(self.max_gap or 0.0, gap)
-                if gap > stall:
-                    raise ProbeFailure("stall", f"{gap:.1f}s between chunks")
+                self.max_gap = max(self.max_gap or 0.0, now - self._last_event)
+            self._last_event = now
             if data == "[DONE]":
                 answer.done = True
                 break
@@ -175,9 +214,13 @@ class Measurement:
 class ChatTransport(Protocol):
     """Where a probe's requests go: the endpoint over HTTP (`HTTPChat`), or in the tests a fake."""
 
-    def post(self, body: dict[str, Any]) -> AbstractContextManager[tuple[int, Iterable[tuple[bytes, float]]]]:
-        """Send `body`; the status and the body as `Measurement.response` takes them. A request that
-        gets no status (no connection, no headers in time) is a ProbeFailure."""
+    def post(
+        self, body: dict[str, Any], deadline: Callable[[], float]
+    ) -> AbstractContextManager[tuple[int, Iterable[tuple[bytes, float]]]]:
+        """Send `body`; the status and the body as `Measurement.response` takes them. Each wait, for
+        the headers and for each piece of the body, ends at `deadline()` (a time on the runner's
+        clock, which moves as the run goes on) with Silence. A request that gets no status
+        otherwise (no connection) is a ProbeFailure."""
         ...
 
     def close(self) -> None: ...
@@ -202,6 +245,52 @@ def shown_url(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
+class _KeepsSocket:
+    """A connection that keeps hold of its socket (`kept`): http.client lets go of it when a response
+    will close the connection (a stream delimited by the connection's end), and the probe sets each
+    read's timeout on it."""
+
+    kept: Any = None
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.kept = self.sock  # type: ignore[attr-defined]
+
+
+class _Connection(_KeepsSocket, HTTPConnection):
+    pass
+
+
+class _TLSConnection(_KeepsSocket, HTTPSConnection):
+    pass
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TLSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TLSConnection
+
+
+POOLS = {"http": _Pool, "https": _TLSPool}
+
+
+class _Adapter(HTTPAdapter):
+    """requests' adapter, its connections `_KeepsSocket`'s (through an HTTP proxy too; a SOCKS proxy's
+    keep theirs, which a stream ending with the connection then reads with the headers' timeout)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = POOLS
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = POOLS
+        return manager
+
+
 class HTTPChat:
     """The chat API over HTTP: the API key as a Bearer token (never logged), the body read as it arrives."""
 
@@ -209,39 +298,61 @@ class HTTPChat:
         self.url = chat_url(inference)
         self._clock = clock
         self._session = requests.Session()
+        for prefix in ("http://", "https://"):
+            self._session.mount(prefix, _Adapter())
         self._session.headers["Authorization"] = f"Bearer {inference.api_key.get_secret_value()}"
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
-        self._timeout = timeouts(probe)
+        self._connect = connect_timeout(probe)
 
     def close(self) -> None:
         self._session.close()
 
     @contextmanager
-    def post(self, body: dict[str, Any]) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
+    def post(
+        self, body: dict[str, Any], deadline: Callable[[], float]
+    ) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
+        timeout = (self._connect, self._wait(deadline))
         try:
-            response = self._session.post(self.url, json=body, stream=True, timeout=self._timeout)
+            response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
         except requests.ConnectTimeout:
             raise ProbeFailure("timeout_connect", "connecting timed out") from None
         except requests.ReadTimeout:
-            raise ProbeFailure("timeout_first_token", "no response headers in time") from None
+            raise Silence(self._clock()) from None
         except requests.RequestException as error:
             raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
         with response:
-            yield response.status_code, self._arrivals(response)
+            yield response.status_code, self._arrivals(response, deadline)
 
-    def _arrivals(self, response: requests.Response) -> Iterator[tuple[bytes, float]]:
+    def _wait(self, deadline: Callable[[], float]) -> float:
+        """The read timeout of the next wait: until `deadline()`; Silence if that has passed."""
+        now = self._clock()
+        wait = deadline() - now
+        if wait <= 0:
+            raise Silence(now)
+        return wait
+
+    def _arrivals(self, response: requests.Response, deadline: Callable[[], float]) -> Iterator[tuple[bytes, float]]:
         """The body (decoded) as it arrives, whatever its framing, each piece with the time it came;
-        urllib3's read timeout as TimeoutError, a broken connection as ConnectionError.
+        a read still waiting at `deadline()` as Silence, a broken connection as ConnectionError.
 
         `read1` hands over whatever has arrived. `iter_content(chunk_size=None)` would read a body that
         has neither chunks nor a length (it ends when the connection closes) to its end before yielding.
+        Each read's timeout is set on the connection's socket, as urllib3 sets the request's.
         """
-        read1, clock = response.raw.read1, self._clock
+        raw, clock = response.raw, self._clock
+        connection = raw.connection
+        sock = getattr(connection, "kept", None) or getattr(connection, "sock", None)
         try:
-            while chunk := read1(READ_SIZE, decode_content=True):
+            while True:
+                wait = self._wait(deadline)
+                if sock is not None:
+                    sock.settimeout(wait)
+                chunk = raw.read1(READ_SIZE, decode_content=True)
+                if not chunk:
+                    return
                 yield chunk, clock()
         except ReadTimeoutError:
-            raise TimeoutError("no data within the read timeout") from None
+            raise Silence(clock()) from None
         except TransportError as error:
             raise ConnectionError(type(error).__name__) from None
 
@@ -263,6 +374,7 @@ class ProbeRunner:
         self.probe = probe
         self.url = shown_url(chat_url(inference))
         """Where its requests go, as its failures name it."""
+        self._key = inference.api_key.get_secret_value()
         self._clock = clock
         self._chat = chat if chat is not None else HTTPChat(probe, inference, clock)
         self._lock = threading.Lock()
@@ -308,16 +420,33 @@ class ProbeRunner:
         measurement = Measurement(probe, self._clock())
         reason = detail = None
         try:
-            with self._chat.post(request_body(probe)) as (status, body):
-                measurement.response(status, self._clock(), body)
+            try:
+                with self._chat.post(request_body(probe), measurement.deadline) as (status, body):
+                    measurement.response(status, self._clock(), body)
+            except Silence as silence:  # (waiting for the headers)
+                raise measurement.silent(silence.at) from None
         except ProbeFailure as failure:
-            reason, detail = failure.reason, f"{failure} (POST {self.url})"
+            reason, detail = failure.reason, f"{without(str(failure), self._key)} (POST {self.url})"
             if reason != self.last_reason:
                 log.warning("probe failed", probe=probe.name, reason=reason, detail=detail)
         if reason is None and self.last_reason is not None:
             log.info("probe recovered", probe=probe.name)
         self.last_reason, self.last_detail = reason, detail
         return measurement.result(reason, self._clock())
+
+
+SHORTEST_SHOWN = 6
+"""The shortest start of a secret that `without` masks."""
+
+
+def without(text: str, secret: str) -> str:
+    """`text` (what an endpoint said, cut short) with `secret` masked, and any start of it of
+    SHORTEST_SHOWN characters or more: an endpoint that echoes the API key in its error can have it
+    cut in the middle, which masking the whole key alone would leave in the log."""
+    for length in range(len(secret), min(SHORTEST_SHOWN, len(secret)) - 1, -1):
+        if secret[:length] in text:
+            text = text.replace(secret[:length], MASK)
+    return text
 
 
 def unusable(runners: Iterable[ProbeRunner]) -> str | None:

@@ -242,6 +242,8 @@ def check_answer(probe: ProbeConfig, answer: Answer, checks: dict[str, bool]) ->
         checks["content"] = True
         if probe.scenario == "thinking":
             checks["reasoning"] = bool(answer.reasoning)
+            if not checks["reasoning"]:
+                raise ProbeFailure("content_mismatch", "no reasoning came back (is thinking on for this model?)")
 
 
 def answer_cap(probe: ProbeConfig) -> int:
@@ -249,11 +251,10 @@ def answer_cap(probe: ProbeConfig) -> int:
     return max(MAX_ANSWER_BYTES, probe.max_tokens * ANSWER_BYTES_PER_TOKEN)
 
 
-def timeouts(probe: ProbeConfig) -> tuple[float, float]:
-    """(connect, read) timeouts of a run: a read waits no longer than any deadline that could end it."""
-    first_deadline = probe.first_token_timeout or probe.timeout
-    stall = probe.stall_timeout or probe.timeout
-    return min(CONNECT_TIMEOUT, probe.timeout), min(probe.timeout, first_deadline, stall)
+def connect_timeout(probe: ProbeConfig) -> float:
+    """How long a run waits for its connection (each read waits until the run's next deadline,
+    `Measurement.deadline`)."""
+    return min(CONNECT_TIMEOUT, probe.timeout)
 
 
 def http_reason(status: int) -> str:
