@@ -51,6 +51,15 @@ def test_config_is_frozen() -> None:
         ({"billing": BILLING | {"usage_interval": "0s"}}, "billing.usage_interval: must be greater than zero"),
         ({"billing": BILLING | {"timezone": "Mars/Olympus"}}, "billing.timezone: unknown time zone 'Mars/Olympus'"),
         ({"billing": BILLING | {"url": "openapi.example.com"}}, "billing.url: must be an http:// or https:// URL"),
+        ({"billing": BILLING | {"url": "https://:443/"}}, "billing.url: must be an http:// or https:// URL"),
+        ({"billing": BILLING, "alerts": {"notifiers": [{"name": "h", "type": "webhook", "url": "http://127.0.0.1:99999/h"}]}},
+         "alerts.notifiers[0].url: its port must be a number from 1 to 65535"),
+        ({"billing": BILLING, "alerts": {"notifiers": [{"name": "s", "type": "slack", "url": "hooks.slack.com/T/B"}]}},
+         "alerts.notifiers[0].url: must be an http:// or https:// URL"),  # (a secret: not shown)
+        ({"billing": BILLING, "alerts": {"rules": [
+            {"alert": "A", "signal": "spend", "threshold": 1, "annotations": {"runbook-url": "https://runbooks/a"}}]}},
+         "alerts.rules[0] (alert A): annotation 'runbook-url' is not a valid annotation name (letters, digits and _,"
+         " not starting with a digit): Alertmanager and Prometheus refuse it"),
         ({"billing": BILLING | {"pagesize": 10}}, "billing.pagesize: unknown key; did you mean page_size?"),
         ({"billing": BILLING, "extra": 1}, "extra: unknown key"),
         ({"billing": BILLING | {"currency": "cny"}},
@@ -428,3 +437,20 @@ def test_a_mapping_as_a_key_is_a_config_error_with_its_place(tmp_path: Path) -> 
     path.write_text("{{}}")
     with pytest.raises(ConfigError, match=r"config.yaml:1:2: invalid YAML: a key must be a plain value"):
         load(path, ENV)
+
+
+def test_a_hooks_webhook_s_token_is_masked_as_its_path_too() -> None:
+    """A hooks service's URL is its token: masked as written and as its path alone, which is what
+    moves when the receiver redirects to https or another host."""
+    document = {
+        "billing": BILLING,
+        "alerts": {"notifiers": [
+            {"name": "zap", "type": "webhook", "url": "https://hooks.example.com/catch/123/T0KEN"},
+            {"name": "own", "type": "webhook", "url": "https://receiver.example.com/alerts?token=T0KEN2"},
+        ]},
+    }  # fmt: skip
+    secrets = validate(document, {"SECRET": "s"}).secret_values()
+    assert "https://hooks.example.com/catch/123/T0KEN" in secrets
+    assert "/catch/123/T0KEN" in secrets
+    assert "token=T0KEN2" in secrets
+    assert "/alerts" not in secrets  # a receiver's own path is no secret

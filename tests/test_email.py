@@ -439,6 +439,24 @@ def test_a_recipient_refused_for_now_gets_the_message_later_and_the_others_only_
     assert logged(caplog.records, "email recipient took a notification again", recipient="ops@example.com")
 
 
+@pytest.mark.integration
+def test_display_names_stay_in_the_header_and_the_envelope_has_the_bare_addresses(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, frozen: FrozenClock,
+) -> None:  # fmt: skip
+    """An accented display name needs no SMTPUTF8 (this server does not offer it): the envelope has
+    the bare address. A recipient refused for now is owed the message under the name `to` gives it."""
+    server = start_smtp(smtputf8=False)
+    mailbox.rcpt_replies = ["450 4.2.1 Mailbox busy, try again later"]  # the first recipient, once
+    to = ["Équipe Ops <ops@example.com>", "On Call <oncall@example.com>"]
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file, to=to), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    assert dispatcher.deliver() == 0  # one recipient still owed it
+    frozen.advance(DUE_AGAIN)
+    assert dispatcher.deliver() == 1
+    assert [m.rcpt_tos for m in mailbox.messages] == [["oncall@example.com"], ["ops@example.com"]]
+    assert {m.message["To"] for m in mailbox.messages} == {", ".join(to)}
+
+
 def refusing(
     start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, address: str, reply: str
 ) -> tuple[Dispatcher, Controller]:

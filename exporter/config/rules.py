@@ -48,11 +48,16 @@ class _Rule(Strict):
         return notifiers
 
     def _check(self, fields: set[str]) -> None:
-        """Label names, and annotation templates naming only `fields`."""
+        """Label and annotation names, and annotation templates naming only `fields`."""
         for name in self.labels:
             if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
                 raise ValueError(f"label {name!r} is not a valid alert label name")
         for name, template in self.annotations.items():
+            if not re.match(LABEL_NAME, name):
+                raise ValueError(
+                    f"annotation {name!r} is not a valid annotation name (letters, digits and _, not starting"
+                    " with a digit): Alertmanager and Prometheus refuse it"
+                )
             for field in re.findall(r"\{([^{}]*)\}", template):
                 if field not in fields:
                     raise ValueError(f"annotation {name!r} names unknown field {{{field}}}")

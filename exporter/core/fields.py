@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 from exporter.core.decimals import parse_decimal
 
@@ -67,12 +68,30 @@ class Strict(BaseModel):
 
 
 def _http_url(url: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", url):
+    """An http:// or https:// URL with a host, and a port from 1 to 65535 if it has one (the URL is
+    never in the message: it may hold a secret)."""
+    parts = urlsplit(url)
+    if not re.match(r"^https?://[^/\s]+", url) or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError("its port must be a number from 1 to 65535")
     return url.rstrip("/")
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def _secret_http_url(url: SecretStr) -> SecretStr:
+    _http_url(url.get_secret_value())
+    return url
+
+
+SecretHttpUrl = Annotated[SecretStr, AfterValidator(_secret_http_url)]
+"""An `HttpUrl` that is a secret as a whole (a Slack webhook's: its path is the token), kept as written."""
 
 
 def _scope_value(value: Any) -> str | tuple[str, ...]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from exporter import __version__
 from exporter.alerts.alert import Alert
@@ -64,6 +65,18 @@ SUPERSEDED = "its alerts changed state again before it could be delivered"
 DISCARDED = ("notifier_removed", "superseded")
 """Why a queued notification is never delivered: its notifier left the config (`configure`), or
 every alert in it changed state again meanwhile (`_current`)."""
+
+
+def _where(location: str | None) -> str:
+    """Where a redirect points, as a reason may name it: its scheme and host, never its path or
+    query (a webhook's token moves with it, to https or another host)."""
+    if not location:
+        return "nowhere"
+    parts = urlsplit(location)
+    if not parts.netloc:
+        return "another path on the same host"
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}" if parts.scheme else host
 
 
 def _refused(reason: str) -> bool:
@@ -260,12 +273,14 @@ class Dispatcher:
             reason = str(error)
         except (OSError, http.client.HTTPException) as error:
             reason = f"connection failed: {network_cause(error)}"
+        except ValueError:  # (a proxy's port out of range, from the environment: the config's are checked)
+            reason = "the URL cannot be used: a port out of range or a malformed address (a proxy's?)"
         else:
             if 200 <= answer.status < 300:
                 return self.outcome(notifier, None, target)
             reason = f"HTTP {answer.status}"
             if 300 <= answer.status < 400:
-                reason += f" (redirect to {answer.location or 'nowhere'}; a notification is never followed)"
+                reason += f" (redirect to {_where(answer.location)}; a notification is never followed)"
         return self.outcome(notifier, reason, target)
 
     def outcome(self, notifier: str, reason: str | None, target: str = "") -> str | None:

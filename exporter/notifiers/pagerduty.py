@@ -44,7 +44,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
     summary = first["annotations"].get("summary", event["alertname"])
     if total > 1:
         summary = f"{event['alertname']}: {total} alerts firing: {summary}, {more(1, total)}"
-    severity = first["labels"].get("severity", "warning")
+    severity = first["labels"].get("severity", "warning").lower()
     body["payload"] = {
         "summary": summary[:1024],
         "source": "inference-cost-exporter",

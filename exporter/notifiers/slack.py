@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import SecretStr
-
 from exporter.core import mrkdwn
+from exporter.core.fields import SecretHttpUrl
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, common, more
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 
 class SlackNotifier(NotifierModel):
     type: Literal["slack"]
-    url: SecretStr
+    url: SecretHttpUrl
 
 
 SLACK_ALERTS = 10

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from email.message import EmailMessage
-from email.utils import formatdate
+from email.utils import formatdate, parseaddr
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -114,9 +114,12 @@ def _exchange(
             if type(error) is not smtplib.SMTPException:  # a disconnection, an EHLO refused: told below
                 raise
             raise _Failed("login impossible: the server offers no AUTH method smtplib supports") from None
+    # The envelope has the bare addresses: a display name (`Équipe Ops <ops@example.com>`) belongs in
+    # the To: header, and in the envelope would ask for SMTPUTF8, which many relays do not offer.
+    envelope = {parseaddr(recipient)[1]: recipient for recipient in recipients}
     try:
         # A partial refusal returns: the others have the message, so it must not be sent to them again.
-        refused = smtp.send_message(message, to_addrs=list(recipients))
+        refused = smtp.send_message(message, to_addrs=list(envelope))
     except smtplib.SMTPRecipientsRefused as error:
         codes = sorted(code for code, _ in error.recipients.values())
         transient = [code for code in codes if not 500 <= code < 600]
@@ -131,7 +134,7 @@ def _exchange(
         raise _Failed("the server cannot take non-ASCII addresses (no SMTPUTF8)") from None
     with suppress(OSError, smtplib.SMTPException):  # the message is in: a failed goodbye changes nothing
         smtp.quit()
-    return {address: code for address, (code, _) in refused.items()}
+    return {envelope.get(address, address): code for address, (code, _) in refused.items()}
 
 
 def _reason(error: Exception) -> str:

@@ -20,7 +20,9 @@ class WebhookNotifier(NotifierModel):
     url: HttpUrl
 
     def plain_secrets(self) -> tuple[str, ...]:
-        return (webhook_secret(self.url),)
+        secret = webhook_secret(self.url)
+        path = urlsplit(self.url).path if secret == self.url else ""
+        return (secret, path if len(path) > 1 else "")  # (the path: the token under any scheme or host)
 
 
 def webhook_secret(url: str) -> str:
