@@ -330,6 +330,16 @@ def test_the_commands_know_accounts(
         assert lines
         assert all('account="staging"' in line for line in lines)
         assert not any("ep-prod" in line for line in lines)  # staging's own endpoints only
+        calendar = [line for line in output.read_text().splitlines() if line.startswith("inference_billing_today_info")]
+        assert calendar
+        assert not any("account=" in line for line in calendar)  # the process's own series, as live: no account
+        twice = invoke(
+            monkeypatch, capsys, "backfill", "--config", str(path), "--from", first, "--to", first,
+            "--output", str(tmp_path / "twice.om"), "--account", "staging", "--label", "account=staging",
+        )  # fmt: skip
+        assert twice.returncode == 2
+        assert "account is the exporter's own label with `accounts` (here staging, from --account)" in twice.stderr
+        assert not (tmp_path / "twice.om").exists()
 
         once = invoke(monkeypatch, capsys, "once", "--config", str(path))
         assert once.returncode == 0, once.stderr

@@ -278,6 +278,8 @@ def test_a_month_refused_or_empty_is_left_out_never_zeros(clock: Clock, tmp_path
     [
         ("2026-13", None, "argument --from: '2026-13' is not a month (YYYY-MM)"),
         ("2026-9", None, "argument --from: '2026-9' is not a month (YYYY-MM)"),
+        ("0001-01", None, "argument --from: 0001-01 is before 1970"),
+        ("0000-01", "0000-02", "argument --from: 0000-01 is before 1970"),
         ("2026-09", "26-10", "argument --to: '26-10' is not a month (YYYY-MM)"),
         ("2026-10", "2026-09", "argument --from: 2026-10 is after --to 2026-09"),
         ("2026-12", None, "argument --from: 2026-12 is in the future (this month is 2026-11)"),

@@ -18,6 +18,7 @@ import yaml
 
 from exporter.config.load import validate
 from exporter.core.clock import Clock, first_day, period_at, period_index
+from exporter.model.forecast import month_forecast
 from exporter.replay.backfill import MAX_MONTHS
 from exporter.replay.backtest import backtest, render
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
@@ -201,6 +202,7 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
 
     for args, message in [
         (["--from", "2026-13"], "'2026-13' is not a month (YYYY-MM)"),
+        (["--from", "0001-01"], "0001-01 is before 1970"),
         (["--from", last, "--to", first], f"--from {last} is after --to {first}"),
         (["--from", "2999-01", "--to", "2999-02"], "--from 2999-01 has not begun yet"),
     ]:
@@ -277,3 +279,36 @@ def test_a_backtest_over_more_months_than_backfill_takes_is_refused_before_any_r
         f"inference-cost-exporter: backtest: {count} months from {first} to {current}: at most {MAX_MONTHS} at once"
     ]
     assert result.stdout == ""
+
+
+def test_a_budget_on_the_forecast_is_judged_on_the_forecast_the_daemon_makes(
+    history: Simulator, fake: FakeBilling, clock: Clock
+) -> None:
+    """The month's forecast a `basis: forecast` tier is judged on is the daemon's: the model learnt
+    from the months it holds before (`history_months`), with its interval, as each day began and
+    ended; its tier fires on the first day that forecast reaches the amount."""
+    held = {d: spent(history, d) for d in days_of(dt.date(2026, 7, 1), dt.date(2026, 9, 30))}
+
+    def forecasts(level: float) -> list[tuple[dt.date, Decimal]]:
+        """The daemon's forecast of October on each day, as the day began and as it ended."""
+        october = days_of(dt.date(2026, 10, 1), dt.date(2026, 10, 31))
+        return [
+            (
+                day,
+                month_forecast("2026-10", day, {d: spent(history, d) for d in october if d <= upto}, held, level).point,
+            )
+            for day in october
+            for upto in (day - dt.timedelta(days=1), day)
+        ]
+
+    document = {
+        "billing": fake_billing_section(history) | {"history_months": 3},
+        "budgets": [{"name": "monthly", "amount": "1"}],
+        "alerts": {"rules": [{"alert": "Forecast", "budget": "monthly", "tiers": [1.0], "basis": "forecast"}]},
+    }
+    level = validate(document, {}).forecast.interval
+    amount = dict(forecasts(level))[dt.date(2026, 10, 12)].quantize(Decimal("0.01"))  # reached mid-month, or before
+    document["budgets"] = [{"name": "monthly", "amount": str(amount)}]
+    fired, _ = backtest(validate(document, {}), "2026-10", "2026-10", clock, fake)
+    first = min(day for day, point in forecasts(level) if point >= amount)
+    assert [f.day for f in fired if f.alert.labels["alertname"] == "Forecast"] == [first]

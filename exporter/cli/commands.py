@@ -176,8 +176,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         print(f"inference-cost-exporter backfill: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     ((name, account),) = chosen_accounts(config, args, "backfill")
-    if name:
-        target = (*target, ("account", name))  # as the live series of the account are labelled
+    if name and "account" in dict(target):
+        print(
+            "inference-cost-exporter backfill: error: argument --label: account is the exporter's own label"
+            f" with `accounts` (here {name}, from --account)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     output = Path(args.output)
     with BillingClient.from_config(account.billing, clock) as client:
         try:
@@ -189,6 +194,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 grace_days=account.billing.previous_month_grace_days,
                 history=account.billing.history_months > 0,
                 target=target,
+                account=name,  # as the live series of the account are labelled
                 history_months=account.billing.history_months,
                 level=account.forecast.interval,
             )

@@ -43,7 +43,16 @@ from typing import TextIO
 from prometheus_client.core import Metric
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected
-from exporter.core.clock import PERIOD, Clock, first_day, period_at, period_index, periods_between, previous_period
+from exporter.core.clock import (
+    FIRST_YEAR,
+    PERIOD,
+    Clock,
+    first_day,
+    period_at,
+    period_index,
+    periods_between,
+    previous_period,
+)
 from exporter.core.logs import get_logger
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
 from exporter.model.forecast import DEFAULT_LEVEL, held_days, month_forecast
@@ -119,6 +128,8 @@ def months(first: str, last: str | None, current: str) -> list[str]:
     for option, text in (("--from", first), ("--to", last)):
         if text is not None and not PERIOD.fullmatch(text):
             raise ValueError(f"argument {option}: {text!r} is not a month (YYYY-MM)")
+        if text is not None and int(text[:4]) < FIRST_YEAR:
+            raise ValueError(f"argument {option}: {text} is before {FIRST_YEAR}")
     last = last or current
     for option, text in (("--from", first), ("--to", last)):
         if text > current:
@@ -240,10 +251,19 @@ class _Writer:
     def family(self, family: Metric) -> None:
         self.out.write(f"# TYPE {family.name} {family.type}\n# HELP {family.name} {_escape(family.documentation)}\n")
 
-    def write(self, name: str, labels: Labels, segments: Iterable[tuple[str, int, int]], step: int = STEP) -> None:
+    def write(
+        self,
+        name: str,
+        labels: Labels,
+        segments: Iterable[tuple[str, int, int]],
+        step: int = STEP,
+        target: Labels | None = None,
+    ) -> None:
         """One series: `value` from `since` until `until` for each segment, in time order, a sample
-        every `step` from `since` (the first within [start, end)) and the last `step` before its end."""
-        text = ",".join(f'{key}="{_escape(value)}"' for key, value in (*labels, *self.target))
+        every `step` from `since` (the first within [start, end)) and the last `step` before its end.
+        Its labels are `labels` and `target` (the writer's, unless given)."""
+        added = self.target if target is None else target
+        text = ",".join(f'{key}="{_escape(value)}"' for key, value in (*labels, *added))
         written = 0
         for value, since, until in segments:
             first = since + max(0, -(-(self.start - since) // step)) * step
@@ -312,16 +332,19 @@ def render(
     history: bool,
     before: Mapping[str, dict[dt.date, Decimal]] | None = None,
     target: Labels = (),
+    account: str = "",
     step: int = STEP,
     history_months: int = 3,
     level: float = DEFAULT_LEVEL,
 ) -> tuple[int, int]:
     """Write the months' series over `span` (Unix seconds, [start, end)). `before`: the account's
-    days of the months before the first month, by period; `step`: seconds between a bill series' samples
-    (`CALENDAR_STEP` writes them as a Prometheus scraping every 5 minutes stores them, for
-    queries without `last_over_time`). Returns the number of series and of samples."""
+    days of the months before the first month, by period; `account`: the `account` label of an
+    account of several, on its series (`inference_billing_today_info`, the process's own, has none);
+    `step`: seconds between a bill series' samples (`CALENDAR_STEP` writes them as a Prometheus
+    scraping every 5 minutes stores them, for queries without `last_over_time`). Returns the number
+    of series and of samples."""
     families = _families(calendar.clock)
-    writer = _Writer(out, target, *span)
+    writer = _Writer(out, (*target, *([("account", account)] if account else [])), *span)
     ordered = [months[period] for period in sorted(months)]
     account_days = {**(before or {}), **{m.period: per_day(m.by_item) for m in ordered}}
     for name, key, amounts in (
@@ -346,7 +369,7 @@ def render(
     while calendar.at(day) < span[1]:
         following = day + dt.timedelta(days=1)
         info = (("day", day.isoformat()), ("period", calendar.clock.period(day)))
-        writer.write(TODAY_INFO, info, [("1", calendar.at(day), calendar.at(following))], CALENDAR_STEP)
+        writer.write(TODAY_INFO, info, [("1", calendar.at(day), calendar.at(following))], CALENDAR_STEP, target)
         day = following
     out.write("# EOF\n")
     return writer.series, writer.samples
@@ -395,15 +418,17 @@ def backfill(
     grace_days: int,
     history: bool,
     target: Labels = (),
+    account: str = "",
     history_months: int = 3,
     level: float = DEFAULT_LEVEL,
 ) -> Result:
     """Fetch `periods` (consecutive, oldest first) and write their series to `output`.
 
     `grace_days`, `history` and `history_months` as the exporter's `billing.previous_month_grace_days`,
-    `billing.history_months > 0` and `billing.history_months`. BackfillError when nothing could be
-    written (`output` is then left as it was); OSError when `output` cannot be written,
-    FileExistsError when it is there and is not a regular file (it is left as it is too).
+    `billing.history_months > 0` and `billing.history_months`; `account` as `render` takes it.
+    BackfillError when nothing could be written (`output` is then left as it was); OSError when
+    `output` cannot be written, FileExistsError when it is there and is not a regular file (it is
+    left as it is too).
     """
     calendar = _Calendar(clock, grace_days)
     now = clock.now()
@@ -422,7 +447,7 @@ def backfill(
         count = history_months if history else 1 if grace_days else 0
         before = _months_before(client, periods[0], count) if periods[0] in found else {}
         series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target,
-                                 history_months=history_months, level=level)  # fmt: skip
+                                 account=account, history_months=history_months, level=level)  # fmt: skip
     return Result(
         written=tuple(sorted(found)),
         skipped=tuple(skipped),

@@ -23,7 +23,7 @@ from exporter.alerts.alert import Alert
 from exporter.alerts.engine import Engine, Watched
 from exporter.billing import BillingAPI, BillingClient
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
-from exporter.config.schema import AlertsConfig, BudgetConfig, Config
+from exporter.config.schema import AlertsConfig, BillingConfig, BudgetConfig, Config
 from exporter.core.clock import (
     Clock,
     FrozenClock,
@@ -35,6 +35,7 @@ from exporter.core.clock import (
 )
 from exporter.core.logs import get_logger
 from exporter.model import signals
+from exporter.model.forecast import held_days
 from exporter.model.snapshots import BillsSnapshot, HistorySnapshot, Latest, MonthHistory, per_day
 from exporter.sources.bills import month_bills
 from exporter.sources.history import fetch_month
@@ -110,19 +111,21 @@ def _upto(month: MonthHistory, day: dt.date) -> MonthHistory:
 
 
 def _bills(
-    months: dict[str, MonthHistory], day: dt.date, upto: dt.date, grace_days: int, history: bool
+    months: dict[str, MonthHistory], day: dt.date, upto: dt.date, billing: BillingConfig, interval: float
 ) -> BillsSnapshot:
-    """What the bills source would have held on `day` with the days up to `upto` billed: the
-    previous month during the grace days, its days in the forecast's trailing week only where the
-    daemon would have held them (then, or from its history)."""
+    """What the bills source would have held on `day` with the days up to `upto` billed, as
+    `BillsSource.refresh` makes it: the previous month during the grace days, and the forecast
+    (with its interval) learnt from the days the daemon would have held before the month (the
+    history's months, and the previous month in the grace days)."""
     period = f"{day:%Y-%m}"
     current = _upto(months[period], upto) if period in months else MonthHistory(period, (), (), day)
     previous = previous_period(period)
-    in_grace = day.day <= grace_days
+    in_grace = day.day <= billing.previous_month_grace_days
     shown = [current] + ([months[previous]] if in_grace and previous in months else [])
-    before = per_day(months[previous].by_item) if previous in months and (in_grace or history) else None
+    held = [*periods_before(period, billing.history_months), *([previous] if in_grace else [])]
+    before = held_days({p: per_day(months[p].by_item) for p in held if p in months})
     snapshot = [
-        month_bills(month.period, day, month.by_endpoint, month.by_item, before if index == 0 else None)
+        month_bills(month.period, day, month.by_endpoint, month.by_item, None, before if index == 0 else {}, interval)
         for index, month in enumerate(shown)
     ]
     return BillsSnapshot(tuple(snapshot), day)
@@ -178,7 +181,7 @@ def replay(
                     _upto(months[period], upto) if period in months else None,
                     as_of=day,
                 )
-                latest.bills = _bills(months, day, upto, config.billing.previous_month_grace_days, history)
+                latest.bills = _bills(months, day, upto, config.billing, config.forecast.interval)
                 instant = dt.datetime.combine(day, dt.time(), config.billing.zone) + dt.timedelta(seconds=seconds)
                 frozen.set(instant)
                 latest.record("bills", success=True, at=instant.timestamp(), duration=0.0)

@@ -169,7 +169,7 @@ def render(rows: Sequence[Forecasted], form: str) -> str:
         )
     overall = errors(rows)
     if overall is None:
-        lines.append("no month in range has ended: nothing to measure")
+        lines.append("nothing to measure: no month in range has ended with its bills listed (the notes say why)")
     else:
         level = rows[0].model.level
         periods = sorted({r.period for r in rows})
