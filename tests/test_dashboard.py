@@ -280,3 +280,23 @@ def test_a_variable_without_its_properties_fails(breaking: Callable[[dict[str, A
     dashboard = copy.deepcopy(load())
     breaking(dashboard)
     assert any(problem in found for found in variable_problems(dashboard)), variable_problems(dashboard)
+
+
+def test_the_usage_counters_are_read_over_several_refreshes() -> None:
+    """The usage counters move once each `usage_interval`: a rate over less than a few of them (as
+    `$__rate_interval` is, at a 30 s scrape) reads 0 between refreshes and a refresh's whole step
+    at once."""
+    from exporter.config.schema import BillingConfig
+
+    refresh = BillingConfig.model_fields["usage_interval"].default
+    seconds = {"s": 1, "m": 60, "h": 3600}
+    windows = [
+        (title, window)
+        for title, target in targets(load())
+        if "inference_usage_" in target["expr"]
+        for window in re.findall(r"inference_usage_\w+_total\{[^}]*\}\[([^\]]+)\]", target["expr"])
+    ]
+    assert len(windows) >= 3  # the tokens (prompt and completion) and the requests
+    for title, window in windows:
+        assert re.fullmatch(r"\d+[smh]", window), f"{title}: {window}"
+        assert int(window[:-1]) * seconds[window[-1]] >= 3 * refresh, f"{title}: {window}"

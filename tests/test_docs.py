@@ -46,6 +46,7 @@ def reference(exposition: bytes) -> str:
         if family.name.endswith("_created"):
             continue  # counters' start times, written beside them
         name = f"{family.name}_total" if family.type == "counter" else family.name
+        assert family.samples, f"{name} has no sample in the full exposition: its labels would go unlisted"
         labels = ", ".join(sorted({label for s in family.samples for label in s.labels} - {"le"}))
         labels = LABELS_FROM_RULES.get(name, labels)
         rows.append(f"| `{name}` | {family.type} | {labels} | {family.documentation} |")

@@ -57,7 +57,8 @@ def full_latest(sim: Simulator, clock: Clock, frozen: FrozenClock) -> tuple[Conf
         {
             "billing": fake_billing_section(sim),
             "prices": [{"model": "model-a", "prompt_per_million": "4", "completion_per_million": "16"}],
-            "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"}],
+            "budgets": [{"name": "monthly", "amount": "20000"}, {"name": "daily", "amount": "600", "period": "day"},
+                        {"name": "spent", "amount": "1"}],  # (crossed: its crossing day has a sample)
             "inference": {"url": NOWHERE, "api_key": sim.api_key},
             "probes": [{"name": "chat-prod", "model": sim.endpoints[0].endpoint_id, "scenario": "thinking"}],
             "alerts": {

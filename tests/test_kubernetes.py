@@ -364,6 +364,28 @@ def test_the_commented_secret_generator_makes_the_secret_the_pod_reads(tmp_path:
     assert schema_problems(objects) == []
 
 
+@pytest.mark.integration  # kubectl
+def test_your_own_config_replaces_the_shipped_one_from_a_component_listed_last(tmp_path: Path) -> None:
+    """As docs/kubernetes.md says, with the example's components (the prometheusrule one included, which
+    brings a config of its own): a component of yours, listed last, holding your config."""
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, tree)
+    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    component = next(block for block in blocks if block.startswith("# my-config/kustomization.yaml"))
+    mine = tree / "example" / "my-config"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(component)
+    shipped = (BASE / "config.yaml").read_text()
+    own = shipped.replace("https://openapi.example.com", "https://mine.example.com")
+    assert own != shipped
+    (mine / "config.yaml").write_text(own)
+    overlay = tree / "example" / "kustomization.yaml"
+    listed = "  - ../components/networkpolicy\n"
+    assert listed in overlay.read_text()
+    overlay.write_text(overlay.read_text().replace(listed, listed + "  - my-config\n"))
+    assert config_text(render(tree / "example")) == own
+
+
 # --- the components -----------------------------------------------------------------------------
 
 

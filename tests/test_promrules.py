@@ -66,8 +66,10 @@ def test_every_signal_becomes_a_rule_promtool_accepts(tmp_path: Path) -> None:
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert all("2026" not in rule["expr"] for rule in rules)  # no date or month baked in
     tokens = next(rule for rule in rules if rule["alert"] == "Tokens")
-    assert tokens["expr"] == 'sum(inference_usage_prompt_tokens_total{model="we\\"ird\\\\name"}) + ' + (
-        'sum(inference_usage_completion_tokens_total{model="we\\"ird\\\\name"}) > 1000000'
+    assert tokens[
+        "expr"
+    ] == 'sum by (job, instance) (inference_usage_prompt_tokens_total{model="we\\"ird\\\\name"}) + ' + (
+        'sum by (job, instance) (inference_usage_completion_tokens_total{model="we\\"ird\\\\name"}) > 1000000'
     )
 
 
@@ -124,6 +126,38 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
     result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_exporters_one_prometheus_scrapes_are_each_judged_on_their_own_figures(tmp_path: Path) -> None:
+    """Two exporters (two accounts' each, or the two replicas of one), each 30 spent today on endpoint a:
+    no alert over 50, where their sum would fire; a third's 60 fires, labelled with its instance."""
+    promtool = require_binary("promtool")
+    path, _ = generated(tmp_path)
+    labels = 'product="PRODUCT_INFERENCE_ENDPOINT",project_id="p",period="2026-11",day="2026-11-22"'
+
+    def exporter(instance: str, spent: int) -> list[dict[str, str]]:
+        target = f'job="cost",instance="{instance}"'
+        return [
+            {"series": f'inference_billing_today_info{{{target},day="2026-11-22",period="2026-11"}}', "values": "1x10"},
+            {"series": f'inference_bill_endpoint_daily_payable_amount{{{target},endpoint_id="a",{labels}}}',
+             "values": f"{spent}x10"},
+        ]  # fmt: skip
+
+    expected = {"severity": "warning", "endpoint_id": "a", "job": "cost", "instance": "c:9877"}
+    tests = {
+        "rule_files": [path.name],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [*exporter("a:9877", 30), *exporter("b:9877", 30), *exporter("c:9877", 60)],
+            "alert_rule_test": [{"eval_time": "6m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
+                {"exp_labels": expected, "exp_annotations": {"summary": "a spent 60 today (over 50)"}}]}],
+        }],
+    }  # fmt: skip
+    test_file = tmp_path / "rules_test.yml"
+    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_rules_over_several_accounts_select_and_group_as_the_exporter_does(tmp_path: Path) -> None:

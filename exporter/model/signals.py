@@ -131,8 +131,20 @@ def _matchers(where: Where) -> str:
     return "{" + ",".join(_matcher(name, value) for name, value in sorted(where.items())) + "}"
 
 
+TARGET = ("job", "instance")
+"""The labels Prometheus gives each exporter it scrapes: every expression keeps them apart, so that
+exporters scraped by one Prometheus (an account's each, or the two replicas of one) are judged
+each on its own figures, never added up."""
+_ON_TARGET = ", ".join(TARGET)
+
+
 def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
-    return f"{op} by ({', '.join(by)}) ({expression})" if by else f"{op}({expression})"
+    return f"{op} by ({', '.join((*TARGET, *by))}) ({expression})"
+
+
+def _today(on: str) -> str:
+    """`and` the day's (`on="day"`) or the month's (`"period"`) series of each exporter."""
+    return f"and on({_ON_TARGET}, {on}) {TODAY}"
 
 
 def _metric(name: str, op: str = "sum") -> Callable[[ThresholdRule], str]:
@@ -213,12 +225,12 @@ def spend_promql(rule: ThresholdRule) -> str:
     metric = f"inference_bill_{'endpoint' if _bill_key(rule) == 'endpoint_id' else 'item'}_daily_payable_amount"
     selector = _matchers(rule.where)
     if rule.window == "today":
-        return _aggregate(f"{metric}{selector} and on(day) {TODAY}", rule.by)
+        return _aggregate(f"{metric}{selector} {_today('day')}", rule.by)
     if rule.window == "month":
-        return _aggregate(f"{metric}{selector} and on(period) {TODAY}", rule.by)
+        return _aggregate(f"{metric}{selector} {_today('period')}", rule.by)
     if rule.by or rule.where:
         raise NotExpressible("a per-group month forecast is computed by the exporter only")
-    return f"sum(inference_bill_month_forecast_payable_amount and on(period) {TODAY})"
+    return _aggregate(f"inference_bill_month_forecast_payable_amount {_today('period')}", ())
 
 
 # --- usage ----------------------------------------------------------------------------------
