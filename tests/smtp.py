@@ -112,19 +112,23 @@ def start_smtp(ca: trustme.CA, mailbox: Mailbox) -> Iterator[Start]:
     """Starts an SMTP server on 127.0.0.1 (on `port`, or a free one) that requires STARTTLS (with a
     certificate for 127.0.0.1 by the test CA, unless `tls` says otherwise: None for no TLS at all)
     and accepts one login, only over TLS; offers SMTPUTF8 unless `smtputf8` is False (as many relays
-    do not); stops them all afterwards."""
+    do not); with `implicit`, speaks TLS from the first byte instead of STARTTLS (SMTPS, as on port
+    465); stops them all afterwards."""
     started: list[Controller] = []
     default_tls = server_tls(ca, "127.0.0.1")
 
     def start(
-        port: int | None = None, tls: ssl.SSLContext | str | None = "default", smtputf8: bool = True
-    ) -> Controller:
+        port: int | None = None, tls: ssl.SSLContext | str | None = "default", smtputf8: bool = True,
+        implicit: bool = False,
+    ) -> Controller:  # fmt: skip
         context = default_tls if tls == "default" else tls
         assert not isinstance(context, str)
+        starttls = None if implicit else context
         controller = Controller(
             mailbox, hostname="127.0.0.1", port=port or free_port(), server_hostname="smtp.test",
-            ready_timeout=30, tls_context=context, require_starttls=context is not None,
-            auth_require_tls=True, authenticator=mailbox.authenticate, enable_SMTPUTF8=smtputf8,
+            ready_timeout=30, tls_context=starttls, require_starttls=starttls is not None,
+            ssl_context=context if implicit else None,
+            auth_require_tls=not implicit, authenticator=mailbox.authenticate, enable_SMTPUTF8=smtputf8,
         )  # fmt: skip
         controller.start()
         started.append(controller)

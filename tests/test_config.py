@@ -108,7 +108,8 @@ def test_config_is_frozen() -> None:
         ({"billing": BILLING, "alerts": {"notifiers": [
             {"name": "mail", "type": "email", "smtp": "smtp.example.com:25", "from": "e@example.com",
              "to": ["o@example.com"], "username": "u", "password": "${P}", "starttls": False}]}},
-         "alerts.notifiers[0]: a login needs `starttls: true` (the password would cross the network in clear)"),
+         "alerts.notifiers[0]: a login needs `starttls: true`, or port 465 (the password would cross the network"
+         " in clear)"),
         ({"billing": BILLING, "digest": {"at": "9:00", "notifiers": ["hook"]},
           "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": "http://r/h"}]}},
          "digest.at: '9:00' is not a time of day as HH:MM (00:00 to 23:59)"),
@@ -454,3 +455,11 @@ def test_a_hooks_webhook_s_token_is_masked_as_its_path_too() -> None:
     assert "/catch/123/T0KEN" in secrets
     assert "token=T0KEN2" in secrets
     assert "/alerts" not in secrets  # a receiver's own path is no secret
+
+
+def test_a_login_on_port_465_needs_no_starttls() -> None:
+    """Port 465 is TLS from the first byte: the password never crosses in clear there."""
+    notifier = {"name": "mail", "type": "email", "smtp": "smtp.example.com:465", "from": "e@example.com",
+                "to": ["ops@example.com"], "username": "u", "password": "p", "starttls": False}  # fmt: skip
+    config = validate({"billing": BILLING, "alerts": {"notifiers": [notifier]}}, {"SECRET": "s"})
+    assert config.alerts.notifiers[0].implicit_tls  # type: ignore[union-attr]

@@ -440,6 +440,26 @@ def test_a_recipient_refused_for_now_gets_the_message_later_and_the_others_only_
 
 
 @pytest.mark.integration
+def test_on_port_465_tls_comes_first_and_the_login_and_message_go_over_it(
+    start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """SMTPS: the handshake before the greeting, no STARTTLS. The test server cannot take port 465:
+    the port that means it is the server's, here."""
+    server = start_smtp(implicit=True)
+    monkeypatch.setattr(email, "IMPLICIT_TLS_PORT", server.port)
+    dispatcher = dispatcher_for(notifier(server.port, ca_file=ca_file), alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    assert dispatcher.deliver() == 1  # (this server speaks TLS alone: a delivery is one over TLS)
+    assert [m.login for m in mailbox.messages] == [USER]
+    assert dispatcher.failed == {"mail": 0}
+    system_cas = notifier(server.port)  # not the test's CA: the handshake itself fails
+    assert smtp.send(system_cas, "s", "t", "<p>h</p>", message_id="<a@b>", deadline=10).reason == (
+        "TLS: certificate verify failed (unable to get local issuer certificate)"
+    )
+
+
+@pytest.mark.integration
 def test_display_names_stay_in_the_header_and_the_envelope_has_the_bare_addresses(
     start_smtp: Start, mailbox: Mailbox, ca_file: str, alert_store: AlertStore, clock: Clock, frozen: FrozenClock,
 ) -> None:  # fmt: skip

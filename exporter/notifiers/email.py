@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from exporter.state import OutboxEntry
 
 
+IMPLICIT_TLS_PORT = 465
+"""SMTP over TLS from the first byte (RFC 8314's submissions), as Alertmanager takes this port too:
+the handshake before the greeting, no STARTTLS."""
+
+
 def _email_address(value: str) -> str:
     """`someone@example.com` or `Someone <someone@example.com>`."""
     _, address = parseaddr(value)
@@ -58,7 +63,8 @@ class EmailNotifier(NotifierModel):
     username: Text | None = None
     password: SecretStr | None = None
     starttls: bool = True
-    """Upgrade the connection with STARTTLS (the server's certificate is verified) before anything is sent."""
+    """Upgrade the connection with STARTTLS (the server's certificate is verified) before anything is
+    sent. On port 465 the connection is TLS from the start, whatever this says."""
     ca_file: Text | None = None
     """CA certificates (PEM) to verify the server with, instead of the system's."""
 
@@ -66,8 +72,10 @@ class EmailNotifier(NotifierModel):
     def _login(self) -> EmailNotifier:
         if (self.username is None) != (self.password is None):
             raise ValueError("`username` and `password` go together")
-        if self.username is not None and not self.starttls:
-            raise ValueError("a login needs `starttls: true` (the password would cross the network in clear)")
+        if self.username is not None and not self.starttls and not self.implicit_tls:
+            raise ValueError(
+                "a login needs `starttls: true`, or port 465 (the password would cross the network in clear)"
+            )
         if self.ca_file is not None and not Path(self.ca_file).is_file():
             raise ValueError(f"ca_file {self.ca_file!r} does not exist")
         return self
@@ -79,6 +87,11 @@ class EmailNotifier(NotifierModel):
     @property
     def port(self) -> int:
         return int(self.smtp.rpartition(":")[2])
+
+    @property
+    def implicit_tls(self) -> bool:
+        """TLS from the first byte, no STARTTLS: on IMPLICIT_TLS_PORT."""
+        return self.port == IMPLICIT_TLS_PORT
 
 
 log = get_logger(__name__)

@@ -1,14 +1,15 @@
 """Sending one email over SMTP under one deadline (the `email` kind's transport).
 
 `send` makes one SMTP exchange (connect, EHLO, STARTTLS with the server's certificate verified,
-login, the message, QUIT) under one `Deadline`, which shuts the connection down when it passes,
-whatever the exchange is waiting for (the greeting, a reply, the TLS handshake), since a socket's
-timeout bounds each read, not a server that answers one line every few seconds. (A host name
-that takes long to resolve is the one wait this cannot cut, as for the HTTP notifiers.) It never
-raises for a network, TLS or SMTP fault: it returns a short reason, which names no credential
-and nothing of the message. A reason that starts with `SMTP 5` is the server refusing this
-message (its sender, its recipients or its content) for good; every other one (4xx, a refused
-login, a missing STARTTLS, a certificate, the network, the deadline) is worth retrying.
+or TLS from the start on port 465, login, the message, QUIT) under one `Deadline`, which shuts
+the connection down when it passes, whatever the exchange is waiting for (the greeting, a reply,
+the TLS handshake), since a socket's timeout bounds each read, not a server that answers one line
+every few seconds. (A host name that takes long to resolve is the one wait this cannot cut, as for
+the HTTP notifiers.) It never raises for a network, TLS or SMTP fault: it returns a short reason,
+which names no credential and nothing of the message. A reason that starts with `SMTP 5` is the
+server refusing this message (its sender, its recipients or its content) for good; every other
+one (4xx, a refused login, a missing STARTTLS, a certificate, the network, the deadline) is worth
+retrying.
 """
 
 from __future__ import annotations
@@ -57,16 +58,31 @@ def _local_hostname() -> str:
     return socket.getfqdn()
 
 
+def _context(notifier: EmailNotifier) -> ssl.SSLContext:
+    """Verifies the server's certificate and name, against `ca_file` or the system's CAs."""
+    try:
+        return ssl.create_default_context(cafile=notifier.ca_file)
+    except (OSError, ValueError) as error:
+        raise _Failed(f"TLS: cannot load ca_file ({type(error).__name__})") from None
+
+
 class _Client(smtplib.SMTP):
     """smtplib's client (it connects and reads the greeting as it is made), its connection
-    watched by the deadline as soon as there is one."""
+    watched by the deadline as soon as there is one; with `tls`, TLS from the first byte (the
+    handshake done once the TLS socket is watched, so the deadline can cut it)."""
 
-    def __init__(self, timer: Deadline, host: str, port: int, timeout: float) -> None:
+    def __init__(self, timer: Deadline, host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> None:
         self._timer = timer
+        self._tls = tls
         super().__init__(host, port, local_hostname=_local_hostname(), timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        return self._timer.watch(socket.create_connection((host, port), timeout, self.source_address))
+        plain = self._timer.watch(socket.create_connection((host, port), timeout, self.source_address))
+        if self._tls is None:
+            return plain
+        tls = self._timer.watch(self._tls.wrap_socket(plain, server_hostname=host, do_handshake_on_connect=False))
+        tls.do_handshake()
+        return tls
 
 
 class _Failed(Exception):
@@ -83,13 +99,10 @@ def _exchange(
     """The exchange; the recipients the server refused while it took the message for others, with
     the SMTP code of each."""
     smtp.ehlo_or_helo_if_needed()
-    if notifier.starttls:
+    if notifier.starttls and not notifier.implicit_tls:
         if not smtp.has_extn("starttls"):
             raise _Failed("STARTTLS required but the server does not offer it (nothing was sent)")
-        try:  # verifies the server's certificate and name, against `ca_file` or the system's CAs
-            context = ssl.create_default_context(cafile=notifier.ca_file)
-        except (OSError, ValueError) as error:
-            raise _Failed(f"TLS: cannot load ca_file ({type(error).__name__})") from None
+        context = _context(notifier)
         if smtp.sock is not None:
             # The handshake cannot be cut (the plain socket is handed over to TLS before it starts),
             # but a TLS socket's timeout bounds the whole handshake, not each read: the time left.
@@ -185,7 +198,8 @@ def send(
     smtp = None
     try:
         message = build(notifier, subject, text, html, message_id)
-        smtp = _Client(timer, notifier.host, notifier.port, deadline)
+        tls = _context(notifier) if notifier.implicit_tls else None
+        smtp = _Client(timer, notifier.host, notifier.port, deadline, tls)
         refused = _exchange(smtp, notifier, message, timer, recipients or notifier.to)
     except (_Failed, OSError, smtplib.SMTPException, ValueError) as error:
         if timer.passed:  # cut, or a timeout set to the time left (the handshake's)
