@@ -32,7 +32,7 @@ def test_bills_fetch_every_page_and_sum_exactly(sim: Simulator, client: BillingC
     sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(10))
     records = client.bills("2026-11", GROUP_TERM_INSTANCE)
     assert len(records) == 22 * 10  # three pages of 100
-    assert sim.requests_served["/api/v1/bills/details"] == 3
+    assert sim.requests_served["/api/v1/bills/details"] == 4  # and page 1 again: the list held still
     totals = sim.bill_totals("2026-11")
     for endpoint in sim.endpoints:
         got = sum(r.payable_amount for r in records if r.instance_id == endpoint.endpoint_id)
@@ -41,6 +41,40 @@ def test_bills_fetch_every_page_and_sum_exactly(sim: Simulator, client: BillingC
     assert sum(r.payable_amount for r in items) == totals["total"]
     assert all(isinstance(r.payable_amount, Decimal) for r in items)
     assert {r.day.isoformat() for r in items} == {f"2026-11-{d:02d}" for d in range(1, 23)}
+
+
+def test_bills_that_change_while_they_are_read_are_read_again(sim: Simulator, client: BillingClient) -> None:
+    """A new endpoint's first bills arrive between page 1 and page 2: a row in every day, so the rows
+    after it move a page on, and page 2 repeats rows page 1 had while others are never read, all
+    adding up to the new `total`. The read sees the list moved and reads it again."""
+    sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(6))  # 132 rows: 2 pages
+    new = Endpoint("ep-new", "model-a", "proj-main")
+
+    def arrives(page_num: int) -> None:
+        if page_num == 2 and new not in sim.endpoints:
+            sim.endpoints = (new, *sim.endpoints)
+
+    sim.before_bills_page = arrives
+    records = client.bills("2026-11", GROUP_TERM_INSTANCE)
+    assert len(records) == len(set(records)) == 22 * 7
+    totals = sim.bill_totals("2026-11")
+    for endpoint in sim.endpoints:
+        assert (
+            sum(r.payable_amount for r in records if r.instance_id == endpoint.endpoint_id)
+            == totals[endpoint.endpoint_id]
+        )
+
+
+def test_bills_that_never_hold_still_fail_the_read(sim: Simulator, client: BillingClient) -> None:
+    sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(6))
+
+    def another(page_num: int) -> None:
+        if page_num == 2:
+            sim.endpoints = (Endpoint(f"ep-new-{len(sim.endpoints)}", "model-a", "proj-main"), *sim.endpoints)
+
+    sim.before_bills_page = another
+    with pytest.raises(RecordError, match="the list changed while it was read, 3 times running"):
+        client.bills("2026-11", GROUP_TERM_INSTANCE)
 
 
 def test_usage_pages_until_a_short_page(sim: Simulator, client: BillingClient) -> None:
@@ -207,7 +241,7 @@ def test_malformed_json_and_bad_records_name_the_problem(sim: Simulator, client:
 
 
 def test_total_disagreeing_with_the_pages_is_an_error(sim: Simulator, client: BillingClient) -> None:
-    sim.inject(Fault("total_mismatch"))
+    sim.inject(Fault("total_mismatch", times=100))  # every answer: one more than the list holds
     with pytest.raises(RecordError, match="`total` says 67"):
         client.bills("2026-11", GROUP_TERM_ITEM)
 

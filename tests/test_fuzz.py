@@ -6,10 +6,11 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.billing import BillingError, parse_bill, parse_envelope, parse_usage
+from exporter.billing import BillingError, SignatureRejected, parse_bill, parse_envelope, parse_usage
 from exporter.billing.signing import new_nonce, sign_request
 from exporter.config.load import ConfigError, load, validate
 from exporter.config.schema import Config
@@ -64,6 +65,16 @@ def test_envelope_parser_raises_only_billing_errors(status: int, body: bytes) ->
         assert isinstance(parse_envelope(status, body, "GET /x"), dict)
     except BillingError as error:
         assert str(error).startswith("GET /x")
+        assert isinstance(error, SignatureRejected) == (status in (401, 403))  # whatever the body
+
+
+@pytest.mark.parametrize("body", [b"<html>401 Unauthorized</html>", b"", b'{"error": "unauthorized"}', b'"no"'])
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_401_or_403_is_a_refused_signature_whatever_its_body(status: int, body: bytes) -> None:
+    """A gateway's or a proxy's page in place of the API's envelope: still a refused signature, which
+    the client answers by signing with the server's clock."""
+    with pytest.raises(SignatureRejected, match=f"^GET /x: signature rejected \\(HTTP {status}"):
+        parse_envelope(status, body, "GET /x")
 
 
 @FUZZ

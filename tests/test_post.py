@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 import threading
 import time
@@ -52,3 +53,13 @@ def test_credentials_in_the_url_are_sent_as_basic_auth(receiver: Receiver) -> No
     (received,) = receiver.received
     assert received["headers"]["Authorization"] == "Basic aG9vay11c2VyOnM6Y3JldA=="  # hook-user:s:cret
     assert received["body"] == {"x": 1}
+
+
+def test_a_proxy_whose_port_is_out_of_range_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment's proxy is not checked with the config: its address, wrong, is an HTTP error
+    naming whose port it is, and no address (it may hold a password)."""
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://user:pw@proxy.example:99999")
+    with pytest.raises(http.client.InvalidURL, match=r"^the proxy's port is not a number from 1 to 65535$"):
+        post_json("http://receiver.example/hook", {"x": 1}, deadline=5, headers={})

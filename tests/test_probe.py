@@ -484,3 +484,6 @@ def test_an_api_key_an_endpoint_echoes_is_masked_where_its_message_is_cut(before
     assert key[:6] not in detail
     assert ("***" in detail) == (before != 106)
     assert without("sk-s, a name", key) == "sk-s, a name"  # shorter than six: no key to mask
+    for short in ("", "k", "key"):  # (as the log's masks: too short to mask without masking words)
+        assert without("no token after 3.5s", short) == "no token after 3.5s"
+    assert without("no token after 3.5s", "token") == "no *** after 3.5s"

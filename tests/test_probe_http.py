@@ -4,10 +4,12 @@ connection, a dripping server, an endless answer cut off. The logic is in test_p
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -18,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import trustme
 
 from exporter.sim import Fault, Simulator, SimulatorServer
 from exporter.sources.probe import ProbeRunner, answer_cap, unusable
@@ -200,6 +203,19 @@ def test_the_api_key_never_reaches_the_log(
     assert "probe failed" in caplog.text
     assert sim.api_key not in caplog.text
     assert "sk-live-very-secret" not in caplog.text
+
+
+def test_the_api_key_is_sent_even_where_a_netrc_names_the_host(
+    sim: Simulator, server: SimulatorServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """requests sends a `.netrc` entry's user and password to a host the request has no authentication
+    for: the key must be the request's own, or the endpoint gets someone's password and no key."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1\nlogin someone\npassword hunter2\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    sim.time_to_first_token = 0.05
+    assert_passed(runner(sim, server).run(), {"http", "content", "usage"}, stream=True)
 
 
 @pytest.mark.parametrize("written", ["", "/", "/v1", "/v1/"], ids=["base", "base/", "base/v1", "base/v1/"])
@@ -486,3 +502,40 @@ def test_an_endless_answer_fails_the_run_at_the_cap_and_is_cut_off(framing: str,
         probe_runner.close()
     assert_failed_once(snapshot, "answer_too_large")
     assert server.sent <= bound
+
+
+def test_connecting_counts_toward_the_whole_request_s_deadline(
+    ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TLS server that starts its handshake 1.2 s after the connection, then never answers: the run
+    ends at its 2 s deadline, the handshake's time included (not 2 s after the handshake)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def late(connection: socket.socket) -> None:
+        time.sleep(1.2)
+        with contextlib.suppress(OSError):
+            tls = context.wrap_socket(connection, server_side=True)
+            held.append(tls)
+            tls.recv(65536)  # the request, never answered
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=late, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}"
+        for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
+            last = runner_for(url, stream=stream, timeout="2s").run().last
+            assert last.reason == reason
+            assert last.duration < 3  # (after the handshake, a whole 2 s more: 3.2)
+    finally:
+        listener.close()
+        for tls in held:
+            tls.close()

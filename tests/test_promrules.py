@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -66,11 +67,12 @@ def test_every_signal_becomes_a_rule_promtool_accepts(tmp_path: Path) -> None:
     rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
     assert all("2026" not in rule["expr"] for rule in rules)  # no date or month baked in
     tokens = next(rule for rule in rules if rule["alert"] == "Tokens")
-    assert tokens[
-        "expr"
-    ] == 'sum by (job, instance) (inference_usage_prompt_tokens_total{model="we\\"ird\\\\name"}) + ' + (
-        'sum by (job, instance) (inference_usage_completion_tokens_total{model="we\\"ird\\\\name"}) > 1000000'
+    weird = '{model="we\\"ird\\\\name"}'
+    prompt, completion = (
+        f"max without (instance) (sum by (job, instance) (inference_usage_{kind}_tokens_total{weird}))"
+        for kind in ("prompt", "completion")
     )
+    assert tokens["expr"] == f"{prompt} + {completion} > 1000000"
 
 
 def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
@@ -128,30 +130,44 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
     assert "SUCCESS" in result.stdout
 
 
-def test_exporters_one_prometheus_scrapes_are_each_judged_on_their_own_figures(tmp_path: Path) -> None:
-    """Two exporters (two accounts' each, or the two replicas of one), each 30 spent today on endpoint a:
-    no alert over 50, where their sum would fire; a third's 60 fires, labelled with its instance."""
+def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path: Path) -> None:
+    """Three jobs in one Prometheus: two replicas of one exporter (each 60 spent today on endpoint a,
+    over 50: one alert, without `instance`); two exporters of another job each 30 (never added up
+    into 60); and an exporter whose pod restarted at another address at 20m (the same alert goes on
+    firing, its `for` not started again)."""
     promtool = require_binary("promtool")
     path, _ = generated(tmp_path)
     labels = 'product="PRODUCT_INFERENCE_ENDPOINT",project_id="p",period="2026-11",day="2026-11-22"'
 
-    def exporter(instance: str, spent: int) -> list[dict[str, str]]:
-        target = f'job="cost",instance="{instance}"'
+    def exporter(job: str, instance: str, values: str) -> list[dict[str, str]]:
+        target = f'job="{job}",instance="{instance}"'
         return [
-            {"series": f'inference_billing_today_info{{{target},day="2026-11-22",period="2026-11"}}', "values": "1x10"},
+            {"series": f'inference_billing_today_info{{{target},day="2026-11-22",period="2026-11"}}',
+             "values": re.sub(r"(?<![x\d])\d+", "1", values)},  # (present while the bill is)
             {"series": f'inference_bill_endpoint_daily_payable_amount{{{target},endpoint_id="a",{labels}}}',
-             "values": f"{spent}x10"},
+             "values": values},
         ]  # fmt: skip
 
-    expected = {"severity": "warning", "endpoint_id": "a", "job": "cost", "instance": "c:9877"}
+    def firing(job: str) -> dict[str, object]:
+        return {"exp_labels": {"severity": "warning", "endpoint_id": "a", "job": job},
+                "exp_annotations": {"summary": "a spent 60 today (over 50)"}}  # fmt: skip
+
     tests = {
         "rule_files": [path.name],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
-            "input_series": [*exporter("a:9877", 30), *exporter("b:9877", 30), *exporter("c:9877", 60)],
-            "alert_rule_test": [{"eval_time": "6m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
-                {"exp_labels": expected, "exp_annotations": {"summary": "a spent 60 today (over 50)"}}]}],
+            "input_series": [
+                *exporter("replicas", "r1:9877", "60x30"), *exporter("replicas", "r2:9877", "60x30"),
+                *exporter("apart", "a1:9877", "30x30"), *exporter("apart", "a2:9877", "30x30"),
+                *exporter("restarted", "10.0.0.1:9877", "60x19"), *exporter("restarted", "10.0.0.2:9877", "_x20 60x10"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "EndpointDailySpendHigh",
+                 "exp_alerts": [firing("replicas"), firing("restarted")]},
+                {"eval_time": "27m", "alertname": "EndpointDailySpendHigh",
+                 "exp_alerts": [firing("replicas"), firing("restarted")]},  # (10.0.0.1's samples gone since 24m)
+            ],
         }],
     }  # fmt: skip
     test_file = tmp_path / "rules_test.yml"

@@ -34,6 +34,8 @@ GROUP_PERIOD_DAILY = "GROUP_PERIOD_DAILY"
 GROUP_TERM_INSTANCE = "GROUP_TERM_INSTANCE"
 GROUP_TERM_ITEM = "GROUP_TERM_ITEM"
 BILLS_PAGE_SIZE = 100
+LISTING_READS = 3
+"""Reads of a month's bills in several pages before one that held still is given up on."""
 MAX_USAGE_PAGE_SIZE = 500
 MAX_TOTAL = 10**10
 """A `total` beyond this is refused: it would mean reading more pages than any day holds."""
@@ -191,15 +193,29 @@ class Listings(abc.ABC):
             bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
             return bills, _total(data.get("total"), what)
 
-        bills: list[BillRecord] = []
-        total = 0
-        pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
-        for _, records, page_total in pages:
-            total = max(total, page_total)
-            bills.extend(records)
-        if len(bills) != total:
-            raise RecordError(f"{what}: pages held {counted(len(bills), 'record')}, `total` says {total}")
-        return bills
+        for _ in range(LISTING_READS):
+            bills: list[BillRecord] = []
+            first: tuple[BillRecord, ...] = ()
+            totals = set()
+            pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
+            for page_num, records, page_total in pages:
+                first = records if page_num == 1 else first
+                totals.add(page_total)
+                bills.extend(records)
+            # Read in several pages, the list must have held still: rows that came or went meanwhile
+            # (a new day's or a new endpoint's at its head) move the others from page to page, and a
+            # row read twice with another missed still adds up to `total`. Page 1 again tells.
+            if len(totals) == 1 and (len(bills) <= len(first) or self._first_again(fetch, len(first)) == first):
+                (total,) = totals
+                if len(bills) != total:
+                    raise RecordError(f"{what}: pages held {counted(len(bills), 'record')}, `total` says {total}")
+                return bills
+            log.info("the bills changed while they were read; reading them again", listing=what)
+        raise RecordError(f"{what}: the list changed while it was read, {LISTING_READS} times running")
+
+    def _first_again(self, fetch: Callable[[int, int], tuple[tuple[R, ...], int]], size: int) -> tuple[R, ...]:
+        """Page 1 read again, at the `size` its pages were read at."""
+        return self._one(lambda page_num: fetch(page_num, size), 1)[0]
 
     def _usage_fetch(self, day: dt.date) -> Callable[[int, int], tuple[tuple[UsageRecord, ...], int]]:
         what = f"usage {day.isoformat()}"

@@ -200,14 +200,23 @@ def decode_usage_page(body: bytes) -> tuple[tuple[UsageRecord, ...], object, obj
     return tuple(data.records or ()), data.total, data.date
 
 
+def _rejected_without_envelope(status: int, what: str) -> SignatureRejected:
+    return SignatureRejected(f"{what}: signature rejected (HTTP {status})", status=status, code=None, message="")
+
+
 def parse_envelope(status: int, body: bytes, what: str) -> dict[str, Any]:
-    """The `data` object of a successful envelope; raises for every other answer."""
+    """The `data` object of a successful envelope; raises for every other answer. A 401 or 403 is a
+    refused signature whatever its body (a proxy's or a gateway's page, not the API's envelope)."""
     try:
         envelope = json.loads(body, parse_float=Decimal)
     except (ValueError, UnicodeDecodeError):
+        if status in (401, 403):
+            raise _rejected_without_envelope(status, what) from None
         if status >= 400:
             raise BillingAPIError(f"{what}: HTTP {status}", status=status, code=None, message="") from None
         raise RecordError(f"{what}: response is not JSON") from None
+    if status in (401, 403) and (not isinstance(envelope, dict) or not isinstance(envelope.get("code"), int)):
+        raise _rejected_without_envelope(status, what)
     if not isinstance(envelope, dict) or "code" not in envelope:
         raise RecordError(f"{what}: response has no envelope (`code` missing)")
     code = envelope["code"]

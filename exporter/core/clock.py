@@ -68,10 +68,10 @@ def iso(timestamp: float | None) -> str:
 
 
 PERIOD = re.compile(r"\d{4}-(0[1-9]|1[0-2])")
+"""A billing month as written: YYYY-MM."""
 FIRST_YEAR = 1970
 """No month a command takes is before this one's (Unix time's first): a billing API has none, and
 the years before 2 do not even have a previous month."""
-"""A billing month as written: YYYY-MM."""
 
 
 def period_index(period: str) -> int:

@@ -83,12 +83,21 @@ class _HTTPSConnection(_HTTPConnection, http.client.HTTPSConnection):
         self.sock.do_handshake()
 
 
+def _port(parts: SplitResult, whose: str) -> int | None:
+    """The port an address gives (None without one); InvalidURL, naming no address (it may hold a
+    secret), for one out of range."""
+    try:
+        return parts.port
+    except ValueError:
+        raise http.client.InvalidURL(f"{whose} port is not a number from 1 to 65535") from None
+
+
 def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
     """A connection for `url` (through the environment's proxy, if any) whose sockets `timer`
     watches, the request target, and the headers the URL itself asks for (credentials)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
-    host, port = parts.hostname or "", parts.port or (443 if https else 80)
+    host, port = parts.hostname or "", _port(parts, "the URL's") or (443 if https else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     headers = _basic(parts)
     proxy = get_environ_proxies(url).get(parts.scheme)
@@ -98,7 +107,7 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
         return _HTTPConnection(host, port, timer), target, headers
     via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     proxy_auth = _basic(via, "Proxy-Authorization")
-    proxy_host, proxy_port = via.hostname or "", via.port or 80
+    proxy_host, proxy_port = via.hostname or "", _port(via, "the proxy's") or 80
     if https:
         connection = _HTTPSConnection(proxy_host, proxy_port, timer, context=_tls())
         connection.set_tunnel(host, port, headers=proxy_auth)

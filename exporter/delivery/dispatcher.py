@@ -271,10 +271,10 @@ class Dispatcher:
             answer = post_json(url, body, deadline=self.deadline, headers={"User-Agent": USER_AGENT})
         except DeadlineExceeded as error:
             reason = str(error)
+        except http.client.InvalidURL as error:  # (a proxy's, from the environment: the config's are checked)
+            reason = f"the URL cannot be used: {error}"
         except (OSError, http.client.HTTPException) as error:
             reason = f"connection failed: {network_cause(error)}"
-        except ValueError:  # (a proxy's port out of range, from the environment: the config's are checked)
-            reason = "the URL cannot be used: a port out of range or a malformed address (a proxy's?)"
         else:
             if 200 <= answer.status < 300:
                 return self.outcome(notifier, None, target)

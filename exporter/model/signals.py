@@ -132,14 +132,18 @@ def _matchers(where: Where) -> str:
 
 
 TARGET = ("job", "instance")
-"""The labels Prometheus gives each exporter it scrapes: every expression keeps them apart, so that
-exporters scraped by one Prometheus (an account's each, or the two replicas of one) are judged
-each on its own figures, never added up."""
+"""The labels Prometheus gives each exporter it scrapes. Every expression sums each target's
+figures apart, never two exporters' together, then keeps the job: the replicas of one exporter (a
+job's instances, which tell the same figures) count once, and an alert keeps its labels when the
+instance changes (a pod restarted at another address). Exporters of different accounts go in
+different jobs, or in one exporter with `accounts`."""
 _ON_TARGET = ", ".join(TARGET)
 
 
 def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
-    return f"{op} by ({', '.join((*TARGET, *by))}) ({expression})"
+    """`op` of `expression` per target and group, then the replicas' highest (`min`: their lowest)."""
+    per_target = f"{op} by ({', '.join((*TARGET, *by))}) ({expression})"
+    return f"{'min' if op == 'min' else 'max'} without (instance) ({per_target})"
 
 
 def _today(on: str) -> str:

@@ -101,6 +101,8 @@ class BillingService(Ledger):
         if group_term not in ("GROUP_TERM_ITEM", "GROUP_TERM_INSTANCE"):
             raise SimulatorError(400, 100400, "InvalidParameter", "unknown group_term")
         page_num, page_size = self._paging(params, 20)
+        if self.before_bills_page is not None:
+            self.before_bills_page(page_num)
         rows = self.bill_rows(period, group_term, params.get("project_id", ""), params.get("instance_id", ""))
         start = (page_num - 1) * page_size
         return {"list": rows[start : start + page_size], "total": len(rows)}

@@ -62,6 +62,7 @@ class Ledger:
     _bill_cache: dict[tuple[Any, ...], list[dict[str, str]]]
     records_billed: int
     before_usage_page: Callable[[int], None] | None
+    before_bills_page: Callable[[int], None] | None
     usage_page_cap: int | None
     spend: SpendModel | None
     total_as_number: bool

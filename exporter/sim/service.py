@@ -46,6 +46,8 @@ class Simulator(BillingService, ChatAPI):
     """The share of billing requests answered with a random 500, 502, 503 or 429."""
     before_usage_page: Callable[[int], None] | None = None
     """Called with the page number before a usage page is served (tests change the list mid-read)."""
+    before_bills_page: Callable[[int], None] | None = None
+    """Called with the page number before a bills page is served (the same, for the bills)."""
     newest_first: bool = False
     """List every day's usage records newest first (new records at the head), as consoles often
     do; `list_newest_first` turns it on for one day."""

@@ -291,6 +291,19 @@ class _Adapter(HTTPAdapter):
         return manager
 
 
+class _Bearer(requests.auth.AuthBase):
+    """The API key as a Bearer token, as the request's own authentication: a header set on the
+    session would give way to a `.netrc` entry for the host, which requests reads for a request
+    without one (and would send in its place)."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {self._key}"
+        return request
+
+
 class HTTPChat:
     """The chat API over HTTP: the API key as a Bearer token (never logged), the body read as it arrives."""
 
@@ -300,7 +313,7 @@ class HTTPChat:
         self._session = requests.Session()
         for prefix in ("http://", "https://"):
             self._session.mount(prefix, _Adapter())
-        self._session.headers["Authorization"] = f"Bearer {inference.api_key.get_secret_value()}"
+        self._session.auth = _Bearer(inference.api_key.get_secret_value())
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
         self._connect = connect_timeout(probe)
 
@@ -311,7 +324,11 @@ class HTTPChat:
     def post(
         self, body: dict[str, Any], deadline: Callable[[], float]
     ) -> Iterator[tuple[int, Iterator[tuple[bytes, float]]]]:
-        timeout = (self._connect, self._wait(deadline))
+        wait = self._wait(deadline)
+        # The whole wait for the headers, connecting (a proxy's CONNECT, the TLS handshake) included:
+        # urllib3 takes the time connecting took off the read timeout.
+        # (requests' adapter takes urllib3's Timeout as it is, though its stubs do not say so)
+        timeout: Any = urllib3.Timeout(connect=min(self._connect, wait), read=wait, total=wait)
         try:
             response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
         except requests.ConnectTimeout:
@@ -442,7 +459,10 @@ SHORTEST_SHOWN = 6
 def without(text: str, secret: str) -> str:
     """`text` (what an endpoint said, cut short) with `secret` masked, and any start of it of
     SHORTEST_SHOWN characters or more: an endpoint that echoes the API key in its error can have it
-    cut in the middle, which masking the whole key alone would leave in the log."""
+    cut in the middle, which masking the whole key alone would leave in the log. A key shorter than
+    the log's masks take (4 characters) is left, as there: it would mask letters of every word."""
+    if len(secret) < 4:
+        return text
     for length in range(len(secret), min(SHORTEST_SHOWN, len(secret)) - 1, -1):
         if secret[:length] in text:
             text = text.replace(secret[:length], MASK)
