@@ -19,7 +19,8 @@ from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.model.signals import SIGNALS
-from exporter.sim import Fault, Simulator
+from exporter.notifiers.digest import text as digest_text
+from exporter.sim import ITEMS, Fault, Simulator
 from tests.daemon_fakes import NOWHERE, account_simulators, accounts_section, metrics, statuses, told
 from tests.fakes import FakeBilling
 from tests.helpers import named, value
@@ -45,6 +46,12 @@ class AccountsBilling:
 @pytest.fixture
 def sims(clock: Clock) -> dict[str, Simulator]:
     return account_simulators(clock, NAMES)
+
+
+def spent_on(sim: Simulator, day: dt.date) -> Decimal:
+    """What the account's bills say it spent on `day` (every endpoint, every item)."""
+    period = f"{day:%Y-%m}"
+    return sum((sim.charge(period, day, e, item)[0] for e in sim.endpoints for item in ITEMS), Decimal(0))
 
 
 def month(sim: Simulator, endpoint: str | None = None) -> Decimal:
@@ -188,6 +195,24 @@ def test_the_organisation_budget_sums_every_account_and_waits_for_all_of_them(
         assert value(series, "inference_budget_used_ratio", budget="org") == pytest.approx(float(used))
         assert value(series, "inference_budget_used_ratio", budget="two") == pytest.approx(0.5, rel=1e-3)
         assert value(series, "inference_budget_amount", budget="two") == float(doc["budgets"][1]["amount"])
+        # The day the accounts' summed spend crossed the organisation's amount; no chance of it (several accounts)
+        amount, so_far, crossed = Decimal(doc["budgets"][0]["amount"]), Decimal(0), None
+        for day in (clock.today().replace(day=n) for n in range(1, clock.today().day + 1)):
+            so_far += sum((spent_on(sim, day) for sim in sims.values()), Decimal(0))
+            crossed = crossed or (day if so_far >= amount else None)
+        assert crossed is not None
+        crossing = value(series, "inference_budget_crossing_timestamp_seconds", budget="org")
+        assert crossing == clock.day_start(crossed).timestamp()
+        assert value(series, "inference_budget_crossing_probability", budget="org") is None
+        for name in NAMES:  # each account's digest lists it, with the accounts it spans
+            body = daemon.sources.digest(clock.today(), "daily", "", account=name)
+            listed = body["budgets"]
+            (shown,) = [b for b in listed if b["budget"] == "org"]
+            assert shown["used_ratio"] == pytest.approx(float(used), abs=1e-4)
+            assert (shown["crossing"], shown["accounts"]) == (crossed.isoformat(), list(NAMES))
+            lines = digest_text({**body, "budgets": [shown]}).splitlines()
+            assert any(line.lstrip("-• ").startswith("org (") and ", accounts prod, staging, lab): used" in line
+                       for line in lines), lines  # fmt: skip
         (org,) = [a for a in daemon.sources.engine.current() if a.labels["alertname"] == "OrgBudget"]
         assert (org.state, org.labels["tier"]) == ("firing", "1")  # over 100%: the highest tier crossed
         assert "account" not in org.labels

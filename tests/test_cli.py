@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -618,3 +619,16 @@ def test_a_bad_web_config_file_is_refused_naming_the_file_and_the_field(
     assert result.stderr.splitlines() == [
         f"{web}: the config's server.basic_auth would secure the server too; use this file or those keys, not both"
     ]
+
+
+@pytest.mark.parametrize("command", ["simulate", "demo"])
+def test_a_port_in_use_is_one_line_and_exit_1(command: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = run(command, "--listen", address)
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"inference-cost-exporter: cannot listen on {address}: Address already in use"
+    )
+    assert "Traceback" not in result.stderr

@@ -37,7 +37,7 @@ class BudgetMeasure:
     chance: float | None
 
 
-def _crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None:
+def summed_crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date | None:
     """When the summed spend crosses `amount` at the summed pace of the accounts' forecasts."""
     if len(found) == 1:
         return found[0].crossing(amount)
@@ -90,4 +90,4 @@ def budget_ratio(
         return None
     share = sum((f.projected if basis == "forecast" else f.spent for f in found), Decimal(0)) / budget.amount
     chance = found[0].chance(budget.amount) if len(found) == 1 else None
-    return BudgetMeasure(period, share, _crossing(found, budget.amount), chance)
+    return BudgetMeasure(period, share, summed_crossing(found, budget.amount), chance)

@@ -18,8 +18,8 @@ from exporter.config.rules import AnomalyRule
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config, routes
 from exporter.core.clock import Clock
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.digest.build import FiringAlert, ProbeStat, build, span
-from exporter.metrics.accounts import SharedBudgetCollector
+from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, span
+from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
 from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.assembled import AssembledExposition
 from exporter.metrics.collectors import BudgetCollector, ExporterCollector
@@ -286,6 +286,18 @@ class Sources:
 
     # -- the digest --
 
+    def _shared_budgets(self, account: str) -> list[SharedBudget]:
+        """The budgets spanning `account` and others, each with its figures in every account it spans
+        (as `/metrics` has them) and their names: for the account's digest."""
+        today = self.clock.today()
+        found: list[SharedBudget] = []
+        for budget in self.config.shared_budgets:
+            names = tuple(n for n in self.accounts if budget.accounts is None or n in budget.accounts)
+            if account in names:
+                spans = [(self.accounts[n].latest, self.accounts[n].config.prices) for n in names]
+                found.append((budget, shared_parts(budget, spans, today), names))
+        return found
+
     def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
         """The timestamps the digest sent on `sent_on` covers: [start, end)."""
         first, day = span(schedule, sent_on)
@@ -332,7 +344,7 @@ class Sources:
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
-            currency=one.config.billing.currency,
+            currency=one.config.billing.currency, shared=self._shared_budgets(account),
         )  # fmt: skip
         if account:
             body["account"] = account

@@ -355,7 +355,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _hold_signals()
     sim = Simulator(latency=args.latency, time_to_first_token=args.ttft, chunk_delay=args.chunk_delay)
     sim.add_usage(args.records)
-    server = sim.serve(host or "127.0.0.1", port)
+    try:
+        server = sim.serve(host or "127.0.0.1", port)
+    except OSError as error:
+        print(f"inference-cost-exporter: cannot listen on {args.listen}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_CONFIG
     print(f"simulator at {server.url}", flush=True)
     print(f"  billing:   access_key_id {sim.access_key_id}  secret_access_key {sim.secret_access_key}")
     print(f"  inference: api_key {sim.api_key}  endpoints {', '.join(e.endpoint_id for e in sim.endpoints)}")

@@ -32,6 +32,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from exporter.alerts.anomalies import held, judge_groups
+from exporter.alerts.rules import summed_crossing
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.model.anomaly import Judgement, judge_all
@@ -77,6 +78,11 @@ def _percent(now: Decimal, before: Decimal | None) -> float | None:
     if before is None or before == 0:
         return None
     return round(float((now - before) / before * 100), 1)
+
+
+SharedBudget = tuple[BudgetConfig, Sequence[BudgetFigures] | None, tuple[str, ...]]
+"""A budget that spans several accounts, its figures in each (None: one of them has none yet), and
+the accounts it spans."""
 
 
 def _crossing(found: BudgetFigures | None, amount: Decimal) -> str | None:
@@ -175,11 +181,13 @@ def build(
     settled: tuple[dt.date, dt.date] | None = None,
     url: str = "",
     currency: str = "",
+    shared: Sequence[SharedBudget] = (),
 ) -> dict[str, Any]:
     """The digest sent on `sent_on` (see the module's docstring). `anomalies`: the spend anomaly
     rules, each judged on every day of the span as the daemon judges it. `settled`: the days that
     settled since the digest before (each day's reconciliation gaps are told once); the span by
-    default. `currency`: the amounts' (`billing.currency`), empty when unknown."""
+    default. `currency`: the amounts' (`billing.currency`), empty when unknown. `shared`: the
+    budgets that span this account and others, listed after its own with the accounts they span."""
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
     bills = held(latest)
@@ -235,6 +243,22 @@ def build(
                 "used_ratio": None if used is None else round(float(used), 4),
                 "forecast_ratio": None if projected is None else round(float(projected), 4),
                 "crossing": _crossing(found, budget.amount),
+            }
+        )
+    for budget, parts, accounts in shared:
+        spent = None if parts is None else sum((p.spent for p in parts), Decimal(0))
+        projected = None if parts is None else sum((p.projected for p in parts), Decimal(0))
+        crosses = None if parts is None else summed_crossing(parts, budget.amount)
+        digest["budgets"].append(
+            {
+                "budget": budget.name,
+                "period": budget.period,
+                "so_far": parts[0].period if parts else None,
+                "amount": f"{budget.amount:f}",
+                "used_ratio": None if spent is None else round(float(spent / budget.amount), 4),
+                "forecast_ratio": None if projected is None else round(float(projected / budget.amount), 4),
+                "crossing": None if crosses is None else crosses.isoformat(),
+                "accounts": list(accounts),
             }
         )
     anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Iterator, Sequence
+from decimal import Decimal
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.alerts.rules import summed_crossing
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
-from exporter.metrics.collectors import budget_families
+from exporter.metrics.collectors import budget_families, crossing_families
 from exporter.model.snapshots import Latest
 from exporter.sources.budgets import BudgetFigures, figures, scope_matched
 
@@ -28,31 +30,41 @@ class Versions(tuple[object, ...]):
         )
 
 
-def shared_figures(
+def shared_parts(
     budget: BudgetConfig, spans: Iterable[tuple[Latest, Sequence[PriceConfig]]], today: dt.date | None
-) -> BudgetFigures | None:
-    """A budget's figures summed over the accounts it spans, each as it last refreshed; None while
-    one of them has none for the current period (a part unknown is never read as zero)."""
+) -> list[BudgetFigures] | None:
+    """A budget's figures in each account it spans, as each last refreshed; None while one of them
+    has none for the current period (a part unknown is never read as zero)."""
     inner = budget.in_account()
-    total: BudgetFigures | None = None
+    parts: list[BudgetFigures] = []
     current = {today.isoformat(), f"{today:%Y-%m}"} if today is not None else None
     for latest, prices in spans:
         found = figures(inner, latest, prices)
         if found is None or (current is not None and found.period not in current):
             return None
-        if total is not None and found.period != total.period:
+        if parts and found.period != parts[0].period:
             return None
-        total = (
-            found
-            if total is None
-            else BudgetFigures(found.period, total.spent + found.spent, total.projected + found.projected)
-        )
-    return total
+        parts.append(found)
+    return parts or None
+
+
+def shared_figures(
+    budget: BudgetConfig, spans: Iterable[tuple[Latest, Sequence[PriceConfig]]], today: dt.date | None
+) -> BudgetFigures | None:
+    """A budget's figures summed over the accounts it spans (`shared_parts`)."""
+    parts = shared_parts(budget, spans, today)
+    if parts is None:
+        return None
+    return BudgetFigures(
+        parts[0].period, sum((p.spent for p in parts), Decimal(0)), sum((p.projected for p in parts), Decimal(0))
+    )
 
 
 class SharedBudgetCollector(Collector):
     """The budgets that span several accounts (the organisation's): their amount, used and forecast
-    ratios over every account they span, and whether their scope matched anything in any of them."""
+    ratios over every account they span, the day their summed spend crosses the amount (at the
+    accounts' summed pace) and, spanning one account, the chance it does; and whether their scope
+    matched anything in any of them."""
 
     def __init__(
         self,
@@ -85,16 +97,24 @@ class SharedBudgetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         amount, used, forecast, matched = budget_families()
+        crossing, chance = crossing_families()
         today = self.clock.today()
         for budget in self.budgets:
             spans = self._spans(budget)
             amount.add_metric([budget.name], float(budget.amount))
-            found = shared_figures(budget, spans, today)
-            if found is not None:
-                ratios = found.ratios(budget.amount)
-                used.add_metric([budget.name], float(ratios[0]))
-                forecast.add_metric([budget.name], float(ratios[1]))
+            parts = shared_parts(budget, spans, today)
+            if parts is not None:
+                spent = sum((p.spent for p in parts), Decimal(0))
+                projected = sum((p.projected for p in parts), Decimal(0))
+                used.add_metric([budget.name], float(spent / budget.amount))
+                forecast.add_metric([budget.name], float(projected / budget.amount))
+                day = summed_crossing(parts, budget.amount)
+                if day is not None:
+                    crossing.add_metric([budget.name], self.clock.day_start(day).timestamp())
+                probability = parts[0].chance(budget.amount) if len(parts) == 1 else None
+                if probability is not None:
+                    chance.add_metric([budget.name], probability)
             seen = [scope_matched(budget.in_account(), latest) for latest, _ in spans]
             if any(s is not None for s in seen):
                 matched.add_metric([budget.name], 1.0 if any(seen) else 0.0)
-        yield from (amount, used, forecast, matched)
+        yield from (amount, used, forecast, matched, crossing, chance)

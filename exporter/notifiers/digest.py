@@ -57,8 +57,10 @@ def _budget(d: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     measured = f"{period} {so_far}" if so_far else "this month" if period == "month" else "today"
     crossing = b.get("crossing")  # (a digest queued by a version without it has none)
     when = f"; at this pace its amount is crossed on {crossing}" if crossing else ""
+    spans = b.get("accounts")  # (a budget over several accounts: the organisation's)
+    over = f", accounts {', '.join(spans)}" if spans else ""
     return (
-        f"{b['budget']} ({measured} so far, {amount}): used {_ratio(b['used_ratio'])},"
+        f"{b['budget']} ({measured} so far, {amount}{over}): used {_ratio(b['used_ratio'])},"
         f" forecast {_ratio(b['forecast_ratio'])}{when}"
     )
 
