@@ -213,6 +213,23 @@ def test_429_honours_retry_after(sim: Simulator, client: BillingClient, sleeps: 
     assert sleeps == [7.0]
 
 
+def test_a_retry_after_longer_than_a_refresh_waits_is_honoured_across_refreshes(
+    sim: Simulator, client: BillingClient, sleeps: Sleeps
+) -> None:
+    """Asked to wait ten minutes: the read ends at once (no wait of two minutes then a request ten
+    minutes too early), and the listing is not asked again before then; the other one still is."""
+    sim.inject(Fault("status", status=429, retry_after=600))
+    with pytest.raises(BillingUnavailable, match=r"HTTP 429 \(rate limited\), and asked to wait 600s"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    served = sim.requests_served["/api/v1/bills/details"]
+    with pytest.raises(BillingUnavailable, match=r"asked not to be asked again for (599|600)s more"):
+        client.bills("2026-11", GROUP_TERM_INSTANCE)
+    assert sim.requests_served["/api/v1/bills/details"] == served  # nothing sent
+    assert sleeps == []
+    sim.add_usage(10)
+    assert sum(len(p.records) for p in client.usage_pages(sim.clock.today())) == 10
+
+
 def test_gives_up_after_the_last_attempt(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
     sim.inject(Fault("status", status=502, times=10))
     with pytest.raises(BillingUnavailable, match=r"HTTP 502.*4 attempts"):

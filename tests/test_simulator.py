@@ -167,17 +167,30 @@ def test_usage_pages_and_total_as_string(sim: Simulator) -> None:
     assert len(set(ids)) == 250
 
 
-@pytest.mark.parametrize("zone", ["Asia/Shanghai", "Asia/Kolkata", "America/St_Johns", "UTC"])
-def test_usage_times_fall_in_the_day_asked_across_the_whole_day(zone: str) -> None:
+@pytest.mark.parametrize(
+    ("zone", "day"),
+    [
+        *((zone, dt.date(2026, 11, 22)) for zone in ("Asia/Shanghai", "Asia/Kolkata", "America/St_Johns", "UTC")),
+        ("Europe/Berlin", dt.date(2026, 3, 29)),  # 23 hours: the clocks go forward
+        ("Europe/Berlin", dt.date(2026, 10, 25)),  # 25 hours: back
+    ],
+)
+def test_usage_times_fall_in_the_day_asked_across_the_whole_day(zone: str, day: dt.date) -> None:
     tz = ZoneInfo(zone)
     sim = Simulator(clock=Clock(tz, FrozenClock(dt.datetime(2026, 11, 23, 12, tzinfo=tz))))
-    day = dt.date(2026, 11, 22)
     sim.add_usage(3000, day)
     stamps = [r["requestTime"] for r in sim.usage_records(day)]
     assert all(stamp.endswith("Z") for stamp in stamps)  # (UTC, as the specification's example)
     local = [dt.datetime.fromisoformat(stamp).astimezone(tz) for stamp in stamps]
     assert {t.date() for t in local} == {day}
     assert (min(local).hour, max(local).hour) == (0, 23)  # spread over the whole local day
+    bills = sim.bill_rows(f"{day:%Y-%m}", "GROUP_TERM_ITEM")
+    (end,) = {row["endTime"] for row in bills if row["startTime"] == stamp(sim.clock.day_start(day))}
+    assert end == stamp(sim.clock.day_start(day + dt.timedelta(days=1)))  # the next natural day's start
+
+
+def stamp(instant: dt.datetime) -> str:
+    return instant.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.mark.parametrize(
@@ -189,11 +202,14 @@ def test_usage_times_fall_in_the_day_asked_across_the_whole_day(zone: str) -> No
     ],
 )
 def test_usage_record_i_is_at_the_days_start_plus_37_i_seconds_mod_a_day(zone: str, day: dt.date) -> None:
+    """Mod the natural day's length: 82,800 s on St. John's 2026-03-08, when the clocks go forward."""
     tz = ZoneInfo(zone)
     sim = Simulator(clock=Clock(tz, FrozenClock(dt.datetime(2026, 11, 23, 12, tzinfo=tz))))
     start = sim.clock.day_start(day).astimezone(dt.UTC).replace(tzinfo=None)
-    for index in range(86400):  # (every second of a day: 37 and 86,400 have no common factor)
-        expected = (start + dt.timedelta(seconds=index * 37 % 86400)).isoformat() + "Z"
+    length = int((sim.clock.day_start(day + dt.timedelta(days=1)).astimezone(dt.UTC).replace(tzinfo=None) - start)
+                 .total_seconds())  # fmt: skip
+    for index in range(length):  # (every second of the day: 37 and 82,800 or 86,400 have no common factor)
+        expected = (start + dt.timedelta(seconds=index * 37 % length)).isoformat() + "Z"
         assert json.loads(sim.usage_record_json(day, index))["requestTime"] == expected, index
 
 

@@ -36,6 +36,8 @@ from exporter.core.words import counted
 log = get_logger(__name__)
 
 MAX_RETRY_AFTER = 120.0
+"""The longest `Retry-After` a request waits out; one asking longer ends the refresh, and the
+listing's requests are not sent again until that time has passed."""
 MAX_CLOCK_SKEW = 60.0
 LOOKAHEAD = 4
 R = TypeVar("R")
@@ -122,6 +124,9 @@ class BillingClient(Listings):
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
         self._closed = threading.Event()
+        self._not_before: dict[str, float] = {}
+        """Per listing (`bills`, `usages`), when the API said it may be asked again (monotonic
+        seconds), where it asked for more than MAX_RETRY_AFTER."""
         self._arrivals: set[SimpleQueue[Future[Any] | None]] = set()
         """The queues pages arrive in, one per read under way (`_many`): a close puts None in each,
         so that a read waiting on pages wakes at once (cancelled pages would wake it too, but not
@@ -178,6 +183,11 @@ class BillingClient(Listings):
         what = self._request(path)
         attempt = corrected = 0
         while True:
+            held = self._not_before.get(api, 0.0) - time.monotonic()
+            if held > 0:
+                raise BillingUnavailable(
+                    f"{what}: the API asked not to be asked again for {held:.0f}s more (Retry-After)"
+                )
             offset = self._clock_offset()
             try:
                 return self._attempt(api, path, params, what)
@@ -194,6 +204,12 @@ class BillingClient(Listings):
                 if attempt >= self.retry.attempts:
                     raise BillingUnavailable(
                         f"{what}: {failure} (gave up after {counted(attempt, 'attempt')})"
+                    ) from None
+                if failure.retry_after is not None and failure.retry_after > MAX_RETRY_AFTER:
+                    self._not_before[api] = time.monotonic() + failure.retry_after
+                    raise BillingUnavailable(
+                        f"{what}: {failure}, and asked to wait {failure.retry_after:.0f}s (Retry-After):"
+                        " not asked again before then"
                     ) from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))

@@ -49,7 +49,7 @@ class Ledger:
     label: str
     _lock: threading.Lock
     _usage: dict[dt.date, UsageDay]
-    _day_prefixes: dict[dt.date, tuple[str, str, str, int]]
+    _day_prefixes: dict[dt.date, tuple[str, str, str, int, int]]
     """A day's request id prefix, its first and next UTC dates, and the UTC second its start is."""
     _fragments: dict[Endpoint, str]
     _nonces: dict[str, float]
@@ -167,7 +167,7 @@ class Ledger:
                 "period": period,
                 "product": PRODUCT,
                 "startTime": start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "endTime": (start + dt.timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "endTime": (start + dt.timedelta(seconds=self._day_seconds(day))).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }
             endpoints = [
                 e
@@ -237,10 +237,12 @@ class Ledger:
                 f"req-{day:%Y%m%d}-",
                 *dates,
                 start.hour * 3600 + start.minute * 60 + start.second,
+                self._day_seconds(day),
             )
-        ids, first_date, next_date, start_second = day_prefix
+        ids, first_date, next_date, start_second, length = day_prefix
         prompt, completion, cached = _record_tokens(h)
-        second = start_second + (index * 37) % 86400  # (after the UTC midnight the day starts on)
+        # Within the natural day (23 or 25 hours when the clocks change), after the UTC midnight it starts on.
+        second = start_second + (index * 37) % length
         date = next_date if second >= 86400 else first_date
         return (
             f'{{"requestId": "{ids}{index:09d}", '
@@ -249,6 +251,12 @@ class Ledger:
             f'"promptTokens": {prompt}, "completionTokens": {completion}, '
             f'"promptCachedTokens": {cached}}}'
         )
+
+    def _day_seconds(self, day: dt.date) -> int:
+        """How long the natural day `day` is, in seconds."""
+        if day >= dt.date.max:
+            return 86400
+        return int(self.clock.day_start(day + dt.timedelta(days=1)).timestamp() - self.clock.day_start(day).timestamp())
 
     def _record_base(self, day: dt.date) -> int:
         """Record `index` of `day` is a function of `_mix(_record_base(day) + index)`."""

@@ -84,7 +84,7 @@ class Simulator(BillingService, ChatAPI):
         self._bill_overrides: dict[tuple[str, dt.date, str, str], Decimal] = {}
         self._distortions: list[tuple[dt.date, Decimal, str, str]] = []
         self._bill_cache: dict[tuple[Any, ...], list[dict[str, str]]] = {}
-        self._day_prefixes: dict[dt.date, tuple[str, str, str, int]] = {}
+        self._day_prefixes: dict[dt.date, tuple[str, str, str, int, int]] = {}
         self._fragments: dict[Endpoint, str] = {}
         self.requests_served: dict[str, int] = {}
         self.in_flight = 0
