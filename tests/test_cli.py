@@ -632,3 +632,13 @@ def test_a_port_in_use_is_one_line_and_exit_1(command: str) -> None:
         == f"inference-cost-exporter: cannot listen on {address}: Address already in use"
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "needed"), [("check", []), ("export focus", ["--from", "2026-10", "--output", "x.csv"])]
+)
+def test_an_unknown_argument_after_a_command_gets_that_command_s_usage(command: str, needed: list[str]) -> None:
+    result = run(*command.split(), "--bogus", "--config", str(ROOT / "config.example.yaml"), *needed)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"usage: inference-cost-exporter {command} ")
+    assert result.stderr.endswith(f"inference-cost-exporter {command}: error: unrecognized arguments: --bogus\n")

@@ -39,7 +39,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _command(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, description: str
 ) -> argparse.ArgumentParser:
-    return commands.add_parser(name, help=summary, description=description, formatter_class=_HelpFormatter)
+    command = commands.add_parser(name, help=summary, description=description, formatter_class=_HelpFormatter)
+    command.set_defaults(command_parser=command)  # (an argument it does not know: its own usage says so)
+    return command
 
 
 def _config_option(command: argparse.ArgumentParser) -> None:
@@ -219,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     focus.add_argument("--output", required=True, metavar="FILE", help="the CSV file to write (replaced when complete)")
     _account_option(focus, "the account to export (required with `accounts`)")
     _log_options(focus)
-    focus.set_defaults(func="commands:cmd_export_focus")
+    focus.set_defaults(func="commands:cmd_export_focus", command_parser=focus)
 
     demo = _command(
         commands, "demo", "the embedded simulator and the daemon, no credentials needed",
@@ -245,7 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # with the usage of the command it came after, not the program's
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
     module, name = args.func.split(":")
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
