@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import pytest
+import requests
 
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
@@ -21,6 +23,7 @@ from exporter.billing import (
     parse_bill,
     parse_usage,
 )
+from exporter.billing.client import _retry_after
 from exporter.config.load import validate
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
@@ -63,6 +66,19 @@ def test_bills_that_change_while_they_are_read_are_read_again(sim: Simulator, cl
             sum(r.payable_amount for r in records if r.instance_id == endpoint.endpoint_id)
             == totals[endpoint.endpoint_id]
         )
+
+
+def test_an_amount_revised_while_the_bills_are_read_moves_no_row(sim: Simulator, client: BillingClient) -> None:
+    """The API revising a past day's amount between pages: no row moved, so nothing is read again."""
+    sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(10))
+
+    def revise(page_num: int) -> None:
+        if page_num == 2:
+            sim.revise_bill(dt.date(2026, 11, 1), "ep-00", "ITEM_PROMPT_TOKEN", Decimal("123.45"))
+
+    sim.before_bills_page = revise
+    assert len(client.bills("2026-11", GROUP_TERM_INSTANCE)) == 22 * 10
+    assert sim.requests_served["/api/v1/bills/details"] == 4  # three pages, and page 1 again
 
 
 def test_bills_that_never_hold_still_fail_the_read(sim: Simulator, client: BillingClient) -> None:
@@ -228,6 +244,33 @@ def test_a_retry_after_longer_than_a_refresh_waits_is_honoured_across_refreshes(
     assert sleeps == []
     sim.add_usage(10)
     assert sum(len(p.records) for p in client.usage_pages(sim.clock.today())) == 10
+
+
+def test_a_long_retry_after_on_the_last_attempt_holds_too_and_a_hold_is_at_most_an_hour(
+    sim: Simulator, client: BillingClient, sleeps: Sleeps
+) -> None:
+    sim.inject(Fault("status", status=502, times=3))
+    sim.inject(Fault("status", status=429, retry_after=600))
+    with pytest.raises(BillingUnavailable, match="asked to wait 600s"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    served = sim.requests_served["/api/v1/bills/details"]
+    with pytest.raises(BillingUnavailable, match="asked not to be asked again"):
+        client.bills("2026-11", GROUP_TERM_ITEM)
+    assert sim.requests_served["/api/v1/bills/details"] == served
+    sim.add_usage(1)
+    sim.inject(Fault("status", status=429, retry_after=10**10))  # a date years ahead, from a gateway gone wrong
+    with pytest.raises(
+        BillingUnavailable, match=r"asked to wait 10000000000s \(Retry-After\): not asked again for 3600s"
+    ):
+        list(client.usage_pages(sim.clock.today()))
+
+
+def test_a_retry_after_date_is_read_with_or_without_its_zone() -> None:
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
+    for written in (email.utils.format_datetime(soon), email.utils.format_datetime(soon).replace("+0000", "-0000")):
+        response = requests.Response()
+        response.headers["Retry-After"] = written
+        assert 590 < (_retry_after(response) or 0) <= 600, written
 
 
 def test_gives_up_after_the_last_attempt(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:

@@ -264,8 +264,8 @@ def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simul
     )
     text, skipped = rule_file(config.alerts, config.budgets)
     assert skipped == []
-    assert 'inference_budget_used_ratio{budget="team"} >= 0.5' in text
-    assert 'inference_budget_used_ratio{budget="team"} >= 1' in text
+    assert 'max without (instance) (inference_budget_used_ratio{budget="team"}) >= 0.5' in text
+    assert 'max without (instance) (inference_budget_used_ratio{budget="team"}) >= 1' in text
 
 
 def test_after_midnight_the_figures_of_the_day_and_month_that_ended_are_not_shown_as_current(

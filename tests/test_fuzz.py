@@ -68,7 +68,9 @@ def test_envelope_parser_raises_only_billing_errors(status: int, body: bytes) ->
         assert isinstance(error, SignatureRejected) == (status in (401, 403))  # whatever the body
 
 
-@pytest.mark.parametrize("body", [b"<html>401 Unauthorized</html>", b"", b'{"error": "unauthorized"}', b'"no"'])
+@pytest.mark.parametrize(
+    "body", [b"<html>401 Unauthorized</html>", b"", b'{"error": "unauthorized"}', b'"no"', b'{"code": true}']
+)
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_401_or_403_is_a_refused_signature_whatever_its_body(status: int, body: bytes) -> None:
     """A gateway's or a proxy's page in place of the API's envelope: still a refused signature, which

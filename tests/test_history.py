@@ -7,10 +7,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
-from exporter.billing import BillingAPIError, BillingClient, BillingError
+from exporter.billing import BillingAPIError, BillingClient, BillingError, BillRecord
+from exporter.config.load import validate
+from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
 from exporter.model.forecast import filled, forecast, month_forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
@@ -18,6 +21,7 @@ from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
+from tests.daemon_fakes import InProcessBilling, fake_billing_section, unit_daemon
 from tests.fakes import FakeBilling
 from tests.helpers import logged
 
@@ -240,9 +244,42 @@ def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_on
     client = RefusingAugust()
     source = HistorySource(client, clock, store, months=3)  # type: ignore[arg-type]
     assert list(source.refresh().months) == ["2026-09", "2026-10"]
+    assert source.behind == ["2026-08"]  # the history is incomplete: the refresh says so (the account's)
     source._retry_at.clear()  # (an hour later)
     with pytest.raises(BillingError):
         source.refresh()  # August alone, refused again
     asked = client.asked
     source.refresh()  # ten minutes later: not asked
     assert client.asked == asked
+    assert source.behind == ["2026-08"]  # still missing, though nothing was due
+
+
+def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
+    modelled: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """August refused all day: the months fetched are used (the forecast and the anomalies learn
+    from them), and the history's freshness says it is incomplete at every check, not only when
+    August is asked again."""
+
+    class Refusing(FakeBilling):
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+            if period == "2026-08":
+                raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
+            return super().bills(period, group_term, instance_id)
+
+    class Factory(InProcessBilling):
+        def __call__(self, config: BillingConfig) -> FakeBilling:
+            self.built.append(client := Refusing(self.sim))
+            return client
+
+    document = {"billing": fake_billing_section(modelled), "state": {"path": str(tmp_path / "state.db")}}
+    daemon = unit_daemon(validate(document, {}), modelled, clock, billing=Factory(modelled))
+    try:
+        for _ in range(3):  # the first look, then two more within the hour (August not asked again)
+            assert not daemon.refresh("history")
+            assert daemon.latest.history is not None
+            assert sorted(daemon.latest.history.months) == ["2026-09", "2026-10"]
+            assert daemon.latest.health["history"].success is False
+            frozen.advance(dt.timedelta(minutes=10))
+    finally:
+        daemon.stop()

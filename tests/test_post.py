@@ -63,3 +63,6 @@ def test_a_proxy_whose_port_is_out_of_range_is_a_clear_error(monkeypatch: pytest
     monkeypatch.setenv("HTTP_PROXY", "http://user:pw@proxy.example:99999")
     with pytest.raises(http.client.InvalidURL, match=r"^the proxy's port is not a number from 1 to 65535$"):
         post_json("http://receiver.example/hook", {"x": 1}, deadline=5, headers={})
+    monkeypatch.setenv("HTTP_PROXY", "http://[proxy.example:8080")  # (no closing bracket)
+    with pytest.raises(http.client.InvalidURL, match=r"^the URL or its proxy's address cannot be read$"):
+        post_json("http://receiver.example/hook", {"x": 1}, deadline=5, headers={})

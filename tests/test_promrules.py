@@ -161,12 +161,17 @@ def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path:
                 *exporter("replicas", "r1:9877", "60x30"), *exporter("replicas", "r2:9877", "60x30"),
                 *exporter("apart", "a1:9877", "30x30"), *exporter("apart", "a2:9877", "30x30"),
                 *exporter("restarted", "10.0.0.1:9877", "60x19"), *exporter("restarted", "10.0.0.2:9877", "_x20 60x10"),
+                *({"series": f'inference_budget_used_ratio{{job="replicas",instance="{r}",budget="monthly"}}',
+                   "values": "0.9x30"} for r in ("r1:9877", "r2:9877")),
             ],
             "alert_rule_test": [
                 {"eval_time": "15m", "alertname": "EndpointDailySpendHigh",
                  "exp_alerts": [firing("replicas"), firing("restarted")]},
                 {"eval_time": "27m", "alertname": "EndpointDailySpendHigh",
                  "exp_alerts": [firing("replicas"), firing("restarted")]},  # (10.0.0.1's samples gone since 24m)
+                {"eval_time": "5m", "alertname": "MonthlyBudget", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8", "job": "replicas"},
+                     "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
             ],
         }],
     }  # fmt: skip

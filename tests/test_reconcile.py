@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.billing import BillingAPI, BillingClient
+from exporter.config.load import validate
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Fault, Simulator, prices_from_config
@@ -245,3 +246,38 @@ def test_the_signal_judges_each_group_on_its_own_last_day_and_a_bill_for_nothing
     (rule,) = config.alerts.rules
     values = evaluate(rule, latest, clock, ["bills"])  # type: ignore[arg-type]
     assert values == {(("endpoint_id", "ep-1"),): Decimal("0.1"), (("endpoint_id", "ep-2"),): Decimal(1)}
+
+
+def test_a_settled_day_is_judged_against_bills_asked_for_once_it_had_settled(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Bills refused from 20:00 on the 21st, usage fine: at 07:00 on the 22nd the 21st has settled and
+    its usage is read in full, but the bills held are from before it ended: no figure for it (not a
+    gap of a quarter); once the bills come again, it is judged, and agrees."""
+    from tests.daemon_fakes import fake_billing_section, unit_daemon
+
+    day = dt.date(2026, 11, 21)
+    frozen.set(dt.datetime(2026, 11, 21, 20, 0, tzinfo=SHANGHAI))
+    sim.set_prices(prices_from_config(PRICES))
+    sim.add_usage(300, day)
+    prices = [p.model_dump(mode="json") for p in PRICES]
+    document = {"billing": fake_billing_section(sim), "prices": prices, "state": {"path": str(tmp_path / "s.db")}}
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        assert daemon.refresh("bills") and daemon.refresh("usage")  # noqa: PT018
+        sim.add_usage(100, day)  # the rest of the 21st's requests
+        sim.inject(Fault("status", "/api/v1/bills/details", status=403, times=10**6))
+        frozen.set(dt.datetime(2026, 11, 22, 7, 0, tzinfo=SHANGHAI))
+        assert not daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        assert day in daemon.latest.settled  # read in full...
+        gaps = named(metrics(daemon), "inference_reconciliation_token_gap_ratio")
+        assert not [labels for labels in gaps if dict(labels)["day"] == day.isoformat()]  # ...and not judged
+        sim.clear_faults()
+        assert daemon.refresh("bills")
+        gaps = named(metrics(daemon), "inference_reconciliation_token_gap_ratio")
+        judged = [v for labels, v in gaps.items() if dict(labels)["day"] == day.isoformat()]
+        assert judged
+        assert set(judged) == {0.0}
+    finally:
+        daemon.stop()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from exporter.alerts import anomalies
+from exporter.alerts.engine import Engine
 from exporter.app.daemon import Daemon
 from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock, FrozenClock
@@ -249,3 +250,43 @@ def test_judging_several_days_at_once_is_judging_each_in_turn(by: tuple[str, ...
     assert any(f.judgement.anomalous for f in one_by_one)
     assert anomalies.judge_groups(rule, bills, *days) == one_by_one
     assert anomalies.judge_groups(rule, bills, *days, days[0]) == one_by_one  # (a day given twice: judged once)
+
+
+def test_a_bill_written_finer_than_decimal_sums_keep_is_judged_and_holds_back_no_rule(
+    sim: Simulator, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Yesterday's bill of an endpoint written with 27 decimals (valid decimal text): its expected
+    amount is written to 1e-12, not to 27 decimals beyond Decimal's 28 digits; and a budget rule
+    beside it fires."""
+    sim.spend = SpendModel(start=dt.date(2026, 7, 1))
+    target = sim.endpoints[1].endpoint_id
+    sim.revise_bill(YESTERDAY, target, ITEMS[0], Decimal("9.123456789012345678901234567"))
+    budget = {"alert": "Budget", "budget": "m", "tiers": [0.01]}
+    daemon = unit(sim, clock, tmp_path, to_hook(None, RULE, budget), budgets=[{"name": "m", "amount": "10"}])
+    try:
+        refresh_all(daemon)
+        assert statuses(daemon) == ["firing"]  # the budget, at far over 1% of 10
+        judged = [f.judgement for _, _, findings, _ in daemon.sources.engine.judged.values() for f in findings]
+        (finest,) = [j for j in judged if int(j.actual.as_tuple().exponent) < -12]  # (the endpoint's day)
+        assert finest.expected.as_tuple().exponent == -12
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        daemon.stop()
+
+
+def test_a_rule_whose_figures_cannot_be_computed_holds_back_no_other_and_is_logged_once(
+    spiked: Simulator, clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise ArithmeticError("a figure this code cannot compute")
+
+    monkeypatch.setattr(Engine, "_judge", broken)  # (a fault of this code: one rule's figures)
+    budget = {"alert": "Budget", "budget": "m", "tiers": [0.01]}
+    daemon = unit(spiked, clock, tmp_path, to_hook(None, RULE, budget), budgets=[{"name": "m", "amount": "10"}])
+    try:
+        refresh_all(daemon)
+        daemon.alert_cycle()
+        assert statuses(daemon) == ["firing"]  # the budget's alert, the anomaly rule's none
+        assert len(logged(caplog.records, "a rule's figures could not be computed; its alerts keep their state")) == 1
+    finally:
+        daemon.stop()

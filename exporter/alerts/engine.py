@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
+from typing import TypeVar
 
 from exporter.alerts import anomalies, rules
 from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render
@@ -31,6 +33,7 @@ from exporter.state import AlertStore, StateError
 from exporter.state.alerts import read_refused
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
@@ -125,6 +128,8 @@ class Engine:
         self._version: object = object()
         self._changed = False
         """What the alerts show changed in memory since `_version` was last replaced."""
+        self._crashed: set[str] = set()
+        """The rules whose figures could not be computed at their last evaluation (`_computed`)."""
         self._load()
         self.adopt_legacy_ids()
         self._publish()
@@ -228,8 +233,26 @@ class Engine:
             self._enqueue(db, now)
         return self._transitions - before
 
+    def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:
+        """`compute()`: a rule's figures, which change no state; None (the rule's alerts keep their
+        state, as with no data to trust) if it raises, logged with its traceback when it first does,
+        so that one rule's figures that cannot be computed hold back no other rule."""
+        try:
+            found = compute()
+        except Exception:
+            if rid not in self._crashed:
+                self._crashed.add(rid)
+                log.exception("a rule's figures could not be computed; its alerts keep their state", rule=rid)
+            return None
+        if rid in self._crashed:
+            self._crashed.discard(rid)
+            log.info("a rule's figures are computed again", rule=rid)
+        return found
+
     def _signal(self, db: sqlite3.Connection, rule: ThresholdRule, rid: str, now: float) -> None:
-        evaluated = signals.evaluate_accounts(rule, [w.account for w in self.accounts], self.clock)
+        evaluated = self._computed(
+            rid, lambda: signals.evaluate_accounts(rule, [w.account for w in self.accounts], self.clock)
+        )
         if evaluated is None:
             return  # no trustworthy data: every alert of this rule keeps its state
         values, unknown = evaluated
@@ -282,7 +305,7 @@ class Engine:
             if alert is not None and alert.state == "firing":
                 firing.setdefault(alert.labels.get(signals.ACCOUNT, ""), []).append(key)
         for watched in self.accounts:
-            findings = self._judge(rule, rid, watched, judged_day)
+            findings = self._computed(rid, partial(self._judge, rule, rid, watched, judged_day))
             if findings is None:
                 continue  # not judged now: its last judgement stays shown, its alerts as they are
             self._anomalies(db, rule, rid, watched.name, findings, day, now, firing.pop(watched.name, []))
@@ -409,7 +432,7 @@ class Engine:
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = self._budget_named[rule.budget]
         spans = [(w.latest, w.prices) for w in self.accounts if in_scope(budget.where.get(signals.ACCOUNT), w.name)]
-        measured = rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis)
+        measured = self._computed(rid, lambda: rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis))
         if measured is None:
             return
         period, ratio = measured.period, measured.ratio

@@ -62,7 +62,8 @@ def budget_rules(rule: BudgetRule, budget: BudgetConfig, zone: ZoneInfo | None =
     forecast = rule.basis == "forecast"
     selector = f'{{budget="{budget.name}"}}'
     for index, tier in enumerate(tiers):
-        ratio = f"inference_budget_{'forecast' if forecast else 'used'}_ratio{selector}"
+        # (a job's replicas tell the same ratio: once, and the alert's labels outlive an instance's address)
+        ratio = f"max without (instance) (inference_budget_{'forecast' if forecast else 'used'}_ratio{selector})"
         expr = f"{ratio} >= {tier:g}"
         if index + 1 < len(tiers):
             expr += f" < {tiers[index + 1]:g}"

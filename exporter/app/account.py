@@ -11,7 +11,7 @@ from functools import partial
 
 from prometheus_client.registry import Collector
 
-from exporter.billing import BillingAPI, BillingClient, BillingError, RetryPolicy
+from exporter.billing import BillingAPI, BillingClient, BillingError, BillingUnavailable, RetryPolicy
 from exporter.config.schema import BillingConfig, Config, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
@@ -203,7 +203,13 @@ class Account:
         self._reconcile()
 
     def _history(self) -> None:
+        """The months fetched are used even when some are not: the refresh then fails all the same,
+        so that its freshness says the history is incomplete (each month missing is tried again an
+        hour later)."""
         self.latest.publish_history(self.history.refresh())
+        if self.history.behind:
+            months = ", ".join(self.history.behind)
+            raise BillingUnavailable(f"history: {months} not fetched today (tried again within the hour)")
 
     def _usage(self) -> None:
         self.latest.usage = self.usage.refresh()
@@ -223,15 +229,22 @@ class Account:
 
     def _reconcile(self) -> None:
         """Judge the bills against the settled usage, with the items and prices of the config in
-        force (the latest account built in this one's place, for a refresh still in flight)."""
+        force (the latest account built in this one's place, for a refresh still in flight): each
+        settled day against bills asked for once it had settled (a bill from before, its refresh
+        failing since, is not that day's final one)."""
         current = self
         while current.successor is not None:
             current = current.successor
-        if self.latest.bills is not None:
+        bills = self.latest.bills
+        if bills is not None:
             rec = current.config.reconciliation
-            self.latest.reconciliation = reconcile(
-                self.latest.bills, self.latest.settled, rec.items, current.config.prices
-            )
+            final = {
+                day: rows
+                for day, rows in self.latest.settled.items()
+                if bills.asked is None
+                or self.clock.day_start(day + dt.timedelta(days=1)).timestamp() + rec.settle <= bills.asked
+            }
+            self.latest.reconciliation = reconcile(bills, final, rec.items, current.config.prices)
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()

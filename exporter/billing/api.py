@@ -90,6 +90,11 @@ class BillingAPI(Protocol):
     def close(self) -> None: ...
 
 
+def _row(bill: BillRecord) -> tuple[object, ...]:
+    """Which row of the list a bill is: its day and what it is the charge of."""
+    return bill.day, bill.instance_id, bill.item, bill.product, bill.project_id
+
+
 class Listings(abc.ABC):
     """The two listings over any way of answering one request: query parameters, paging (caps,
     records added meanwhile), parsing and checks. `BillingClient` answers over HTTP; the tests'
@@ -204,8 +209,12 @@ class Listings(abc.ABC):
                 bills.extend(records)
             # Read in several pages, the list must have held still: rows that came or went meanwhile
             # (a new day's or a new endpoint's at its head) move the others from page to page, and a
-            # row read twice with another missed still adds up to `total`. Page 1 again tells.
-            if len(totals) == 1 and (len(bills) <= len(first) or self._first_again(fetch, len(first)) == first):
+            # row read twice with another missed still adds up to `total`. Page 1 again tells (its
+            # rows, not their amounts: an amount revised meanwhile moves no row).
+            if len(totals) == 1 and (
+                len(bills) <= len(first)
+                or list(map(_row, self._first_again(fetch, len(first)))) == list(map(_row, first))
+            ):
                 (total,) = totals
                 if len(bills) != total:
                     raise RecordError(f"{what}: pages held {counted(len(bills), 'record')}, `total` says {total}")

@@ -37,7 +37,10 @@ log = get_logger(__name__)
 
 MAX_RETRY_AFTER = 120.0
 """The longest `Retry-After` a request waits out; one asking longer ends the refresh, and the
-listing's requests are not sent again until that time has passed."""
+listing's requests are not sent again until that time has passed (at most MAX_HOLD from now)."""
+MAX_HOLD = 3600.0
+"""The longest a `Retry-After` holds a listing back: a date years ahead (a misconfigured gateway)
+must not stop the exporter for good."""
 MAX_CLOCK_SKEW = 60.0
 LOOKAHEAD = 4
 R = TypeVar("R")
@@ -74,6 +77,8 @@ def _retry_after(response: requests.Response) -> float | None:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # (`-0000`: RFC 5322's UTC of unknown local time)
+        when = when.replace(tzinfo=dt.UTC)
     return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
@@ -201,15 +206,20 @@ class BillingClient(Listings):
                 attempt += 1
                 if self._closed.is_set():
                     raise ClientClosed(f"{what}: the client was closed (config reload)") from None
+                if failure.retry_after is not None and failure.retry_after > MAX_RETRY_AFTER:
+                    held = min(failure.retry_after, MAX_HOLD)
+                    self._not_before[api] = time.monotonic() + held
+                    log.warning(
+                        "the billing API asked to wait; not asking it again before then",
+                        api=api, retry_after_seconds=round(failure.retry_after), held_seconds=round(held),
+                    )  # fmt: skip
+                    raise BillingUnavailable(
+                        f"{what}: {failure}, and asked to wait {failure.retry_after:.0f}s (Retry-After):"
+                        f" not asked again for {held:.0f}s"
+                    ) from None
                 if attempt >= self.retry.attempts:
                     raise BillingUnavailable(
                         f"{what}: {failure} (gave up after {counted(attempt, 'attempt')})"
-                    ) from None
-                if failure.retry_after is not None and failure.retry_after > MAX_RETRY_AFTER:
-                    self._not_before[api] = time.monotonic() + failure.retry_after
-                    raise BillingUnavailable(
-                        f"{what}: {failure}, and asked to wait {failure.retry_after:.0f}s (Retry-After):"
-                        " not asked again before then"
                     ) from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))

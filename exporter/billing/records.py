@@ -215,7 +215,8 @@ def parse_envelope(status: int, body: bytes, what: str) -> dict[str, Any]:
         if status >= 400:
             raise BillingAPIError(f"{what}: HTTP {status}", status=status, code=None, message="") from None
         raise RecordError(f"{what}: response is not JSON") from None
-    if status in (401, 403) and (not isinstance(envelope, dict) or not isinstance(envelope.get("code"), int)):
+    code_of = envelope.get("code") if isinstance(envelope, dict) else None
+    if status in (401, 403) and (not isinstance(code_of, int) or isinstance(code_of, bool)):
         raise _rejected_without_envelope(status, what)
     if not isinstance(envelope, dict) or "code" not in envelope:
         raise RecordError(f"{what}: response has no envelope (`code` missing)")

@@ -122,7 +122,13 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
     or `DeadlineExceeded`, or an `OSError`/`http.client.HTTPException` for a connection that failed."""
     data = json.dumps(body).encode()
     timer = Deadline(deadline)
-    connection, target, url_headers = _connection(url, timer)
+    try:
+        connection, target, url_headers = _connection(url, timer)
+    except (ValueError, http.client.InvalidURL) as error:  # (the environment's proxy: the config's URLs are checked)
+        timer.close()
+        if isinstance(error, http.client.InvalidURL):
+            raise
+        raise http.client.InvalidURL("the URL or its proxy's address cannot be read") from None
     try:
         connection.connect()
         if timer.passed:  # the deadline passed while connecting, before there was a socket to cut

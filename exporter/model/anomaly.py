@@ -52,6 +52,8 @@ SPREAD_DAYS = 7 * WEEKS
 MAD_TO_SIGMA = Decimal("1.4826")
 """The median absolute deviation of normal noise × this is its standard deviation."""
 CENT = Decimal("0.01")
+FINEST = Decimal("1e-12")
+"""The finest an expected amount is written: a bill written finer (the API may) is judged to this."""
 SHARE = Decimal("0.0001")
 HUNDRED = Decimal(100)
 
@@ -169,7 +171,9 @@ class _History:
             return None
         actual = self.series[day]
         exponent = actual.as_tuple().exponent
-        precision = min(CENT, Decimal(1).scaleb(exponent)) if isinstance(exponent, int) else CENT
+        # (as finely as the bill is written, to a cent at least and FINEST at most: within ±MAX_AMOUNT,
+        # Decimal's 28 digits always hold the figure so quantized)
+        precision = max(FINEST, min(CENT, Decimal(1).scaleb(exponent))) if isinstance(exponent, int) else CENT
         expected = unrounded.quantize(precision)
         impact = actual - expected
         percent = (impact / expected * HUNDRED).quantize(CENT) if expected else None

@@ -98,6 +98,8 @@ class BillsSnapshot:
     months: tuple[MonthBills, ...]
     """The current month first, then the previous one while it is in its grace days."""
     today: dt.date
+    asked: float | None = None
+    """When the bills were asked for (Unix seconds; None: not said): they are as they stood then, or later."""
 
     @property
     def current(self) -> MonthBills:

@@ -87,6 +87,7 @@ class BillsSource:
         return [current, previous_period(current)] if today.day <= self.grace_days else [current]
 
     def refresh(self) -> BillsSnapshot:
+        asked = self.clock.now().timestamp()
         today = self.clock.today()
         fetched = [
             (period, self.client.bills(period, GROUP_TERM_INSTANCE), self.client.bills(period, GROUP_TERM_ITEM))
@@ -111,4 +112,4 @@ class BillsSource:
             )
             for index, (period, instances, _) in enumerate(fetched)
         ]
-        return BillsSnapshot(months=tuple(months), today=today)
+        return BillsSnapshot(months=tuple(months), today=today, asked=asked)

@@ -132,6 +132,9 @@ class HistorySource:
         """Months the API refused, and when (monotonic) to try again."""
         self._held: dict[str, MonthHistory] | None = None
         """The months held: read from the state file once, then kept here (also those it refused to keep)."""
+        self.behind: list[str] = []
+        """After a refresh, the months due today whose last fetch failed (held back an hour, or older
+        than today's): the history is incomplete, however the other months went."""
 
     def _stored(self) -> dict[str, MonthHistory]:
         held = {}
@@ -186,6 +189,13 @@ class HistorySource:
             held[period] = month
         if due and len(failures) == len(due):
             raise failures[0]
+        failed = {period for period, month in zip(due, outcomes, strict=True) if isinstance(month, BillingError)}
+        self.behind = [
+            period
+            for period in [*periods, current]
+            if (period in failed or self._retry_at.get(period, 0.0) > time.monotonic())
+            and (period not in held or held[period].fetched != today)
+        ]
         return HistorySnapshot(
             MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
         )
