@@ -231,6 +231,7 @@ def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_on
 
     class RefusingAugust:
         concurrency = 1
+        base_url, project_id = fake.base_url, fake.project_id
 
         def __init__(self) -> None:
             self.asked = 0
@@ -283,3 +284,33 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
             frozen.advance(dt.timedelta(minutes=10))
     finally:
         daemon.stop()
+
+
+def test_months_held_for_another_project_are_fetched_again_never_learnt_from(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """The same day, with `billing.project_id` changed (a reload, or a restart): the months the state
+    file holds are the whole tenant's, and are fetched again for the project, not kept as fetched today."""
+    tenant = HistorySource(fake, clock, store, months=3).refresh()
+    lab = FakeBilling(modelled, project_id="proj-lab")
+    before = served(modelled)
+    project = HistorySource(lab, clock, store, months=3).refresh()
+    assert served(modelled) > before  # asked again
+    lab_endpoints = {e.endpoint_id for e in modelled.endpoints if e.project_id == "proj-lab"}
+    for period, month in project.months.items():
+        assert {a.key for a in month.by_endpoint} == lab_endpoints
+        assert sum(a.payable for a in month.by_item) < sum(a.payable for a in tenant.months[period].by_item)
+    again = served(modelled)
+    HistorySource(lab, clock, store, months=3).refresh()  # a restart, the same project: held, not asked
+    assert served(modelled) == again
+
+
+def test_months_an_earlier_version_saved_without_their_source_are_kept(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    HistorySource(fake, clock, store, months=3).refresh()
+    with store.transaction() as db:  # as a version that did not say where its months came from left it
+        db.execute("DELETE FROM meta WHERE key = 'history_source'")
+    before = served(modelled)
+    assert list(HistorySource(fake, clock, store, months=3).refresh().months) == ["2026-08", "2026-09", "2026-10"]
+    assert served(modelled) == before  # taken as this config's: not asked again

@@ -137,6 +137,15 @@ class HistorySource:
         than today's): the history is incomplete, however the other months went."""
 
     def _stored(self) -> dict[str, MonthHistory]:
+        """The months the state file holds, fetched from this client's API and project: those of
+        another (a reload or a restart that changed `billing.url` or `billing.project_id`) are
+        forgotten, to be fetched again, never learnt from."""
+        source = f"{self.client.base_url};{self.client.project_id}"
+        stored = self.state.history_source()
+        if stored != source:  # (none said: an earlier version's months, taken as this config's)
+            self.state.forget_history(source, keep=stored is None)
+            if stored is not None:
+                return {}
         held = {}
         for period, by_endpoint, by_item, items_by_endpoint, fetched in self.state.load_history():
             split = {endpoint: _amounts(period, rows) for endpoint, rows in _SPLIT.decode(items_by_endpoint).items()}

@@ -8,7 +8,21 @@ from exporter.state.file import StateFile
 
 
 class HistoryTable(StateFile):
-    """`bill_history`: one row per month."""
+    """`bill_history`: one row per month; and in `meta`, what they were fetched from (`history_source`)."""
+
+    def history_source(self) -> str | None:
+        """What the months held were fetched from (None: not said, as an earlier version kept them)."""
+        with self.reading() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'history_source'").fetchone()
+        return None if row is None else str(row[0])
+
+    def forget_history(self, source: str, *, keep: bool = False) -> None:
+        """Drop every month held (unless `keep`): they were fetched from another source; the months
+        held from now on are `source`'s."""
+        with self.transaction() as db:
+            if not keep:
+                db.execute("DELETE FROM bill_history")
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('history_source', ?)", (source,))
 
     def load_history(self) -> list[tuple[str, str, str, str, str]]:
         """Every month held: (period, its daily bills by endpoint, by item, and each endpoint's by
