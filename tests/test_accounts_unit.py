@@ -13,6 +13,7 @@ import pytest
 import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
+from exporter.alerts.engine import Engine, Watched
 from exporter.app.daemon import Daemon
 from exporter.app.sources import account_state_path
 from exporter.config.load import validate
@@ -23,7 +24,7 @@ from exporter.notifiers.digest import text as digest_text
 from exporter.sim import ITEMS, Fault, Simulator
 from tests.daemon_fakes import NOWHERE, account_simulators, accounts_section, metrics, statuses, told
 from tests.fakes import FakeBilling
-from tests.helpers import named, value
+from tests.helpers import logged, named, value
 
 BILLS = "/api/v1/bills/details"
 NAMES = ("prod", "staging", "lab")
@@ -504,5 +505,29 @@ def test_anomalies_are_judged_per_account_kept_while_unknown_and_resolved_when_t
         daemon.alert_cycle()
         assert firing(daemon) == set()
         assert statuses(daemon, "pager") == ["firing", "resolved"]
+    finally:
+        daemon.stop()
+
+
+def test_one_account_s_figures_that_cannot_be_computed_are_logged_once_and_hold_back_no_other(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    judge = Engine._judge
+
+    def failing_for_prod(engine: Engine, rule: object, rid: str, watched: Watched, day: dt.date) -> object:
+        if watched.name == "prod":
+            raise ArithmeticError("a figure this code cannot compute")
+        return judge(engine, rule, rid, watched, day)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "_judge", failing_for_prod)  # (a fault of this code, in one account)
+    rule = {"alert": "Anomaly", "signal": "spend_anomaly", "by": ["endpoint_id"], "min_amount": "1", "min_percent": 1}
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, [rule]))
+    try:
+        assert all(refresh_all(daemon))
+        for _ in range(3):
+            daemon.alert_cycle()
+        assert len(logged(caplog.records, "a rule's figures could not be computed; its alerts keep their state")) == 1
+        assert not logged(caplog.records, "a rule's figures are computed again")
     finally:
         daemon.stop()

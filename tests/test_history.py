@@ -10,6 +10,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter.billing import BillingAPIError, BillingClient, BillingError, BillRecord
 from exporter.config.load import validate
@@ -19,7 +20,7 @@ from exporter.model.forecast import filled, forecast, month_forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
-from exporter.state import StateStore
+from exporter.state import StateError, StateStore
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import InProcessBilling, fake_billing_section, unit_daemon
 from tests.fakes import FakeBilling
@@ -282,6 +283,10 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
             assert sorted(daemon.latest.history.months) == ["2026-09", "2026-10"]
             assert daemon.latest.health["history"].success is False
             frozen.advance(dt.timedelta(minutes=10))
+        # What `once` and `digest` run: the rest goes on, the history said incomplete.
+        daemon.sources.one.refresh_once(("bills", "history", "usage"))
+        assert daemon.latest.health["history"].success is False
+        assert daemon.latest.health["usage"].success is True
     finally:
         daemon.stop()
 
@@ -305,6 +310,22 @@ def test_months_held_for_another_project_are_fetched_again_never_learnt_from(
     assert served(modelled) == again
 
 
+def test_a_state_file_that_refuses_to_forget_another_source_s_months_holds_back_nothing(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    HistorySource(fake, clock, store, months=3).refresh()
+    lab = FakeBilling(modelled, project_id="proj-lab")
+
+    def refused(source: str, *, keep: bool = False) -> None:
+        raise StateError("state.db", "the state file refused the write (disk full)")
+
+    store.forget_history = refused  # type: ignore[method-assign]  # (a full disk, as the state file says it)
+    project = HistorySource(lab, clock, store, months=3).refresh()
+    lab_endpoints = {e.endpoint_id for e in modelled.endpoints if e.project_id == "proj-lab"}
+    assert {a.key for a in project.months["2026-10"].by_endpoint} == lab_endpoints
+    assert logged(caplog.records, "history of another source not forgotten in the state file")
+
+
 def test_months_an_earlier_version_saved_without_their_source_are_kept(
     modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:
@@ -314,3 +335,35 @@ def test_months_an_earlier_version_saved_without_their_source_are_kept(
     before = served(modelled)
     assert list(HistorySource(fake, clock, store, months=3).refresh().months) == ["2026-08", "2026-09", "2026-10"]
     assert served(modelled) == before  # taken as this config's: not asked again
+
+
+def test_a_reload_to_another_project_never_leaves_the_months_of_the_one_before(
+    modelled: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """A reload that changes `billing.project_id`, whose history then cannot be fetched: the months
+    held before (the whole tenant's) are not left published, to be learnt from as the project's."""
+
+    class Factory(InProcessBilling):
+        def __call__(self, config: BillingConfig) -> FakeBilling:
+            client = FakeBilling(self.sim, project_id=config.project_id)
+            if config.project_id:  # (the project's history is refused)
+                client.bills = lambda *args, **kwargs: (_ for _ in ()).throw(  # type: ignore[method-assign]
+                    BillingAPIError("refused", status=403, code=100403, message="forbidden")
+                )
+            self.built.append(client)
+            return client
+
+    path = tmp_path / "config.yaml"
+    document = {"billing": fake_billing_section(modelled), "state": {"path": str(tmp_path / "state.db")}}
+    path.write_text(yaml.safe_dump(document))
+    daemon = unit_daemon(validate(document, {}), modelled, clock, config_path=path, billing=Factory(modelled))
+    try:
+        assert daemon.refresh("history")
+        assert daemon.latest.history is not None
+        document["billing"] = document["billing"] | {"project_id": "proj-lab"}
+        path.write_text(yaml.safe_dump(document))
+        daemon.reload()
+        assert not daemon.refresh("history")
+        assert daemon.latest.history is None
+    finally:
+        daemon.stop()

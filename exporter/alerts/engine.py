@@ -233,7 +233,7 @@ class Engine:
             self._enqueue(db, now)
         return self._transitions - before
 
-    def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:
+    def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:  # (`rid`: an account's part too)
         """`compute()`: a rule's figures, which change no state; None (the rule's alerts keep their
         state, as with no data to trust) if it raises, logged with its traceback when it first does,
         so that one rule's figures that cannot be computed hold back no other rule."""
@@ -305,7 +305,7 @@ class Engine:
             if alert is not None and alert.state == "firing":
                 firing.setdefault(alert.labels.get(signals.ACCOUNT, ""), []).append(key)
         for watched in self.accounts:
-            findings = self._computed(rid, partial(self._judge, rule, rid, watched, judged_day))
+            findings = self._computed(f"{rid}/{watched.name}", partial(self._judge, rule, rid, watched, judged_day))
             if findings is None:
                 continue  # not judged now: its last judgement stays shown, its alerts as they are
             self._anomalies(db, rule, rid, watched.name, findings, day, now, firing.pop(watched.name, []))

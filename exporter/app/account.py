@@ -68,7 +68,19 @@ def _client_settings(billing: BillingConfig) -> dict[str, object]:
     )
 
 
+def _history_source(billing: BillingConfig) -> tuple[str, str]:
+    """What the history's months are fetched from (`HistorySource`: the months held are of one)."""
+    return billing.url, billing.project_id
+
+
 BillingFactory = Callable[[BillingConfig], BillingAPI]
+
+
+class HistoryBehind(BillingUnavailable):
+    """The history's refresh used the months it could fetch, and missed some: a failure of the
+    source (its freshness says so), not of a command that reads the history once."""
+
+
 """Builds the billing API for a config's `billing` section: the HTTP client in production, an
 in-process fake in the unit tests."""
 
@@ -172,6 +184,10 @@ class Account:
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
+        if self._previous is not None and _history_source(self._previous.config.billing) != _history_source(
+            self.config.billing
+        ):
+            self.latest.history = None  # another API's or project's months: never learnt from, until fetched
         self.latest.configure(self.refreshers)
         if self._previous is not None:
             self._previous.successor = self
@@ -181,11 +197,17 @@ class Account:
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
         """Refresh each source once (those named, in the order given; else all), recording its
         health as the daemon does: what the `once` and `digest` commands run. The first failure
-        stops it (RefreshFailed)."""
+        stops it (RefreshFailed); a history missing some months is recorded as failed, said in the
+        log, and the rest goes on with the months it has."""
         for name in self.refreshers if names is None else [n for n in names if n in self.refreshers]:
             started = time.perf_counter()
             try:
                 self.refreshers[name]()
+            except HistoryBehind as error:
+                log.warning("history incomplete", error=str(error))
+                self.latest.record(name, success=False, at=time.time(), duration=time.perf_counter() - started,
+                                   error=str(error))  # fmt: skip
+                continue
             except BillingError as error:
                 raise RefreshFailed(name, error) from error
             self.latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
@@ -208,8 +230,7 @@ class Account:
         hour later)."""
         self.latest.publish_history(self.history.refresh())
         if self.history.behind:
-            months = ", ".join(self.history.behind)
-            raise BillingUnavailable(f"history: {months} not fetched today (tried again within the hour)")
+            raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
     def _usage(self) -> None:
         self.latest.usage = self.usage.refresh()
@@ -230,8 +251,8 @@ class Account:
     def _reconcile(self) -> None:
         """Judge the bills against the settled usage, with the items and prices of the config in
         force (the latest account built in this one's place, for a refresh still in flight): each
-        settled day against bills asked for once it had settled (a bill from before, its refresh
-        failing since, is not that day's final one)."""
+        settled day against bills asked for after it ended (a bill from before, its refresh failing
+        since, is not the day's whole one)."""
         current = self
         while current.successor is not None:
             current = current.successor
@@ -241,8 +262,7 @@ class Account:
             final = {
                 day: rows
                 for day, rows in self.latest.settled.items()
-                if bills.asked is None
-                or self.clock.day_start(day + dt.timedelta(days=1)).timestamp() + rec.settle <= bills.asked
+                if bills.asked is None or self.clock.day_start(day + dt.timedelta(days=1)).timestamp() <= bills.asked
             }
             self.latest.reconciliation = reconcile(bills, final, rec.items, current.config.prices)
 

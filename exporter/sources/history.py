@@ -11,7 +11,9 @@ bills and usage have their first figures (one at a time before, so that history 
 the first figures at start-up; later checks share the client's requests in flight with them). A
 month the API refuses, or answers with no records, is logged and skipped: the copy
 fetched before (if any) is kept, and a month never fetched is absent, never read as zero spend (a
-zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing).
+zero-spend day from a failed fetch would fake a huge drop, or a baseline of nothing). A month
+refused leaves the history `behind`, which fails its refresh (after the months it has are used).
+The months are kept with the API and project they came from, and forgotten when either changes.
 """
 
 from __future__ import annotations
@@ -143,7 +145,10 @@ class HistorySource:
         source = f"{self.client.base_url};{self.client.project_id}"
         stored = self.state.history_source()
         if stored != source:  # (none said: an earlier version's months, taken as this config's)
-            self.state.forget_history(source, keep=stored is None)
+            try:
+                self.state.forget_history(source, keep=stored is None)
+            except StateError as error:  # (not held from it all the same: fetched again, kept here)
+                log.warning("history of another source not forgotten in the state file", error=str(error)[:200])
             if stored is not None:
                 return {}
         held = {}
