@@ -55,6 +55,17 @@ def generated(tmp_path: Path) -> tuple[Path, list[str]]:
     return path, skipped
 
 
+def passes_promtool_test(promtool: str, rules: Path, series: list, expected: list) -> None:
+    """`promtool test rules` passes on `rules` fed `series` (a sample a minute) with `expected` (its
+    `alert_rule_test`)."""
+    one = {"interval": "1m", "input_series": series, "alert_rule_test": expected}
+    tests = {"rule_files": [rules.name], "evaluation_interval": "1m", "tests": [one]}
+    (test_file := rules.with_name("rules_test.yml")).write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
 def test_every_signal_becomes_a_rule_promtool_accepts(tmp_path: Path) -> None:
     promtool = require_binary("promtool")
     path, skipped = generated(tmp_path)
@@ -84,50 +95,37 @@ def test_promtool_unit_tests_prove_the_rules_fire(tmp_path: Path) -> None:
         name = "inference_bill_endpoint_daily_payable_amount"
         return {"series": f'{name}{{day="{day}",endpoint_id="{endpoint}",{labels}}}', "values": values}
 
-    tests = {
-        "rule_files": [path.name],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'inference_budget_used_ratio{budget="monthly"}', "values": "0.3 0.4 0.6 0.85 0.9 1.2"},
-                    {"series": 'inference_budget_forecast_ratio{budget="monthly"}', "values": "0.9 0.95 1.05x8"},
-                    {"series": 'inference_budget_crossing_timestamp_seconds{budget="monthly"}',
-                     "values": "_ _ 1795363200x8"},
-                    {"series": 'inference_budget_crossing_probability{budget="monthly"}', "values": "0.2 0.4 0.7x8"},
-                    {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x10"},
-                    bill("2026-11-21", "a", "100x10"),
-                    bill("2026-11-22", "a", "60x10"),
-                    bill("2026-11-21", "b", "100x10"),  # yesterday's spend must not count today
-                    bill("2026-11-22", "b", "10x10"),
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "1m", "alertname": "MonthlyBudget", "exp_alerts": []},
-                    {"eval_time": "2m", "alertname": "MonthlyBudget", "exp_alerts": [
-                        {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.5"},
-                         "exp_annotations": {"summary": "Budget monthly is at 60%: tier 0.5 crossed"}}]},
-                    {"eval_time": "4m", "alertname": "MonthlyBudget", "exp_alerts": [
-                        {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8"},
-                         "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
-                    {"eval_time": "1m", "alertname": "MonthlyBudgetForecast", "exp_alerts": []},
-                    {"eval_time": "2m", "alertname": "MonthlyBudgetForecast", "exp_alerts": [
-                        {"exp_labels": {"budget": "monthly", "tier": "1", "basis": "forecast"},
-                         "exp_annotations": {"summary": "Budget monthly is forecast at 105%: tier 1 crossed",
-                                             "description": "crossed on 2026-11-23 (70% chance)"}}]},
-                    {"eval_time": "4m", "alertname": "EndpointDailySpendHigh", "exp_alerts": []},
-                    {"eval_time": "5m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
-                        {"exp_labels": {"severity": "warning", "endpoint_id": "a"},
-                         "exp_annotations": {"summary": "a spent 60 today (over 50)"}}]},
-                ],
-            }
-        ],
-    }  # fmt: skip
-    test_file = tmp_path / "rules_test.yml"
-    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    series = [
+        {"series": 'inference_budget_used_ratio{budget="monthly"}', "values": "0.3 0.4 0.6 0.85 0.9 1.2"},
+        {"series": 'inference_budget_forecast_ratio{budget="monthly"}', "values": "0.9 0.95 1.05x8"},
+        {"series": 'inference_budget_crossing_timestamp_seconds{budget="monthly"}',
+         "values": "_ _ 1795363200x8"},
+        {"series": 'inference_budget_crossing_probability{budget="monthly"}', "values": "0.2 0.4 0.7x8"},
+        {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x10"},
+        bill("2026-11-21", "a", "100x10"),
+        bill("2026-11-22", "a", "60x10"),
+        bill("2026-11-21", "b", "100x10"),  # yesterday's spend must not count today
+        bill("2026-11-22", "b", "10x10"),
+    ]  # fmt: skip
+    expected = [
+        {"eval_time": "1m", "alertname": "MonthlyBudget", "exp_alerts": []},
+        {"eval_time": "2m", "alertname": "MonthlyBudget", "exp_alerts": [
+            {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.5"},
+             "exp_annotations": {"summary": "Budget monthly is at 60%: tier 0.5 crossed"}}]},
+        {"eval_time": "4m", "alertname": "MonthlyBudget", "exp_alerts": [
+            {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8"},
+             "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
+        {"eval_time": "1m", "alertname": "MonthlyBudgetForecast", "exp_alerts": []},
+        {"eval_time": "2m", "alertname": "MonthlyBudgetForecast", "exp_alerts": [
+            {"exp_labels": {"budget": "monthly", "tier": "1", "basis": "forecast"},
+             "exp_annotations": {"summary": "Budget monthly is forecast at 105%: tier 1 crossed",
+                                 "description": "crossed on 2026-11-23 (70% chance)"}}]},
+        {"eval_time": "4m", "alertname": "EndpointDailySpendHigh", "exp_alerts": []},
+        {"eval_time": "5m", "alertname": "EndpointDailySpendHigh", "exp_alerts": [
+            {"exp_labels": {"severity": "warning", "endpoint_id": "a"},
+             "exp_annotations": {"summary": "a spent 60 today (over 50)"}}]},
+    ]  # fmt: skip
+    passes_promtool_test(promtool, path, series, expected)
 
 
 def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path: Path) -> None:
@@ -152,33 +150,23 @@ def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path:
         return {"exp_labels": {"severity": "warning", "endpoint_id": "a", "job": job},
                 "exp_annotations": {"summary": "a spent 60 today (over 50)"}}  # fmt: skip
 
-    tests = {
-        "rule_files": [path.name],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                *exporter("replicas", "r1:9877", "60x30"), *exporter("replicas", "r2:9877", "60x30"),
-                *exporter("apart", "a1:9877", "30x30"), *exporter("apart", "a2:9877", "30x30"),
-                *exporter("restarted", "10.0.0.1:9877", "60x19"), *exporter("restarted", "10.0.0.2:9877", "_x20 60x10"),
-                *({"series": f'inference_budget_used_ratio{{job="replicas",instance="{r}",budget="monthly"}}',
-                   "values": "0.9x30"} for r in ("r1:9877", "r2:9877")),
-            ],
-            "alert_rule_test": [
-                {"eval_time": "15m", "alertname": "EndpointDailySpendHigh",
-                 "exp_alerts": [firing("replicas"), firing("restarted")]},
-                {"eval_time": "27m", "alertname": "EndpointDailySpendHigh",
-                 "exp_alerts": [firing("replicas"), firing("restarted")]},  # (10.0.0.1's samples gone since 24m)
-                {"eval_time": "5m", "alertname": "MonthlyBudget", "exp_alerts": [
-                    {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8", "job": "replicas"},
-                     "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
-            ],
-        }],
-    }  # fmt: skip
-    test_file = tmp_path / "rules_test.yml"
-    test_file.write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    series = [
+        *exporter("replicas", "r1:9877", "60x30"), *exporter("replicas", "r2:9877", "60x30"),
+        *exporter("apart", "a1:9877", "30x30"), *exporter("apart", "a2:9877", "30x30"),
+        *exporter("restarted", "10.0.0.1:9877", "60x19"), *exporter("restarted", "10.0.0.2:9877", "_x20 60x10"),
+        *({"series": f'inference_budget_used_ratio{{job="replicas",instance="{r}",budget="monthly"}}',
+           "values": "0.9x30"} for r in ("r1:9877", "r2:9877")),
+    ]  # fmt: skip
+    expected = [
+        {"eval_time": "15m", "alertname": "EndpointDailySpendHigh",
+         "exp_alerts": [firing("replicas"), firing("restarted")]},
+        {"eval_time": "27m", "alertname": "EndpointDailySpendHigh",
+         "exp_alerts": [firing("replicas"), firing("restarted")]},  # (10.0.0.1's samples gone since 24m)
+        {"eval_time": "5m", "alertname": "MonthlyBudget", "exp_alerts": [
+            {"exp_labels": {"severity": "critical", "budget": "monthly", "tier": "0.8", "job": "replicas"},
+             "exp_annotations": {"summary": "Budget monthly is at 90%: tier 0.8 crossed"}}]},
+    ]  # fmt: skip
+    passes_promtool_test(promtool, path, series, expected)
 
 
 def test_rules_over_several_accounts_select_and_group_as_the_exporter_does(tmp_path: Path) -> None:
@@ -202,25 +190,16 @@ def test_rules_over_several_accounts_select_and_group_as_the_exporter_does(tmp_p
         name = "inference_bill_endpoint_daily_payable_amount"
         return {"series": f'{name}{{account="{account}",endpoint_id="{endpoint}",{labels}}}', "values": f"{value}x5"}
 
-    tests = {
-        "rule_files": [path.name],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [
-                {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x5"},
-                bill("prod", "a", 60), bill("prod", "b-1.x", 70), bill("prod", "b-1yx", 90),  # `.` is no wildcard
-                bill("staging", "a", 80),  # not an account the rule names
-                bill("lab", "a", 40),  # under the threshold
-            ],
-            "alert_rule_test": [{"eval_time": "2m", "alertname": "TeamSpend", "exp_alerts": [
-                {"exp_labels": {"account": "prod", "endpoint_id": "a"},
-                 "exp_annotations": {"summary": "TeamSpend: spend 60 > 50"}},
-                {"exp_labels": {"account": "prod", "endpoint_id": "b-1.x"},
-                 "exp_annotations": {"summary": "TeamSpend: spend 70 > 50"}},
-            ]}],
-        }],
-    }  # fmt: skip
-    (test_file := tmp_path / "rules_test.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    series = [
+        {"series": 'inference_billing_today_info{day="2026-11-22",period="2026-11"}', "values": "1x5"},
+        bill("prod", "a", 60), bill("prod", "b-1.x", 70), bill("prod", "b-1yx", 90),  # `.` is no wildcard
+        bill("staging", "a", 80),  # not an account the rule names
+        bill("lab", "a", 40),  # under the threshold
+    ]  # fmt: skip
+    expected = [{"eval_time": "2m", "alertname": "TeamSpend", "exp_alerts": [
+        {"exp_labels": {"account": "prod", "endpoint_id": "a"},
+         "exp_annotations": {"summary": "TeamSpend: spend 60 > 50"}},
+        {"exp_labels": {"account": "prod", "endpoint_id": "b-1.x"},
+         "exp_annotations": {"summary": "TeamSpend: spend 70 > 50"}},
+    ]}]  # fmt: skip
+    passes_promtool_test(promtool, path, series, expected)
