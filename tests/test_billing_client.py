@@ -265,12 +265,15 @@ def test_a_long_retry_after_on_the_last_attempt_holds_too_and_a_hold_is_at_most_
         list(client.usage_pages(sim.clock.today()))
 
 
-def test_a_retry_after_date_is_read_with_or_without_its_zone() -> None:
+def test_a_retry_after_date_is_read_with_or_without_its_zone_and_nonsense_is_no_wait() -> None:
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
+    response = requests.Response()
     for written in (email.utils.format_datetime(soon), email.utils.format_datetime(soon).replace("+0000", "-0000")):
-        response = requests.Response()
         response.headers["Retry-After"] = written
         assert 590 < (_retry_after(response) or 0) <= 600, written
+    for nonsense in ("²", "soon", "-5"):
+        response.headers["Retry-After"] = nonsense
+        assert _retry_after(response) is None
 
 
 def test_gives_up_after_the_last_attempt(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:

@@ -532,3 +532,38 @@ def test_the_fake_answers_as_the_wire_does(
         with pytest.raises(BillingAPIError, match="must not be in the future") as refused:
             list(api.usage_pages(clock.today() + dt.timedelta(days=1)))
         assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("per_api_key", [True, False])
+def test_a_reload_that_toggles_per_api_key_never_shows_two_series_under_one_label_set(
+    sim: Simulator, clock: Clock, tmp_path: Path, per_api_key: bool
+) -> None:
+    """Until the next usage refresh counts the other way, the snapshot held is shown summed over its
+    keys (per key → not), or not at all (not → per key: no key is known), never cut to the new labels."""
+    import yaml
+
+    from exporter.config.load import validate
+    from tests.daemon_fakes import fake_billing_section, metrics, unit_daemon
+
+    document = {
+        "billing": fake_billing_section(sim, per_api_key=per_api_key),
+        "state": {"path": str(tmp_path / "s.db")},
+    }
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(document))
+    sim.add_usage(300)
+    daemon = unit_daemon(validate(document, {}), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("usage")
+        document["billing"]["per_api_key"] = not per_api_key
+        path.write_text(yaml.safe_dump(document))
+        assert daemon.reload()
+        text = daemon.sources.exposition.render()[0].decode()
+        shown = [line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("inference_usage_requests_total")]
+        assert len({labels for labels, _ in shown}) == len(shown)  # no label set twice
+        assert all("api_key" not in labels for labels, _ in shown)
+        assert sum(float(value) for _, value in shown) == (300 if per_api_key else 0)  # summed, or not known yet
+        assert daemon.refresh("usage")
+        requests = {labels: v for labels, v in metrics(daemon).items() if labels[0] == "inference_usage_requests_total"}
+        assert sum(requests.values()) == 300
+    finally:
+        daemon.stop()

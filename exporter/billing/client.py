@@ -71,7 +71,7 @@ def _retry_after(response: requests.Response) -> float | None:
     value = response.headers.get("Retry-After")
     if not value:
         return None
-    if value.strip().isdigit():
+    if value.strip().isascii() and value.strip().isdigit():  # (`isdigit` alone takes "²")
         return float(value.strip())
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -11,7 +12,7 @@ from prometheus_client.registry import Collector
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.metrics.runtime import build_labels
-from exporter.model.snapshots import Histogram, Latest, ProbeSnapshot, UsageKey, UsageTotals
+from exporter.model.snapshots import Histogram, Latest, ProbeSnapshot, UsageSnapshot, UsageTotals
 from exporter.sources.budgets import current_figures, judge_scopes
 
 CACHED = "Cached from the last successful refresh; a scrape never calls the API."
@@ -88,15 +89,40 @@ USAGE_FIELDS = (
 
 
 class UsageCollector(Collector):
+    """Today's usage (and the day before's), per (endpoint, model[, API key]) as the config says. A
+    snapshot counted the other way (a reload toggled `per_api_key`; a refresh of before it still
+    in flight) is summed over its keys when it has them and they are not wanted, and not shown
+    when they are wanted and it has not: never two series under one label set, nor a key that
+    is none."""
+
     def __init__(self, latest: Latest, per_api_key: bool) -> None:
         self.latest = latest
+        self.per_api_key = per_api_key
         self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
 
     def version(self) -> object:
         return self.latest.usage
 
-    def _labels(self, key: UsageKey) -> list[str]:
-        return [key.endpoint_id, key.model, key.api_key][: len(self.labels)]
+    def _rows(self, snapshot: UsageSnapshot) -> list[tuple[list[str], tuple[Any, ...]]]:
+        """(labels, values) of each series `snapshot` makes under this collector's labels."""
+        if snapshot.per_api_key is not None and snapshot.per_api_key != self.per_api_key:
+            if self.per_api_key:
+                return []  # (not known per key yet)
+            summed: dict[tuple[str, str], list[Any]] = {}
+            for key, totals in snapshot.totals.items():
+                values = _usage_values(totals)
+                found = summed.get((key.endpoint_id, key.model))
+                summed[key.endpoint_id, key.model] = (
+                    list(values)
+                    if found is None
+                    else [None if a is None or b is None else a + b for a, b in zip(found, values, strict=True)]
+                )
+            return [([endpoint, model], tuple(values)) for (endpoint, model), values in summed.items()]
+        width = len(self.labels)
+        return [
+            ([key.endpoint_id, key.model, key.api_key][:width], _usage_values(totals))
+            for key, totals in snapshot.totals.items()
+        ]
 
     def collect(self) -> Iterator[Metric]:
         today_note = f"today in the billing time zone, reset at the day's start. {CACHED}"
@@ -115,16 +141,16 @@ class UsageCollector(Collector):
         )
         snapshot = self.latest.usage
         if snapshot is not None:
-            for key, totals in snapshot.totals.items():
-                for counter, value in zip(today, _usage_values(totals), strict=True):
+            for labels, values in self._rows(snapshot):
+                for counter, value in zip(today, values, strict=True):
                     if value is not None:
-                        counter.add_metric(self._labels(key), float(value), created=snapshot.created)
+                        counter.add_metric(labels, float(value), created=snapshot.created)
             done = snapshot.previous_day
             if done is not None:
-                for key, totals in done.totals.items():
-                    for gauge, value in zip(previous, _usage_values(totals), strict=True):
+                for labels, values in self._rows(done):
+                    for gauge, value in zip(previous, values, strict=True):
                         if value is not None:
-                            gauge.add_metric([done.day.isoformat(), *self._labels(key)], float(value))
+                            gauge.add_metric([done.day.isoformat(), *labels], float(value))
             resyncs.add_metric([], snapshot.resyncs)
         yield from today
         yield from previous

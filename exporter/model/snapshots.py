@@ -196,6 +196,8 @@ class UsageSnapshot:
     resyncs: int = 0
     previous_day: UsageSnapshot | None = None
     """The day before, finalised by its last full pull at the rollover."""
+    per_api_key: bool | None = None
+    """Whether `totals` are per API key (None: not said)."""
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,7 @@ class UsageSync(UsageReader):
             created=created,
             resyncs=self.resyncs,
             previous_day=self._snapshot(*previous, prices) if previous else None,
+            per_api_key=self.per_api_key,
         )
 
     def reprice(self, prices: Iterable[PriceConfig]) -> UsageSnapshot | None:
