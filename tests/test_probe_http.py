@@ -87,7 +87,8 @@ def test_the_first_token_is_timed_when_it_arrives(sim: Simulator, server: Simula
     rest = 7 * sim.chunk_delay  # six reasoning and two answer deltas, a pause before each but the first
     assert last.time_to_first_token is not None
     assert sim.time_to_first_token <= last.time_to_first_token < sim.time_to_first_token + rest / 2
-    assert last.duration - last.time_to_first_token >= rest
+    # (the token stamped as it came: a busy machine may stamp it a little late, never a pause late)
+    assert last.duration - last.time_to_first_token >= rest - sim.chunk_delay / 2
     assert last.max_chunk_gap is not None
     assert last.max_chunk_gap >= sim.chunk_delay
 

@@ -242,8 +242,12 @@ def test_out_of_descriptors_the_accept_loop_backs_off_instead_of_spinning(tmp_pa
 
         wait_for(healthy, timeout=20)
         log = stderr.read_text()
-        assert log.count("http accept failing") == 1  # once for the episode, not per attempt
-        assert "http accepting again" in log
+        # Once an episode, not per attempt: each "failing" followed by its "accepting again" (a busy
+        # machine may see two episodes, the server's side of the closed connections not closed yet).
+        said = [line for line in log.splitlines() if "http accept failing" in line or "http accepting again" in line]
+        assert said
+        assert all(("failing" in line) == (n % 2 == 0) for n, line in enumerate(said)), said
+        assert "http accepting again" in said[-1]
     finally:
         for client in clients:
             client.close()

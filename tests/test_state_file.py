@@ -696,3 +696,15 @@ def test_a_file_written_by_a_newer_version_is_refused_naming_both_layouts(tmp_pa
     )
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (LAYOUT + 1,)  # left as it was
+
+
+def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_nothing(tmp_path: Path) -> None:
+    """/proc refuses a directory whatever the permission bits say (root passes them all); a path whose
+    directories are missing but could be made is fine, and nothing is left behind by finding out."""
+    from exporter.state.file import location_problem
+
+    assert location_problem("/proc/nope/state.db") == "the directory /proc is not writable"
+    assert location_problem(tmp_path / "a" / "b" / "state.db") == ""
+    assert location_problem(tmp_path / "state.db") == ""
+    assert list(tmp_path.iterdir()) == []
+    assert location_problem(tmp_path) == f"{tmp_path} is a directory"

@@ -38,6 +38,18 @@ def _directory_writable(directory: Path) -> bool:
         return False
 
 
+def _can_make_in(parent: Path, *, directory: bool) -> bool:
+    """Whether a `directory` (else a file) can be made in `parent`: made, then removed."""
+    try:
+        if directory:
+            with tempfile.TemporaryDirectory(dir=parent):
+                return True
+        with tempfile.TemporaryFile(dir=parent):
+            return True
+    except OSError:
+        return False
+
+
 def _identity_of(path: str) -> tuple[int, int] | None:
     """The (device, inode) of the file at `path`; None if there is none (OSError for other faults)."""
     try:
@@ -55,7 +67,10 @@ def connect_existing(path: str | Path, mode: str) -> sqlite3.Connection:
 
 
 def location_problem(path: str | Path) -> str:
-    """Why no state file could be kept at `path` ("" if one could), found without creating anything."""
+    """Why no state file could be kept at `path` ("" if one could), found leaving nothing behind:
+    what is missing of its directory is tried by making a directory there, a file in one that is
+    there by making a temporary one (root passes every permission check, not /proc's or a
+    read-only mount's refusal)."""
     if str(path) == ":memory:":
         return ""
     target = Path(path)
@@ -66,7 +81,7 @@ def location_problem(path: str | Path) -> str:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_make_in(existing, directory=existing != target.parent):
         return f"the directory {existing} is not writable"
     if target.exists() and not os.access(target, os.R_OK | os.W_OK):
         return f"{target} is not readable and writable"
