@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 import yaml
@@ -363,3 +364,82 @@ def test_an_smtp_server_that_refuses_gets_the_digest_later_once_with_the_same_me
         assert daemon.dispatcher.pending() == {}
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("day", "scheduled"),
+    [
+        (dt.date(2026, 10, 18), "00:30"),  # an ordinary day: 01:30 BST
+        (dt.date(2026, 10, 25), "00:30"),  # the clocks go back at 02:00 BST: the first 01:30
+        (dt.date(2026, 3, 29), "01:30"),  # they go from 01:00 to 02:00: 01:30 as the clocks before read it
+    ],
+)
+def test_a_digest_s_time_and_its_wait_for_bills_are_instants_on_the_days_the_clocks_change(
+    tmp_path: Path, day: dt.date, scheduled: str
+) -> None:
+    """A 01:30 digest in Europe/London with no bills coming: queued the wait (an hour) after its time,
+    as the clocks go, not two hours on the night they go back (a timedelta added to the zone's time
+    is wall-clock time)."""
+    london = ZoneInfo("Europe/London")
+    start = dt.datetime.combine(day, dt.time(), london).astimezone(dt.UTC)
+    frozen = FrozenClock(start)
+    clock = Clock(london, frozen)
+    sim = Simulator(clock=clock)
+    document = {
+        "billing": fake_billing_section(sim, history_months=0, timezone="Europe/London"),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]},
+        "digest": {"at": "01:30", "notifiers": ["hook"]},
+    }
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        for minute in range(6 * 60):
+            frozen.set(start + dt.timedelta(minutes=minute))
+            daemon.alert_cycle()  # (no bills refresh: it waits for them, then goes without)
+            if digests_told(daemon):
+                break
+        queued = frozen().astimezone(dt.UTC)
+        expected = dt.datetime.combine(day, dt.time.fromisoformat(scheduled), dt.UTC) + dt.timedelta(
+            seconds=DIGEST_WAIT
+        )
+        assert queued == expected
+    finally:
+        daemon.stop()
+
+
+def test_a_queued_digest_of_a_notifier_a_reload_takes_out_of_digest_notifiers_is_not_delivered(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """`mail` stays an alert notifier; its receiver was down when the digest was queued and is back
+    after the reload: the digest is no longer its to tell (counted as discarded), `hook` has its own."""
+    hook, mail = Receiver(), Receiver()
+    mail.refuse = 1
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+
+    def document(digest_to: list[str]) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": hook.url},
+                                     {"name": "mail", "type": "webhook", "url": mail.url}]},
+            "digest": {"at": "09:00", "notifiers": digest_to},
+        }  # fmt: skip
+
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(document(["hook", "mail"])))
+    daemon = unit_daemon(validate(document(["hook", "mail"]), {}), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert (len(hook.bodies()), len(mail.bodies()), mail.attempts) == (1, 0, 1)
+        path.write_text(yaml.safe_dump(document(["hook"])))
+        assert daemon.reload()
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()
+        assert mail.bodies() == []
+        assert daemon.dispatcher.discarded["notifier_removed"] == 1
+        assert not any(daemon.dispatcher.pending().values())
+    finally:
+        daemon.stop()
+        hook.stop()
+        mail.stop()

@@ -17,7 +17,7 @@ import requests
 from exporter.app.account import build_exposition
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.metrics.exposition import OPENMETRICS_ACCEPT
+from exporter.metrics.exposition import OPENMETRICS_ACCEPT, negotiated
 from exporter.model.snapshots import Latest
 from exporter.web import ExporterServer, View
 from tests.conftest import require_binary
@@ -115,6 +115,9 @@ def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
         om = requests.get(f"{server.url}/metrics", headers={"Accept": "application/openmetrics-text"}, timeout=5)
         assert om.headers["Content-Type"].startswith("application/openmetrics-text")
         assert om.text.endswith("# EOF\n")
+        # What the body depends on, for a cache in front: the format and the coding on /metrics, the coding elsewhere.
+        assert gz.headers["Vary"] == om.headers["Vary"] == "Accept, Accept-Encoding"
+        assert requests.get(f"{server.url}/", timeout=5).headers["Vary"] == "Accept-Encoding"
         assert requests.get(f"{server.url}/nope", timeout=5).status_code == 404
     finally:
         server.stop()
@@ -124,6 +127,24 @@ PROMETHEUS_3_ACCEPT = (
     "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
     "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
 )
+
+
+@pytest.mark.parametrize(
+    ("accept", "openmetrics"),
+    [
+        ("application/openmetrics-text", True),
+        (PROMETHEUS_3_ACCEPT, True),
+        ("application/openmetrics-text; version=1.0.0; q=0, text/plain; version=0.0.4", False),  # refused
+        ("text/plain; version=0.0.4; q=1, application/openmetrics-text; version=1.0.0; q=0.1", False),  # text preferred
+        ("application/openmetrics-text; q=0.5, */*; q=0.5", True),  # as good: OpenMetrics
+        ("application/openmetrics-text; q=2", False),  # not a weight: 0
+        ("", False),
+    ],
+)
+def test_openmetrics_is_served_when_the_client_weighs_it_at_least_as_the_text_format(
+    accept: str, openmetrics: bool
+) -> None:
+    assert (negotiated(accept) == OPENMETRICS_ACCEPT) is openmetrics
 
 
 def test_every_accept_header_is_served_one_of_two_formats_from_the_same_caches(clock: Clock) -> None:
@@ -328,5 +349,21 @@ def test_a_web_config_files_headers_come_on_refusals_too(tmp_path: Path, clock: 
             response = connection.getresponse()
             assert (response.status, response.getheader("X-Frame-Options")) == (expected, "sameorigin")
             connection.close()
+    finally:
+        server.stop()
+
+
+def test_a_response_to_a_request_that_closes_its_connection_says_so(clock: Clock) -> None:
+    """The server closes it after the answer, and says `Connection: close` in it (RFC 9112 §9.6)."""
+    server = start({}, clock)
+    try:
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=5) as client:
+            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := client.recv(65536):
+                answer += chunk
+        head = answer.split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")
+        assert head[0] == "http/1.1 200 ok"
+        assert "connection: close" in head
     finally:
         server.stop()

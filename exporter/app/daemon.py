@@ -144,6 +144,7 @@ class Daemon:
             lambda notifier: self.sources.engine.current(notifier),
             self._external_url(config),
             routed=lambda rule: self.sources.engine.routed(rule),
+            digests_to=lambda: self.config.digest.notifiers if self.config.digest is not None else None,
         )
         self.sources = Sources(
             config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,

@@ -38,9 +38,9 @@ def digest_due(config: DigestConfig, now: dt.datetime, clock: Clock) -> dt.date 
         day = today - dt.timedelta(days=back)
         if config.schedule == "weekly" and day.weekday() != 0:
             continue
-        scheduled = clock.day_start(day) + dt.timedelta(hours=hour, minutes=minute)
-        if scheduled <= now:
-            return day if now - scheduled <= dt.timedelta(days=period / 2) else None
+        scheduled = clock.at(day, hour, minute)
+        if scheduled <= now:  # (instants: UTC and the zone's compare as such)
+            return day if now.astimezone(dt.UTC) - scheduled <= dt.timedelta(days=period / 2) else None
     return None
 
 
@@ -133,11 +133,10 @@ class DigestQueue:
                 account = sources.accounts.get(name)
                 if account is None:
                     return False  # a reload removed it meanwhile
-                scheduled = self.clock.day_start(sent_on) + dt.timedelta(hours=config.time[0], minutes=config.time[1])
-                waited_from = max(scheduled, self._started)
-                if not digest_ready(account.latest, self.clock, account.config) and now < waited_from + dt.timedelta(
-                    seconds=DIGEST_WAIT
-                ):
+                scheduled = self.clock.at(sent_on, *config.time)
+                waited_from = max(scheduled, self._started.astimezone(dt.UTC))
+                waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
+                if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
                 body = sources.digest(sent_on, config.schedule, url, alerts=firing.of(name), account=name)
                 # For the notifiers configured now: a reload meanwhile may have removed one (and

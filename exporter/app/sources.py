@@ -333,10 +333,10 @@ class Sources:
             if a.state == "firing" and a.labels.get(ACCOUNT, account) == account
         ]
         at = self.config.digest.time if self.config.digest is not None else (9, 0)
-        sent_at = self.clock.day_start(sent_on) + dt.timedelta(hours=at[0], minutes=at[1])
+        sent_at = self.clock.at(sent_on, *at)
         settle = dt.timedelta(seconds=self.config.reconciliation.settle)
         last = sent_on
-        while self.clock.day_start(last + dt.timedelta(days=1)) + settle > sent_at:
+        while self.clock.day_start(last + dt.timedelta(days=1)).astimezone(dt.UTC) + settle > sent_at:
             last -= dt.timedelta(days=1)
         first_day, final_day = span(schedule, sent_on)
         settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see

@@ -37,8 +37,16 @@ class Clock:
         return f"{day.year:04d}-{day.month:02d}"
 
     def day_start(self, day: dt.date) -> dt.datetime:
-        """The first instant of `day`, in the billing zone (see `day_start`)."""
+        """The first instant of `day`, in the billing zone (see `day_start`). (Python adds a timedelta to
+        it, and compares it with another of the zone, by the wall clock: on a day the clocks change,
+        take it `.astimezone(dt.UTC)` first, or its `timestamp()`.)"""
         return day_start(day, self.tz).astimezone(self.tz)
+
+    def at(self, day: dt.date, hour: int, minute: int) -> dt.datetime:
+        """The instant (in UTC) the billing zone's clocks read `hour:minute` on `day`: the first of the
+        two where they read it twice, and where they skip it, as the clocks before the jump would
+        have read it (01:30 on the night they go from 01:00 to 02:00 is 02:30)."""
+        return dt.datetime.combine(day, dt.time(hour, minute), tzinfo=self.tz).astimezone(dt.UTC)
 
 
 def day_start(day: dt.date, tz: ZoneInfo) -> dt.datetime:

@@ -23,7 +23,7 @@ import http.client
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -62,8 +62,10 @@ OWED_FOR = 86400.0
 """How long a notification is retried to email recipients who refuse it for now (4xx) while the
 others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
 SUPERSEDED = "its alerts changed state again before it could be delivered"
+NO_DIGESTS = "its notifier takes no digests any more (digest.notifiers)"
 DISCARDED = ("notifier_removed", "superseded")
-"""Why a queued notification is never delivered: its notifier left the config (`configure`), or
+"""Why a queued notification is never delivered: its notifier left the config (`configure`; for a
+digest, `digest.notifiers`), or
 every alert in it changed state again meanwhile (`_current`)."""
 
 
@@ -144,14 +146,19 @@ class Dispatcher:
         alerts: Callable[[str], Sequence[Alert]],
         external_url: str,
         routed: Callable[[str], Sequence[str]] | None = None,
+        digests_to: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
         """`alerts`: the current alerts routed to the notifier named (what a kind that is resent sends).
         `routed`: the notifiers a rule's state changes go to now (a queued firing of a rule a reload
-        routed elsewhere is not delivered); without it, a queued firing goes where it was queued."""
+        routed elsewhere is not delivered); without it, a queued firing goes where it was queued.
+        `digests_to`: the notifiers digests go to now (a queued digest of one a reload took out of
+        `digest.notifiers` is not delivered); without it, or when it says None (a config without
+        `digest` names none), a queued digest goes where it was queued."""
         self.store = store
         self.clock = clock
         self.alerts = alerts
         self.routed = routed
+        self.digests_to = digests_to
         self.deadline = DEADLINE
         self.sent: dict[str, int] = {}
         self.failed: dict[str, int] = {}
@@ -378,6 +385,9 @@ class Dispatcher:
             raise
         self._unsaved.pop(name, None)
 
+    def _digests_to(self) -> Collection[str] | None:
+        return None if self.digests_to is None else self.digests_to()
+
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
         the email recipients still owed one: that holds nothing back). While the state file refuses
@@ -399,6 +409,14 @@ class Dispatcher:
                     log.error("email recipients refused a notification for a day; it is dropped for them",
                               notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
+                    continue
+                if head.digest is not None and name not in (self._digests_to() or (name,)):
+                    self._record(
+                        name, partial(self.store.delivered, head.id, now, dropped=NO_DIGESTS, table=head.table)
+                    )
+                    with self._counts:
+                        self.discarded["notifier_removed"] += 1
+                    log.info("queued digest dropped: its notifier takes no digests any more", notifier=name)
                     continue
                 entry = head if head.digest is not None else self._current(head)
                 if entry is None:

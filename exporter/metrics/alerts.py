@@ -100,8 +100,8 @@ class _Notifications(Collector):
             failed.add_metric([name], failures)
         discarded = CounterMetricFamily(
             "inference_alert_notifications_discarded",
-            "Queued notifications never delivered: reason=notifier_removed (their notifier left the config),"
-            " superseded (their alerts changed state again before delivery).",
+            "Queued notifications never delivered: reason=notifier_removed (their notifier left the config, or"
+            " for a digest digest.notifiers), superseded (their alerts changed state again before delivery).",
             labels=["reason"],
         )
         for reason, count in figures.discarded:

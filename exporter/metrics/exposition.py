@@ -21,6 +21,7 @@ change with each delivery (`metrics.alerts`).
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 import zlib
@@ -65,14 +66,34 @@ def gzip_member(texts: Sequence[bytes], pieces: Sequence[bytes]) -> bytes:
     return b"".join([_GZIP_HEADER, *pieces, _FINAL_BLOCK, struct.pack("<II", crc, size)])
 
 
+QVALUE = re.compile(r"0(\.\d{0,3})?|1(\.0{0,3})?")
+"""A weight as RFC 9110 §12.4.2 writes it."""
+
+
 def negotiated(accept: str) -> str:
     """The `Accept` header as one of the two expositions served: OpenMetrics 1.0.0 when the client
-    prefers OpenMetrics, else the text format 0.0.4. prometheus_client would write another for each
+    prefers OpenMetrics (its weight above 0 and at least the text format's: `text/plain`, `text/*`
+    or `*/*`), else the text format 0.0.4. prometheus_client would write another for each
     variant asked (any `version=1.0.N`, `escaping=allow-utf-8`, as Prometheus 3 asks), each cached
     apart: every scrape of Prometheus 3 missed what `prepare` had rendered, and a client making up
-    versions grew the caches without end. The names here need no escaping: each format says the same."""
+    versions grew the caches without end; and it reads no weights. The names here need no
+    escaping: each format says the same."""
     _, content_type = choose_encoder(accept)
-    return OPENMETRICS_ACCEPT if content_type.startswith("application/openmetrics-text") else ""
+    if not content_type.startswith("application/openmetrics-text"):
+        return ""
+    weights: dict[str, float] = {}
+    for element in accept.split(","):
+        media, *parameters = (part.strip() for part in element.split(";"))
+        weight = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                weight = float(value) if QVALUE.fullmatch(value.strip()) else 0.0
+        media = media.lower()
+        weights[media] = max(weights.get(media, 0.0), weight)
+    text = max(weights.get("text/plain", 0.0), weights.get("text/*", 0.0), weights.get("*/*", 0.0))
+    openmetrics = weights.get("application/openmetrics-text", 0.0)
+    return OPENMETRICS_ACCEPT if openmetrics > 0 and openmetrics >= text else ""
 
 
 @dataclass(frozen=True)

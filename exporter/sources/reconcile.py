@@ -143,7 +143,7 @@ class SettledUsage:
         now = self.clock.now()
         days = []
         day = first
-        while self.clock.day_start(day + dt.timedelta(days=1)) + self.settle <= now:
+        while self.clock.day_start(day + dt.timedelta(days=1)).astimezone(dt.UTC) + self.settle <= now:
             days.append(day)
             day += dt.timedelta(days=1)
         return days

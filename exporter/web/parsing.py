@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from email.message import Message
 from urllib.parse import urlsplit
 
+from exporter.metrics.exposition import QVALUE
+
 MAX_URL = 8192
 """The longest target a request may have: longer is refused with a 414."""
 MAX_HEADER_BYTES = 16384
@@ -17,8 +19,6 @@ _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 """What a header value must not hold (RFC 9110 §5.5): NUL, CR, LF (a folded line) and every other control but tab."""
 _DIGITS = re.compile(r"[0-9]+")
-_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
-"""A weight (RFC 9110 §12.4.2)."""
 _ONCE = ("Content-Length", "Host")
 """Headers a request may hold once: two are two readings of one request (RFC 9112 §3.2, §6.3)."""
 
@@ -84,7 +84,7 @@ def accepts_gzip(fields: Sequence[str]) -> bool:
             name, _, value = parameter.partition("=")
             if name.strip().lower() == "q":
                 value = value.strip()
-                weight = float(value) if _QVALUE.fullmatch(value) else 0.0
+                weight = float(value) if QVALUE.fullmatch(value) else 0.0
         coding = coding.lower()
         weights["gzip" if coding == "x-gzip" else coding] = weight
     gzip_weight = weights.get("gzip", weights.get("*", 0.0))

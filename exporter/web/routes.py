@@ -23,13 +23,16 @@ class Response:
     content_type: str
     gzipped: bool = False
     """The body is one gzip member already."""
+    vary: str = "Accept-Encoding"
+    """The request headers the body depends on (a cache in front keeps one body for each): gzip or not."""
 
 
 def _metrics(view: View, headers: Message) -> Response:
     accept = negotiated(headers.get("Accept", ""))
+    vary = "Accept, Accept-Encoding"  # (OpenMetrics or the text format, too)
     if view.render_gzipped is not None and accepts_gzip(headers.get_all("Accept-Encoding", [])):
-        return Response(200, *view.render_gzipped(accept), gzipped=True)
-    return Response(200, *view.render(accept))
+        return Response(200, *view.render_gzipped(accept), gzipped=True, vary=vary)
+    return Response(200, *view.render(accept), vary=vary)
 
 
 def _health(view: View, headers: Message) -> Response:

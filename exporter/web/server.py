@@ -309,6 +309,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         for name, value in headers.items():
             self.send_header(name, value)
+        if (
+            self.close_connection and "Connection" not in headers
+        ):  # (the client's `close`, or HTTP/1.0: said, RFC 9112 §9.6)
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -360,4 +364,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(401, b"unauthorised\n", "text/plain", {"WWW-Authenticate": 'Basic realm="exporter"'})
             return
         response = respond(self.server.view, self.target, self.headers)
-        self._send(response.status, response.body, response.content_type, gzipped=response.gzipped)
+        self._send(
+            response.status, response.body, response.content_type, {"Vary": response.vary}, gzipped=response.gzipped
+        )
