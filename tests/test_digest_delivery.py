@@ -443,3 +443,28 @@ def test_a_queued_digest_of_a_notifier_a_reload_takes_out_of_digest_notifiers_is
         daemon.stop()
         hook.stop()
         mail.stop()
+
+
+def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_path: Path) -> None:
+    """A 22:00 digest of 30 November (about the 29th), made at 01:00 on 1 December, the exporter down
+    at its time: the month has ended, and its forecast is what it came to, every day of it."""
+    shanghai = ZoneInfo("Asia/Shanghai")
+    frozen = FrozenClock(dt.datetime(2026, 12, 1, 1, 0, tzinfo=shanghai))
+    clock = Clock(shanghai, frozen)
+    sim = Simulator(clock=clock)
+    document = {
+        "billing": fake_billing_section(sim, history_months=0),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]},
+        "digest": {"at": "22:00", "notifiers": ["hook"]},
+    }
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        (digest,) = digests_told(daemon)
+        assert (digest["day"], digest["period"]) == ("2026-11-29", "2026-11")
+        november = sim.bill_totals("2026-11")["total"]
+        assert Decimal(digest["forecast"]) == november.quantize(Decimal("0.01"))
+    finally:
+        daemon.stop()

@@ -138,6 +138,8 @@ PROMETHEUS_3_ACCEPT = (
         ("text/plain; version=0.0.4; q=1, application/openmetrics-text; version=1.0.0; q=0.1", False),  # text preferred
         ("application/openmetrics-text; q=0.5, */*; q=0.5", True),  # as good: OpenMetrics
         ("application/openmetrics-text; q=2", False),  # not a weight: 0
+        ('application/openmetrics-text; version="1.0.0"; q=0.5', False),  # a quoted version: never a crash
+        ("application/openmetrics-text; version=zzz", False),
         ("", False),
     ],
 )
@@ -357,13 +359,14 @@ def test_a_response_to_a_request_that_closes_its_connection_says_so(clock: Clock
     """The server closes it after the answer, and says `Connection: close` in it (RFC 9112 §9.6)."""
     server = start({}, clock)
     try:
-        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=5) as client:
-            client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            answer = b""
-            while chunk := client.recv(65536):
-                answer += chunk
-        head = answer.split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")
-        assert head[0] == "http/1.1 200 ok"
-        assert "connection: close" in head
+        for options in (b"close", b"TE, close"):  # (`close` among other options too)
+            with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=5) as client:
+                client.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: " + options + b"\r\n\r\n")
+                answer = b""
+                while chunk := client.recv(65536):  # (to its end: the server closes it)
+                    answer += chunk
+            head = answer.split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")
+            assert head[0] == "http/1.1 200 ok"
+            assert "connection: close" in head
     finally:
         server.stop()

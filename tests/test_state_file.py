@@ -708,3 +708,5 @@ def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_noth
     assert location_problem(tmp_path / "state.db") == ""
     assert list(tmp_path.iterdir()) == []
     assert location_problem(tmp_path) == f"{tmp_path} is a directory"
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: no directory can be made there
+    assert location_problem(tmp_path / "dangling" / "state.db") == f"{tmp_path / 'dangling'} is not a directory"

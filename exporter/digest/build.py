@@ -201,8 +201,8 @@ def build(
     month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
     current = latest.bills.current if latest.bills is not None else None
     forecast = current.forecast if current is not None and current.period == period else None
-    if current is not None and current.period > period:
-        forecast = sum(month_days.values(), Decimal(0))  # a month that has ended: its total
+    if current is not None and current.period > period:  # a month that has ended: its total, every day of it
+        forecast = sum((a for d, a in totals.items() if f"{d:%Y-%m}" == period), Decimal(0))
     digest: dict[str, Any] = {
         "kind": "digest",
         "schedule": schedule,

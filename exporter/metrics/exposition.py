@@ -66,7 +66,7 @@ def gzip_member(texts: Sequence[bytes], pieces: Sequence[bytes]) -> bytes:
     return b"".join([_GZIP_HEADER, *pieces, _FINAL_BLOCK, struct.pack("<II", crc, size)])
 
 
-QVALUE = re.compile(r"0(\.\d{0,3})?|1(\.0{0,3})?")
+QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 """A weight as RFC 9110 §12.4.2 writes it."""
 
 
@@ -78,7 +78,10 @@ def negotiated(accept: str) -> str:
     apart: every scrape of Prometheus 3 missed what `prepare` had rendered, and a client making up
     versions grew the caches without end; and it reads no weights. The names here need no
     escaping: each format says the same."""
-    _, content_type = choose_encoder(accept)
+    try:
+        _, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):  # (a version it cannot compare, `version="1.0.0"`: the text format)
+        return ""
     if not content_type.startswith("application/openmetrics-text"):
         return ""
     weights: dict[str, float] = {}

@@ -77,7 +77,7 @@ def location_problem(path: str | Path) -> str:
     if target.is_dir():
         return f"{target} is a directory"
     existing = target.parent
-    while not existing.exists() and existing != existing.parent:
+    while not os.path.lexists(existing) and existing != existing.parent:  # (a dangling link is there: not made)
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"

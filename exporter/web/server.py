@@ -309,9 +309,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         for name, value in headers.items():
             self.send_header(name, value)
-        if (
-            self.close_connection and "Connection" not in headers
-        ):  # (the client's `close`, or HTTP/1.0: said, RFC 9112 §9.6)
+        # The client's `close` (among other options too: the stdlib reads it alone only), or HTTP/1.0:
+        # the connection closes after this answer, which says so (RFC 9112 §9.6).
+        asked = getattr(self, "headers", None)
+        options = ",".join(asked.get_all("Connection", [])) if asked is not None else ""
+        if "close" in {option.strip().lower() for option in options.split(",")}:
+            self.close_connection = True
+        if self.close_connection and "Connection" not in headers:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
