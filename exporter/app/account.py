@@ -68,21 +68,14 @@ def _client_settings(billing: BillingConfig) -> dict[str, object]:
     )
 
 
-def _history_source(billing: BillingConfig) -> tuple[str, str]:
-    """What the history's months are fetched from (`HistorySource`: the months held are of one)."""
-    return billing.url, billing.project_id
-
-
 BillingFactory = Callable[[BillingConfig], BillingAPI]
+"""Builds the billing API for a config's `billing` section: the HTTP client in production, an
+in-process fake in the unit tests."""
 
 
 class HistoryBehind(BillingUnavailable):
     """The history's refresh used the months it could fetch, and missed some: a failure of the
     source (its freshness says so), not of a command that reads the history once."""
-
-
-"""Builds the billing API for a config's `billing` section: the HTTP client in production, an
-in-process fake in the unit tests."""
 
 
 class RefreshFailed(Exception):
@@ -184,9 +177,7 @@ class Account:
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
-        if self._previous is not None and _history_source(self._previous.config.billing) != _history_source(
-            self.config.billing
-        ):
+        if self._previous is not None and self._previous.history.source != self.history.source:
             self.latest.history = None  # another API's or project's months: never learnt from, until fetched
         self.latest.configure(self.refreshers)
         if self._previous is not None:

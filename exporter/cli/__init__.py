@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 
 from exporter import __version__
-from exporter.core.clock import FIRST_YEAR, PERIOD
+from exporter.core.clock import month_problem
 from exporter.core.logs import FORMATS, LEVELS
 from exporter.replay import MAX_MONTHS
 
@@ -18,10 +18,8 @@ CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
 
 def _period(value: str) -> str:
     """`--from` / `--to`: a billing month, YYYY-MM."""
-    if not PERIOD.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a month (YYYY-MM)")
-    if int(value[:4]) < FIRST_YEAR:
-        raise argparse.ArgumentTypeError(f"{value} is before {FIRST_YEAR}")
+    if problem := month_problem(value):
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

@@ -82,6 +82,15 @@ FIRST_YEAR = 1970
 the years before 2 do not even have a previous month."""
 
 
+def month_problem(text: str) -> str | None:
+    """Why `text` is no month a command takes (`--from`, `--to`), or None."""
+    if not PERIOD.fullmatch(text):
+        return f"{text!r} is not a month (YYYY-MM)"
+    if int(text[:4]) < FIRST_YEAR:
+        return f"{text} is before {FIRST_YEAR}"
+    return None
+
+
 def period_index(period: str) -> int:
     """Months since year 0: periods as numbers, to count and step by."""
     year, month = (int(part) for part in period.split("-"))

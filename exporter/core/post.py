@@ -105,7 +105,10 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
         if https:
             return _HTTPSConnection(host, port, timer, context=_tls()), target, headers
         return _HTTPConnection(host, port, timer), target, headers
-    via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    try:
+        via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    except ValueError:  # (the environment's: the config's URLs are checked)
+        raise http.client.InvalidURL("the URL or its proxy's address cannot be read") from None
     proxy_auth = _basic(via, "Proxy-Authorization")
     proxy_host, proxy_port = via.hostname or "", _port(via, "the proxy's") or 80
     if https:
@@ -124,11 +127,9 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
     timer = Deadline(deadline)
     try:
         connection, target, url_headers = _connection(url, timer)
-    except (ValueError, http.client.InvalidURL) as error:  # (the environment's proxy: the config's URLs are checked)
+    except http.client.InvalidURL:
         timer.close()
-        if isinstance(error, http.client.InvalidURL):
-            raise
-        raise http.client.InvalidURL("the URL or its proxy's address cannot be read") from None
+        raise
     try:
         connection.connect()
         if timer.passed:  # the deadline passed while connecting, before there was a socket to cut

@@ -385,8 +385,10 @@ class Dispatcher:
             raise
         self._unsaved.pop(name, None)
 
-    def _digests_to(self) -> Collection[str] | None:
-        return None if self.digests_to is None else self.digests_to()
+    def _takes_no_digests(self, name: str) -> bool:
+        """Whether the config of now routes digests elsewhere than to notifier `name`."""
+        wanted = self.digests_to() if self.digests_to is not None else None
+        return wanted is not None and name not in wanted
 
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
@@ -410,7 +412,7 @@ class Dispatcher:
                               notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
                     continue
-                if head.digest is not None and name not in (self._digests_to() or (name,)):
+                if head.digest is not None and self._takes_no_digests(name):
                     self._record(
                         name, partial(self.store.delivered, head.id, now, dropped=NO_DIGESTS, table=head.table)
                     )

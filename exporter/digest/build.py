@@ -37,7 +37,7 @@ from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.model.anomaly import Judgement, judge_all
 from exporter.model.snapshots import AmountGap, DailyAmount, Latest, Reconciliation, TokenGap, per_day
-from exporter.sources.budgets import BudgetFigures, figures, month_spent
+from exporter.sources.budgets import BudgetFigures, figures, month_spent, summed
 from exporter.sources.reconcile import disagrees
 
 TOP = 5
@@ -246,17 +246,17 @@ def build(
             }
         )
     for budget, parts, accounts in shared:
-        spent = None if parts is None else sum((p.spent for p in parts), Decimal(0))
-        projected = None if parts is None else sum((p.projected for p in parts), Decimal(0))
-        crosses = None if parts is None else summed_crossing(parts, budget.amount)
+        total = summed(parts) if parts else None
+        used, projected = total.ratios(budget.amount) if total is not None else (None, None)
+        crosses = summed_crossing(parts, budget.amount) if parts else None
         digest["budgets"].append(
             {
                 "budget": budget.name,
                 "period": budget.period,
-                "so_far": parts[0].period if parts else None,
+                "so_far": total.period if total is not None else None,
                 "amount": f"{budget.amount:f}",
-                "used_ratio": None if spent is None else round(float(spent / budget.amount), 4),
-                "forecast_ratio": None if projected is None else round(float(projected / budget.amount), 4),
+                "used_ratio": None if used is None else round(float(used), 4),
+                "forecast_ratio": None if projected is None else round(float(projected), 4),
                 "crossing": None if crosses is None else crosses.isoformat(),
                 "accounts": list(accounts),
             }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Iterator, Sequence
-from decimal import Decimal
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -15,7 +14,7 @@ from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.metrics.collectors import budget_families, crossing_families
 from exporter.model.snapshots import Latest
-from exporter.sources.budgets import BudgetFigures, figures, scope_matched
+from exporter.sources.budgets import BudgetFigures, figures, scope_matched, summed
 
 
 class Versions(tuple[object, ...]):
@@ -53,11 +52,7 @@ def shared_figures(
 ) -> BudgetFigures | None:
     """A budget's figures summed over the accounts it spans (`shared_parts`)."""
     parts = shared_parts(budget, spans, today)
-    if parts is None:
-        return None
-    return BudgetFigures(
-        parts[0].period, sum((p.spent for p in parts), Decimal(0)), sum((p.projected for p in parts), Decimal(0))
-    )
+    return None if parts is None else summed(parts)
 
 
 class SharedBudgetCollector(Collector):
@@ -104,10 +99,9 @@ class SharedBudgetCollector(Collector):
             amount.add_metric([budget.name], float(budget.amount))
             parts = shared_parts(budget, spans, today)
             if parts is not None:
-                spent = sum((p.spent for p in parts), Decimal(0))
-                projected = sum((p.projected for p in parts), Decimal(0))
-                used.add_metric([budget.name], float(spent / budget.amount))
-                forecast.add_metric([budget.name], float(projected / budget.amount))
+                spent, projected = summed(parts).ratios(budget.amount)
+                used.add_metric([budget.name], float(spent))
+                forecast.add_metric([budget.name], float(projected))
                 day = summed_crossing(parts, budget.amount)
                 if day is not None:
                     crossing.add_metric([budget.name], self.clock.day_start(day).timestamp())

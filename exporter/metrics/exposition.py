@@ -66,8 +66,27 @@ def gzip_member(texts: Sequence[bytes], pieces: Sequence[bytes]) -> bytes:
     return b"".join([_GZIP_HEADER, *pieces, _FINAL_BLOCK, struct.pack("<II", crc, size)])
 
 
-QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 """A weight as RFC 9110 §12.4.2 writes it."""
+
+
+def weighted(header: str) -> list[tuple[str, float]]:
+    """The elements of an `Accept` or `Accept-Encoding` header, each (its name in lower case, its
+    weight): 1 without `q`, 0 for a `q` that is not a weight (`q=2`: what is not asked is never
+    wrong)."""
+    found = []
+    for element in header.split(","):
+        name, *parameters = (part.strip() for part in element.split(";"))
+        if not name:
+            continue
+        weight = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                value = value.strip()
+                weight = float(value) if _QVALUE.fullmatch(value) else 0.0
+        found.append((name.lower(), weight))
+    return found
 
 
 def negotiated(accept: str) -> str:
@@ -85,14 +104,7 @@ def negotiated(accept: str) -> str:
     if not content_type.startswith("application/openmetrics-text"):
         return ""
     weights: dict[str, float] = {}
-    for element in accept.split(","):
-        media, *parameters = (part.strip() for part in element.split(";"))
-        weight = 1.0
-        for parameter in parameters:
-            name, _, value = parameter.partition("=")
-            if name.strip().lower() == "q":
-                weight = float(value) if QVALUE.fullmatch(value.strip()) else 0.0
-        media = media.lower()
+    for media, weight in weighted(accept):
         weights[media] = max(weights.get(media, 0.0), weight)
     text = max(weights.get("text/plain", 0.0), weights.get("text/*", 0.0), weights.get("*/*", 0.0))
     openmetrics = weights.get("application/openmetrics-text", 0.0)

@@ -44,10 +44,9 @@ from prometheus_client.core import Metric
 
 from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected
 from exporter.core.clock import (
-    FIRST_YEAR,
-    PERIOD,
     Clock,
     first_day,
+    month_problem,
     period_at,
     period_index,
     periods_between,
@@ -126,10 +125,8 @@ class Result:
 def months(first: str, last: str | None, current: str) -> list[str]:
     """`--from` … `--to` (this month when not given), oldest first; ValueError with a one-line reason."""
     for option, text in (("--from", first), ("--to", last)):
-        if text is not None and not PERIOD.fullmatch(text):
-            raise ValueError(f"argument {option}: {text!r} is not a month (YYYY-MM)")
-        if text is not None and int(text[:4]) < FIRST_YEAR:
-            raise ValueError(f"argument {option}: {text} is before {FIRST_YEAR}")
+        if text is not None and (problem := month_problem(text)):
+            raise ValueError(f"argument {option}: {problem}")
     last = last or current
     for option, text in (("--from", first), ("--to", last)):
         if text > current:

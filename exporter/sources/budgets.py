@@ -69,6 +69,14 @@ class BudgetFigures:
         return None if self.outlook is None else self.outlook.chance_over(amount)
 
 
+def summed(parts: Sequence[BudgetFigures]) -> BudgetFigures:
+    """The figures of a budget over several accounts: their spend and forecast summed, for their
+    one period (`parts` not empty). Its crossing is `alerts.rules.summed_crossing`'s."""
+    return BudgetFigures(
+        parts[0].period, sum((p.spent for p in parts), Decimal(0)), sum((p.projected for p in parts), Decimal(0))
+    )
+
+
 def _scoped(budget: BudgetConfig, month: MonthBills | MonthHistory) -> Iterator[DailyAmount]:
     """The lines of `month` a billed scope takes: by endpoint when it names an endpoint or a
     project (the lines by item carry no project), by item otherwise. A scope that names its

@@ -138,11 +138,16 @@ class HistorySource:
         """After a refresh, the months due today whose last fetch failed (held back an hour, or older
         than today's): the history is incomplete, however the other months went."""
 
+    @property
+    def source(self) -> str:
+        """What the months are fetched from: the API and the project (the months held are of one)."""
+        return f"{self.client.base_url};{self.client.project_id}"
+
     def _stored(self) -> dict[str, MonthHistory]:
         """The months the state file holds, fetched from this client's API and project: those of
         another (a reload or a restart that changed `billing.url` or `billing.project_id`) are
         forgotten, to be fetched again, never learnt from."""
-        source = f"{self.client.base_url};{self.client.project_id}"
+        source = self.source
         stored = self.state.history_source()
         if stored != source:  # (none said: an earlier version's months, taken as this config's)
             try:

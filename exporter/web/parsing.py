@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from email.message import Message
 from urllib.parse import urlsplit
 
-from exporter.metrics.exposition import QVALUE
+from exporter.metrics.exposition import weighted
 
 MAX_URL = 8192
 """The longest target a request may have: longer is refused with a 414."""
@@ -75,17 +75,7 @@ def accepts_gzip(fields: Sequence[str]) -> bool:
     one (`q=2`) counts as 0: the plain body is never wrong.
     """
     weights: dict[str, float] = {}
-    for element in ",".join(fields).split(","):
-        coding, *parameters = (part.strip() for part in element.split(";"))
-        if not coding:
-            continue
-        weight = 1.0
-        for parameter in parameters:
-            name, _, value = parameter.partition("=")
-            if name.strip().lower() == "q":
-                value = value.strip()
-                weight = float(value) if QVALUE.fullmatch(value) else 0.0
-        coding = coding.lower()
+    for coding, weight in weighted(",".join(fields)):
         weights["gzip" if coding == "x-gzip" else coding] = weight
     gzip_weight = weights.get("gzip", weights.get("*", 0.0))
     # Not named, the plain body is acceptable but the least preferred: a client that names gzip gets it.
