@@ -529,5 +529,7 @@ def test_one_account_s_figures_that_cannot_be_computed_are_logged_once_and_hold_
             daemon.alert_cycle()
         assert len(logged(caplog.records, "a rule's figures could not be computed; its alerts keep their state")) == 1
         assert not logged(caplog.records, "a rule's figures are computed again")
+        judged = named(metrics(daemon), "inference_spend_expected_daily_amount")
+        assert {dict(labels)["account"] for labels in judged} == {"staging", "lab"}  # the others judged on
     finally:
         daemon.stop()

@@ -448,28 +448,23 @@ def test_a_firing_whose_alerts_resolved_and_fired_again_while_it_waited_is_never
 
 @pytest.mark.integration
 def test_a_firing_queued_for_a_notifier_a_reload_routed_the_rule_away_from_goes_to_the_new_one_only(
-    deployment: Deployment, frozen: FrozenClock
+    deployment: Deployment, frozen: FrozenClock, down: Receiver, hook: Receiver
 ) -> None:
-    old, new = Receiver(), Receiver()
-    old.refuse = 10**6
+    old, new = down, hook
     notifiers = [webhook(old, "old"), webhook(new, "new")]
-    try:
-        deployment.write([WARNING | {"notifiers": ["old"]}], notifiers)
-        daemon = deployment.start()
-        deployment.evaluate()  # fires; "old" refuses
-        assert daemon.dispatcher.pending() == {"old": 1}
-        deployment.write([WARNING | {"notifiers": ["new"]}], notifiers)
-        assert daemon.reload()
-        deployment.evaluate()  # "new" is told it fires
-        old.refuse = 0
-        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
-        daemon.deliver()
-        assert [b["status"] for b in alerts_told(new)] == ["firing"]
-        assert alerts_told(old) == []  # not its rule's to tell any more
-        assert daemon.dispatcher.pending() == {}
-    finally:
-        old.stop()
-        new.stop()
+    deployment.write([WARNING | {"notifiers": ["old"]}], notifiers)
+    daemon = deployment.start()
+    deployment.evaluate()  # fires; "old" refuses
+    assert daemon.dispatcher.pending() == {"old": 1}
+    deployment.write([WARNING | {"notifiers": ["new"]}], notifiers)
+    assert daemon.reload()
+    deployment.evaluate()  # "new" is told it fires
+    old.refuse = 0
+    frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2 + 1))
+    daemon.deliver()
+    assert [b["status"] for b in alerts_told(new)] == ["firing"]
+    assert alerts_told(old) == []  # not its rule's to tell any more
+    assert daemon.dispatcher.pending() == {}
 
 
 @pytest.mark.integration

@@ -407,6 +407,7 @@ def test_a_digest_s_time_and_its_wait_for_bills_are_instants_on_the_days_the_clo
         daemon.stop()
 
 
+@pytest.mark.integration  # (receivers on loopback)
 def test_a_queued_digest_of_a_notifier_a_reload_takes_out_of_digest_notifiers_is_not_delivered(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

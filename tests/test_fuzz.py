@@ -63,14 +63,17 @@ def test_config_files_raise_only_config_errors(tmp_path_factory: object, text: s
 def test_envelope_parser_raises_only_billing_errors(status: int, body: bytes) -> None:
     try:
         assert isinstance(parse_envelope(status, body, "GET /x"), dict)
+        assert status not in (401, 403)  # (never data from a refusal)
     except BillingError as error:
         assert str(error).startswith("GET /x")
         assert isinstance(error, SignatureRejected) == (status in (401, 403))  # whatever the body
 
 
 @pytest.mark.parametrize(
-    "body", [b"<html>401 Unauthorized</html>", b"", b'{"error": "unauthorized"}', b'"no"', b'{"code": true}']
-)
+    "body",
+    [b"<html>401 Unauthorized</html>", b"", b'{"error": "unauthorized"}', b'"no"', b'{"code": true}',
+     b'{"code": 0, "reason": "OK", "message": "success", "data": {}}'],  # (a success envelope under a 401, too)
+)  # fmt: skip
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_401_or_403_is_a_refused_signature_whatever_its_body(status: int, body: bytes) -> None:
     """A gateway's or a proxy's page in place of the API's envelope: still a refused signature, which

@@ -263,9 +263,12 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
     from them), and the history's freshness says it is incomplete at every check, not only when
     August is asked again."""
 
+    asked: list[str] = []
+
     class Refusing(FakeBilling):
         def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
             if period == "2026-08":
+                asked.append(period)
                 raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
             return super().bills(period, group_term, instance_id)
 
@@ -283,6 +286,7 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
             assert sorted(daemon.latest.history.months) == ["2026-09", "2026-10"]
             assert daemon.latest.health["history"].success is False
             frozen.advance(dt.timedelta(minutes=10))
+        assert asked == ["2026-08"]  # asked once: held back the hour
         # What `once` and `digest` run: the rest goes on, the history said incomplete.
         daemon.sources.one.refresh_once(("bills", "history", "usage"))
         assert daemon.latest.health["history"].success is False

@@ -277,19 +277,21 @@ def test_each_wait_ends_at_the_deadline_of_the_runs_phase() -> None:
         (event(usage=usage) + b"data: [DONE]\n\n", 106.0),
     ]
 
+    answer = {"choices": [{"message": {"content": "pong"}, "finish_reason": "stop"}], "usage": usage}
+    text = json.dumps(answer).encode()
+    whole = [(text[n * 20 : (n + 1) * 20] if n < 4 else text[80:], at) for n, (_, at) in enumerate(pieces)]
+    """The whole answer, arriving in pieces at the same times."""
+
     def deadlines(timeout: str, **probe: object) -> list[float]:
         config, _ = configs(timeout=timeout, first_token_timeout="8s", stall_timeout="2s", **probe)
         measurement = Measurement(config, 100.0)
         seen = []
 
         def body() -> Iterator[tuple[bytes, float]]:
-            for piece in pieces:
+            for piece in pieces if config.stream else whole:
                 seen.append(measurement.deadline())
                 yield piece
 
-        if not config.stream:
-            list(body())
-            return seen
         if timeout == "30s":
             measurement.response(200, 100.0, body())
         else:

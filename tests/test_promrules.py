@@ -160,6 +160,8 @@ def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path:
     expected = [
         {"eval_time": "15m", "alertname": "EndpointDailySpendHigh",
          "exp_alerts": [firing("replicas"), firing("restarted")]},
+        {"eval_time": "22m", "alertname": "EndpointDailySpendHigh",  # (a `for` of 5m started again at 20m: not yet)
+         "exp_alerts": [firing("replicas"), firing("restarted")]},
         {"eval_time": "27m", "alertname": "EndpointDailySpendHigh",
          "exp_alerts": [firing("replicas"), firing("restarted")]},  # (10.0.0.1's samples gone since 24m)
         {"eval_time": "5m", "alertname": "MonthlyBudget", "exp_alerts": [

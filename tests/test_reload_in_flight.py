@@ -306,7 +306,7 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
     ids=["forecast interval", "grace days", "more history", "less history", "a budget"],
 )
 def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
-    sim: Simulator, clock: Clock, tmp_path: Path, change: dict, runs_again: set[str]
+    sim: Simulator, clock: Clock, tmp_path: Path, change: dict, runs_again: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The forecast's bounds and the month's figures are made as the bills are read, and history
     months are fetched at the history's look (every 10 minutes): a reload that changes them runs
@@ -314,6 +314,10 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
     document = {"billing": fake_billing_section(sim, history_months=2), "state": {"path": str(tmp_path / "s.db")}}
     path = tmp_path / "config.yaml"
     daemon = reloadable(sim, clock, path, document)
+    ran: list[str] = []
+    monkeypatch.setattr(daemon, "_schedule", lambda: None)  # (the schedule is not what is looked at)
+    monkeypatch.setattr(daemon, "_run_soon", ran.append)
+    daemon.scheduler.start(paused=True)  # (a reload runs sources soon only on a running schedule)
     try:
         changed = {key: value for key, value in change.items() if key != "billing"}
         changed["billing"] = document["billing"] | change.get("billing", {})
@@ -321,6 +325,7 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
         old = daemon.sources
         assert daemon.reload()
         assert daemon.sources.changed(old) == runs_again
+        assert set(ran) == runs_again  # what the reload ran at once
     finally:
         daemon.stop()
 

@@ -234,11 +234,14 @@ def test_changed_settings_read_the_day_before_again_under_them(
     assert snapshot.previous_day is not None
     assert (snapshot.previous_day.day, snapshot.previous_day.records) == (day, 312)
     assert snapshot.records == 7
-    again = make_sync(FakeBilling(sim, page_size=250), clock, store) if change == "page size" else None
-    if again is not None:  # and once more under the same new settings: the day before is not read again
-        counter = PageCounter(sim)
-        assert again.refresh().previous_day.records == 312  # type: ignore[union-attr]
-        assert counter.pages <= 2  # (today's: the day before was restored)
+    if change == "page size":
+        again = make_sync(FakeBilling(sim, page_size=250), clock, store)
+    else:
+        again = UsageSync(fake_pages, clock, store, per_api_key=True)
+    # And once more under the same new settings: the day before is not read again.
+    counter = PageCounter(sim)
+    assert again.refresh().previous_day.records == 312  # type: ignore[union-attr]
+    assert counter.pages <= 2  # (today's: the day before was restored)
 
 
 def test_per_api_key_splits_the_totals(
