@@ -85,10 +85,19 @@ SharedBudget = tuple[BudgetConfig, Sequence[BudgetFigures] | None, tuple[str, ..
 the accounts it spans."""
 
 
-def _crossing(found: BudgetFigures | None, amount: Decimal) -> str | None:
-    """The day the budget's amount is (or was) crossed at the forecast's pace, when it is this period."""
-    day = None if found is None else found.crossing(amount)
-    return None if day is None else day.isoformat()
+def _budget(budget: BudgetConfig, found: BudgetFigures | None, crossing: dt.date | None) -> dict[str, Any]:
+    """A budget as it stands (`found`: its figures, None while unknown), with the day its amount is
+    (or was) crossed at the forecast's pace, when it is this period."""
+    used, projected = found.ratios(budget.amount) if found is not None else (None, None)
+    return {
+        "budget": budget.name,
+        "period": budget.period,
+        "so_far": found.period if found is not None else None,
+        "amount": f"{budget.amount:f}",
+        "used_ratio": None if used is None else round(float(used), 4),
+        "forecast_ratio": None if projected is None else round(float(projected), 4),
+        "crossing": None if crossing is None else crossing.isoformat(),
+    }
 
 
 def top(rows: Sequence[T], n: int, key: Callable[[T], Any]) -> list[T]:
@@ -233,34 +242,11 @@ def build(
                  "used_ratio": ratio, "forecast_ratio": ratio}
             )  # fmt: skip
         found = figures(budget, latest, prices)
-        used, projected = found.ratios(budget.amount) if found is not None else (None, None)
-        digest["budgets"].append(
-            {
-                "budget": budget.name,
-                "period": budget.period,
-                "so_far": found.period if found is not None else None,
-                "amount": f"{budget.amount:f}",
-                "used_ratio": None if used is None else round(float(used), 4),
-                "forecast_ratio": None if projected is None else round(float(projected), 4),
-                "crossing": _crossing(found, budget.amount),
-            }
-        )
+        digest["budgets"].append(_budget(budget, found, found.crossing(budget.amount) if found is not None else None))
     for budget, parts, accounts in shared:
         total = summed(parts) if parts else None
-        used, projected = total.ratios(budget.amount) if total is not None else (None, None)
         crosses = summed_crossing(parts, budget.amount) if parts else None
-        digest["budgets"].append(
-            {
-                "budget": budget.name,
-                "period": budget.period,
-                "so_far": total.period if total is not None else None,
-                "amount": f"{budget.amount:f}",
-                "used_ratio": None if used is None else round(float(used), 4),
-                "forecast_ratio": None if projected is None else round(float(projected), 4),
-                "crossing": None if crosses is None else crosses.isoformat(),
-                "accounts": list(accounts),
-            }
-        )
+        digest["budgets"].append(_budget(budget, total, crosses) | {"accounts": list(accounts)})
     anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]
     for rule, finding in top(anomalous, LISTED, lambda pair: _by_impact(pair[1].judgement)):
         j = finding.judgement
