@@ -7,8 +7,12 @@ and that the fake answers as the wire does."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import math
+import sqlite3
+from array import array
+from contextlib import closing
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from exporter.core.clock import Clock, FrozenClock
 from exporter.model.snapshots import UsageSnapshot, UsageTotals
 from exporter.sim import Simulator
 from exporter.sources.usage import UsageSync
+from exporter.sources.usage_aggregate import id_digest
 from exporter.state import StateStore
 from tests.conftest import PAGE
 from tests.fakes import FakeBilling
@@ -178,6 +183,45 @@ def test_a_restart_resumes_from_sqlite_without_a_full_pull(
     assert pages <= math.ceil(150 / PAGE) + 2
     assert snapshot.records == 2495
     assert as_truth(snapshot) == sim.usage_totals()
+
+
+def _as_an_earlier_version_saved_it(path: Path, sim: Simulator, day: dt.date) -> None:
+    """Make the day's saved state what a version that digested request ids with BLAKE2b (and did
+    not say so in the cursor) wrote: the same ids, digested that way."""
+    blake2b = {
+        id_digest(r["requestId"]): int.from_bytes(hashlib.blake2b(r["requestId"].encode(), digest_size=8).digest())
+        for r in sim.usage_records(day)
+    }
+    with closing(sqlite3.connect(path)) as db, db:
+        (settings, ids, head) = db.execute(
+            "SELECT settings, ids, head_ids FROM usage_cursor JOIN usage_ids USING (day) JOIN usage_head USING (day)"
+        ).fetchone()
+        assert settings.endswith(";ids=xxh3_64")
+        saved, at_head = array("Q"), array("Q")
+        saved.frombytes(ids)
+        at_head.frombytes(bytes.fromhex(head))
+        db.execute("UPDATE usage_cursor SET settings = ?", (settings.removesuffix(";ids=xxh3_64"),))
+        db.execute("UPDATE usage_ids SET ids = ?", (array("Q", sorted(blake2b[d] for d in saved)).tobytes(),))
+        db.execute("UPDATE usage_head SET head_ids = ?", (array("Q", (blake2b[d] for d in at_head)).tobytes().hex(),))
+
+
+def test_request_ids_saved_digested_otherwise_are_never_compared_with_these(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path, newest_first: bool
+) -> None:
+    """After an upgrade from a version that digested the request ids otherwise, the day is read
+    afresh: a request counted before the restart that the API lists again after it is counted once."""
+    sim.add_usage(600)
+    store = StateStore(tmp_path / "state.db")
+    make_sync(fake_pages, clock, store).refresh()
+    store.close()
+    _as_an_earlier_version_saved_it(tmp_path / "state.db", sim, clock.today())
+
+    sim.add_usage(40)
+    sim.repeat_usage(position=40 + 3 if newest_first else 3, at=0 if newest_first else 640)
+    snapshot, pages = refresh_restarted(sim, fake_pages, clock, tmp_path / "state.db")
+    assert as_truth(snapshot) == sim.usage_totals(distinct=True)
+    assert snapshot.records == 640
+    assert pages >= math.ceil(641 / PAGE)  # the whole day
 
 
 def test_a_restart_after_midnight_finalises_the_day_it_missed(

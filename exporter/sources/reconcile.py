@@ -130,7 +130,7 @@ class SettledUsage:
         self.settle = dt.timedelta(seconds=settle)
         self.days_per_refresh = days_per_refresh
         self.reader = UsageSync(client, clock, state, per_api_key=per_api_key)
-        self.account = f"{client.base_url};{self.reader.settings}"
+        self.account = f"{client.base_url};{self.reader.counted_as}"
         """What the days held were read from: days read from another account or project are read again."""
         self._retry_at: dict[dt.date, float] = {}
         """Days whose read failed, and when (monotonic) to try again: the others go first meanwhile."""

@@ -161,9 +161,9 @@ class UsageSync(UsageReader):
                 continue
             if saved[0].settings != self.settings:
                 if day < today:
-                    # Read under other settings (a page size, per_api_key, a project): what it
-                    # counted cannot go on under these. The day before is read whole again under
-                    # these (its late records too: `refresh` finalises it), not dropped.
+                    # Read under other settings (a page size, per_api_key, a project, the ids'
+                    # digest): what it counted cannot go on under these. The day before is read
+                    # whole again under these (its late records too: `refresh` finalises it), not dropped.
                     self._begin(day)
                 continue
             whole, added = self.state.load_usage_ids(day)

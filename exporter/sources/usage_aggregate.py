@@ -7,17 +7,23 @@ first, through `Aggregate.count`): it is the hot loop of a day's read.
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
+from xxhash import xxh3_64_intdigest
+
 from exporter.billing import UsageRecord
 from exporter.model.snapshots import UsageKey, UsageRow
 
+ID_DIGEST = "xxh3_64"
+"""How a request id is made 64 bits (`id_digest`): XXH3, a tenth of a BLAKE2b's cost, which was a
+third of counting a page. It is saved with the ids (in the reader's `settings`): ids an earlier
+version saved as BLAKE2b digests are never compared with these, the day is read afresh instead."""
+
 
 def id_digest(request_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "big")
+    return xxh3_64_intdigest(request_id.encode())
 
 
 Buckets = list["array[int] | None"]
@@ -218,10 +224,8 @@ class Aggregate:
         remembered in one call, then the sums with the names looked up once and a key made only
         for a new (endpoint, model, key), as this runs for every record of the day (it was half
         the client's CPU in a full read)."""
-        blake2b, from_bytes = hashlib.blake2b, int.from_bytes
-        repeated = self.seen.add_digests(
-            [from_bytes(blake2b(r.request_id.encode(), digest_size=8).digest(), "big") for r in records]
-        )
+        digest = xxh3_64_intdigest
+        repeated = self.seen.add_digests([digest(r.request_id.encode()) for r in records])
         self.rows += len(records)
         if repeated:
             self.duplicates.update(records[at].request_id for at in repeated)

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from exporter.billing import BillingAPI, RecordError, UsagePage
 from exporter.core.logs import get_logger
 from exporter.core.words import counted
-from exporter.sources.usage_aggregate import Aggregate, id_digest
+from exporter.sources.usage_aggregate import ID_DIGEST, Aggregate, id_digest
 from exporter.state import UsageCursor
 
 log = get_logger(__name__)
@@ -130,7 +130,11 @@ class UsageReader:
     def __init__(self, client: BillingAPI, *, per_api_key: bool) -> None:
         self.client = client
         self.per_api_key = per_api_key
-        self.settings = f"page_size={client.page_size};per_api_key={per_api_key};project_id={client.project_id}"
+        self.counted_as = f"page_size={client.page_size};per_api_key={per_api_key};project_id={client.project_id}"
+        """How the day's sums are counted: a day counted otherwise is counted again."""
+        self.settings = f"{self.counted_as};ids={ID_DIGEST}"
+        """What a saved cursor must have been read under to go on from: the sums counted the same
+        way, and its request ids digested the same way."""
         self._total_seen = 0
         """`total` as the last page read this poll said it."""
         self._learnt = False
