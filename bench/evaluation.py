@@ -83,6 +83,9 @@ class Billed:
     def adopt_cap(self, size: int) -> None:
         pass
 
+    def carry_over(self, before: object) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

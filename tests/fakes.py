@@ -10,7 +10,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
-from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, Listings
+from exporter.billing import BILLS_PATH, MAX_USAGE_PAGE_SIZE, USAGES_PATH, BillingAPI, Listings
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator
@@ -55,6 +55,9 @@ class FakeBilling(Listings):
 
     def close(self) -> None:
         """Nothing to release: no connections, no threads."""
+
+    def carry_over(self, before: BillingAPI) -> None:
+        """Nothing to take on: no `Retry-After` is answered in process (a wire fault)."""
 
     def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
         respond = {BILLS_PATH: self.sim.bills_response, USAGES_PATH: self.sim.usages_response}[path]

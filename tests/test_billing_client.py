@@ -7,10 +7,13 @@ import email.utils
 import re
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
+from exporter.app.daemon import Daemon
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
     GROUP_TERM_ITEM,
@@ -266,6 +269,34 @@ def test_a_long_retry_after_on_the_last_attempt_holds_too_and_a_hold_is_at_most_
         BillingUnavailable, match=r"asked to wait 10000000000s \(Retry-After\): not asked again for 3600s"
     ):
         list(client.usage_pages(sim.clock.today()))
+
+
+def test_a_wait_the_api_asked_for_holds_the_client_a_reload_builds_in_its_place(
+    sim: Simulator, server: SimulatorServer, clock: Clock, sleeps: Sleeps, tmp_path: Path
+) -> None:
+    """Asked to wait ten minutes, then reloaded with a config that builds a new billing client (a
+    new page size): the new client does not ask that listing before then either."""
+    path = tmp_path / "config.yaml"
+    document = {"billing": billing_section(sim, server), "state": {"path": str(tmp_path / "state.db")}}
+    path.write_text(yaml.safe_dump(document))
+    daemon = Daemon(validate(document, {}), config_path=path, clock=clock, retry=RetryPolicy(sleep=sleeps), serve=False)
+    try:
+        sim.inject(Fault("status", status=429, retry_after=600))
+        assert not daemon.refresh("bills")
+        assert "asked to wait 600s" in daemon.latest.health["bills"].error
+        served = sim.requests_served["/api/v1/bills/details"]
+        before = daemon.sources.accounts[""].client
+        document["billing"]["page_size"] = 100
+        path.write_text(yaml.safe_dump(document))
+        assert daemon.reload()
+        assert daemon.sources.accounts[""].client is not before
+        assert not daemon.refresh("bills")
+        assert "asked not to be asked again" in daemon.latest.health["bills"].error
+        assert sim.requests_served["/api/v1/bills/details"] == served  # nothing sent
+        sim.add_usage(10)
+        assert daemon.refresh("usage")  # the other listing is asked as ever
+    finally:
+        daemon.stop()
 
 
 def test_a_retry_after_date_is_read_with_or_without_its_zone_and_nonsense_is_no_wait() -> None:

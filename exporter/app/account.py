@@ -129,6 +129,8 @@ class Account:
                     on_skew=latest.observe_clock_skew,
                 )  # fmt: skip
             self.client = billing(config.billing)
+            if previous is not None:
+                self.client.carry_over(previous.client)
             self.bills = BillsSource(
                 self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history,
                 interval=config.forecast.interval,

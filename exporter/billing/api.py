@@ -87,6 +87,10 @@ class BillingAPI(Protocol):
 
     def adopt_cap(self, size: int) -> None: ...
 
+    def carry_over(self, before: BillingAPI) -> None:
+        """Take on what the API told `before`, the client this one replaces at a reload, that must
+        outlive it (a wait it was asked for)."""
+
     def close(self) -> None: ...
 
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from exporter.billing.api import MAX_USAGE_PAGE_SIZE, Listings
+from exporter.billing.api import MAX_USAGE_PAGE_SIZE, BillingAPI, Listings
 from exporter.billing.errors import BillingUnavailable, ClientClosed, SignatureRejected
 from exporter.billing.records import parse_envelope
 from exporter.billing.signing import BillingSigner
@@ -181,6 +181,14 @@ class BillingClient(Listings):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def carry_over(self, before: BillingAPI) -> None:
+        """A wait the API asked `before` for (a long `Retry-After`) holds this client too, when both
+        ask the same API: they share their holds from then on, so that one `before` is told by a
+        read the reload let finish holds this client as well. A reload that changed, say, the
+        page size must not ask again an API that asked to be left alone for an hour."""
+        if isinstance(before, BillingClient) and before.base_url == self.base_url:
+            self._not_before = before._not_before
 
     # -- one call, with retries --
 
