@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED
 
 from exporter.app import account
 from exporter.app.daemon import Daemon
@@ -327,6 +328,43 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
         assert daemon.sources.changed(old) == runs_again
         assert set(ran) == runs_again  # what the reload ran at once
     finally:
+        daemon.stop()
+
+
+def test_a_run_asked_for_while_the_one_asked_for_before_still_runs_is_not_lost(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """A source asked to run at once (by a reload, or by a run a reload abandoned) while the run
+    asked for before is still going: it runs again after that one, not never (the scheduler runs
+    one instance of a job at a time, and skips, for good, a one-off job that comes meanwhile)."""
+    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "s.db")}}
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    inside, release, again = threading.Event(), threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def usage() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            inside.set()
+            release.wait(10)
+        else:
+            again.set()
+
+    taken_up = threading.Semaphore(0)  # the scheduler submitted a job, or skipped it
+    daemon.scheduler.add_listener(lambda event: taken_up.release(), EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
+    daemon.sources.refreshers["usage"] = usage
+    daemon.scheduler.start()
+    try:
+        daemon._run_soon("usage")
+        assert inside.wait(10)
+        assert taken_up.acquire(timeout=10)
+        daemon._run_soon("usage")  # while the first still runs
+        assert taken_up.acquire(timeout=10)
+        release.set()
+        assert again.wait(10)
+        assert runs == [0, 1]
+    finally:
+        release.set()
         daemon.stop()
 
 

@@ -47,6 +47,9 @@ one meanwhile (at most `alerts.evaluation_interval`). Each refresh of any accoun
 evaluation of every account, so without it the evaluations' CPU would grow with the square of the
 accounts; an evaluation of a few accounts, milliseconds long, waits milliseconds."""
 SCHEDULER_THREADS = 1024
+RUN_SOON_INSTANCES = SCHEDULER_THREADS
+"""Instances of one source's run-soon job the scheduler starts at once (`_run_soon`): as many as
+it has threads, since all but one return at once."""
 
 
 def parse_listen(address: str) -> tuple[str, int]:
@@ -384,9 +387,13 @@ class Daemon:
         """Run `source` now, beside its schedule (a one-off job: the interval job may be the one
         still running, and APScheduler would skip it)."""
         if self.scheduler.running and not self._stopping.is_set():
+            # Any number at once: `refresh` lets one run and has the others ask it to run again. With the
+            # scheduler's one instance, a run asked for while the one asked for before still ran (a
+            # reload's, then the run it abandoned) was skipped for good: the source waited an interval.
             self.scheduler.add_job(
-                self.refresh, args=[source], kwargs={"again": True}, id=f"{source}:again", replace_existing=True
-            )
+                self.refresh, args=[source], kwargs={"again": True}, id=f"{source}:again", replace_existing=True,
+                max_instances=RUN_SOON_INSTANCES,
+            )  # fmt: skip
 
     # -- lifecycle --
 
