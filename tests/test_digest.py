@@ -181,7 +181,7 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
         anomalies=[RULE],
         alerts=[FiringAlert({"alertname": "SpendAnomaly", "endpoint_id": "ep-b"}, "ep-b spent 200", 0.0)],
         probes=[ProbeStat("chat", 4, 3, [0.2, 0.4, 0.3]), ProbeStat("idle", 0, 0, [])],
-        settled=(dt.date(2026, 11, 21), dt.date(2026, 11, 21)),
+        settled={dt.date(2026, 11, 21)},
     )
     assert d["budgets"] == [
         {"budget": "monthly", "period": "month", "so_far": "2026-11", "amount": "5000", "used_ratio": 0.69,
@@ -226,7 +226,7 @@ def test_budgets_anomalies_gaps_alerts_and_probes_are_all_in_it() -> None:
     ):
         assert line in body
     # A day's gaps are told by the digest that first sees it settled, not again the day after.
-    later = build(latest, schedule="daily", sent_on=SENT_ON, settled=(SENT_ON - dt.timedelta(1),) * 2)
+    later = build(latest, schedule="daily", sent_on=SENT_ON, settled={SENT_ON - dt.timedelta(1)})
     assert later["reconciliation"] == []
 
 
@@ -271,7 +271,7 @@ def test_past_listed_rows_it_tells_the_largest_anomalies_and_gaps_and_the_latest
     )
     alerts = [FiringAlert({"alertname": "Spend", "endpoint_id": e}, "", 3600.0 - 60 * n) for n, e in enumerate(names)]
     d = build(
-        latest, schedule="daily", sent_on=SENT_ON, anomalies=[RULE], alerts=alerts, settled=(settled, settled),
+        latest, schedule="daily", sent_on=SENT_ON, anomalies=[RULE], alerts=alerts, settled={settled},
         url="http://exporter:9877",
     )  # fmt: skip
     # The largest impact, the largest gap: the last LISTED endpoints; the alerts fired last: the first LISTED.
@@ -302,7 +302,7 @@ def test_the_gaps_tell_nothing_counted_first_then_the_largest_then_the_newest_da
     ] + [TokenGap(days[0], "ITEM_X", Decimal(1), 0, None)]
     latest = month()
     latest.reconciliation = Reconciliation(tokens=tuple(gaps))
-    d = build(latest, schedule="daily", sent_on=SENT_ON, settled=(days[0], days[1]))
+    d = build(latest, schedule="daily", sent_on=SENT_ON, settled={days[0], days[1]})
     # Nothing counted (3), then 14% down to 7% (two each), then of the two at 6% the one of the 21st.
     kept = [
         g
@@ -349,7 +349,7 @@ def test_amounts_carry_the_currency_when_the_config_names_it() -> None:
         amounts=(AmountGap(dt.date(2026, 11, 21), "ep-a", Decimal("105"), Decimal("100"), Decimal("0.05")),)
     )
     d = build(latest, schedule="daily", sent_on=SENT_ON, budgets=[BudgetConfig(name="monthly", amount=Decimal(5000))],
-              anomalies=[RULE], settled=(dt.date(2026, 11, 21),) * 2, currency="CNY")  # fmt: skip
+              anomalies=[RULE], settled={dt.date(2026, 11, 21)}, currency="CNY")  # fmt: skip
     assert d["currency"] == "CNY"
     assert d["spend"] == "300.00"  # the JSON's amounts stay decimal strings, the currency beside them
     assert subject(d) == "Daily inference spend 2026-11-22: 300.00 CNY (expected 150.00 CNY)"

@@ -339,6 +339,102 @@ def test_a_days_bill_gap_is_told_by_the_first_digest_after_it_settles_and_not_ag
     assert second["reconciliation"] == []  # the 21st, settled since, agrees; the 20th was told the day before
 
 
+def told_gaps(digest: dict) -> list[tuple[str, str]]:
+    return [(g["day"], g["item"]) for g in digest["reconciliation"] if "item" in g]
+
+
+def test_a_days_bill_gap_that_settles_while_no_digest_is_made_is_told_by_the_next(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """The daemon is down from after the digest of the 22nd until the 24th's time (the 23rd's is
+    not made: missed by more than half a day): the 21st, which settled meanwhile, is told by the
+    digest of the 24th, and not again."""
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))
+    off = YESTERDAY  # the 21st: it settles at 06:00 on the 23rd, after 30 h
+    for day in (off - dt.timedelta(days=1), off, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
+    daemon.refresh("usage")
+    evaluate(daemon)
+    daemon.stop()
+    sim.add_usage(500, TODAY + dt.timedelta(days=1))  # the 23rd, while the daemon is down
+    frozen.set(dt.datetime(2026, 11, 24, 9, 0, tzinfo=clock.tz))
+    sim.add_usage(500)
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
+    try:
+        daemon.refresh("usage")  # the settled days not read yet, the most recent first: the 22nd and 21st
+        evaluate(daemon)
+        frozen.set(dt.datetime(2026, 11, 25, 9, 0, tzinfo=clock.tz))
+        sim.add_usage(500)
+        daemon.refresh("usage")
+        evaluate(daemon)
+    finally:
+        daemon.stop()
+    days = [d["day"] for d in digests_told(daemon)]  # (each the day before the one it is sent on)
+    assert days == ["2026-11-21", "2026-11-23", "2026-11-24"]
+    assert [told_gaps(d) for d in digests_told(daemon)] == [[], [(off.isoformat(), "ITEM_COMPLETION_TOKEN")], []]
+
+
+def test_a_days_bill_gap_judged_only_after_the_digest_that_saw_it_settle_is_told_by_the_next(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """The digest goes at 06:00, the minute the 20th settles, before a usage refresh has read that
+    day: its gap is told the next day, once."""
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
+    doc["digest"]["at"] = "06:00"
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))
+    off = YESTERDAY - dt.timedelta(days=1)  # the 20th: it settles at 06:00 on the 22nd
+    for day in (off, YESTERDAY, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
+    try:
+        for day in (22, 23, 24):
+            frozen.set(dt.datetime(2026, 11, day, 5, 59, tzinfo=clock.tz))
+            sim.add_usage(500)
+            daemon.refresh("usage")  # today's, then the days settled by now
+            frozen.set(dt.datetime(2026, 11, day, 6, 0, tzinfo=clock.tz))
+            evaluate(daemon)
+    finally:
+        daemon.stop()
+    assert [told_gaps(d) for d in digests_told(daemon)] == [[], [(off.isoformat(), "ITEM_COMPLETION_TOKEN")], []]
+
+
+def test_a_digest_time_moved_earlier_tells_no_day_twice(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """From 09:00 to 05:00: at 05:00 on the 23rd the day last settled is still the 20th (the 21st
+    settles at 06:00), which the digest of the 22nd told."""
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))
+    off = YESTERDAY - dt.timedelta(days=1)  # the 20th: it settles at 06:00 on the 22nd
+    for day in (off, YESTERDAY, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        daemon.refresh("usage")
+        evaluate(daemon)
+        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"at": "05:00"}}))
+        assert daemon.reload()
+        frozen.set(dt.datetime(2026, 11, 23, 5, 0, tzinfo=clock.tz))
+        sim.add_usage(500)
+        daemon.refresh("usage")
+        evaluate(daemon)
+    finally:
+        daemon.stop()
+    first, second = digests_told(daemon)
+    assert told_gaps(first) == [(off.isoformat(), "ITEM_COMPLETION_TOKEN")]
+    assert second["day"] == "2026-11-22"  # sent on the 23rd
+    assert told_gaps(second) == []
+
+
 def test_an_smtp_server_that_refuses_gets_the_digest_later_once_with_the_same_message_id(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     start_smtp: Start, mailbox: Mailbox, ca_file: str,

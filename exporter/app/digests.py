@@ -138,7 +138,11 @@ class DigestQueue:
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
-                body = sources.digest(sent_on, config.schedule, url, alerts=firing.of(name), account=name)
+                told_before = dispatcher.store.digest_told(name)
+                settled, told = sources.digest_settled(sent_on, config.schedule, name, told_before)
+                body = sources.digest(
+                    sent_on, config.schedule, url, alerts=firing.of(name), account=name, settled=settled
+                )
                 # For the notifiers configured now: a reload meanwhile may have removed one (and
                 # dropped its queue), which a digest queued after it must not fill again.
                 with self._alerts_lock:
@@ -146,7 +150,7 @@ class DigestQueue:
                     names = [n for n in config.notifiers if n in current]
                     if not names:  # all of them renamed or removed: the next round makes it for the config of now
                         return False
-                    queued = dispatcher.store.enqueue_digest(key, names, body, now.timestamp())
+                    queued = dispatcher.store.enqueue_digest(key, names, body, now.timestamp(), told=(name, told))
             except StateError as error:
                 if self._error != str(error):
                     log.error("digest not queued: the state file refused it (tried again each evaluation)",

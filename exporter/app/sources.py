@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,11 @@ __all__ = [
     "build_exposition",
     "source_key",
 ]
+
+TOLD_BACK = 31
+"""Days before the last settled day that a digest tells the reconciliation of, at most: a day
+judged later than that (or after a daemon down for longer) is told by no digest; the landing page
+and /api/v1/reconciliation show it."""
 
 AccountState = Callable[[str], StateStore]
 """The state file of the account named (with several accounts, each keeps its sources' own)."""
@@ -303,6 +309,38 @@ class Sources:
         first, day = span(schedule, sent_on)
         return self.clock.day_start(first).timestamp(), self.clock.day_start(day + dt.timedelta(days=1)).timestamp()
 
+    def digest_settled(
+        self, sent_on: dt.date, schedule: str, account: str = "", told: AbstractSet[dt.date] | None = None
+    ) -> tuple[frozenset[dt.date], frozenset[dt.date]]:
+        """The settled days whose reconciliation `account`'s digest sent on `sent_on` tells, and the
+        days to keep as told with it. `told`, the days its digests told before: each day is told by
+        the first digest made after it was judged, whether digests were skipped meanwhile (a daemon
+        down at their time), their time moved or a day judged late (its usage read later), up to
+        TOLD_BACK days back. None (none kept yet: the first digest, or one the command makes): the
+        days that settled since the digest before by the schedule, every day before them kept as
+        told (those judged later too: the settled days read after a first start are not told), and
+        those of them judged by then. A day is told once it has settled by the digest's time
+        (`reconciliation.settle`)."""
+        at = self.config.digest.time if self.config.digest is not None else (9, 0)
+        sent_at = self.clock.at(sent_on, *at)
+        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
+        last = sent_on
+        while self.clock.day_start(last + dt.timedelta(days=1)).astimezone(dt.UTC) + settle > sent_at:
+            last -= dt.timedelta(days=1)
+        result = self.accounts[account].latest.reconciliation
+        judged: set[dt.date] = set()
+        if result is not None:
+            judged = {g.day for g in result.tokens if g.day <= last} | {g.day for g in result.amounts if g.day <= last}
+        oldest = last - dt.timedelta(days=TOLD_BACK)
+        if told is None:
+            first_day, final_day = span(schedule, sent_on)
+            width = (final_day - first_day).days + 1
+            window = {last - dt.timedelta(days=n) for n in range(width)}
+            before = {last - dt.timedelta(days=n) for n in range(width, TOLD_BACK + 1)}  # judged or not
+            return frozenset(window), frozenset(judged | before)
+        new = frozenset(day for day in judged if day > oldest and day not in told)
+        return new, new
+
     def digest(
         self,
         sent_on: dt.date,
@@ -312,11 +350,14 @@ class Sources:
         runs: Sequence[tuple[str, bool, float | None]] | None = None,
         alerts: Sequence[Alert] | None = None,
         account: str = "",
+        settled: AbstractSet[dt.date] | None = None,
     ) -> dict[str, Any]:
         """The digest of one account (the only one without `accounts`) sent on `sent_on`, from what
         its sources hold now; the probe runs and alerts are this daemon's unless given (`digest`
         the command reads a daemon's file). With several accounts, it holds the alerts of that
-        account and of rules not split by account."""
+        account and of rules not split by account. `settled`: the settled days whose reconciliation
+        it tells (`digest_settled`: without the days told before, those that settled since the
+        digest before by the schedule)."""
         one = self.accounts[account]
         if runs is None:
             runs = one.state.probe_runs(*self.digest_span(sent_on, schedule))
@@ -332,14 +373,8 @@ class Sources:
             for a in (self.engine.current() if alerts is None else alerts)
             if a.state == "firing" and a.labels.get(ACCOUNT, account) == account
         ]
-        at = self.config.digest.time if self.config.digest is not None else (9, 0)
-        sent_at = self.clock.at(sent_on, *at)
-        settle = dt.timedelta(seconds=self.config.reconciliation.settle)
-        last = sent_on
-        while self.clock.day_start(last + dt.timedelta(days=1)).astimezone(dt.UTC) + settle > sent_at:
-            last -= dt.timedelta(days=1)
-        first_day, final_day = span(schedule, sent_on)
-        settled = (last - (final_day - first_day), last)  # the days whose settling this digest is the first to see
+        if settled is None:
+            settled = self.digest_settled(sent_on, schedule, account)[0]
         anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,

@@ -11,7 +11,7 @@ too little history), the top endpoints and items with their change against the s
 month's total through `day` and its forecast. Then budgets as they stand when the digest is made
 (not as of `day`: each says the period it measures, `so_far`, the month or the day in progress; on
 a month's first day, also the month that ended, `of`), the anomalies the rules found, the
-days that settled since the digest before whose bill disagrees with the usage counted, the alerts
+settled days judged since the digest before whose bill disagrees with the usage counted, the alerts
 firing, and each probe's
 success ratio and 95th percentile time to first token over the span.
 
@@ -27,6 +27,7 @@ import datetime as dt
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -187,15 +188,15 @@ def build(
     anomalies: Sequence[AnomalyRule] = (),
     alerts: Sequence[FiringAlert] = (),
     probes: Sequence[ProbeStat] = (),
-    settled: tuple[dt.date, dt.date] | None = None,
+    settled: AbstractSet[dt.date] | None = None,
     url: str = "",
     currency: str = "",
     shared: Sequence[SharedBudget] = (),
 ) -> dict[str, Any]:
     """The digest sent on `sent_on` (see the module's docstring). `anomalies`: the spend anomaly
-    rules, each judged on every day of the span as the daemon judges it. `settled`: the days that
-    settled since the digest before (each day's reconciliation gaps are told once); the span by
-    default. `currency`: the amounts' (`billing.currency`), empty when unknown. `shared`: the
+    rules, each judged on every day of the span as the daemon judges it. `settled`: the settled
+    days whose reconciliation gaps it tells (each day's are told once: `Sources.digest_settled`);
+    the span's by default. `currency`: the amounts' (`billing.currency`), empty when unknown. `shared`: the
     budgets that span this account and others, listed after its own with the accounts they span."""
     first, day = span(schedule, sent_on)
     width = (day - first).days + 1
@@ -261,8 +262,8 @@ def build(
                 "contributors": [{"name": n, "share": float(s)} for n, s in finding.contributors],
             }
         )
-    oldest, newest = settled or (first, day)
-    gaps = [gap for gap in disagreeing(latest.reconciliation) if oldest <= gap.day <= newest]
+    told = set(days) if settled is None else settled
+    gaps = [gap for gap in disagreeing(latest.reconciliation) if gap.day in told]
     digest["reconciliation"] = [gap_entry(g) for g in top(gaps, LISTED, gap_order)]
     for alert in top(alerts, LISTED, lambda a: (a.since is None, -(a.since or 0))):
         digest["alerts"].append(

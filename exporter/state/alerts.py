@@ -5,6 +5,7 @@ moving the alerts to new rule ids moves their queued notifications too."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import sqlite3
@@ -15,6 +16,10 @@ from typing import Any
 from exporter.model.events import GroupEvent, read_event
 from exporter.state.file import StateFile
 from exporter.state.migrations import OUTBOXES
+
+TOLD_KEPT = 62
+"""Days before the newest day a digest told that the days told are kept: longer than any digest
+looks back (`sources.TOLD_BACK`)."""
 
 
 def read_alert_states(db: sqlite3.Connection) -> dict[str, tuple[str, str]]:
@@ -114,10 +119,24 @@ class AlertStore:
         with self.store.reading() as db:
             return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
 
-    def enqueue_digest(self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float) -> bool:
+    def digest_told(self, account: str) -> set[dt.date] | None:
+        """The settled days whose reconciliation `account`'s digests have told (`enqueue_digest`);
+        None before its first digest that told any."""
+        with self.store.reading() as db:
+            rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
+        return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
+
+    def enqueue_digest(
+        self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
+        told: tuple[str, Iterable[dt.date]] = ("", ()),
+    ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
-        receiver can tell digests apart and drop a repeat."""
+        receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
+        whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
+        newest (TOLD_KEPT days)."""
+        account, days = told
+        days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
@@ -127,6 +146,11 @@ class AlertStore:
                 [(name, text, now, now) for name in notifiers],
             )
             db.execute("DELETE FROM digests WHERE made < ?", (now - 60 * 86400,))
+            if days:
+                rows = [(account, day.isoformat()) for day in days]
+                db.executemany("INSERT OR IGNORE INTO digest_told VALUES (?, ?)", rows)
+                forgotten = days[-1] - dt.timedelta(days=TOLD_KEPT)
+                db.execute("DELETE FROM digest_told WHERE account = ? AND day < ?", (account, forgotten.isoformat()))
         return True
 
     def head(self, notifier: str, now: float = math.inf) -> OutboxEntry | None:

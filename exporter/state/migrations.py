@@ -121,6 +121,11 @@ CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS digest_told (
+    account TEXT NOT NULL,
+    day TEXT NOT NULL,
+    PRIMARY KEY (account, day)
+);
 CREATE TABLE IF NOT EXISTS probe_runs (
     probe TEXT NOT NULL,
     at REAL NOT NULL,
