@@ -33,6 +33,7 @@ from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
+from tests.helpers import wait_for
 
 
 def test_bills_fetch_every_page_and_sum_exactly(sim: Simulator, client: BillingClient) -> None:
@@ -297,6 +298,30 @@ def test_a_wait_the_api_asked_for_holds_the_client_a_reload_builds_in_its_place(
         assert daemon.refresh("usage")  # the other listing is asked as ever
     finally:
         daemon.stop()
+
+
+def test_a_wait_asked_for_in_answer_to_a_client_closed_meanwhile_holds_the_one_made_in_its_place(
+    sim: Simulator, config: Config, clock: Clock, sleeps: Sleeps
+) -> None:
+    """The request was sent before a reload closed its client; its answer, a long Retry-After,
+    comes after: the client the reload made does not ask before then either."""
+    answers: list[tuple[str, str]] = []
+    told = answers.append
+    old = BillingClient.from_config(config.billing, clock, lambda *call: told(call), RetryPolicy(sleep=sleeps))
+    new = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=sleeps))
+    new.carry_over(old)
+    sim.inject(Fault("status", status=429, retry_after=600, seconds=0.5))
+    with new, ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(old.bills, "2026-11", GROUP_TERM_ITEM)
+        wait_for(lambda: sim.requests_served.get("/api/v1/bills/details"))
+        old.close()  # (as a reload does, once the new client is in place)
+        with pytest.raises(ClientClosed):
+            reading.result(10)
+        wait_for(lambda: answers)  # the 429, to the closed client
+        with pytest.raises(BillingUnavailable, match="asked not to be asked again"):
+            new.bills("2026-11", GROUP_TERM_ITEM)
+    assert answers == [("bills", "429")]
+    assert sim.requests_served["/api/v1/bills/details"] == 1
 
 
 def test_a_retry_after_date_is_read_with_or_without_its_zone_and_nonsense_is_no_wait() -> None:

@@ -224,6 +224,28 @@ def test_request_ids_saved_digested_otherwise_are_never_compared_with_these(
     assert pages >= math.ceil(641 / PAGE)  # the whole day
 
 
+def test_after_an_upgrade_that_digests_request_ids_otherwise_the_finalised_day_before_is_kept(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Its sums stand (it is only ever read whole again): today's is read afresh, the day before is
+    not read, nor is today's refresh held up by it."""
+    sim.add_usage(300)
+    store = StateStore(tmp_path / "state.db")
+    make_sync(fake_pages, clock, store).refresh()
+    frozen.advance(dt.timedelta(days=1))
+    sim.add_usage(20)
+    make_sync(fake_pages, clock, store).refresh()  # the day before finalised
+    store.close()
+    with closing(sqlite3.connect(tmp_path / "state.db")) as db, db:  # as an earlier version wrote the cursors
+        db.execute("UPDATE usage_cursor SET settings = replace(settings, ';ids=xxh3_64', '')")
+    sim.add_usage(5)
+    snapshot, pages = refresh_restarted(sim, fake_pages, clock, tmp_path / "state.db")
+    assert snapshot.records == 25
+    assert snapshot.previous_day is not None
+    assert snapshot.previous_day.records == 300
+    assert pages <= math.ceil(25 / PAGE) + 1  # today's, afresh
+
+
 def test_a_restart_after_midnight_finalises_the_day_it_missed(
     sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
 ) -> None:

@@ -184,9 +184,10 @@ class BillingClient(Listings):
 
     def carry_over(self, before: BillingAPI) -> None:
         """A wait the API asked `before` for (a long `Retry-After`) holds this client too, when both
-        ask the same API: they share their holds from then on, so that one `before` is told by a
-        read the reload let finish holds this client as well. A reload that changed, say, the
-        page size must not ask again an API that asked to be left alone for an hour."""
+        ask the same API: they share their holds from then on, so that one told in answer to a
+        request `before` sent (closed meanwhile, or a read the reload let finish) holds this client
+        as well. A reload that changed, say, the page size must not ask again an API that asked to
+        be left alone for an hour."""
         if isinstance(before, BillingClient) and before.base_url == self.base_url:
             self._not_before = before._not_before
 
@@ -212,17 +213,19 @@ class BillingClient(Listings):
                 corrected = 1
             except _Retryable as failure:
                 attempt += 1
-                if self._closed.is_set():
-                    raise ClientClosed(f"{what}: the client was closed (config reload)") from None
-                if failure.retry_after is not None and failure.retry_after > MAX_RETRY_AFTER:
-                    held = min(failure.retry_after, MAX_HOLD)
+                wait = failure.retry_after if (failure.retry_after or 0) > MAX_RETRY_AFTER else None
+                if wait is not None:  # (held by a client closed meanwhile too: the one a reload made shares it)
+                    held = min(wait, MAX_HOLD)
                     self._not_before[api] = time.monotonic() + held
                     log.warning(
                         "the billing API asked to wait; not asking it again before then",
-                        api=api, retry_after_seconds=round(failure.retry_after), held_seconds=round(held),
+                        api=api, retry_after_seconds=round(wait), held_seconds=round(held),
                     )  # fmt: skip
+                if self._closed.is_set():
+                    raise ClientClosed(f"{what}: the client was closed (config reload)") from None
+                if wait is not None:
                     raise BillingUnavailable(
-                        f"{what}: {failure}, and asked to wait {failure.retry_after:.0f}s (Retry-After):"
+                        f"{what}: {failure}, and asked to wait {wait:.0f}s (Retry-After):"
                         f" not asked again for {held:.0f}s"
                     ) from None
                 if attempt >= self.retry.attempts:

@@ -88,7 +88,7 @@ def prices_from_config(prices: Iterable[PriceConfig]) -> dict[str, SimPrice]:
 class Fault:
     """One injected fault, applied to the next `times` requests whose path starts with `path`.
 
-    kind: status (HTTP `status`, envelope body), code (HTTP 200, non-zero `code`), reset (the
+    kind: status (HTTP `status`, envelope body, after `seconds`), code (HTTP 200, non-zero `code`), reset (the
     connection reset in the middle of the body), slow_body (the body stops in the middle for
     `seconds`, then the connection is closed), malformed
     (a body that is not JSON), drop (connection closed with no answer), delay (`seconds`, then

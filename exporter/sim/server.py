@@ -112,6 +112,7 @@ class _Handler(ChatRequests):
             self._drop()
             return True
         elif fault.kind == "status":
+            time.sleep(fault.seconds)
             extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
             self._send(fault.status, error_body(fault.status), **extra)
             return True

@@ -33,7 +33,7 @@ from exporter.core.logs import get_logger
 from exporter.model.snapshots import UsageKey, UsageSnapshot, UsageTotals
 from exporter.sources.usage_aggregate import Aggregate, SeenIds
 from exporter.sources.usage_cost import NOTHING_COUNTED, Counted, cost, count, estimate
-from exporter.sources.usage_read import ResyncNeeded, UsageReader
+from exporter.sources.usage_read import ResyncNeeded, UsageReader, counted_as
 from exporter.state import StateStore, UsageCursor
 
 __all__ = ["SeenIds", "UsageSync", "estimate"]
@@ -159,11 +159,15 @@ class UsageSync(UsageReader):
             saved = self.state.load_usage(day)
             if saved is None:
                 continue
-            if saved[0].settings != self.settings:
+            if day == today:
+                same = saved[0].settings == self.settings
+            else:  # only ever read whole again (`_finalise`): its ids are never compared, only its sums kept
+                same = counted_as(saved[0].settings) == self.counted_as
+            if not same:
                 if day < today:
-                    # Read under other settings (a page size, per_api_key, a project, the ids'
-                    # digest): what it counted cannot go on under these. The day before is read
-                    # whole again under these (its late records too: `refresh` finalises it), not dropped.
+                    # Read under other settings (a page size, per_api_key, a project): what it
+                    # counted cannot go on under these. The day before is read whole again under
+                    # these (its late records too: `refresh` finalises it), not dropped.
                     self._begin(day)
                 continue
             whole, added = self.state.load_usage_ids(day)
