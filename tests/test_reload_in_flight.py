@@ -316,9 +316,9 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
     path = tmp_path / "config.yaml"
     daemon = reloadable(sim, clock, path, document)
     ran: list[str] = []
-    monkeypatch.setattr(daemon, "_schedule", lambda: None)  # (the schedule is not what is looked at)
     monkeypatch.setattr(daemon, "_run_soon", ran.append)
     daemon.scheduler.start(paused=True)  # (a reload runs sources soon only on a running schedule)
+    daemon._schedule()  # (paused: its jobs are not what is looked at)
     try:
         changed = {key: value for key, value in change.items() if key != "billing"}
         changed["billing"] = document["billing"] | change.get("billing", {})
@@ -365,6 +365,57 @@ def test_a_run_asked_for_while_the_one_asked_for_before_still_runs_is_not_lost(
         assert runs == [0, 1]
     finally:
         release.set()
+        daemon.stop()
+
+
+def test_the_rollover_while_the_scheduled_run_of_the_day_before_still_runs_comes_after_it(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The usage run started before midnight is still going when the rollover job comes: the
+    rollover's run is made when it ends, not dropped until the next interval."""
+    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "s.db")}}
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    inside, release, again = threading.Event(), threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def usage() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            inside.set()
+            release.wait(10)
+        else:
+            again.set()
+
+    daemon.sources.refreshers["usage"] = usage
+    daemon.scheduler.start()
+    try:
+        scheduled = threading.Thread(target=daemon.refresh, args=["usage"])
+        scheduled.start()
+        assert inside.wait(10)
+        rollover = threading.Thread(target=daemon._rollover, args=["usage"])
+        rollover.start()
+        rollover.join(10)
+        release.set()
+        assert again.wait(10)
+        assert runs == [0, 1]
+    finally:
+        release.set()
+        daemon.stop()
+
+
+def test_a_source_a_reload_adds_runs_once_at_once(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
+    """History turned on: its new job runs now, and that is the only run the reload asks for."""
+    document = {"billing": fake_billing_section(sim, history_months=0), "state": {"path": str(tmp_path / "s.db")}}
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document)
+    daemon.scheduler.start(paused=True)  # (the jobs stay as the reload left them)
+    daemon._schedule()
+    try:
+        write(path, document | {"billing": document["billing"] | {"history_months": 2}})
+        assert daemon.reload()
+        due_now = [job.id for job in daemon.scheduler.get_jobs() if job.next_run_time <= dt.datetime.now(dt.UTC)]
+        assert [job for job in due_now if job.startswith("history")] == ["history"]
+    finally:
         daemon.stop()
 
 

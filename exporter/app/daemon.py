@@ -374,7 +374,7 @@ class Daemon:
         (one account slow to answer delays no other's)."""
         keys = self.sources.keys(source)
         if keys == [source]:
-            self.refresh(source)
+            self.refresh(source, again=True)  # (after the scheduled run, if that one still runs)
             return
         for key in keys:
             self._run_soon(key)
@@ -469,8 +469,9 @@ class Daemon:
             log.exception("rendering the reloaded metrics crashed")
         threading.Thread(target=old.close, args=(self.sources,), name="close-old-sources", daemon=True).start()
         if self.scheduler.running:
-            self._schedule()
-            for source in self.sources.changed(old):
+            scheduled = set(self._intervals)
+            self._schedule()  # (a new source's job runs now)
+            for source in self.sources.changed(old) & scheduled:
                 self._run_soon(source)
         self._alerts_due.set()
         self.latest.reloaded(success=True)
