@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import math
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -209,10 +210,24 @@ class Engine:
         with self.db.store.transaction() as db:
             now = self.clock.now().timestamp()
             before = self._transitions
+            ids = rule_ids(self.config.rules)
+            # First the alerts whose rule a reload removed: their resolves are queued before what
+            # the rules fire now (a rule changed in what it watches, not its labels, is another
+            # rule: its alerts of the same labels must reach a receiver after the old ones' resolve).
+            for key in list(self.alerts):  # (keys alone: 50,000 pairs made at once woke the collector)
+                alert = self.alerts[key]
+                gone = alert.rule not in ids
+                if gone and alert.state == "firing":
+                    self._resolve(db, alert, now)
+                    if alert.period:  # a budget's tier: the rule added back fires it again (it was told resolved)
+                        self.db.forget_tiers(db, alert.rule, alert.period)
+                elif (gone and alert.state == "pending") or (  # never told: dropped, as when its condition clears
+                    alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
+                ):
+                    self._delete(db, key)
             self._by_rule = {}
             for key, alert in self.alerts.items():
                 self._by_rule.setdefault(alert.rule, []).append(key)
-            ids = rule_ids(self.config.rules)
             for rule, rid in zip(self.config.rules, ids, strict=True):
                 if isinstance(rule, BudgetRule):
                     self._budget(db, rule, rid, now)
@@ -220,14 +235,6 @@ class Engine:
                     self._anomaly(db, rule, rid, now)
                 else:
                     self._signal(db, rule, rid, now)
-            for key in list(self.alerts):  # (keys alone: 50,000 pairs made at once woke the collector)
-                alert = self.alerts[key]
-                gone = alert.rule not in ids  # its rule was removed by a reload
-                expired = alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
-                if gone and alert.state != "resolved":
-                    self._resolve(db, alert, now)
-                elif expired or gone:
-                    self._delete(db, key)
             once = {rid for rule, rid in zip(self.config.rules, ids, strict=True) if isinstance(rule, AnomalyRule)}
             self._repeat(db, now, skip=once)
             self._enqueue(db, now)
@@ -515,11 +522,14 @@ class Engine:
                     self._notify(db, alert, "firing", now, only=notifier)
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
-        """Queue the change for the notifiers the alert's rule routes to; a resolve also for those
-        told of its firing (its rule removed, or routed elsewhere since, by a reload)."""
-        notifiers = list(self.routed(alert.rule))
+        """Queue the change for the notifiers the alert's rule routes to; a resolve for those told
+        of this firing, and only them (its rule removed, or routed elsewhere since, by a reload;
+        a notifier routed to since, or told of an earlier firing, was never told this one)."""
         if status == "resolved":
-            notifiers += [n for n in self.notifiers if n not in notifiers and (alert.key, n) in self._sent]
+            since = alert.fired_at if alert.fired_at is not None else math.inf
+            notifiers = [n for n in self.notifiers if self._sent.get((alert.key, n), -math.inf) >= since]
+        else:
+            notifiers = list(self.routed(alert.rule))
         for notifier in [only] if only else notifiers:
             self._queued.append((notifier, alert, status))
             self.db.mark_sent(db, alert.key, notifier, now)

@@ -39,9 +39,9 @@ def read_pending(db: sqlite3.Connection) -> dict[str, int]:
 def read_refused(db: sqlite3.Connection) -> set[str]:
     """The notifiers with a notification not delivered that was tried and failed (their receiver
     down, or refusing): not one that merely waits its turn."""
-    rows = db.execute(
-        "SELECT notifier FROM outbox WHERE delivered IS NULL AND attempts > 0"
-        " UNION SELECT notifier FROM digest_outbox WHERE delivered IS NULL AND attempts > 0"
+    rows = db.execute(  # (not one owed only to some email recipients: the others took it)
+        "SELECT notifier FROM outbox WHERE delivered IS NULL AND attempts > 0 AND recipients = ''"
+        " UNION SELECT notifier FROM digest_outbox WHERE delivered IS NULL AND attempts > 0 AND recipients = ''"
     ).fetchall()
     return {notifier for (notifier,) in rows}
 
@@ -103,6 +103,10 @@ class AlertStore:
     @staticmethod
     def mark_sent(db: sqlite3.Connection, key: str, notifier: str, sent: float) -> None:
         db.execute("INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)", (key, notifier, sent))
+
+    @staticmethod
+    def forget_tiers(db: sqlite3.Connection, rule: str, period: str) -> None:
+        db.execute("DELETE FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period))
 
     @staticmethod
     def mark_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: list[float]) -> None:

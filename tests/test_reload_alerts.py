@@ -1,0 +1,159 @@
+"""What the receivers are told when a reload changes the rules or the routing while alerts are
+pending, firing or resolved: every firing told is resolved to the notifiers that were told it,
+and to no other; what was never told is never resolved; a receiver's last word on a label set is
+the state it is in. On the simulator in process, read from the outbox (tests/daemon_fakes.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.app.daemon import Daemon
+from exporter.config.load import load
+from exporter.core.clock import Clock, FrozenClock
+from exporter.sim import Simulator
+from tests.daemon_fakes import NOWHERE, fake_billing_section, told, unit_daemon
+from tests.test_reconcile import billed_week
+
+RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
+QUIET = {"threshold": "1e9"}
+"""A threshold nothing reaches: the rule's alerts resolve."""
+
+
+class Reloading:
+    """A daemon on the simulator whose config file a test rewrites and reloads."""
+
+    def __init__(self, sim: Simulator, clock: Clock, tmp_path: Path) -> None:
+        self.sim, self.clock, self.path = sim, clock, tmp_path / "config.yaml"
+        self.state = tmp_path / "state.db"
+        self.daemon: Daemon | None = None
+
+    def config(self, rules: list[dict], notifiers: tuple[str, ...] = ("hook",), **more: object) -> None:
+        document = {
+            "billing": fake_billing_section(self.sim, history_months=0),
+            "state": {"path": str(self.state)},
+            "alerts": {"rules": rules, "notifiers": [hook(name) for name in notifiers]},
+        } | more
+        self.path.write_text(yaml.safe_dump(document))
+        if self.daemon is None:
+            self.daemon = unit_daemon(load(self.path), self.sim, self.clock, config_path=self.path)
+        else:
+            assert self.daemon.reload()
+
+    def evaluate(self) -> None:
+        assert self.daemon is not None
+        self.daemon.refresh("bills")
+        self.daemon.alert_cycle()
+
+    def told(self, notifier: str) -> list[tuple[str, list[str]]]:
+        assert self.daemon is not None
+        return [
+            (e["status"], sorted(a["labels"]["endpoint_id"] for a in e["alerts"])) for e in told(self.daemon, notifier)
+        ]
+
+
+def hook(name: str) -> dict:
+    return {"name": name, "type": "webhook", "url": f"{NOWHERE}/{name}"}
+
+
+@pytest.fixture
+def world(sim: Simulator, clock: Clock, tmp_path: Path) -> Reloading:
+    billed_week(sim)
+    world = Reloading(sim, clock, tmp_path)
+    yield world
+    if world.daemon is not None:
+        world.daemon.stop()
+
+
+def endpoints(world: Reloading) -> list[str]:
+    assert world.daemon is not None
+    return sorted({a.labels["endpoint_id"] for a in world.daemon.sources.engine.current() if a.state == "firing"})
+
+
+def test_a_rule_removed_while_its_alerts_are_pending_tells_nothing(world: Reloading) -> None:
+    world.config([RULE | {"for": "10m"}])
+    world.evaluate()
+    assert told(world.daemon) == []  # pending
+    world.config([])
+    world.evaluate()
+    assert world.told("hook") == []  # never told it fired: nothing to resolve
+    assert world.daemon is not None
+    assert world.daemon.sources.engine.current() == []
+
+
+def test_a_rule_changed_in_what_it_watches_tells_the_old_alerts_resolved_before_the_new_ones_fire(
+    world: Reloading,
+) -> None:
+    """Same labels, another rule (the month's spend instead of the day's): a receiver matching
+    alerts by their labels ends on firing, the state they are in."""
+    world.config([RULE])
+    world.evaluate()
+    firing = endpoints(world)
+    world.config([RULE | {"window": "month"}])
+    world.evaluate()
+    assert endpoints(world) == firing
+    assert [status for status, _ in world.told("hook")] == ["firing", "resolved", "firing"]
+
+
+def test_a_notifier_added_by_the_reload_that_resolves_the_alerts_is_told_nothing(world: Reloading) -> None:
+    world.config([RULE])
+    world.evaluate()
+    world.config([RULE | QUIET], notifiers=("hook", "new"))
+    world.evaluate()
+    assert [status for status, _ in world.told("hook")] == ["firing", "resolved"]
+    assert world.told("new") == []  # it never heard them fire
+
+
+def test_a_resolve_goes_to_the_notifiers_told_of_that_firing_not_to_those_of_one_before(
+    world: Reloading, frozen: FrozenClock
+) -> None:
+    """Told to x, resolved; routed to y by a reload and firing again within the quarter of an
+    hour a resolved alert is kept; resolved: x hears nothing of the second firing."""
+    world.config([RULE | {"notifiers": ["x"]}], notifiers=("x", "y"))
+    world.evaluate()
+    world.config([RULE | QUIET | {"notifiers": ["x"]}], notifiers=("x", "y"))
+    world.evaluate()
+    frozen.advance(dt.timedelta(minutes=5))
+    world.config([RULE | {"notifiers": ["y"]}], notifiers=("x", "y"))
+    world.evaluate()
+    frozen.advance(dt.timedelta(minutes=30))
+    world.config([RULE | QUIET | {"notifiers": ["y"]}], notifiers=("x", "y"))
+    world.evaluate()
+    assert [status for status, _ in world.told("x")] == ["firing", "resolved"]
+    assert [status for status, _ in world.told("y")] == ["firing", "resolved"]
+
+
+def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reloading) -> None:
+    """Its removal told the receivers the tier resolved: added back in the same month, the tier,
+    still crossed, fires again."""
+    budget = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.5]}
+    budgets = [{"name": "month", "amount": "1"}]
+    world.config([budget], budgets=budgets)
+    world.evaluate()
+    world.config([], budgets=budgets)
+    world.evaluate()
+    world.config([budget], budgets=budgets)
+    world.evaluate()
+    assert world.daemon is not None
+    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing"]
+    assert [a.state for a in world.daemon.sources.engine.current() if a.labels["alertname"] == "MonthlyBudget"] == [
+        "firing"
+    ]
+
+
+def test_an_email_owed_to_one_full_mailbox_holds_back_no_reminder(world: Reloading, frozen: FrozenClock) -> None:
+    """A notification some recipients took, owed to one that refused it: the notifier's receiver
+    is not down, and the reminders go on at `repeat_interval`."""
+    world.config([RULE])
+    world.evaluate()
+    assert world.daemon is not None
+    with closing(sqlite3.connect(world.state)) as db, db:  # as a delivery leaves one a full mailbox refused
+        db.execute("UPDATE outbox SET attempts = 1, recipients = '[\"full@example.com\"]' WHERE notifier = 'hook'")
+    frozen.advance(dt.timedelta(hours=4, minutes=1))
+    world.evaluate()
+    assert [status for status, _ in world.told("hook")] == ["firing", "firing"]
