@@ -17,7 +17,7 @@ from exporter.app.daemon import Daemon
 from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator
-from tests.daemon_fakes import NOWHERE, fake_billing_section, told, unit_daemon
+from tests.daemon_fakes import NOWHERE, fake_billing_section, readiness, told, unit_daemon
 from tests.test_reconcile import billed_week
 
 RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
@@ -33,9 +33,11 @@ class Reloading:
         self.state = tmp_path / "state.db"
         self.daemon: Daemon | None = None
 
-    def config(self, rules: list[dict], notifiers: tuple[str, ...] = ("hook",), **more: object) -> None:
+    def config(
+        self, rules: list[dict], notifiers: tuple[str, ...] = ("hook",), billing: dict | None = None, **more: object
+    ) -> None:
         document = {
-            "billing": fake_billing_section(self.sim, history_months=0),
+            "billing": fake_billing_section(self.sim, history_months=0) | (billing or {}),
             "state": {"path": str(self.state)},
             "alerts": {"rules": rules, "notifiers": [hook(name) for name in notifiers]},
         } | more
@@ -157,3 +159,22 @@ def test_an_email_owed_to_one_full_mailbox_holds_back_no_reminder(world: Reloadi
     frozen.advance(dt.timedelta(hours=4, minutes=1))
     world.evaluate()
     assert [status for status, _ in world.told("hook")] == ["firing", "firing"]
+
+
+def test_a_reload_to_another_project_judges_nothing_on_the_project_before(world: Reloading) -> None:
+    """Moved from proj-lab to proj-main, a rule added in the same reload: the evaluation that
+    follows at once, before proj-main's bills are read, tells nothing of proj-lab's endpoint, and
+    readiness waits for proj-main's bills and usage."""
+    world.config([], billing={"project_id": "proj-lab"})
+    world.evaluate()
+    assert world.daemon is not None
+    world.daemon.refresh("usage")
+    world.config([RULE], billing={"project_id": "proj-main"})
+    world.daemon.alert_cycle()  # (what the alert loop does at once after a reload)
+    assert world.told("hook") == []
+    latest = world.daemon.sources.one.latest
+    assert (latest.bills, latest.usage) == (None, None)
+    assert not {"bills", "usage"} & set(latest.health)
+    assert not readiness(world.daemon)[0]
+    world.evaluate()
+    assert world.told("hook") == [("firing", ["ep-20261101-alpha", "ep-20261101-beta"])]

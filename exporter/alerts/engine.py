@@ -526,7 +526,7 @@ class Engine:
         of this firing, and only them (its rule removed, or routed elsewhere since, by a reload;
         a notifier routed to since, or told of an earlier firing, was never told this one)."""
         if status == "resolved":
-            since = alert.fired_at if alert.fired_at is not None else math.inf
+            since = alert.fired_at if alert.fired_at is not None else -math.inf  # (fired, when not known)
             notifiers = [n for n in self.notifiers if self._sent.get((alert.key, n), -math.inf) >= since]
         else:
             notifiers = list(self.routed(alert.rule))

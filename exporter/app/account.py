@@ -179,8 +179,12 @@ class Account:
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
-        if self._previous is not None and self._previous.history.source != self.history.source:
-            self.latest.history = None  # another API's or project's months: never learnt from, until fetched
+        if self._previous is not None and self._previous.client.project_id != self.client.project_id:
+            self.latest.forget_figures()  # another project's: nothing of before is its own
+        elif self._previous is not None and self._previous.history.source != self.history.source:
+            # Another API's months: never learnt from until fetched. (Its figures stay shown as the
+            # last good ones: an address of the same account's, it may be, a proxy's.)
+            self.latest.history = None
         self.latest.configure(self.refreshers)
         if self._previous is not None:
             self._previous.successor = self

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import msgspec
 
 from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast
-from exporter.model.source_names import probe_source
+from exporter.model.source_names import BILLING_SOURCES, probe_source
 
 BillKey = tuple[str, str, str]
 """An endpoint id or a billing item, the product and the project of a bill's rows."""
@@ -298,6 +298,15 @@ class Latest:
             self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) in kept})
             if "history" not in kept:
                 self.history = None  # (nothing stale is judged on)
+
+    def forget_figures(self) -> None:
+        """The account's billing figures come from another project from now on (a reload):
+        what was shown so far is none of its own, so it is neither shown, nor judged on, nor
+        counted fresh (readiness waits for its bills and usage again) until its sources refresh."""
+        with self._lock:
+            self.bills = self.usage = self.history = self.reconciliation = None
+            self.settled = MappingProxyType({})
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources

@@ -2,6 +2,8 @@
 checks (which load without the snapshots' classes)."""
 
 PROBE_PREFIX = "probe:"
+BILLING_SOURCES = ("bills", "usage", "history")
+"""The sources that read the billing API (the probes ask the inference API)."""
 
 
 def probe_source(name: str) -> str:
