@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.billing import BillingClient, BillRecord, SignatureRejected
+from exporter.billing import GROUP_TERM_INSTANCE, BillingClient, BillingUnavailable, BillRecord, SignatureRejected
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
 from exporter.replay.focus import (
@@ -239,7 +239,10 @@ def test_a_month_refused_or_listing_nothing_is_left_out_never_zeros(
     sim.inject(Fault("status", "/api/v1/bills", status=400, times=1))
     with pytest.raises(FocusError) as refused:
         focus(fake, clock, ["2026-07", "2026-08"], output)
-    assert str(refused.value) == "nothing written: no month of 2026-07 … 2026-08 could be fetched"
+    assert str(refused.value) == (
+        "nothing written: no month of 2026-07 … 2026-08 could be fetched"
+        " (2026-07: the API refused it; 2026-08: the API listed no bills for it)"
+    )
     assert output.read_text() == "an earlier export\n"
     assert [p.name for p in tmp_path.iterdir()] == ["focus.csv"]
 
@@ -279,6 +282,52 @@ def test_charges_that_do_not_add_up_to_the_bills_leave_the_month_out(
     result = focus(Tampered(fake, how), clock, ["2026-09", "2026-10"], output)
     assert result.written == ("2026-09",)
     assert result.skipped == (("2026-10", why),)
+
+
+class Unattributed:
+    """The fake's answers, with a 5.00 charge on 7 October the bills tie to no endpoint (no
+    `instanceId`): as the API lists such a charge, the whole account's when asked for an empty
+    `instance_id`."""
+
+    DAY = dt.date(2026, 10, 7)
+
+    def __init__(self, inner: FakeBilling) -> None:
+        self.inner = inner
+        self.base_url, self.project_id, self.page_size = inner.base_url, inner.project_id, inner.page_size
+        self.concurrency = inner.concurrency
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        records = self.inner.bills(period, group_term, instance_id)
+        if period != "2026-10" or instance_id:
+            return records
+        item = "" if group_term == GROUP_TERM_INSTANCE else "ITEM_SERVICE_FEE"
+        fee = BillRecord(
+            period, self.DAY, "", item, "PRODUCT_INFERENCE_ENDPOINT", "proj-main", Decimal("5.00"), Decimal(0)
+        )
+        return [*records, fee]
+
+
+def test_a_charge_of_no_endpoint_is_a_row_of_no_resource(fake: FakeBilling, clock: Clock, tmp_path: Path) -> None:
+    output = tmp_path / "focus.csv"
+    result = focus(Unattributed(fake), clock, ["2026-10"], output)
+    assert result.written == ("2026-10",)
+    (fee,) = [r for r in read(output) if r["SkuId"] == "ITEM_SERVICE_FEE"]
+    assert (fee["BilledCost"], fee["ResourceId"], fee["ResourceType"]) == ("5.00", "", "")
+    assert fee["ChargePeriodStart"] == "2026-10-06T16:00:00Z"
+    assert result.billed == sum((Decimal(r["BilledCost"]) for r in read(output)), Decimal(0))
+    assert result.billed == focus(fake, clock, ["2026-10"], tmp_path / "without.csv").billed + Decimal("5.00")
+
+
+class Unreachable:
+    base_url, project_id, page_size, concurrency = "https://billing.example", "", 100, 1
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        raise BillingUnavailable("GET https://billing.example/api/v1/bills/details: connection refused")
+
+
+def test_a_month_that_could_not_be_fetched_says_why(clock: Clock, tmp_path: Path) -> None:
+    with pytest.raises(FocusError, match=r"\(2026-10: the API could not be reached, or kept failing\)"):
+        focus(Unreachable(), clock, ["2026-10"], tmp_path / "focus.csv")
 
 
 @pytest.mark.parametrize(

@@ -234,9 +234,8 @@ def cmd_export_focus(args: argparse.Namespace) -> int:
         try:
             result = export(client, clock, periods, output, account=name or account.billing.access_key_id,
                             account_name=name or None, currency=currency)  # fmt: skip
-        except MissingCurrency as error:
-            whose = f"account {name}: " if name else ""
-            print(f"inference-cost-exporter export focus: {whose}{error}", file=sys.stderr)
+        except MissingCurrency as error:  # (it names the account)
+            print(f"inference-cost-exporter export focus: {error}", file=sys.stderr)
             return EXIT_CONFIG
         except FocusError as error:
             print(f"inference-cost-exporter export focus: {error}", file=sys.stderr)

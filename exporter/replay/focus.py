@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from exporter.billing import BillingAPI, BillingError, SignatureRejected
+from exporter.billing import BillingAPI, BillingError, BillingUnavailable, RecordError, SignatureRejected
 from exporter.core.clock import Clock, first_day, period_at, period_index
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import DailyAmount, MonthHistory
@@ -160,6 +160,15 @@ def charges(month: MonthHistory, before: dt.date) -> tuple[Charge, ...]:
     return tuple(found)
 
 
+def _why(error: BillingError) -> str:
+    """Why a month's fetch failed, in a few words."""
+    if isinstance(error, BillingUnavailable):
+        return "the API could not be reached, or kept failing"
+    if isinstance(error, RecordError):
+        return "the API's answer was not as documented"
+    return "the API refused it"
+
+
 def _only(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ""
 
@@ -171,8 +180,9 @@ def _month(client: BillingAPI, period: str, today: dt.date) -> tuple[Charge, ...
     except SignatureRejected:
         raise
     except BillingError as error:
-        log.warning("month skipped: the API refused it", period=period, error=str(error)[:300])
-        return "the API refused it"
+        why = _why(error)
+        log.warning(f"month skipped: {why}", period=period, error=str(error)[:300])
+        return why
     if month is None:
         log.warning("month skipped: the API listed no bills for it", period=period)
         return "the API listed no bills for it"
@@ -249,7 +259,9 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "BillingPeriodStart": period[0],
         "ChargeCategory": "Credit" if credit else "Usage",
         "ChargeClass": None,
-        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}",
+        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}".rstrip()
+        if charge.endpoint_id
+        else f"{_words(charge.item, 'ITEM_')} on {service}, of no endpoint",
         "ChargeFrequency": "Usage-Based",
         "ChargePeriodEnd": _utc(clock.day_start(charge.day + dt.timedelta(days=1))),
         "ChargePeriodStart": _utc(clock.day_start(charge.day)),
@@ -273,9 +285,9 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "PublisherName": account.provider,
         "RegionId": None,
         "RegionName": None,
-        "ResourceId": charge.endpoint_id,
+        "ResourceId": charge.endpoint_id or None,  # (a charge the bills tie to no endpoint: of no resource)
         "ResourceName": None,
-        "ResourceType": service,
+        "ResourceType": service if charge.endpoint_id else None,
         "ServiceCategory": SERVICE_CATEGORY,
         "ServiceName": service,
         "SkuId": charge.item,
@@ -335,7 +347,8 @@ def export(
     with replacing(output) as out:
         found, skipped = fetch(client, clock, periods)
         if not found:
-            raise FocusError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
+            why = "; ".join(f"{period}: {reason}" for period, reason in skipped)
+            raise FocusError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched ({why})")
         rows = write(out, found, clock, named)
     return Result(
         written=tuple(sorted(found)),

@@ -110,10 +110,32 @@ def fetch_month(client: BillingAPI, period: str, today: dt.date, workers: int = 
     if not instances or not items:
         return None
     by_endpoint = daily_amounts(instances, "instance")
-    endpoints = sorted({a.key for a in by_endpoint})
+    by_item = daily_amounts(items, "item")
+    endpoints = sorted({a.key for a in by_endpoint} - {""})
     charges = _all([partial(client.bills, period, GROUP_TERM_ITEM, instance_id=e) for e in endpoints], workers)
     split = {endpoint: daily_amounts(bills, "item") for endpoint, bills in zip(endpoints, charges, strict=True)}
-    return MonthHistory(period, by_endpoint, daily_amounts(items, "item"), today, MappingProxyType(split))
+    if any(a.key == "" for a in by_endpoint):
+        split[""] = _unattributed(by_item, split.values())
+    return MonthHistory(period, by_endpoint, by_item, today, MappingProxyType(split))
+
+
+def _unattributed(
+    by_item: Iterable[DailyAmount], endpoints: Iterable[Iterable[DailyAmount]]
+) -> tuple[DailyAmount, ...]:
+    """The charges by item of what the bills tie to no endpoint (no `instanceId`): the API has no
+    listing of them alone (asked for an empty `instance_id`, it lists the whole account), so they
+    are the account's charges by item less every endpoint's."""
+    left = {(a.period, a.day, a.key, a.product, a.project_id): (a.payable, a.usage) for a in by_item}
+    for amounts in endpoints:
+        for a in amounts:
+            k = (a.period, a.day, a.key, a.product, a.project_id)
+            payable, usage = left.get(k, (Decimal(0), Decimal(0)))
+            left[k] = (payable - a.payable, usage - a.usage)
+    return tuple(
+        DailyAmount(period, day, item, product, project, payable, usage)
+        for (period, day, item, product, project), (payable, usage) in sorted(left.items())
+        if payable or usage
+    )
 
 
 class HistorySource:
