@@ -35,7 +35,7 @@ from tests.daemon_fakes import (
     unit_daemon,
 )
 from tests.fakes import chat_runner
-from tests.helpers import named
+from tests.helpers import named, wait_for
 from tests.test_accounts_unit import AccountsBilling
 from tests.test_alerts import to_hook
 from tests.test_reconcile import PRICES, billed_week
@@ -363,6 +363,8 @@ def test_a_run_asked_for_while_the_one_asked_for_before_still_runs_is_not_lost(
         release.set()
         assert again.wait(10)
         assert runs == [0, 1]
+        # (the scheduler done with the job: stopped while it removes one, APScheduler's thread raises)
+        wait_for(lambda: daemon.scheduler.get_job("usage:again") is None)
     finally:
         release.set()
         daemon.stop()
@@ -398,6 +400,8 @@ def test_the_rollover_while_the_scheduled_run_of_the_day_before_still_runs_comes
         release.set()
         assert again.wait(10)
         assert runs == [0, 1]
+        # (the scheduler done with the job: stopped while it removes one, APScheduler's thread raises)
+        wait_for(lambda: daemon.scheduler.get_job("usage:again") is None)
     finally:
         release.set()
         daemon.stop()
