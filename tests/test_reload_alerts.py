@@ -16,8 +16,9 @@ import yaml
 from exporter.app.daemon import Daemon
 from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock
-from exporter.sim import Simulator
+from exporter.sim import Endpoint, Simulator
 from tests.daemon_fakes import NOWHERE, fake_billing_section, readiness, told, unit_daemon
+from tests.helpers import Receiver
 from tests.test_reconcile import billed_week
 
 RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
@@ -178,3 +179,80 @@ def test_a_reload_to_another_project_judges_nothing_on_the_project_before(world:
     assert not readiness(world.daemon)[0]
     world.evaluate()
     assert world.told("hook") == [("firing", ["ep-20261101-alpha", "ep-20261101-beta"])]
+
+
+BUDGET_RULE = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.5]}
+
+
+def budget_alerts(world: Reloading) -> list[tuple[str, str]]:
+    assert world.daemon is not None
+    engine = world.daemon.sources.engine
+    return [(a.state, a.annotations["summary"]) for a in engine.current() if a.labels["alertname"] == "MonthlyBudget"]
+
+
+def test_a_budget_amount_raised_above_the_spend_resolves_its_tier_which_fires_again_when_crossed_again(
+    world: Reloading,
+) -> None:
+    world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "1"}])
+    world.evaluate()
+    world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "1e12"}])
+    world.evaluate()
+    assert [state for state, _ in budget_alerts(world)] == ["resolved"]
+    world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "1"}])
+    world.evaluate()
+    assert world.daemon is not None
+    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing"]
+
+
+def test_a_firing_budget_tier_tells_the_amount_of_now(world: Reloading) -> None:
+    """A reload doubles the amount, the tier still crossed: what the alert says (and its reminders)
+    is measured against the new amount."""
+    world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "10"}])
+    world.evaluate()
+    ((state, before),) = budget_alerts(world)
+    assert "of 10.00" in before
+    world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "20"}])
+    world.evaluate()
+    ((state, after),) = budget_alerts(world)
+    assert state == "firing"
+    assert "of 20.00" in after
+    assert world.daemon is not None
+    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing"]  # told once
+
+
+def test_a_firing_of_more_alerts_than_it_shows_that_all_resolved_while_it_waited_is_not_delivered(
+    clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """150 alerts fire together (a message shows 100 and counts the rest) while the receiver is
+    down; all of them resolve before it is back: it is told they resolved, not that they fire."""
+    sim = Simulator(clock=clock, endpoints=tuple(Endpoint(f"ep-{n:03d}", "model-a", "proj-main") for n in range(150)))
+    receiver = Receiver()
+    path = tmp_path / "config.yaml"
+    rule = RULE | {"threshold": "0"}
+
+    def config(rule: dict) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]},
+        }
+
+    path.write_text(yaml.safe_dump(config(rule)))
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        receiver.refuse = 10**6
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        path.write_text(yaml.safe_dump(config(rule | QUIET)))
+        assert daemon.reload()
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        receiver.refuse = 0
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()
+    finally:
+        daemon.stop()
+        receiver.stop()
+    bodies = [r["body"] for r in receiver.received]
+    assert [(b["status"], len(b["alerts"]) + b["truncatedAlerts"]) for b in bodies] == [("resolved", 150)]

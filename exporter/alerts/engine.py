@@ -447,17 +447,23 @@ class Engine:
         for alert in firing:
             if alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
-            elif rule.basis == "forecast" and ratio < Decimal(alert.labels["tier"]):
-                self._resolve(db, alert, now)  # the forecast fell back under it (its tier fired: not again this period)
+            elif ratio < Decimal(alert.labels["tier"]):
+                # Fell back under it: the forecast (its tier fired: not again this period), or the
+                # spend against an amount or scope a reload changed (or the bills revised down):
+                # then its tiers may fire again as the spend crosses them anew.
+                self._resolve(db, alert, now)
+                if rule.basis == "actual":
+                    self.db.forget_tiers(db, rid, period)
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
-        fired = self.db.tiers_fired(rid, period)
-        if not crossed or max(crossed) in fired:
+        if not crossed:
             return
+        fired = self.db.tiers_fired(rid, period)
         tier = max(crossed)
-        for earlier in firing:
-            still = self.alerts.get(earlier.key)
-            if still is not None and still.state == "firing":  # (those the loop above left firing)
-                self._resolve(db, still, now, inhibited=True)
+        if tier not in fired:
+            for earlier in firing:
+                still = self.alerts.get(earlier.key)
+                if still is not None and still.state == "firing":  # (those the loop above left firing)
+                    self._resolve(db, still, now, inhibited=True)
         named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
@@ -486,8 +492,13 @@ class Engine:
                 f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
             )
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
-        self.db.mark_tiers(db, rid, period, crossed)
         key = alert_key(labels, rid, period)
+        if tier in fired:  # told: while it fires, its figures are those of now (a new amount, revised bills)
+            told = self.alerts.get(key)
+            if told is not None and told.state == "firing":
+                self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
+            return
+        self.db.mark_tiers(db, rid, period, crossed)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
     def routed(self, rule: str) -> Sequence[str]:
@@ -557,6 +568,8 @@ class Engine:
                 "total": len(alerts),
                 "still_firing": firing.get(incident, 0),
             }
+            if len(alerts) > GROUP_DETAIL:
+                event["beyond"] = [(a.key, a.fired_at or a.active_since) for a in alerts[GROUP_DETAIL:]]
             self.db.enqueue(db, notifier, event, now)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:

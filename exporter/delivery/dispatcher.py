@@ -36,7 +36,7 @@ from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.core.net import network_cause
 from exporter.core.post import DeadlineExceeded, post_json
-from exporter.model.events import AlertEvent
+from exporter.model.events import GroupEvent
 from exporter.notifiers.kind import Attempt, OutboxKind
 from exporter.notifiers.registry import kind, outbox
 from exporter.state import AlertStore, OutboxEntry, StateError
@@ -346,29 +346,36 @@ class Dispatcher:
         A state change that was overtaken while it waited (a receiver down, a queue held back) is
         never delivered as if it were news; the change that overtook it is queued behind it."""
         event = entry.event
-        alerts = event["alerts"]
-        states = self.store.alert_states(alert["key"] for alert in alerts)
+        alerts, beyond = event["alerts"], event.get("beyond", [])
+        states = self.store.alert_states([*(alert["key"] for alert in alerts), *(key for key, _ in beyond)])
         firing = event["status"] == "firing"
         if firing and self.routed is not None:
             rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
             if rules and not any(entry.notifier in self.routed(rule) for rule in rules):
                 return None  # its rule goes elsewhere now (a reload routed it away): not this notifier's to tell
 
-        def told_still(alert: AlertEvent) -> bool:
-            state, since, _ = states.get(alert["key"], ("", None, ""))
+        def told_still(key: str, starts_at: float | None) -> bool:
+            state, since, _ = states.get(key, ("", None, ""))
             if not firing:
                 return state != "firing"
             # (the same episode: one that resolved and fired again since is told by the change queued behind)
-            return state == "firing" and (since is None or since == alert["starts_at"])
+            return state == "firing" and (since is None or since == starts_at)
 
-        kept = [alert for alert in alerts if told_still(alert)]
-        if len(kept) == len(alerts):
+        kept = [alert for alert in alerts if told_still(alert["key"], alert["starts_at"])]
+        kept_beyond = [(key, since) for key, since in beyond if told_still(key, since)]
+        if len(kept) == len(alerts) and len(kept_beyond) == len(beyond):
             return entry
-        if not kept and event["total"] > len(alerts):
-            return entry  # it counts alerts it does not show, whose state is unknown here: told as it was
+        if not kept and (kept_beyond or event["total"] > len(alerts) + len(beyond)):
+            # Those it does not show still tell it (or, in a row written before `beyond`, their state
+            # is unknown here): told as it was.
+            return entry
         if not kept:
             return None
-        return replace(entry, event={**event, "alerts": kept, "total": event["total"] - (len(alerts) - len(kept))})
+        told: GroupEvent = {**event, "alerts": kept}
+        told["total"] = event["total"] - (len(alerts) - len(kept)) - (len(beyond) - len(kept_beyond))
+        if beyond:
+            told["beyond"] = kept_beyond
+        return replace(entry, event=told)
 
     def deliver(self) -> int:
         """Send what is due now for every outbox notifier, here and now (a worker busy with the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 
 class AlertEvent(TypedDict):
@@ -30,6 +30,9 @@ class GroupEvent(TypedDict):
     total: int
     still_firing: int
     """Alerts of the same incident still firing after the change (a resolve waits for 0)."""
+    beyond: NotRequired[list[tuple[str, float | None]]]
+    """The alerts past the first GROUP_DETAIL, by key and the start of their episode only: what a
+    delivery checks they still tell (absent in rows written before it, and in groups no larger)."""
 
 
 def read_event(text: str) -> GroupEvent:
