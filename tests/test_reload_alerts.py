@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+import threading
 from contextlib import closing
 from pathlib import Path
 
@@ -15,7 +16,8 @@ import yaml
 
 from exporter.app.daemon import Daemon
 from exporter.config.load import load
-from exporter.core.clock import Clock, FrozenClock
+from exporter.core.clock import Clock, FrozenClock, iso
+from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
 from tests.daemon_fakes import NOWHERE, fake_billing_section, readiness, told, unit_daemon
 from tests.helpers import Receiver
@@ -101,6 +103,13 @@ def test_a_rule_changed_in_what_it_watches_tells_the_old_alerts_resolved_before_
     world.evaluate()
     assert endpoints(world) == firing
     assert [status for status, _ in world.told("hook")] == ["firing", "resolved", "firing"]
+    # Alertmanager takes one label set as one alert: it is sent the one that fires, not beside it the
+    # old rule's resolved one (whichever came last in a push would have won).
+    assert world.daemon is not None
+    now = world.clock.now().timestamp()
+    pushed = payload(world.daemon.sources.engine.current(), now, "")
+    assert sorted(a["labels"]["endpoint_id"] for a in pushed) == firing
+    assert all(a["endsAt"] > iso(now) for a in pushed)
 
 
 def test_a_notifier_added_by_the_reload_that_resolves_the_alerts_is_told_nothing(world: Reloading) -> None:
@@ -112,23 +121,57 @@ def test_a_notifier_added_by_the_reload_that_resolves_the_alerts_is_told_nothing
     assert world.told("new") == []  # it never heard them fire
 
 
-def test_a_resolve_goes_to_the_notifiers_told_of_that_firing_not_to_those_of_one_before(
-    world: Reloading, frozen: FrozenClock
+def test_a_notifier_the_rule_was_routed_away_from_is_never_left_on_firing(
+    clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    """Told to x, resolved; routed to y by a reload and firing again within the quarter of an
-    hour a resolved alert is kept; resolved: x hears nothing of the second firing."""
-    world.config([RULE | {"notifiers": ["x"]}], notifiers=("x", "y"))
-    world.evaluate()
-    world.config([RULE | QUIET | {"notifiers": ["x"]}], notifiers=("x", "y"))
-    world.evaluate()
-    frozen.advance(dt.timedelta(minutes=5))
-    world.config([RULE | {"notifiers": ["y"]}], notifiers=("x", "y"))
-    world.evaluate()
-    frozen.advance(dt.timedelta(minutes=30))
-    world.config([RULE | QUIET | {"notifiers": ["y"]}], notifiers=("x", "y"))
-    world.evaluate()
-    assert [status for status, _ in world.told("x")] == ["firing", "resolved"]
-    assert [status for status, _ in world.told("y")] == ["firing", "resolved"]
+    """a is told the alert fired, then is down while it resolves; a reload routes the rule to b
+    and the alert fires again, which overtakes a's waiting resolve (dropped as no longer true);
+    when the alert resolves for good, a is told, though it was not told the second firing: its
+    receiver last heard the alert fire. (Were a's resolve delivered before the second firing, a
+    hears a second `resolved`: a repeat, never a receiver left on firing.)"""
+    sim = Simulator(clock=clock)
+    billed_week(sim)
+    receivers = {name: Receiver() for name in ("a", "b")}
+    path = tmp_path / "config.yaml"
+
+    def config(rule: dict) -> None:
+        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()]
+        document = {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"rules": [rule], "notifiers": notifiers},
+        }
+        path.write_text(yaml.safe_dump(document))
+
+    config(RULE | {"notifiers": ["a"]})
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+
+        def step(rule: dict, minutes: int = 1) -> None:
+            config(rule)
+            assert daemon.reload()
+            daemon.refresh("bills")
+            daemon.alert_cycle()
+            frozen.advance(dt.timedelta(minutes=minutes))
+            daemon.deliver()
+
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        receivers["a"].refuse = 10**6
+        step(RULE | QUIET | {"notifiers": ["a"]})  # resolved: a's resolve waits
+        step(RULE | {"notifiers": ["b"]})  # fires again, told to b
+        receivers["a"].refuse = 0
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()  # a's resolve, overtaken, is dropped
+        step(RULE | QUIET | {"notifiers": ["b"]}, minutes=10)
+        daemon.deliver()
+    finally:
+        daemon.stop()
+        for receiver in receivers.values():
+            receiver.stop()
+    statuses = {name: [r["body"]["status"] for r in receiver.received] for name, receiver in receivers.items()}
+    assert statuses == {"a": ["firing", "resolved"], "b": ["firing", "resolved"]}
 
 
 def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reloading) -> None:
@@ -256,3 +299,74 @@ def test_a_firing_of_more_alerts_than_it_shows_that_all_resolved_while_it_waited
         receiver.stop()
     bodies = [r["body"] for r in receiver.received]
     assert [(b["status"], len(b["alerts"]) + b["truncatedAlerts"]) for b in bodies] == [("resolved", 150)]
+
+
+def test_a_firing_rule_routed_to_a_notifier_that_is_down_queues_it_the_firing(clock: Clock, tmp_path: Path) -> None:
+    """`down` has a notification waiting that it refused; a reload routes a firing rule to it too:
+    it is queued the firing (delivered when it is back), never counted as told without it."""
+    sim = Simulator(clock=clock)
+    billed_week(sim)
+    receivers = {name: Receiver() for name in ("down", "ok")}
+    big = {"alert": "Big", "signal": "spend", "threshold": "1", "notifiers": ["down"]}
+    path = tmp_path / "config.yaml"
+
+    def config(routed: list[str]) -> None:
+        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()]
+        rules = [big, RULE | {"notifiers": routed}]
+        document = {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"rules": rules, "notifiers": notifiers},
+        }
+        path.write_text(yaml.safe_dump(document))
+
+    config(["ok"])
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        receivers["down"].refuse = 10**6
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()  # Big's firing, refused by down
+        config(["ok", "down"])
+        assert daemon.reload()
+        daemon.alert_cycle()
+        assert [(e["status"], e["alertname"]) for e in told(daemon, "down")] == [
+            ("firing", "Big"),
+            ("firing", "EndpointSpend"),
+        ]
+    finally:
+        daemon.stop()
+        for receiver in receivers.values():
+            receiver.stop()
+
+
+def test_a_refresh_in_flight_across_a_reload_to_another_project_publishes_nothing(world: Reloading) -> None:
+    """Its answers read when the reload to proj-lab comes, the refresh of proj-main's bills ends
+    after it: what it read is not shown, not judged, not counted fresh; it runs again for proj-lab."""
+    world.config([RULE], billing={"project_id": "proj-main"})
+    daemon = world.daemon
+    assert daemon is not None
+    old = daemon.sources.accounts[""]
+    fetched, go = threading.Event(), threading.Event()
+    read = old.bills.refresh
+
+    def slow() -> object:
+        answer = read()  # every answer read...
+        fetched.set()
+        go.wait(10)  # ...and the figures still being made when the reload comes
+        return answer
+
+    old.bills.refresh = slow  # type: ignore[method-assign]
+    refreshing = threading.Thread(target=daemon.refresh, args=("bills",))
+    refreshing.start()
+    try:
+        assert fetched.wait(10)
+        world.config([RULE], billing={"project_id": "proj-lab"})
+    finally:
+        go.set()
+        refreshing.join(10)
+    latest = daemon.sources.one.latest
+    assert latest.bills is None
+    assert "bills" not in latest.health
+    daemon.alert_cycle()
+    assert world.told("hook") == []

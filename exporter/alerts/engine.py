@@ -221,9 +221,10 @@ class Engine:
                     self._resolve(db, alert, now)
                     if alert.period:  # a budget's tier: the rule added back fires it again (it was told resolved)
                         self.db.forget_tiers(db, alert.rule, alert.period)
-                elif (gone and alert.state == "pending") or (  # never told: dropped, as when its condition clears
-                    alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
-                ):
+                elif gone or (alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP):
+                    # A pending one was never told: dropped, as when its condition clears. A resolved
+                    # one of a removed rule goes at the next evaluation (Alertmanager has had its end):
+                    # the rule changed in what it watches may fire the same labels again.
                     self._delete(db, key)
             self._by_rule = {}
             for key, alert in self.alerts.items():
@@ -524,9 +525,11 @@ class Engine:
                 if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
                     if refused is None:
                         refused = read_refused(db)
-                    if notifier in refused:
+                    told = self._sent.get((alert.key, notifier), -math.inf) >= (alert.fired_at or -math.inf)
+                    if notifier in refused and told:
                         # Its receiver is down (what waits for it failed): a reminder would pile up
                         # behind; what waits is the firing it gets, and the next reminder counts from now.
+                        # (One never told this firing, routed to it since, gets it queued all the same.)
                         self.db.mark_sent(db, alert.key, notifier, now)
                         self._sent[(alert.key, notifier)] = now
                         continue
@@ -534,11 +537,18 @@ class Engine:
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
         """Queue the change for the notifiers the alert's rule routes to; a resolve for those told
-        of this firing, and only them (its rule removed, or routed elsewhere since, by a reload;
-        a notifier routed to since, or told of an earlier firing, was never told this one)."""
+        of this firing (routed to it or not), and for those the rule no longer routes to that were
+        told of the alert at all (a reload routed it elsewhere, or removed it): one of them may have
+        missed a resolve that a new firing overtook while it waited, and must not be left on
+        firing. Not for a notifier routed to since this firing began, never told it."""
         if status == "resolved":
             since = alert.fired_at if alert.fired_at is not None else -math.inf  # (fired, when not known)
-            notifiers = [n for n in self.notifiers if self._sent.get((alert.key, n), -math.inf) >= since]
+            routed = set(self.routed(alert.rule))
+            notifiers = [
+                n
+                for n in self.notifiers
+                if (told := self._sent.get((alert.key, n))) is not None and (told >= since or n not in routed)
+            ]
         else:
             notifiers = list(self.routed(alert.rule))
         for notifier in [only] if only else notifiers:

@@ -11,7 +11,7 @@ from functools import partial
 
 from prometheus_client.registry import Collector
 
-from exporter.billing import BillingAPI, BillingClient, BillingError, BillingUnavailable, RetryPolicy
+from exporter.billing import BillingAPI, BillingClient, BillingError, BillingUnavailable, ClientClosed, RetryPolicy
 from exporter.config.schema import BillingConfig, Config, ProbeConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
@@ -217,20 +217,36 @@ class Account:
             return kept
         return ProbeRunner(probe, self.config.inference)
 
+    def _still_its_project(self) -> None:
+        """ClientClosed when a reload has put an account of another billing project in this one's
+        place since its refresh began: what it read is not that account's to show (`forget_figures`
+        dropped what was), and the refresh runs again with the new client."""
+        current = self
+        while current.successor is not None:
+            current = current.successor
+        if current.client.project_id != self.client.project_id:
+            raise ClientClosed("the billing project was changed (config reload)")
+
     def _bills(self) -> None:
-        self.latest.bills = self.bills.refresh()
+        bills = self.bills.refresh()
+        self._still_its_project()
+        self.latest.bills = bills
         self._reconcile()
 
     def _history(self) -> None:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        self.latest.publish_history(self.history.refresh())
+        history = self.history.refresh()
+        self._still_its_project()
+        self.latest.publish_history(history)
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
     def _usage(self) -> None:
-        self.latest.usage = self.usage.refresh()
+        usage = self.usage.refresh()
+        self._still_its_project()
+        self.latest.usage = usage
         # Then (today's figures are out already) a few settled days, each read once in full.
         today = self.clock.today()
         first = today.replace(day=1)
@@ -241,6 +257,7 @@ class Account:
         except StateError as error:
             log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
             return
+        self._still_its_project()
         if settled is not self.latest.settled:  # a day read, or the window moved: judged again
             self.latest.settled = settled
             self._reconcile()

@@ -30,10 +30,15 @@ RESEND = 60.0
 
 
 def payload(alerts: Sequence[Alert], now: float, external_url: str) -> list[dict[str, Any]]:
-    """Alertmanager's `POST /api/v2/alerts` body: the alerts that are not pending."""
+    """Alertmanager's `POST /api/v2/alerts` body: the alerts that are not pending, and of those
+    with the same labels (a rule changed by a reload in what it watches, its old alert resolved
+    and its new one firing) the one that fires: Alertmanager takes one label set as one alert."""
     body = []
+    live = {tuple(sorted(a.labels.items())) for a in alerts if a.state == "firing"}
     for alert in alerts:
         if alert.state == "pending":
+            continue
+        if alert.state == "resolved" and tuple(sorted(alert.labels.items())) in live:
             continue
         ends = alert.resolved_at if alert.state == "resolved" else now + 4 * RESEND
         body.append(
