@@ -291,13 +291,17 @@ class Unattributed:
 
     DAY = dt.date(2026, 10, 7)
 
-    def __init__(self, inner: FakeBilling) -> None:
-        self.inner = inner
+    def __init__(self, inner: FakeBilling, endpoints_project: str | None = None) -> None:
+        """`endpoints_project`: the project each endpoint's own listing labels its lines with
+        (another than the account's listings give them)."""
+        self.inner, self.endpoints_project = inner, endpoints_project
         self.base_url, self.project_id, self.page_size = inner.base_url, inner.project_id, inner.page_size
         self.concurrency = inner.concurrency
 
     def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
         records = self.inner.bills(period, group_term, instance_id)
+        if instance_id and self.endpoints_project is not None:
+            records = [r._replace(project_id=self.endpoints_project) for r in records]
         if period != "2026-10" or instance_id:
             return records
         item = "" if group_term == GROUP_TERM_INSTANCE else "ITEM_SERVICE_FEE"
@@ -307,9 +311,15 @@ class Unattributed:
         return [*records, fee]
 
 
-def test_a_charge_of_no_endpoint_is_a_row_of_no_resource(fake: FakeBilling, clock: Clock, tmp_path: Path) -> None:
+@pytest.mark.parametrize("endpoints_project", [None, "proj-other"])
+def test_a_charge_of_no_endpoint_is_a_row_of_no_resource(
+    fake: FakeBilling, clock: Clock, tmp_path: Path, endpoints_project: str | None
+) -> None:
+    """Also when an endpoint's own listing labels its lines with another project than the account's
+    listing does: the charges of no endpoint are the fee alone."""
     output = tmp_path / "focus.csv"
-    result = focus(Unattributed(fake), clock, ["2026-10"], output)
+    result = focus(Unattributed(fake, endpoints_project), clock, ["2026-10"], output)
+    assert [r["SkuId"] for r in read(output) if not r["ResourceId"]] == ["ITEM_SERVICE_FEE"]
     assert result.written == ("2026-10",)
     (fee,) = [r for r in read(output) if r["SkuId"] == "ITEM_SERVICE_FEE"]
     assert (fee["BilledCost"], fee["ResourceId"], fee["ResourceType"]) == ("5.00", "", "")

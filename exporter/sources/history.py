@@ -114,26 +114,28 @@ def fetch_month(client: BillingAPI, period: str, today: dt.date, workers: int = 
     endpoints = sorted({a.key for a in by_endpoint} - {""})
     charges = _all([partial(client.bills, period, GROUP_TERM_ITEM, instance_id=e) for e in endpoints], workers)
     split = {endpoint: daily_amounts(bills, "item") for endpoint, bills in zip(endpoints, charges, strict=True)}
-    if any(a.key == "" for a in by_endpoint):
-        split[""] = _unattributed(by_item, split.values())
+    if own := [a for a in by_endpoint if a.key == ""]:
+        split[""] = _unattributed(by_item, split.values(), own)
     return MonthHistory(period, by_endpoint, by_item, today, MappingProxyType(split))
 
 
 def _unattributed(
-    by_item: Iterable[DailyAmount], endpoints: Iterable[Iterable[DailyAmount]]
+    by_item: Iterable[DailyAmount], endpoints: Iterable[Iterable[DailyAmount]], own: Iterable[DailyAmount]
 ) -> tuple[DailyAmount, ...]:
-    """The charges by item of what the bills tie to no endpoint (no `instanceId`): the API has no
-    listing of them alone (asked for an empty `instance_id`, it lists the whole account), so they
-    are the account's charges by item less every endpoint's."""
-    left = {(a.period, a.day, a.key, a.product, a.project_id): (a.payable, a.usage) for a in by_item}
-    for amounts in endpoints:
+    """The charges by item of what the bills tie to no endpoint (no `instanceId`; `own`: its bills
+    by endpoint): the API has no listing of them alone (asked for an empty `instance_id`, it lists
+    the whole account), so they are the account's charges by item less every endpoint's, day and
+    item by day and item (the listings may label a line's product or project otherwise), under
+    the product and project its own bills give it that day."""
+    left: dict[tuple[str, dt.date, str], tuple[Decimal, Decimal]] = {}
+    for sign, amounts in ((1, by_item), *((-1, a) for a in endpoints)):
         for a in amounts:
-            k = (a.period, a.day, a.key, a.product, a.project_id)
-            payable, usage = left.get(k, (Decimal(0), Decimal(0)))
-            left[k] = (payable - a.payable, usage - a.usage)
+            payable, usage = left.get((a.period, a.day, a.key), (Decimal(0), Decimal(0)))
+            left[a.period, a.day, a.key] = (payable + sign * a.payable, usage + sign * a.usage)
+    labels = {(a.period, a.day): (a.product, a.project_id) for a in own}
     return tuple(
-        DailyAmount(period, day, item, product, project, payable, usage)
-        for (period, day, item, product, project), (payable, usage) in sorted(left.items())
+        DailyAmount(period, day, item, *labels.get((period, day), ("", "")), payable, usage)
+        for (period, day, item), (payable, usage) in sorted(left.items())
         if payable or usage
     )
 
