@@ -331,42 +331,56 @@ def test_a_reload_runs_again_at_once_the_sources_whose_figures_it_changes(
         daemon.stop()
 
 
+class HeldUsage:
+    """A usage refresher whose first run holds until `release` is set; the next sets `again`."""
+
+    def __init__(self) -> None:
+        self.inside, self.release, self.again = threading.Event(), threading.Event(), threading.Event()
+        self.runs = 0
+
+    def __call__(self) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            self.inside.set()
+            self.release.wait(10)
+        else:
+            self.again.set()
+
+    def ran_again(self, daemon: Daemon) -> None:
+        """The held run let go: the one asked for meanwhile runs after it, once."""
+        self.release.set()
+        assert self.again.wait(10)
+        assert self.runs == 2
+        # (the scheduler done with the job: stopped while it removes one, APScheduler's thread raises)
+        wait_for(lambda: daemon.scheduler.get_job("usage:again") is None)
+
+
+def held_usage(sim: Simulator, clock: Clock, tmp_path: Path) -> tuple[Daemon, HeldUsage]:
+    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "s.db")}}
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    held = daemon.sources.refreshers["usage"] = HeldUsage()
+    return daemon, held
+
+
 def test_a_run_asked_for_while_the_one_asked_for_before_still_runs_is_not_lost(
     sim: Simulator, clock: Clock, tmp_path: Path
 ) -> None:
     """A source asked to run at once (by a reload, or by a run a reload abandoned) while the run
     asked for before is still going: it runs again after that one, not never (the scheduler runs
     one instance of a job at a time, and skips, for good, a one-off job that comes meanwhile)."""
-    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "s.db")}}
-    daemon = unit_daemon(validate(document, {}), sim, clock)
-    inside, release, again = threading.Event(), threading.Event(), threading.Event()
-    runs: list[int] = []
-
-    def usage() -> None:
-        runs.append(len(runs))
-        if len(runs) == 1:
-            inside.set()
-            release.wait(10)
-        else:
-            again.set()
-
+    daemon, held = held_usage(sim, clock, tmp_path)
     taken_up = threading.Semaphore(0)  # the scheduler submitted a job, or skipped it
     daemon.scheduler.add_listener(lambda event: taken_up.release(), EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
-    daemon.sources.refreshers["usage"] = usage
     daemon.scheduler.start()
     try:
         daemon._run_soon("usage")
-        assert inside.wait(10)
+        assert held.inside.wait(10)
         assert taken_up.acquire(timeout=10)
         daemon._run_soon("usage")  # while the first still runs
         assert taken_up.acquire(timeout=10)
-        release.set()
-        assert again.wait(10)
-        assert runs == [0, 1]
-        # (the scheduler done with the job: stopped while it removes one, APScheduler's thread raises)
-        wait_for(lambda: daemon.scheduler.get_job("usage:again") is None)
+        held.ran_again(daemon)
     finally:
-        release.set()
+        held.release.set()
         daemon.stop()
 
 
@@ -375,35 +389,18 @@ def test_the_rollover_while_the_scheduled_run_of_the_day_before_still_runs_comes
 ) -> None:
     """The usage run started before midnight is still going when the rollover job comes: the
     rollover's run is made when it ends, not dropped until the next interval."""
-    document = {"billing": fake_billing_section(sim), "state": {"path": str(tmp_path / "s.db")}}
-    daemon = unit_daemon(validate(document, {}), sim, clock)
-    inside, release, again = threading.Event(), threading.Event(), threading.Event()
-    runs: list[int] = []
-
-    def usage() -> None:
-        runs.append(len(runs))
-        if len(runs) == 1:
-            inside.set()
-            release.wait(10)
-        else:
-            again.set()
-
-    daemon.sources.refreshers["usage"] = usage
+    daemon, held = held_usage(sim, clock, tmp_path)
     daemon.scheduler.start()
     try:
         scheduled = threading.Thread(target=daemon.refresh, args=["usage"])
         scheduled.start()
-        assert inside.wait(10)
+        assert held.inside.wait(10)
         rollover = threading.Thread(target=daemon._rollover, args=["usage"])
         rollover.start()
         rollover.join(10)
-        release.set()
-        assert again.wait(10)
-        assert runs == [0, 1]
-        # (the scheduler done with the job: stopped while it removes one, APScheduler's thread raises)
-        wait_for(lambda: daemon.scheduler.get_job("usage:again") is None)
+        held.ran_again(daemon)
     finally:
-        release.set()
+        held.release.set()
         daemon.stop()
 
 
