@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.billing import BillingAPIError, BillingClient, BillingError, BillRecord
+from exporter.billing import GROUP_TERM_INSTANCE, BillingAPIError, BillingClient, BillingError, BillRecord
 from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
 from exporter.model.forecast import filled, forecast, month_forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
 from exporter.sources.bills import BillsSource
-from exporter.sources.history import HistorySource
+from exporter.sources.history import HistorySource, fetch_month
 from exporter.state import StateError, StateStore
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import InProcessBilling, fake_billing_section, unit_daemon
@@ -371,3 +371,44 @@ def test_a_reload_to_another_project_never_leaves_the_months_of_the_one_before(
         assert daemon.latest.history is None
     finally:
         daemon.stop()
+
+
+class Listed:
+    """A billing API listing the same lines for every month: `instances` by endpoint, `items` by item
+    for the account, `of` each endpoint's by item (as the API answers, an empty `instance_id` lists
+    the account's)."""
+
+    base_url, project_id, page_size, concurrency = "https://billing.example", "", 100, 1
+
+    def __init__(self, instances: list[BillRecord], items: list[BillRecord], of: dict[str, list[BillRecord]]) -> None:
+        self.instances, self.items, self.of = instances, items, of
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        if group_term == GROUP_TERM_INSTANCE:
+            return self.instances
+        return self.of[instance_id] if instance_id else self.items
+
+
+def test_the_charges_of_no_endpoint_are_the_account_s_less_every_endpoint_s_each_under_its_product() -> None:
+    """Two lines of no endpoint on a day, of two products and projects; an endpoint's own listing
+    labels its lines with another project than the account's listing: each item of no endpoint
+    keeps its product, and no project (two are named that day)."""
+    day, money = dt.date(2026, 10, 7), Decimal
+
+    def line(instance: str, item: str, product: str, project: str, amount: str) -> BillRecord:
+        return BillRecord("2026-10", day, instance, item, product, project, money(amount), money(0))
+
+    api = Listed(
+        instances=[line("", "", "PRODUCT_FINE_TUNING", "proj-a", "3"), line("", "", "PRODUCT_STORAGE", "proj-b", "2"),
+                   line("ep-1", "", "PRODUCT_INFERENCE", "proj-main", "10")],
+        items=[line("", "ITEM_TRAINING", "PRODUCT_FINE_TUNING", "proj-a", "3"),
+               line("", "ITEM_STORAGE", "PRODUCT_STORAGE", "proj-b", "2"),
+               line("", "ITEM_PROMPT", "PRODUCT_INFERENCE", "proj-main", "10")],
+        of={"ep-1": [line("ep-1", "ITEM_PROMPT", "PRODUCT_INFERENCE", "proj-other", "10")]},
+    )  # fmt: skip
+    month = fetch_month(api, "2026-10", dt.date(2026, 11, 22))
+    assert month is not None
+    assert [(a.key, a.product, a.project_id, a.payable) for a in month.items_by_endpoint[""]] == [
+        ("ITEM_STORAGE", "PRODUCT_STORAGE", "", money(2)),
+        ("ITEM_TRAINING", "PRODUCT_FINE_TUNING", "", money(3)),
+    ]

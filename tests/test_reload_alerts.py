@@ -9,6 +9,7 @@ import datetime as dt
 import sqlite3
 import threading
 from contextlib import closing
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock, iso
 from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
-from tests.daemon_fakes import NOWHERE, fake_billing_section, readiness, told, unit_daemon
-from tests.helpers import Receiver
+from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, told, unit_daemon
+from tests.helpers import Receiver, value
 from tests.test_reconcile import billed_week
 
 RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
@@ -370,3 +371,77 @@ def test_a_refresh_in_flight_across_a_reload_to_another_project_publishes_nothin
     assert "bills" not in latest.health
     daemon.alert_cycle()
     assert world.told("hook") == []
+
+
+def spent(world: Reloading) -> Decimal:
+    """The month's spend as the budget measures it (the budget `month` of amount 1 held now)."""
+    assert world.daemon is not None
+    used = value(metrics(world.daemon), "inference_budget_used_ratio", budget="month")
+    assert used is not None
+    return Decimal(repr(used))
+
+
+def test_a_tier_whose_label_rounds_up_fires_once(world: Reloading) -> None:
+    """Tier 0.6666667 is labelled 0.666667; the spend sits between the two: it fires once and
+    stays firing, evaluation after evaluation."""
+    world.config([], budgets=[{"name": "month", "amount": "1"}])
+    world.evaluate()
+    amount = spent(world) / Decimal("0.66666680")
+    world.config([BUDGET_RULE | {"tiers": [0.6666667]}], budgets=[{"name": "month", "amount": f"{amount:.12f}"}])
+    for _ in range(4):
+        world.evaluate()
+    assert world.daemon is not None
+    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing"]
+
+
+def test_falling_back_under_the_top_tier_fires_no_lower_one_again(world: Reloading) -> None:
+    """Tiers 0.5 and 0.8, the spend at 0.9, then 0.75 (a raised amount), then 0.9 again: the 0.8
+    tier fires, resolves, fires again; the 0.5 tier, crossed all along, is never told on its own."""
+    world.config([], budgets=[{"name": "month", "amount": "1"}])
+    world.evaluate()
+    total = spent(world)
+    rule = BUDGET_RULE | {"tiers": [0.5, 0.8]}
+    for ratio in ("0.9", "0.75", "0.9"):
+        world.config([rule], budgets=[{"name": "month", "amount": f"{total / Decimal(ratio):.12f}"}])
+        world.evaluate()
+    assert world.daemon is not None
+    told_tiers = [(e["status"], e["alerts"][0]["labels"]["tier"]) for e in told(world.daemon, "hook")]
+    assert told_tiers == [("firing", "0.8"), ("resolved", "0.8"), ("firing", "0.8")]
+
+
+def test_a_removed_rules_resolved_alerts_are_kept_a_quarter_of_an_hour(world: Reloading, frozen: FrozenClock) -> None:
+    """Alertmanager keeps being sent their end, as for any resolved alert (one push missed loses it not)."""
+    world.config([RULE])
+    world.evaluate()
+    world.config([])
+    for _ in range(2):
+        world.evaluate()
+        frozen.advance(dt.timedelta(minutes=5))
+    assert world.daemon is not None
+    now = world.clock.now().timestamp()
+    pushed = payload(world.daemon.sources.engine.current(), now, "")
+    assert len(pushed) == 3
+    assert all(a["endsAt"] < iso(now) for a in pushed)
+    frozen.advance(dt.timedelta(minutes=10))
+    world.evaluate()
+    assert world.daemon.sources.engine.current() == []
+
+
+def test_a_notifier_routed_away_hears_the_end_of_the_firing_it_was_told_once(
+    world: Reloading, frozen: FrozenClock
+) -> None:
+    """Told to x, resolved; routed to y, the alert fires and resolves again, twice: x hears nothing
+    of those."""
+    world.config([RULE | {"notifiers": ["x"]}], notifiers=("x", "y"))
+    world.evaluate()
+    world.config([RULE | QUIET | {"notifiers": ["x"]}], notifiers=("x", "y"))
+    world.evaluate()
+    for _ in range(2):
+        frozen.advance(dt.timedelta(minutes=2))
+        world.config([RULE | {"notifiers": ["y"]}], notifiers=("x", "y"))
+        world.evaluate()
+        frozen.advance(dt.timedelta(minutes=2))
+        world.config([RULE | QUIET | {"notifiers": ["y"]}], notifiers=("x", "y"))
+        world.evaluate()
+    assert [status for status, _ in world.told("x")] == ["firing", "resolved"]
+    assert [status for status, _ in world.told("y")] == ["firing", "resolved", "firing", "resolved"]

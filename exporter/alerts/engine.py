@@ -40,6 +40,10 @@ RESOLVED_KEEP = 15 * 60.0
 """How long a resolved alert is kept (and re-sent to Alertmanager) after it resolved."""
 GROUP_DETAIL = 100
 """Alerts a queued group keeps in full; the rest are only counted (messages show fewer still)."""
+BEYOND_CHECKED = 1000
+"""Of the alerts past GROUP_DETAIL, those a queued group also keeps by key (`beyond`), for a
+delivery to check they still tell its state: a group larger than both is told as it was when the
+alerts it shows no longer do (a row and a check of 50,000 keys: 2 MB and a quarter of a second)."""
 TRUE_LAG = 0.1
 """An alert still true with nothing else changed is saved again once its saved `last_true` is this
 share of its rule's `keep_firing_for` old: a crash can end its hold that much early, never late.
@@ -221,10 +225,9 @@ class Engine:
                     self._resolve(db, alert, now)
                     if alert.period:  # a budget's tier: the rule added back fires it again (it was told resolved)
                         self.db.forget_tiers(db, alert.rule, alert.period)
-                elif gone or (alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP):
-                    # A pending one was never told: dropped, as when its condition clears. A resolved
-                    # one of a removed rule goes at the next evaluation (Alertmanager has had its end):
-                    # the rule changed in what it watches may fire the same labels again.
+                elif (gone and alert.state == "pending") or (  # never told: dropped, as when its condition clears
+                    alert.state == "resolved" and now - (alert.resolved_at or now) > RESOLVED_KEEP
+                ):
                     self._delete(db, key)
             self._by_rule = {}
             for key, alert in self.alerts.items():
@@ -445,16 +448,18 @@ class Engine:
             return
         period, ratio = measured.period, measured.ratio
         firing = [a for a in map(self.alerts.get, self._by_rule.get(rid, ())) if a is not None and a.state == "firing"]
+        tiers = {f"{t:g}": Decimal(str(t)) for t in rule.tiers}  # (a label is the tier to 6 digits)
         for alert in firing:
             if alert.period != period:
                 self._resolve(db, alert, now)  # a new period starts clean
-            elif ratio < Decimal(alert.labels["tier"]):
+            elif ratio < tiers.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
-                # then its tiers may fire again as the spend crosses them anew.
+                # then the tiers above the spend may fire again as it crosses them anew (those
+                # still under it stay told).
                 self._resolve(db, alert, now)
                 if rule.basis == "actual":
-                    self.db.forget_tiers(db, rid, period)
+                    self.db.forget_tiers(db, rid, period, above=ratio)
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
         if not crossed:
             return
@@ -537,18 +542,13 @@ class Engine:
 
     def _notify(self, db: sqlite3.Connection, alert: Alert, status: str, now: float, only: str | None = None) -> None:
         """Queue the change for the notifiers the alert's rule routes to; a resolve for those told
-        of this firing (routed to it or not), and for those the rule no longer routes to that were
-        told of the alert at all (a reload routed it elsewhere, or removed it): one of them may have
-        missed a resolve that a new firing overtook while it waited, and must not be left on
-        firing. Not for a notifier routed to since this firing began, never told it."""
+        of this firing, routed to it now or not (a reload routed it elsewhere, or removed it), and
+        not for one routed to since this firing began, never told it. (A resolve that waited for a
+        notifier the rule was routed away from is delivered even when a new firing overtook it:
+        the dispatcher's `_current`.)"""
         if status == "resolved":
             since = alert.fired_at if alert.fired_at is not None else -math.inf  # (fired, when not known)
-            routed = set(self.routed(alert.rule))
-            notifiers = [
-                n
-                for n in self.notifiers
-                if (told := self._sent.get((alert.key, n))) is not None and (told >= since or n not in routed)
-            ]
+            notifiers = [n for n in self.notifiers if self._sent.get((alert.key, n), -math.inf) >= since]
         else:
             notifiers = list(self.routed(alert.rule))
         for notifier in [only] if only else notifiers:
@@ -579,7 +579,8 @@ class Engine:
                 "still_firing": firing.get(incident, 0),
             }
             if len(alerts) > GROUP_DETAIL:
-                event["beyond"] = [(a.key, a.fired_at or a.active_since) for a in alerts[GROUP_DETAIL:]]
+                beyond = alerts[GROUP_DETAIL : GROUP_DETAIL + BEYOND_CHECKED]
+                event["beyond"] = [(a.key, a.fired_at or a.active_since) for a in beyond]
             self.db.enqueue(db, notifier, event, now)
 
     def _save(self, db: sqlite3.Connection, alert: Alert) -> None:

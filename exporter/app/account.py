@@ -179,16 +179,16 @@ class Account:
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
-        if self._previous is not None and self._previous.client.project_id != self.client.project_id:
-            self.latest.forget_figures()  # another project's: nothing of before is its own
-        elif self._previous is not None and self._previous.history.source != self.history.source:
-            # Another API's months: never learnt from until fetched. (Its figures stay shown as the
-            # last good ones: an address of the same account's, it may be, a proxy's.)
-            self.latest.history = None
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
+            if previous.client.project_id != self.client.project_id:
+                self.latest.forget_figures()  # another project's: nothing of before is its own
+            elif previous.history.source != self.history.source:
+                # Another API's months: never learnt from until fetched. (Its figures stay shown as
+                # the last good ones: an address of the same account's, it may be, a proxy's.)
+                self.latest.history = None
         self.latest.configure(self.refreshers)
-        if self._previous is not None:
-            self._previous.successor = self
-            self._previous = None
         self._reconcile()
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
@@ -228,25 +228,19 @@ class Account:
             raise ClientClosed("the billing project was changed (config reload)")
 
     def _bills(self) -> None:
-        bills = self.bills.refresh()
-        self._still_its_project()
-        self.latest.bills = bills
+        self.latest.publish(self._still_its_project, bills=self.bills.refresh())
         self._reconcile()
 
     def _history(self) -> None:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        history = self.history.refresh()
-        self._still_its_project()
-        self.latest.publish_history(history)
+        self.latest.publish_history(self.history.refresh(), self._still_its_project)
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
     def _usage(self) -> None:
-        usage = self.usage.refresh()
-        self._still_its_project()
-        self.latest.usage = usage
+        self.latest.publish(self._still_its_project, usage=self.usage.refresh())
         # Then (today's figures are out already) a few settled days, each read once in full.
         today = self.clock.today()
         first = today.replace(day=1)
@@ -257,9 +251,8 @@ class Account:
         except StateError as error:
             log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
             return
-        self._still_its_project()
         if settled is not self.latest.settled:  # a day read, or the window moved: judged again
-            self.latest.settled = settled
+            self.latest.publish(self._still_its_project, settled=settled)
             self._reconcile()
 
     def _reconcile(self) -> None:

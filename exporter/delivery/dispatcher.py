@@ -355,9 +355,11 @@ class Dispatcher:
                 return None  # its rule goes elsewhere now (a reload routed it away): not this notifier's to tell
 
         def told_still(key: str, starts_at: float | None) -> bool:
-            state, since, _ = states.get(key, ("", None, ""))
+            state, since, rule = states.get(key, ("", None, ""))
             if not firing:
-                return state != "firing"
+                # Overtaken by a new firing: dropped, unless a reload routed the rule away from this
+                # notifier since (that firing is not its to hear: the resolve is its last word).
+                return state != "firing" or (self.routed is not None and entry.notifier not in self.routed(rule))
             # (the same episode: one that resolved and fired again since is told by the change queued behind)
             return state == "firing" and (since is None or since == starts_at)
 

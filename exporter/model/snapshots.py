@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import MappingProxyType
@@ -327,8 +327,18 @@ class Latest:
             if self._has(probe_source(snapshot.probe)):
                 self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
 
-    def publish_history(self, snapshot: HistorySnapshot) -> None:
+    def publish(self, still: Callable[[], None], **figures: object) -> None:
+        """Set these figures (`bills`, `usage`, `settled`) if `still()` does not raise, checked under
+        the lock `forget_figures` takes: a refresh that a reload to another project overtook
+        publishes nothing after it, and raises."""
         with self._lock:
+            still()
+            for name, value in figures.items():
+                setattr(self, name, value)
+
+    def publish_history(self, snapshot: HistorySnapshot, still: Callable[[], None] = lambda: None) -> None:
+        with self._lock:
+            still()
             if self._has("history"):
                 self.history = snapshot
 

@@ -124,20 +124,27 @@ def _unattributed(
 ) -> tuple[DailyAmount, ...]:
     """The charges by item of what the bills tie to no endpoint (no `instanceId`; `own`: its bills
     by endpoint): the API has no listing of them alone (asked for an empty `instance_id`, it lists
-    the whole account), so they are the account's charges by item less every endpoint's, day and
-    item by day and item (the listings may label a line's product or project otherwise), under
-    the product and project its own bills give it that day."""
-    left: dict[tuple[str, dt.date, str], tuple[Decimal, Decimal]] = {}
+    the whole account), so they are the account's charges by item less every endpoint's, by day,
+    item and product (the listings may label a line's project otherwise), under the project of the
+    day's lines of no endpoint when they name one (none when several)."""
+    left: dict[tuple[str, dt.date, str, str], tuple[Decimal, Decimal]] = {}
     for sign, amounts in ((1, by_item), *((-1, a) for a in endpoints)):
         for a in amounts:
-            payable, usage = left.get((a.period, a.day, a.key), (Decimal(0), Decimal(0)))
-            left[a.period, a.day, a.key] = (payable + sign * a.payable, usage + sign * a.usage)
-    labels = {(a.period, a.day): (a.product, a.project_id) for a in own}
+            k = (a.period, a.day, a.key, a.product)
+            payable, usage = left.get(k, (Decimal(0), Decimal(0)))
+            left[k] = (payable + sign * a.payable, usage + sign * a.usage)
+    projects: dict[tuple[str, dt.date], set[str]] = {}
+    for a in own:
+        projects.setdefault((a.period, a.day), set()).add(a.project_id)
     return tuple(
-        DailyAmount(period, day, item, *labels.get((period, day), ("", "")), payable, usage)
-        for (period, day, item), (payable, usage) in sorted(left.items())
+        DailyAmount(period, day, item, product, _one(projects.get((period, day), set())), payable, usage)
+        for (period, day, item, product), (payable, usage) in sorted(left.items())
         if payable or usage
     )
+
+
+def _one(values: set[str]) -> str:
+    return next(iter(values)) if len(values) == 1 else ""
 
 
 class HistorySource:

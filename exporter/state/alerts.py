@@ -11,6 +11,7 @@ import math
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from exporter.model.events import GroupEvent, read_event
@@ -105,8 +106,14 @@ class AlertStore:
         db.execute("INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)", (key, notifier, sent))
 
     @staticmethod
-    def forget_tiers(db: sqlite3.Connection, rule: str, period: str) -> None:
-        db.execute("DELETE FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period))
+    def forget_tiers(db: sqlite3.Connection, rule: str, period: str, above: Decimal | None = None) -> None:
+        """The tiers of `rule` fired in `period` (those over `above` alone, when given) may fire again."""
+        if above is None:
+            db.execute("DELETE FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period))
+        else:
+            db.execute(
+                "DELETE FROM budget_tiers WHERE rule = ? AND period = ? AND tier > ?", (rule, period, float(above))
+            )
 
     @staticmethod
     def mark_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: list[float]) -> None:
