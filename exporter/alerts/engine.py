@@ -124,6 +124,9 @@ class Engine:
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
         self._saved_true: dict[str, float] = {}
         """Per alert whose `last_true` in memory is newer than the state file's, the saved one."""
+        self._tier_shown: dict[str, tuple[object, object, tuple[object, ...]]] = {}
+        """A told budget tier's figures as last made (its rule, budget and what its annotations show):
+        made again only when they move."""
         self._found: dict[str, dict[signals.Labels, _Found]] = {}
         """Per threshold rule id, each group it found true at the last evaluation with data, and
         what its alert said: a group at the same value says the same (the rules are this engine's)."""
@@ -171,6 +174,7 @@ class Engine:
         alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
         sent = self.db.load_sent()
         self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
+        self._tier_shown = {}
         self._changed = True
 
     # -- evaluation --
@@ -470,6 +474,15 @@ class Engine:
                 still = self.alerts.get(earlier.key)
                 if still is not None and still.state == "firing":  # (those the loop above left firing)
                     self._resolve(db, still, now, inhibited=True)
+        if tier in fired:  # told: while it fires, its figures are those of now (a new amount, revised bills)
+            told = next((a for a in firing if a.labels["tier"] == f"{tier:g}" and a.period == period), None)
+            if told is None or self.alerts[told.key].state != "firing":
+                return
+            shown = (fmt(ratio), measured.crossing, measured.chance)
+            seen = self._tier_shown.get(told.key)
+            if seen is not None and seen[0] is rule and seen[1] is budget and seen[2] == shown:
+                return  # (made again only when they move: a thousand tiers firing, half an evaluation more)
+            self._tier_shown[told.key] = (rule, budget, shown)
         named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
@@ -499,12 +512,8 @@ class Engine:
             )
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         key = alert_key(labels, rid, period)
-        if tier in fired:  # told: while it fires, its figures are those of now (a new amount, revised bills)
-            told = self.alerts.get(key)
-            if told is not None and told.state == "firing":
-                self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
-            return
-        self.db.mark_tiers(db, rid, period, crossed)
+        if tier not in fired:
+            self.db.mark_tiers(db, rid, period, crossed)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
     def routed(self, rule: str) -> Sequence[str]:
@@ -593,6 +602,7 @@ class Engine:
 
     def _delete(self, db: sqlite3.Connection, key: str) -> None:
         del self.alerts[key]
+        self._tier_shown.pop(key, None)
         self._changed = True
         self._saved_true.pop(key, None)
         self.db.delete_state(db, key)
