@@ -394,9 +394,10 @@ def test_a_tier_whose_label_rounds_up_fires_once(world: Reloading) -> None:
     assert [e["status"] for e in told(world.daemon, "hook")] == ["firing"]
 
 
-def test_falling_back_under_the_top_tier_fires_no_lower_one_again(world: Reloading) -> None:
+def test_falling_back_under_the_top_tier_fires_the_tier_still_crossed(world: Reloading) -> None:
     """Tiers 0.5 and 0.8, the spend at 0.9, then 0.75 (a raised amount), then 0.9 again: the 0.8
-    tier fires, resolves, fires again; the 0.5 tier, crossed all along, is never told on its own."""
+    tier fires and resolves, the 0.5 tier (crossed all along, never told on its own) fires then,
+    and 0.8, crossed anew, fires again (0.5 superseded without a notice of its own)."""
     world.config([], budgets=[{"name": "month", "amount": "1"}])
     world.evaluate()
     total = spent(world)
@@ -406,7 +407,7 @@ def test_falling_back_under_the_top_tier_fires_no_lower_one_again(world: Reloadi
         world.evaluate()
     assert world.daemon is not None
     told_tiers = [(e["status"], e["alerts"][0]["labels"]["tier"]) for e in told(world.daemon, "hook")]
-    assert told_tiers == [("firing", "0.8"), ("resolved", "0.8"), ("firing", "0.8")]
+    assert told_tiers == [("firing", "0.8"), ("resolved", "0.8"), ("firing", "0.5"), ("firing", "0.8")]
 
 
 def test_a_removed_rules_resolved_alerts_are_kept_a_quarter_of_an_hour(world: Reloading, frozen: FrozenClock) -> None:
@@ -445,3 +446,57 @@ def test_a_notifier_routed_away_hears_the_end_of_the_firing_it_was_told_once(
         world.evaluate()
     assert [status for status, _ in world.told("x")] == ["firing", "resolved"]
     assert [status for status, _ in world.told("y")] == ["firing", "resolved", "firing", "resolved"]
+
+
+def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
+    clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """a is down while the alert resolves and fires again; the rule is routed to b; a is back (it
+    hears the resolve, the firing queued for it is dropped: routed away); routed back to a: a is
+    queued the firing, not left on `resolved` until a reminder hours later."""
+    sim = Simulator(clock=clock)
+    billed_week(sim)
+    receivers = {name: Receiver() for name in ("a", "b")}
+    path = tmp_path / "config.yaml"
+
+    def config(rule: dict) -> None:
+        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()]
+        document = {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"rules": [rule], "notifiers": notifiers},
+        }
+        path.write_text(yaml.safe_dump(document))
+
+    config(RULE | {"notifiers": ["a"]})
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+
+        def step(rule: dict, deliver: bool = True) -> None:
+            config(rule)
+            assert daemon.reload()
+            daemon.refresh("bills")
+            daemon.alert_cycle()
+            if deliver:
+                daemon.deliver()
+            frozen.advance(dt.timedelta(minutes=2))
+
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        receivers["a"].refuse = 10**6
+        step(RULE | QUIET | {"notifiers": ["a"]})  # its resolve waits for a
+        step(RULE | {"notifiers": ["a"]}, deliver=False)  # the firing queued behind it
+        step(RULE | {"notifiers": ["b"]})  # routed away
+        receivers["a"].refuse = 0
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()  # a hears the resolve; the firing, routed away, is dropped
+        step(RULE | {"notifiers": ["a", "b"]})  # routed back while it fires
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.alert_cycle()
+        daemon.deliver()
+    finally:
+        daemon.stop()
+        for receiver in receivers.values():
+            receiver.stop()
+    assert [r["body"]["status"] for r in receivers["a"].received] == ["firing", "resolved", "firing"]

@@ -436,6 +436,7 @@ class Engine:
         self._save(db, alert)
 
     def _resolve(self, db: sqlite3.Connection, alert: Alert, now: float, inhibited: bool = False) -> None:
+        self._tier_shown.pop(alert.key, None)  # (fired again, its figures are made anew)
         resolved = alert.resolved(now, inhibited)
         self._transitions += 1
         self._save(db, resolved)
@@ -459,11 +460,13 @@ class Engine:
             elif ratio < tiers.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
-                # then the tiers above the spend may fire again as it crosses them anew (those
-                # still under it stay told).
+                # then the highest tier still crossed fires now (it was not told on its own) and
+                # those above the spend fire again as it crosses them anew.
                 self._resolve(db, alert, now)
                 if rule.basis == "actual":
-                    self.db.forget_tiers(db, rid, period, above=ratio)
+                    under = [t for t in rule.tiers if tiers[f"{t:g}"] <= ratio]
+                    again = [t for t in rule.tiers if tiers[f"{t:g}"] > ratio] + under[-1:]
+                    self.db.forget_tiers(db, rid, period, again)
         crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
         if not crossed:
             return

@@ -217,14 +217,17 @@ class Account:
             return kept
         return ProbeRunner(probe, self.config.inference)
 
-    def _still_its_project(self) -> None:
-        """ClientClosed when a reload has put an account of another billing project in this one's
-        place since its refresh began: what it read is not that account's to show (`forget_figures`
-        dropped what was), and the refresh runs again with the new client."""
+    def replaced(self) -> bool:
+        """Whether a reload has put an account of another billing project in this one's place: what
+        a refresh of it read since is not that account's to show (`forget_figures` dropped what was)."""
         current = self
         while current.successor is not None:
             current = current.successor
-        if current.client.project_id != self.client.project_id:
+        return current.client.project_id != self.client.project_id
+
+    def _still_its_project(self) -> None:
+        """ClientClosed when `replaced`: the refresh publishes nothing, and runs again with the new client."""
+        if self.replaced():
             raise ClientClosed("the billing project was changed (config reload)")
 
     def _bills(self) -> None:
@@ -271,7 +274,9 @@ class Account:
                 for day, rows in self.latest.settled.items()
                 if bills.asked is None or self.clock.day_start(day + dt.timedelta(days=1)).timestamp() <= bills.asked
             }
-            self.latest.reconciliation = reconcile(bills, final, rec.items, current.config.prices)
+            self.latest.publish(
+                self._still_its_project, reconciliation=reconcile(bills, final, rec.items, current.config.prices)
+            )
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()

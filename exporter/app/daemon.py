@@ -234,7 +234,10 @@ class Daemon:
 
     def _record(self, located: tuple[Account, str], started: float, *, success: bool, error: str = "") -> None:
         (account, source), at = located, self.clock.now().timestamp()
-        account.latest.record(source, success=success, at=at, duration=time.perf_counter() - started, error=error)
+        account.latest.record(
+            source, success=success, at=at, duration=time.perf_counter() - started, error=error,
+            replaced=account.replaced,
+        )  # fmt: skip
 
     def _failed(self, located: tuple[Account, str], source: str, started: float, error: str) -> None:
         self._record(located, started, success=False, error=error)

@@ -311,11 +311,15 @@ class Latest:
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources
 
-    def record(self, source: str, *, success: bool, at: float, duration: float, error: str = "") -> None:
+    def record(
+        self, source: str, *, success: bool, at: float, duration: float, error: str = "",
+        replaced: Callable[[], bool] = lambda: False,
+    ) -> None:  # fmt: skip
         """A refresh of `source` ended at `at` (the billing clock's time) after `duration` seconds
-        (not taken for a source the config no longer has)."""
+        (not taken for a source the config no longer has, nor when `replaced()`: it read another
+        project's, which a reload has since put aside)."""
         with self._lock:
-            if not self._has(source):
+            if not self._has(source) or replaced():
                 return
             previous = self._health.get(source)
             last_success = at if success else (previous.last_success if previous else None)

@@ -124,22 +124,25 @@ def _unattributed(
 ) -> tuple[DailyAmount, ...]:
     """The charges by item of what the bills tie to no endpoint (no `instanceId`; `own`: its bills
     by endpoint): the API has no listing of them alone (asked for an empty `instance_id`, it lists
-    the whole account), so they are the account's charges by item less every endpoint's, by day,
-    item and product (the listings may label a line's project otherwise), under the project of the
-    day's lines of no endpoint when they name one (none when several)."""
-    left: dict[tuple[str, dt.date, str, str], tuple[Decimal, Decimal]] = {}
+    the whole account), so they are the account's charges by item less every endpoint's, day and
+    item by day and item (the listings may label a line's product or project otherwise), under the
+    product the account's lines of that item give it and the project of the day's lines of no
+    endpoint (each when they name one: none when several)."""
+    left: dict[tuple[str, dt.date, str], tuple[Decimal, Decimal]] = {}
+    products: dict[tuple[str, dt.date, str], set[str]] = {}
+    for a in by_item:
+        products.setdefault((a.period, a.day, a.key), set()).add(a.product)
     for sign, amounts in ((1, by_item), *((-1, a) for a in endpoints)):
         for a in amounts:
-            k = (a.period, a.day, a.key, a.product)
-            payable, usage = left.get(k, (Decimal(0), Decimal(0)))
-            left[k] = (payable + sign * a.payable, usage + sign * a.usage)
+            payable, usage = left.get((a.period, a.day, a.key), (Decimal(0), Decimal(0)))
+            left[a.period, a.day, a.key] = (payable + sign * a.payable, usage + sign * a.usage)
     projects: dict[tuple[str, dt.date], set[str]] = {}
     for a in own:
         projects.setdefault((a.period, a.day), set()).add(a.project_id)
     return tuple(
-        DailyAmount(period, day, item, product, _one(projects.get((period, day), set())), payable, usage)
-        for (period, day, item, product), (payable, usage) in sorted(left.items())
-        if payable or usage
+        DailyAmount(period, day, item, _one(products[period, day, item]), _one(projects.get((period, day), set())), *v)
+        for (period, day, item), v in sorted(left.items())
+        if any(v) and (period, day, item) in products
     )
 
 

@@ -11,7 +11,6 @@ import math
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from exporter.model.events import GroupEvent, read_event
@@ -106,14 +105,13 @@ class AlertStore:
         db.execute("INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)", (key, notifier, sent))
 
     @staticmethod
-    def forget_tiers(db: sqlite3.Connection, rule: str, period: str, above: Decimal | None = None) -> None:
-        """The tiers of `rule` fired in `period` (those over `above` alone, when given) may fire again."""
-        if above is None:
+    def forget_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: Iterable[float] | None = None) -> None:
+        """The tiers of `rule` fired in `period` (those of `tiers` alone, when given) may fire again."""
+        if tiers is None:
             db.execute("DELETE FROM budget_tiers WHERE rule = ? AND period = ?", (rule, period))
         else:
-            db.execute(
-                "DELETE FROM budget_tiers WHERE rule = ? AND period = ? AND tier > ?", (rule, period, float(above))
-            )
+            query = "DELETE FROM budget_tiers WHERE rule = ? AND period = ? AND tier = ?"
+            db.executemany(query, [(rule, period, tier) for tier in tiers])
 
     @staticmethod
     def mark_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: list[float]) -> None:
@@ -125,6 +123,11 @@ class AlertStore:
             "INSERT INTO outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
             (notifier, json.dumps(event), now, now),
         )
+
+    def forget_sent(self, notifier: str, keys: Iterable[str]) -> None:
+        """These alerts were not told to `notifier` after all (what was queued for it was dropped)."""
+        with self.store.transaction() as db:
+            db.executemany("DELETE FROM alert_sent WHERE key = ? AND notifier = ?", [(k, notifier) for k in keys])
 
     def digest_made(self, key: str) -> bool:
         with self.store.reading() as db:
