@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import closing
 from decimal import Decimal
 from pathlib import Path
@@ -122,57 +123,74 @@ def test_a_notifier_added_by_the_reload_that_resolves_the_alerts_is_told_nothing
     assert world.told("new") == []  # it never heard them fire
 
 
-def test_a_notifier_the_rule_was_routed_away_from_is_never_left_on_firing(
-    clock: Clock, frozen: FrozenClock, tmp_path: Path
-) -> None:
-    """a is told the alert fired, then is down while it resolves; a reload routes the rule to b
-    and the alert fires again, which overtakes a's waiting resolve (dropped as no longer true);
-    when the alert resolves for good, a is told, though it was not told the second firing: its
-    receiver last heard the alert fire. (Were a's resolve delivered before the second firing, a
-    hears a second `resolved`: a repeat, never a receiver left on firing.)"""
-    sim = Simulator(clock=clock)
-    billed_week(sim)
-    receivers = {name: Receiver() for name in ("a", "b")}
-    path = tmp_path / "config.yaml"
+class Delivering:
+    """A daemon on the simulator whose one rule a test routes to notifiers `a` and `b` by reloads,
+    each with a webhook receiver on loopback (which the test may make refuse)."""
 
-    def config(rule: dict) -> None:
-        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()]
+    def __init__(self, clock: Clock, frozen: FrozenClock, tmp_path: Path) -> None:
+        self.sim, self.clock, self.frozen, self.tmp_path = Simulator(clock=clock), clock, frozen, tmp_path
+        billed_week(self.sim)
+        self.receivers = {name: Receiver() for name in ("a", "b")}
+        self.path = tmp_path / "config.yaml"
+        self.daemon: Daemon | None = None
+
+    def step(self, rule: dict, *, deliver: bool = True, minutes: int = 2) -> None:
+        """The rule as given (a reload after the first), an evaluation on fresh bills, what is due
+        delivered (unless not `deliver`), and `minutes` later."""
+        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in self.receivers.items()]
         document = {
-            "billing": fake_billing_section(sim, history_months=0),
-            "state": {"path": str(tmp_path / "state.db")},
+            "billing": fake_billing_section(self.sim, history_months=0),
+            "state": {"path": str(self.tmp_path / "state.db")},
             "alerts": {"rules": [rule], "notifiers": notifiers},
         }
-        path.write_text(yaml.safe_dump(document))
+        self.path.write_text(yaml.safe_dump(document))
+        if self.daemon is None:
+            self.daemon = unit_daemon(load(self.path), self.sim, self.clock, config_path=self.path)
+        else:
+            assert self.daemon.reload()
+        self.daemon.refresh("bills")
+        self.daemon.alert_cycle()
+        if deliver:
+            self.daemon.deliver()
+        self.frozen.advance(dt.timedelta(minutes=minutes))
 
-    config(RULE | {"notifiers": ["a"]})
-    daemon = unit_daemon(load(path), sim, clock, config_path=path)
-    try:
+    def later(self, minutes: int = 10) -> None:
+        """`minutes` later, what is due delivered."""
+        assert self.daemon is not None
+        self.frozen.advance(dt.timedelta(minutes=minutes))
+        self.daemon.alert_cycle()
+        self.daemon.deliver()
 
-        def step(rule: dict, minutes: int = 1) -> None:
-            config(rule)
-            assert daemon.reload()
-            daemon.refresh("bills")
-            daemon.alert_cycle()
-            frozen.advance(dt.timedelta(minutes=minutes))
-            daemon.deliver()
+    def statuses(self) -> dict[str, list[str]]:
+        return {name: [r["body"]["status"] for r in receiver.received] for name, receiver in self.receivers.items()}
 
-        daemon.refresh("bills")
-        daemon.alert_cycle()
-        daemon.deliver()
-        receivers["a"].refuse = 10**6
-        step(RULE | QUIET | {"notifiers": ["a"]})  # resolved: a's resolve waits
-        step(RULE | {"notifiers": ["b"]})  # fires again, told to b
-        receivers["a"].refuse = 0
-        frozen.advance(dt.timedelta(minutes=10))
-        daemon.deliver()  # a's resolve, overtaken, is dropped
-        step(RULE | QUIET | {"notifiers": ["b"]}, minutes=10)
-        daemon.deliver()
-    finally:
-        daemon.stop()
-        for receiver in receivers.values():
+    def close(self) -> None:
+        if self.daemon is not None:
+            self.daemon.stop()
+        for receiver in self.receivers.values():
             receiver.stop()
-    statuses = {name: [r["body"]["status"] for r in receiver.received] for name, receiver in receivers.items()}
-    assert statuses == {"a": ["firing", "resolved"], "b": ["firing", "resolved"]}
+
+
+@pytest.fixture
+def delivering(clock: Clock, frozen: FrozenClock, tmp_path: Path) -> Iterator[Delivering]:
+    made = Delivering(clock, frozen, tmp_path)
+    yield made
+    made.close()
+
+
+def test_a_notifier_the_rule_was_routed_away_from_is_never_left_on_firing(delivering: Delivering) -> None:
+    """a is told the alert fired, then is down while it resolves; a reload routes the rule to b
+    and the alert fires again, which overtakes a's waiting resolve; a is back: the resolve is
+    delivered all the same (that firing is not a's to hear), and nothing more of it."""
+    delivering.step(RULE | {"notifiers": ["a"]})
+    delivering.receivers["a"].refuse = 10**6
+    delivering.step(RULE | QUIET | {"notifiers": ["a"]})  # resolved: a's resolve waits
+    delivering.step(RULE | {"notifiers": ["b"]})  # fires again, told to b
+    delivering.receivers["a"].refuse = 0
+    delivering.later()  # a's resolve, overtaken, goes all the same
+    delivering.step(RULE | QUIET | {"notifiers": ["b"]})
+    delivering.later()
+    assert delivering.statuses() == {"a": ["firing", "resolved"], "b": ["firing", "resolved"]}
 
 
 def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reloading) -> None:
@@ -448,55 +466,17 @@ def test_a_notifier_routed_away_hears_the_end_of_the_firing_it_was_told_once(
     assert [status for status, _ in world.told("y")] == ["firing", "resolved", "firing", "resolved"]
 
 
-def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
-    clock: Clock, frozen: FrozenClock, tmp_path: Path
-) -> None:
+def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(delivering: Delivering) -> None:
     """a is down while the alert resolves and fires again; the rule is routed to b; a is back (it
     hears the resolve, the firing queued for it is dropped: routed away); routed back to a: a is
     queued the firing, not left on `resolved` until a reminder hours later."""
-    sim = Simulator(clock=clock)
-    billed_week(sim)
-    receivers = {name: Receiver() for name in ("a", "b")}
-    path = tmp_path / "config.yaml"
-
-    def config(rule: dict) -> None:
-        notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in receivers.items()]
-        document = {
-            "billing": fake_billing_section(sim, history_months=0),
-            "state": {"path": str(tmp_path / "state.db")},
-            "alerts": {"rules": [rule], "notifiers": notifiers},
-        }
-        path.write_text(yaml.safe_dump(document))
-
-    config(RULE | {"notifiers": ["a"]})
-    daemon = unit_daemon(load(path), sim, clock, config_path=path)
-    try:
-
-        def step(rule: dict, deliver: bool = True) -> None:
-            config(rule)
-            assert daemon.reload()
-            daemon.refresh("bills")
-            daemon.alert_cycle()
-            if deliver:
-                daemon.deliver()
-            frozen.advance(dt.timedelta(minutes=2))
-
-        daemon.refresh("bills")
-        daemon.alert_cycle()
-        daemon.deliver()
-        receivers["a"].refuse = 10**6
-        step(RULE | QUIET | {"notifiers": ["a"]})  # its resolve waits for a
-        step(RULE | {"notifiers": ["a"]}, deliver=False)  # the firing queued behind it
-        step(RULE | {"notifiers": ["b"]})  # routed away
-        receivers["a"].refuse = 0
-        frozen.advance(dt.timedelta(minutes=10))
-        daemon.deliver()  # a hears the resolve; the firing, routed away, is dropped
-        step(RULE | {"notifiers": ["a", "b"]})  # routed back while it fires
-        frozen.advance(dt.timedelta(minutes=10))
-        daemon.alert_cycle()
-        daemon.deliver()
-    finally:
-        daemon.stop()
-        for receiver in receivers.values():
-            receiver.stop()
-    assert [r["body"]["status"] for r in receivers["a"].received] == ["firing", "resolved", "firing"]
+    delivering.step(RULE | {"notifiers": ["a"]})
+    delivering.receivers["a"].refuse = 10**6
+    delivering.step(RULE | QUIET | {"notifiers": ["a"]})  # its resolve waits for a
+    delivering.step(RULE | {"notifiers": ["a"]}, deliver=False)  # the firing queued behind it
+    delivering.step(RULE | {"notifiers": ["b"]})  # routed away
+    delivering.receivers["a"].refuse = 0
+    delivering.later()  # a hears the resolve; the firing, routed away, is dropped
+    delivering.step(RULE | {"notifiers": ["a", "b"]})  # routed back while it fires
+    delivering.later()
+    assert delivering.statuses()["a"] == ["firing", "resolved", "firing"]

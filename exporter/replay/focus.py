@@ -31,7 +31,7 @@ from exporter.core.clock import Clock, first_day, period_at, period_index
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import DailyAmount, MonthHistory
 from exporter.replay.backfill import replacing
-from exporter.sources.history import fetch_month
+from exporter.sources.history import fetch_month, sole
 
 log = get_logger(__name__)
 
@@ -149,7 +149,7 @@ def charges(month: MonthHistory, before: dt.date) -> tuple[Charge, ...]:
     for a in month.by_endpoint:
         projects.setdefault((a.day, a.key), set()).add(a.project_id)
     found = sorted(
-        Charge(a.day, endpoint_id, a.key, a.product or PRODUCT, _only(projects.get((a.day, endpoint_id), set())),
+        Charge(a.day, endpoint_id, a.key, a.product or PRODUCT, sole(projects.get((a.day, endpoint_id), set())),
                a.payable, a.usage)
         for endpoint_id, amounts in month.items_by_endpoint.items()
         for a in amounts
@@ -167,10 +167,6 @@ def _why(error: BillingError) -> str:
     if isinstance(error, RecordError):
         return "the API's answer was not as documented"
     return "the API refused it"
-
-
-def _only(values: set[str]) -> str:
-    return next(iter(values)) if len(values) == 1 else ""
 
 
 def _month(client: BillingAPI, period: str, today: dt.date) -> tuple[Charge, ...] | str:

@@ -140,13 +140,14 @@ def _unattributed(
     for a in own:
         projects.setdefault((a.period, a.day), set()).add(a.project_id)
     return tuple(
-        DailyAmount(period, day, item, _one(products[period, day, item]), _one(projects.get((period, day), set())), *v)
+        DailyAmount(period, day, item, sole(products[period, day, item]), sole(projects.get((period, day), set())), *v)
         for (period, day, item), v in sorted(left.items())
         if any(v) and (period, day, item) in products
     )
 
 
-def _one(values: set[str]) -> str:
+def sole(values: set[str]) -> str:
+    """The one value of `values`; empty when there are none or several (a label no line agrees on)."""
     return next(iter(values)) if len(values) == 1 else ""
 
 
