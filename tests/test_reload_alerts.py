@@ -141,7 +141,7 @@ class Delivering:
         document = {
             "billing": fake_billing_section(self.sim, history_months=0),
             "state": {"path": str(self.tmp_path / "state.db")},
-            "alerts": {"rules": [rule], "notifiers": notifiers},
+            "alerts": {"rules": [rule], "notifiers": notifiers, "repeat_interval": "30m"},
         }
         self.path.write_text(yaml.safe_dump(document))
         if self.daemon is None:
@@ -480,3 +480,21 @@ def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
     delivering.step(RULE | {"notifiers": ["a", "b"]})  # routed back while it fires
     delivering.later()
     assert delivering.statuses()["a"] == ["firing", "resolved", "firing"]
+
+
+def test_a_reminder_dropped_as_routed_away_leaves_the_notifier_told_of_the_firing(delivering: Delivering) -> None:
+    """a was told the alert fires; its receiver down, a reminder waits for it; the rule is routed
+    to b, and the reminder dropped when a is back; after a restart the alert resolves: a, told it
+    fired, is told it resolved."""
+    delivering.step(RULE | {"notifiers": ["a"]})
+    delivering.receivers["a"].refuse = 10**6
+    delivering.later(minutes=31)  # a reminder, refused
+    delivering.step(RULE | {"notifiers": ["b"]})  # routed away
+    delivering.receivers["a"].refuse = 0
+    delivering.later()  # the reminder, routed away, is dropped
+    assert delivering.daemon is not None
+    delivering.daemon.stop()
+    delivering.daemon = None  # a restart
+    delivering.step(RULE | QUIET | {"notifiers": ["b"]})
+    delivering.later()
+    assert delivering.statuses() == {"a": ["firing", "resolved"], "b": ["firing", "resolved"]}

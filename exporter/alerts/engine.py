@@ -124,6 +124,10 @@ class Engine:
         """(notifier, alert, status) decided in this evaluation; queued as groups at its end."""
         self._saved_true: dict[str, float] = {}
         """Per alert whose `last_true` in memory is newer than the state file's, the saved one."""
+        self._routed_anew: dict[str, set[str]] = {}
+        """Per rule id, the notifiers a reload routed it to that the config before did not
+        (`routed_anew`): each is queued what fires at the next evaluation, whatever it was told
+        before (a firing queued for it then was dropped when the rule was routed away)."""
         self._tier_shown: dict[str, tuple[object, object, tuple[object, ...]]] = {}
         """A told budget tier's figures as last made (its rule, budget and what its annotations show):
         made again only when they move."""
@@ -245,6 +249,7 @@ class Engine:
                     self._signal(db, rule, rid, now)
             once = {rid for rule, rid in zip(self.config.rules, ids, strict=True) if isinstance(rule, AnomalyRule)}
             self._repeat(db, now, skip=once)
+            self._routed_anew.clear()  # (told now, or nothing of theirs fires)
             self._enqueue(db, now)
         return self._transitions - before
 
@@ -460,8 +465,8 @@ class Engine:
             elif ratio < tiers.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
-                # then the highest tier still crossed fires now (it was not told on its own) and
-                # those above the spend fire again as it crosses them anew.
+                # then the highest tier still crossed fires now (it may not have been told on its
+                # own) and those above the spend fire again as it crosses them anew.
                 self._resolve(db, alert, now)
                 if rule.basis == "actual":
                     under = [t for t in rule.tiers if tiers[f"{t:g}"] <= ratio]
@@ -519,6 +524,14 @@ class Engine:
             self.db.mark_tiers(db, rid, period, crossed)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
+    def routed_anew(self, before: Engine) -> None:
+        """Note the notifiers this config routes a rule of `before`'s (the engine a reload replaces)
+        to that `before` did not."""
+        kept = set(rule_ids(before.config.rules))  # (a new rule's firings go to all its notifiers anyway)
+        for rid in rule_ids(self.config.rules):
+            if rid in kept and (anew := set(self.routed(rid)) - set(before.routed(rid))):
+                self._routed_anew[rid] = anew
+
     def routed(self, rule: str) -> Sequence[str]:
         """The notifiers that get one notification per state change of the rule's alerts."""
         if self.routes is None:
@@ -538,11 +551,14 @@ class Engine:
             notifiers = routed.get(alert.rule)
             if notifiers is None:
                 notifiers = routed[alert.rule] = self.routed(alert.rule)
+            anew = self._routed_anew.get(alert.rule, set())
             for notifier in notifiers:
-                if now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
+                if notifier in anew or now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
                     if refused is None:
                         refused = read_refused(db)
-                    told = self._sent.get((alert.key, notifier), -math.inf) >= (alert.fired_at or -math.inf)
+                    told = notifier not in anew and (
+                        self._sent.get((alert.key, notifier), -math.inf) >= (alert.fired_at or -math.inf)
+                    )
                     if notifier in refused and told:
                         # Its receiver is down (what waits for it failed): a reminder would pile up
                         # behind; what waits is the firing it gets, and the next reminder counts from now.

@@ -242,8 +242,11 @@ class Daemon:
     def _failed(self, located: tuple[Account, str], source: str, started: float, error: str) -> None:
         self._record(located, started, success=False, error=error)
         account, inner = located
+        health = account.latest.health.get(inner)
+        if health is None:  # (not recorded: a reload removed the source, or moved the account to another project)
+            return
         if self._failing.get(source) != error:
-            served = "serving the last good data" if account.latest.health[inner].last_success else "no data yet"
+            served = "serving the last good data" if health.last_success else "no data yet"
             log.error("refresh failed", source=source, error=error, serving=served)
         else:
             log.debug("refresh still failing", source=source)

@@ -151,6 +151,8 @@ class Sources:
             routes=routes(config.alerts, config.digest.notifiers if config.digest is not None else ()),
         )
         if previous is not None:
+            self.engine.routed_anew(previous.engine)
+        if previous is not None:
             self.engine.carry_judged(previous.engine)
         for name, account_config in named:
             kept = previous.accounts.get(name) if previous is not None else None

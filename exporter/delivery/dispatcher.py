@@ -19,7 +19,6 @@ GIVE_UP_AFTER attempts; other failures are retried until they succeed.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import random
 import threading
@@ -353,10 +352,8 @@ class Dispatcher:
         if firing and self.routed is not None:
             rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
             if rules and not any(entry.notifier in self.routed(rule) for rule in rules):
-                # Its rule goes elsewhere now (a reload routed it away): not this notifier's to tell,
-                # nor counted as told (routed back by a later reload, it is queued the firing anew).
-                with contextlib.suppress(StateError):  # (kept, the notifier routed back waits for a reminder)
-                    self.store.forget_sent(entry.notifier, [*(a["key"] for a in alerts), *(k for k, _ in beyond)])
+                # Its rule goes elsewhere now (a reload routed it away): not this notifier's to tell
+                # (routed back by a later reload, it is queued what fires then: `Engine.routed_anew`).
                 return None
 
         def told_still(key: str, starts_at: float | None) -> bool:

@@ -126,8 +126,8 @@ def _unattributed(
     by endpoint): the API has no listing of them alone (asked for an empty `instance_id`, it lists
     the whole account), so they are the account's charges by item less every endpoint's, day and
     item by day and item (the listings may label a line's product or project otherwise), under the
-    product the account's lines of that item give it and the project of the day's lines of no
-    endpoint (each when they name one: none when several)."""
+    product the account's lines of that item give it (when several, that of the day's lines of no
+    endpoint) and the project of those lines (each when they name one: none when several)."""
     left: dict[tuple[str, dt.date, str], tuple[Decimal, Decimal]] = {}
     products: dict[tuple[str, dt.date, str], set[str]] = {}
     for a in by_item:
@@ -139,8 +139,15 @@ def _unattributed(
     projects: dict[tuple[str, dt.date], set[str]] = {}
     for a in own:
         projects.setdefault((a.period, a.day), set()).add(a.project_id)
+    own_products: dict[tuple[str, dt.date], set[str]] = {}
+    for a in own:
+        own_products.setdefault((a.period, a.day), set()).add(a.product)
+
+    def product(period: str, day: dt.date, item: str) -> str:
+        return sole(products[period, day, item]) or sole(own_products.get((period, day), set()))
+
     return tuple(
-        DailyAmount(period, day, item, sole(products[period, day, item]), sole(projects.get((period, day), set())), *v)
+        DailyAmount(period, day, item, product(period, day, item), sole(projects.get((period, day), set())), *v)
         for (period, day, item), v in sorted(left.items())
         if any(v) and (period, day, item) in products
     )

@@ -124,11 +124,6 @@ class AlertStore:
             (notifier, json.dumps(event), now, now),
         )
 
-    def forget_sent(self, notifier: str, keys: Iterable[str]) -> None:
-        """These alerts were not told to `notifier` after all (what was queued for it was dropped)."""
-        with self.store.transaction() as db:
-            db.executemany("DELETE FROM alert_sent WHERE key = ? AND notifier = ?", [(k, notifier) for k in keys])
-
     def digest_made(self, key: str) -> bool:
         with self.store.reading() as db:
             return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
