@@ -137,6 +137,16 @@ class Delivering:
     def step(self, rule: dict, *, deliver: bool = True, minutes: int = 2) -> None:
         """The rule as given (a reload after the first), an evaluation on fresh bills, what is due
         delivered (unless not `deliver`), and `minutes` later."""
+        self.reload(rule)
+        assert self.daemon is not None
+        self.daemon.refresh("bills")
+        self.daemon.alert_cycle()
+        if deliver:
+            self.daemon.deliver()
+        self.frozen.advance(dt.timedelta(minutes=minutes))
+
+    def reload(self, rule: dict) -> None:
+        """The rule as given: the daemon started with it, or reloaded."""
         notifiers = [{"name": n, "type": "webhook", "url": r.url} for n, r in self.receivers.items()]
         document = {
             "billing": fake_billing_section(self.sim, history_months=0),
@@ -148,11 +158,6 @@ class Delivering:
             self.daemon = unit_daemon(load(self.path), self.sim, self.clock, config_path=self.path)
         else:
             assert self.daemon.reload()
-        self.daemon.refresh("bills")
-        self.daemon.alert_cycle()
-        if deliver:
-            self.daemon.deliver()
-        self.frozen.advance(dt.timedelta(minutes=minutes))
 
     def later(self, minutes: int = 10) -> None:
         """`minutes` later, what is due delivered."""
@@ -466,10 +471,14 @@ def test_a_notifier_routed_away_hears_the_end_of_the_firing_it_was_told_once(
     assert [status for status, _ in world.told("y")] == ["firing", "resolved", "firing", "resolved"]
 
 
-def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(delivering: Delivering) -> None:
+@pytest.mark.parametrize("reloads", [1, 2, "a restart"])
+def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
+    delivering: Delivering, reloads: int | str
+) -> None:
     """a is down while the alert resolves and fires again; the rule is routed to b; a is back (it
-    hears the resolve, the firing queued for it is dropped: routed away); routed back to a: a is
-    queued the firing, not left on `resolved` until a reminder hours later."""
+    hears the resolve, the firing queued for it is dropped: routed away); routed back to a (by a
+    reload, or by one and another before an evaluation): a is queued the firing, not left on
+    `resolved` until a reminder hours later."""
     delivering.step(RULE | {"notifiers": ["a"]})
     delivering.receivers["a"].refuse = 10**6
     delivering.step(RULE | QUIET | {"notifiers": ["a"]})  # its resolve waits for a
@@ -477,7 +486,13 @@ def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
     delivering.step(RULE | {"notifiers": ["b"]})  # routed away
     delivering.receivers["a"].refuse = 0
     delivering.later()  # a hears the resolve; the firing, routed away, is dropped
-    delivering.step(RULE | {"notifiers": ["a", "b"]})  # routed back while it fires
+    if reloads == 2:
+        delivering.reload(RULE | {"notifiers": ["a", "b"]})
+    if reloads == "a restart":
+        assert delivering.daemon is not None
+        delivering.daemon.stop()
+        delivering.daemon = None
+    delivering.step(RULE | {"notifiers": ["a", "b"]} | ({"threshold": "1.5"} if reloads == 2 else {}))
     delivering.later()
     assert delivering.statuses()["a"] == ["firing", "resolved", "firing"]
 
@@ -498,3 +513,16 @@ def test_a_reminder_dropped_as_routed_away_leaves_the_notifier_told_of_the_firin
     delivering.step(RULE | QUIET | {"notifiers": ["b"]})
     delivering.later()
     assert delivering.statuses() == {"a": ["firing", "resolved"], "b": ["firing", "resolved"]}
+
+
+def test_a_notifier_routed_to_a_rule_as_it_fires_is_told_once(world: Reloading) -> None:
+    """One reload routes the rule to `new` too and lowers its threshold: the firing that follows
+    is told to `new` once, one alert each."""
+    world.config([RULE | QUIET])
+    world.evaluate()
+    world.config([RULE], notifiers=("hook", "new"))
+    world.evaluate()
+    assert world.daemon is not None
+    for notifier in ("hook", "new"):
+        (event,) = told(world.daemon, notifier)
+        assert (event["status"], event["total"], len(event["alerts"])) == ("firing", 3, 3)

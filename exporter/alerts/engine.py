@@ -249,8 +249,8 @@ class Engine:
                     self._signal(db, rule, rid, now)
             once = {rid for rule, rid in zip(self.config.rules, ids, strict=True) if isinstance(rule, AnomalyRule)}
             self._repeat(db, now, skip=once)
-            self._routed_anew.clear()  # (told now, or nothing of theirs fires)
             self._enqueue(db, now)
+        self._routed_anew.clear()  # (told now, or nothing of theirs fires; kept if the state file refused it)
         return self._transitions - before
 
     def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:  # (`rid`: an account's part too)
@@ -529,7 +529,12 @@ class Engine:
         to that `before` did not."""
         kept = set(rule_ids(before.config.rules))  # (a new rule's firings go to all its notifiers anyway)
         for rid in rule_ids(self.config.rules):
-            if rid in kept and (anew := set(self.routed(rid)) - set(before.routed(rid))):
+            if rid not in kept:
+                continue
+            routed = set(self.routed(rid))
+            # (and those a reload before routed it to, when no evaluation has told them yet)
+            anew = (routed - set(before.routed(rid))) | (before._routed_anew.get(rid, set()) & routed)
+            if anew:
                 self._routed_anew[rid] = anew
 
     def routed(self, rule: str) -> Sequence[str]:
@@ -553,6 +558,8 @@ class Engine:
                 notifiers = routed[alert.rule] = self.routed(alert.rule)
             anew = self._routed_anew.get(alert.rule, set())
             for notifier in notifiers:
+                if notifier in anew and self._sent.get((alert.key, notifier)) == now:
+                    continue  # (queued its firing in this evaluation already)
                 if notifier in anew or now - self._sent.get((alert.key, notifier), 0.0) >= self.config.repeat_interval:
                     if refused is None:
                         refused = read_refused(db)

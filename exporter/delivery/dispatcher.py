@@ -19,6 +19,7 @@ GIVE_UP_AFTER attempts; other failures are retried until they succeed.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import random
 import threading
@@ -352,8 +353,14 @@ class Dispatcher:
         if firing and self.routed is not None:
             rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
             if rules and not any(entry.notifier in self.routed(rule) for rule in rules):
-                # Its rule goes elsewhere now (a reload routed it away): not this notifier's to tell
-                # (routed back by a later reload, it is queued what fires then: `Engine.routed_anew`).
+                # Its rule goes elsewhere now (a reload routed it away): not this notifier's to tell.
+                # The first firing of an episode dropped so was never told: its mark goes, so that
+                # routed back (by a reload or a restart), the notifier is queued the firing anew. (A
+                # reminder's does not: the notifier was told the firing it reminds of.)
+                first = [a["key"] for a in alerts if a["starts_at"] == entry.created]
+                if first:
+                    with contextlib.suppress(StateError):  # (kept: the notifier routed back waits for a reminder)
+                        self.store.forget_sent(entry.notifier, first, entry.created)
                 return None
 
         def told_still(key: str, starts_at: float | None) -> bool:

@@ -124,6 +124,15 @@ class AlertStore:
             (notifier, json.dumps(event), now, now),
         )
 
+    def forget_sent(self, notifier: str, keys: Iterable[str], sent: float) -> None:
+        """These alerts were not told to `notifier` after all (the firing queued for it at `sent` was
+        dropped): their marks go, unless a later notification has marked them since."""
+        with self.store.transaction() as db:
+            db.executemany(
+                "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND sent = ?",
+                [(k, notifier, sent) for k in keys],
+            )
+
     def digest_made(self, key: str) -> bool:
         with self.store.reading() as db:
             return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
