@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.alerts import engine
 from exporter.app.daemon import Daemon
 from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock, iso
@@ -23,6 +24,7 @@ from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
 from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, told, unit_daemon
 from tests.helpers import Receiver, value
+from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_reconcile import billed_week
 
 RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
@@ -471,14 +473,16 @@ def test_a_notifier_routed_away_hears_the_end_of_the_firing_it_was_told_once(
     assert [status for status, _ in world.told("y")] == ["firing", "resolved", "firing", "resolved"]
 
 
-@pytest.mark.parametrize("reloads", [1, 2, "a restart"])
+@pytest.mark.parametrize("reloads", [1, 2, "a restart", "a restart, groups showing one alert"])
 def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
-    delivering: Delivering, reloads: int | str
+    delivering: Delivering, reloads: int | str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """a is down while the alert resolves and fires again; the rule is routed to b; a is back (it
     hears the resolve, the firing queued for it is dropped: routed away); routed back to a (by a
     reload, or by one and another before an evaluation): a is queued the firing, not left on
     `resolved` until a reminder hours later."""
+    if reloads == "a restart, groups showing one alert":
+        monkeypatch.setattr(engine, "GROUP_DETAIL", 1)  # (the other two kept by key: `beyond`)
     delivering.step(RULE | {"notifiers": ["a"]})
     delivering.receivers["a"].refuse = 10**6
     delivering.step(RULE | QUIET | {"notifiers": ["a"]})  # its resolve waits for a
@@ -488,13 +492,15 @@ def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
     delivering.later()  # a hears the resolve; the firing, routed away, is dropped
     if reloads == 2:
         delivering.reload(RULE | {"notifiers": ["a", "b"]})
-    if reloads == "a restart":
+    if str(reloads).startswith("a restart"):
         assert delivering.daemon is not None
         delivering.daemon.stop()
         delivering.daemon = None
     delivering.step(RULE | {"notifiers": ["a", "b"]} | ({"threshold": "1.5"} if reloads == 2 else {}))
     delivering.later()
     assert delivering.statuses()["a"] == ["firing", "resolved", "firing"]
+    last = delivering.receivers["a"].received[-1]["body"]
+    assert len(last["alerts"]) + last["truncatedAlerts"] == 3  # every alert of the firing
 
 
 def test_a_reminder_dropped_as_routed_away_leaves_the_notifier_told_of_the_firing(delivering: Delivering) -> None:
@@ -526,3 +532,56 @@ def test_a_notifier_routed_to_a_rule_as_it_fires_is_told_once(world: Reloading) 
     for notifier in ("hook", "new"):
         (event,) = told(world.daemon, notifier)
         assert (event["status"], event["total"], len(event["alerts"])) == ("firing", 3, 3)
+
+
+def test_an_email_taken_by_one_recipient_and_dropped_as_routed_away_still_gets_its_resolve(
+    clock: Clock, frozen: FrozenClock, tmp_path: Path, start_smtp: Start, mailbox: Mailbox, ca_file: str
+) -> None:
+    """oncall takes the firing, ops refuses it (450, retried); a reload routes the rule away and
+    the retry is dropped: oncall was told, and after a restart the alert's resolve reaches it."""
+    smtp = start_smtp()
+    mailbox.refuse = {"ops@example.com": "450 4.2.1 mailbox busy"}
+    sim = Simulator(clock=clock)
+    billed_week(sim)
+    path = tmp_path / "config.yaml"
+    mail = {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{smtp.port}", "from": FROM, "to": TO,
+            "username": USER, "password": PASSWORD, "ca_file": ca_file}  # fmt: skip
+
+    def config(rule: dict) -> None:
+        notifiers = [mail, {"name": "b", "type": "webhook", "url": f"{NOWHERE}/b"}]
+        document = {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"rules": [rule], "notifiers": notifiers},
+        }
+        path.write_text(yaml.safe_dump(document))
+
+    def step(daemon: Daemon) -> None:
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+
+    config(RULE | {"notifiers": ["mail"]})
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        step(daemon)
+        config(RULE | {"notifiers": ["b"]})
+        assert daemon.reload()
+        step(daemon)
+        frozen.advance(dt.timedelta(minutes=30))
+        daemon.deliver()  # the retry to ops: dropped, routed away
+    finally:
+        daemon.stop()
+    config(RULE | QUIET | {"notifiers": ["b"]})
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)  # a restart
+    try:
+        step(daemon)
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()
+    finally:
+        daemon.stop()
+    subjects = [(m.message["Subject"].split(":")[0], m.rcpt_tos) for m in mailbox.messages]
+    assert subjects == [
+        ("[FIRING] EndpointSpend", ["oncall@example.com"]),
+        ("[RESOLVED] EndpointSpend", ["oncall@example.com"]),
+    ]

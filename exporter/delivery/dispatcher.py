@@ -358,7 +358,8 @@ class Dispatcher:
                 # routed back (by a reload or a restart), the notifier is queued the firing anew. (A
                 # reminder's does not: the notifier was told the firing it reminds of.)
                 first = [a["key"] for a in alerts if a["starts_at"] == entry.created]
-                if first:
+                first += [key for key, since in beyond if since == entry.created]
+                if first and not entry.recipients:  # (email recipients took it already: told)
                     with contextlib.suppress(StateError):  # (kept: the notifier routed back waits for a reminder)
                         self.store.forget_sent(entry.notifier, first, entry.created)
                 return None

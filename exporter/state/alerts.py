@@ -126,10 +126,11 @@ class AlertStore:
 
     def forget_sent(self, notifier: str, keys: Iterable[str], sent: float) -> None:
         """These alerts were not told to `notifier` after all (the firing queued for it at `sent` was
-        dropped): their marks go, unless a later notification has marked them since."""
+        dropped): their marks go (also one a reminder due meanwhile moved on without a notification:
+        the outbox delivers in order, so nothing queued after it has been told yet)."""
         with self.store.transaction() as db:
             db.executemany(
-                "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND sent = ?",
+                "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND sent >= ?",
                 [(k, notifier, sent) for k in keys],
             )
 
