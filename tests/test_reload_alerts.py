@@ -585,3 +585,23 @@ def test_an_email_taken_by_one_recipient_and_dropped_as_routed_away_still_gets_i
         ("[FIRING] EndpointSpend", ["oncall@example.com"]),
         ("[RESOLVED] EndpointSpend", ["oncall@example.com"]),
     ]
+
+
+def test_a_later_firing_still_queued_when_an_earlier_one_is_dropped_gets_its_resolve(delivering: Delivering) -> None:
+    """a down throughout: the alert fires, resolves and fires again, all queued for a; routed to b,
+    the first firing is dropped (a's drain stops at the resolve it refuses); restarted routed back to
+    a with the alert under its threshold, a is delivered the second firing, then its resolve."""
+    delivering.receivers["a"].refuse = 10**6
+    delivering.step(RULE | {"notifiers": ["a"]})
+    delivering.step(RULE | QUIET | {"notifiers": ["a"]}, deliver=False)
+    delivering.step(RULE | {"notifiers": ["a"]}, deliver=False)  # a second firing, queued behind
+    delivering.step(RULE | {"notifiers": ["b"]}, minutes=10)  # routed away: the first firing dropped
+    assert delivering.daemon is not None
+    delivering.daemon.stop()
+    delivering.daemon = None
+    delivering.receivers["a"].refuse = 0
+    delivering.reload(RULE | QUIET | {"notifiers": ["a", "b"]})  # restarted, routed back
+    delivering.later(minutes=30)  # a: the resolve (overtaken, dropped), then the second firing
+    delivering.step(RULE | QUIET | {"notifiers": ["a", "b"]}, minutes=30)  # the alert resolves
+    delivering.later()
+    assert delivering.statuses()["a"] == ["firing", "resolved"]

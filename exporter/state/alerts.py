@@ -126,12 +126,15 @@ class AlertStore:
 
     def forget_sent(self, notifier: str, keys: Iterable[str], sent: float) -> None:
         """These alerts were not told to `notifier` after all (the firing queued for it at `sent` was
-        dropped): their marks go (also one a reminder due meanwhile moved on without a notification:
-        the outbox delivers in order, so nothing queued after it has been told yet)."""
+        dropped): their marks go, if that firing made them, or a reminder due meanwhile moved them on
+        without a notification; not one a notification still queued for the notifier made (a later
+        firing: its resolve is owed)."""
         with self.store.transaction() as db:
             db.executemany(
-                "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND sent >= ?",
-                [(k, notifier, sent) for k in keys],
+                "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND (sent = ? OR (sent > ? AND NOT EXISTS ("
+                "SELECT 1 FROM outbox WHERE outbox.notifier = alert_sent.notifier AND outbox.delivered IS NULL"
+                " AND outbox.created = alert_sent.sent)))",
+                [(k, notifier, sent, sent) for k in keys],
             )
 
     def digest_made(self, key: str) -> bool:
