@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
@@ -310,13 +311,15 @@ def test_a_wait_asked_for_in_answer_to_a_client_closed_meanwhile_holds_the_one_m
     old = BillingClient.from_config(config.billing, clock, lambda *call: told(call), RetryPolicy(sleep=sleeps))
     new = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=sleeps))
     new.carry_over(old)
-    sim.inject(Fault("status", status=429, retry_after=600, seconds=0.5))
+    answer = threading.Event()
+    sim.inject(Fault("status", status=429, retry_after=600, gate=answer))
     with new, ThreadPoolExecutor(1) as pool:
         reading = pool.submit(old.bills, "2026-11", GROUP_TERM_ITEM)
         wait_for(lambda: sim.requests_served.get("/api/v1/bills/details"))
         old.close()  # (as a reload does, once the new client is in place)
         with pytest.raises(ClientClosed):
             reading.result(10)
+        answer.set()  # the 429 comes now
         wait_for(lambda: answers)  # the 429, to the closed client
         with pytest.raises(BillingUnavailable, match="asked not to be asked again"):
             new.bills("2026-11", GROUP_TERM_ITEM)

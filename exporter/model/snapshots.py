@@ -332,7 +332,7 @@ class Latest:
                 self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
 
     def publish(self, still: Callable[[], None], **figures: object) -> None:
-        """Set these figures (`bills`, `usage`, `settled`) if `still()` does not raise, checked under
+        """Set these figures (`bills`, `usage`, `settled`, `reconciliation`) if `still()` does not raise, checked under
         the lock `forget_figures` takes: a refresh that a reload to another project overtook
         publishes nothing after it, and raises."""
         with self._lock:

@@ -255,7 +255,7 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "BillingPeriodStart": period[0],
         "ChargeCategory": "Credit" if credit else "Usage",
         "ChargeClass": None,
-        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}".rstrip()
+        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}"
         if charge.endpoint_id
         else f"{_words(charge.item, 'ITEM_')} on {service}, of no endpoint",
         "ChargeFrequency": "Usage-Based",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -107,6 +108,8 @@ class Fault:
     seconds: float = 0.0
     field: str = ""
     value: Any = None
+    gate: threading.Event | None = None
+    """A status answer waits for this to be set (a test then orders its answer after its own steps)."""
 
 
 @dataclass

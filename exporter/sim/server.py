@@ -112,6 +112,8 @@ class _Handler(ChatRequests):
             self._drop()
             return True
         elif fault.kind == "status":
+            if fault.gate is not None:
+                fault.gate.wait(60)
             time.sleep(fault.seconds)
             extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
             self._send(fault.status, error_body(fault.status), **extra)
@@ -216,6 +218,8 @@ class _Handler(ChatRequests):
                 day = request.get("date")
                 self.sim.add_usage(int(request["count"]), dt.date.fromisoformat(day) if day else None)
             elif path == "/_sim/fault":
+                if "gate" in request:  # (an event in process only)
+                    raise TypeError("gate: not over HTTP")
                 self.sim.inject(Fault(**request))
             elif path == "/_sim/clear":
                 self.sim.clear_faults()
