@@ -217,33 +217,38 @@ class Account:
             return kept
         return ProbeRunner(probe, self.config.inference)
 
-    def replaced(self) -> bool:
-        """Whether a reload has put an account of another billing project in this one's place: what
-        a refresh of it read since is not that account's to show (`forget_figures` dropped what was)."""
+    def _current(self) -> Account:
+        """The latest account a reload built in this one's place (this one, if none)."""
         current = self
         while current.successor is not None:
             current = current.successor
-        return current.client.project_id != self.client.project_id
+        return current
 
-    def _still_its_project(self) -> None:
-        """ClientClosed when `replaced`: the refresh publishes nothing, and runs again with the new client."""
-        if self.replaced():
+    def replaced(self) -> bool:
+        """Whether a reload has put an account of another billing project in this one's place: what
+        a refresh of it read since is not that account's to show (`forget_figures` dropped what was)."""
+        return self._current().client.project_id != self.client.project_id
+
+    def _publish(self, **figures: object) -> None:
+        """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,
+        and runs again with the new client)."""
+        if not self.latest.publish(self.replaced, **figures):
             raise ClientClosed("the billing project was changed (config reload)")
 
     def _bills(self) -> None:
-        self.latest.publish(self._still_its_project, bills=self.bills.refresh())
+        self._publish(bills=self.bills.refresh())
         self._reconcile()
 
     def _history(self) -> None:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        self.latest.publish_history(self.history.refresh(), self._still_its_project)
+        self._publish(history=self.history.refresh())
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
     def _usage(self) -> None:
-        self.latest.publish(self._still_its_project, usage=self.usage.refresh())
+        self._publish(usage=self.usage.refresh())
         # Then (today's figures are out already) a few settled days, each read once in full.
         today = self.clock.today()
         first = today.replace(day=1)
@@ -255,7 +260,7 @@ class Account:
             log.warning("settled usage not kept: the state file refused it", error=str(error)[:200])
             return
         if settled is not self.latest.settled:  # a day read, or the window moved: judged again
-            self.latest.publish(self._still_its_project, settled=settled)
+            self._publish(settled=settled)
             self._reconcile()
 
     def _reconcile(self) -> None:
@@ -263,9 +268,7 @@ class Account:
         force (the latest account built in this one's place, for a refresh still in flight): each
         settled day against bills asked for after it ended (a bill from before, its refresh failing
         since, is not the day's whole one)."""
-        current = self
-        while current.successor is not None:
-            current = current.successor
+        current = self._current()
         bills = self.latest.bills
         if bills is not None:
             rec = current.config.reconciliation
@@ -274,9 +277,7 @@ class Account:
                 for day, rows in self.latest.settled.items()
                 if bills.asked is None or self.clock.day_start(day + dt.timedelta(days=1)).timestamp() <= bills.asked
             }
-            self.latest.publish(
-                self._still_its_project, reconciliation=reconcile(bills, final, rec.items, current.config.prices)
-            )
+            self._publish(reconciliation=reconcile(bills, final, rec.items, current.config.prices))
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()

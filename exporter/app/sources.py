@@ -29,6 +29,7 @@ from exporter.metrics.runtime import RUNTIME_COLLECTORS
 from exporter.model import signals
 from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
+from exporter.sources.reconcile import settled_at
 from exporter.state import AlertStore, StateStore
 
 __all__ = [
@@ -152,7 +153,6 @@ class Sources:
         )
         if previous is not None:
             self.engine.routed_anew(previous.engine)
-        if previous is not None:
             self.engine.carry_judged(previous.engine)
         for name, account_config in named:
             kept = previous.accounts.get(name) if previous is not None else None
@@ -327,19 +327,19 @@ class Sources:
         sent_at = self.clock.at(sent_on, *at)
         settle = dt.timedelta(seconds=self.config.reconciliation.settle)
         last = sent_on
-        while self.clock.day_start(last + dt.timedelta(days=1)).astimezone(dt.UTC) + settle > sent_at:
+        while settled_at(self.clock, last, settle) > sent_at:
             last -= dt.timedelta(days=1)
         result = self.accounts[account].latest.reconciliation
         judged: set[dt.date] = set()
         if result is not None:
             judged = {g.day for g in result.tokens if g.day <= last} | {g.day for g in result.amounts if g.day <= last}
-        oldest = last - dt.timedelta(days=TOLD_BACK)
         if told is None:
             first_day, final_day = span(schedule, sent_on)
             width = (final_day - first_day).days + 1
             window = {last - dt.timedelta(days=n) for n in range(width)}
             before = {last - dt.timedelta(days=n) for n in range(width, TOLD_BACK + 1)}  # judged or not
             return frozenset(window), frozenset(judged | before)
+        oldest = last - dt.timedelta(days=TOLD_BACK)
         new = frozenset(day for day in judged if day > oldest and day not in told)
         return new, new
 

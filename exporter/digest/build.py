@@ -245,8 +245,7 @@ def build(
         found = figures(budget, latest, prices)
         digest["budgets"].append(_budget(budget, found, found.crossing(budget.amount) if found is not None else None))
     for budget, parts, accounts in shared:
-        total = summed(parts) if parts else None
-        crosses = summed_crossing(parts, budget.amount) if parts else None
+        total, crosses = (summed(parts), summed_crossing(parts, budget.amount)) if parts else (None, None)
         digest["budgets"].append(_budget(budget, total, crosses) | {"accounts": list(accounts)})
     anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]
     for rule, finding in top(anomalous, LISTED, lambda pair: _by_impact(pair[1].judgement)):

@@ -331,20 +331,18 @@ class Latest:
             if self._has(probe_source(snapshot.probe)):
                 self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
 
-    def publish(self, still: Callable[[], None], **figures: object) -> None:
-        """Set these figures (`bills`, `usage`, `settled`, `reconciliation`) if `still()` does not raise, checked under
-        the lock `forget_figures` takes: a refresh that a reload to another project overtook
-        publishes nothing after it, and raises."""
+    def publish(self, replaced: Callable[[], bool], **figures: object) -> bool:
+        """Set these figures (`bills`, `usage`, `history`, `settled`, `reconciliation`) unless
+        `replaced()`, checked under the lock `forget_figures` takes (False then: a refresh that a
+        reload to another project overtook publishes nothing after it). The history is not taken
+        once the config has none (what a refresh in flight publishes would come back)."""
         with self._lock:
-            still()
+            if replaced():
+                return False
             for name, value in figures.items():
-                setattr(self, name, value)
-
-    def publish_history(self, snapshot: HistorySnapshot, still: Callable[[], None] = lambda: None) -> None:
-        with self._lock:
-            still()
-            if self._has("history"):
-                self.history = snapshot
+                if name != "history" or self._has("history"):
+                    setattr(self, name, value)
+            return True
 
     def observe_clock_skew(self, skew: float) -> None:
         self.clock_skew = skew

@@ -255,9 +255,8 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "BillingPeriodStart": period[0],
         "ChargeCategory": "Credit" if credit else "Usage",
         "ChargeClass": None,
-        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service} {charge.endpoint_id}"
-        if charge.endpoint_id
-        else f"{_words(charge.item, 'ITEM_')} on {service}, of no endpoint",
+        "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service}"
+        + (f" {charge.endpoint_id}" if charge.endpoint_id else ", of no endpoint"),
         "ChargeFrequency": "Usage-Based",
         "ChargePeriodEnd": _utc(clock.day_start(charge.day + dt.timedelta(days=1))),
         "ChargePeriodStart": _utc(clock.day_start(charge.day)),

@@ -137,10 +137,9 @@ def _unattributed(
             payable, usage = left.get((a.period, a.day, a.key), (Decimal(0), Decimal(0)))
             left[a.period, a.day, a.key] = (payable + sign * a.payable, usage + sign * a.usage)
     projects: dict[tuple[str, dt.date], set[str]] = {}
-    for a in own:
-        projects.setdefault((a.period, a.day), set()).add(a.project_id)
     own_products: dict[tuple[str, dt.date], set[str]] = {}
     for a in own:
+        projects.setdefault((a.period, a.day), set()).add(a.project_id)
         own_products.setdefault((a.period, a.day), set()).add(a.product)
 
     def product(period: str, day: dt.date, item: str) -> str:

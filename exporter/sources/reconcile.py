@@ -40,6 +40,11 @@ AGREES = Decimal("0.001")
 """A gap this small or smaller is agreement (rounding on the bill)."""
 
 
+def settled_at(clock: Clock, day: dt.date, settle: dt.timedelta) -> dt.datetime:
+    """When `day` has settled: `settle` after its end (an instant, in UTC)."""
+    return clock.day_start(day + dt.timedelta(days=1)).astimezone(dt.UTC) + settle
+
+
 def disagrees(ratio: Decimal | None) -> bool:
     """A gap ratio beyond rounding, or a bill for what nothing counted (None)."""
     return ratio is None or abs(ratio) > AGREES
@@ -143,7 +148,7 @@ class SettledUsage:
         now = self.clock.now()
         days = []
         day = first
-        while self.clock.day_start(day + dt.timedelta(days=1)).astimezone(dt.UTC) + self.settle <= now:
+        while settled_at(self.clock, day, self.settle) <= now:
             days.append(day)
             day += dt.timedelta(days=1)
         return days

@@ -33,7 +33,7 @@ from exporter.core.logs import get_logger
 from exporter.model.snapshots import UsageKey, UsageSnapshot, UsageTotals
 from exporter.sources.usage_aggregate import Aggregate, SeenIds
 from exporter.sources.usage_cost import NOTHING_COUNTED, Counted, cost, count, estimate
-from exporter.sources.usage_read import ResyncNeeded, UsageReader, counted_as
+from exporter.sources.usage_read import ResyncNeeded, UsageReader, counted_part
 from exporter.state import StateStore, UsageCursor
 
 __all__ = ["SeenIds", "UsageSync", "estimate"]
@@ -162,7 +162,7 @@ class UsageSync(UsageReader):
             if day == today:
                 same = saved[0].settings == self.settings
             else:  # only ever read whole again (`_finalise`): its ids are never compared, only its sums kept
-                same = counted_as(saved[0].settings) == self.counted_as
+                same = counted_part(saved[0].settings) == self.counted_as
             if not same:
                 if day < today:
                     # Read under other settings (a page size, per_api_key, a project): what it

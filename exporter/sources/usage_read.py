@@ -39,7 +39,7 @@ FULL_READS = 3
 """Reads of a whole day in a row that may disagree with `total` (or with each other) before the refresh fails."""
 
 
-def counted_as(settings: str) -> str:
+def counted_part(settings: str) -> str:
     """Of a cursor's `settings`, how the sums were counted (`UsageReader.counted_as`), without how
     the ids were digested."""
     return settings.partition(";ids=")[0]
