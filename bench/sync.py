@@ -2,12 +2,16 @@
 that only fetches and decodes the same signed pages, pages of an incremental poll in either
 record order, memory.
 
-python -m bench.sync [--records 200000] [--latency 0.05 0.02] [--runs 5]
+python -m bench.sync [--records 200000] [--latency 0.05 0.02] [--runs 5] [--digest blake2b]
+
+`--digest blake2b` counts with the request-id digest versions before XXH3 used, to see the
+difference it makes (the full reads only; ids so digested are never saved).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -27,6 +31,7 @@ from bench.common import SimSettings, add_usage, client_for, peak_rss_mb, simula
 from exporter.billing import BillingClient, UsageRecord
 from exporter.billing.api import USAGES_PATH
 from exporter.core.clock import Clock
+from exporter.sources import usage_aggregate
 from exporter.sources.usage import UsageSync
 from exporter.sources.usage_aggregate import Aggregate
 from exporter.state import StateStore
@@ -113,6 +118,10 @@ def _counting() -> Iterator[list[float]]:
         yield spent
 
 
+def _blake2b(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
 def incremental_polls(records: int, latency: float, newest_first: bool, polls: int = 5, new: int = 1000) -> None:
     """Pages per incremental poll after `new` records, under one order, beside the naive full re-read."""
     order = "newest first" if newest_first else "oldest first"
@@ -178,7 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=5, help="full reads (and fetch-only ones) at each latency")
     parser.add_argument("--memory", type=int, nargs=2, default=[100_000, 1_000_000], metavar=("SMALL", "LARGE"))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--digest", choices=["xxh3", "blake2b"], default="xxh3", help="the request ids' digest")
     args = parser.parse_args(argv)
+    if args.digest == "blake2b":
+        patch.object(usage_aggregate, "xxh3_64_intdigest", _blake2b).start()  # (what `Aggregate.add` calls)
+        for latency in args.latency:
+            full_day(args.records, latency, args.runs)
+        return
     if args.child:
         _child(args.child)
         return

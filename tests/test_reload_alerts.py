@@ -30,6 +30,7 @@ from tests.test_reconcile import billed_week
 RULE = {"alert": "EndpointSpend", "signal": "spend", "by": ["endpoint_id"], "threshold": "1"}
 QUIET = {"threshold": "1e9"}
 """A threshold nothing reaches: the rule's alerts resolve."""
+BUDGET_RULE = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.5]}
 
 
 class Reloading:
@@ -203,7 +204,7 @@ def test_a_notifier_the_rule_was_routed_away_from_is_never_left_on_firing(delive
 def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reloading) -> None:
     """Its removal told the receivers the tier resolved: added back in the same month, the tier,
     still crossed, fires again."""
-    budget = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.5]}
+    budget = BUDGET_RULE
     budgets = [{"name": "month", "amount": "1"}]
     world.config([budget], budgets=budgets)
     world.evaluate()
@@ -248,9 +249,6 @@ def test_a_reload_to_another_project_judges_nothing_on_the_project_before(world:
     assert not readiness(world.daemon)[0]
     world.evaluate()
     assert world.told("hook") == [("firing", ["ep-20261101-alpha", "ep-20261101-beta"])]
-
-
-BUDGET_RULE = {"alert": "MonthlyBudget", "budget": "month", "tiers": [0.5]}
 
 
 def budget_alerts(world: Reloading) -> list[tuple[str, str]]:
@@ -327,7 +325,9 @@ def test_a_firing_of_more_alerts_than_it_shows_that_all_resolved_while_it_waited
     assert [(b["status"], len(b["alerts"]) + b["truncatedAlerts"]) for b in bodies] == [("resolved", 150)]
 
 
-def test_a_firing_rule_routed_to_a_notifier_that_is_down_queues_it_the_firing(clock: Clock, tmp_path: Path) -> None:
+def test_a_firing_rule_routed_to_a_notifier_that_is_down_queues_it_the_firing(
+    clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
     """`down` has a notification waiting that it refused; a reload routes a firing rule to it too:
     it is queued the firing (delivered when it is back), never counted as told without it."""
     sim = Simulator(clock=clock)
@@ -360,6 +360,11 @@ def test_a_firing_rule_routed_to_a_notifier_that_is_down_queues_it_the_firing(cl
             ("firing", "Big"),
             ("firing", "EndpointSpend"),
         ]
+        receivers["down"].refuse = 0  # back
+        frozen.advance(dt.timedelta(minutes=10))
+        daemon.deliver()
+        delivered = [(r["body"]["status"], r["body"]["groupLabels"]["alertname"]) for r in receivers["down"].received]
+        assert delivered == [("firing", "Big"), ("firing", "EndpointSpend")]
     finally:
         daemon.stop()
         for receiver in receivers.values():
