@@ -22,7 +22,16 @@ from exporter.core.clock import Clock
 from exporter.model.signals import SIGNALS
 from exporter.notifiers.digest import text as digest_text
 from exporter.sim import ITEMS, Fault, Simulator
-from tests.daemon_fakes import NOWHERE, account_simulators, accounts_section, metrics, statuses, told
+from tests.daemon_fakes import (
+    NOWHERE,
+    account_simulators,
+    accounts_section,
+    fake_billing_section,
+    metrics,
+    readiness,
+    statuses,
+    told,
+)
 from tests.fakes import FakeBilling
 from tests.helpers import logged, named, value
 
@@ -309,6 +318,43 @@ def test_a_reload_that_changes_one_account_leaves_the_others_alone(
         assert after["lab"].client is not before["lab"].client
         assert daemon.sources.changed(old) == {"lab/bills", "lab/usage"}
         assert after["prod"].latest is before["prod"].latest  # its figures and health stay
+    finally:
+        daemon.stop()
+
+
+def test_one_account_again_after_several_shows_nothing_of_the_one_before(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """One account (prod's), then several, then one again (staging's): the one account's snapshots
+    are the process's, which still held prod's. None of it is shown, judged or counted ready, and
+    a refresh of the account a reload took out, still in flight, publishes nothing. (Prod's back
+    keeps its figures: test_an_account_taken_out_and_the_one_account_back_leave_nothing_of_before.)"""
+    path = tmp_path / "config.yaml"
+
+    def one(name: str) -> dict:
+        billing = fake_billing_section(sims[name], history_months=0)
+        return {"billing": billing, "state": {"path": str(tmp_path / "state.db")}}
+
+    path.write_text(yaml.safe_dump(one("prod")))
+    daemon = Daemon(
+        validate(one("prod"), {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False
+    )
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        assert readiness(daemon)[0]
+        alone = daemon.sources.one
+        path.write_text(yaml.safe_dump(document(sims, tmp_path, [])))
+        assert daemon.reload()
+        assert alone.replaced()  # (taken out: a refresh of it in flight publishes nothing)
+        path.write_text(yaml.safe_dump(one("staging")))
+        assert daemon.reload()
+        assert (daemon.latest.bills, daemon.latest.usage, dict(daemon.latest.health)) == (None, None, {})
+        assert readiness(daemon) == (False, {"bills": "not refreshed yet", "usage": "not refreshed yet"})
+        assert daemon.refresh("bills")
+        assert value(
+            metrics(daemon), "inference_bill_month_to_date_payable_amount", period=f"{clock.today():%Y-%m}"
+        ) == (float(month(sims["staging"])))
     finally:
         daemon.stop()
 

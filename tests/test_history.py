@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.billing import GROUP_TERM_INSTANCE, BillingAPIError, BillingClient, BillingError, BillRecord
+from exporter.billing import (
+    GROUP_TERM_INSTANCE,
+    BillingAPIError,
+    BillingClient,
+    BillingError,
+    BillingUnavailable,
+    BillRecord,
+)
 from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
@@ -222,6 +229,34 @@ def test_months_that_all_fail_together_are_asked_again_at_the_next_check(
     modelled.clear_faults()
     history = source.refresh()
     assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
+
+
+def test_months_a_retry_after_cut_off_mid_fetch_are_asked_again_at_the_next_check(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """August fetched, then the API asks to wait (a 429's Retry-After): the months after it fail
+    without being asked. They are not refused, so not held back the hour: the next check, once the
+    wait is over, fetches them."""
+
+    class WaitingAfterAugust:
+        concurrency = 1
+        base_url, project_id = fake.base_url, fake.project_id
+        waiting = True
+
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> object:
+            if period != "2026-08" and self.waiting:
+                raise BillingUnavailable("the API asked not to be asked again for 150s more (Retry-After)")
+            return fake.bills(period, group_term, instance_id)
+
+    client = WaitingAfterAugust()
+    source = HistorySource(client, clock, store, months=3)  # type: ignore[arg-type]
+    assert list(source.refresh().months) == ["2026-08"]
+    assert source.behind == ["2026-09", "2026-10", "2026-11"]
+    client.waiting = False  # ten minutes on, the wait over
+    history = source.refresh()
+    assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
+    assert history.current is not None
+    assert source.behind == []
 
 
 def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_one_due(

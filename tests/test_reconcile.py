@@ -10,6 +10,7 @@ import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from exporter.billing import BillingAPI, BillingClient
@@ -210,6 +211,23 @@ def test_a_line_the_bill_leaves_out_is_a_gap_of_minus_one_not_a_day_without_figu
     off = {(g.day, g.item): g.ratio for g in result.tokens if g.ratio != 0}
     assert off == {(day, "ITEM_COMPLETION_TOKEN"): -1}
     assert {(a.day, a.endpoint_id): a.ratio for a in result.amounts if a.ratio != 0} == {(day, endpoint): -1}
+
+
+def test_a_charge_of_no_endpoint_has_no_amount_gap(
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """A fee of the account's (a bill line with an empty `instanceId`) has no usage records to
+    explain it: it is not an endpoint billed for what nothing counted."""
+    from dataclasses import replace
+
+    held = read_all(settled_usage(fake, clock, store), DAYS[0])
+    bills = BillsSource(fake, clock, 3).refresh()
+    month = bills.months[0]
+    fee = msgspec.structs.replace(next(a for a in month.by_endpoint if a.day == DAYS[2]), key="", payable=Decimal(5))
+    with_fee = replace(month, by_endpoint=(*month.by_endpoint, fee))
+    result = reconcile(replace(bills, months=(with_fee,)), held, DEFAULT_ITEMS, PRICES)
+    assert result == reconcile(bills, held, DEFAULT_ITEMS, PRICES)
+    assert all(a.ratio == 0 for a in result.amounts)
 
 
 def test_days_read_from_another_account_are_read_again(

@@ -162,6 +162,38 @@ def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock:
         daemon.stop()
 
 
+def test_fewer_history_months_while_they_are_fetched_go_at_the_run_the_reload_starts(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The months a reload no longer keeps are not judged on (the anomaly baseline, the forecast)
+    until the next look 10 minutes on, nor brought back by a fetch in flight: the run the reload
+    starts, after that fetch, drops them, with no request."""
+    sim.spend = SpendModel(start=dt.date(2026, 6, 1))
+
+    def document(months: int) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=months),
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document(3))
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        old = daemon.sources
+        reload_in_flight(daemon, "history", daemon.sources.one.history, "refresh", path, document(1))
+        assert daemon.latest.history is not None
+        assert len(daemon.latest.history.months) == 3  # what the fetch in flight published
+        assert "history" in daemon.sources.changed(old)
+        asked = dict(sim.requests_served)
+        assert daemon.refresh("history")  # the run the reload started
+        assert list(daemon.latest.history.months) == [f"{clock.today().replace(day=1) - dt.timedelta(days=1):%Y-%m}"]
+        assert sim.requests_served == asked
+    finally:
+        daemon.stop()
+
+
 def test_a_bills_refresh_in_flight_across_new_prices_reconciles_at_the_new_prices(
     priced: Simulator, clock: Clock, tmp_path: Path
 ) -> None:
@@ -301,7 +333,7 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
         ({"forecast": {"interval": 0.5}}, {"bills"}),
         ({"billing": {"previous_month_grace_days": 5}}, {"bills"}),
         ({"billing": {"history_months": 3}}, {"history"}),
-        ({"billing": {"history_months": 1}}, set()),  # (fewer months: what it holds covers them)
+        ({"billing": {"history_months": 1}}, {"history"}),  # (fewer months: the others go at once)
         ({"budgets": [{"name": "month", "amount": "1"}]}, set()),
     ],
     ids=["forecast interval", "grace days", "more history", "less history", "a budget"],

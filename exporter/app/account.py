@@ -118,6 +118,9 @@ class Account:
         self.latest = latest
         self.successor: Account | None = None
         """The account a reload built in this one's place (`activate`)."""
+        self.removed = False
+        """Whether a reload took it out of the config (`Sources`): a refresh of it still in flight
+        publishes nothing (its snapshots may be those of an account built afresh later)."""
         self._previous = previous
         if previous is not None and _client_settings(previous.config.billing) == _client_settings(config.billing):
             self.client, self.usage = previous.client, previous.usage
@@ -180,7 +183,11 @@ class Account:
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
         previous, self._previous = self._previous, None
-        if previous is not None:
+        whose, self.latest.whose = self.latest.whose, (self.config.billing.access_key_id, self.client.project_id)
+        if previous is None:
+            if whose not in (None, self.latest.whose):  # (the one account back after several, another's)
+                self.latest.forget_figures()
+        else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
             if previous.client.project_id != self.client.project_id:
                 self.latest.forget_figures()  # another project's: nothing of before is its own
@@ -225,15 +232,17 @@ class Account:
         return current
 
     def replaced(self) -> bool:
-        """Whether a reload has put an account of another billing project in this one's place: what
-        a refresh of it read since is not that account's to show (`forget_figures` dropped what was)."""
-        return self._current().client.project_id != self.client.project_id
+        """Whether a reload has put an account of another billing project in this one's place, or
+        taken it out: what a refresh of it read since is not that account's to show
+        (`forget_figures` dropped what was)."""
+        current = self._current()
+        return current.removed or current.client.project_id != self.client.project_id
 
     def _publish(self, **figures: object) -> None:
         """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,
-        and runs again with the new client)."""
+        and runs again with the new client, if the account is still configured)."""
         if not self.latest.publish(self.replaced, **figures):
-            raise ClientClosed("the billing project was changed (config reload)")
+            raise ClientClosed("the billing project was changed, or the account removed (config reload)")
 
     def _bills(self) -> None:
         self._publish(bills=self.bills.refresh())
@@ -303,8 +312,10 @@ class Account:
             before.billing.previous_month_grace_days,
         ):
             changed.add("bills")  # (the forecast and the month's figures are made as the bills are read)
-        if config.billing.history_months > before.billing.history_months:
-            changed.add("history")  # (the months it did not hold are fetched now, not at its next look)
+        if config.billing.history_months != before.billing.history_months and "history" in self.refreshers:
+            # More months: those it did not hold are fetched now, not at its next look. Fewer: those
+            # no longer held are dropped now (no request), and a fetch in flight does not bring them back.
+            changed.add("history")
         return changed
 
     def close(self, keep: Account | None = None) -> None:

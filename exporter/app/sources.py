@@ -154,8 +154,9 @@ class Sources:
         if previous is not None:
             self.engine.routed_anew(previous.engine)
             self.engine.carry_judged(previous.engine)
+        held_accounts = previous.accounts if previous is not None else {}
         for name, account_config in named:
-            kept = previous.accounts.get(name) if previous is not None else None
+            kept = held_accounts.get(name)
             store = state if not name else (account_state(name) if account_state else StateStore(":memory:"))
             self.accounts[name] = Account(
                 name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing
@@ -182,6 +183,8 @@ class Sources:
         self.exposition = self._exposition()
         for account in self.accounts.values():  # (last: a reload refused on the way changes nothing)
             account.activate()
+        for name, gone in held_accounts.items():
+            gone.removed = name not in self.accounts
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []

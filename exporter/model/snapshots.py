@@ -283,6 +283,10 @@ class Latest:
     """Budgets whose scope matched nothing when last judged, with that scope (`budgets.judge_scopes`)."""
     _sources: frozenset[str] | None = None
     """The sources the config has (`configure`); None: any (until a config says)."""
+    whose: tuple[str, str | None] | None = None
+    """The access key id and project of the account whose figures these are (`Account.activate`):
+    a reload back to one account after a config of several builds it afresh on the process's
+    snapshots, which hold those of the one account before."""
 
     @property
     def health(self) -> Mapping[str, SourceHealth]:

@@ -30,7 +30,14 @@ from typing import TypeVar
 
 import msgspec
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, ClientClosed
+from exporter.billing import (
+    GROUP_TERM_INSTANCE,
+    GROUP_TERM_ITEM,
+    BillingAPI,
+    BillingError,
+    BillingUnavailable,
+    ClientClosed,
+)
 from exporter.core.clock import Clock, periods_before
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import DailyAmount, HistorySnapshot, MonthHistory
@@ -212,8 +219,9 @@ class HistorySource:
     def refresh(self) -> HistorySnapshot:
         """Fetch the months not fetched today yet, and the current month once a day. A month
         refused on its own is skipped (and tried again an hour later), one listing nothing is not
-        asked for again that day; when every month tried fails, the refresh fails (with what the
-        state file holds kept)."""
+        asked for again that day; one the API did not answer (`BillingUnavailable`: down, or
+        asking to wait) is asked again at the next check. When every month tried fails, the
+        refresh fails (with what the state file holds kept)."""
         today = self.clock.today()
         current = self.clock.period(today)
         periods = periods_before(current, self.months)
@@ -230,13 +238,15 @@ class HistorySource:
         workers = self.client.concurrency if self.wide() else 1
         outcomes = _attempts([partial(fetch_month, self.client, period, today, workers) for period in due], workers)
         failures = [outcome for outcome in outcomes if isinstance(outcome, BillingError)]
-        # Several months failing together is an outage: each is asked for again at the next check.
-        # A month refused on its own (or the only one due) is held back an hour.
+        # Several months failing together is an outage, and so is a month the API did not answer
+        # (a Retry-After met mid-fetch fails the months after it): each is asked for again at the
+        # next check. A month refused on its own (an error answered, or an answer not as documented)
+        # is held back an hour, the only one due too.
         outage = len(due) > 1 and len(failures) == len(due)
         for period, month in zip(due, outcomes, strict=True):
             kept = "the copy fetched before" if period in held else "nothing"
             if isinstance(month, BillingError):
-                if not outage:
+                if not outage and not isinstance(month, BillingUnavailable):
                     self._retry_at[period] = time.monotonic() + RETRY_AFTER
                 log.warning("history month skipped", period=period, error=str(month)[:200], kept=kept)
                 continue

@@ -79,7 +79,8 @@ def reconcile(
 ) -> Reconciliation:
     """Every settled day of the months the bills hold, billed against counted. A line the bill
     leaves out bills nothing: a day's mapped item, or an endpoint with usage, missing from it is
-    a gap of −100%, not a day without figures."""
+    a gap of −100%, not a day without figures. A charge of no endpoint (an empty `instanceId`)
+    has no amount gap, unless usage records of no endpoint were counted that day."""
     priced = {p.model: p for p in prices}
     periods = {month.period for month in bills.months}
     days = sorted(day for day in settled if f"{day:%Y-%m}" in periods)
@@ -92,6 +93,8 @@ def reconcile(
             if (a.day, a.key) in billed_tokens:
                 billed_tokens[a.day, a.key] += a.usage
         for a in month.by_endpoint:
+            if not a.key and (a.day, a.key) not in billed_amounts:
+                continue  # a charge of no endpoint (a fee of the account's): no usage to set against it
             if a.day in settled and f"{a.day:%Y-%m}" in periods:
                 billed_amounts[a.day, a.key] = billed_amounts.get((a.day, a.key), Decimal(0)) + a.payable
     tokens = tuple(
