@@ -25,7 +25,7 @@ from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, re
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
-from exporter.core.fields import in_scope, scope_values
+from exporter.core.fields import scope_values
 from exporter.core.logs import get_logger
 from exporter.model import signals
 from exporter.model.events import GroupEvent
@@ -452,7 +452,7 @@ class Engine:
 
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = self._budget_named[rule.budget]
-        spans = [(w.latest, w.prices) for w in self.accounts if in_scope(budget.where.get(signals.ACCOUNT), w.name)]
+        spans = [(w.latest, w.prices) for w in self.accounts if budget.spans(w.name)]
         measured = self._computed(rid, lambda: rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis))
         if measured is None:
             return

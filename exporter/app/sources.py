@@ -303,7 +303,7 @@ class Sources:
         today = self.clock.today()
         found: list[SharedBudget] = []
         for budget in self.config.shared_budgets:
-            names = tuple(n for n in self.accounts if budget.accounts is None or n in budget.accounts)
+            names = tuple(n for n in self.accounts if budget.spans(n))
             if account in names:
                 spans = [(self.accounts[n].latest, self.accounts[n].config.prices) for n in names]
                 found.append((budget, shared_parts(budget, spans, today), names))

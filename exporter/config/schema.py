@@ -37,6 +37,7 @@ from exporter.core.fields import (
     ScopeValue,
     Strict,
     Text,
+    in_scope,
     parse_amount,
     scope_values,
 )
@@ -211,6 +212,10 @@ class BudgetConfig(Strict):
         """The accounts its `where` names; None when it names none (every account)."""
         wanted = self.where.get(ACCOUNT)
         return None if wanted is None else scope_values(wanted)
+
+    def spans(self, account: str) -> bool:
+        """Whether the budget counts `account` (every account when its `where` names none)."""
+        return in_scope(self.where.get(ACCOUNT), account)
 
     def in_account(self) -> BudgetConfig:
         """This budget as one account measures it: its scope without `account`."""

@@ -87,8 +87,7 @@ class SharedBudgetCollector(Collector):
         return self._version
 
     def _spans(self, budget: BudgetConfig) -> list[tuple[Latest, Sequence[PriceConfig]]]:
-        wanted = budget.accounts
-        return [(latest, prices) for name, latest, prices in self.accounts if wanted is None or name in wanted]
+        return [(latest, prices) for name, latest, prices in self.accounts if budget.spans(name)]
 
     def collect(self) -> Iterator[Metric]:
         amount, used, forecast, matched = budget_families()

@@ -119,9 +119,8 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
             gaps.append(f"<h3>{name}</h3>{_disagreements(account.latest.reconciliation)}")
     spans = {a.name: (a.latest, a.prices) for a in accounts}
     for budget in view.shared_budgets():
-        wanted = budget.accounts
-        found = shared_figures(budget, [spans[n] for n in spans if wanted is None or n in wanted], today)
-        who = "every account" if wanted is None else ", ".join(wanted)
+        found = shared_figures(budget, [spans[n] for n in spans if budget.spans(n)], today)
+        who = "every account" if budget.accounts is None else ", ".join(budget.accounts)
         budgets.append(_budget_row(budget, None if found is None else found.ratios(budget.amount), html.escape(who)))
     summary = (
         "<table><tr><th>account</th><th>month to date</th><th>month forecast</th><th>sources</th></tr>"
