@@ -265,7 +265,26 @@ def test_the_forecast_sorts_its_known_days_as_often_whatever_their_number(monkey
         history = held(*(f"2026-{m:02}" for m in range(12 - months, 12)))
         december = {d: a for d, a in YEAR["2026-12"].items() if d.day < 10}
         sorts_of_days[0] = 0
+        module._errors_of.cache_clear()  # (learnt anew, not kept from another test)
         found = month_forecast("2026-12", dt.date(2026, 12, 10), december, history)
         assert found.lower < found.point < found.upper  # (the model's forecast, not the fallback's)
         counts.append(sorts_of_days[0])
     assert counts[0] == counts[1] > 0, counts
+
+
+def test_the_errors_learnt_are_kept_for_a_forecast_that_knows_the_same_days_only() -> None:
+    """A forecast that knows the same days (a day's bills refreshes, a backtest's evaluations of a
+    day) takes the errors learnt before; one that knows a day otherwise (a bill revised) learns them
+    anew."""
+    from exporter.model import forecast as module
+
+    today, revised_day = FIRST.replace(day=20), FIRST.replace(day=10)
+    module._errors_of.cache_clear()
+    first = june(today)
+    assert june(today) == first
+    assert module._errors_of.cache_info().hits == 1
+    tripled = {revised_day: YEAR[MONTH][revised_day] * 3}
+    revised = june(today, tripled)
+    assert (revised.lower, revised.upper) != (first.lower, first.upper)
+    module._errors_of.cache_clear()
+    assert june(today, tripled) == revised  # (as learnt afresh)

@@ -39,6 +39,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import lru_cache
 from statistics import NormalDist
 from types import MappingProxyType
 
@@ -62,6 +63,8 @@ MIN_SAMPLES = 10
 """Errors of so many days ahead before they count."""
 ZERO = Decimal(0)
 SEVEN = Decimal(7)
+ERRORS_KEPT = 256
+"""Errors of known days kept (`_errors`): the day's of each account and budget forecast, up to so many."""
 
 
 def forecast(
@@ -227,8 +230,16 @@ class _Errors:
 
 def _errors(known: Mapping[dt.date, Decimal], level: float) -> _Errors:
     """The model's log errors over the known days, as it would have made them (see the module's
-    docstring), fitted with the prior weighed in."""
-    days = sorted(known)
+    docstring), fitted with the prior weighed in. The same known days give the same errors: kept
+    for the next forecast of the day (every bills refresh, each step of a backtest's day), which
+    knows the same days, as the month's days before today are all it adds to the history."""
+    return _errors_of(tuple(sorted(known.items())), level)
+
+
+@lru_cache(maxsize=ERRORS_KEPT)
+def _errors_of(known_days: tuple[tuple[dt.date, Decimal], ...], level: float) -> _Errors:
+    known = dict(known_days)
+    days = list(known)
     values = {d: float(a) for d, a in known.items()}
     samples: dict[int, list[float]] = {}
     factors: Factors | None = None
