@@ -542,3 +542,33 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
         listener.close()
         for tls in held:
             tls.close()
+
+
+def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None:
+    """A server that sends its status line, then a header a byte every 0.2 s (each read well within
+    its timeout), for up to 20 s: the run ends at its 2 s deadline, not when the server is done."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drip(connection: socket.socket) -> None:
+        with contextlib.suppress(OSError), connection:
+            read_request(connection)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            for _ in range(100):
+                time.sleep(0.2)
+                connection.sendall(b"a")
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=drip, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
+            started = time.monotonic()
+            last = runner_for(url, stream=stream, timeout="2s").run().last
+            assert last.reason == reason
+            assert time.monotonic() - started < 6.0  # (2 s; the drip lasts 20)
+    finally:
+        listener.close()

@@ -143,6 +143,50 @@ def test_a_probe_removed_while_it_runs_does_not_come_back(
         daemon.stop()
 
 
+def test_a_probe_put_back_while_its_removed_self_runs_shows_its_own_run_only(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probe x taken out while a run of it is in flight, then put back on another model: the run
+    in flight shows nothing (neither its old model's series nor its health), and is run again,
+    now as the probe of now (its first run found the old one's in the way)."""
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+
+    def document(probes: dict[str, str]) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
+            "probes": [{"name": n, "model": m, "interval": "1h"} for n, m in probes.items()],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    def runs() -> dict[str, float]:
+        found = named(metrics(daemon), "inference_probe_runs_total")
+        return {dict(labels)["endpoint_id"]: v for labels, v in found.items() if dict(labels)["probe"] == "x"}
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document({"x": alpha, "other": alpha}))
+    ran: list[str] = []
+    monkeypatch.setattr(daemon, "_run_soon", ran.append)
+    try:
+        assert daemon.refresh("probe:x")
+        runner = daemon.sources.one.probes["x"]
+
+        def put_back() -> None:
+            write(path, document({"x": beta, "other": alpha}))
+            assert daemon.reload()
+            assert not daemon.refresh("probe:x")  # its first run: the removed one's in the way
+
+        reload_in_flight(daemon, "probe:x", runner, "run", path, document({"other": alpha}), meanwhile=put_back)
+        assert runs() == {}  # what the run in flight found is not taken
+        assert "probe:x" not in health(daemon)
+        assert ran == ["probe:x"]  # run again at once
+        assert daemon.refresh("probe:x")
+        assert runs() == {beta: 1.0}
+    finally:
+        daemon.stop()
+
+
 def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     def document(months: int) -> dict:
         return {

@@ -28,7 +28,7 @@ from exporter.web.credentials import BCRYPT_CACHE, BcryptUsers
 from exporter.web.server import _still_serves
 from exporter.web.webconfig import read_web_config
 from tests.daemon_fakes import InProcessBilling, fake_billing_section
-from tests.helpers import logged, scrape, value
+from tests.helpers import logged, scrape, value, wait_for
 from tests.test_server import BILLING, start
 
 
@@ -532,6 +532,25 @@ def test_a_reload_that_turns_tls_on_closes_the_plain_connections_kept_alive(
             kept.close()
         assert requests.get(f"{daemon.server.url}/metrics", verify=ca_file, timeout=5).status_code == 200
         assert daemon.server.url.startswith("https://")
+    finally:
+        daemon.stop(grace=5)
+
+
+def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_its_first_request(
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """Accepted in clear, its request sent only after a reload turned TLS on: not answered in clear
+    (the stdlib's handler was already waiting for its request line)."""
+    daemon, _, _ = daemon_on(sim, clock, tmp_path, files.web_config())
+    try:
+        early = socket.create_connection(daemon.server.server_address[:2], timeout=10)
+        with early:
+            wait_for(lambda: daemon.server.open_connections == 1)  # (accepted: its handler waits for the request)
+            files.web_config(tls_server_config=TLS)
+            assert daemon.reload()
+            early.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                assert early.recv(200) == b""  # closed, unanswered
     finally:
         daemon.stop(grace=5)
 

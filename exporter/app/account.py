@@ -290,6 +290,12 @@ class Account:
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()
+        current = self._current()
+        if current.removed or current.probes.get(runner.probe.name) is not runner:
+            # A reload changed, or took out, the probe while it ran (and may have put one back under
+            # its name, whose first run found this one's in the way): nothing of it is shown; the
+            # probe of now runs again at once, if there is one.
+            raise ClientClosed(f"probe {runner.probe.name}: changed by a config reload while it ran")
         self.latest.publish_probe(snapshot)
         now = self.clock.now().timestamp()
         try:  # for the digest's ratios and percentiles over a day; the metrics do not need it

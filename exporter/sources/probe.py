@@ -30,6 +30,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
 from exporter.config.schema import InferenceConfig, ProbeConfig
+from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
@@ -245,16 +246,29 @@ def shown_url(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
+_HEADERS = threading.local()
+"""`deadline`: the Deadline over the status line and headers of the probe request this thread makes
+(`HTTPChat.post`)."""
+
+
 class _KeepsSocket:
     """A connection that keeps hold of its socket (`kept`): http.client lets go of it when a response
     will close the connection (a stream delimited by the connection's end), and the probe sets each
-    read's timeout on it."""
+    read's timeout on it. Its socket is watched by the request's deadline while the headers come: a
+    read timeout bounds each read, and a server that drips them a byte at a time would hold the
+    run for as long as it likes."""
 
     kept: Any = None
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
         self.kept = self.sock  # type: ignore[attr-defined]
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        deadline: Deadline | None = getattr(_HEADERS, "deadline", None)
+        if deadline is not None and self.sock is not None:  # type: ignore[attr-defined]
+            deadline.watch(self.sock)  # type: ignore[attr-defined]
+        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
 
 class _Connection(_KeepsSocket, HTTPConnection):
@@ -329,6 +343,7 @@ class HTTPChat:
         # urllib3 takes the time connecting took off the read timeout.
         # (requests' adapter takes urllib3's Timeout as it is, though its stubs do not say so)
         timeout: Any = urllib3.Timeout(connect=min(self._connect, wait), read=wait, total=wait)
+        headers = _HEADERS.deadline = Deadline(wait)  # (the headers' whole wait: see _KeepsSocket)
         try:
             response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
         except requests.ConnectTimeout:
@@ -336,7 +351,15 @@ class HTTPChat:
         except requests.ReadTimeout:
             raise Silence(self._clock()) from None
         except requests.RequestException as error:
+            if headers.fired:  # (cut at the deadline, the headers still coming)
+                raise Silence(self._clock()) from None
             raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
+        finally:
+            _HEADERS.deadline = None
+            headers.stop()
+        if headers.fired:  # (cut as the last of them came)
+            response.close()
+            raise Silence(self._clock())
         with response:
             yield response.status_code, self._arrivals(response, deadline)
 

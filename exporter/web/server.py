@@ -246,9 +246,15 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         """Reads the headers; from then on the header deadline no longer applies. A connection cut meanwhile saw
         its headers end early: that truncated request gets no answer. One the stdlib takes but whose target or
-        headers are malformed or ambiguous is refused with a 400 (see target_path and header_problem)."""
+        headers are malformed or ambiguous is refused with a 400 (see target_path and header_problem). A
+        connection the TLS settings of now would not have taken (a reload since it was accepted: see
+        _still_serves) gets no answer either, its first request too: its client connects again under them."""
         parsed = super().parse_request()
         if not self.server.connections.enter(self.request, Phase.BUSY):
+            self.close_connection = True
+            return False
+        made_with = self.request.context if isinstance(self.request, ssl.SSLSocket) else None
+        if not _still_serves(made_with, self.server.credentials.tls):
             self.close_connection = True
             return False
         if not parsed:
