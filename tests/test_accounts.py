@@ -357,6 +357,22 @@ def test_the_commands_know_accounts(
         assert digests.returncode == 0, digests.stderr
         assert "inference spend of prod" in digests.stdout
         assert "inference spend of staging" in digests.stdout
+
+        asked = {name: sum(sim.requests_served.values()) for name, sim in sims.items()}
+        unknown = invoke(monkeypatch, capsys, "digest", "--config", str(path), "--account", "prd")
+        assert unknown.returncode == 2
+        assert unknown.stderr.endswith("inference-cost-exporter digest: no account 'prd' (accounts: prod, staging)\n")
+        assert "note: no state file" not in unknown.stderr
+        assert {name: sum(sim.requests_served.values()) for name, sim in sims.items()} == asked  # none made
+        servers["staging"].stop()  # the account not asked for is down
+        alone = invoke(monkeypatch, capsys, "digest", "--config", str(path), "--account", "prod")
+        assert alone.returncode == 0, alone.stderr
+        assert "inference spend of prod" in alone.stdout
+        assert "inference spend of staging" not in alone.stdout
+        assert "inference-cost-exporter digest: note: staging/bills: " in alone.stderr
+        down = invoke(monkeypatch, capsys, "digest", "--config", str(path), "--account", "staging")
+        assert down.returncode == 2
+        assert down.stderr.splitlines()[-1].startswith("inference-cost-exporter: staging/bills: ")
     finally:
         for server in servers.values():
             server.stop()

@@ -13,9 +13,11 @@ import datetime as dt
 import io
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 
-from exporter.billing import BillingAPIError, BillingClient, BillRecord, SignatureRejected
+from exporter.billing import BillingAPIError, BillingClient, BillingUnavailable, BillRecord, SignatureRejected
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock, previous_period
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
@@ -49,8 +51,8 @@ from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, SpendModel
 from exporter.sources.bills import BillsSource
 from tests.conftest import SHANGHAI, billing_section, require_binary
 from tests.fakes import FakeBilling
-from tests.helpers import free_port, serve_binary
-from tests.test_cli import run, write_config
+from tests.helpers import free_port, serve_binary, wait_for
+from tests.test_cli import ROOT, run, write_config
 from tests.test_prometheus_e2e import panel_queries
 
 CENT = Decimal("0.01")
@@ -255,10 +257,15 @@ class Answers:
 def test_a_month_refused_or_empty_is_left_out_never_zeros(clock: Clock, tmp_path: Path) -> None:
     record = BillRecord("2026-09", dt.date(2026, 9, 3), "ep-1", "", "P", "", Decimal("5.5"), Decimal(1))
     refused = BillingAPIError("bills 2026-08: code 100500", status=200, code=100500, message="internal")
-    client = Answers({"2026-07": [], "2026-08": refused, "2026-09": [record]})
-    found, skipped = fetch(client, ["2026-07", "2026-08", "2026-09"])  # type: ignore[arg-type]
+    down = BillingUnavailable("bills 2026-10: connection refused (gave up after 4 attempts)")
+    client = Answers({"2026-07": [], "2026-08": refused, "2026-09": [record], "2026-10": down})
+    found, skipped = fetch(client, ["2026-07", "2026-08", "2026-09", "2026-10"])  # type: ignore[arg-type]
     assert list(found) == ["2026-09"]
-    assert skipped == [("2026-07", "the API listed no bills for it"), ("2026-08", "the API refused it")]
+    assert skipped == [
+        ("2026-07", "the API listed no bills for it"),
+        ("2026-08", "the API refused it"),
+        ("2026-10", "the API could not be reached, or kept failing"),
+    ]
 
     output = tmp_path / "backfill.om"
     output.write_text("an earlier backfill\n")
@@ -344,6 +351,7 @@ def spending() -> Iterator[tuple[Simulator, SimulatorServer]]:
         ["--from", "2999-01"],
         ["--from", "2026-10", "--label", "job"],
         ["--from", "2026-10", "--output", "/nonexistent-directory/backfill.om"],
+        ["--from", "2026-10", "--output", "/tmp/a-directory-it-would-make-a-file-of/"],
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(
@@ -357,6 +365,33 @@ def test_bad_arguments_exit_2_with_one_line(
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith("inference-cost-exporter backfill: ")
     assert not (tmp_path / "out.om").exists()
+
+
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
+def test_ctrl_c_is_one_line_and_leaves_no_file(tmp_path: Path, spending: tuple[Simulator, SimulatorServer]) -> None:
+    """Interrupted while it fetches (answers take a second): exit 130, one line saying so, no
+    traceback, and no output file, partial or not."""
+    sim, server = spending
+    sim.latency = 1.0
+    config = write_config(tmp_path, sim, server)
+    output = tmp_path / "out.om"
+    month = f"{dt.date.today() - dt.timedelta(days=100):%Y-%m}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "backfill", "--config", str(config), "--from", month,
+         "--output", str(output)],
+        env={**os.environ, "TEST_BILLING_SECRET": sim.secret_access_key},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: sum(sim.requests_served.values()) > 0, timeout=30)  # (fetching)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "inference-cost-exporter: backfill: interrupted"
+    assert "Traceback" not in stderr
+    assert not list(tmp_path.glob("out.om*"))
 
 
 def fifo(path: Path) -> Path:

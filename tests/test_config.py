@@ -222,6 +222,21 @@ def test_an_inference_url_with_a_query_a_fragment_or_a_password_is_refused_witho
         assert "s3cret" not in " ".join(details)
 
 
+def test_a_billing_url_with_a_query_a_fragment_or_a_password_is_refused_without_its_value() -> None:
+    """A query would land before the API's paths, and a user name or password would be shown with
+    the address in every error about it: each refused, naming the part, never what it holds."""
+    for written, part in [
+        ("https://billing.example.com/?key=s3cret-in-query", "a query"),
+        ("https://billing.example.com/#s3cret-in-fragment", "a fragment"),
+        ("https://user:s3cret-password@billing.example.com", "a user name or password"),
+        ("https://s3cret-user@billing.example.com", "a user name or password"),
+    ]:
+        details = errors_of({"billing": BILLING | {"url": written}})
+        assert len(details) == 1
+        assert details[0].startswith(f"billing.url: has {part}: give the base address alone")
+        assert "s3cret" not in " ".join(details)
+
+
 def test_the_currency_is_unknown_unless_given() -> None:
     assert validate({"billing": BILLING}, ENV).billing.currency == ""
     assert validate({"billing": BILLING | {"currency": "CNY"}}, ENV).billing.currency == "CNY"

@@ -4,7 +4,7 @@ them, the notifiers' dispatcher and the exposition; and the digest made from the
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -267,10 +267,14 @@ class Sources:
         """Every account's key for `source` (`bills`: each account's bills)."""
         return [source_key(name, source) for name, a in self.accounts.items() if source in a.refreshers]
 
-    def refresh_once(self, names: Iterable[str] | None = None) -> None:
+    def refresh_once(
+        self, names: Iterable[str] | None = None, needed: Collection[str] | None = None
+    ) -> list[RefreshFailed]:
         """Refresh each source of every account once (those named, in the order given; else all),
-        recording its health as the daemon does. The first failure stops it (RefreshFailed, naming
-        the account's source as `prod/bills`)."""
+        recording its health as the daemon does. The first failure of an account `needed` (None:
+        every one) stops it (RefreshFailed, naming the account's source as `prod/bills`); that of
+        another ends its account's refresh only, and is returned."""
+        others: list[RefreshFailed] = []
         for name, account in self.accounts.items():
             try:
                 account.refresh_once(names)
@@ -279,7 +283,11 @@ class Sources:
                     raise
                 cause = failed.__cause__
                 assert isinstance(cause, BillingError)
-                raise RefreshFailed(source_key(name, failed.source), cause) from cause
+                named = RefreshFailed(source_key(name, failed.source), cause)
+                if needed is None or name in needed:
+                    raise named from cause
+                others.append(named)
+        return others
 
     def changed(self, previous: Sources) -> set[str]:
         """The sources whose way of refreshing this config changed (they run again at once)."""

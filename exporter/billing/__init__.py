@@ -20,6 +20,7 @@ from exporter.billing.errors import (
     ClientClosed,
     RecordError,
     SignatureRejected,
+    why,
 )
 from exporter.billing.records import BillRecord, UsagePage, UsageRecord, parse_bill, parse_envelope, parse_usage
 
@@ -45,4 +46,5 @@ __all__ = [
     "parse_bill",
     "parse_envelope",
     "parse_usage",
+    "why",
 ]

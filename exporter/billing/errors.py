@@ -31,3 +31,12 @@ class ClientClosed(BillingUnavailable):
 
 class RecordError(BillingError):
     """A response or record that does not have the documented shape."""
+
+
+def why(error: BillingError) -> str:
+    """Why a call failed, in a few words (what a month left out of an export says)."""
+    if isinstance(error, BillingUnavailable):
+        return "the API could not be reached, or kept failing"
+    if isinstance(error, RecordError):
+        return "the API's answer was not as documented"
+    return "the API refused it"

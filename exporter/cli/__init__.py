@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from collections.abc import Sequence
 
 from exporter import __version__
@@ -252,4 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
     module, name = args.func.split(":")
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
-    return int(command(args))
+    try:
+        return int(command(args))
+    except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
+        print(f"inference-cost-exporter: {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -81,13 +81,16 @@ def cmd_digest(args: argparse.Namespace) -> int:
     clock = Clock(config.billing.zone)
     latest = Latest()
     store = StateStore(":memory:")
+    chosen_ones = chosen_accounts(config, args, "digest", every=True)  # (a name that is none: before any request)
     sources = Sources(config, latest, clock, store, external_url=config.server.external_url or "")
     try:
-        try:
-            sources.refresh_once(("bills", "history", "usage"))  # (the probes' runs are the daemon's, below)
+        try:  # (the probes' runs are the daemon's, below)
+            others = sources.refresh_once(("bills", "history", "usage"), needed={name for name, _ in chosen_ones})
         except RefreshFailed as error:
             print(f"inference-cost-exporter: {error}", file=sys.stderr)
             return EXIT_SOURCE
+        for failed in others:  # (an account not asked for: only the budgets shared with it miss its figures)
+            print(f"inference-cost-exporter digest: note: {failed}", file=sys.stderr)
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
@@ -95,7 +98,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
-        for name, _ in chosen_accounts(config, args, "digest", every=True):
+        for name, _ in chosen_ones:
             if name:  # with several accounts, each keeps its probe runs in its own file
                 of_account = peek(account_state_path(config.state.path, name), *sources.digest_span(today, schedule))
                 runs = [] if of_account is None else of_account[0]
@@ -155,6 +158,16 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _output(command: str, written: str) -> Path | None:
+    """The --output file, or None (said in one line) when it names a directory: `Path` would drop
+    the trailing separator and write a file of the directory's name."""
+    if written.endswith(("/", os.sep)):
+        print(f"inference-cost-exporter {command}: error: --output {written} names a directory; give a file's name",
+              file=sys.stderr)  # fmt: skip
+        return None
+    return Path(written)
+
+
 def _cannot_write(command: str, output: Path, error: OSError) -> int:
     """A file command's output that could not be written: one line, and the exit status."""
     print(f"inference-cost-exporter {command}: cannot write {output}: {error.strerror or error}", file=sys.stderr)
@@ -183,7 +196,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    output = Path(args.output)
+    output = _output("backfill", args.output)
+    if output is None:
+        return EXIT_USAGE
     with BillingClient.from_config(account.billing, clock) as client:
         try:
             result = backfill(
@@ -228,7 +243,9 @@ def cmd_export_focus(args: argparse.Namespace) -> int:
         print(f"inference-cost-exporter export focus: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     ((name, account),) = chosen_accounts(config, args, "export focus")
-    output = Path(args.output)
+    output = _output("export focus", args.output)
+    if output is None:
+        return EXIT_USAGE
     currency = account.billing.currency
     with BillingClient.from_config(account.billing, clock) as client:
         try:

@@ -53,8 +53,23 @@ def _regex(pattern: str) -> str:
     return pattern
 
 
+def _billing_base(url: str) -> str:
+    """The address the API's paths go after: a query or a fragment would end up before them, and a
+    user name or password would be shown wherever the address is (in an error, a log line), while
+    the billing API takes only its signature. Refused, naming only the part, never its value."""
+    parts = urlsplit(url)
+    for present, what in ((parts.query, "a query"), (parts.fragment, "a fragment")):
+        if present:
+            raise ValueError(f"has {what}: give the base address alone")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "has a user name or password: give the base address alone (the API takes the access key's signature)"
+        )
+    return url
+
+
 class BillingConfig(Strict):
-    url: HttpUrl
+    url: Annotated[HttpUrl, AfterValidator(_billing_base)]
     access_key_id: Text
     secret_access_key: SecretStr
     signature_label: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")] = "svc"

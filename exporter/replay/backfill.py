@@ -42,7 +42,7 @@ from typing import TextIO
 
 from prometheus_client.core import Metric
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected
+from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingError, SignatureRejected, why
 from exporter.core.clock import (
     Clock,
     first_day,
@@ -176,8 +176,8 @@ def fetch(client: BillingAPI, periods: Sequence[str]) -> tuple[dict[str, Month],
         except SignatureRejected as error:
             raise BackfillError(str(error)) from None
         except BillingError as error:
-            log.warning("month skipped: the API refused it", period=period, error=str(error))
-            skipped.append((period, "the API refused it"))
+            log.warning(f"month skipped: {why(error)}", period=period, error=str(error)[:300])
+            skipped.append((period, why(error)))
             continue
         if not instances and not items:
             log.warning("month skipped: the API listed no bills for it", period=period)

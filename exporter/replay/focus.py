@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from exporter.billing import BillingAPI, BillingError, BillingUnavailable, RecordError, SignatureRejected
+from exporter.billing import BillingAPI, BillingError, SignatureRejected, why
 from exporter.core.clock import Clock, first_day, period_at, period_index
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import DailyAmount, MonthHistory
@@ -160,15 +160,6 @@ def charges(month: MonthHistory, before: dt.date) -> tuple[Charge, ...]:
     return tuple(found)
 
 
-def _why(error: BillingError) -> str:
-    """Why a month's fetch failed, in a few words."""
-    if isinstance(error, BillingUnavailable):
-        return "the API could not be reached, or kept failing"
-    if isinstance(error, RecordError):
-        return "the API's answer was not as documented"
-    return "the API refused it"
-
-
 def _month(client: BillingAPI, period: str, today: dt.date) -> tuple[Charge, ...] | str:
     """The month's charges of its complete days, or why it is left out. SignatureRejected raises."""
     try:
@@ -176,9 +167,9 @@ def _month(client: BillingAPI, period: str, today: dt.date) -> tuple[Charge, ...
     except SignatureRejected:
         raise
     except BillingError as error:
-        why = _why(error)
-        log.warning(f"month skipped: {why}", period=period, error=str(error)[:300])
-        return why
+        said = why(error)
+        log.warning(f"month skipped: {said}", period=period, error=str(error)[:300])
+        return said
     if month is None:
         log.warning("month skipped: the API listed no bills for it", period=period)
         return "the API listed no bills for it"
