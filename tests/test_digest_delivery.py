@@ -303,6 +303,8 @@ def test_the_digest_command_prints_it_and_sends_it_when_asked(
     refused = subprocess.run([*command, "--send"], capture_output=True, text=True, timeout=60, check=False)
     assert refused.returncode == 2
     assert "hook: not sent" in refused.stderr
+    assert 'msg="notification failed"' in refused.stderr  # tried once: no retry said
+    assert "will retry" not in refused.stderr
 
 
 def clock_zone() -> dt.tzinfo:

@@ -187,6 +187,43 @@ def test_a_probe_put_back_while_its_removed_self_runs_shows_its_own_run_only(
         daemon.stop()
 
 
+def test_a_probe_run_more_often_keeps_its_counts_and_one_on_another_model_starts_afresh(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+
+    def document(model: str, interval: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
+            "probes": [{"name": "x", "model": model, "interval": interval}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    def runs() -> dict[str, float]:
+        return {
+            dict(labels)["endpoint_id"]: v for labels, v in named(metrics(daemon), "inference_probe_runs_total").items()
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document(alpha, "1h"))
+    try:
+        assert daemon.refresh("probe:x")
+        assert daemon.refresh("probe:x")
+        write(path, document(alpha, "5m"))
+        assert daemon.reload()
+        assert daemon.sources.intervals["probe:x"] == 300
+        assert daemon.refresh("probe:x")
+        assert runs() == {alpha: 3.0}  # what it measures is as it was: its counts go on
+        write(path, document(beta, "5m"))
+        assert daemon.reload()
+        assert daemon.refresh("probe:x")
+        assert runs() == {beta: 1.0}
+    finally:
+        daemon.stop()
+
+
 def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     def document(months: int) -> dict:
         return {

@@ -217,10 +217,16 @@ class Account:
             self.latest.record(name, success=True, at=time.time(), duration=time.perf_counter() - started)
 
     def _runner(self, probe: ProbeConfig, previous: Account | None) -> ProbeRunner:
-        """The same probe keeps its runner (and its histograms and counters) across a reload."""
+        """The same probe keeps its runner (and its histograms and counters) across a reload; how
+        often it runs is not what it measures (`interval` is the schedule's alone)."""
         assert self.config.inference is not None  # the config requires it when there are probes
         kept = previous.probes.get(probe.name) if previous else None
-        if kept is not None and kept.probe == probe and previous and previous.config.inference == self.config.inference:
+        if (
+            kept is not None
+            and kept.probe.model_copy(update={"interval": probe.interval}) == probe
+            and previous
+            and previous.config.inference == self.config.inference
+        ):
             return kept
         return ProbeRunner(probe, self.config.inference)
 

@@ -111,6 +111,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         # A dispatcher of its own, with the digest's notifiers only and nothing else queued.
         chosen = [n for n in config.alerts.notifiers if n.name in config.digest.notifiers]
         sender = Dispatcher(chosen, AlertStore(store), clock, lambda _: [], config.server.external_url or "")
+        sender.retrying = False  # (tried once: what is not sent is said, and the exit status tells)
         for n, body in enumerate(bodies):
             sender.store.enqueue_digest(f"now:{time.time()}:{n}", config.digest.notifiers, body, time.time())
         sender.deliver()

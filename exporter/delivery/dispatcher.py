@@ -161,6 +161,9 @@ class Dispatcher:
         self.routed = routed
         self.digests_to = digests_to
         self.deadline = DEADLINE
+        self.retrying = True
+        """Whether a failed notification is tried again (as it is but for `digest --send`, which tries once):
+        what a failure's log line says."""
         self.sent: dict[str, int] = {}
         self.failed: dict[str, int] = {}
         self.discarded: dict[str, int] = dict.fromkeys(DISCARDED, 0)
@@ -302,7 +305,8 @@ class Dispatcher:
                 log.info("notifier recovered", **_fields(notifier, target))
             return None
         if self.failed_at(notifier, target):
-            log.error("notification failed (will retry)", reason=reason, **_fields(notifier, target))
+            said = "notification failed (will retry)" if self.retrying else "notification failed"
+            log.error(said, reason=reason, **_fields(notifier, target))
         return reason
 
     def counts(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
