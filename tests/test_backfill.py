@@ -352,6 +352,7 @@ def spending() -> Iterator[tuple[Simulator, SimulatorServer]]:
         ["--from", "2026-10", "--label", "job"],
         ["--from", "2026-10", "--output", "/nonexistent-directory/backfill.om"],
         ["--from", "2026-10", "--output", "/tmp/a-directory-it-would-make-a-file-of/"],
+        ["--from", "2026-10", "--output", "/tmp/a-directory-it-would-make-a-file-of/."],
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(

@@ -216,6 +216,8 @@ def test_an_inference_url_with_a_query_a_fragment_or_a_password_is_refused_witho
         ("https://api.example.com/v1?key=s3cret-in-query", "a query"),
         ("https://api.example.com/#s3cret-in-fragment", "a fragment"),
         ("https://user:s3cret-password@api.example.com/v1", "a user name or password"),
+        ("https://api.example.com/v1?", "a query"),
+        ("https://api.example.com/v1#", "a fragment"),
     ]:
         details = errors_of({"billing": BILLING, "inference": {"url": written, "api_key": "k"}})
         assert details == [f"inference.url: has {part}: give the base address alone (the API key goes in `api_key`)"]
@@ -230,6 +232,8 @@ def test_a_billing_url_with_a_query_a_fragment_or_a_password_is_refused_without_
         ("https://billing.example.com/#s3cret-in-fragment", "a fragment"),
         ("https://user:s3cret-password@billing.example.com", "a user name or password"),
         ("https://s3cret-user@billing.example.com", "a user name or password"),
+        ("https://billing.example.com/?", "a query"),  # (empty: the paths would still go after it)
+        ("https://billing.example.com#", "a fragment"),
     ]:
         details = errors_of({"billing": BILLING | {"url": written}})
         assert len(details) == 1

@@ -478,11 +478,12 @@ def test_the_command_writes_the_months_and_says_what_it_wrote(tmp_path: Path) ->
         assert not output.exists()
 
         config = write_config(tmp_path, sim, server, currency="CNY")
-        directory = run("export", "focus", "--config", str(config), "--from", month, "--to", month,
-                        "--output", f"{tmp_path}/charges/", env=env)  # fmt: skip
-        assert directory.returncode == 2
-        assert directory.stderr.endswith("names a directory; give a file's name\n")
-        assert not (tmp_path / "charges").exists()
+        for named in (f"{tmp_path}/charges/", f"{tmp_path}/charges/."):
+            directory = run("export", "focus", "--config", str(config), "--from", month, "--to", month,
+                            "--output", named, env=env)  # fmt: skip
+            assert directory.returncode == 2
+            assert directory.stderr.endswith("names a directory; give a file's name\n")
+            assert not (tmp_path / "charges").exists()
         result = run("export", "focus", "--config", str(config), "--from", month, "--to", month,
                      "--output", str(output), env=env)  # fmt: skip
         assert result.returncode == 0, result.stderr

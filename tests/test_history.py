@@ -14,6 +14,7 @@ import yaml
 
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
+    AskedToWait,
     BillingAPIError,
     BillingClient,
     BillingError,
@@ -245,7 +246,7 @@ def test_months_a_retry_after_cut_off_mid_fetch_are_asked_again_at_the_next_chec
 
         def bills(self, period: str, group_term: str, instance_id: str = "") -> object:
             if period != "2026-08" and self.waiting:
-                raise BillingUnavailable("the API asked not to be asked again for 150s more (Retry-After)")
+                raise AskedToWait("the API asked not to be asked again for 150s more (Retry-After)")
             return fake.bills(period, group_term, instance_id)
 
     client = WaitingAfterAugust()
@@ -257,6 +258,32 @@ def test_months_a_retry_after_cut_off_mid_fetch_are_asked_again_at_the_next_chec
     assert list(history.months) == ["2026-08", "2026-09", "2026-10"]
     assert history.current is not None
     assert source.behind == []
+
+
+def test_a_month_failing_every_retry_on_its_own_is_held_back_the_hour(
+    modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """September answered with a 503 at every retry while the other months are fetched: a month
+    failing on its own, not asked again (with every retry) at each 10-minute check."""
+
+    class FailingSeptember:
+        concurrency = 1
+        base_url, project_id = fake.base_url, fake.project_id
+        asked = 0
+
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> object:
+            if period == "2026-09":
+                self.asked += 1
+                raise BillingUnavailable("bills 2026-09: HTTP 503 (gave up after 4 attempts)")
+            return fake.bills(period, group_term, instance_id)
+
+    client = FailingSeptember()
+    source = HistorySource(client, clock, store, months=3)  # type: ignore[arg-type]
+    assert list(source.refresh().months) == ["2026-08", "2026-10"]
+    asked = client.asked
+    source.refresh()  # ten minutes later
+    assert client.asked == asked
+    assert source.behind == ["2026-09"]
 
 
 def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_one_due(

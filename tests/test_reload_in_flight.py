@@ -243,12 +243,11 @@ def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock:
         daemon.stop()
 
 
-def test_fewer_history_months_while_they_are_fetched_go_at_the_run_the_reload_starts(
-    sim: Simulator, clock: Clock, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("when", ["fetched in flight", "the API down"])
+def test_fewer_history_months_go_at_the_reload(sim: Simulator, clock: Clock, tmp_path: Path, when: str) -> None:
     """The months a reload no longer keeps are not judged on (the anomaly baseline, the forecast)
-    until the next look 10 minutes on, nor brought back by a fetch in flight: the run the reload
-    starts, after that fetch, drops them, with no request."""
+    from the reload on: not until the next look 10 minutes later, nor brought back by a fetch in
+    flight, nor kept while the API fails; and dropping them asks the API nothing."""
     sim.spend = SpendModel(start=dt.date(2026, 6, 1))
 
     def document(months: int) -> dict:
@@ -259,18 +258,21 @@ def test_fewer_history_months_while_they_are_fetched_go_at_the_run_the_reload_st
 
     path = tmp_path / "config.yaml"
     daemon = reloadable(sim, clock, path, document(3))
+    kept = [f"{clock.today().replace(day=1) - dt.timedelta(days=1):%Y-%m}"]
     try:
         assert daemon.refresh("bills")
         assert daemon.refresh("usage")
-        old = daemon.sources
-        reload_in_flight(daemon, "history", daemon.sources.one.history, "refresh", path, document(1))
+        if when == "fetched in flight":
+            reload_in_flight(daemon, "history", daemon.sources.one.history, "refresh", path, document(1))
+        else:
+            assert daemon.refresh("history")
+            sim.inject(Fault("status", path="/api/v1/bills/details", status=503, times=1000))
+            write(path, document(1))
+            asked = dict(sim.requests_served)
+            assert daemon.reload()
+            assert sim.requests_served == asked
         assert daemon.latest.history is not None
-        assert len(daemon.latest.history.months) == 3  # what the fetch in flight published
-        assert "history" in daemon.sources.changed(old)
-        asked = dict(sim.requests_served)
-        assert daemon.refresh("history")  # the run the reload started
-        assert list(daemon.latest.history.months) == [f"{clock.today().replace(day=1) - dt.timedelta(days=1):%Y-%m}"]
-        assert sim.requests_served == asked
+        assert list(daemon.latest.history.months) == kept
     finally:
         daemon.stop()
 
@@ -361,6 +363,16 @@ def test_an_account_taken_out_and_the_one_account_back_leave_nothing_of_before(
         assert daemon.reload()
         assert probes_shown(daemon) == []
         assert health(daemon) == ["bills"]  # (its last success as it was: its age tells)
+
+        assert daemon.refresh("probe:x") is False  # (none configured)
+        write(path, with_probe)
+        assert daemon.reload()
+        assert daemon.refresh("probe:x")
+        write(path, {"accounts": accounts_section(sims), "state": state})
+        assert daemon.reload()
+        write(path, with_probe)  # the same probe back: its runner is another, from nothing
+        assert daemon.reload()
+        assert (probes_shown(daemon), health(daemon)) == ([], ["bills"])
     finally:
         daemon.stop()
 
@@ -414,7 +426,7 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
         ({"forecast": {"interval": 0.5}}, {"bills"}),
         ({"billing": {"previous_month_grace_days": 5}}, {"bills"}),
         ({"billing": {"history_months": 3}}, {"history"}),
-        ({"billing": {"history_months": 1}}, {"history"}),  # (fewer months: the others go at once)
+        ({"billing": {"history_months": 1}}, set()),  # (fewer months: what it holds covers them)
         ({"budgets": [{"name": "month", "amount": "1"}]}, set()),
     ],
     ids=["forecast interval", "grace days", "more history", "less history", "a budget"],

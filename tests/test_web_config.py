@@ -536,11 +536,24 @@ def test_a_reload_that_turns_tls_on_closes_the_plain_connections_kept_alive(
         daemon.stop(grace=5)
 
 
+FIRST_REQUESTS = {
+    "a scrape": b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "one expecting 100-continue": (
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\nConnection: close\r\n\r\n"
+    ),
+    "a bad request line": b"GET /metrics HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+    "a header too long": b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70000 + b"\r\n\r\n",
+    "a request line too long": b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("sent", FIRST_REQUESTS.values(), ids=FIRST_REQUESTS.keys())
 def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_its_first_request(
-    files: Files, sim: Simulator, clock: Clock, tmp_path: Path
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, sent: bytes
 ) -> None:
-    """Accepted in clear, its request sent only after a reload turned TLS on: not answered in clear
-    (the stdlib's handler was already waiting for its request line)."""
+    """Accepted in clear, its request sent only after a reload turned TLS on: nothing is answered in
+    clear, not even the stdlib's own refusals or `100 Continue` (its handler was already waiting for
+    the request line)."""
     daemon, _, _ = daemon_on(sim, clock, tmp_path, files.web_config())
     try:
         early = socket.create_connection(daemon.server.server_address[:2], timeout=10)
@@ -548,9 +561,11 @@ def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_it
             wait_for(lambda: daemon.server.open_connections == 1)  # (accepted: its handler waits for the request)
             files.web_config(tls_server_config=TLS)
             assert daemon.reload()
-            early.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            with contextlib.suppress(ConnectionError):
-                assert early.recv(200) == b""  # closed, unanswered
+            answer = b""
+            with contextlib.suppress(ConnectionError):  # (closed while it sent, maybe)
+                early.sendall(sent)
+                answer = early.recv(200)
+            assert answer == b""  # closed, unanswered
     finally:
         daemon.stop(grace=5)
 

@@ -184,8 +184,9 @@ class Account:
         self.history.months = self.config.billing.history_months
         previous, self._previous = self._previous, None
         whose, self.latest.whose = self.latest.whose, (self.config.billing.access_key_id, self.client.project_id)
-        if previous is None:
-            if whose not in (None, self.latest.whose):  # (the one account back after several, another's)
+        if previous is None:  # (at start, nothing is held; the one account back after several holds its before)
+            self.latest.forget_probes()  # (its runners are new)
+            if whose not in (None, self.latest.whose):  # (another account's)
                 self.latest.forget_figures()
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
@@ -196,6 +197,8 @@ class Account:
                 # the last good ones: an address of the same account's, it may be, a proxy's.)
                 self.latest.history = None
         self.latest.configure(self.refreshers)
+        if self.latest.history is not None:  # (fewer months: those no longer kept go now, the API up or not)
+            self.latest.history = self.latest.history.keeping(self.config.billing.history_months)
         self._reconcile()
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
@@ -258,7 +261,8 @@ class Account:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        self._publish(history=self.history.refresh())
+        # (with the months the config of now keeps: a reload while it ran may have made them fewer)
+        self._publish(history=self.history.refresh().keeping(self._current().config.billing.history_months))
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
@@ -296,13 +300,16 @@ class Account:
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()
-        current = self._current()
-        if current.removed or current.probes.get(runner.probe.name) is not runner:
+
+        def overtaken() -> bool:
+            current = self._current()
+            return current.removed or current.probes.get(runner.probe.name) is not runner
+
+        if not self.latest.publish_probe(snapshot, overtaken):
             # A reload changed, or took out, the probe while it ran (and may have put one back under
             # its name, whose first run found this one's in the way): nothing of it is shown; the
             # probe of now runs again at once, if there is one.
             raise ClientClosed(f"probe {runner.probe.name}: changed by a config reload while it ran")
-        self.latest.publish_probe(snapshot)
         now = self.clock.now().timestamp()
         try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
             self.state.record_probe_run(
@@ -324,10 +331,8 @@ class Account:
             before.billing.previous_month_grace_days,
         ):
             changed.add("bills")  # (the forecast and the month's figures are made as the bills are read)
-        if config.billing.history_months != before.billing.history_months and "history" in self.refreshers:
-            # More months: those it did not hold are fetched now, not at its next look. Fewer: those
-            # no longer held are dropped now (no request), and a fetch in flight does not bring them back.
-            changed.add("history")
+        if config.billing.history_months > before.billing.history_months:
+            changed.add("history")  # (the months it did not hold are fetched now, not at its next look)
         return changed
 
     def close(self, keep: Account | None = None) -> None:

@@ -14,6 +14,7 @@ from exporter.billing.api import (
 )
 from exporter.billing.client import BillingClient, RetryPolicy
 from exporter.billing.errors import (
+    AskedToWait,
     BillingAPIError,
     BillingError,
     BillingUnavailable,
@@ -30,6 +31,7 @@ __all__ = [
     "GROUP_TERM_ITEM",
     "MAX_USAGE_PAGE_SIZE",
     "USAGES_PATH",
+    "AskedToWait",
     "BillRecord",
     "BillingAPI",
     "BillingAPIError",

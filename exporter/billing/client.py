@@ -24,7 +24,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from exporter.billing.api import MAX_USAGE_PAGE_SIZE, BillingAPI, Listings
-from exporter.billing.errors import BillingUnavailable, ClientClosed, SignatureRejected
+from exporter.billing.errors import AskedToWait, BillingUnavailable, ClientClosed, SignatureRejected
 from exporter.billing.records import parse_envelope
 from exporter.billing.signing import BillingSigner
 from exporter.config.schema import BillingConfig
@@ -199,9 +199,7 @@ class BillingClient(Listings):
         while True:
             held = self._not_before.get(api, 0.0) - time.monotonic()
             if held > 0:
-                raise BillingUnavailable(
-                    f"{what}: the API asked not to be asked again for {held:.0f}s more (Retry-After)"
-                )
+                raise AskedToWait(f"{what}: the API asked not to be asked again for {held:.0f}s more (Retry-After)")
             offset = self._clock_offset()
             try:
                 return self._attempt(api, path, params, what)
@@ -224,7 +222,7 @@ class BillingClient(Listings):
                 if self._closed.is_set():
                     raise ClientClosed(f"{what}: the client was closed (config reload)") from None
                 if wait is not None:
-                    raise BillingUnavailable(
+                    raise AskedToWait(
                         f"{what}: {failure}, and asked to wait {wait:.0f}s (Retry-After):"
                         f" not asked again for {held:.0f}s"
                     ) from None

@@ -25,6 +25,11 @@ class BillingUnavailable(BillingError):
     """No usable answer after every retry: timeouts, connection errors, 429 or 5xx."""
 
 
+class AskedToWait(BillingUnavailable):
+    """The API asked not to be asked again for a while (a long Retry-After): the call was not made,
+    or was answered only with that."""
+
+
 class ClientClosed(BillingUnavailable):
     """The client was closed (a config reload replaced it) while a call was under way."""
 

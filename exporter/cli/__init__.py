@@ -256,5 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(command(args))
     except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
-        print(f"inference-cost-exporter: {args.command}: interrupted", file=sys.stderr)
+        command = " ".join(filter(None, (args.command, getattr(args, "format", None))))  # (`export focus`)
+        print(f"inference-cost-exporter: {command}: interrupted", file=sys.stderr)
         return 130

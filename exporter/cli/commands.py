@@ -160,9 +160,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
 
 def _output(command: str, written: str) -> Path | None:
-    """The --output file, or None (said in one line) when it names a directory: `Path` would drop
-    the trailing separator and write a file of the directory's name."""
-    if written.endswith(("/", os.sep)):
+    """The --output file, or None (said in one line) when it names a directory (`dir/`, `dir/.`):
+    `Path` would drop the trailing separator or dot and write a file of the directory's name."""
+    if os.path.basename(written) in ("", ".", ".."):
         print(f"inference-cost-exporter {command}: error: --output {written} names a directory; give a file's name",
               file=sys.stderr)  # fmt: skip
         return None

@@ -57,15 +57,22 @@ def _billing_base(url: str) -> str:
     """The address the API's paths go after: a query or a fragment would end up before them, and a
     user name or password would be shown wherever the address is (in an error, a log line), while
     the billing API takes only its signature. Refused, naming only the part, never its value."""
-    parts = urlsplit(url)
-    for present, what in ((parts.query, "a query"), (parts.fragment, "a fragment")):
-        if present:
-            raise ValueError(f"has {what}: give the base address alone")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(
-            "has a user name or password: give the base address alone (the API takes the access key's signature)"
-        )
+    if parts := _parts_beyond_base(url):
+        raise ValueError(f"has {parts}: give the base address alone (the API takes the access key's signature)")
     return url
+
+
+def _parts_beyond_base(url: str) -> str | None:
+    """What `url` has that a base address must not: a user name or password, a query or a fragment
+    (an empty one too: the paths would go after its `?` or `#`), named without its value."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        return "a user name or password"
+    if "?" in url:
+        return "a query"
+    if "#" in url:
+        return "a fragment"
+    return None
 
 
 class BillingConfig(Strict):
@@ -122,13 +129,9 @@ def _inference_base(url: str) -> str:
     `/v1` on the end, so that is taken off (the trailing `/` is already gone). A query or a fragment
     would end up before the path, and a user name or password would replace the API key with basic
     auth: refused, naming only the part, never its value."""
-    parts = urlsplit(url)
-    for present, what in ((parts.query, "a query"), (parts.fragment, "a fragment")):
-        if present:
-            raise ValueError(f"has {what}: give the base address alone (the API key goes in `api_key`)")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("has a user name or password: give the base address alone (the API key goes in `api_key`)")
-    return url.removesuffix("/v1") if parts.path.endswith("/v1") else url
+    if parts := _parts_beyond_base(url):
+        raise ValueError(f"has {parts}: give the base address alone (the API key goes in `api_key`)")
+    return url.removesuffix("/v1") if urlsplit(url).path.endswith("/v1") else url
 
 
 class InferenceConfig(Strict):

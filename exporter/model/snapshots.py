@@ -9,13 +9,14 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from types import MappingProxyType
 from typing import NamedTuple
 
 import msgspec
 
+from exporter.core.clock import periods_before
 from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast
 from exporter.model.source_names import BILLING_SOURCES, probe_source
 
@@ -131,6 +132,16 @@ class HistorySnapshot:
         """The account's payable amount per day of `period`, or None when it is not held."""
         month = self.months.get(period)
         return None if month is None else per_day(month.by_item)
+
+    def keeping(self, months: int) -> HistorySnapshot:
+        """Itself with only the past months a config of `billing.history_months: months` keeps (a
+        reload may have made them fewer: those it no longer keeps are not judged on)."""
+        if self.as_of is None:
+            return self
+        kept = set(periods_before(f"{self.as_of:%Y-%m}", months))
+        if kept >= self.months.keys():
+            return self
+        return replace(self, months=MappingProxyType({p: m for p, m in self.months.items() if p in kept}))
 
 
 @dataclass(frozen=True)
@@ -312,6 +323,15 @@ class Latest:
             self.settled = MappingProxyType({})
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
 
+    def forget_probes(self) -> None:
+        """The probe runs held are of runners no longer running (the account built afresh, none
+        carried over): none is shown, nor counted fresh, until its probe runs again."""
+        with self._lock:
+            self.probes = MappingProxyType({})
+            self._health = MappingProxyType(
+                {k: v for k, v in self._health.items() if not k.startswith(probe_source(""))}
+            )
+
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources
 
@@ -330,10 +350,15 @@ class Latest:
             entry = SourceHealth(source, success, last_success, duration, "" if success else error)
             self._health = MappingProxyType({**self._health, source: entry})
 
-    def publish_probe(self, snapshot: ProbeSnapshot) -> None:
+    def publish_probe(self, snapshot: ProbeSnapshot, replaced: Callable[[], bool] = lambda: False) -> bool:
+        """Show a probe's run unless `replaced()`, checked under the lock (False then: a reload
+        changed or took out the probe that ran)."""
         with self._lock:
+            if replaced():
+                return False
             if self._has(probe_source(snapshot.probe)):
                 self.probes = MappingProxyType({**self.probes, snapshot.probe: snapshot})
+            return True
 
     def publish(self, replaced: Callable[[], bool], **figures: object) -> bool:
         """Set these figures (`bills`, `usage`, `history`, `settled`, `reconciliation`) unless

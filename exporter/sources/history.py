@@ -33,9 +33,9 @@ import msgspec
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
     GROUP_TERM_ITEM,
+    AskedToWait,
     BillingAPI,
     BillingError,
-    BillingUnavailable,
     ClientClosed,
 )
 from exporter.core.clock import Clock, periods_before
@@ -219,9 +219,9 @@ class HistorySource:
     def refresh(self) -> HistorySnapshot:
         """Fetch the months not fetched today yet, and the current month once a day. A month
         refused on its own is skipped (and tried again an hour later), one listing nothing is not
-        asked for again that day; one the API did not answer (`BillingUnavailable`: down, or
-        asking to wait) is asked again at the next check. When every month tried fails, the
-        refresh fails (with what the state file holds kept)."""
+        asked for again that day; one not asked because the API asked to wait (`AskedToWait`, a
+        Retry-After met while fetching) is asked again at the next check. When every month tried
+        fails, the refresh fails (with what the state file holds kept)."""
         today = self.clock.today()
         current = self.clock.period(today)
         periods = periods_before(current, self.months)
@@ -238,15 +238,15 @@ class HistorySource:
         workers = self.client.concurrency if self.wide() else 1
         outcomes = _attempts([partial(fetch_month, self.client, period, today, workers) for period in due], workers)
         failures = [outcome for outcome in outcomes if isinstance(outcome, BillingError)]
-        # Several months failing together is an outage, and so is a month the API did not answer
-        # (a Retry-After met mid-fetch fails the months after it): each is asked for again at the
-        # next check. A month refused on its own (an error answered, or an answer not as documented)
-        # is held back an hour, the only one due too.
+        # Several months failing together is an outage, and a month the API asked to wait for was
+        # not its own failure (a Retry-After met mid-fetch fails the months after it, unasked): each
+        # is asked for again at the next check. A month failing on its own (refused, not answered as
+        # documented, or failing every retry) is held back an hour, the only one due too.
         outage = len(due) > 1 and len(failures) == len(due)
         for period, month in zip(due, outcomes, strict=True):
             kept = "the copy fetched before" if period in held else "nothing"
             if isinstance(month, BillingError):
-                if not outage and not isinstance(month, BillingUnavailable):
+                if not outage and not isinstance(month, AskedToWait):
                     self._retry_at[period] = time.monotonic() + RETRY_AFTER
                 log.warning("history month skipped", period=period, error=str(month)[:200], kept=kept)
                 continue

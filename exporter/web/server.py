@@ -230,8 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Wait, idle, for the next request's first byte; its header deadline starts there. A connection that the
         TLS settings of now would not have taken (see _still_serves) takes no more requests: its client connects
         again under them."""
-        made_with = self.request.context if isinstance(self.request, ssl.SSLSocket) else None
-        if not _still_serves(made_with, self.server.credentials.tls):
+        if not self._taken_now():
             return False
         if not self.server.connections.enter(self.request, Phase.IDLE):
             return False
@@ -239,9 +238,23 @@ class _Handler(BaseHTTPRequestHandler):
             arrived = bool(self.rfile.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
         except OSError:  # timed out, reset, or a TLS error
             return False
-        if not _still_serves(made_with, self.server.credentials.tls):  # (a reload while it waited: unanswered)
+        if not self._taken_now():  # (a reload while it waited: unanswered)
             return False
         return arrived and self.server.connections.enter(self.request, Phase.HEADERS)
+
+    def _taken_now(self) -> bool:
+        """Whether the TLS settings of now would have taken this connection (see _still_serves): a reload since
+        it was accepted may have turned TLS on or off, or asked for client certificates. What it sends is not
+        answered then, whatever it is; its client connects again under them."""
+        made_with = self.request.context if isinstance(self.request, ssl.SSLSocket) else None
+        return _still_serves(made_with, self.server.credentials.tls)
+
+    def handle_expect_100(self) -> bool:
+        """The stdlib's `100 Continue`, unless the connection is not one the TLS settings of now would take."""
+        if not self._taken_now():
+            self.close_connection = True
+            return False
+        return super().handle_expect_100()
 
     def parse_request(self) -> bool:
         """Reads the headers; from then on the header deadline no longer applies. A connection cut meanwhile saw
@@ -253,8 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.connections.enter(self.request, Phase.BUSY):
             self.close_connection = True
             return False
-        made_with = self.request.context if isinstance(self.request, ssl.SSLSocket) else None
-        if not _still_serves(made_with, self.server.credentials.tls):
+        if not self._taken_now():
             self.close_connection = True
             return False
         if not parsed:
@@ -298,6 +310,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Send a response, gzipped (one member: curl and other libcurl clients stop after the
         first) when the client accepts it and it is worth it; `gzipped`: it is already. `logged`: with the access
         line at debug (a refusal or a crash has its own line instead)."""
+        if not self._taken_now():  # (a refusal of the stdlib's too: nothing is answered on such a connection)
+            self.close_connection = True
+            return
         headers = dict(headers or {})
         if not gzipped and len(body) > 1024 and self._accepts_gzip():
             body, gzipped = gzip.compress(body, compresslevel=GZIP_LEVEL), True
