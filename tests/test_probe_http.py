@@ -507,6 +507,24 @@ def test_an_endless_answer_fails_the_run_at_the_cap_and_is_cut_off(framing: str,
     assert server.sent <= bound
 
 
+@contextmanager
+def each_connection(serve: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A listener on loopback handing each connection to `serve` on a thread of its own; yields
+    its HOST:PORT."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
 def test_connecting_counts_toward_the_whole_request_s_deadline(
     ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -516,7 +534,6 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
     ca.issue_cert("127.0.0.1").configure_cert(context)
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
-    listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
 
     def late(connection: socket.socket) -> None:
@@ -526,20 +543,13 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
             held.append(tls)
             tls.recv(65536)  # the request, never answered
 
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=late, args=(listener.accept()[0],), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
     try:
-        url = f"https://127.0.0.1:{listener.getsockname()[1]}"
-        for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
-            last = runner_for(url, stream=stream, timeout="4s").run().last
-            assert last.reason == reason
-            assert last.duration < 5.0  # (4 s; after the handshake, a whole 4 s more: 6)
+        with each_connection(late) as address:
+            for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
+                last = runner_for(f"https://{address}", stream=stream, timeout="4s").run().last
+                assert last.reason == reason
+                assert last.duration < 5.0  # (4 s; after the handshake, a whole 4 s more: 6)
     finally:
-        listener.close()
         for tls in held:
             tls.close()
 
@@ -547,7 +557,6 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
 def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None:
     """A server that sends its status line, then a header a byte every 0.2 s (each read well within
     its timeout), for up to 20 s: the run ends at its 2 s deadline, not when the server is done."""
-    listener = socket.create_server(("127.0.0.1", 0))
 
     def drip(connection: socket.socket) -> None:
         with contextlib.suppress(OSError), connection:
@@ -557,18 +566,9 @@ def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None
                 time.sleep(0.2)
                 connection.sendall(b"a")
 
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                threading.Thread(target=drip, args=(listener.accept()[0],), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with each_connection(drip) as address:
         for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
             started = time.monotonic()
-            last = runner_for(url, stream=stream, timeout="2s").run().last
+            last = runner_for(f"http://{address}", stream=stream, timeout="2s").run().last
             assert last.reason == reason
             assert time.monotonic() - started < 6.0  # (2 s; the drip lasts 20)
-    finally:
-        listener.close()

@@ -224,13 +224,13 @@ def test_a_probe_run_more_often_keeps_its_counts_and_one_on_another_model_starts
         daemon.stop()
 
 
-def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
-    def document(months: int) -> dict:
-        return {
-            "billing": fake_billing_section(sim, history_months=months),
-            "state": {"path": str(tmp_path / "state.db")},
-        }
+def with_history(sim: Simulator, tmp_path: Path, months: int) -> dict:
+    """A config of `months` of history on `sim`, its state file in `tmp_path`."""
+    return {"billing": fake_billing_section(sim, history_months=months), "state": {"path": str(tmp_path / "state.db")}}
 
+
+def test_history_turned_off_while_it_is_fetched_stays_off(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
+    document = partial(with_history, sim, tmp_path)
     path = tmp_path / "config.yaml"
     daemon = reloadable(sim, clock, path, document(2))
     try:
@@ -249,13 +249,7 @@ def test_fewer_history_months_go_at_the_reload(sim: Simulator, clock: Clock, tmp
     from the reload on: not until the next look 10 minutes later, nor brought back by a fetch in
     flight, nor kept while the API fails; and dropping them asks the API nothing."""
     sim.spend = SpendModel(start=dt.date(2026, 6, 1))
-
-    def document(months: int) -> dict:
-        return {
-            "billing": fake_billing_section(sim, history_months=months),
-            "state": {"path": str(tmp_path / "state.db")},
-        }
-
+    document = partial(with_history, sim, tmp_path)
     path = tmp_path / "config.yaml"
     daemon = reloadable(sim, clock, path, document(3))
     kept = [f"{clock.today().replace(day=1) - dt.timedelta(days=1):%Y-%m}"]
