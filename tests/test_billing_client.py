@@ -18,6 +18,7 @@ from exporter.app.daemon import Daemon
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
     GROUP_TERM_ITEM,
+    AskedToWait,
     BillingAPIError,
     BillingClient,
     BillingUnavailable,
@@ -241,10 +242,10 @@ def test_a_retry_after_longer_than_a_refresh_waits_is_honoured_across_refreshes(
     """Asked to wait ten minutes: the read ends at once (no wait of two minutes then a request ten
     minutes too early), and the listing is not asked again before then; the other one still is."""
     sim.inject(Fault("status", status=429, retry_after=600))
-    with pytest.raises(BillingUnavailable, match=r"HTTP 429 \(rate limited\), and asked to wait 600s"):
+    with pytest.raises(AskedToWait, match=r"HTTP 429 \(rate limited\), and asked to wait 600s"):
         client.bills("2026-11", GROUP_TERM_ITEM)
     served = sim.requests_served["/api/v1/bills/details"]
-    with pytest.raises(BillingUnavailable, match=r"asked not to be asked again for \d+s more") as held:
+    with pytest.raises(AskedToWait, match=r"asked not to be asked again for \d+s more") as held:
         client.bills("2026-11", GROUP_TERM_INSTANCE)
     (left,) = re.findall(r"for (\d+)s more", str(held.value))
     assert 540 <= int(left) <= 600  # (what is left of the ten minutes, however busy the machine)

@@ -500,15 +500,20 @@ def test_once_takes_the_inference_url_with_or_without_v1_and_names_a_wrong_one(
 def test_ctrl_c_names_the_command_it_stopped(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """(As it stops `backfill` over the wire: test_backfill.py.) `export focus` is two words."""
+    """(As it stops `backfill` over the wire: test_backfill.py.) `export focus` is two words;
+    `backtest --format json` is `backtest`."""
     from exporter.cli import commands
 
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "cmd_export_focus", interrupted)
-    result = invoke(monkeypatch, capsys, "export", "focus", "--config", "c.yaml", "--from", "2026-01", "--output", "x")
-    assert (result.returncode, result.stderr) == (130, "inference-cost-exporter: export focus: interrupted\n")
+    for name, args, said in (
+        ("cmd_export_focus", ["export", "focus", "--from", "2026-01", "--output", "x"], "export focus"),
+        ("cmd_backtest", ["backtest", "--from", "2026-01", "--format", "json"], "backtest"),
+    ):
+        monkeypatch.setattr(commands, name, interrupted)
+        result = invoke(monkeypatch, capsys, *args, "--config", "c.yaml")
+        assert (result.returncode, result.stderr) == (130, f"inference-cost-exporter: {said}: interrupted\n")
 
 
 @pytest.mark.parametrize("command", ["check", "once", "run", "rules", "demo", "simulate"])

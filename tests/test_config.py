@@ -234,6 +234,7 @@ def test_a_billing_url_with_a_query_a_fragment_or_a_password_is_refused_without_
         ("https://s3cret-user@billing.example.com", "a user name or password"),
         ("https://billing.example.com/?", "a query"),  # (empty: the paths would still go after it)
         ("https://billing.example.com#", "a fragment"),
+        ("https://billing.example.com/#s3cret?in-fragment", "a fragment"),
     ]:
         details = errors_of({"billing": BILLING | {"url": written}})
         assert len(details) == 1

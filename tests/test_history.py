@@ -357,6 +357,46 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
         daemon.stop()
 
 
+def test_a_reload_that_no_longer_keeps_the_missing_month_says_the_history_is_whole_at_once(
+    modelled: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """August refused, the history said incomplete; a reload to one month (October) keeps it no
+    longer: the history runs again at once, asks nothing, and is whole."""
+
+    class Refusing(FakeBilling):
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+            if period == "2026-08":
+                raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
+            return super().bills(period, group_term, instance_id)
+
+    class Factory(InProcessBilling):
+        def __call__(self, config: BillingConfig) -> FakeBilling:
+            self.built.append(client := Refusing(self.sim))
+            return client
+
+    def document(months: int) -> dict:
+        billing = fake_billing_section(modelled, history_months=months)
+        return {"billing": billing, "state": {"path": str(tmp_path / "state.db")}}
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(document(3)))
+    daemon = unit_daemon(validate(document(3), {}), modelled, clock, config_path=path, billing=Factory(modelled))
+    try:
+        assert not daemon.refresh("history")
+        path.write_text(yaml.safe_dump(document(1)))
+        old = daemon.sources
+        assert daemon.reload()
+        assert "history" in daemon.sources.changed(old)  # run again at once
+        asked = dict(modelled.requests_served)
+        assert daemon.refresh("history")
+        assert modelled.requests_served == asked
+        assert daemon.latest.health["history"].success
+        assert daemon.latest.history is not None
+        assert list(daemon.latest.history.months) == ["2026-10"]
+    finally:
+        daemon.stop()
+
+
 def test_months_held_for_another_project_are_fetched_again_never_learnt_from(
     modelled: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
 ) -> None:

@@ -420,7 +420,7 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
         ({"forecast": {"interval": 0.5}}, {"bills"}),
         ({"billing": {"previous_month_grace_days": 5}}, {"bills"}),
         ({"billing": {"history_months": 3}}, {"history"}),
-        ({"billing": {"history_months": 1}}, set()),  # (fewer months: what it holds covers them)
+        ({"billing": {"history_months": 1}}, {"history"}),  # (fewer months: its health judged on them)
         ({"budgets": [{"name": "month", "amount": "1"}]}, set()),
     ],
     ids=["forecast interval", "grace days", "more history", "less history", "a budget"],

@@ -9,8 +9,10 @@ import http.client
 import logging
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
@@ -567,6 +569,42 @@ def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_it
                 answer = early.recv(200)
             assert answer == b""  # closed, unanswered
     finally:
+        daemon.stop(grace=5)
+
+
+def test_a_request_being_answered_when_tls_is_turned_on_is_answered_then_its_connection_closed(
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape read and let in before the reload gets its answer; the connection takes no more."""
+    from exporter.web import server as module
+
+    daemon, _, _ = daemon_on(sim, clock, tmp_path, files.web_config())
+    entered, gate = threading.Event(), threading.Event()
+    respond = module.respond
+
+    def held(*args: Any) -> Any:
+        entered.set()
+        gate.wait(20)
+        return respond(*args)
+
+    monkeypatch.setattr(module, "respond", held)
+    try:
+        host, port = daemon.server.server_address[:2]
+        kept = http.client.HTTPConnection(str(host), port, timeout=10)
+        try:
+            kept.request("GET", "/metrics")
+            assert entered.wait(10)
+            files.web_config(tls_server_config=TLS)
+            assert daemon.reload()
+            gate.set()
+            answer = kept.getresponse()
+            assert answer.status == 200
+            assert answer.getheader("Connection") == "close"
+            answer.read()
+        finally:
+            kept.close()
+    finally:
+        gate.set()
         daemon.stop(grace=5)
 
 

@@ -197,8 +197,7 @@ class Account:
                 # the last good ones: an address of the same account's, it may be, a proxy's.)
                 self.latest.history = None
         self.latest.configure(self.refreshers)
-        if self.latest.history is not None:  # (fewer months: those no longer kept go now, the API up or not)
-            self.latest.history = self.latest.history.keeping(self.config.billing.history_months)
+        self.latest.keep_history(self.config.billing.history_months)  # (fewer: they go now, the API up or not)
         self._reconcile()
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
@@ -261,8 +260,7 @@ class Account:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        # (with the months the config of now keeps: a reload while it ran may have made them fewer)
-        self._publish(history=self.history.refresh().keeping(self._current().config.billing.history_months))
+        self._publish(history=self.history.refresh())
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 
@@ -331,8 +329,10 @@ class Account:
             before.billing.previous_month_grace_days,
         ):
             changed.add("bills")  # (the forecast and the month's figures are made as the bills are read)
-        if config.billing.history_months > before.billing.history_months:
-            changed.add("history")  # (the months it did not hold are fetched now, not at its next look)
+        if config.billing.history_months != before.billing.history_months and "history" in self.refreshers:
+            # More: the months it did not hold are fetched now, not at its next look. Fewer: its health
+            # is judged now on the months kept (with no request), not still failed for one it dropped.
+            changed.add("history")
         return changed
 
     def close(self, keep: Account | None = None) -> None:

@@ -256,6 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(command(args))
     except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
-        command = " ".join(filter(None, (args.command, getattr(args, "format", None))))  # (`export focus`)
+        command = f"export {args.format}" if args.command == "export" else args.command
         print(f"inference-cost-exporter: {command}: interrupted", file=sys.stderr)
         return 130

@@ -68,11 +68,10 @@ def _parts_beyond_base(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         return "a user name or password"
-    if "?" in url:
+    before_fragment, fragment, _ = url.partition("#")
+    if "?" in before_fragment:
         return "a query"
-    if "#" in url:
-        return "a fragment"
-    return None
+    return "a fragment" if fragment else None
 
 
 class BillingConfig(Strict):

@@ -294,6 +294,8 @@ class Latest:
     """Budgets whose scope matched nothing when last judged, with that scope (`budgets.judge_scopes`)."""
     _sources: frozenset[str] | None = None
     """The sources the config has (`configure`); None: any (until a config says)."""
+    _history_months: int | None = None
+    """The past months the config keeps (`keep_history`); None: any (until a config says)."""
     whose: tuple[str, str | None] | None = None
     """The access key id and project of the account whose figures these are (`Account.activate`):
     a reload back to one account after a config of several builds it afresh on the process's
@@ -364,14 +366,25 @@ class Latest:
         """Set these figures (`bills`, `usage`, `history`, `settled`, `reconciliation`) unless
         `replaced()`, checked under the lock `forget_figures` takes (False then: a refresh that a
         reload to another project overtook publishes nothing after it). The history is not taken
-        once the config has none (what a refresh in flight publishes would come back)."""
+        once the config has none (what a refresh in flight publishes would come back), and only
+        with the months it keeps (`keep_history`)."""
         with self._lock:
             if replaced():
                 return False
             for name, value in figures.items():
+                if name == "history" and isinstance(value, HistorySnapshot) and self._history_months is not None:
+                    value = value.keeping(self._history_months)
                 if name != "history" or self._has("history"):
                     setattr(self, name, value)
             return True
+
+    def keep_history(self, months: int) -> None:
+        """The config keeps `months` past months from now on: those it no longer keeps (a reload may
+        have made them fewer) go now, and a refresh still in flight publishes none of them."""
+        with self._lock:
+            self._history_months = months
+            if self.history is not None:
+                self.history = self.history.keeping(months)
 
     def observe_clock_skew(self, skew: float) -> None:
         self.clock_skew = skew

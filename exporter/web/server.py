@@ -202,6 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
     """The path the request asks for, from its checked target (see parse_request)."""
     answered = False
     """Whether this request's response has begun: after that, a crash can only cut the connection."""
+    taken = False
+    """Whether this request was read under TLS settings that would take its connection (`parse_request`): it is
+    answered then, whatever a reload does meanwhile (the connection closes after it: see _next_request)."""
 
     def setup(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):
@@ -223,7 +226,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._crashed()
 
     def _handle_one(self) -> None:
-        self.answered = False
+        self.answered = self.taken = False
         self.handle_one_request()
 
     def _next_request(self) -> bool:
@@ -269,6 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._taken_now():
             self.close_connection = True
             return False
+        self.taken = True
         if not parsed:
             return False
         path = target_path(self.command, self.path)
@@ -310,9 +314,10 @@ class _Handler(BaseHTTPRequestHandler):
         """Send a response, gzipped (one member: curl and other libcurl clients stop after the
         first) when the client accepts it and it is worth it; `gzipped`: it is already. `logged`: with the access
         line at debug (a refusal or a crash has its own line instead)."""
-        if not self._taken_now():  # (a refusal of the stdlib's too: nothing is answered on such a connection)
-            self.close_connection = True
-            return
+        if not self._taken_now():  # (a reload since the connection was accepted)
+            self.close_connection = True  # its last answer, saying so
+            if not self.taken:  # (the stdlib's refusals, before the request was taken: none)
+                return
         headers = dict(headers or {})
         if not gzipped and len(body) > 1024 and self._accepts_gzip():
             body, gzipped = gzip.compress(body, compresslevel=GZIP_LEVEL), True
