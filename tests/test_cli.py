@@ -427,6 +427,22 @@ def test_no_signal_is_lost_under_load(
             process.communicate()
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`check | head -1`: the reader gone before the output is written, no traceback."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"billing": {"url": "http://127.0.0.1:1", "access_key_id": "a",
+                                                  "secret_access_key": "${TEST_SECRET}"}}))  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "TEST_SECRET": "s"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    process.stdout.close()  # (before anything is written: the write fails, whatever the timing)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "Traceback" not in stderr
+
+
 @pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999"])
 def test_a_bad_listen_address_is_one_line(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer], address: str

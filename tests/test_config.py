@@ -118,7 +118,7 @@ def test_config_is_frozen() -> None:
          "digest.at: '24:00' is not a time of day as HH:MM (00:00 to 23:59)"),
         ({"billing": BILLING, "digest": {"notifiers": ["hook", "chat"]},
           "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": "http://r/h"}]}},
-         "digest.notifiers[1]: unknown notifier 'chat' (known: hook)"),
+         "digest.notifiers[1]: unknown notifier 'chat' (those that take digests: hook)"),
         ({"billing": BILLING, "digest": {"notifiers": ["am"]},
           "alerts": {"notifiers": [{"name": "am", "type": "alertmanager", "urls": ["http://am:9093"]}]}},
          "digest.notifiers[0]: 'am' is an Alertmanager: it takes alerts, not a digest"),

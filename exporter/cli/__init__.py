@@ -255,6 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
     try:
         return int(command(args))
+    except BrokenPipeError:  # the reader went away (`check | head -1`): what is left goes nowhere, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush too)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
         command = f"export {args.format}" if args.command == "export" else args.command
         print(f"inference-cost-exporter: {command}: interrupted", file=sys.stderr)

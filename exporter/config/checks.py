@@ -184,7 +184,9 @@ def _digest_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
     for index, name in enumerate(names):
         if name not in kinds:
             known = ", ".join(sorted(str(k) for k, v in kinds.items() if not isinstance(v, ResendKind))) or "none"
-            problems.append((("digest", "notifiers", index), f"unknown notifier {name!r} (known: {known})"))
+            problems.append(
+                (("digest", "notifiers", index), f"unknown notifier {name!r} (those that take digests: {known})")
+            )
         elif (kind := kinds[name]) is not None and (why := no_digest(kind)):
             problems.append((("digest", "notifiers", index), f"{name!r} {why}"))
     return problems
