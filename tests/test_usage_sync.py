@@ -134,6 +134,33 @@ def test_removed_records_trigger_a_resync_and_a_documented_reset(
     assert snapshot.created == frozen().timestamp() > first.created
 
 
+@pytest.mark.parametrize("page_size", [PAGE, PAGE // 2], ids=["resumed", "read afresh under another page size"])
+def test_a_reset_is_told_across_restarts_and_records_removed_while_down_are_one(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, page_size: int
+) -> None:
+    """The counters' `created` after a reset survives a restart; records removed while the exporter
+    was down are a reset too, when the day resumes and when it is read afresh (its counters would
+    have gone down with `created` still the day's start)."""
+    path = tmp_path / "state.db"
+    sim.add_usage(950)
+    with closing(StateStore(path)) as store:
+        sync = make_sync(FakeBilling(sim, page_size=PAGE), clock, store)
+        sync.refresh()
+        sim.remove_usage([10, 500])
+        frozen.advance(dt.timedelta(minutes=5))
+        reset = sync.refresh().created
+    assert reset == frozen().timestamp()
+    frozen.advance(dt.timedelta(minutes=5))
+    restarted, _ = refresh_restarted(sim, FakeBilling(sim, page_size=PAGE), clock, path)
+    assert restarted.created == reset
+    sim.remove_usage([3])  # while down
+    frozen.advance(dt.timedelta(minutes=5))
+    again, _ = refresh_restarted(sim, FakeBilling(sim, page_size=page_size), clock, path)
+    assert again.created == frozen().timestamp()
+    assert again.records == 947
+    assert as_truth(again) == sim.usage_totals()
+
+
 def test_removing_the_boundary_page_tail_is_caught(
     sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore
 ) -> None:

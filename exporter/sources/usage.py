@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from types import MappingProxyType
 
@@ -40,6 +40,8 @@ __all__ = ["SeenIds", "UsageSync", "estimate"]
 
 log = get_logger(__name__)
 
+NOTHING = (0, 0, 0, 0)
+"""A key's sums (requests, prompt, completion, cached tokens) where nothing was counted."""
 FINALISE_ATTEMPTS = 10
 """Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it."""
 
@@ -132,6 +134,7 @@ class UsageSync(UsageReader):
         """The day's cursor and totals, and with them (in one transaction) what its counters
         `counted` when that changed."""
         keep_from = self.clock.today() - dt.timedelta(days=1)
+        cursor = dataclasses.replace(cursor, created=self._created)  # (when the day's counters started)
         amounts = None
         if counted is not None and counted != self._saved:
             amounts = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
@@ -184,6 +187,8 @@ class UsageSync(UsageReader):
                 log.info("usage sync starts the day afresh: its request ids were not saved", day=day)
                 continue
             self._begin(day, saved[0], aggregate)
+            if day == today and saved[0].created:  # (the counters reset since the day began: when)
+                self._created = saved[0].created
             self.newest_first = saved[0].newest_first
             if day < today and saved[0].finalised:
                 self._previous = (day, self._aggregate, self._created)
@@ -223,11 +228,20 @@ class UsageSync(UsageReader):
                     log.error("usage day could not be finalised; moving on to today",
                               day=self._day, tries=self._finalise_failures)  # fmt: skip
             self._day, self._finalise_failures = None, 0
+        saved_sums: Mapping[UsageKey, Sequence[int]] | None = None
         if self._day is None:
             self._begin(today)
             # Nothing at a rollover; after a restart that reads the day afresh (its settings
-            # changed), what its counters counted, so that they go on from there.
+            # changed), what its counters counted, so that they go on from there, since when, and
+            # the sums they were saved with.
             self._counted = self._saved = self._load_counted(today)
+            saved = self.state.load_usage(today)
+            if saved is not None:
+                self._created = saved[0].created or self._created
+                saved_sums = {UsageKey(e, m, a): (r, p, c, k) for e, m, a, r, p, c, k in saved[1]}
+        # The day's sums before this poll (those saved, for a day read afresh): a removal upstream
+        # shows as one of them going down.
+        summed = self._aggregate.sums if saved_sums is None else saved_sums
 
         try:
             if self._cursor is None or self._cursor.records == 0:
@@ -241,8 +255,8 @@ class UsageSync(UsageReader):
         before = self._counted
         if any(
             new < old
-            for key, sums in self._aggregate.sums.items()
-            for new, old in zip(aggregate.sums.get(key, (0, 0, 0, 0)), sums, strict=True)
+            for key, sums in summed.items()
+            for new, old in zip(aggregate.sums.get(key, NOTHING), sums, strict=True)
         ):
             # Records were removed upstream: the counters reset here, and `created` says when; the
             # estimates start again from the day's tokens at today's prices.

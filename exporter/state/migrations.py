@@ -73,6 +73,10 @@ CREATE TABLE IF NOT EXISTS usage_head (
     newest_first INTEGER NOT NULL,
     page_size INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS usage_created (
+    day TEXT PRIMARY KEY,
+    created REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS usage_totals ({USAGE_SUMS_COLUMNS});
 CREATE TABLE IF NOT EXISTS usage_ids (
     day TEXT PRIMARY KEY,

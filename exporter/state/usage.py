@@ -32,6 +32,9 @@ class UsageCursor:
     page_size: int = 0
     """The page size the cursor's pages were read at (below the configured one when the
     service caps its pages); 0: not saved."""
+    created: float = 0.0
+    """When the day's counters started (the `_created` of their series): its start, unless records
+    removed upstream reset them since; 0: not saved."""
 
 
 def _write_blob(db: sqlite3.Connection, table: str, rowid: int, chunks: Sequence[memoryview]) -> None:
@@ -41,13 +44,15 @@ def _write_blob(db: sqlite3.Connection, table: str, rowid: int, chunks: Sequence
 
 
 class UsageTables(StateFile):
-    """`usage_cursor`, `usage_head`, `usage_totals`, `usage_ids`, `usage_ids_added` and `usage_amounts`."""
+    """`usage_cursor`, `usage_head`, `usage_created`, `usage_totals`, `usage_ids`, `usage_ids_added` and
+    `usage_amounts`."""
 
     def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
         with self.reading() as db:
             row = db.execute(
-                "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first, page_size"
-                " FROM usage_cursor LEFT JOIN usage_head USING (day) WHERE day = ?",
+                "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first, page_size,"
+                " created FROM usage_cursor LEFT JOIN usage_head USING (day) LEFT JOIN usage_created USING (day)"
+                " WHERE day = ?",
                 (day.isoformat(),),
             ).fetchone()
             if row is None:
@@ -57,7 +62,7 @@ class UsageTables(StateFile):
                 (day.isoformat(),),
             ).fetchall()
         return UsageCursor(
-            day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0
+            day, row[0], row[1], row[2], row[3], bool(row[4]), row[5] or "", bool(row[6]), row[7] or 0, row[8] or 0.0
         ), totals
 
     def load_usage_amounts(self, day: dt.date) -> list[tuple[str, str, str, str, int, int, int]]:
@@ -126,6 +131,8 @@ class UsageTables(StateFile):
                 (day, cursor.head_ids, int(cursor.newest_first), cursor.page_size),
             )
             db.execute("DELETE FROM usage_head WHERE day < ?", (keep_from.isoformat(),))
+            db.execute("INSERT OR REPLACE INTO usage_created VALUES (?, ?)", (day, cursor.created))
+            db.execute("DELETE FROM usage_created WHERE day < ?", (keep_from.isoformat(),))
             db.execute("DELETE FROM usage_totals WHERE day = ?", (day,))
             db.executemany("INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *t) for t in totals])
             db.execute("DELETE FROM usage_cursor WHERE day < ?", (keep_from.isoformat(),))
