@@ -318,29 +318,39 @@ def test_a_month_refused_alone_is_held_back_the_hour_even_when_it_is_the_only_on
     assert source.behind == ["2026-08"]  # still missing, though nothing was due
 
 
+class RefusingAugust(FakeBilling):
+    """The fake's answers, August's bills refused (a 403); `asked`: the refused askings."""
+
+    def __init__(self, sim: Simulator) -> None:
+        super().__init__(sim)
+        self.asked: list[str] = []
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        if period == "2026-08":
+            self.asked.append(period)
+            raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
+        return super().bills(period, group_term, instance_id)
+
+
+class RefusingAugustBilling(InProcessBilling):
+    """The daemon's billing factory, its clients `RefusingAugust`."""
+
+    built: list[RefusingAugust]  # type: ignore[assignment]
+
+    def __call__(self, config: BillingConfig) -> RefusingAugust:
+        self.built.append(client := RefusingAugust(self.sim))
+        return client
+
+
 def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
     modelled: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
     """August refused all day: the months fetched are used (the forecast and the anomalies learn
     from them), and the history's freshness says it is incomplete at every check, not only when
     August is asked again."""
-
-    asked: list[str] = []
-
-    class Refusing(FakeBilling):
-        def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
-            if period == "2026-08":
-                asked.append(period)
-                raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
-            return super().bills(period, group_term, instance_id)
-
-    class Factory(InProcessBilling):
-        def __call__(self, config: BillingConfig) -> FakeBilling:
-            self.built.append(client := Refusing(self.sim))
-            return client
-
+    factory = RefusingAugustBilling(modelled)
     document = {"billing": fake_billing_section(modelled), "state": {"path": str(tmp_path / "state.db")}}
-    daemon = unit_daemon(validate(document, {}), modelled, clock, billing=Factory(modelled))
+    daemon = unit_daemon(validate(document, {}), modelled, clock, billing=factory)
     try:
         for _ in range(3):  # the first look, then two more within the hour (August not asked again)
             assert not daemon.refresh("history")
@@ -348,7 +358,7 @@ def test_a_history_with_a_month_missing_is_used_and_its_refresh_fails(
             assert sorted(daemon.latest.history.months) == ["2026-09", "2026-10"]
             assert daemon.latest.health["history"].success is False
             frozen.advance(dt.timedelta(minutes=10))
-        assert asked == ["2026-08"]  # asked once: held back the hour
+        assert [period for client in factory.built for period in client.asked] == ["2026-08"]  # held the hour
         # What `once` and `digest` run: the rest goes on, the history said incomplete.
         daemon.sources.one.refresh_once(("bills", "history", "usage"))
         assert daemon.latest.health["history"].success is False
@@ -363,24 +373,15 @@ def test_a_reload_that_no_longer_keeps_the_missing_month_says_the_history_is_who
     """August refused, the history said incomplete; a reload to one month (October) keeps it no
     longer: the history runs again at once, asks nothing, and is whole."""
 
-    class Refusing(FakeBilling):
-        def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
-            if period == "2026-08":
-                raise BillingAPIError("refused", status=403, code=100403, message="forbidden")
-            return super().bills(period, group_term, instance_id)
-
-    class Factory(InProcessBilling):
-        def __call__(self, config: BillingConfig) -> FakeBilling:
-            self.built.append(client := Refusing(self.sim))
-            return client
-
     def document(months: int) -> dict:
         billing = fake_billing_section(modelled, history_months=months)
         return {"billing": billing, "state": {"path": str(tmp_path / "state.db")}}
 
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(document(3)))
-    daemon = unit_daemon(validate(document(3), {}), modelled, clock, config_path=path, billing=Factory(modelled))
+    daemon = unit_daemon(
+        validate(document(3), {}), modelled, clock, config_path=path, billing=RefusingAugustBilling(modelled)
+    )
     try:
         assert not daemon.refresh("history")
         path.write_text(yaml.safe_dump(document(1)))

@@ -628,11 +628,13 @@ def test_run_names_a_state_directory_it_cannot_create(tmp_path: Path, live: tupl
 
 
 def test_a_file_this_version_wrote_can_still_be_written_by_the_version_before(tmp_path: Path) -> None:
-    """What this version adds to a day's cursor (the list's order, its head, a capped page
-    size) lives in a table of its own: the previous version's seven-value insert still fits."""
+    """What this version adds to a day's cursor (the list's order, its head, a capped page size,
+    when its counters started) lives in tables of their own: the previous version's seven-value
+    insert still fits. A cursor it wrote since is not taken with the `created` saved before (its
+    counters may have reset since): the day's start stands."""
     store = StateStore(tmp_path / "state.db")
     day = dt.date(2026, 11, 22)
-    cursor = UsageCursor(day, "s", 3, "", "", head_ids="00" * 8, newest_first=True, page_size=40)
+    cursor = UsageCursor(day, "s", 3, "", "", head_ids="00" * 8, newest_first=True, page_size=40, created=1000.0)
     store.save_usage(cursor, [], 1.0, day)
     assert store.load_usage(day) == (cursor, [])
     store.close()
@@ -640,6 +642,13 @@ def test_a_file_this_version_wrote_can_still_be_written_by_the_version_before(tm
         db.execute(
             "INSERT OR REPLACE INTO usage_cursor VALUES (?, ?, ?, ?, ?, ?, ?)", ("2026-11-22", "s", 4, "", "", 0, 2.0)
         )
+    reopened = StateStore(tmp_path / "state.db")
+    try:
+        loaded = reopened.load_usage(day)
+        assert loaded is not None
+        assert (loaded[0].records, loaded[0].created) == (4, 0.0)
+    finally:
+        reopened.close()
 
 
 # -- layouts --

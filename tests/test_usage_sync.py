@@ -18,11 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from exporter.billing import GROUP_TERM_INSTANCE, GROUP_TERM_ITEM, BillingAPI, BillingAPIError, BillingClient
+from exporter.billing import (
+    GROUP_TERM_INSTANCE,
+    GROUP_TERM_ITEM,
+    BillingAPI,
+    BillingAPIError,
+    BillingClient,
+    BillingError,
+)
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.model.snapshots import UsageSnapshot, UsageTotals
-from exporter.sim import Simulator
+from exporter.sim import Fault, Simulator
 from exporter.sources.usage import UsageSync
 from exporter.sources.usage_aggregate import id_digest
 from exporter.state import StateStore
@@ -159,6 +166,41 @@ def test_a_reset_is_told_across_restarts_and_records_removed_while_down_are_one(
     assert again.created == frozen().timestamp()
     assert again.records == 947
     assert as_truth(again) == sim.usage_totals()
+
+
+def test_a_removal_while_down_is_a_reset_though_the_first_poll_on_a_day_read_afresh_fails(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """Read afresh after a restart (another page size), records removed while down, and the first
+    poll refused: the next poll, which counts the day, tells the reset all the same."""
+    sim.add_usage(950)
+    make_sync(FakeBilling(sim, page_size=PAGE), clock, store).refresh()
+    sim.remove_usage([3, 400])
+    frozen.advance(dt.timedelta(minutes=5))
+    refusing = FakeBilling(sim, page_size=PAGE // 2)
+    sync = make_sync(refusing, clock, store)
+    sim.inject(Fault("status", path=USAGES, status=403, times=1))
+    with pytest.raises(BillingError):
+        sync.refresh()
+    frozen.advance(dt.timedelta(minutes=1))
+    snapshot = sync.refresh()
+    assert snapshot.records == 948
+    assert snapshot.created == frozen().timestamp()
+
+
+def test_counting_per_api_key_or_not_is_no_reset_when_nothing_was_removed(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """The day read afresh with `per_api_key` toggled, records added meanwhile: its sums by endpoint
+    and model went up only, so `created` stays the day's start (the keys alone differ)."""
+    sim.add_usage(950)
+    first = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=False).refresh()
+    for per_api_key in (True, False):
+        sim.add_usage(10)
+        frozen.advance(dt.timedelta(minutes=5))
+        toggled = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=per_api_key).refresh()
+        assert toggled.records == first.records + (20 if not per_api_key else 10)
+        assert toggled.created == first.created == clock.day_start(clock.today()).timestamp()
 
 
 def test_removing_the_boundary_page_tail_is_caught(

@@ -25,6 +25,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from types import MappingProxyType
+from typing import Any
 
 from exporter.billing import BillingAPI, BillingError
 from exporter.config.schema import PriceConfig
@@ -39,6 +40,17 @@ from exporter.state import StateStore, UsageCursor
 __all__ = ["SeenIds", "UsageSync", "estimate"]
 
 log = get_logger(__name__)
+
+
+def _by_model(sums: Iterable[tuple[UsageKey, Sequence[int]]]) -> dict[tuple[str, str], list[int]]:
+    """A day's sums by (endpoint, model), whatever the API keys."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for key, values in sums:
+        held = found.setdefault((key.endpoint_id, key.model), [0, 0, 0, 0])
+        for at, value in enumerate(values):
+            held[at] += value
+    return found
+
 
 NOTHING = (0, 0, 0, 0)
 """A key's sums (requests, prompt, completion, cached tokens) where nothing was counted."""
@@ -79,6 +91,9 @@ class UsageSync(UsageReader):
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
+        self._saved_sums: dict[tuple[str, str], list[int]] | None = None
+        """For a day read afresh, its sums as saved by (endpoint, model), until a poll is kept
+        (`_removed`)."""
 
     # -- snapshots --
 
@@ -200,6 +215,18 @@ class UsageSync(UsageReader):
             if 0 < saved_size < self.client.page_size:  # the service caps its pages
                 self.client.adopt_cap(saved_size)
 
+    def _removed(self, aggregate: Aggregate) -> bool:
+        """Whether records were removed upstream: a sum of the day went down since the last poll
+        (since the sums saved, for a day read afresh: by endpoint and model, as `per_api_key` may
+        have changed how they are kept)."""
+        before: Mapping[Any, Sequence[int]] = self._aggregate.sums
+        now: Mapping[Any, Sequence[int]] = aggregate.sums
+        if self._saved_sums is not None:
+            before, now = self._saved_sums, _by_model(aggregate.sums.items())
+        return any(
+            new < old for key, sums in before.items() for new, old in zip(now.get(key, NOTHING), sums, strict=True)
+        )
+
     def _begin(self, day: dt.date, cursor: UsageCursor | None = None, aggregate: Aggregate | None = None) -> None:
         """Count `day` on from `cursor` into `aggregate` (without them: from its start, nothing counted yet)."""
         self._day, self._cursor = day, cursor
@@ -228,20 +255,16 @@ class UsageSync(UsageReader):
                     log.error("usage day could not be finalised; moving on to today",
                               day=self._day, tries=self._finalise_failures)  # fmt: skip
             self._day, self._finalise_failures = None, 0
-        saved_sums: Mapping[UsageKey, Sequence[int]] | None = None
         if self._day is None:
             self._begin(today)
             # Nothing at a rollover; after a restart that reads the day afresh (its settings
             # changed), what its counters counted, so that they go on from there, since when, and
-            # the sums they were saved with.
+            # the sums they were saved with (until a poll is kept: see `_removed`).
             self._counted = self._saved = self._load_counted(today)
             saved = self.state.load_usage(today)
             if saved is not None:
                 self._created = saved[0].created or self._created
-                saved_sums = {UsageKey(e, m, a): (r, p, c, k) for e, m, a, r, p, c, k in saved[1]}
-        # The day's sums before this poll (those saved, for a day read afresh): a removal upstream
-        # shows as one of them going down.
-        summed = self._aggregate.sums if saved_sums is None else saved_sums
+                self._saved_sums = _by_model((UsageKey(e, m, a), (r, p, c, k)) for e, m, a, r, p, c, k in saved[1])
 
         try:
             if self._cursor is None or self._cursor.records == 0:
@@ -253,11 +276,7 @@ class UsageSync(UsageReader):
                 log.warning("usage resync", day=today, reason=str(reason))
             aggregate, cursor = self._full(today)
         before = self._counted
-        if any(
-            new < old
-            for key, sums in summed.items()
-            for new, old in zip(aggregate.sums.get(key, NOTHING), sums, strict=True)
-        ):
+        if self._removed(aggregate):
             # Records were removed upstream: the counters reset here, and `created` says when; the
             # estimates start again from the day's tokens at today's prices.
             self._created = self.clock.now().timestamp()
@@ -278,6 +297,7 @@ class UsageSync(UsageReader):
             return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
         self._save(cursor, aggregate, counted)  # first: if the state file refuses it, nothing here has moved
         self._cursor, self._aggregate, self._counted = cursor, aggregate, counted
+        self._saved_sums = None
         self._published = self._snapshot(today, aggregate, self._created, prices, counted)
         self._published_prices = prices
         return self._published

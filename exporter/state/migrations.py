@@ -75,7 +75,8 @@ CREATE TABLE IF NOT EXISTS usage_head (
 );
 CREATE TABLE IF NOT EXISTS usage_created (
     day TEXT PRIMARY KEY,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    updated REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS usage_totals ({USAGE_SUMS_COLUMNS});
 CREATE TABLE IF NOT EXISTS usage_ids (

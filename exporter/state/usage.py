@@ -50,9 +50,11 @@ class UsageTables(StateFile):
     def load_usage(self, day: dt.date) -> tuple[UsageCursor, list[UsageRow]] | None:
         with self.reading() as db:
             row = db.execute(
+                # (`created` as saved with this cursor: one a version without it wrote since is not)
                 "SELECT settings, records, boundary_id, page_fingerprint, finalised, head_ids, newest_first, page_size,"
-                " created FROM usage_cursor LEFT JOIN usage_head USING (day) LEFT JOIN usage_created USING (day)"
-                " WHERE day = ?",
+                " usage_created.created FROM usage_cursor LEFT JOIN usage_head USING (day) LEFT JOIN usage_created"
+                " ON usage_created.day = usage_cursor.day AND usage_created.updated = usage_cursor.updated"
+                " WHERE usage_cursor.day = ?",
                 (day.isoformat(),),
             ).fetchone()
             if row is None:
@@ -131,7 +133,7 @@ class UsageTables(StateFile):
                 (day, cursor.head_ids, int(cursor.newest_first), cursor.page_size),
             )
             db.execute("DELETE FROM usage_head WHERE day < ?", (keep_from.isoformat(),))
-            db.execute("INSERT OR REPLACE INTO usage_created VALUES (?, ?)", (day, cursor.created))
+            db.execute("INSERT OR REPLACE INTO usage_created VALUES (?, ?, ?)", (day, cursor.created, updated))
             db.execute("DELETE FROM usage_created WHERE day < ?", (keep_from.isoformat(),))
             db.execute("DELETE FROM usage_totals WHERE day = ?", (day,))
             db.executemany("INSERT INTO usage_totals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day, *t) for t in totals])
