@@ -32,7 +32,7 @@ from exporter.model.snapshots import UsageSnapshot, UsageTotals
 from exporter.sim import Fault, Simulator
 from exporter.sources.usage import UsageSync
 from exporter.sources.usage_aggregate import id_digest
-from exporter.state import StateStore
+from exporter.state import StateError, StateStore
 from tests.conftest import PAGE
 from tests.fakes import FakeBilling
 
@@ -186,6 +186,96 @@ def test_a_removal_while_down_is_a_reset_though_the_first_poll_on_a_day_read_afr
     snapshot = sync.refresh()
     assert snapshot.records == 948
     assert snapshot.created == frozen().timestamp()
+
+
+def test_a_day_read_afresh_whose_polls_fail_until_midnight_leaves_the_next_day_its_start(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """Read afresh after a restart, its polls failing until after midnight: the new day's counters
+    start at its start, not compared with the day before's sums as if records had gone."""
+    sim.add_usage(950)
+    make_sync(FakeBilling(sim, page_size=PAGE), clock, store).refresh()
+    frozen.set(dt.datetime(2026, 11, 22, 23, 58, tzinfo=frozen().tzinfo))
+    sync = make_sync(FakeBilling(sim, page_size=PAGE // 2), clock, store)
+    sim.inject(Fault("status", path=USAGES, status=403, times=1))
+    with pytest.raises(BillingError):
+        sync.refresh()
+    frozen.set(dt.datetime(2026, 11, 23, 0, 5, tzinfo=frozen().tzinfo))
+    sim.add_usage(20, clock.today())
+    snapshot = sync.refresh()
+    assert (snapshot.day, snapshot.records) == (clock.today(), 20)
+    assert snapshot.created == clock.day_start(clock.today()).timestamp()
+
+
+def test_a_key_s_removal_hidden_by_others_of_its_endpoint_and_model_is_a_reset_on_a_day_read_afresh(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """Per API key, the day read afresh (another page size): one key's record removed while down,
+    records of other keys of its endpoint and model added. That key's counters went down: a reset,
+    as when the day resumes (the sums by endpoint and model, which went up, would hide it)."""
+    sim.add_usage(300)
+    first = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=True).refresh()
+    listed = list(sim.usage_records(clock.today()))
+
+    def hidden(count: int) -> int | None:
+        """A position whose record's endpoint and model, not its key, the next `count` records have,
+        with as many tokens of each kind at least: its removal leaves their sums no lower."""
+        added = [sim.usage_record(clock.today(), index) for index in range(300, 300 + count)]
+        fields = ("promptTokens", "completionTokens", "promptCachedTokens")
+        models: dict[tuple[str, str], list[int]] = {}
+        for a in added:
+            sums = models.setdefault((a["endpoint"], a["model"]), [0, 0, 0])
+            for at, name in enumerate(fields):
+                sums[at] += a[name]
+        keys = {(a["endpoint"], a["model"], a["apikey"]) for a in added}
+        return next(
+            (
+                at
+                for at, r in enumerate(listed)
+                if all(
+                    s >= r[name]
+                    for s, name in zip(models.get((r["endpoint"], r["model"]), [-1] * 3), fields, strict=True)
+                )
+                and (r["endpoint"], r["model"], r["apikey"]) not in keys
+            ),
+            None,
+        )
+
+    count, position = next((n, at) for n in range(1, 20) if (at := hidden(n)) is not None)
+    sim.remove_usage([position])
+    sim.add_usage(count)
+    frozen.advance(dt.timedelta(minutes=5))
+    again = UsageSync(FakeBilling(sim, page_size=PAGE // 2), clock, store, per_api_key=True).refresh()
+    assert again.records == 299 + count
+    assert again.created == frozen().timestamp() > first.created
+
+
+def test_a_reset_the_state_file_refuses_to_keep_moves_nothing(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, frozen: FrozenClock, store: StateStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A poll that finds records removed, whose save is refused, leaves `created` as it was: new prices
+    meanwhile publish the figures as they stood with it; the poll that is kept tells the reset."""
+    sim.add_usage(400)
+    sync = make_sync(fake_pages, clock, store)
+    first = sync.refresh()
+    sim.remove_usage([3, 200])
+    frozen.advance(dt.timedelta(minutes=5))
+    save = store.save_usage
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise StateError("state.db", "disk full")
+
+    monkeypatch.setattr(store, "save_usage", refused)
+    with pytest.raises(StateError):
+        sync.refresh()
+    repriced = sync.reprice([])
+    assert repriced is not None
+    assert (repriced.records, repriced.created) == (first.records, first.created)
+    monkeypatch.setattr(store, "save_usage", save)
+    frozen.advance(dt.timedelta(minutes=5))
+    kept = sync.refresh()
+    assert (kept.records, kept.created) == (398, frozen().timestamp())
 
 
 def test_counting_per_api_key_or_not_is_no_reset_when_nothing_was_removed(

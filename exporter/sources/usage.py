@@ -91,9 +91,10 @@ class UsageSync(UsageReader):
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
-        self._saved_sums: dict[tuple[str, str], list[int]] | None = None
-        """For a day read afresh, its sums as saved by (endpoint, model), until a poll is kept
-        (`_removed`)."""
+        self._saved_sums: Mapping[Any, Sequence[int]] | None = None
+        """For a day read afresh, its sums as saved, until a poll is kept (`_removed`): by key, or by
+        (endpoint, model) when they were saved with another `per_api_key` (`_by_model`)."""
+        self._saved_by_model = False
 
     # -- snapshots --
 
@@ -145,11 +146,17 @@ class UsageSync(UsageReader):
 
     # -- the state store --
 
-    def _save(self, cursor: UsageCursor, aggregate: Aggregate, counted: dict[UsageKey, Counted] | None = None) -> None:
+    def _save(
+        self,
+        cursor: UsageCursor,
+        aggregate: Aggregate,
+        counted: dict[UsageKey, Counted] | None = None,
+        created: float | None = None,
+    ) -> None:
         """The day's cursor and totals, and with them (in one transaction) what its counters
-        `counted` when that changed."""
+        `counted` when that changed, and since when (`created`; unless given, `_created`)."""
         keep_from = self.clock.today() - dt.timedelta(days=1)
-        cursor = dataclasses.replace(cursor, created=self._created)  # (when the day's counters started)
+        cursor = dataclasses.replace(cursor, created=self._created if created is None else created)
         amounts = None
         if counted is not None and counted != self._saved:
             amounts = [(k.endpoint_id, k.model, k.api_key, str(c.amount), *c.covered) for k, c in counted.items()]
@@ -217,12 +224,13 @@ class UsageSync(UsageReader):
 
     def _removed(self, aggregate: Aggregate) -> bool:
         """Whether records were removed upstream: a sum of the day went down since the last poll
-        (since the sums saved, for a day read afresh: by endpoint and model, as `per_api_key` may
-        have changed how they are kept)."""
+        (since the sums saved, for a day read afresh: by endpoint and model when `per_api_key`
+        changed how they are kept)."""
         before: Mapping[Any, Sequence[int]] = self._aggregate.sums
         now: Mapping[Any, Sequence[int]] = aggregate.sums
         if self._saved_sums is not None:
-            before, now = self._saved_sums, _by_model(aggregate.sums.items())
+            before = self._saved_sums
+            now = _by_model(aggregate.sums.items()) if self._saved_by_model else aggregate.sums
         return any(
             new < old for key, sums in before.items() for new, old in zip(now.get(key, NOTHING), sums, strict=True)
         )
@@ -262,9 +270,12 @@ class UsageSync(UsageReader):
             # the sums they were saved with (until a poll is kept: see `_removed`).
             self._counted = self._saved = self._load_counted(today)
             saved = self.state.load_usage(today)
+            self._saved_sums = None  # (at a rollover: nothing saved of the new day)
             if saved is not None:
                 self._created = saved[0].created or self._created
-                self._saved_sums = _by_model((UsageKey(e, m, a), (r, p, c, k)) for e, m, a, r, p, c, k in saved[1])
+                sums = [(UsageKey(e, m, a), (r, p, c, k)) for e, m, a, r, p, c, k in saved[1]]
+                self._saved_by_model = f"per_api_key={self.per_api_key};" not in saved[0].settings
+                self._saved_sums = _by_model(sums) if self._saved_by_model else dict(sums)
 
         try:
             if self._cursor is None or self._cursor.records == 0:
@@ -276,10 +287,11 @@ class UsageSync(UsageReader):
                 log.warning("usage resync", day=today, reason=str(reason))
             aggregate, cursor = self._full(today)
         before = self._counted
+        created = self._created
         if self._removed(aggregate):
             # Records were removed upstream: the counters reset here, and `created` says when; the
             # estimates start again from the day's tokens at today's prices.
-            self._created = self.clock.now().timestamp()
+            created = self.clock.now().timestamp()
             before = {}
         prices = self.prices  # once: a reload may set new ones while this runs
         counted = count(before, aggregate, prices)
@@ -295,8 +307,8 @@ class UsageSync(UsageReader):
             and counted == self._saved
         ):
             return published  # nothing new: nothing rewritten, and the same snapshot renders from cache
-        self._save(cursor, aggregate, counted)  # first: if the state file refuses it, nothing here has moved
-        self._cursor, self._aggregate, self._counted = cursor, aggregate, counted
+        self._save(cursor, aggregate, counted, created)  # first: if the state file refuses it, nothing here has moved
+        self._cursor, self._aggregate, self._counted, self._created = cursor, aggregate, counted, created
         self._saved_sums = None
         self._published = self._snapshot(today, aggregate, self._created, prices, counted)
         self._published_prices = prices
