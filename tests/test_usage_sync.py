@@ -207,6 +207,30 @@ def test_a_day_read_afresh_whose_polls_fail_until_midnight_leaves_the_next_day_i
     assert snapshot.created == clock.day_start(clock.today()).timestamp()
 
 
+def hidden_removal(sim: Simulator, day: dt.date) -> tuple[int, int]:
+    """A listing position, and a number of records the day's next ones bring, such that the removed
+    record's endpoint and model, not its API key, are among them, with as many tokens of each kind
+    at least: the sums by endpoint and model go no lower, that key's do."""
+    listed = list(sim.usage_records(day))  # (all made so far: the next is number len(listed))
+    fields = ("promptTokens", "completionTokens", "promptCachedTokens")
+    for count in range(1, 20):
+        added = [sim.usage_record(day, index) for index in range(len(listed), len(listed) + count)]
+        models: dict[tuple[str, str], list[int]] = {}
+        for a in added:
+            sums = models.setdefault((a["endpoint"], a["model"]), [0, 0, 0])
+            for at, name in enumerate(fields):
+                sums[at] += a[name]
+        keys = {(a["endpoint"], a["model"], a["apikey"]) for a in added}
+        for at, r in enumerate(listed):
+            by_model = models.get((r["endpoint"], r["model"]), [-1] * 3)
+            if (
+                all(s >= r[n] for s, n in zip(by_model, fields, strict=True))
+                and (r["endpoint"], r["model"], r["apikey"]) not in keys
+            ):
+                return at, count
+    raise AssertionError("no removal the sums by endpoint and model hide")
+
+
 def test_a_key_s_removal_hidden_by_others_of_its_endpoint_and_model_is_a_reset_on_a_day_read_afresh(
     sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
 ) -> None:
@@ -215,39 +239,40 @@ def test_a_key_s_removal_hidden_by_others_of_its_endpoint_and_model_is_a_reset_o
     as when the day resumes (the sums by endpoint and model, which went up, would hide it)."""
     sim.add_usage(300)
     first = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=True).refresh()
-    listed = list(sim.usage_records(clock.today()))
-
-    def hidden(count: int) -> int | None:
-        """A position whose record's endpoint and model, not its key, the next `count` records have,
-        with as many tokens of each kind at least: its removal leaves their sums no lower."""
-        added = [sim.usage_record(clock.today(), index) for index in range(300, 300 + count)]
-        fields = ("promptTokens", "completionTokens", "promptCachedTokens")
-        models: dict[tuple[str, str], list[int]] = {}
-        for a in added:
-            sums = models.setdefault((a["endpoint"], a["model"]), [0, 0, 0])
-            for at, name in enumerate(fields):
-                sums[at] += a[name]
-        keys = {(a["endpoint"], a["model"], a["apikey"]) for a in added}
-        return next(
-            (
-                at
-                for at, r in enumerate(listed)
-                if all(
-                    s >= r[name]
-                    for s, name in zip(models.get((r["endpoint"], r["model"]), [-1] * 3), fields, strict=True)
-                )
-                and (r["endpoint"], r["model"], r["apikey"]) not in keys
-            ),
-            None,
-        )
-
-    count, position = next((n, at) for n in range(1, 20) if (at := hidden(n)) is not None)
+    position, count = hidden_removal(sim, clock.today())
     sim.remove_usage([position])
     sim.add_usage(count)
     frozen.advance(dt.timedelta(minutes=5))
     again = UsageSync(FakeBilling(sim, page_size=PAGE // 2), clock, store, per_api_key=True).refresh()
     assert again.records == 299 + count
     assert again.created == frozen().timestamp() > first.created
+
+
+def test_a_key_s_removal_while_not_counted_per_key_is_a_reset_when_it_is_again(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """Per API key, then not (a restart), when one key's record is removed and the sums by endpoint
+    and model hide it; then per key again: that key's series is back lower, with an estimate that
+    went down (its counter's tokens are more than it holds): a reset."""
+    prices = [PriceConfig(model=m, prompt_per_million=Decimal(4), completion_per_million=Decimal(16))
+              for m in ("model-a", "model-b")]  # fmt: skip
+
+    def sync(per_api_key: bool) -> UsageSnapshot:
+        return UsageSync(
+            FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=per_api_key, prices=prices
+        ).refresh()
+
+    sim.add_usage(300)
+    first = sync(True)
+    frozen.advance(dt.timedelta(minutes=5))
+    assert sync(False).created == first.created
+    position, count = hidden_removal(sim, clock.today())
+    sim.remove_usage([position])
+    sim.add_usage(count)
+    frozen.advance(dt.timedelta(minutes=5))
+    assert sync(False).created == first.created  # (its sums by endpoint and model went up)
+    frozen.advance(dt.timedelta(minutes=5))
+    assert sync(True).created == frozen().timestamp()
 
 
 def test_a_reset_the_state_file_refuses_to_keep_moves_nothing(
@@ -276,6 +301,25 @@ def test_a_reset_the_state_file_refuses_to_keep_moves_nothing(
     frozen.advance(dt.timedelta(minutes=5))
     kept = sync.refresh()
     assert (kept.records, kept.created) == (398, frozen().timestamp())
+
+
+def test_another_project_s_day_is_no_reset_and_gives_nothing_of_its_own(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """The day read afresh for another project (`billing.project_id` changed), after the first one's
+    counters reset: its sums and `created` are neither compared with the first project's (a reset
+    then) nor taken from them."""
+    sim.add_usage(300)
+    lab = UsageSync(FakeBilling(sim, page_size=PAGE, project_id="proj-lab"), clock, store, per_api_key=False)
+    lab.refresh()
+    labs = {e.endpoint_id for e in sim.endpoints if e.project_id == "proj-lab"}
+    sim.remove_usage([next(at for at, r in enumerate(sim.usage_records(clock.today())) if r["endpoint"] in labs)])
+    frozen.advance(dt.timedelta(minutes=5))
+    assert lab.refresh().created == frozen().timestamp()  # (its reset)
+    frozen.advance(dt.timedelta(minutes=5))
+    sim.add_usage(10)
+    main = UsageSync(FakeBilling(sim, page_size=PAGE, project_id="proj-main"), clock, store, per_api_key=False)
+    assert main.refresh().created == clock.day_start(clock.today()).timestamp()
 
 
 def test_counting_per_api_key_or_not_is_no_reset_when_nothing_was_removed(

@@ -52,6 +52,11 @@ def _by_model(sums: Iterable[tuple[UsageKey, Sequence[int]]]) -> dict[tuple[str,
     return found
 
 
+def _settings(written: str) -> dict[str, str]:
+    """A cursor's `settings` (`UsageReader.settings`: `name=value;…`) by name."""
+    return dict(part.partition("=")[::2] for part in written.split(";") if part)
+
+
 NOTHING = (0, 0, 0, 0)
 """A key's sums (requests, prompt, completion, cached tokens) where nothing was counted."""
 FINALISE_ATTEMPTS = 10
@@ -231,6 +236,15 @@ class UsageSync(UsageReader):
         if self._saved_sums is not None:
             before = self._saved_sums
             now = _by_model(aggregate.sums.items()) if self._saved_by_model else aggregate.sums
+            if self._saved_by_model and any(
+                # (an API key's series, counted before the toggle and shown again: what its counter
+                # counted tells whether it went down, which the sums by model may hide)
+                new < old
+                for key, counted in self._counted.items()
+                if key.api_key and key in aggregate.sums
+                for new, old in zip(aggregate.sums[key][1:], counted.covered, strict=True)
+            ):
+                return True
         return any(
             new < old for key, sums in before.items() for new, old in zip(now.get(key, NOTHING), sums, strict=True)
         )
@@ -271,10 +285,13 @@ class UsageSync(UsageReader):
             self._counted = self._saved = self._load_counted(today)
             saved = self.state.load_usage(today)
             self._saved_sums = None  # (at a rollover: nothing saved of the new day)
-            if saved is not None:
+            said = _settings(saved[0].settings) if saved is not None else {}
+            if saved is not None and said.get("project_id", "") != self.client.project_id:
+                self._counted = self._saved = {}  # another project's day: nothing of it goes on here
+            elif saved is not None:
                 self._created = saved[0].created or self._created
                 sums = [(UsageKey(e, m, a), (r, p, c, k)) for e, m, a, r, p, c, k in saved[1]]
-                self._saved_by_model = f"per_api_key={self.per_api_key};" not in saved[0].settings
+                self._saved_by_model = said.get("per_api_key") != str(self.per_api_key)
                 self._saved_sums = _by_model(sums) if self._saved_by_model else dict(sums)
 
         try:
