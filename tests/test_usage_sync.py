@@ -303,23 +303,57 @@ def test_a_reset_the_state_file_refuses_to_keep_moves_nothing(
     assert (kept.records, kept.created) == (398, frozen().timestamp())
 
 
-def test_another_project_s_day_is_no_reset_and_gives_nothing_of_its_own(
+def test_another_project_s_day_goes_on_for_the_endpoints_both_count(
     sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
 ) -> None:
-    """The day read afresh for another project (`billing.project_id` changed), after the first one's
-    counters reset: its sums and `created` are neither compared with the first project's (a reset
-    then) nor taken from them."""
+    """`billing.project_id` set (and a price cut) on a day counted for the whole tenant: an endpoint is
+    one project's, so the project's series are the same records and their counters go on (no reset,
+    no estimate lower); the other endpoints' absence is no removal. Back to the whole tenant after
+    one of the project's records was removed: a reset."""
+
+    def priced(per_million: int) -> list[PriceConfig]:
+        price = Decimal(per_million)
+        return [
+            PriceConfig(model=m, prompt_per_million=price, completion_per_million=price) for m in ("model-a", "model-b")
+        ]
+
+    def sync(project: str, per_million: int) -> UsageSnapshot:
+        client = FakeBilling(sim, page_size=PAGE, project_id=project)
+        return UsageSync(client, clock, store, per_api_key=False, prices=priced(per_million)).refresh()
+
     sim.add_usage(300)
-    lab = UsageSync(FakeBilling(sim, page_size=PAGE, project_id="proj-lab"), clock, store, per_api_key=False)
-    lab.refresh()
+    whole = sync("", 8)
+    frozen.advance(dt.timedelta(minutes=5))
+    lab = sync("proj-lab", 1)
+    assert lab.totals
+    assert lab.created == whole.created
+    for key, totals in lab.totals.items():
+        assert totals.estimated_payable == whole.totals[key].estimated_payable  # (no new records: as counted)
     labs = {e.endpoint_id for e in sim.endpoints if e.project_id == "proj-lab"}
     sim.remove_usage([next(at for at, r in enumerate(sim.usage_records(clock.today())) if r["endpoint"] in labs)])
     frozen.advance(dt.timedelta(minutes=5))
-    assert lab.refresh().created == frozen().timestamp()  # (its reset)
+    assert sync("", 1).created == frozen().timestamp()
+
+
+def test_the_series_of_no_api_key_is_the_same_with_per_api_key_or_without(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the records carry no API key. Counted per key from then on, the series of no key (an
+    empty label is none: the same series as without per_api_key) holds those records only: it went
+    down, a reset. Counted without keys again, it holds them all: up, no reset."""
+    from exporter.sim import ledger
+
+    monkeypatch.setattr(ledger, "API_KEYS", ("", "sk-19cc********"))
+    sim.add_usage(300)
+    first = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=False).refresh()
     frozen.advance(dt.timedelta(minutes=5))
-    sim.add_usage(10)
-    main = UsageSync(FakeBilling(sim, page_size=PAGE, project_id="proj-main"), clock, store, per_api_key=False)
-    assert main.refresh().created == clock.day_start(clock.today()).timestamp()
+    keyed = UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=True).refresh()
+    assert any(not key.api_key for key in keyed.totals)
+    assert keyed.created == frozen().timestamp() > first.created
+    frozen.advance(dt.timedelta(minutes=5))
+    assert (
+        UsageSync(FakeBilling(sim, page_size=PAGE), clock, store, per_api_key=False).refresh().created == keyed.created
+    )
 
 
 def test_counting_per_api_key_or_not_is_no_reset_when_nothing_was_removed(

@@ -53,8 +53,21 @@ def _by_model(sums: Iterable[tuple[UsageKey, Sequence[int]]]) -> dict[tuple[str,
 
 
 def _settings(written: str) -> dict[str, str]:
-    """A cursor's `settings` (`UsageReader.settings`: `name=value;…`) by name."""
-    return dict(part.partition("=")[::2] for part in written.split(";") if part)
+    """A cursor's `settings` (`UsageReader.settings`: `name=value;…`) by name; `project_id`, the last
+    of how the sums were counted, whole (it may hold a `;`)."""
+    head, _, project = counted_part(written).partition(";project_id=")
+    return dict(part.partition("=")[::2] for part in head.split(";") if part) | {"project_id": project}
+
+
+def _went_down(before: Mapping[Any, Sequence[int]], now: Mapping[Any, Sequence[int]], *, kept: bool = False) -> bool:
+    """Whether a sum of `before` is lower in `now` (a key not in `now` holds nothing; with `kept`,
+    only the keys still in `now` are looked at)."""
+    return any(
+        new < old
+        for key, sums in before.items()
+        if not kept or key in now
+        for new, old in zip(now.get(key, NOTHING), sums, strict=True)
+    )
 
 
 NOTHING = (0, 0, 0, 0)
@@ -96,10 +109,12 @@ class UsageSync(UsageReader):
         self._previous: tuple[dt.date, Aggregate, float] | None = None
         """The day before, finalised: its day, sums and start (priced anew in every snapshot)."""
         self._finalise_failures = 0
-        self._saved_sums: Mapping[Any, Sequence[int]] | None = None
-        """For a day read afresh, its sums as saved, until a poll is kept (`_removed`): by key, or by
-        (endpoint, model) when they were saved with another `per_api_key` (`_by_model`)."""
+        self._saved_sums: dict[UsageKey, Sequence[int]] | None = None
+        """For a day read afresh, its sums as saved, until a poll is kept (`_removed`)."""
         self._saved_by_model = False
+        """They were saved with another `per_api_key`: compared by (endpoint, model) (`_by_model`)."""
+        self._saved_elsewhere = False
+        """They were saved for another `billing.project_id`: only the keys both have are compared."""
 
     # -- snapshots --
 
@@ -231,22 +246,23 @@ class UsageSync(UsageReader):
         """Whether records were removed upstream: a sum of the day went down since the last poll
         (since the sums saved, for a day read afresh: by endpoint and model when `per_api_key`
         changed how they are kept)."""
-        before: Mapping[Any, Sequence[int]] = self._aggregate.sums
-        now: Mapping[Any, Sequence[int]] = aggregate.sums
-        if self._saved_sums is not None:
-            before = self._saved_sums
-            now = _by_model(aggregate.sums.items()) if self._saved_by_model else aggregate.sums
-            if self._saved_by_model and any(
-                # (an API key's series, counted before the toggle and shown again: what its counter
-                # counted tells whether it went down, which the sums by model may hide)
+        saved, elsewhere = self._saved_sums, self._saved_elsewhere
+        if saved is None:
+            return _went_down(self._aggregate.sums, aggregate.sums)
+        if not self._saved_by_model:
+            return _went_down(saved, aggregate.sums, kept=elsewhere)
+        return (
+            _went_down(_by_model(saved.items()), _by_model(aggregate.sums.items()), kept=elsewhere)
+            # The series of no API key is the same with per_api_key or without (an empty label is none):
+            or _went_down({key: sums for key, sums in saved.items() if not key.api_key}, aggregate.sums, kept=True)
+            # An API key's series counted before the toggle and shown again: what its counter counted
+            # tells whether it went down, which the sums by model may hide.
+            or any(
                 new < old
                 for key, counted in self._counted.items()
                 if key.api_key and key in aggregate.sums
                 for new, old in zip(aggregate.sums[key][1:], counted.covered, strict=True)
-            ):
-                return True
-        return any(
-            new < old for key, sums in before.items() for new, old in zip(now.get(key, NOTHING), sums, strict=True)
+            )
         )
 
     def _begin(self, day: dt.date, cursor: UsageCursor | None = None, aggregate: Aggregate | None = None) -> None:
@@ -285,14 +301,14 @@ class UsageSync(UsageReader):
             self._counted = self._saved = self._load_counted(today)
             saved = self.state.load_usage(today)
             self._saved_sums = None  # (at a rollover: nothing saved of the new day)
-            said = _settings(saved[0].settings) if saved is not None else {}
-            if saved is not None and said.get("project_id", "") != self.client.project_id:
-                self._counted = self._saved = {}  # another project's day: nothing of it goes on here
-            elif saved is not None:
+            if saved is not None:
+                said = _settings(saved[0].settings)
                 self._created = saved[0].created or self._created
-                sums = [(UsageKey(e, m, a), (r, p, c, k)) for e, m, a, r, p, c, k in saved[1]]
+                self._saved_sums = {UsageKey(e, m, a): (r, p, c, k) for e, m, a, r, p, c, k in saved[1]}
                 self._saved_by_model = said.get("per_api_key") != str(self.per_api_key)
-                self._saved_sums = _by_model(sums) if self._saved_by_model else dict(sums)
+                # (another project's: an endpoint is one project's, so a key both have is the same
+                # records, and its counter goes on; what only the other has is no removal)
+                self._saved_elsewhere = said["project_id"] != self.client.project_id
 
         try:
             if self._cursor is None or self._cursor.records == 0:
