@@ -13,6 +13,7 @@ import math
 import sqlite3
 from array import array
 from contextlib import closing
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -333,6 +334,24 @@ def test_another_project_s_day_goes_on_for_the_endpoints_both_count(
     sim.remove_usage([next(at for at, r in enumerate(sim.usage_records(clock.today())) if r["endpoint"] in labs)])
     frozen.advance(dt.timedelta(minutes=5))
     assert sync("", 1).created == frozen().timestamp()
+
+
+def test_a_project_id_with_a_semicolon_is_its_own_when_the_day_is_read_afresh(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """A `project_id` holding `;` (nothing forbids it): the day read afresh under another page size
+    is the project's own, and a record removed meanwhile is a reset."""
+    sim.endpoints = tuple(replace(e, project_id="proj;lab") if e.project_id == "proj-lab" else e for e in sim.endpoints)
+    sim.add_usage(300)
+    first = UsageSync(
+        FakeBilling(sim, page_size=PAGE, project_id="proj;lab"), clock, store, per_api_key=False
+    ).refresh()
+    assert first.records
+    labs = {e.endpoint_id for e in sim.endpoints if e.project_id == "proj;lab"}
+    sim.remove_usage([next(at for at, r in enumerate(sim.usage_records(clock.today())) if r["endpoint"] in labs)])
+    frozen.advance(dt.timedelta(minutes=5))
+    client = FakeBilling(sim, page_size=PAGE // 2, project_id="proj;lab")
+    assert UsageSync(client, clock, store, per_api_key=False).refresh().created == frozen().timestamp()
 
 
 def test_the_series_of_no_api_key_is_the_same_with_per_api_key_or_without(
