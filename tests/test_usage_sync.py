@@ -354,6 +354,51 @@ def test_a_project_id_with_a_semicolon_is_its_own_when_the_day_is_read_afresh(
     assert UsageSync(client, clock, store, per_api_key=False).refresh().created == frozen().timestamp()
 
 
+def test_a_removal_while_another_project_was_counted_is_a_reset_when_the_tenant_is_again(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """Counted for the whole tenant, then for one project (the others' series not shown), when a
+    record of another project is removed; then for the whole tenant again: that series is back
+    lower than its counter counted, a reset (the project's day saved no sums of it)."""
+    price = Decimal(4)
+    prices = [
+        PriceConfig(model=m, prompt_per_million=price, completion_per_million=price) for m in ("model-a", "model-b")
+    ]
+
+    def sync(project: str) -> UsageSnapshot:
+        client = FakeBilling(sim, page_size=PAGE, project_id=project)
+        return UsageSync(client, clock, store, per_api_key=False, prices=prices).refresh()
+
+    sim.add_usage(300)
+    whole = sync("")
+    frozen.advance(dt.timedelta(minutes=5))
+    assert sync("proj-lab").created == whole.created
+    labs = {e.endpoint_id for e in sim.endpoints if e.project_id == "proj-lab"}
+    sim.remove_usage([next(at for at, r in enumerate(sim.usage_records(clock.today())) if r["endpoint"] not in labs)])
+    frozen.advance(dt.timedelta(minutes=5))
+    assert sync("").created == frozen().timestamp()
+
+
+def test_a_project_id_holding_the_ids_mark_is_read_whole(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore
+) -> None:
+    """A `project_id` holding `;ids=` (the settings' mark of how ids are digested): read back whole,
+    the day read afresh is the project's own, and its series gone whole meanwhile is a reset."""
+    sim.endpoints = tuple(
+        replace(e, project_id="lab;ids=1") if e.project_id == "proj-lab" else e for e in sim.endpoints
+    )
+    sim.add_usage(300)
+    lab = FakeBilling(sim, page_size=PAGE, project_id="lab;ids=1")
+    assert UsageSync(lab, clock, store, per_api_key=False).refresh().records
+    labs = {e.endpoint_id for e in sim.endpoints if e.project_id == "lab;ids=1"}
+    listed = list(sim.usage_records(clock.today()))
+    sim.remove_usage([at for at, r in enumerate(listed) if r["endpoint"] in labs])
+    frozen.advance(dt.timedelta(minutes=5))
+    client = FakeBilling(sim, page_size=PAGE // 2, project_id="lab;ids=1")
+    again = UsageSync(client, clock, store, per_api_key=False).refresh()
+    assert (again.records, again.created) == (0, frozen().timestamp())
+
+
 def test_the_series_of_no_api_key_is_the_same_with_per_api_key_or_without(
     sim: Simulator, clock: Clock, frozen: FrozenClock, store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -249,20 +249,20 @@ class UsageSync(UsageReader):
         saved, elsewhere = self._saved_sums, self._saved_elsewhere
         if saved is None:
             return _went_down(self._aggregate.sums, aggregate.sums)
+        # A series counted before and shown again: what its counter counted tells whether it went
+        # down, which the sums saved may not (kept by model, or for another project's endpoints).
+        if any(
+            new < old
+            for key, counted in self._counted.items()
+            if key in aggregate.sums
+            for new, old in zip(aggregate.sums[key][1:], counted.covered, strict=True)
+        ):
+            return True
         if not self._saved_by_model:
             return _went_down(saved, aggregate.sums, kept=elsewhere)
-        return (
-            _went_down(_by_model(saved.items()), _by_model(aggregate.sums.items()), kept=elsewhere)
-            # The series of no API key is the same with per_api_key or without (an empty label is none):
-            or _went_down({key: sums for key, sums in saved.items() if not key.api_key}, aggregate.sums, kept=True)
-            # An API key's series counted before the toggle and shown again: what its counter counted
-            # tells whether it went down, which the sums by model may hide.
-            or any(
-                new < old
-                for key, counted in self._counted.items()
-                if key.api_key and key in aggregate.sums
-                for new, old in zip(aggregate.sums[key][1:], counted.covered, strict=True)
-            )
+        return _went_down(_by_model(saved.items()), _by_model(aggregate.sums.items()), kept=elsewhere) or (
+            # The series of no API key is the same with per_api_key or without (an empty label is none).
+            _went_down({key: sums for key, sums in saved.items() if not key.api_key}, aggregate.sums, kept=True)
         )
 
     def _begin(self, day: dt.date, cursor: UsageCursor | None = None, aggregate: Aggregate | None = None) -> None:

@@ -42,7 +42,7 @@ FULL_READS = 3
 def counted_part(settings: str) -> str:
     """Of a cursor's `settings`, how the sums were counted (`UsageReader.counted_as`), without how
     the ids were digested."""
-    return settings.partition(";ids=")[0]
+    return settings.rpartition(";ids=")[0] if ";ids=" in settings else settings  # (a project_id may hold one)
 
 
 def fingerprint(ids: Iterable[str]) -> str:
