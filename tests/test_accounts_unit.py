@@ -359,6 +359,38 @@ def test_one_account_again_after_several_shows_nothing_of_the_one_before(
         daemon.stop()
 
 
+def test_a_budget_spanning_more_accounts_relabels_its_alert_not_doubles_it(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """A budget of prod, then of prod and staging (its alerts say no account then): the prod alert
+    resolves and the tier fires once, relabelled; not a second alert beside one left firing, with
+    its figures of before, till the month's end."""
+    path = tmp_path / "config.yaml"
+    rule = {"alert": "B", "budget": "b", "tiers": [0.5], "notifiers": ["pager"]}
+
+    def write(where: dict) -> None:
+        path.write_text(
+            yaml.safe_dump(document(sims, tmp_path, [rule], budgets=[{"name": "b", "amount": "1", "where": where}]))
+        )
+
+    write({"account": "prod"})
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        write({"account": ["prod", "staging"]})
+        assert daemon.reload()
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        firing = [a.labels.get("account") for a in daemon.sources.engine.current() if a.state == "firing"]
+        assert firing == [None]
+        said = [(e["status"], [a["labels"].get("account") for a in e["alerts"]]) for e in told(daemon, "pager")]
+        assert said == [("firing", ["prod"]), ("resolved", ["prod"]), ("firing", [None])]
+    finally:
+        daemon.stop()
+
+
 def steady(exposition: bytes) -> bytes:
     """The exposition without the samples of the process's own series (`process_*`, `python_*`), which move by
     themselves between two scrapes."""

@@ -219,6 +219,22 @@ def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reload
     ]
 
 
+def test_a_budget_made_daily_and_monthly_again_fires_its_month_tier_again(world: Reloading) -> None:
+    """Month to day told the month's tier resolved; back to month in the same month, the tier,
+    still crossed, fires again (it had stayed marked as fired: nothing fired till the month's end)."""
+
+    def budgets(period: str) -> list[dict]:
+        return [{"name": "month", "amount": "1", "period": period}]
+
+    for period in ("month", "day", "month"):
+        world.config([BUDGET_RULE], budgets=budgets(period))
+        world.evaluate()
+    assert world.daemon is not None
+    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing", "resolved", "firing"]
+    firing = [a for a in world.daemon.sources.engine.current() if a.state == "firing"]
+    assert [a.period for a in firing] == [f"{world.daemon.clock.today():%Y-%m}"]
+
+
 def test_an_email_owed_to_one_full_mailbox_holds_back_no_reminder(world: Reloading, frozen: FrozenClock) -> None:
     """A notification some recipients took, owed to one that refused it: the notifier's receiver
     is not down, and the reminders go on at `repeat_interval`."""

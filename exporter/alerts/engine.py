@@ -459,9 +459,15 @@ class Engine:
         period, ratio = measured.period, measured.ratio
         firing = [a for a in map(self.alerts.get, self._by_rule.get(rid, ())) if a is not None and a.state == "firing"]
         tiers = {f"{t:g}": Decimal(str(t)) for t in rule.tiers}  # (a label is the tier to 6 digits)
+        named = budget.accounts or ()
+        account = named[0] if len(named) == 1 else None  # (one account's budget: its alerts say which)
         for alert in firing:
-            if alert.period != period:
-                self._resolve(db, alert, now)  # a new period starts clean
+            if alert.period != period or alert.labels.get(signals.ACCOUNT) != account:
+                # A new period starts clean, and so does one a reload made (month and day, and back),
+                # or an alert a reload relabelled (the accounts the budget spans): its tiers were told
+                # resolved, so they fire again as crossed.
+                self._resolve(db, alert, now)
+                self.db.forget_tiers(db, rid, alert.period)
             elif ratio < tiers.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
@@ -491,12 +497,11 @@ class Engine:
             if seen is not None and seen[0] is rule and seen[1] is budget and seen[2] == shown:
                 return  # (made again only when they move: a thousand tiers firing, half an evaluation more)
             self._tier_shown[told.key] = (rule, budget, shown)
-        named = budget.accounts or ()
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
             labels["basis"] = rule.basis
-        if len(named) == 1:
-            labels[signals.ACCOUNT] = named[0]  # one account's budget: its alerts say which
+        if account is not None:
+            labels[signals.ACCOUNT] = account
         crossing = "not this period" if measured.crossing is None else measured.crossing.isoformat()
         chance = "unknown" if measured.chance is None else f"{measured.chance:.0%}"
         fields = {
