@@ -18,7 +18,7 @@ from exporter.app.daemon import Daemon
 from exporter.app.sources import account_state_path
 from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.model.signals import SIGNALS
 from exporter.notifiers.digest import text as digest_text
 from exporter.sim import ITEMS, Fault, Simulator
@@ -26,6 +26,7 @@ from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
     accounts_section,
+    digests_told,
     fake_billing_section,
     metrics,
     readiness,
@@ -387,6 +388,40 @@ def test_a_budget_spanning_more_accounts_relabels_its_alert_not_doubles_it(
         assert firing == [None]
         said = [(e["status"], [a["labels"].get("account") for a in e["alerts"]]) for e in told(daemon, "pager")]
         assert said == [("firing", ["prod"]), ("resolved", ["prod"]), ("firing", [None])]
+    finally:
+        daemon.stop()
+
+
+def test_an_account_a_reload_adds_after_the_digest_time_waits_for_its_bills_before_its_digest(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Added at 14:00, its digest of the day (09:00) still due: made once its bills are read, not at
+    once with nothing read (its wait for them counts from when it was added, as the others' from the
+    start), and not made again."""
+    path = tmp_path / "config.yaml"
+
+    def write(names: tuple[str, ...]) -> None:
+        doc = document({n: sims[n] for n in names}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+        path.write_text(yaml.safe_dump(doc))
+
+    frozen.set(dt.datetime(2026, 11, 22, 8, 0, tzinfo=clock.tz))
+    write(("prod", "staging"))
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert sorted(d["account"] for d in digests_told(daemon)) == ["prod", "staging"]
+        frozen.set(dt.datetime(2026, 11, 22, 14, 0, tzinfo=clock.tz))
+        write(("prod", "staging", "lab"))
+        assert daemon.reload()
+        daemon.alert_cycle()  # (at once after a reload, before the new account's bills)
+        assert [d["account"] for d in digests_told(daemon)].count("lab") == 0
+        assert daemon.refresh("lab/bills")
+        daemon.alert_cycle()
+        (lab,) = [d for d in digests_told(daemon) if d["account"] == "lab"]
+        assert lab["spend"] is not None
     finally:
         daemon.stop()
 

@@ -98,6 +98,9 @@ class DigestQueue:
         self._alerts_lock = alerts_lock
         self._stopping = stopping
         self._error = ""
+        self._appeared: dict[str, dt.datetime] = {}
+        """When each account was first looked at for a digest (a reload may add one): its wait for
+        the day's bills counts from then, as the others' from the start."""
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
@@ -110,6 +113,7 @@ class DigestQueue:
             return False
         queued = False
         firing = FiringByAccount(sources.engine.current)
+        self._appeared = {name: at for name, at in self._appeared.items() if name in sources.accounts}
         for name in list(sources.accounts):  # with several accounts, one digest each
             queued = self._account(sources, dispatcher, url, config, name, sent_on, now, firing) or queued
         return queued
@@ -134,7 +138,8 @@ class DigestQueue:
                 if account is None:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
-                waited_from = max(scheduled, self._started.astimezone(dt.UTC))
+                appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
+                waited_from = max(scheduled, self._started.astimezone(dt.UTC), appeared)
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
