@@ -561,7 +561,7 @@ class Engine:
             notifiers = routed.get(alert.rule)
             if notifiers is None:
                 notifiers = routed[alert.rule] = self.routed(alert.rule)
-            anew = self._routed_anew.get(alert.rule, set())
+            anew = self._routed_anew.get(alert.rule, ())
             for notifier in notifiers:
                 if notifier in anew and self._sent.get((alert.key, notifier)) == now:
                     continue  # (queued its firing in this evaluation already)

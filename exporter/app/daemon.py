@@ -154,7 +154,7 @@ class Daemon:
             account_state=self._account_states.open,
         )  # fmt: skip
         self._alert_worker = threading.Thread(target=self._alert_loop, name="alerts", daemon=True)
-        self._digests = DigestQueue(self.clock, self._started, self._busy, self._alerts_lock, self._stopping)
+        self._digests = DigestQueue(self.clock, self._busy, self._alerts_lock, self._stopping)
 
     def _accounts_view(self) -> list[AccountView] | None:
         """The accounts for the landing page; None for the one account of a config without `accounts`."""

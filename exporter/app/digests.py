@@ -85,7 +85,6 @@ class DigestQueue:
     def __init__(
         self,
         clock: Clock,
-        started: dt.datetime,
         busy: Callable[[], AbstractContextManager[None]],
         alerts_lock: threading.Lock,
         stopping: threading.Event,
@@ -93,14 +92,13 @@ class DigestQueue:
         """`busy`: counts the work in flight (the daemon's stop waits for it); `alerts_lock`: held
         while the notifiers are configured (a reload), so a removed one's queue is not filled again."""
         self.clock = clock
-        self._started = started
         self._busy = busy
         self._alerts_lock = alerts_lock
         self._stopping = stopping
         self._error = ""
         self._appeared: dict[str, dt.datetime] = {}
-        """When each account was first looked at for a digest (a reload may add one): its wait for
-        the day's bills counts from then, as the others' from the start."""
+        """When each account was first looked at for a digest (at the start, or when a reload added
+        it): its wait for the day's bills counts from then."""
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
@@ -139,7 +137,7 @@ class DigestQueue:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
-                waited_from = max(scheduled, self._started.astimezone(dt.UTC), appeared)
+                waited_from = max(scheduled, appeared)
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False

@@ -354,26 +354,28 @@ class Dispatcher:
         alerts, beyond = event["alerts"], event.get("beyond", [])
         states = self.store.alert_states([*(alert["key"] for alert in alerts), *(key for key, _ in beyond)])
         firing = event["status"] == "firing"
-        if firing and self.routed is not None:
-            rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
-            if rules and not any(entry.notifier in self.routed(rule) for rule in rules):
-                # Its rule goes elsewhere now (a reload routed it away): not this notifier's to tell.
-                # The first firing of an episode dropped so was never told: its mark goes, so that
-                # routed back (by a reload or a restart), the notifier is queued the firing anew. (A
-                # reminder's does not: the notifier was told the firing it reminds of.)
-                first = [a["key"] for a in alerts if a["starts_at"] == entry.created]
-                first += [key for key, since in beyond if since == entry.created]
-                if first and not entry.recipients:  # (email recipients took it already: told)
-                    with contextlib.suppress(StateError):  # (kept: the notifier routed back waits for a reminder)
-                        self.store.forget_sent(entry.notifier, first, entry.created)
-                return None
+        # Whether its rule goes elsewhere now (a reload routed it away: a group is one rule's alerts).
+        rules = {found[2] for alert in alerts if (found := states.get(alert["key"])) is not None}
+        routed_away = (
+            self.routed is not None and bool(rules) and not any(entry.notifier in self.routed(r) for r in rules)
+        )
+        if firing and routed_away:
+            # Not this notifier's to tell. The first firing of an episode dropped so was never told:
+            # its mark goes, so that routed back (by a reload or a restart), the notifier is queued
+            # the firing anew. (A reminder's does not: the notifier was told the firing it reminds of.)
+            first = [a["key"] for a in alerts if a["starts_at"] == entry.created]
+            first += [key for key, since in beyond if since == entry.created]
+            if first and not entry.recipients:  # (email recipients took it already: told)
+                with contextlib.suppress(StateError):  # (kept: the notifier routed back waits for a reminder)
+                    self.store.forget_sent(entry.notifier, first, entry.created)
+            return None
 
         def told_still(key: str, starts_at: float | None) -> bool:
-            state, since, rule = states.get(key, ("", None, ""))
+            state, since, _ = states.get(key, ("", None, ""))
             if not firing:
                 # Overtaken by a new firing: dropped, unless a reload routed the rule away from this
                 # notifier since (that firing is not its to hear: the resolve is its last word).
-                return state != "firing" or (self.routed is not None and entry.notifier not in self.routed(rule))
+                return state != "firing" or routed_away
             # (the same episode: one that resolved and fired again since is told by the change queued behind)
             return state == "firing" and (since is None or since == starts_at)
 

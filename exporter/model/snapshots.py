@@ -18,7 +18,7 @@ import msgspec
 
 from exporter.core.clock import periods_before
 from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast
-from exporter.model.source_names import BILLING_SOURCES, probe_source
+from exporter.model.source_names import BILLING_SOURCES, PROBE_PREFIX, probe_source
 
 BillKey = tuple[str, str, str]
 """An endpoint id or a billing item, the product and the project of a bill's rows."""
@@ -330,9 +330,7 @@ class Latest:
         carried over): none is shown, nor counted fresh, until its probe runs again."""
         with self._lock:
             self.probes = MappingProxyType({})
-            self._health = MappingProxyType(
-                {k: v for k, v in self._health.items() if not k.startswith(probe_source(""))}
-            )
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if not k.startswith(PROBE_PREFIX)})
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources

@@ -176,8 +176,9 @@ def fetch(client: BillingAPI, periods: Sequence[str]) -> tuple[dict[str, Month],
         except SignatureRejected as error:
             raise BackfillError(str(error)) from None
         except BillingError as error:
-            log.warning(f"month skipped: {why(error)}", period=period, error=str(error)[:300])
-            skipped.append((period, why(error)))
+            said = why(error)
+            log.warning(f"month skipped: {said}", period=period, error=str(error)[:300])
+            skipped.append((period, said))
             continue
         if not instances and not items:
             log.warning("month skipped: the API listed no bills for it", period=period)

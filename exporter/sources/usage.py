@@ -42,6 +42,10 @@ __all__ = ["SeenIds", "UsageSync", "estimate"]
 log = get_logger(__name__)
 
 
+NOTHING = (0, 0, 0, 0)
+"""A key's sums (requests, prompt, completion, cached tokens) where nothing was counted."""
+
+
 def _by_model(sums: Iterable[tuple[UsageKey, Sequence[int]]]) -> dict[tuple[str, str], list[int]]:
     """A day's sums by (endpoint, model), whatever the API keys."""
     found: dict[tuple[str, str], list[int]] = {}
@@ -70,8 +74,6 @@ def _went_down(before: Mapping[Any, Sequence[int]], now: Mapping[Any, Sequence[i
     )
 
 
-NOTHING = (0, 0, 0, 0)
-"""A key's sums (requests, prompt, completion, cached tokens) where nothing was counted."""
 FINALISE_ATTEMPTS = 10
 """Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it."""
 
@@ -251,12 +253,8 @@ class UsageSync(UsageReader):
             return _went_down(self._aggregate.sums, aggregate.sums)
         # A series counted before and shown again: what its counter counted tells whether it went
         # down, which the sums saved may not (kept by model, or for another project's endpoints).
-        if any(
-            new < old
-            for key, counted in self._counted.items()
-            if key in aggregate.sums
-            for new, old in zip(aggregate.sums[key][1:], counted.covered, strict=True)
-        ):
+        covered = {key: counted.covered for key, counted in self._counted.items()}
+        if _went_down(covered, {key: sums[1:] for key, sums in aggregate.sums.items()}, kept=True):
             return True
         if not self._saved_by_model:
             return _went_down(saved, aggregate.sums, kept=elsewhere)
