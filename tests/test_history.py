@@ -281,7 +281,7 @@ def test_a_month_failing_every_retry_on_its_own_is_held_back_the_hour(
     source = HistorySource(client, clock, store, months=3)  # type: ignore[arg-type]
     assert list(source.refresh().months) == ["2026-08", "2026-10"]
     asked = client.asked
-    source.refresh()  # ten minutes later
+    source.refresh()  # the next check, within the hour
     assert client.asked == asked
     assert source.behind == ["2026-09"]
 

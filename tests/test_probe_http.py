@@ -388,8 +388,8 @@ def test_each_wait_on_the_wire_ends_at_the_deadline_of_the_runs_phase(
         assert last.duration < 5  # not held to the whole request's deadline
     if reason == "timeout_total":
         assert last.time_to_first_token is not None
-        # At 4 s, not a read timeout of the whole 4 s after the token (at 2 s: 6 s): a second either side.
-        assert last.duration < last.time_to_first_token + 3.0
+        # At 4 s, not a read timeout of the whole 4 s after the token (at 2 s: 6 s): half a second short of it.
+        assert last.duration < last.time_to_first_token + 3.5
         assert last.max_chunk_gap is not None
         assert last.max_chunk_gap >= 0.4
 
@@ -548,7 +548,7 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
             for stream, reason in ((False, "timeout_total"), (True, "timeout_first_token")):
                 last = runner_for(f"https://{address}", stream=stream, timeout="4s").run().last
                 assert last.reason == reason
-                assert last.duration < 5.0  # (4 s; after the handshake, a whole 4 s more: 6)
+                assert last.duration < 5.5  # (4 s; after the handshake, a whole 4 s more: 6)
     finally:
         for tls in held:
             tls.close()

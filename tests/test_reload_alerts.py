@@ -412,6 +412,7 @@ def test_a_refresh_in_flight_across_a_reload_to_another_project_publishes_nothin
     finally:
         go.set()
         refreshing.join(10)
+    assert not refreshing.is_alive()  # (the reload did not wait for it)
     latest = daemon.sources.one.latest
     assert latest.bills is None
     assert "bills" not in latest.health

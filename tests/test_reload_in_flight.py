@@ -517,6 +517,7 @@ def test_the_rollover_while_the_scheduled_run_of_the_day_before_still_runs_comes
         rollover = threading.Thread(target=daemon._rollover, args=["usage"])
         rollover.start()
         rollover.join(10)
+        assert not rollover.is_alive()  # (it asked the run in flight to run again: it waited for none)
         held.ran_again(daemon)
     finally:
         held.release.set()
