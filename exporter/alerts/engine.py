@@ -128,8 +128,8 @@ class Engine:
         """Per rule id, the notifiers a reload routed it to that the config before did not
         (`routed_anew`): each is queued what fires at the next evaluation, whatever it was told
         before (a firing queued for it then was dropped when the rule was routed away)."""
-        self._tier_shown: dict[str, tuple[object, object, tuple[object, ...]]] = {}
-        """A told budget tier's figures as last made (its rule, budget and what its annotations show):
+        self._tier_shown: dict[str, tuple[object, ...]] = {}
+        """A told budget tier's figures as last made (what its annotations show; an engine has one config):
         made again only when they move."""
         self._found: dict[str, dict[signals.Labels, _Found]] = {}
         """Per threshold rule id, each group it found true at the last evaluation with data, and
@@ -458,7 +458,8 @@ class Engine:
             return
         period, ratio = measured.period, measured.ratio
         firing = [a for a in map(self.alerts.get, self._by_rule.get(rid, ())) if a is not None and a.state == "firing"]
-        tiers = {f"{t:g}": Decimal(str(t)) for t in rule.tiers}  # (a label is the tier to 6 digits)
+        value = {t: Decimal(str(t)) for t in rule.tiers}
+        labelled = {f"{t:g}": v for t, v in value.items()}  # (a label is the tier to 6 digits)
         named = budget.accounts or ()
         account = named[0] if len(named) == 1 else None  # (one account's budget: its alerts say which)
         for alert in firing:
@@ -468,35 +469,35 @@ class Engine:
                 # resolved, so they fire again as crossed.
                 self._resolve(db, alert, now)
                 self.db.forget_tiers(db, rid, alert.period)
-            elif ratio < tiers.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
+            elif ratio < labelled.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
                 # then the highest tier still crossed fires now (it may not have been told on its
                 # own) and those above the spend fire again as it crosses them anew.
                 self._resolve(db, alert, now)
                 if rule.basis == "actual":
-                    under = [t for t in rule.tiers if tiers[f"{t:g}"] <= ratio]
-                    again = [t for t in rule.tiers if tiers[f"{t:g}"] > ratio] + under[-1:]
+                    under = [t for t in rule.tiers if value[t] <= ratio]
+                    again = [t for t in rule.tiers if value[t] > ratio] + under[-1:]
                     self.db.forget_tiers(db, rid, period, again)
-        crossed = [t for t in rule.tiers if ratio >= Decimal(str(t))]
+        crossed = [t for t in rule.tiers if ratio >= value[t]]
         if not crossed:
             return
         fired = self.db.tiers_fired(rid, period)
         tier = max(crossed)
-        if tier not in fired:
-            for earlier in firing:
-                still = self.alerts.get(earlier.key)
-                if still is not None and still.state == "firing":  # (those the loop above left firing)
-                    self._resolve(db, still, now, inhibited=True)
         if tier in fired:  # told: while it fires, its figures are those of now (a new amount, revised bills)
             told = next((a for a in firing if a.labels["tier"] == f"{tier:g}" and a.period == period), None)
             if told is None or self.alerts[told.key].state != "firing":
                 return
             shown = (fmt(ratio), measured.crossing, measured.chance)
-            seen = self._tier_shown.get(told.key)
-            if seen is not None and seen[0] is rule and seen[1] is budget and seen[2] == shown:
+            if self._tier_shown.get(told.key) == shown:
                 return  # (made again only when they move: a thousand tiers firing, half an evaluation more)
-            self._tier_shown[told.key] = (rule, budget, shown)
+            self._tier_shown[told.key] = shown
+        else:
+            for earlier in firing:
+                still = self.alerts.get(earlier.key)
+                if still is not None and still.state == "firing":  # (those the loop above left firing)
+                    self._resolve(db, still, now, inhibited=True)
+            self.db.mark_tiers(db, rid, period, crossed)
         labels = {"alertname": rule.alert, **rule.labels, "budget": budget.name, "tier": f"{tier:g}"}
         if rule.basis != "actual":  # (an alert on the forecast is not the same alert as one on the spend)
             labels["basis"] = rule.basis
@@ -525,8 +526,6 @@ class Engine:
             )
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         key = alert_key(labels, rid, period)
-        if tier not in fired:
-            self.db.mark_tiers(db, rid, period, crossed)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)
 
     def routed_anew(self, before: Engine) -> None:
