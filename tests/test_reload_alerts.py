@@ -22,7 +22,7 @@ from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock, iso
 from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
-from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, told, unit_daemon
+from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, statuses, told, unit_daemon
 from tests.helpers import Receiver, value
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_reconcile import billed_week
@@ -213,7 +213,7 @@ def test_a_budget_rule_removed_and_added_back_fires_its_tier_again(world: Reload
     world.config([budget], budgets=budgets)
     world.evaluate()
     assert world.daemon is not None
-    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing"]
+    assert statuses(world.daemon, "hook") == ["firing", "resolved", "firing"]
     assert [a.state for a in world.daemon.sources.engine.current() if a.labels["alertname"] == "MonthlyBudget"] == [
         "firing"
     ]
@@ -230,7 +230,7 @@ def test_a_budget_made_daily_and_monthly_again_fires_its_month_tier_again(world:
         world.config([BUDGET_RULE], budgets=budgets(period))
         world.evaluate()
     assert world.daemon is not None
-    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing", "resolved", "firing"]
+    assert statuses(world.daemon, "hook") == ["firing", "resolved", "firing", "resolved", "firing"]
     firing = [a for a in world.daemon.sources.engine.current() if a.state == "firing"]
     assert [a.period for a in firing] == [f"{world.daemon.clock.today():%Y-%m}"]
 
@@ -284,7 +284,7 @@ def test_a_budget_amount_raised_above_the_spend_resolves_its_tier_which_fires_ag
     world.config([BUDGET_RULE], budgets=[{"name": "month", "amount": "1"}])
     world.evaluate()
     assert world.daemon is not None
-    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing", "resolved", "firing"]
+    assert statuses(world.daemon, "hook") == ["firing", "resolved", "firing"]
 
 
 def test_a_firing_budget_tier_tells_the_amount_of_now(world: Reloading) -> None:
@@ -300,7 +300,7 @@ def test_a_firing_budget_tier_tells_the_amount_of_now(world: Reloading) -> None:
     assert state == "firing"
     assert "of 20.00" in after
     assert world.daemon is not None
-    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing"]  # told once
+    assert statuses(world.daemon, "hook") == ["firing"]  # told once
 
 
 def test_a_firing_of_more_alerts_than_it_shows_that_all_resolved_while_it_waited_is_not_delivered(
@@ -438,7 +438,7 @@ def test_a_tier_whose_label_rounds_up_fires_once(world: Reloading) -> None:
     for _ in range(4):
         world.evaluate()
     assert world.daemon is not None
-    assert [e["status"] for e in told(world.daemon, "hook")] == ["firing"]
+    assert statuses(world.daemon, "hook") == ["firing"]
 
 
 def test_falling_back_under_the_top_tier_fires_the_tier_still_crossed(world: Reloading) -> None:
