@@ -426,6 +426,49 @@ def test_an_account_a_reload_adds_after_the_digest_time_waits_for_its_bills_befo
         daemon.stop()
 
 
+def test_a_day_s_digest_is_told_once_when_its_account_moves_under_accounts_and_is_renamed(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """One account, its digest of the day made; then the same billing account under `accounts:` as
+    `prod` beside `staging`, then renamed `production`: the key of its digest gains its name, but
+    the day is told once. `staging`, another billing account, has its own; the next day's go under
+    the names of now."""
+    path = tmp_path / "config.yaml"
+    rest = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+    del rest["accounts"]
+
+    def write(billing: dict | None = None, **accounts: str) -> None:
+        doc = rest | ({"billing": billing} if billing else {})
+        if accounts:  # name → the simulator whose account it is
+            doc["accounts"] = accounts_section({name: sims[sim] for name, sim in accounts.items()}, history_months=0)
+        path.write_text(yaml.safe_dump(doc))
+
+    def ids() -> list[str]:
+        return [d["id"] for d in digests_told(daemon)]
+
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    write(fake_billing_section(sims["prod"], history_months=0))
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert ids() == ["daily:2026-11-22"]
+        for accounts in ({"prod": "prod", "staging": "staging"}, {"production": "prod", "staging": "staging"}):
+            frozen.advance(dt.timedelta(minutes=5))
+            write(**accounts)
+            assert daemon.reload()
+            assert all(refresh_all(daemon))
+            daemon.alert_cycle()
+            assert ids() == ["daily:2026-11-22", "daily:2026-11-22:staging"]
+        frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=clock.tz))
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert ids()[2:] == ["daily:2026-11-23:production", "daily:2026-11-23:staging"]
+    finally:
+        daemon.stop()
+
+
 def steady(exposition: bytes) -> bytes:
     """The exposition without the samples of the process's own series (`process_*`, `python_*`), which move by
     themselves between two scrapes."""

@@ -437,6 +437,35 @@ def test_a_digest_time_moved_earlier_tells_no_day_twice(
     assert told_gaps(second) == []
 
 
+def test_a_schedule_made_weekly_mid_week_does_not_send_the_weekly_digest_the_daily_ones_told(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Daily from Monday the 23rd, weekly from Wednesday: Monday's weekly digest, still due (half a
+    week has not passed) would tell again what the daily ones told since; the next Monday's goes.
+    Back to daily on that Monday, after the weekly went: the next day's daily goes."""
+    doc = document(sim, None, tmp_path, hook(None))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        for _ in range(3):
+            evaluate(daemon)
+            frozen.advance(dt.timedelta(days=1))
+        frozen.set(dt.datetime(2026, 11, 25, 10, 0, tzinfo=clock.tz))
+        for schedule, at in (("weekly", dt.datetime(2026, 11, 30, 9, 0)), ("daily", dt.datetime(2026, 12, 1, 9, 0))):
+            path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"schedule": schedule}}))
+            assert daemon.reload()
+            evaluate(daemon)
+            frozen.set(at.replace(tzinfo=clock.tz))
+            evaluate(daemon)
+    finally:
+        daemon.stop()
+    assert [d["id"] for d in digests_told(daemon)] == [
+        "daily:2026-11-23", "daily:2026-11-24", "daily:2026-11-25", "weekly:2026-11-30", "daily:2026-12-01"
+    ]  # fmt: skip
+
+
 def test_an_smtp_server_that_refuses_gets_the_digest_later_once_with_the_same_message_id(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     start_smtp: Start, mailbox: Mailbox, ca_file: str,
@@ -542,6 +571,59 @@ def test_a_queued_digest_of_a_notifier_a_reload_takes_out_of_digest_notifiers_is
         daemon.stop()
         hook.stop()
         mail.stop()
+
+
+@pytest.mark.integration  # (receivers on loopback)
+@pytest.mark.parametrize(
+    ("mail_stays", "restart"), [(False, False), (True, False), (False, True)],
+    ids=["reload-mail-removed", "reload-mail-an-alert-notifier-still", "restart-mail-removed"],
+)  # fmt: skip
+def test_a_queued_digest_a_reload_takes_from_its_notifier_goes_to_the_one_that_replaced_it_once(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, mail_stays: bool, restart: bool
+) -> None:
+    """`mail` was down when the digest was queued; a reload (or a restart) sends digests to `chat`
+    instead, and removes `mail` or keeps it for alerts: the digest is `chat`'s to deliver, once,
+    with its `id`, and not `mail`'s when it is back. (Beside a notifier that took it, it would go to
+    no new one: test_a_queued_digest_of_a_notifier_a_reload_takes_out_of_digest_notifiers_is_not_delivered.)"""
+    mail, chat = Receiver(), Receiver()
+    mail.refuse = 1
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+
+    def document(alerts_to: list[str], digest_to: list[str]) -> dict:
+        urls = {"mail": mail.url, "chat": chat.url}
+        return {
+            "billing": fake_billing_section(sim, history_months=0),
+            "state": {"path": str(tmp_path / "state.db")},
+            "alerts": {"notifiers": [{"name": n, "type": "webhook", "url": urls[n]} for n in alerts_to]},
+            "digest": {"at": "09:00", "notifiers": digest_to},
+        }
+
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(document(["mail"], ["mail"])))
+    daemon = unit_daemon(validate(document(["mail"], ["mail"]), {}), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        daemon.deliver()
+        assert (mail.attempts, mail.bodies(), chat.bodies()) == (1, [], [])
+        path.write_text(yaml.safe_dump(after := document(["mail", "chat"] if mail_stays else ["chat"], ["chat"])))
+        if restart:
+            daemon.stop()
+            daemon = unit_daemon(validate(after, {}), sim, clock, config_path=path)
+        else:
+            assert daemon.reload()
+        for _ in range(3):
+            frozen.advance(dt.timedelta(minutes=10))
+            daemon.alert_cycle()
+            daemon.deliver()
+        (digest,) = chat.bodies()
+        assert (digest["kind"], digest["id"]) == ("digest", f"daily:{TODAY}")
+        assert mail.bodies() == []
+        assert daemon.dispatcher.discarded["notifier_removed"] == 1
+        assert not any(daemon.dispatcher.pending().values())
+    finally:
+        daemon.stop()
+        mail.stop()
+        chat.stop()
 
 
 def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_path: Path) -> None:

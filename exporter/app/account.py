@@ -5,6 +5,7 @@ composes the accounts with the alert engine, the notifiers and the exposition.""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -238,6 +239,13 @@ class Account:
         while current.successor is not None:
             current = current.successor
         return current
+
+    @property
+    def account_id(self) -> str:
+        """Which billing account and project this is, whatever its name in the config: a digest of
+        its access key id and project (what the state file keeps of them)."""
+        whose = f"{self.config.billing.access_key_id}\n{self.client.project_id}"
+        return hashlib.blake2b(whose.encode(), digest_size=16).hexdigest()
 
     def replaced(self) -> bool:
         """Whether a reload has put an account of another billing project in this one's place, or

@@ -52,6 +52,11 @@ RUN_SOON_INSTANCES = SCHEDULER_THREADS
 it has threads, since all but one return at once."""
 
 
+def digest_notifiers(config: Config) -> tuple[str, ...] | None:
+    """The notifiers the config's digests go to; None without `digest`."""
+    return config.digest.notifiers if config.digest is not None else None
+
+
 def parse_listen(address: str) -> tuple[str, int]:
     """`:9877`, `127.0.0.1:9877` or `[::1]:9877` → (host, port); an empty host means every address."""
     host, sep, port = address.rpartition(":")
@@ -147,8 +152,8 @@ class Daemon:
             lambda notifier: self.sources.engine.current(notifier),
             self._external_url(config),
             routed=lambda rule: self.sources.engine.routed(rule),
-            digests_to=lambda: self.config.digest.notifiers if self.config.digest is not None else None,
-        )
+            digests_to=lambda: digest_notifiers(self.sources.config if hasattr(self, "sources") else config),
+        )  # (asked once before Sources is built: configuring the dispatcher drops what a restart removed)
         self.sources = Sources(
             config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,
             account_state=self._account_states.open,

@@ -136,6 +136,12 @@ class DigestQueue:
                 if account is None:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
+                made = dispatcher.store.digests_made_since(account.account_id, scheduled.timestamp())
+                if name in made or made - sources.accounts.keys():
+                    # Since its time, a digest of this billing account went under another schedule (a
+                    # reload's change: the days this one would tell were told) or under a name it had
+                    # before a reload (moved under `accounts:`, renamed).
+                    return False
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
                 waited_from = max(scheduled, appeared)
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
@@ -153,7 +159,9 @@ class DigestQueue:
                     names = [n for n in config.notifiers if n in current]
                     if not names:  # all of them renamed or removed: the next round makes it for the config of now
                         return False
-                    queued = dispatcher.store.enqueue_digest(key, names, body, now.timestamp(), told=(name, told))
+                    queued = dispatcher.store.enqueue_digest(
+                        key, names, body, now.timestamp(), told=(name, told), account_id=account.account_id
+                    )
             except StateError as error:
                 if self._error != str(error):
                     log.error("digest not queued: the state file refused it (tried again each evaluation)",

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from exporter import __version__
@@ -56,6 +56,7 @@ SMTP 5xx to its sender, recipients or data) is dropped, so one bad message canno
 notifier's queue for ever."""
 
 USER_AGENT = f"inference-cost-exporter/{__version__}"
+T = TypeVar("T")
 
 REMOVED = "its notifier was removed from the config"
 OWED = "the email recipients still owed it refused it for a day"
@@ -173,7 +174,7 @@ class Dispatcher:
         self._workers: dict[str, _Worker] = {}
         self._kinds: dict[str, type] = {}
         self._retired: list[_Worker] = []
-        self._unsaved: dict[str, Callable[[], None]] = {}
+        self._unsaved: dict[str, Callable[[], object]] = {}
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
@@ -206,8 +207,9 @@ class Dispatcher:
     def _drop_orphans(self) -> None:
         """Drop the queues of notifiers no longer configured (a state file that refuses is left as
         it is: nothing is delivered from those queues meanwhile, and the next reload tries again)."""
+        kept = [n.name for n in self.outbox_notifiers]
         try:
-            dropped = self.store.discard([n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), REMOVED)
+            dropped, given = self.store.discard(kept, self.clock.now().timestamp(), REMOVED, self._digests_now())
         except StateError as error:
             log.error("could not drop the queues of removed notifiers", error=str(error))
             return
@@ -216,6 +218,8 @@ class Dispatcher:
                         notifier=name, notifications=count)  # fmt: skip
             with self._counts:
                 self.discarded["notifier_removed"] += count
+        for name, count in sorted(given.items()):
+            log.info("queued digests of removed notifiers handed on", notifier=name, digests=count)
 
     @property
     def outbox_notifiers(self) -> list[NotifierConfig]:
@@ -401,19 +405,25 @@ class Dispatcher:
         or nothing to tell that notifier)."""
         return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
 
-    def _record(self, name: str, write: Callable[[], None]) -> None:
+    def _record(self, name: str, write: Callable[[], T]) -> T:
         """Write a delivery's outcome; if the state file refuses, keep it to write first next time."""
         try:
-            write()
+            written = write()
         except StateError:
             self._unsaved[name] = write
             raise
         self._unsaved.pop(name, None)
+        return written
 
     def _takes_no_digests(self, name: str) -> bool:
         """Whether the config of now routes digests elsewhere than to notifier `name`."""
         wanted = self.digests_to() if self.digests_to is not None else None
         return wanted is not None and name not in wanted
+
+    def _digests_now(self) -> list[str]:
+        """The notifiers with a queue that digests go to now (none when `digests_to` says None)."""
+        wanted = (self.digests_to() if self.digests_to is not None else None) or ()
+        return [name for name in wanted if (n := self._notifiers.get(name)) is not None and outbox(n) is not None]
 
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
@@ -438,12 +448,14 @@ class Dispatcher:
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
                     continue
                 if head.digest is not None and self._takes_no_digests(name):
-                    self._record(
-                        name, partial(self.store.delivered, head.id, now, dropped=NO_DIGESTS, table=head.table)
-                    )
+                    to = self._digests_now()
+                    given = self._record(name, partial(self.store.drop_digest, head.id, now, NO_DIGESTS, to))
                     with self._counts:
                         self.discarded["notifier_removed"] += 1
-                    log.info("queued digest dropped: its notifier takes no digests any more", notifier=name)
+                    log.info("queued digest dropped: its notifier takes no digests any more", notifier=name,
+                             handed_on_to=",".join(given) or "none")  # fmt: skip
+                    if given:
+                        self.poke()
                     continue
                 entry = head if head.digest is not None else self._current(head)
                 if entry is None:

@@ -9,13 +9,16 @@ import datetime as dt
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from exporter.model.events import GroupEvent, read_event
 from exporter.state.file import StateFile
 from exporter.state.migrations import OUTBOXES
+
+DONE_KEPT = 7 * 86400.0
+"""Seconds an outbox's row is kept once delivered or dropped."""
 
 TOLD_KEPT = 62
 """Days before the newest day a digest told that the days told are kept: longer than any digest
@@ -65,6 +68,22 @@ class OutboxEntry:
 
 
 NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
+
+
+def _hand_on(db: sqlite3.Connection, digest: tuple[str, float], to: Collection[str], now: float) -> list[str]:
+    """Queue a digest (its text and when it was first queued) for each notifier of `to` that has
+    had no row of it, unless it was queued before what delivered rows are kept for (DONE_KEPT): who
+    had it is no longer known. Those it was queued for."""
+    text, created = digest
+    if created < now - DONE_KEPT:
+        return []
+    had = {name for (name,) in db.execute("SELECT notifier FROM digest_outbox WHERE event = ?", (text,))}
+    names = [name for name in dict.fromkeys(to) if name not in had]
+    db.executemany(
+        "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
+        [(name, text, now, now) for name in names],
+    )
+    return names
 
 
 class AlertStore:
@@ -148,20 +167,35 @@ class AlertStore:
             rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
+    def digests_made_since(self, account_id: str, at: float) -> set[str]:
+        """The names under which digests of the account `account_id` (`enqueue_digest`) were made
+        at or after `at`."""
+        with self.store.reading() as db:
+            rows = db.execute("SELECT name FROM digest_accounts WHERE account_id = ? AND made >= ?", (account_id, at))
+            return {name for (name,) in rows}
+
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
-        told: tuple[str, Iterable[dt.date]] = ("", ()),
+        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "",
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
-        newest (TOLD_KEPT days)."""
+        newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
+        (`digests_made_since`), kept with that name and the time it was made."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
+            if account_id:
+                db.execute(
+                    "INSERT INTO digest_accounts VALUES (?, ?, ?)"
+                    " ON CONFLICT (account_id, name) DO UPDATE SET made = max(made, excluded.made)",
+                    (account_id, account, now),
+                )
+                db.execute("DELETE FROM digest_accounts WHERE made < ?", (now - 60 * 86400,))
             text = json.dumps({**body, "id": key})
             db.executemany(
                 "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
@@ -206,7 +240,20 @@ class AlertStore:
                 f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
                 (now, dropped, entry_id),
             )
-            db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - 7 * 86400,))  # noqa: S608
+            db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - DONE_KEPT,))  # noqa: S608
+
+    def drop_digest(self, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str]:
+        """Drop a queued digest (`delivered` with `reason`: its notifier takes digests no more) and
+        queue it for each notifier of `to`, those that take digests now, that has not had it (its
+        receivers drop a repeat by its `id` all the same): what a reload took from one goes to those
+        that replaced it. Those it was queued for, in their order."""
+        with self.store.transaction() as db:
+            row = db.execute("SELECT event, created FROM digest_outbox WHERE id = ?", (entry_id,)).fetchone()
+            db.execute(
+                "UPDATE digest_outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
+                (now, reason, entry_id),
+            )
+            return [] if row is None else _hand_on(db, row, to, now)
 
     def failed(
         self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox", recipients: Sequence[str] = ()
@@ -220,23 +267,34 @@ class AlertStore:
                 (next_attempt, error[:500], json.dumps(list(recipients)) if recipients else "", entry_id),
             )
 
-    def discard(self, keep: Iterable[str], now: float, reason: str) -> dict[str, int]:
+    def discard(
+        self, keep: Iterable[str], now: float, reason: str, digests_to: Collection[str] = ()
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
         reload removed, or that is no longer one with a queue), and forget what was sent to them (one
-        added again under the same name is then told what fires, as a new one is); how many were
-        waiting, per notifier."""
+        added again under the same name is then told what fires, as a new one is). A digest dropped
+        so goes to each of `digests_to` (of `keep`) that has not had it (`drop_digest`). How many
+        were waiting, per notifier; and how many digests each of `digests_to` was given."""
         kept = sorted(set(keep))
         marks = ",".join("?" * len(kept))
         dropped: dict[str, int] = {}
+        given: dict[str, int] = {}
+        digests: list[tuple[str, float]] = []
         with self.store.transaction() as db:
             for table in OUTBOXES:
                 where = f"delivered IS NULL AND notifier NOT IN ({marks})"
                 rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
                 for name, count in rows.fetchall():
                     dropped[name] = dropped.get(name, 0) + count
+                if table == "digest_outbox":
+                    by_digest = f"SELECT event, min(created) FROM {table} WHERE {where} GROUP BY event ORDER BY min(id)"  # noqa: S608
+                    digests = db.execute(by_digest, kept).fetchall()
                 db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
+            for digest in digests:
+                for name in _hand_on(db, digest, [n for n in digests_to if n in kept], now):
+                    given[name] = given.get(name, 0) + 1
             db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
-        return dropped
+        return dropped, given
 
     def alert_states(self, keys: Iterable[str]) -> dict[str, tuple[str, float | None, str]]:
         """The current state of each of these alerts that is kept (one resolved long ago is not),

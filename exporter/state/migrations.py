@@ -126,6 +126,12 @@ CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS digest_accounts (
+    account_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    made REAL NOT NULL,
+    PRIMARY KEY (account_id, name)
+);
 CREATE TABLE IF NOT EXISTS digest_told (
     account TEXT NOT NULL,
     day TEXT NOT NULL,
