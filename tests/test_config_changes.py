@@ -77,8 +77,17 @@ def test_only_a_change_to_what_a_rule_watches_or_its_labels_moves_its_id() -> No
     assert ids([WARNING | {"threshold": "7", "for": "5m", "annotations": {"summary": "x"}}]) == [warning]
     assert ids([WARNING | {"by": []}]) != [warning]
     assert ids([WARNING | {"labels": {"severity": "page"}}]) != [warning]
-    # A rule without labels keeps the id every earlier version gave it.
+    # The order of `by` and of a `where` list says nothing of what is watched; a rule written in
+    # their sorted order keeps the id versions before gave it.
     bare = {k: v for k, v in WARNING.items() if k != "labels"}
+    lists = bare | {"by": ["endpoint_id", "project_id"], "where": {"endpoint_id": ["ep-a", "ep-b"]}}
+    (sorted_id,) = ids([lists])
+    assert ids([lists | {"by": ["project_id", "endpoint_id"], "where": {"endpoint_id": ["ep-b", "ep-a"]}}]) == [
+        sorted_id
+    ]
+    assert legacy_ids([lists]) == [sorted_id]
+    assert ids([lists | {"where": {"endpoint_id": ["ep-a", "ep-c"]}}]) != [sorted_id]
+    # A rule without labels keeps the id every earlier version gave it.
     assert ids([bare]) == legacy_ids([bare])
 
 

@@ -6,6 +6,7 @@ the state it is in. On the simulator in process, read from the outbox (tests/dae
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -17,13 +18,16 @@ import pytest
 import yaml
 
 from exporter.alerts import engine
+from exporter.alerts.alert import rekey
 from exporter.app.daemon import Daemon
 from exporter.config.load import load
+from exporter.config.rules import rule_key
 from exporter.core.clock import Clock, FrozenClock, iso
 from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
+from exporter.state import AlertStore, StateStore
 from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, statuses, told, unit_daemon
-from tests.helpers import Receiver, value
+from tests.helpers import Receiver, logged, value
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_reconcile import billed_week
 
@@ -115,6 +119,38 @@ def test_a_rule_changed_in_what_it_watches_tells_the_old_alerts_resolved_before_
     pushed = payload(world.daemon.sources.engine.current(), now, "")
     assert sorted(a["labels"]["endpoint_id"] for a in pushed) == firing
     assert all(a["endsAt"] > iso(now) for a in pushed)
+
+
+def test_reordering_a_rule_s_by_or_where_list_tells_nothing_and_an_upgrade_keeps_alerts_saved_in_their_order(
+    world: Reloading, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Their order says nothing of what the rule watches: its firing alerts stay as they are, told
+    once. A state file of a version whose ids followed the order as written has its alerts moved
+    to the rule's id now at start-up, not resolved and fired again."""
+    caplog.set_level(logging.INFO, logger="exporter")
+    chosen = sorted(e.endpoint_id for e in world.sim.endpoints)
+    rule = RULE | {"by": ["project_id", "endpoint_id"], "where": {"endpoint_id": chosen}}
+    world.config([rule])
+    world.evaluate()
+    firing = endpoints(world)
+    assert firing
+    assert world.told("hook") == [("firing", firing)]
+    assert world.daemon is not None
+    (written,) = world.daemon.config.alerts.rules
+    world.config([rule | {"by": ["endpoint_id", "project_id"], "where": {"endpoint_id": chosen[::-1]}}])
+    world.evaluate()
+    assert (endpoints(world), world.told("hook")) == (firing, [("firing", firing)])
+    assert world.daemon is not None
+    world.daemon.stop()
+    world.daemon = None
+    store = StateStore(world.state)  # as a version before saved them: under the rule's id as written
+    AlertStore(store).adopt_rule_ids({rule_key(written): rule_key(written, as_written=True)}, rekey)
+    store.close()
+    world.config([rule])
+    (moved,) = logged(caplog.records, "saved alerts moved to their rules' new ids")
+    assert moved.fields["alerts"] == len(firing)  # type: ignore[attr-defined]
+    world.evaluate()
+    assert (endpoints(world), world.told("hook")) == (firing, [("firing", firing)])
 
 
 def test_a_notifier_added_by_the_reload_that_resolves_the_alerts_is_told_nothing(world: Reloading) -> None:

@@ -119,7 +119,7 @@ def legacy_rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
     seen: dict[str, int] = {}
     ids = []
     for rule in rules:
-        base = rule_id(rule)
+        base = rule_id(rule, as_written=True)
         seen[base] = seen.get(base, 0) + 1
         ids.append(base if seen[base] == 1 else f"{base}-{seen[base]}")
     return ids
@@ -132,7 +132,7 @@ def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) 
     alerts). Where none can tell (a budget's tiers fired, its alerts long resolved), the rule at the
     old id's position now, as the version that saved them numbered the rules."""
     new = rule_ids(rules)
-    bases = [rule_id(rule) for rule in rules]
+    bases = [rule_id(rule, as_written=True) for rule in rules]
     moves: dict[str, str] = {}
     for old, body in saved:  # (rule id, alert) as saved
         if old in moves:

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from exporter.alerts import anomalies, rules
 from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render
-from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids, written_moves
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.fields import scope_values
@@ -163,11 +163,16 @@ class Engine:
             self._publish()
 
     def adopt_legacy_ids(self) -> None:
-        """Alerts saved by a version whose rule ids depended on the rules' order move to their
-        rule's id now (once per state file), so an upgrade re-pages nothing."""
-        if not self.db.legacy_rule_ids:
-            return
-        moved = self.db.adopt_rule_ids(legacy_moves(self.config.rules, self.db.load_states().values()), rekey)
+        """Alerts saved by a version whose rule ids depended on the rules' order (once per state
+        file), or on the order of a rule's `by` or `where` list (`written_moves`), move to their
+        rule's id now, so an upgrade re-pages nothing."""
+        if self.db.legacy_rule_ids:
+            moves = legacy_moves(self.config.rules, self.db.load_states().values())
+        else:
+            moves = written_moves(self.config.rules, self.db.saved_rules())
+            if not moves:
+                return
+        moved = self.db.adopt_rule_ids(moves, rekey)
         if moved:
             log.info("saved alerts moved to their rules' new ids", alerts=moved)
         self._load()

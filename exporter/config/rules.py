@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -166,27 +167,37 @@ RuleConfig = Annotated[
 anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
 
 
-def rule_id(rule: RuleConfig) -> str:
+def rule_id(rule: RuleConfig, *, as_written: bool = False) -> str:
     """What a rule watches, under its alert name: the same across restarts and reloads while that
-    stays (its threshold, tiers, `for` and annotations may change)."""
+    stays (its threshold, tiers, `for` and annotations may change, and the order of its `by` and of
+    a `where` list). `as_written`: the id versions before gave it, with `by` and the `where` lists
+    in the config's order (read only to move the alerts they saved: `written_moves`)."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
         identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
         if rule.basis != "actual":  # (a rule on the forecast is another rule than one on what was spent)
             identity.append(rule.basis)
-    elif isinstance(rule, AnomalyRule):
-        identity = [rule.alert, rule.signal, "day", list(rule.by), [], None]
+        return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+    by = list(rule.by) if as_written else sorted(rule.by)
+    if isinstance(rule, AnomalyRule):
+        identity = [rule.alert, rule.signal, "day", by, [], None]
     else:
-        identity = [rule.alert, rule.signal, rule.window, list(rule.by), sorted(rule.where.items()), None]
+        where = [(name, _in_order(value, as_written)) for name, value in sorted(rule.where.items())]
+        identity = [rule.alert, rule.signal, rule.window, by, where, None]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
 
 
-def rule_key(rule: RuleConfig) -> str:
+def _in_order(value: str | tuple[str, ...], as_written: bool) -> str | tuple[str, ...] | list[str]:
+    """A `where` value as a rule's id holds it: a list sorted, its repeats once."""
+    return value if as_written or isinstance(value, str) else sorted(set(value))
+
+
+def rule_key(rule: RuleConfig, *, as_written: bool = False) -> str:
     """A rule's identity: `rule_id`, and its labels when it has some. Rules that watch the same
     thing under one alert name (warning and critical tiers) are told apart by their labels, as
     Alertmanager tells their alerts apart, never by their place in the list; so changing a rule's
     labels makes it another rule (its alerts resolve, the new ones fire), and two rules alike in
     that too are refused (`twin_rules`): their alerts could not be told apart."""
-    base = rule_id(rule)
+    base = rule_id(rule, as_written=as_written)
     if not rule.labels:
         return base  # the id every earlier version gave such a rule
     labels = json.dumps([json.dumps(sorted(rule.labels.items()))])  # (the shape ids have had since layout 1)
@@ -197,6 +208,13 @@ def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
     """Each rule's id (`config.rules.rule_key`), whatever its position and whatever rules come before or
     after it."""
     return [rule_key(rule) for rule in rules]
+
+
+def written_moves(rules: Sequence[RuleConfig], saved: AbstractSet[str]) -> dict[str, str]:
+    """The rule ids of `saved` that versions before gave these rules (`rule_id(as_written=True)`:
+    a `by` or `where` list out of order), each with its rule's id now."""
+    moves = {rule_key(rule, as_written=True): rule_key(rule) for rule in rules}
+    return {old: new for old, new in moves.items() if old != new and old in saved}
 
 
 def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:

@@ -100,6 +100,11 @@ class AlertStore:
         with self.store.reading() as db:
             return read_alert_states(db)
 
+    def saved_rules(self) -> set[str]:
+        """The rule ids of the alerts saved."""
+        with self.store.reading() as db:
+            return {rule for (rule,) in db.execute("SELECT DISTINCT rule FROM alert_state")}
+
     def load_sent(self) -> dict[tuple[str, str], float]:
         with self.store.reading() as db:
             rows = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()
