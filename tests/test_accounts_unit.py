@@ -469,6 +469,35 @@ def test_a_day_s_digest_is_told_once_when_its_account_moves_under_accounts_and_i
         daemon.stop()
 
 
+def test_of_two_accounts_configured_alike_the_one_left_still_tells_its_day(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """`a` and `b` have the same key and project: when `a`, whose digest went, is taken out while
+    `b`'s waits for its bills, `b`'s is no rename of `a`'s: it goes."""
+    path = tmp_path / "config.yaml"
+
+    def write(*names: str) -> None:
+        doc = document(dict.fromkeys(names, sims["prod"]), tmp_path, []) | {
+            "digest": {"at": "09:00", "notifiers": ["chat"]}
+        }
+        path.write_text(yaml.safe_dump(doc))
+
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    write("a", "b")
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert daemon.refresh("a/bills")
+        daemon.alert_cycle()
+        write("b")
+        assert daemon.reload()
+        assert daemon.refresh("b/bills")
+        daemon.alert_cycle()
+        assert [d["id"] for d in digests_told(daemon)] == ["daily:2026-11-22:a", "daily:2026-11-22:b"]
+    finally:
+        daemon.stop()
+
+
 def steady(exposition: bytes) -> bytes:
     """The exposition without the samples of the process's own series (`process_*`, `python_*`), which move by
     themselves between two scrapes."""

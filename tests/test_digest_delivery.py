@@ -5,11 +5,13 @@ simulator: through a webhook receiver, Slack's format and a real SMTP server."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -18,8 +20,12 @@ import yaml
 from exporter.app.daemon import Daemon
 from exporter.app.digests import DIGEST_WAIT
 from exporter.config.load import validate
+from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock, FrozenClock
+from exporter.delivery.dispatcher import Dispatcher
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
+from exporter.state import AlertStore, StateError, StateStore
+from exporter.state.alerts import REMOVED
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, digests_told, fake_billing_section, unit_daemon
 from tests.helpers import Receiver, wait_for
@@ -466,6 +472,38 @@ def test_a_schedule_made_weekly_mid_week_does_not_send_the_weekly_digest_the_dai
     ]  # fmt: skip
 
 
+def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """A digest is skipped only for one of its billing account timed since its own: not for one made
+    while the host's clock ran a week ahead (corrected, the days go on), nor for the day before's
+    digest, made after midnight (its hour's wait for the bills), when `digest.at` moves to 00:15."""
+    doc = document(sim, None, tmp_path, hook(None))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 29, 9, 0, tzinfo=clock.tz))  # a week ahead
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        evaluate(daemon)
+        for day in (20, 21):  # corrected
+            frozen.set(dt.datetime(2026, 11, day, 9, 0, tzinfo=clock.tz))
+            evaluate(daemon)
+        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"at": "23:30"}}))
+        assert daemon.reload()
+        frozen.set(dt.datetime(2026, 11, 22, 0, 30, tzinfo=clock.tz))  # the 21st's 23:30 digest, an hour late
+        evaluate(daemon, bills=False)
+        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"at": "00:15"}}))
+        assert daemon.reload()
+        for minutes in (5, 120):
+            frozen.advance(dt.timedelta(minutes=minutes))
+            evaluate(daemon)
+    finally:
+        daemon.stop()
+    assert [d["id"] for d in digests_told(daemon)] == [
+        "daily:2026-11-29", "daily:2026-11-20", "daily:2026-11-21", "daily:2026-11-22"
+    ]  # fmt: skip
+
+
 def test_an_smtp_server_that_refuses_gets_the_digest_later_once_with_the_same_message_id(
     sim: Simulator, server: SimulatorServer, clock: Clock, frozen: FrozenClock, tmp_path: Path,
     start_smtp: Start, mailbox: Mailbox, ca_file: str,
@@ -624,6 +662,74 @@ def test_a_queued_digest_a_reload_takes_from_its_notifier_goes_to_the_one_that_r
         daemon.stop()
         mail.stop()
         chat.stop()
+
+
+def webhooks(*names: str) -> list[NotifierConfig]:
+    doc = {"billing": fake_billing_section(Simulator(seed=1)), "alerts": {"notifiers": [
+        {"name": n, "type": "webhook", "url": f"{NOWHERE}/{n}"} for n in names]}}  # fmt: skip
+    return validate(doc, {}).alerts.notifiers
+
+
+def waiting(store: AlertStore) -> list[tuple[str, str]]:
+    """The digests waiting: (notifier, id)."""
+    with store.store.reading() as db:
+        rows = db.execute("SELECT notifier, event FROM digest_outbox WHERE delivered IS NULL ORDER BY id").fetchall()
+    return [(notifier, json.loads(event)["id"]) for notifier, event in rows]
+
+
+def test_a_digest_handed_on_goes_back_to_a_notifier_renamed_back_and_not_past_a_week_from_its_queueing(
+    clock: Clock,
+) -> None:
+    """`mail` renamed `chat` and back before its receiver took the digest: `mail` has it again (its
+    dropped row is no delivery). A digest handed on from notifier to notifier is handed on for a
+    week from when it was first queued, not a week from each hand-on."""
+    store, now = AlertStore(StateStore(":memory:")), clock.now().timestamp()
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, now)
+    assert store.discard(["chat"], now + 60, REMOVED, ["chat"]) == ({"mail": 1}, {"chat": 1})
+    assert store.discard(["mail"], now + 120, REMOVED, ["mail"]) == ({"chat": 1}, {"mail": 1})
+    assert waiting(store) == [("mail", "daily:2026-11-22")]
+    store.discard(["a"], now + 4 * 86400, REMOVED, ["a"])
+    assert waiting(store) == [("a", "daily:2026-11-22")]
+    store.discard(["b"], now + 8 * 86400, REMOVED, ["b"])
+    assert waiting(store) == []  # queued 8 days ago: not handed on to `b`
+    with store.store.reading() as db:
+        assert {n for (n,) in db.execute("SELECT notifier FROM digest_outbox")} == {"mail", "chat", "a"}
+
+
+def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of_when_it_is_written(
+    clock: Clock,
+) -> None:
+    """Dropped for `chat` while the state file refused to write it, then written after a reload that
+    names `hook` instead: `hook` gets it, not the `chat` that reload removed. Dropped between the
+    reload's new config and its notifiers reaching the dispatcher: it waits for the one named then."""
+    store = AlertStore(StateStore(":memory:"))
+    wanted = ["chat"]
+    dispatcher = Dispatcher(webhooks("mail", "chat", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
+    refuse = [True]
+    drop = store.drop_digest
+
+    def refusing(*args: Any) -> list[str]:
+        if refuse and refuse.pop():
+            raise StateError("state.db", "disk full")
+        return drop(*args)
+
+    store.drop_digest = refusing  # type: ignore[method-assign]
+    with pytest.raises(StateError):
+        dispatcher.deliver()
+    wanted = ["hook"]
+    dispatcher.configure(webhooks("mail", "hook"), "")
+    dispatcher.deliver()  # (nothing listens: it stays queued)
+    assert waiting(store) == [("hook", "daily:2026-11-22")]
+
+    store = AlertStore(StateStore(":memory:"))
+    wanted = ["mail"]
+    dispatcher = Dispatcher(webhooks("mail"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
+    wanted = ["chat"]  # (a reload swaps the config, then configures the dispatcher)
+    dispatcher.deliver()
+    dispatcher.configure(webhooks("mail", "chat"), "")
+    assert waiting(store) == [("chat", "daily:2026-11-22")]
 
 
 def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import datetime as dt
 import hashlib
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
+from functools import cached_property, partial
 
 from prometheus_client.registry import Collector
 
@@ -240,7 +240,7 @@ class Account:
             current = current.successor
         return current
 
-    @property
+    @cached_property
     def account_id(self) -> str:
         """Which billing account and project this is, whatever its name in the config: a digest of
         its access key id and project (what the state file keeps of them)."""

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 from operator import itemgetter
 
 from exporter.alerts.alert import Alert
+from exporter.app.account import Account
 from exporter.app.sources import Sources
 from exporter.config.schema import ACCOUNT, Config, DigestConfig
 from exporter.core.clock import Clock
@@ -49,6 +50,11 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     if not todays_bills(latest, clock):
         return False
     return config.billing.history_months == 0 or todays_history(latest, clock)
+
+
+def _alone(sources: Sources, account: Account) -> bool:
+    """No other account configured is of the same billing account and project as `account`."""
+    return sum(other.account_id == account.account_id for other in sources.accounts.values()) == 1
 
 
 class FiringByAccount:
@@ -136,11 +142,12 @@ class DigestQueue:
                 if account is None:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
-                made = dispatcher.store.digests_made_since(account.account_id, scheduled.timestamp())
-                if name in made or made - sources.accounts.keys():
-                    # Since its time, a digest of this billing account went under another schedule (a
-                    # reload's change: the days this one would tell were told) or under a name it had
-                    # before a reload (moved under `accounts:`, renamed).
+                made = dispatcher.store.digests_made_since(account.account_id, scheduled.timestamp(), now.timestamp())
+                if name in made or (made - sources.accounts.keys() and _alone(sources, account)):
+                    # A digest of this billing account timed since went under another schedule (a
+                    # reload's change: the days this one would tell were told), or under a name it
+                    # had before a reload (moved under `accounts:`, renamed). Accounts configured
+                    # alike (the same key and project) keep no such mark: either could be the other.
                     return False
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
                 waited_from = max(scheduled, appeared)
@@ -160,8 +167,9 @@ class DigestQueue:
                     if not names:  # all of them renamed or removed: the next round makes it for the config of now
                         return False
                     queued = dispatcher.store.enqueue_digest(
-                        key, names, body, now.timestamp(), told=(name, told), account_id=account.account_id
-                    )
+                        key, names, body, now.timestamp(), told=(name, told), scheduled=scheduled.timestamp(),
+                        account_id=account.account_id if _alone(sources, account) else "",
+                    )  # fmt: skip
             except StateError as error:
                 if self._error != str(error):
                     log.error("digest not queued: the state file refused it (tried again each evaluation)",

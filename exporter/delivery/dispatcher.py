@@ -41,6 +41,7 @@ from exporter.model.events import GroupEvent
 from exporter.notifiers.kind import Attempt, OutboxKind
 from exporter.notifiers.registry import kind, outbox
 from exporter.state import AlertStore, OutboxEntry, StateError
+from exporter.state.alerts import NO_DIGESTS, REMOVED
 
 log = get_logger(__name__)
 
@@ -58,13 +59,11 @@ notifier's queue for ever."""
 USER_AGENT = f"inference-cost-exporter/{__version__}"
 T = TypeVar("T")
 
-REMOVED = "its notifier was removed from the config"
 OWED = "the email recipients still owed it refused it for a day"
 OWED_FOR = 86400.0
 """How long a notification is retried to email recipients who refuse it for now (4xx) while the
 others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
 SUPERSEDED = "its alerts changed state again before it could be delivered"
-NO_DIGESTS = "its notifier takes no digests any more (digest.notifiers)"
 DISCARDED = ("notifier_removed", "superseded")
 """Why a queued notification is never delivered: its notifier left the config (`configure`; for a
 digest, `digest.notifiers`), or
@@ -421,9 +420,15 @@ class Dispatcher:
         return wanted is not None and name not in wanted
 
     def _digests_now(self) -> list[str]:
-        """The notifiers with a queue that digests go to now (none when `digests_to` says None)."""
-        wanted = (self.digests_to() if self.digests_to is not None else None) or ()
-        return [name for name in wanted if (n := self._notifiers.get(name)) is not None and outbox(n) is not None]
+        """The notifiers digests go to now (none when `digests_to` says None). All of them have a
+        queue (`check` refuses the others); a reload may name one this dispatcher is configured
+        with only in a moment (the config is swapped first), whose queue then waits for it."""
+        return list((self.digests_to() if self.digests_to is not None else None) or ())
+
+    def _drop_digest(self, entry_id: int, now: float) -> list[str]:
+        """Drop a queued digest its notifier takes no more, for those that take digests now (as
+        they are when this is written: again after the state file refused it, maybe after a reload)."""
+        return self.store.drop_digest(entry_id, now, NO_DIGESTS, self._digests_now())
 
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
@@ -448,8 +453,7 @@ class Dispatcher:
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
                     continue
                 if head.digest is not None and self._takes_no_digests(name):
-                    to = self._digests_now()
-                    given = self._record(name, partial(self.store.drop_digest, head.id, now, NO_DIGESTS, to))
+                    given = self._record(name, partial(self._drop_digest, head.id, now))
                     with self._counts:
                         self.discarded["notifier_removed"] += 1
                     log.info("queued digest dropped: its notifier takes no digests any more", notifier=name,

@@ -17,6 +17,12 @@ from exporter.model.events import GroupEvent, read_event
 from exporter.state.file import StateFile
 from exporter.state.migrations import OUTBOXES
 
+REMOVED = "its notifier was removed from the config"
+NO_DIGESTS = "its notifier takes no digests any more (digest.notifiers)"
+RECONFIGURED = (REMOVED, NO_DIGESTS)
+"""Why a queued notification was dropped when a config change took it from its notifier (the
+dispatcher's reasons): a digest so dropped was not had (`_hand_on`)."""
+
 DONE_KEPT = 7 * 86400.0
 """Seconds an outbox's row is kept once delivered or dropped."""
 
@@ -70,18 +76,30 @@ class OutboxEntry:
 NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
 
 
-def _hand_on(db: sqlite3.Connection, digest: tuple[str, float], to: Collection[str], now: float) -> list[str]:
-    """Queue a digest (its text and when it was first queued) for each notifier of `to` that has
-    had no row of it, unless it was queued before what delivered rows are kept for (DONE_KEPT): who
-    had it is no longer known. Those it was queued for."""
-    text, created = digest
-    if created < now - DONE_KEPT:
+def _hand_on(
+    db: sqlite3.Connection, digest: tuple[str, str | None, float], to: Collection[str], now: float
+) -> list[str]:
+    """Queue a digest (its text, its `id` and when it was first queued) for each notifier of `to`
+    that has it neither waiting nor done with, but for a queue a config change dropped (`RECONFIGURED`:
+    a notifier renamed and renamed back gets it again); not one queued before what rows are kept for
+    once done (DONE_KEPT: who had it is no longer known), nor one of a version whose digests had no
+    `id`. Those it was queued for."""
+    text, key, created = digest
+    if key is None or created < now - DONE_KEPT:
         return []
-    had = {name for (name,) in db.execute("SELECT notifier FROM digest_outbox WHERE event = ?", (text,))}
+    marks = ",".join("?" * len(RECONFIGURED))
+    had = {
+        name
+        for (name,) in db.execute(
+            f"SELECT notifier FROM digest_outbox WHERE json_extract(event, '$.id') = ?"  # noqa: S608 - marks
+            f" AND (delivered IS NULL OR last_error NOT IN ({marks}))",
+            (key, *RECONFIGURED),
+        )
+    }
     names = [name for name in dict.fromkeys(to) if name not in had]
     db.executemany(
         "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
-        [(name, text, now, now) for name in names],
+        [(name, text, created, now) for name in names],
     )
     return names
 
@@ -172,35 +190,35 @@ class AlertStore:
             rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
-    def digests_made_since(self, account_id: str, at: float) -> set[str]:
+    def digests_made_since(self, account_id: str, scheduled: float, now: float) -> set[str]:
         """The names under which digests of the account `account_id` (`enqueue_digest`) were made
-        at or after `at`."""
+        whose time was at or after `scheduled`, and not after `now` (a clock set back after it ran
+        ahead holds back no digest)."""
         with self.store.reading() as db:
-            rows = db.execute("SELECT name FROM digest_accounts WHERE account_id = ? AND made >= ?", (account_id, at))
+            rows = db.execute(
+                "SELECT name FROM digest_accounts WHERE account_id = ? AND scheduled >= ? AND scheduled <= ?",
+                (account_id, scheduled, now),
+            )
             return {name for (name,) in rows}
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
-        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "",
+        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", scheduled: float = 0.0,
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
         newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
-        (`digests_made_since`), kept with that name and the time it was made."""
+        (`digests_made_since`), kept with that name and the digest's time, `scheduled`."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
             if account_id:
-                db.execute(
-                    "INSERT INTO digest_accounts VALUES (?, ?, ?)"
-                    " ON CONFLICT (account_id, name) DO UPDATE SET made = max(made, excluded.made)",
-                    (account_id, account, now),
-                )
-                db.execute("DELETE FROM digest_accounts WHERE made < ?", (now - 60 * 86400,))
+                db.execute("INSERT OR REPLACE INTO digest_accounts VALUES (?, ?, ?)", (account_id, account, scheduled))
+                db.execute("DELETE FROM digest_accounts WHERE scheduled < ?", (now - 60 * 86400,))
             text = json.dumps({**body, "id": key})
             db.executemany(
                 "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
@@ -253,7 +271,9 @@ class AlertStore:
         receivers drop a repeat by its `id` all the same): what a reload took from one goes to those
         that replaced it. Those it was queued for, in their order."""
         with self.store.transaction() as db:
-            row = db.execute("SELECT event, created FROM digest_outbox WHERE id = ?", (entry_id,)).fetchone()
+            row = db.execute(
+                "SELECT event, json_extract(event, '$.id'), created FROM digest_outbox WHERE id = ?", (entry_id,)
+            ).fetchone()
             db.execute(
                 "UPDATE digest_outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
                 (now, reason, entry_id),
@@ -284,7 +304,7 @@ class AlertStore:
         marks = ",".join("?" * len(kept))
         dropped: dict[str, int] = {}
         given: dict[str, int] = {}
-        digests: list[tuple[str, float]] = []
+        digests: list[tuple[str, str | None, float]] = []
         with self.store.transaction() as db:
             for table in OUTBOXES:
                 where = f"delivered IS NULL AND notifier NOT IN ({marks})"
@@ -292,7 +312,10 @@ class AlertStore:
                 for name, count in rows.fetchall():
                     dropped[name] = dropped.get(name, 0) + count
                 if table == "digest_outbox":
-                    by_digest = f"SELECT event, min(created) FROM {table} WHERE {where} GROUP BY event ORDER BY min(id)"  # noqa: S608
+                    by_digest = (
+                        f"SELECT event, json_extract(event, '$.id') AS digest, min(created) FROM {table}"  # noqa: S608
+                        f" WHERE {where} GROUP BY coalesce(digest, id) ORDER BY min(id)"
+                    )
                     digests = db.execute(by_digest, kept).fetchall()
                 db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
             for digest in digests:

@@ -126,10 +126,11 @@ CREATE TABLE IF NOT EXISTS digests (
     key TEXT PRIMARY KEY,
     made REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS digest_outbox_digest ON digest_outbox (json_extract(event, '$.id'));
 CREATE TABLE IF NOT EXISTS digest_accounts (
     account_id TEXT NOT NULL,
     name TEXT NOT NULL,
-    made REAL NOT NULL,
+    scheduled REAL NOT NULL,
     PRIMARY KEY (account_id, name)
 );
 CREATE TABLE IF NOT EXISTS digest_told (
