@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerts.alert import legacy_moves, legacy_rule_ids
+from exporter.alerts.alert import Alert, alert_key, legacy_moves, legacy_rule_ids, rekey
 from exporter.app.daemon import Daemon
 from exporter.config.load import ConfigError, load, validate
 from exporter.config.rules import rule_ids
@@ -77,8 +77,9 @@ def test_only_a_change_to_what_a_rule_watches_or_its_labels_moves_its_id() -> No
     assert ids([WARNING | {"threshold": "7", "for": "5m", "annotations": {"summary": "x"}}]) == [warning]
     assert ids([WARNING | {"by": []}]) != [warning]
     assert ids([WARNING | {"labels": {"severity": "page"}}]) != [warning]
-    # The order of `by` and of a `where` list says nothing of what is watched; a rule written in
-    # their sorted order keeps the id versions before gave it.
+    # The order of `by` (and of a `where` list) says nothing of what is watched; a rule written in
+    # their sorted order keeps the id versions before gave it. A label named twice is refused: the
+    # rule would be another beside the one that names it once, making the same alerts.
     bare = {k: v for k, v in WARNING.items() if k != "labels"}
     lists = bare | {"by": ["endpoint_id", "project_id"], "where": {"endpoint_id": ["ep-a", "ep-b"]}}
     (sorted_id,) = ids([lists])
@@ -87,6 +88,8 @@ def test_only_a_change_to_what_a_rule_watches_or_its_labels_moves_its_id() -> No
     ]
     assert legacy_ids([lists]) == [sorted_id]
     assert ids([lists | {"where": {"endpoint_id": ["ep-a", "ep-c"]}}]) != [sorted_id]
+    with pytest.raises(ConfigError, match="`by` names a label twice"):
+        ids([lists | {"by": ["project_id", "endpoint_id", "project_id"]}])
     # A rule without labels keeps the id every earlier version gave it.
     assert ids([bare]) == legacy_ids([bare])
 
@@ -339,6 +342,33 @@ def test_alerts_saved_by_the_previous_layout_keep_their_ids_and_incidents(
         assert closed == opened
     finally:
         late.stop()
+
+
+def test_alerts_moved_to_their_rule_s_new_id_move_in_a_queued_notification_past_its_first_hundred() -> None:
+    """A queued firing of 102 alerts keeps the first 100 in full and the rest by key (`beyond`):
+    moved to the new id, every one of them is still the alert the notification tells."""
+    old, new = "0123456789abcdef", "fedcba9876543210"
+    store = AlertStore(StateStore(":memory:"))
+    alerts = [
+        Alert(alert_key(labels, old), old, labels, {}, "firing", 100.0, "1", 100.0, fired_at=100.0)
+        for labels in ({"alertname": "A", "endpoint_id": f"ep-{n}"} for n in range(102))
+    ]
+    event: GroupEvent = {
+        "status": "firing", "alertname": "A", "dedup_key": "d", "total": 102, "still_firing": 102,
+        "alerts": [{"key": a.key, "dedup_key": "d", "status": "firing", "labels": a.labels, "annotations": {},
+                    "starts_at": 100.0, "ends_at": None, "value": "1"} for a in alerts[:100]],  # type: ignore[typeddict-item]
+        "beyond": [(a.key, 100.0) for a in alerts[100:]],
+    }  # fmt: skip
+    with store.store.transaction() as db:
+        for alert in alerts:
+            AlertStore.save_state(db, alert.key, alert.rule, alert.body())
+        AlertStore.enqueue(db, "hook", event, 100.0)
+    assert store.adopt_rule_ids({old: new}, rekey) == 102
+    head = store.head("hook")
+    assert head is not None
+    told = [a["key"] for a in head.event["alerts"]] + [key for key, _ in head.event.get("beyond", [])]
+    assert set(store.alert_states(told)) == set(told)
+    assert {rule for _, _, rule in store.alert_states(told).values()} == {new}
 
 
 @pytest.mark.integration

@@ -23,6 +23,7 @@ from exporter.config.load import validate
 from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import Dispatcher
+from exporter.model.events import GroupEvent
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.state.alerts import REMOVED
@@ -472,6 +473,30 @@ def test_a_schedule_made_weekly_mid_week_does_not_send_the_weekly_digest_the_dai
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(("before", "after"), [("weekly", "daily"), ("daily", "weekly")])
+def test_a_schedule_switched_on_a_monday_to_a_later_time_tells_sunday_once(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, before: str, after: str
+) -> None:
+    """At 08:00 the digest of `before` tells Sunday; switched to `after` at 09:00, that one's digest
+    of the day would tell Sunday again."""
+    doc = document(sim, None, tmp_path, hook(None))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc := doc | {"digest": doc["digest"] | {"schedule": before, "at": "08:00"}}))
+    frozen.set(dt.datetime(2026, 11, 30, 8, 30, tzinfo=clock.tz))  # a Monday
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        evaluate(daemon)
+        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"schedule": after, "at": "09:00"}}))
+        assert daemon.reload()
+        frozen.set(dt.datetime(2026, 11, 30, 9, 30, tzinfo=clock.tz))
+        evaluate(daemon)
+        frozen.set(dt.datetime(2026, 12, 7, 9, 30, tzinfo=clock.tz))  # the next Monday's goes
+        evaluate(daemon)
+    finally:
+        daemon.stop()
+    assert [d["id"] for d in digests_told(daemon)] == [f"{before}:2026-11-30", f"{after}:2026-12-07"]
+
+
 def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
@@ -682,18 +707,45 @@ def test_a_digest_handed_on_goes_back_to_a_notifier_renamed_back_and_not_past_a_
 ) -> None:
     """`mail` renamed `chat` and back before its receiver took the digest: `mail` has it again (its
     dropped row is no delivery). A digest handed on from notifier to notifier is handed on for a
-    week from when it was first queued, not a week from each hand-on."""
+    week from when it was made, not a week from each hand-on."""
     store, now = AlertStore(StateStore(":memory:")), clock.now().timestamp()
     store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, now)
     assert store.discard(["chat"], now + 60, REMOVED, ["chat"]) == ({"mail": 1}, {"chat": 1})
     assert store.discard(["mail"], now + 120, REMOVED, ["mail"]) == ({"chat": 1}, {"mail": 1})
     assert waiting(store) == [("mail", "daily:2026-11-22")]
+    head = store.head("mail")
+    assert head is not None
+    assert head.created == now + 120  # (queued for it then: how long its email recipients are owed it counts from then)
     store.discard(["a"], now + 4 * 86400, REMOVED, ["a"])
     assert waiting(store) == [("a", "daily:2026-11-22")]
     store.discard(["b"], now + 8 * 86400, REMOVED, ["b"])
     assert waiting(store) == []  # queued 8 days ago: not handed on to `b`
     with store.store.reading() as db:
         assert {n for (n,) in db.execute("SELECT notifier FROM digest_outbox")} == {"mail", "chat", "a"}
+
+
+def test_a_digest_behind_an_alert_for_a_receiver_that_is_down_goes_to_the_notifier_that_took_its_place(
+    clock: Clock, frozen: FrozenClock
+) -> None:
+    """`mail` stays an alert notifier, its receiver down with a resolve queued before the digest: a
+    reload that sends digests to `hook` hands the digest on at once, not once the resolve goes (its
+    receiver may stay down past the week a digest is handed on for)."""
+    store = AlertStore(StateStore(":memory:"))
+    wanted = ["mail"]
+    dispatcher = Dispatcher(webhooks("mail", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    now = clock.now().timestamp()
+    resolve: GroupEvent = {
+        "status": "resolved", "alertname": "A", "dedup_key": "d", "total": 1, "still_firing": 0,
+        "alerts": [{"key": "k", "dedup_key": "d", "status": "resolved", "labels": {"alertname": "A"},
+                    "annotations": {}, "starts_at": now - 60, "ends_at": now, "value": "1"}],  # type: ignore[typeddict-item]
+    }  # fmt: skip
+    with store.store.transaction() as db:
+        AlertStore.enqueue(db, "mail", resolve, now)
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, now)
+    wanted = ["hook"]
+    dispatcher.configure(webhooks("mail", "hook"), "")
+    assert waiting(store) == [("hook", "daily:2026-11-22")]
+    assert dispatcher.discarded["notifier_removed"] == 1  # (`mail`'s: its notification is never delivered)
 
 
 def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of_when_it_is_written(

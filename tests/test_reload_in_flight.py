@@ -295,6 +295,36 @@ def test_a_bills_refresh_in_flight_across_new_prices_reconciles_at_the_new_price
         daemon.stop()
 
 
+def test_new_prices_that_a_usage_refresh_in_flight_priced_without_run_it_again_at_once(
+    priced: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refresh held after it priced the day (saving it) while a reload prices a model that had
+    no price: what it publishes leaves that model's tokens out, so it runs again at once (and counts
+    them), not at its next interval."""
+    document = {"billing": fake_billing_section(priced, history_months=0), "state": {"path": str(tmp_path / "s.db")}}
+    path = tmp_path / "config.yaml"
+    (first, *others) = priced_at(1)
+    priced.add_usage(200)
+    daemon = reloadable(priced, clock, path, document | {"prices": [first]})
+    ran: list[str] = []
+    monkeypatch.setattr(daemon, "_run_soon", ran.append)
+    try:
+        reload_in_flight(daemon, "usage", daemon.sources.one.usage, "_save", path, document | {"prices": priced_at(1)})
+        assert estimated_models(daemon) == {first["model"]}
+        assert ran == ["usage"]
+        assert daemon.refresh("usage")  # (what the run asked for does)
+        assert estimated_models(daemon) == {p["model"] for p in (first, *others)}
+    finally:
+        daemon.stop()
+
+
+def estimated_models(daemon: Daemon) -> set[str]:
+    """The models of today's estimated spend series."""
+    return {
+        dict(labels)["model"] for labels in named(metrics(daemon), "inference_usage_estimated_payable_amount_total")
+    }
+
+
 def test_a_reload_refused_on_the_way_changes_nothing(clock: Clock, tmp_path: Path) -> None:
     sims = account_simulators(clock, ("prod", "lab"))
     for sim in sims.values():

@@ -369,6 +369,7 @@ class Daemon:
             lock = self._locks.setdefault(key, threading.Lock())
             if not lock.acquire(blocking=False):
                 account.usage.prices = {p.model: p for p in account.config.prices}
+                self._run_soon(key)  # (the refresh in flight may have priced with those before: it runs again)
                 continue
             try:
                 snapshot = account.usage.reprice(account.config.prices)

@@ -18,6 +18,7 @@ from exporter.config.schema import ACCOUNT, Config, DigestConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
 from exporter.delivery.dispatcher import Dispatcher
+from exporter.digest.build import span
 from exporter.model.signals import todays_bills, todays_history
 from exporter.model.snapshots import Latest
 from exporter.state import StateError
@@ -142,12 +143,16 @@ class DigestQueue:
                 if account is None:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
-                made = dispatcher.store.digests_made_since(account.account_id, scheduled.timestamp(), now.timestamp())
+                told_to = span(config.schedule, sent_on)[1]
+                made = dispatcher.store.digests_told_to(
+                    account.account_id, told_to, self.clock.today() - dt.timedelta(days=1)
+                )
                 if name in made or (made - sources.accounts.keys() and _alone(sources, account)):
-                    # A digest of this billing account timed since went under another schedule (a
-                    # reload's change: the days this one would tell were told), or under a name it
-                    # had before a reload (moved under `accounts:`, renamed). Accounts configured
-                    # alike (the same key and project) keep no such mark: either could be the other.
+                    # A digest of this billing account told its last day already, under another
+                    # schedule (a reload's change: a weekly one after the daily ones that told its
+                    # days), or under a name it had before a reload (moved under `accounts:`,
+                    # renamed). Accounts configured alike (the same key and project) keep no such
+                    # mark: either could be the other.
                     return False
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
                 waited_from = max(scheduled, appeared)
@@ -167,7 +172,7 @@ class DigestQueue:
                     if not names:  # all of them renamed or removed: the next round makes it for the config of now
                         return False
                     queued = dispatcher.store.enqueue_digest(
-                        key, names, body, now.timestamp(), told=(name, told), scheduled=scheduled.timestamp(),
+                        key, names, body, now.timestamp(), told=(name, told), told_to=told_to,
                         account_id=account.account_id if _alone(sources, account) else "",
                     )  # fmt: skip
             except StateError as error:

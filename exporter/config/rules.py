@@ -87,6 +87,8 @@ class ThresholdRule(_Rule):
     @model_validator(mode="after")
     def _shape(self) -> ThresholdRule:
         signal = SIGNALS[self.signal]
+        if len(set(self.by)) < len(self.by):
+            raise ValueError("`by` names a label twice")
         for name in (*self.by, *self.where):
             if name not in signal.labels and name != ACCOUNT_LABEL:
                 raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
@@ -169,9 +171,9 @@ anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
 
 def rule_id(rule: RuleConfig, *, as_written: bool = False) -> str:
     """What a rule watches, under its alert name: the same across restarts and reloads while that
-    stays (its threshold, tiers, `for` and annotations may change, and the order of its `by` and of
-    a `where` list). `as_written`: the id versions before gave it, with `by` and the `where` lists
-    in the config's order (read only to move the alerts they saved: `written_moves`)."""
+    stays (its threshold, tiers, `for` and annotations may change, and the order of its `by`).
+    `as_written`: the id versions before gave it, with `by` in the config's order (read only to
+    move the alerts they saved: `written_moves`)."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
         identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
         if rule.basis != "actual":  # (a rule on the forecast is another rule than one on what was spent)
@@ -180,15 +182,9 @@ def rule_id(rule: RuleConfig, *, as_written: bool = False) -> str:
     by = list(rule.by) if as_written else sorted(rule.by)
     if isinstance(rule, AnomalyRule):
         identity = [rule.alert, rule.signal, "day", by, [], None]
-    else:
-        where = [(name, _in_order(value, as_written)) for name, value in sorted(rule.where.items())]
-        identity = [rule.alert, rule.signal, rule.window, by, where, None]
+    else:  # (a `where` list is held sorted: `_scope_value`)
+        identity = [rule.alert, rule.signal, rule.window, by, sorted(rule.where.items()), None]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
-
-
-def _in_order(value: str | tuple[str, ...], as_written: bool) -> str | tuple[str, ...] | list[str]:
-    """A `where` value as a rule's id holds it: a list sorted, its repeats once."""
-    return value if as_written or isinstance(value, str) else sorted(set(value))
 
 
 def rule_key(rule: RuleConfig, *, as_written: bool = False) -> str:
@@ -212,7 +208,7 @@ def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
 
 def written_moves(rules: Sequence[RuleConfig], saved: AbstractSet[str]) -> dict[str, str]:
     """The rule ids of `saved` that versions before gave these rules (`rule_id(as_written=True)`:
-    a `by` or `where` list out of order), each with its rule's id now."""
+    a `by` out of order), each with its rule's id now."""
     moves = {rule_key(rule, as_written=True): rule_key(rule) for rule in rules}
     return {old: new for old, new in moves.items() if old != new and old in saved}
 

@@ -24,6 +24,7 @@ import http.client
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
@@ -204,21 +205,35 @@ class Dispatcher:
             self._start_workers()
 
     def _drop_orphans(self) -> None:
-        """Drop the queues of notifiers no longer configured (a state file that refuses is left as
-        it is: nothing is delivered from those queues meanwhile, and the next reload tries again)."""
-        kept = [n.name for n in self.outbox_notifiers]
+        """Drop the queues of notifiers no longer configured, and the digests queued for those that
+        take none now (`digests_to`), handing those on to the notifiers that do (`AlertStore.discard`).
+        A state file that refuses is left as it is: nothing is delivered from a removed notifier's
+        queue meanwhile, a digest its notifier takes no more is dropped when it comes to be sent,
+        and the next reload tries again."""
+        kept, now, wanted = [n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), self._digests_now()
         try:
-            dropped, given = self.store.discard(kept, self.clock.now().timestamp(), REMOVED, self._digests_now())
+            dropped, given = self.store.discard(kept, now, REMOVED, wanted)
         except StateError as error:
             log.error("could not drop the queues of removed notifiers", error=str(error))
             return
         for name, count in sorted(dropped.items()):
             log.warning("queued notifications dropped: their notifier is no longer configured",
                         notifier=name, notifications=count)  # fmt: skip
-            with self._counts:
-                self.discarded["notifier_removed"] += count
-        for name, count in sorted(given.items()):
-            log.info("queued digests of removed notifiers handed on", notifier=name, digests=count)
+        more: dict[str, int] = {}
+        also: dict[str, int] = {}
+        if self.digests_to is not None and self.digests_to() is not None:
+            # Theirs go now, not once what waits before them is delivered: a receiver that is down
+            # would hold them past when they can be handed on.
+            try:
+                more, also = self.store.discard(wanted, now, NO_DIGESTS, wanted, digests=True)
+            except StateError as error:
+                log.error("could not drop the digests of notifiers that take none now", error=str(error))
+        for name, count in sorted(more.items()):
+            log.info("queued digests dropped: their notifier takes no digests any more", notifier=name, digests=count)
+        for name, count in sorted((Counter(given) + Counter(also)).items()):
+            log.info("queued digests dropped by the config handed on", notifier=name, digests=count)
+        with self._counts:
+            self.discarded["notifier_removed"] += sum(dropped.values()) + sum(more.values())
 
     @property
     def outbox_notifiers(self) -> list[NotifierConfig]:

@@ -76,16 +76,14 @@ class OutboxEntry:
 NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
 
 
-def _hand_on(
-    db: sqlite3.Connection, digest: tuple[str, str | None, float], to: Collection[str], now: float
-) -> list[str]:
-    """Queue a digest (its text, its `id` and when it was first queued) for each notifier of `to`
-    that has it neither waiting nor done with, but for a queue a config change dropped (`RECONFIGURED`:
-    a notifier renamed and renamed back gets it again); not one queued before what rows are kept for
-    once done (DONE_KEPT: who had it is no longer known), nor one of a version whose digests had no
-    `id`. Those it was queued for."""
-    text, key, created = digest
-    if key is None or created < now - DONE_KEPT:
+def _hand_on(db: sqlite3.Connection, digest: tuple[str, str | None], to: Collection[str], now: float) -> list[str]:
+    """Queue a digest (its text and `id`) for each notifier of `to` that has it neither waiting
+    nor done with, but for a queue a config change dropped (`RECONFIGURED`: a notifier renamed and
+    renamed back gets it again); not one made before what rows are kept for once done (DONE_KEPT:
+    who had it is no longer known), nor one whose making is not known. Those it was queued for."""
+    text, key = digest
+    made = db.execute("SELECT made FROM digests WHERE key = ?", (key,)).fetchone() if key is not None else None
+    if made is None or made[0] < now - DONE_KEPT:
         return []
     marks = ",".join("?" * len(RECONFIGURED))
     had = {
@@ -99,7 +97,7 @@ def _hand_on(
     names = [name for name in dict.fromkeys(to) if name not in had]
     db.executemany(
         "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
-        [(name, text, created, now) for name in names],
+        [(name, text, now, now) for name in names],
     )
     return names
 
@@ -190,35 +188,37 @@ class AlertStore:
             rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
-    def digests_made_since(self, account_id: str, scheduled: float, now: float) -> set[str]:
+    def digests_told_to(self, account_id: str, first: dt.date, last: dt.date) -> set[str]:
         """The names under which digests of the account `account_id` (`enqueue_digest`) were made
-        whose time was at or after `scheduled`, and not after `now` (a clock set back after it ran
-        ahead holds back no digest)."""
+        whose last day told is from `first` to `last` (a later one was made while the clock ran
+        ahead: it holds back no digest)."""
         with self.store.reading() as db:
             rows = db.execute(
-                "SELECT name FROM digest_accounts WHERE account_id = ? AND scheduled >= ? AND scheduled <= ?",
-                (account_id, scheduled, now),
+                "SELECT name FROM digest_accounts WHERE account_id = ? AND told_to >= ? AND told_to <= ?",
+                (account_id, first.isoformat(), last.isoformat()),
             )
             return {name for (name,) in rows}
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
-        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", scheduled: float = 0.0,
+        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", told_to: dt.date | None = None,
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
         newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
-        (`digests_made_since`), kept with that name and the digest's time, `scheduled`."""
+        (`digests_told_to`), kept with that name and the last day it tells, `told_to`."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
-            if account_id:
-                db.execute("INSERT OR REPLACE INTO digest_accounts VALUES (?, ?, ?)", (account_id, account, scheduled))
-                db.execute("DELETE FROM digest_accounts WHERE scheduled < ?", (now - 60 * 86400,))
+            if account_id and told_to is not None:
+                mark = (account_id, account, told_to.isoformat())
+                db.execute("INSERT OR REPLACE INTO digest_accounts VALUES (?, ?, ?)", mark)
+                forgotten = told_to - dt.timedelta(days=TOLD_KEPT)
+                db.execute("DELETE FROM digest_accounts WHERE told_to < ?", (forgotten.isoformat(),))
             text = json.dumps({**body, "id": key})
             db.executemany(
                 "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",
@@ -272,7 +272,7 @@ class AlertStore:
         that replaced it. Those it was queued for, in their order."""
         with self.store.transaction() as db:
             row = db.execute(
-                "SELECT event, json_extract(event, '$.id'), created FROM digest_outbox WHERE id = ?", (entry_id,)
+                "SELECT event, json_extract(event, '$.id') FROM digest_outbox WHERE id = ?", (entry_id,)
             ).fetchone()
             db.execute(
                 "UPDATE digest_outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
@@ -293,35 +293,38 @@ class AlertStore:
             )
 
     def discard(
-        self, keep: Iterable[str], now: float, reason: str, digests_to: Collection[str] = ()
+        self, keep: Iterable[str], now: float, reason: str, digests_to: Collection[str] = (), *, digests: bool = False
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
         reload removed, or that is no longer one with a queue), and forget what was sent to them (one
         added again under the same name is then told what fires, as a new one is). A digest dropped
-        so goes to each of `digests_to` (of `keep`) that has not had it (`drop_digest`). How many
-        were waiting, per notifier; and how many digests each of `digests_to` was given."""
+        so goes to each of `digests_to` (of `keep`) that has not had it (`drop_digest`). `digests`:
+        the digests only, of the notifiers that take none now (`keep`: those that do), whatever
+        waits before them in their queues. How many were waiting, per notifier; and how many
+        digests each of `digests_to` was given."""
         kept = sorted(set(keep))
         marks = ",".join("?" * len(kept))
         dropped: dict[str, int] = {}
         given: dict[str, int] = {}
-        digests: list[tuple[str, str | None, float]] = []
+        found: list[tuple[str, str | None]] = []
         with self.store.transaction() as db:
-            for table in OUTBOXES:
+            for table in ("digest_outbox",) if digests else OUTBOXES:
                 where = f"delivered IS NULL AND notifier NOT IN ({marks})"
                 rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
                 for name, count in rows.fetchall():
                     dropped[name] = dropped.get(name, 0) + count
                 if table == "digest_outbox":
                     by_digest = (
-                        f"SELECT event, json_extract(event, '$.id') AS digest, min(created) FROM {table}"  # noqa: S608
+                        f"SELECT event, json_extract(event, '$.id') AS digest FROM {table}"  # noqa: S608
                         f" WHERE {where} GROUP BY coalesce(digest, id) ORDER BY min(id)"
                     )
-                    digests = db.execute(by_digest, kept).fetchall()
+                    found = db.execute(by_digest, kept).fetchall()
                 db.execute(f"UPDATE {table} SET delivered = ?, last_error = ? WHERE {where}", (now, reason, *kept))  # noqa: S608
-            for digest in digests:
+            for digest in found:
                 for name in _hand_on(db, digest, [n for n in digests_to if n in kept], now):
                     given[name] = given.get(name, 0) + 1
-            db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
+            if not digests:
+                db.execute(f"DELETE FROM alert_sent WHERE notifier NOT IN ({marks})", kept)  # noqa: S608
         return dropped, given
 
     def alert_states(self, keys: Iterable[str]) -> dict[str, tuple[str, float | None, str]]:
@@ -380,6 +383,8 @@ class AlertStore:
                     event = read_event(text)
                     for alert in event["alerts"]:
                         alert["key"] = renamed.get(alert["key"], alert["key"])
+                    if "beyond" in event:  # (the alerts past the first GROUP_DETAIL, by key)
+                        event["beyond"] = [(renamed.get(key, key), since) for key, since in event["beyond"]]
                     db.execute("UPDATE outbox SET event = ? WHERE id = ?", (json.dumps(event), entry_id))
             db.execute("DELETE FROM meta WHERE key = 'rule_ids'")
         return len(renamed)

@@ -130,7 +130,7 @@ CREATE INDEX IF NOT EXISTS digest_outbox_digest ON digest_outbox (json_extract(e
 CREATE TABLE IF NOT EXISTS digest_accounts (
     account_id TEXT NOT NULL,
     name TEXT NOT NULL,
-    scheduled REAL NOT NULL,
+    told_to TEXT NOT NULL,
     PRIMARY KEY (account_id, name)
 );
 CREATE TABLE IF NOT EXISTS digest_told (
