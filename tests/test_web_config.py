@@ -549,14 +549,33 @@ FIRST_REQUESTS = {
 }
 
 
+def sent_from_port(port: int, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What this process's sockets bound to `port` send in clear from now on (the server's side of
+    its connections), recorded as it is sent: a connection the server then closes with the client's
+    bytes unread is reset, and the client may never read what it was sent."""
+    sent: list[bytes] = []
+    for name in ("send", "sendall"):
+        original = getattr(socket.socket, name)
+
+        def spy(self: socket.socket, data: bytes, *args: Any, _original: Any = original) -> Any:
+            with contextlib.suppress(OSError):
+                if self.getsockname()[1] == port:
+                    sent.append(bytes(data))
+            return _original(self, data, *args)
+
+        monkeypatch.setattr(socket.socket, name, spy)
+    return sent
+
+
 @pytest.mark.parametrize("sent", FIRST_REQUESTS.values(), ids=FIRST_REQUESTS.keys())
 def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_its_first_request(
-    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, sent: bytes
+    files: Files, sim: Simulator, clock: Clock, tmp_path: Path, sent: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Accepted in clear, its request sent only after a reload turned TLS on: nothing is answered in
     clear, not even the stdlib's own refusals or `100 Continue` (its handler was already waiting for
     the request line)."""
     daemon, _, _ = daemon_on(sim, clock, tmp_path, files.web_config())
+    answered = sent_from_port(daemon.server.server_address[1], monkeypatch)
     try:
         early = socket.create_connection(daemon.server.server_address[:2], timeout=10)
         with early:
@@ -568,6 +587,8 @@ def test_a_connection_made_in_clear_before_tls_is_turned_on_gets_no_answer_to_it
                 early.sendall(sent)
                 answer = early.recv(200)
             assert answer == b""  # closed, unanswered
+            wait_for(lambda: daemon.server.open_connections == 0)  # (its handler done)
+        assert answered == []
     finally:
         daemon.stop(grace=5)
 
