@@ -19,7 +19,7 @@ import yaml
 
 from exporter.app.daemon import Daemon
 from exporter.app.digests import DIGEST_WAIT
-from exporter.config.load import validate
+from exporter.config.load import load, validate
 from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import Dispatcher
@@ -444,57 +444,101 @@ def test_a_digest_time_moved_earlier_tells_no_day_twice(
     assert told_gaps(second) == []
 
 
-def test_a_schedule_made_weekly_mid_week_does_not_send_the_weekly_digest_the_daily_ones_told(
+def told_ids(daemon: Daemon) -> list[str]:
+    return [d["id"] for d in digests_told(daemon)]
+
+
+def switched(daemon: Daemon, path: Path, doc: dict, frozen: FrozenClock, clock: Clock, *steps: tuple) -> None:
+    """Each step: at its time (a datetime, in the billing zone), a digest config reloaded (or None:
+    as it is), then a look at the digest."""
+    for at, digest in steps:
+        frozen.set(at.replace(tzinfo=clock.tz))
+        if digest is not None:
+            path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | digest}))
+            assert daemon.reload()
+        evaluate(daemon)
+
+
+def daily_from(first: dt.date, last: dt.date, at: int = 9) -> list[tuple]:
+    return [
+        (dt.datetime.combine(first + dt.timedelta(days=n), dt.time(at, 30)), None)
+        for n in range((last - first).days + 1)
+    ]
+
+
+def days_of(schedule: str, first: dt.date, last: dt.date) -> list[str]:
+    return [f"{schedule}:{first + dt.timedelta(days=n)}" for n in range((last - first).days + 1)]
+
+
+def test_a_schedule_made_weekly_mid_week_sends_no_weekly_digest_of_days_the_daily_ones_told(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
-    """Daily from Monday the 23rd, weekly from Wednesday: Monday's weekly digest, still due (half a
-    week has not passed) would tell again what the daily ones told since; the next Monday's goes.
-    Back to daily on that Monday, after the weekly went: the next day's daily goes."""
+    """Daily since Monday the 16th, weekly from Wednesday the 25th: Monday the 23rd's weekly digest,
+    still due (half a week has not passed), would tell the 16th to the 22nd, which the daily ones
+    told; the next Monday's goes, and so does the next day's daily one when daily again."""
     doc = document(sim, None, tmp_path, hook(None))
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    frozen.set(dt.datetime(2026, 11, 23, 9, 0, tzinfo=clock.tz))
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 16, 9, 30, tzinfo=clock.tz))
     daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
     try:
-        for _ in range(3):
-            evaluate(daemon)
-            frozen.advance(dt.timedelta(days=1))
-        frozen.set(dt.datetime(2026, 11, 25, 10, 0, tzinfo=clock.tz))
-        for schedule, at in (("weekly", dt.datetime(2026, 11, 30, 9, 0)), ("daily", dt.datetime(2026, 12, 1, 9, 0))):
-            path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"schedule": schedule}}))
-            assert daemon.reload()
-            evaluate(daemon)
-            frozen.set(at.replace(tzinfo=clock.tz))
-            evaluate(daemon)
+        switched(
+            daemon, path, doc, frozen, clock, *daily_from(dt.date(2026, 11, 16), dt.date(2026, 11, 25)),
+            (dt.datetime(2026, 11, 25, 10, 0), {"schedule": "weekly"}), (dt.datetime(2026, 11, 30, 9, 30), None),
+            (dt.datetime(2026, 12, 1, 9, 30), {"schedule": "daily"}),
+        )  # fmt: skip
     finally:
         daemon.stop()
-    assert [d["id"] for d in digests_told(daemon)] == [
-        "daily:2026-11-23", "daily:2026-11-24", "daily:2026-11-25", "weekly:2026-11-30", "daily:2026-12-01"
-    ]  # fmt: skip
+    dailies = days_of("daily", dt.date(2026, 11, 16), dt.date(2026, 11, 25))
+    assert told_ids(daemon) == [*dailies, "weekly:2026-11-30", "daily:2026-12-01"]
 
 
 @pytest.mark.parametrize(("before", "after"), [("weekly", "daily"), ("daily", "weekly")])
 def test_a_schedule_switched_on_a_monday_to_a_later_time_tells_sunday_once(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, before: str, after: str
 ) -> None:
-    """At 08:00 the digest of `before` tells Sunday; switched to `after` at 09:00, that one's digest
-    of the day would tell Sunday again."""
+    """A week of `before` at 08:00, the last on Monday the 30th telling Sunday; switched then to
+    `after` at 09:00, whose digest of the day would tell Sunday (and the week) again. The next
+    Monday's goes."""
     doc = document(sim, None, tmp_path, hook(None))
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(doc := doc | {"digest": doc["digest"] | {"schedule": before, "at": "08:00"}}))
-    frozen.set(dt.datetime(2026, 11, 30, 8, 30, tzinfo=clock.tz))  # a Monday
+    doc["digest"] |= {"schedule": before, "at": "08:00"}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 23, 8, 30, tzinfo=clock.tz))  # a Monday
     daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
     try:
-        evaluate(daemon)
-        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"schedule": after, "at": "09:00"}}))
-        assert daemon.reload()
-        frozen.set(dt.datetime(2026, 11, 30, 9, 30, tzinfo=clock.tz))
-        evaluate(daemon)
-        frozen.set(dt.datetime(2026, 12, 7, 9, 30, tzinfo=clock.tz))  # the next Monday's goes
-        evaluate(daemon)
+        switched(
+            daemon, path, doc, frozen, clock, *daily_from(dt.date(2026, 11, 23), dt.date(2026, 11, 30), at=8),
+            (dt.datetime(2026, 11, 30, 9, 30), {"schedule": after, "at": "09:00"}),
+            (dt.datetime(2026, 12, 7, 9, 30), None),
+        )  # fmt: skip
     finally:
         daemon.stop()
-    assert [d["id"] for d in digests_told(daemon)] == [f"{before}:2026-11-30", f"{after}:2026-12-07"]
+    first = ["weekly:2026-11-23", "weekly:2026-11-30"] if before == "weekly" else days_of(
+        "daily", dt.date(2026, 11, 23), dt.date(2026, 11, 30))  # fmt: skip
+    assert told_ids(daemon) == [*first, f"{after}:2026-12-07"]
+
+
+def test_a_weekly_digest_whose_days_the_daily_ones_told_in_part_goes(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Weekly (Monday the 23rd tells the 16th to the 22nd), daily at 08:00 from noon on Friday the
+    27th (telling the 26th to the 29th), weekly at 09:00 again on Monday the 30th: that Monday's
+    weekly digest goes, or the 23rd to the 25th would be told by none."""
+    doc = document(sim, None, tmp_path, hook(None))
+    doc["digest"] |= {"schedule": "weekly"}
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 23, 9, 30, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        switched(
+            daemon, path, doc, frozen, clock, (dt.datetime(2026, 11, 23, 9, 30), None),
+            (dt.datetime(2026, 11, 27, 12, 0), {"schedule": "daily", "at": "08:00"}),
+            *daily_from(dt.date(2026, 11, 28), dt.date(2026, 11, 30), at=8),
+            (dt.datetime(2026, 11, 30, 9, 30), {"schedule": "weekly", "at": "09:00"}),
+        )  # fmt: skip
+    finally:
+        daemon.stop()
+    dailies = days_of("daily", dt.date(2026, 11, 27), dt.date(2026, 11, 30))
+    assert told_ids(daemon) == ["weekly:2026-11-23", *dailies, "weekly:2026-11-30"]
 
 
 def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(
@@ -746,6 +790,31 @@ def test_a_digest_behind_an_alert_for_a_receiver_that_is_down_goes_to_the_notifi
     dispatcher.configure(webhooks("mail", "hook"), "")
     assert waiting(store) == [("hook", "daily:2026-11-22")]
     assert dispatcher.discarded["notifier_removed"] == 1  # (`mail`'s: its notification is never delivered)
+
+
+def test_a_round_of_digests_a_reload_overtakes_queues_none_for_the_notifier_it_took_digests_from(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """The round began under the config before (digests to `mail`); the reload (digests to `hook`)
+    comes before it queues: it queues nothing, and the next round queues for `hook`."""
+    notifiers = [{"name": n, "type": "webhook", "url": f"{NOWHERE}/{n}"} for n in ("mail", "hook")]
+    doc = document(sim, None, tmp_path, notifiers)
+    (path := tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(doc | {"digest": doc["digest"] | {"notifiers": ["mail"]}})
+    )
+    frozen.set(dt.datetime(2026, 11, 23, 9, 30, tzinfo=clock.tz))
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("bills")
+        before = daemon.sources
+        path.write_text(yaml.safe_dump(doc | {"digest": doc["digest"] | {"notifiers": ["hook"]}}))
+        assert daemon.reload()
+        assert not daemon._digests.queue(before, daemon.dispatcher, "")
+        assert waiting(daemon.dispatcher.store) == []
+        daemon.alert_cycle()
+        assert waiting(daemon.dispatcher.store) == [("hook", "daily:2026-11-23")]
+    finally:
+        daemon.stop()
 
 
 def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of_when_it_is_written(

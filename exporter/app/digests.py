@@ -107,6 +107,24 @@ class DigestQueue:
         """When each account was first looked at for a digest (at the start, or when a reload added
         it): its wait for the day's bills counts from then."""
 
+    def _told(
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date]
+    ) -> bool:
+        """Whether every day from `days[0]` to `days[1]` was told by a digest of `account`'s billing
+        account (`AlertStore.digest_spans`) under `name` or under a name no longer configured,
+        unless another account configured is of the same billing account (either could be the
+        other: none is marked). Digests of days from today on were made while the clock ran ahead:
+        they tell nothing."""
+        if not _alone(sources, account):
+            return False
+        first, last = days
+        told: set[dt.date] = set()
+        today = self.clock.today()
+        for by, start, end in dispatcher.store.digest_spans(account.account_id, first, last):
+            if end < today and (by == name or by not in sources.accounts):
+                told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
+        return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))
+
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
         config = sources.config.digest
@@ -143,16 +161,12 @@ class DigestQueue:
                 if account is None:
                     return False  # a reload removed it meanwhile
                 scheduled = self.clock.at(sent_on, *config.time)
-                told_to = span(config.schedule, sent_on)[1]
-                made = dispatcher.store.digests_told_to(
-                    account.account_id, told_to, self.clock.today() - dt.timedelta(days=1)
-                )
-                if name in made or (made - sources.accounts.keys() and _alone(sources, account)):
-                    # A digest of this billing account told its last day already, under another
-                    # schedule (a reload's change: a weekly one after the daily ones that told its
-                    # days), or under a name it had before a reload (moved under `accounts:`,
-                    # renamed). Accounts configured alike (the same key and project) keep no such
-                    # mark: either could be the other.
+                days = span(config.schedule, sent_on)
+                if self._told(dispatcher, sources, account, name, days):
+                    # Every day of it was told already by this billing account's digests: under
+                    # another schedule (a reload's change: a weekly one after the daily ones that
+                    # told its days), or under a name it had before a reload (moved under
+                    # `accounts:`, renamed).
                     return False
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
                 waited_from = max(scheduled, appeared)
@@ -165,14 +179,16 @@ class DigestQueue:
                     sent_on, config.schedule, url, alerts=firing.of(name), account=name, settled=settled
                 )
                 # For the notifiers configured now: a reload meanwhile may have removed one (and
-                # dropped its queue), which a digest queued after it must not fill again.
+                # dropped its queue), which a digest queued after it must not fill again, or sent
+                # digests elsewhere (and handed on what waited): the next round makes it anew.
                 with self._alerts_lock:
                     current = {n.name for n in dispatcher.outbox_notifiers}
                     names = [n for n in config.notifiers if n in current]
-                    if not names:  # all of them renamed or removed: the next round makes it for the config of now
+                    wanted = dispatcher.digests_to() if dispatcher.digests_to is not None else config.notifiers
+                    if not names or list(wanted or ()) != list(config.notifiers):
                         return False
                     queued = dispatcher.store.enqueue_digest(
-                        key, names, body, now.timestamp(), told=(name, told), told_to=told_to,
+                        key, names, body, now.timestamp(), told=(name, told), span=days,
                         account_id=account.account_id if _alone(sources, account) else "",
                     )  # fmt: skip
             except StateError as error:

@@ -188,37 +188,38 @@ class AlertStore:
             rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
-    def digests_told_to(self, account_id: str, first: dt.date, last: dt.date) -> set[str]:
-        """The names under which digests of the account `account_id` (`enqueue_digest`) were made
-        whose last day told is from `first` to `last` (a later one was made while the clock ran
-        ahead: it holds back no digest)."""
+    def digest_spans(self, account_id: str, first: dt.date, last: dt.date) -> list[tuple[str, dt.date, dt.date]]:
+        """The digests of the account `account_id` (`enqueue_digest`) that told a day from `first`
+        to `last`: under which name, and the first and last days each told."""
         with self.store.reading() as db:
             rows = db.execute(
-                "SELECT name FROM digest_accounts WHERE account_id = ? AND told_to >= ? AND told_to <= ?",
+                "SELECT name, first_day, last_day FROM digest_spans WHERE account_id = ? AND last_day >= ?"
+                " AND first_day <= ?",
                 (account_id, first.isoformat(), last.isoformat()),
-            )
-            return {name for (name,) in rows}
+            ).fetchall()
+        return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
-        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", told_to: dt.date | None = None,
+        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "",
+        span: tuple[dt.date, dt.date] | None = None,
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
         newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
-        (`digests_told_to`), kept with that name and the last day it tells, `told_to`."""
+        (`digest_spans`), kept with that name and the first and last days it tells, `span`."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
-            if account_id and told_to is not None:
-                mark = (account_id, account, told_to.isoformat())
-                db.execute("INSERT OR REPLACE INTO digest_accounts VALUES (?, ?, ?)", mark)
-                forgotten = told_to - dt.timedelta(days=TOLD_KEPT)
-                db.execute("DELETE FROM digest_accounts WHERE told_to < ?", (forgotten.isoformat(),))
+            if account_id and span is not None:
+                mark = (account_id, account, span[0].isoformat(), span[1].isoformat())
+                db.execute("INSERT OR IGNORE INTO digest_spans VALUES (?, ?, ?, ?)", mark)
+                forgotten = span[1] - dt.timedelta(days=TOLD_KEPT)
+                db.execute("DELETE FROM digest_spans WHERE last_day < ?", (forgotten.isoformat(),))
             text = json.dumps({**body, "id": key})
             db.executemany(
                 "INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES (?, ?, ?, ?)",

@@ -127,11 +127,12 @@ CREATE TABLE IF NOT EXISTS digests (
     made REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS digest_outbox_digest ON digest_outbox (json_extract(event, '$.id'));
-CREATE TABLE IF NOT EXISTS digest_accounts (
+CREATE TABLE IF NOT EXISTS digest_spans (
     account_id TEXT NOT NULL,
     name TEXT NOT NULL,
-    told_to TEXT NOT NULL,
-    PRIMARY KEY (account_id, name)
+    first_day TEXT NOT NULL,
+    last_day TEXT NOT NULL,
+    PRIMARY KEY (account_id, name, last_day, first_day)
 );
 CREATE TABLE IF NOT EXISTS digest_told (
     account TEXT NOT NULL,
