@@ -360,6 +360,48 @@ def test_one_account_again_after_several_shows_nothing_of_the_one_before(
         daemon.stop()
 
 
+class AddressedBilling(AccountsBilling):
+    """`AccountsBilling` whose clients are at the configured address (the history's source)."""
+
+    def __call__(self, config: BillingConfig) -> FakeBilling:
+        client = super().__call__(config)
+        client.base_url = str(config.url)
+        return client
+
+
+def test_one_account_back_after_several_at_another_address_keeps_its_figures_not_its_history(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """The same key and project, but another API's address: its last good figures stay shown (a
+    proxy's address, it may be), its history months are never learnt from until fetched there, as
+    a reload from one address to another within one config does."""
+    path = tmp_path / "config.yaml"
+
+    def one(url: str) -> dict:
+        billing = fake_billing_section(sims["prod"], history_months=1, url=url)
+        return {"billing": billing, "state": {"path": str(tmp_path / "state.db")}}
+
+    def back_at(url: str) -> Daemon:
+        path.write_text(yaml.safe_dump(one(f"{NOWHERE}/a")))
+        daemon = Daemon(validate(one(f"{NOWHERE}/a"), {}), config_path=path, clock=clock,
+                        billing=AddressedBilling(sims), serve=False)  # fmt: skip
+        assert daemon.refresh("bills")
+        assert daemon.refresh("history")
+        path.write_text(yaml.safe_dump(document({"prod": sims["prod"]}, tmp_path, [])))
+        assert daemon.reload()
+        path.write_text(yaml.safe_dump(one(url)))
+        assert daemon.reload()
+        return daemon
+
+    for url, history_kept in ((f"{NOWHERE}/a", True), (f"{NOWHERE}/b", False)):
+        daemon = back_at(url)
+        try:
+            assert daemon.latest.bills is not None
+            assert (daemon.latest.history is not None) == history_kept, url
+        finally:
+            daemon.stop()
+
+
 def test_a_budget_spanning_more_accounts_relabels_its_alert_not_doubles_it(
     sims: dict[str, Simulator], clock: Clock, tmp_path: Path
 ) -> None:
@@ -465,6 +507,13 @@ def test_a_day_s_digest_is_told_once_when_its_account_moves_under_accounts_and_i
         assert all(refresh_all(daemon))
         daemon.alert_cycle()
         assert ids()[2:] == ["daily:2026-11-23:production", "daily:2026-11-23:staging"]
+        # Renamed again while its name before goes to another account: still its own day told.
+        frozen.advance(dt.timedelta(minutes=5))
+        write(main="prod", production="lab", staging="staging")
+        assert daemon.reload()
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        assert "daily:2026-11-23:main" not in ids()
     finally:
         daemon.stop()
 

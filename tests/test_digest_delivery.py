@@ -352,12 +352,14 @@ def told_gaps(digest: dict) -> list[tuple[str, str]]:
     return [(g["day"], g["item"]) for g in digest["reconciliation"] if "item" in g]
 
 
+@pytest.mark.parametrize("moved", [False, True], ids=["as-it-was", "moved-under-accounts"])
 def test_a_days_bill_gap_that_settles_while_no_digest_is_made_is_told_by_the_next(
-    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, moved: bool
 ) -> None:
     """The daemon is down from after the digest of the 22nd until the 24th's time (the 23rd's is
     not made: missed by more than half a day): the 21st, which settled meanwhile, is told by the
-    digest of the 24th, and not again."""
+    digest of the 24th, and not again; also when the daemon comes back with its account moved
+    under `accounts:` (the days its digests told, kept by name, are those of the name before)."""
     doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
     sim.set_prices(prices_from_config(validate(doc, {}).prices))
     off = YESTERDAY  # the 21st: it settles at 06:00 on the 23rd, after 30 h
@@ -372,14 +374,22 @@ def test_a_days_bill_gap_that_settles_while_no_digest_is_made_is_told_by_the_nex
     sim.add_usage(500, TODAY + dt.timedelta(days=1))  # the 23rd, while the daemon is down
     frozen.set(dt.datetime(2026, 11, 24, 9, 0, tzinfo=clock.tz))
     sim.add_usage(500)
+    if moved:
+        doc = {k: v for k, v in doc.items() if k != "billing"} | {
+            "accounts": [{"name": "prod", "billing": doc["billing"]}]
+        }
     daemon = unit_daemon(validate(doc, {}), sim, clock)
+
+    def refreshed_and_evaluated() -> None:
+        for source in ("usage", "bills"):  # (usage: the settled days not read yet, the most recent first)
+            assert all(daemon.refresh(key) for key in daemon.sources.keys(source))
+        daemon.alert_cycle()
+
     try:
-        daemon.refresh("usage")  # the settled days not read yet, the most recent first: the 22nd and 21st
-        evaluate(daemon)
+        refreshed_and_evaluated()
         frozen.set(dt.datetime(2026, 11, 25, 9, 0, tzinfo=clock.tz))
         sim.add_usage(500)
-        daemon.refresh("usage")
-        evaluate(daemon)
+        refreshed_and_evaluated()
     finally:
         daemon.stop()
     days = [d["day"] for d in digests_told(daemon)]  # (each the day before the one it is sent on)

@@ -184,11 +184,14 @@ class Account:
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
         previous, self._previous = self._previous, None
-        whose, self.latest.whose = self.latest.whose, (self.config.billing.access_key_id, self.client.project_id)
+        whose = self.latest.whose
+        self.latest.whose = (self.config.billing.access_key_id, self.client.project_id, self.history.source)
         if previous is None:  # (at start, nothing is held; the one account back after several holds its before)
             self.latest.forget_probes()  # (its runners are new)
-            if whose not in (None, self.latest.whose):  # (another account's)
+            if whose is not None and whose[:2] != self.latest.whose[:2]:  # (another account's)
                 self.latest.forget_figures()
+            elif whose is not None and whose[2] != self.history.source:
+                self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
             if previous.client.project_id != self.client.project_id:

@@ -55,7 +55,7 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
 
 def _alone(sources: Sources, account: Account) -> bool:
     """No other account configured is of the same billing account and project as `account`."""
-    return sum(other.account_id == account.account_id for other in sources.accounts.values()) == 1
+    return account.account_id not in sources.alike
 
 
 class FiringByAccount:
@@ -111,19 +111,33 @@ class DigestQueue:
         self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date]
     ) -> bool:
         """Whether every day from `days[0]` to `days[1]` was told by a digest of `account`'s billing
-        account (`AlertStore.digest_spans`) under `name` or under a name no longer configured,
-        unless another account configured is of the same billing account (either could be the
-        other: none is marked). Digests of days from today on were made while the clock ran ahead:
-        they tell nothing."""
+        account (`AlertStore.digest_spans`), under `name` or another (one it had before a reload:
+        moved under `accounts:`, renamed, its old name maybe another account's now), unless another
+        account configured is of the same billing account (either could be the other: none is
+        marked). Digests of days from today on were made while the clock ran ahead: they tell
+        nothing."""
         if not _alone(sources, account):
             return False
         first, last = days
         told: set[dt.date] = set()
         today = self.clock.today()
-        for by, start, end in dispatcher.store.digest_spans(account.account_id, first, last):
-            if end < today and (by == name or by not in sources.accounts):
+        for _, start, end in dispatcher.store.digest_spans(account.account_id, first, last):
+            if end < today:
                 told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
         return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))
+
+    def _told_before(
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str
+    ) -> set[dt.date] | None:
+        """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`):
+        under `name`, or, before its first digest under it, under the names its billing account had
+        before (moved under `accounts:`, renamed), so that none is lost or told again."""
+        told = dispatcher.store.digest_told(name)
+        if told is not None or not _alone(sources, account):
+            return told
+        before = {by for by, _, _ in dispatcher.store.digest_spans(account.account_id, dt.date.min, dt.date.max)}
+        known = [days for by in sorted(before - {name}) if (days := dispatcher.store.digest_told(by)) is not None]
+        return set().union(*known) if known else None
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
@@ -173,7 +187,7 @@ class DigestQueue:
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
-                told_before = dispatcher.store.digest_told(name)
+                told_before = self._told_before(dispatcher, sources, account, name)
                 settled, told = sources.digest_settled(sent_on, config.schedule, name, told_before)
                 body = sources.digest(
                     sent_on, config.schedule, url, alerts=firing.of(name), account=name, settled=settled

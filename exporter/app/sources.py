@@ -4,6 +4,7 @@ them, the notifiers' dispatcher and the exposition; and the digest made from the
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -185,6 +186,9 @@ class Sources:
             account.activate()
         for name, gone in held_accounts.items():
             gone.removed = name not in self.accounts
+        ids = Counter(account.account_id for account in self.accounts.values())
+        self.alike = frozenset(account_id for account_id, count in ids.items() if count > 1)
+        """The billing accounts (`Account.account_id`) that more than one configured account is of."""
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
