@@ -118,13 +118,14 @@ def accounts(count: int) -> float:
 
 
 def digests(count: int) -> float:
-    """Seconds to make and queue the digests of `count` accounts of 5 endpoints, a spend rule by
-    account and endpoint firing: the daemon is made an hour before the digests' time, then its
-    clock is moved to it (each daemon makes its digests once)."""
+    """Seconds to make and queue the digests of `count` accounts of 5 endpoints (each its own
+    billing account: each digest's days are looked up among those its account's digests told), a
+    spend rule by account and endpoint firing: the daemon is made an hour before the digests'
+    time, then its clock is moved to it (each daemon makes its digests once)."""
     zone = Clock().tz
     frozen = FrozenClock(dt.datetime.combine(dt.datetime.now(zone).date(), dt.time(10), zone))
     document = {
-        "accounts": [{"name": f"a{n:04d}", "billing": BILLING} for n in range(count)],
+        "accounts": [{"name": f"a{n:04d}", "billing": BILLING | {"access_key_id": f"AK{n:04d}"}} for n in range(count)],
         "alerts": {"rules": [SPEND_BY_ACCOUNT], "notifiers": [{"name": "finance", "type": "webhook",
                                                             "url": "https://hook.invalid"}]},
         "digest": {"notifiers": ["finance"], "at": "11:00"},
