@@ -518,6 +518,42 @@ def test_a_day_s_digest_is_told_once_when_its_account_moves_under_accounts_and_i
         daemon.stop()
 
 
+def test_a_name_a_reload_gives_to_another_account_after_its_digest_went_holds_back_none_of_that_one(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """`prod` is renamed `main` and its name goes to `lab`'s billing account after both digests of
+    the day went: `main`'s day was told (as `prod`), `lab`'s (now `prod`) was not: it goes, under a
+    key of its own (receivers drop a repeat by it), and not again at the next look."""
+    path = tmp_path / "config.yaml"
+
+    def write(**accounts: str) -> None:
+        doc = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+        doc["accounts"] = accounts_section({n: sims[sim] for n, sim in accounts.items()}, history_months=0)
+        path.write_text(yaml.safe_dump(doc))
+
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    write(prod="prod", staging="staging")
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        write(main="prod", staging="staging", prod="lab")
+        assert daemon.reload()
+        for _ in range(2):
+            assert all(refresh_all(daemon))
+            daemon.alert_cycle()
+        told = [(d["id"], d["account"], d["spend"]) for d in digests_told(daemon)]
+    finally:
+        daemon.stop()
+    lab = daemon.sources.accounts["prod"].account_id
+    assert [(i, a) for i, a, _ in told] == [
+        ("daily:2026-11-22:prod", "prod"), ("daily:2026-11-22:staging", "staging"),
+        (f"daily:2026-11-22:prod:{lab[:12]}", "prod"),
+    ]  # fmt: skip
+    assert Decimal(told[2][2]) == spent_on(sims["lab"], dt.date(2026, 11, 21)).quantize(Decimal("0.01"))
+
+
 def test_of_two_accounts_configured_alike_the_one_left_still_tells_its_day(
     sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

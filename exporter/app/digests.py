@@ -103,6 +103,9 @@ class DigestQueue:
         self._alerts_lock = alerts_lock
         self._stopping = stopping
         self._error = ""
+        self._made: set[str] = set()
+        """The keys of the digests due now (of `_made_on`) that were made: none is looked up again."""
+        self._made_on: dt.date | None = None
         self._appeared: dict[str, dt.datetime] = {}
         """When each account was first looked at for a digest (at the start, or when a reload added
         it): its wait for the day's bills counts from then."""
@@ -126,6 +129,25 @@ class DigestQueue:
                 told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
         return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))
 
+    def _key(
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, due: str, name: str,
+        days: tuple[dt.date, dt.date],
+    ) -> str | None:  # fmt: skip
+        """The key of `account`'s digest `due` (`daily:2026-11-23`, then `:name`), or None once it
+        was made. A digest made under it of another billing account (its name was that one's before
+        a reload) is not its own: its own has a key of its own, the name's and its account's."""
+        key = due + (f":{name}" if name else "")
+        if key in self._made:
+            return None
+        if not dispatcher.store.digest_made(key):
+            return key
+        owners = dispatcher.store.digest_owners(name, days)
+        if not owners or account.account_id in owners or not _alone(sources, account):
+            self._made.add(key)
+            return None
+        own = f"{key}:{account.account_id[:12]}"
+        return None if dispatcher.store.digest_made(own) else own
+
     def _told_before(
         self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str
     ) -> set[dt.date] | None:
@@ -133,8 +155,12 @@ class DigestQueue:
         under `name`, or, before its first digest under it, under the names its billing account had
         before (moved under `accounts:`, renamed), so that none is lost or told again."""
         told = dispatcher.store.digest_told(name)
-        if told is not None or not _alone(sources, account):
+        if not _alone(sources, account):
             return told
+        if told is not None:
+            owners = dispatcher.store.digest_owners(name)
+            if not owners or account.account_id in owners:
+                return told  # (those of another billing account, whose name it was, are not its own)
         before = {by for by, _, _ in dispatcher.store.digest_spans(account.account_id, dt.date.min, dt.date.max)}
         known = [days for by in sorted(before - {name}) if (days := dispatcher.store.digest_told(by)) is not None]
         return set().union(*known) if known else None
@@ -149,6 +175,8 @@ class DigestQueue:
         if sent_on is None:
             return False
         queued = False
+        if self._made_on != sent_on:
+            self._made, self._made_on = set(), sent_on
         firing = FiringByAccount(sources.engine.current)
         self._appeared = {name: at for name, at in self._appeared.items() if name in sources.accounts}
         for name in list(sources.accounts):  # with several accounts, one digest each
@@ -166,16 +194,16 @@ class DigestQueue:
         now: dt.datetime,
         firing: FiringByAccount,
     ) -> bool:
-        key = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
         with self._busy():
             try:
-                if dispatcher.store.digest_made(key):
-                    return False
                 account = sources.accounts.get(name)
                 if account is None:
                     return False  # a reload removed it meanwhile
-                scheduled = self.clock.at(sent_on, *config.time)
                 days = span(config.schedule, sent_on)
+                key = self._key(dispatcher, sources, account, f"{config.schedule}:{sent_on.isoformat()}", name, days)
+                if key is None:
+                    return False
+                scheduled = self.clock.at(sent_on, *config.time)
                 if self._told(dispatcher, sources, account, name, days):
                     # Every day of it was told already by this billing account's digests: under
                     # another schedule (a reload's change: a weekly one after the daily ones that

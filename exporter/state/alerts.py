@@ -199,6 +199,16 @@ class AlertStore:
             ).fetchall()
         return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
 
+    def digest_owners(self, name: str, days: tuple[dt.date, dt.date] | None = None) -> set[str]:
+        """The billing accounts whose digests (`enqueue_digest`) went under `name`: those that told
+        `days` (its first and last), or any."""
+        query, args = "SELECT DISTINCT account_id FROM digest_spans WHERE name = ?", [name]
+        if days is not None:
+            query += " AND first_day = ? AND last_day = ?"
+            args += [days[0].isoformat(), days[1].isoformat()]
+        with self.store.reading() as db:
+            return {account_id for (account_id,) in db.execute(query, args)}
+
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
         told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "",
