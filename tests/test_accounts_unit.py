@@ -24,6 +24,7 @@ from exporter.notifiers.digest import text as digest_text
 from exporter.sim import ITEMS, Fault, Simulator
 from tests.daemon_fakes import (
     NOWHERE,
+    InProcessBilling,
     account_simulators,
     accounts_section,
     digests_told,
@@ -537,7 +538,8 @@ def test_a_name_a_reload_gives_to_another_account_after_its_digest_went_holds_ba
                     billing=AccountsBilling(sims), serve=False)  # fmt: skip
     try:
         assert all(refresh_all(daemon))
-        daemon.alert_cycle()
+        for _ in range(2):  # (the second look finds the day's digests made)
+            daemon.alert_cycle()
         write(main="prod", staging="staging", prod="lab")
         assert daemon.reload()
         for _ in range(2):
@@ -552,6 +554,37 @@ def test_a_name_a_reload_gives_to_another_account_after_its_digest_went_holds_ba
         (f"daily:2026-11-22:prod:{lab[:12]}", "prod"),
     ]  # fmt: skip
     assert Decimal(told[2][2]) == spent_on(sims["lab"], dt.date(2026, 11, 21)).quantize(Decimal("0.01"))
+
+
+def test_an_access_key_rotated_after_the_day_s_digest_went_is_the_same_account(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """`prod` with a new access key (another billing account id, the one before no longer
+    configured): its digest of the day went, and goes not again under a key of its own."""
+    path = tmp_path / "config.yaml"
+    billing = InProcessBilling(sims["prod"])
+
+    def write(key: str) -> None:
+        doc = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+        doc["accounts"] = accounts_section({"prod": sims["prod"], "staging": sims["staging"]}, history_months=0)
+        doc["accounts"][0]["billing"]["access_key_id"] = key
+        path.write_text(yaml.safe_dump(doc))
+
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    write("AK-BEFORE")
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock, billing=billing,
+                    serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        write("AK-NOW")
+        assert daemon.reload()
+        for _ in range(2):
+            assert all(refresh_all(daemon))
+            daemon.alert_cycle()
+        assert [d["id"] for d in digests_told(daemon)] == ["daily:2026-11-22:prod", "daily:2026-11-22:staging"]
+    finally:
+        daemon.stop()
 
 
 def test_of_two_accounts_configured_alike_the_one_left_still_tells_its_day(

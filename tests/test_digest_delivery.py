@@ -4,13 +4,16 @@ simulator: through a webhook receiver, Slack's format and a real SMTP server."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -18,7 +21,7 @@ import pytest
 import yaml
 
 from exporter.app.daemon import Daemon
-from exporter.app.digests import DIGEST_WAIT
+from exporter.app.digests import DIGEST_WAIT, DigestQueue
 from exporter.config.load import load, validate
 from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock, FrozenClock
@@ -549,6 +552,34 @@ def test_a_weekly_digest_whose_days_the_daily_ones_told_in_part_goes(
         daemon.stop()
     dailies = days_of("daily", dt.date(2026, 11, 27), dt.date(2026, 11, 30))
     assert told_ids(daemon) == ["weekly:2026-11-23", *dailies, "weekly:2026-11-30"]
+
+
+def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whatever_the_names() -> None:
+    """Two accounts' names swapped by a reload: each goes on from the days its own digests told.
+    An access key rotated (another billing account id, the one before no longer configured) goes on
+    from the name's; a name whose digests were another account's configured now gives none of it."""
+    store = AlertStore(StateStore(":memory:"))
+    queue = DigestQueue(Clock(), contextlib.nullcontext, threading.Lock(), threading.Event())
+
+    def made(name: str, account_id: str, told: list[int], sent_on: int = 21) -> None:
+        day, days = dt.date(2026, 11, sent_on - 1), [dt.date(2026, 11, d) for d in told]
+        store.enqueue_digest(
+            f"daily:2026-11-{sent_on}:{name}", ["chat"], {}, 0.0, told=(name, days), account_id=account_id,
+            span=(day, day),
+        )  # fmt: skip
+
+    def told_before(name: str, account_id: str, *configured: str) -> list[int] | None:
+        sources = SimpleNamespace(alike=frozenset(), account_ids=frozenset(configured))
+        told = queue._told_before(SimpleNamespace(store=store), sources, SimpleNamespace(account_id=account_id), name)  # type: ignore[arg-type]
+        return None if told is None else sorted(day.day for day in told)
+
+    made("prod", "A", [17, 18])
+    made("staging", "B", [16])
+    assert told_before("staging", "A", "A", "B") == [17, 18]  # (A renamed staging, B renamed prod)
+    made("staging", "A", [19], sent_on=22)  # (A's digest made first in the round)
+    assert told_before("prod", "B", "A", "B") == [16]
+    assert told_before("prod", "A2", "A2", "B") == [17, 18]  # (A's key rotated)
+    assert told_before("prod", "C", "A", "C") is None  # (prod is A's, still configured)
 
 
 def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(

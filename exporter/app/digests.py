@@ -53,6 +53,16 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     return config.billing.history_months == 0 or todays_history(latest, clock)
 
 
+def _another(
+    dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date] | None = None
+) -> bool:
+    """Whether digests under `name` (of `days`, or any) were another billing account's that is
+    configured now (one no longer configured is this one's before: its access key rotated, its
+    project changed), and `account` is the only account of its own (else none is marked)."""
+    others = dispatcher.store.digest_owners(name, days) - {account.account_id}
+    return _alone(sources, account) and bool(others & sources.account_ids)
+
+
 def _alone(sources: Sources, account: Account) -> bool:
     """No other account configured is of the same billing account and project as `account`."""
     return account.account_id not in sources.alike
@@ -106,6 +116,7 @@ class DigestQueue:
         self._made: set[str] = set()
         """The keys of the digests due now (of `_made_on`) that were made: none is looked up again."""
         self._made_on: dt.date | None = None
+        self._made_for: Sources | None = None
         self._appeared: dict[str, dt.datetime] = {}
         """When each account was first looked at for a digest (at the start, or when a reload added
         it): its wait for the day's bills counts from then."""
@@ -141,8 +152,9 @@ class DigestQueue:
             return None
         if not dispatcher.store.digest_made(key):
             return key
-        owners = dispatcher.store.digest_owners(name, days)
-        if not owners or account.account_id in owners or not _alone(sources, account):
+        if account.account_id in dispatcher.store.digest_owners(name, days) or not _another(
+            dispatcher, sources, account, name, days
+        ):
             self._made.add(key)
             return None
         own = f"{key}:{account.account_id[:12]}"
@@ -154,13 +166,19 @@ class DigestQueue:
         """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`):
         under `name`, or, before its first digest under it, under the names its billing account had
         before (moved under `accounts:`, renamed), so that none is lost or told again."""
-        told = dispatcher.store.digest_told(name)
         if not _alone(sources, account):
-            return told
+            return dispatcher.store.digest_told(name)
+        told = dispatcher.store.digest_told(name, account.account_id)
         if told is not None:
-            owners = dispatcher.store.digest_owners(name)
-            if not owners or account.account_id in owners:
-                return told  # (those of another billing account, whose name it was, are not its own)
+            return told
+        # None kept by its billing account yet (a version before kept them by name only): by name,
+        # unless the name's digests were another account's (configured now: its access key rotated,
+        # it is this one), else by the names it had before.
+        if (
+            not _another(dispatcher, sources, account, name)
+            and (told := dispatcher.store.digest_told(name)) is not None
+        ):
+            return told
         before = {by for by, _, _ in dispatcher.store.digest_spans(account.account_id, dt.date.min, dt.date.max)}
         known = [days for by in sorted(before - {name}) if (days := dispatcher.store.digest_told(by)) is not None]
         return set().union(*known) if known else None
@@ -175,8 +193,8 @@ class DigestQueue:
         if sent_on is None:
             return False
         queued = False
-        if self._made_on != sent_on:
-            self._made, self._made_on = set(), sent_on
+        if (self._made_on, self._made_for) != (sent_on, sources):  # (a reload may give a name to another account)
+            self._made, self._made_on, self._made_for = set(), sent_on, sources
         firing = FiringByAccount(sources.engine.current)
         self._appeared = {name: at for name, at in self._appeared.items() if name in sources.accounts}
         for name in list(sources.accounts):  # with several accounts, one digest each

@@ -187,8 +187,10 @@ class Sources:
         for name, gone in held_accounts.items():
             gone.removed = name not in self.accounts
         ids = Counter(account.account_id for account in self.accounts.values())
+        self.account_ids = frozenset(ids)
+        """The billing accounts (`Account.account_id`) the configured accounts are of."""
         self.alike = frozenset(account_id for account_id, count in ids.items() if count > 1)
-        """The billing accounts (`Account.account_id`) that more than one configured account is of."""
+        """Those that more than one configured account is of."""
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []

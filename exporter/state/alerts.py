@@ -181,11 +181,15 @@ class AlertStore:
         with self.store.reading() as db:
             return db.execute("SELECT 1 FROM digests WHERE key = ?", (key,)).fetchone() is not None
 
-    def digest_told(self, account: str) -> set[dt.date] | None:
-        """The settled days whose reconciliation `account`'s digests have told (`enqueue_digest`);
+    def digest_told(self, account: str, account_id: str = "") -> set[dt.date] | None:
+        """The settled days whose reconciliation the digests of the account named `account` have
+        told (`enqueue_digest`), or those of the billing account `account_id`, whatever its names;
         None before its first digest that told any."""
         with self.store.reading() as db:
-            rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
+            if account_id:
+                rows = db.execute("SELECT day FROM digest_told_by WHERE account_id = ?", (account_id,)).fetchall()
+            else:
+                rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
     def digest_spans(self, account_id: str, first: dt.date, last: dt.date) -> list[tuple[str, dt.date, dt.date]]:
@@ -241,6 +245,14 @@ class AlertStore:
                 db.executemany("INSERT OR IGNORE INTO digest_told VALUES (?, ?)", rows)
                 forgotten = days[-1] - dt.timedelta(days=TOLD_KEPT)
                 db.execute("DELETE FROM digest_told WHERE account = ? AND day < ?", (account, forgotten.isoformat()))
+                if account_id:
+                    db.executemany(
+                        "INSERT OR IGNORE INTO digest_told_by VALUES (?, ?)", [(account_id, d) for _, d in rows]
+                    )
+                    db.execute(
+                        "DELETE FROM digest_told_by WHERE account_id = ? AND day < ?",
+                        (account_id, forgotten.isoformat()),
+                    )
         return True
 
     def head(self, notifier: str, now: float = math.inf) -> OutboxEntry | None:

@@ -134,6 +134,12 @@ CREATE TABLE IF NOT EXISTS digest_spans (
     last_day TEXT NOT NULL,
     PRIMARY KEY (account_id, name, last_day, first_day)
 );
+CREATE INDEX IF NOT EXISTS digest_spans_name ON digest_spans (name, first_day, last_day);
+CREATE TABLE IF NOT EXISTS digest_told_by (
+    account_id TEXT NOT NULL,
+    day TEXT NOT NULL,
+    PRIMARY KEY (account_id, day)
+);
 CREATE TABLE IF NOT EXISTS digest_told (
     account TEXT NOT NULL,
     day TEXT NOT NULL,
