@@ -355,6 +355,41 @@ def told_gaps(digest: dict) -> list[tuple[str, str]]:
     return [(g["day"], g["item"]) for g in digest["reconciliation"] if "item" in g]
 
 
+@pytest.mark.parametrize("change", ["none", "key-rotated", "upgraded"])
+def test_a_days_bill_gap_is_told_once_across_an_access_key_rotation_or_an_upgrade(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, change: str
+) -> None:
+    """The 20th's gap, told by the digest of the 22nd; after it, the access key is rotated (another
+    billing account id, the same project) or the state file is one whose days told were kept by
+    name only (a version before): none of the next three digests tells it again."""
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))
+    off = YESTERDAY - dt.timedelta(days=1)
+    for day in (off, YESTERDAY, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(off, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        daemon.refresh("usage")
+        evaluate(daemon)
+        if change == "key-rotated":
+            path.write_text(yaml.safe_dump(doc | {"billing": doc["billing"] | {"access_key_id": "AK-ROTATED"}}))
+            assert daemon.reload()
+        elif change == "upgraded":
+            with daemon.dispatcher.store.store.transaction() as db:
+                db.execute("DELETE FROM digest_told_by")
+        for day in (23, 24, 25):
+            frozen.set(dt.datetime(2026, 11, day, 9, 0, tzinfo=clock.tz))
+            sim.add_usage(500)
+            daemon.refresh("usage")
+            evaluate(daemon)
+    finally:
+        daemon.stop()
+    assert [told_gaps(d) for d in digests_told(daemon)] == [[(off.isoformat(), "ITEM_COMPLETION_TOKEN")], [], [], []]
+
+
 @pytest.mark.parametrize("moved", [False, True], ids=["as-it-was", "moved-under-accounts"])
 def test_a_days_bill_gap_that_settles_while_no_digest_is_made_is_told_by_the_next(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, moved: bool
@@ -555,22 +590,28 @@ def test_a_weekly_digest_whose_days_the_daily_ones_told_in_part_goes(
 
 
 def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whatever_the_names() -> None:
-    """Two accounts' names swapped by a reload: each goes on from the days its own digests told.
-    An access key rotated (another billing account id, the one before no longer configured) goes on
-    from the name's; a name whose digests were another account's configured now gives none of it."""
+    """Two accounts' names swapped by a reload: each goes on from the days its own digests told. An
+    access key rotated (another billing account id of the same project, the one before no longer
+    configured) goes on from the name's, at its first digest and after; so does an account once
+    alike with another and alone again, and one whose state file kept the days by name only (a
+    version before). A name whose digests were another account's (configured now, or of another
+    project) gives none of them."""
     store = AlertStore(StateStore(":memory:"))
     queue = DigestQueue(Clock(), contextlib.nullcontext, threading.Lock(), threading.Event())
 
-    def made(name: str, account_id: str, told: list[int], sent_on: int = 21) -> None:
+    def made(name: str, account_id: str, told: list[int], sent_on: int = 21, project: str = "") -> None:
         day, days = dt.date(2026, 11, sent_on - 1), [dt.date(2026, 11, d) for d in told]
         store.enqueue_digest(
             f"daily:2026-11-{sent_on}:{name}", ["chat"], {}, 0.0, told=(name, days), account_id=account_id,
-            span=(day, day),
+            project_id=project, span=(day, day),
         )  # fmt: skip
 
-    def told_before(name: str, account_id: str, *configured: str) -> list[int] | None:
-        sources = SimpleNamespace(alike=frozenset(), account_ids=frozenset(configured))
-        told = queue._told_before(SimpleNamespace(store=store), sources, SimpleNamespace(account_id=account_id), name)  # type: ignore[arg-type]
+    def told_before(
+        name: str, account_id: str, *configured: str, project: str = "", alike: bool = False
+    ) -> list[int] | None:
+        sources = SimpleNamespace(alike=frozenset([account_id] if alike else []), account_ids=frozenset(configured))
+        account = SimpleNamespace(account_id=account_id, client=SimpleNamespace(project_id=project))
+        told = queue._told_before(SimpleNamespace(store=store), sources, account, name)  # type: ignore[arg-type]
         return None if told is None else sorted(day.day for day in told)
 
     made("prod", "A", [17, 18])
@@ -578,8 +619,17 @@ def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whateve
     assert told_before("staging", "A", "A", "B") == [17, 18]  # (A renamed staging, B renamed prod)
     made("staging", "A", [19], sent_on=22)  # (A's digest made first in the round)
     assert told_before("prod", "B", "A", "B") == [16]
-    assert told_before("prod", "A2", "A2", "B") == [17, 18]  # (A's key rotated)
     assert told_before("prod", "C", "A", "C") is None  # (prod is A's, still configured)
+    assert told_before("prod", "C", "C", project="p2") is None  # (A's, of another project)
+    assert told_before("prod", "A2", "A2", "B") == [17, 18]  # (A's key rotated)
+    made("prod", "A2", [20], sent_on=23)  # (its first digest: the days it went on from, kept by its account)
+    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20]
+    made("prod", "", [21], sent_on=24)  # (alike with another for a day: kept by name only)
+    assert told_before("prod", "A2", "A2", "B", alike=True) == [17, 18, 20, 21]
+    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20, 21]
+    with store.store.transaction() as db:  # (a version before kept none by account)
+        db.execute("DELETE FROM digest_told_by")
+    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20, 21]
 
 
 def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(

@@ -56,11 +56,13 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
 def _another(
     dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date] | None = None
 ) -> bool:
-    """Whether digests under `name` (of `days`, or any) were another billing account's that is
-    configured now (one no longer configured is this one's before: its access key rotated, its
-    project changed), and `account` is the only account of its own (else none is marked)."""
-    others = dispatcher.store.digest_owners(name, days) - {account.account_id}
-    return _alone(sources, account) and bool(others & sources.account_ids)
+    """Whether digests under `name` (of `days`, or any) were another billing account's: one that
+    is configured now, or of another project (one of the same project no longer configured is this
+    one before its access key was rotated); and `account` is the only account of its own (else
+    none is marked)."""
+    project = account.client.project_id
+    others = [(i, p) for i, p in dispatcher.store.digest_owners(name, days) if i != account.account_id]
+    return _alone(sources, account) and any(i in sources.account_ids or p != project for i, p in others)
 
 
 def _alone(sources: Sources, account: Account) -> bool:
@@ -152,7 +154,7 @@ class DigestQueue:
             return None
         if not dispatcher.store.digest_made(key):
             return key
-        if account.account_id in dispatcher.store.digest_owners(name, days) or not _another(
+        if account.account_id in {i for i, _ in dispatcher.store.digest_owners(name, days)} or not _another(
             dispatcher, sources, account, name, days
         ):
             self._made.add(key)
@@ -169,8 +171,9 @@ class DigestQueue:
         if not _alone(sources, account):
             return dispatcher.store.digest_told(name)
         told = dispatcher.store.digest_told(name, account.account_id)
-        if told is not None:
-            return told
+        if told is not None:  # (and those told under its name while it was alike with another)
+            by_name = None if _another(dispatcher, sources, account, name) else dispatcher.store.digest_told(name)
+            return told | (by_name or set())
         # None kept by its billing account yet (a version before kept them by name only): by name,
         # unless the name's digests were another account's (configured now: its access key rotated,
         # it is this one), else by the names it had before.
@@ -248,7 +251,8 @@ class DigestQueue:
                     if not names or list(wanted or ()) != list(config.notifiers):
                         return False
                     queued = dispatcher.store.enqueue_digest(
-                        key, names, body, now.timestamp(), told=(name, told), span=days,
+                        key, names, body, now.timestamp(), told=(name, told | (told_before or set())), span=days,
+                        project_id=account.client.project_id,
                         account_id=account.account_id if _alone(sources, account) else "",
                     )  # fmt: skip
             except StateError as error:

@@ -203,19 +203,19 @@ class AlertStore:
             ).fetchall()
         return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
 
-    def digest_owners(self, name: str, days: tuple[dt.date, dt.date] | None = None) -> set[str]:
-        """The billing accounts whose digests (`enqueue_digest`) went under `name`: those that told
-        `days` (its first and last), or any."""
-        query, args = "SELECT DISTINCT account_id FROM digest_spans WHERE name = ?", [name]
+    def digest_owners(self, name: str, days: tuple[dt.date, dt.date] | None = None) -> set[tuple[str, str]]:
+        """The billing accounts whose digests (`enqueue_digest`) went under `name`, each with its
+        project: those that told `days` (its first and last), or any."""
+        query, args = "SELECT DISTINCT account_id, project_id FROM digest_spans WHERE name = ?", [name]
         if days is not None:
             query += " AND first_day = ? AND last_day = ?"
             args += [days[0].isoformat(), days[1].isoformat()]
         with self.store.reading() as db:
-            return {account_id for (account_id,) in db.execute(query, args)}
+            return {(account_id, project) for account_id, project in db.execute(query, args)}
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
-        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "",
+        told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", project_id: str = "",
         span: tuple[dt.date, dt.date] | None = None,
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
@@ -223,15 +223,16 @@ class AlertStore:
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
         newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
-        (`digest_spans`), kept with that name and the first and last days it tells, `span`."""
+        (`digest_spans`), kept with that name, the first and last days it tells (`span`) and its
+        `project_id`."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
             if account_id and span is not None:
-                mark = (account_id, account, span[0].isoformat(), span[1].isoformat())
-                db.execute("INSERT OR IGNORE INTO digest_spans VALUES (?, ?, ?, ?)", mark)
+                mark = (account_id, account, span[0].isoformat(), span[1].isoformat(), project_id)
+                db.execute("INSERT OR IGNORE INTO digest_spans VALUES (?, ?, ?, ?, ?)", mark)
                 forgotten = span[1] - dt.timedelta(days=TOLD_KEPT)
                 db.execute("DELETE FROM digest_spans WHERE last_day < ?", (forgotten.isoformat(),))
             text = json.dumps({**body, "id": key})

@@ -132,6 +132,7 @@ CREATE TABLE IF NOT EXISTS digest_spans (
     name TEXT NOT NULL,
     first_day TEXT NOT NULL,
     last_day TEXT NOT NULL,
+    project_id TEXT NOT NULL,
     PRIMARY KEY (account_id, name, last_day, first_day)
 );
 CREATE INDEX IF NOT EXISTS digest_spans_name ON digest_spans (name, first_day, last_day);
