@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 
+from exporter.app import digests as digests_module
 from exporter.app.daemon import Daemon
 from exporter.app.digests import DIGEST_WAIT, DigestQueue
 from exporter.config.load import load, validate
@@ -518,19 +519,22 @@ def days_of(schedule: str, first: dt.date, last: dt.date) -> list[str]:
     return [f"{schedule}:{first + dt.timedelta(days=n)}" for n in range((last - first).days + 1)]
 
 
+@pytest.mark.parametrize("rotated", [False, True], ids=["same-key", "key-rotated-too"])
 def test_a_schedule_made_weekly_mid_week_sends_no_weekly_digest_of_days_the_daily_ones_told(
-    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, rotated: bool
 ) -> None:
     """Daily since Monday the 16th, weekly from Wednesday the 25th: Monday the 23rd's weekly digest,
     still due (half a week has not passed), would tell the 16th to the 22nd, which the daily ones
-    told; the next Monday's goes, and so does the next day's daily one when daily again."""
+    told; the next Monday's goes, and so does the next day's daily one when daily again. The same
+    when the reload to weekly rotates the access key too."""
     doc = document(sim, None, tmp_path, hook(None))
     (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
     frozen.set(dt.datetime(2026, 11, 16, 9, 30, tzinfo=clock.tz))
     daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    after = doc | {"billing": doc["billing"] | {"access_key_id": "AK-ROTATED"}} if rotated else doc
     try:
         switched(
-            daemon, path, doc, frozen, clock, *daily_from(dt.date(2026, 11, 16), dt.date(2026, 11, 25)),
+            daemon, path, after, frozen, clock, *daily_from(dt.date(2026, 11, 16), dt.date(2026, 11, 25)),
             (dt.datetime(2026, 11, 25, 10, 0), {"schedule": "weekly"}), (dt.datetime(2026, 11, 30, 9, 30), None),
             (dt.datetime(2026, 12, 1, 9, 30), {"schedule": "daily"}),
         )  # fmt: skip
@@ -590,20 +594,20 @@ def test_a_weekly_digest_whose_days_the_daily_ones_told_in_part_goes(
 
 
 def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whatever_the_names() -> None:
-    """Two accounts' names swapped by a reload: each goes on from the days its own digests told. An
-    access key rotated (another billing account id of the same project, the one before no longer
-    configured) goes on from the name's, at its first digest and after; so does an account once
-    alike with another and alone again, and one whose state file kept the days by name only (a
-    version before). A name whose digests were another account's (configured now, or of another
-    project) gives none of them."""
+    """Two accounts' names swapped by a reload: each goes on from the days its own digests told.
+    An access key rotated (another billing account id of the same project, the one before no longer
+    configured) goes on from those of the id before; a name whose digests were another account's
+    (configured now, or of another project) gives none of them. Accounts configured alike go by
+    their names; a state file of a version before, which kept the days by name only, by the name."""
     store = AlertStore(StateStore(":memory:"))
     queue = DigestQueue(Clock(), contextlib.nullcontext, threading.Lock(), threading.Event())
 
-    def made(name: str, account_id: str, told: list[int], sent_on: int = 21, project: str = "") -> None:
+    def made(name: str, account_id: str, told: list[int], sent_on: int = 21, *, marked: bool = True) -> None:
+        """As `_account` queues it: the days it tells and those it went on from; `marked`: alone."""
         day, days = dt.date(2026, 11, sent_on - 1), [dt.date(2026, 11, d) for d in told]
         store.enqueue_digest(
             f"daily:2026-11-{sent_on}:{name}", ["chat"], {}, 0.0, told=(name, days), account_id=account_id,
-            project_id=project, span=(day, day),
+            span=(day, day) if marked else None,
         )  # fmt: skip
 
     def told_before(
@@ -611,25 +615,27 @@ def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whateve
     ) -> list[int] | None:
         sources = SimpleNamespace(alike=frozenset([account_id] if alike else []), account_ids=frozenset(configured))
         account = SimpleNamespace(account_id=account_id, client=SimpleNamespace(project_id=project))
-        told = queue._told_before(SimpleNamespace(store=store), sources, account, name)  # type: ignore[arg-type]
+        here = SimpleNamespace(store=store)
+        ids = digests_module._ids(here, sources, account, name)  # type: ignore[arg-type]
+        told = queue._told_before(here, sources, account, ids, name)  # type: ignore[arg-type]
         return None if told is None else sorted(day.day for day in told)
 
     made("prod", "A", [17, 18])
     made("staging", "B", [16])
     assert told_before("staging", "A", "A", "B") == [17, 18]  # (A renamed staging, B renamed prod)
-    made("staging", "A", [19], sent_on=22)  # (A's digest made first in the round)
+    made("staging", "A", [17, 18, 19], sent_on=22)  # (A's digest made first in the round)
     assert told_before("prod", "B", "A", "B") == [16]
     assert told_before("prod", "C", "A", "C") is None  # (prod is A's, still configured)
-    assert told_before("prod", "C", "C", project="p2") is None  # (A's, of another project)
-    assert told_before("prod", "A2", "A2", "B") == [17, 18]  # (A's key rotated)
-    made("prod", "A2", [20], sent_on=23)  # (its first digest: the days it went on from, kept by its account)
-    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20]
-    made("prod", "", [21], sent_on=24)  # (alike with another for a day: kept by name only)
-    assert told_before("prod", "A2", "A2", "B", alike=True) == [17, 18, 20, 21]
-    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20, 21]
-    with store.store.transaction() as db:  # (a version before kept none by account)
+    assert told_before("staging", "C", "C", project="p2") is None  # (A's, of another project)
+    assert told_before("staging", "A2", "A2", "B") == [17, 18, 19]  # (A's key rotated)
+    made("staging", "A2", [17, 18, 19, 20], sent_on=23)
+    made("staging", "A2", [21], sent_on=24, marked=False)  # (alike with another for a day)
+    assert told_before("staging", "A2", "A2", "B", alike=True) == [16, 17, 18, 19, 20, 21]  # (by name: B's too)
+    assert told_before("staging", "A2", "A2", "B") == [17, 18, 19, 20, 21]
+    with store.store.transaction() as db:  # (a version before: days by name only, no digest marked)
         db.execute("DELETE FROM digest_told_by")
-    assert told_before("prod", "A2", "A2", "B") == [17, 18, 20, 21]
+        db.execute("DELETE FROM digest_spans")
+    assert told_before("staging", "A2", "A2", "B") == [16, 17, 18, 19, 20, 21]
 
 
 def test_a_clock_that_ran_ahead_and_a_time_moved_past_midnight_hold_back_no_digest(

@@ -53,16 +53,16 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     return config.billing.history_months == 0 or todays_history(latest, clock)
 
 
-def _another(
-    dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date] | None = None
-) -> bool:
-    """Whether digests under `name` (of `days`, or any) were another billing account's: one that
-    is configured now, or of another project (one of the same project no longer configured is this
-    one before its access key was rotated); and `account` is the only account of its own (else
-    none is marked)."""
-    project = account.client.project_id
-    others = [(i, p) for i, p in dispatcher.store.digest_owners(name, days) if i != account.account_id]
-    return _alone(sources, account) and any(i in sources.account_ids or p != project for i, p in others)
+def _ids(dispatcher: Dispatcher, sources: Sources, account: Account, name: str) -> tuple[str, ...]:
+    """The billing account ids whose digests are `account`'s: its own, and the one it had before
+    its access key was rotated, if the last digest under `name` was of an id no longer configured
+    with the same project (`AlertStore.digest_last_owner`). (Another billing account of the same
+    project whose name it was is taken for that one: nothing here tells them apart.)"""
+    last = dispatcher.store.digest_last_owner(name)
+    if last is None or last[0] == account.account_id or last[0] in sources.account_ids:
+        return (account.account_id,)
+    before, project = last
+    return (account.account_id, before) if project == account.client.project_id else (account.account_id,)
 
 
 def _alone(sources: Sources, account: Account) -> bool:
@@ -124,67 +124,61 @@ class DigestQueue:
         it): its wait for the day's bills counts from then."""
 
     def _told(
-        self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str, days: tuple[dt.date, dt.date]
-    ) -> bool:
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...],
+        days: tuple[dt.date, dt.date],
+    ) -> bool:  # fmt: skip
         """Whether every day from `days[0]` to `days[1]` was told by a digest of `account`'s billing
-        account (`AlertStore.digest_spans`), under `name` or another (one it had before a reload:
-        moved under `accounts:`, renamed, its old name maybe another account's now), unless another
-        account configured is of the same billing account (either could be the other: none is
-        marked). Digests of days from today on were made while the clock ran ahead: they tell
+        account (`ids`: `_ids`; `AlertStore.digest_spans`), under any name (another schedule's, or
+        one it had before a reload: moved under `accounts:`, renamed). Never when another account
+        configured is of the same billing account: its digests mark nothing (either could be the
+        other). Digests of days from today on were made while the clock ran ahead: they tell
         nothing."""
         if not _alone(sources, account):
             return False
         first, last = days
         told: set[dt.date] = set()
         today = self.clock.today()
-        for _, start, end in dispatcher.store.digest_spans(account.account_id, first, last):
-            if end < today:
-                told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
+        for account_id in ids:
+            for _, start, end in dispatcher.store.digest_spans(account_id, first, last):
+                if end < today:
+                    told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
         return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))
 
     def _key(
-        self, dispatcher: Dispatcher, sources: Sources, account: Account, due: str, name: str,
+        self, dispatcher: Dispatcher, account: Account, ids: tuple[str, ...], due: str, name: str,
         days: tuple[dt.date, dt.date],
     ) -> str | None:  # fmt: skip
         """The key of `account`'s digest `due` (`daily:2026-11-23`, then `:name`), or None once it
-        was made. A digest made under it of another billing account (its name was that one's before
-        a reload) is not its own: its own has a key of its own, the name's and its account's."""
+        was made. One made under it of another billing account (the name was that one's before a
+        reload) is not its own: its own has a key of its own, the name's and its account's. (One
+        whose billing account is not known, made by a version before or by an account configured
+        alike with another, is taken for its own.)"""
         key = due + (f":{name}" if name else "")
         if key in self._made:
             return None
         if not dispatcher.store.digest_made(key):
             return key
-        if account.account_id in {i for i, _ in dispatcher.store.digest_owners(name, days)} or not _another(
-            dispatcher, sources, account, name, days
-        ):
+        owners = dispatcher.store.digest_owners(name, days)
+        if not owners or owners & set(ids):
             self._made.add(key)
             return None
         own = f"{key}:{account.account_id[:12]}"
         return None if dispatcher.store.digest_made(own) else own
 
     def _told_before(
-        self, dispatcher: Dispatcher, sources: Sources, account: Account, name: str
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...], name: str
     ) -> set[dt.date] | None:
-        """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`):
-        under `name`, or, before its first digest under it, under the names its billing account had
-        before (moved under `accounts:`, renamed), so that none is lost or told again."""
+        """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`;
+        None before the first that told any): those of its billing account (`ids`: `_ids`), under
+        any name; by `name` when another account configured is of the same billing account (the two
+        keep theirs apart), or when none were kept by billing account (by a version before, which
+        kept them by name only, and marked no digest)."""
         if not _alone(sources, account):
             return dispatcher.store.digest_told(name)
-        told = dispatcher.store.digest_told(name, account.account_id)
-        if told is not None:  # (and those told under its name while it was alike with another)
-            by_name = None if _another(dispatcher, sources, account, name) else dispatcher.store.digest_told(name)
-            return told | (by_name or set())
-        # None kept by its billing account yet (a version before kept them by name only): by name,
-        # unless the name's digests were another account's (configured now: its access key rotated,
-        # it is this one), else by the names it had before.
-        if (
-            not _another(dispatcher, sources, account, name)
-            and (told := dispatcher.store.digest_told(name)) is not None
-        ):
-            return told
-        before = {by for by, _, _ in dispatcher.store.digest_spans(account.account_id, dt.date.min, dt.date.max)}
-        known = [days for by in sorted(before - {name}) if (days := dispatcher.store.digest_told(by)) is not None]
-        return set().union(*known) if known else None
+        for account_id in ids:
+            if (told := dispatcher.store.digest_told(name, account_id)) is not None:
+                return told
+        return dispatcher.store.digest_told(name) if dispatcher.store.digest_last_owner(name) is None else None
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
@@ -220,12 +214,12 @@ class DigestQueue:
                 account = sources.accounts.get(name)
                 if account is None:
                     return False  # a reload removed it meanwhile
-                days = span(config.schedule, sent_on)
-                key = self._key(dispatcher, sources, account, f"{config.schedule}:{sent_on.isoformat()}", name, days)
+                days, ids = span(config.schedule, sent_on), _ids(dispatcher, sources, account, name)
+                key = self._key(dispatcher, account, ids, f"{config.schedule}:{sent_on.isoformat()}", name, days)
                 if key is None:
                     return False
                 scheduled = self.clock.at(sent_on, *config.time)
-                if self._told(dispatcher, sources, account, name, days):
+                if self._told(dispatcher, sources, account, ids, days):
                     # Every day of it was told already by this billing account's digests: under
                     # another schedule (a reload's change: a weekly one after the daily ones that
                     # told its days), or under a name it had before a reload (moved under
@@ -236,7 +230,7 @@ class DigestQueue:
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
-                told_before = self._told_before(dispatcher, sources, account, name)
+                told_before = self._told_before(dispatcher, sources, account, ids, name)
                 settled, told = sources.digest_settled(sent_on, config.schedule, name, told_before)
                 body = sources.digest(
                     sent_on, config.schedule, url, alerts=firing.of(name), account=name, settled=settled
@@ -251,9 +245,9 @@ class DigestQueue:
                     if not names or list(wanted or ()) != list(config.notifiers):
                         return False
                     queued = dispatcher.store.enqueue_digest(
-                        key, names, body, now.timestamp(), told=(name, told | (told_before or set())), span=days,
-                        project_id=account.client.project_id,
-                        account_id=account.account_id if _alone(sources, account) else "",
+                        key, names, body, now.timestamp(), told=(name, told | (told_before or set())),
+                        account_id=account.account_id, project_id=account.client.project_id,
+                        span=days if _alone(sources, account) else None,
                     )  # fmt: skip
             except StateError as error:
                 if self._error != str(error):

@@ -203,15 +203,24 @@ class AlertStore:
             ).fetchall()
         return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
 
-    def digest_owners(self, name: str, days: tuple[dt.date, dt.date] | None = None) -> set[tuple[str, str]]:
-        """The billing accounts whose digests (`enqueue_digest`) went under `name`, each with its
-        project: those that told `days` (its first and last), or any."""
-        query, args = "SELECT DISTINCT account_id, project_id FROM digest_spans WHERE name = ?", [name]
-        if days is not None:
-            query += " AND first_day = ? AND last_day = ?"
-            args += [days[0].isoformat(), days[1].isoformat()]
+    def digest_owners(self, name: str, days: tuple[dt.date, dt.date]) -> set[str]:
+        """The billing accounts whose digests (`enqueue_digest`) of `days` (the first and last they
+        told) went under `name`."""
         with self.store.reading() as db:
-            return {(account_id, project) for account_id, project in db.execute(query, args)}
+            rows = db.execute(
+                "SELECT DISTINCT account_id FROM digest_spans WHERE name = ? AND first_day = ? AND last_day = ?",
+                (name, days[0].isoformat(), days[1].isoformat()),
+            )
+            return {account_id for (account_id,) in rows}
+
+    def digest_last_owner(self, name: str) -> tuple[str, str] | None:
+        """The billing account and project of the last digest (by the last day it told) that went
+        under `name`; None if none is kept."""
+        with self.store.reading() as db:
+            row = db.execute(
+                "SELECT account_id, project_id FROM digest_spans WHERE name = ? ORDER BY last_day DESC LIMIT 1", (name,)
+            ).fetchone()
+        return None if row is None else (row[0], row[1])
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
@@ -222,9 +231,9 @@ class AlertStore:
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
         receiver can tell digests apart and drop a repeat. `told`: an account and the settled days
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
-        newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name
-        (`digest_spans`), kept with that name, the first and last days it tells (`span`) and its
-        `project_id`."""
+        newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name: the
+        settled days it tells are kept by it too; with `span` (the first and last days it tells),
+        so are those days, with its name (`told`'s) and `project_id` (`digest_spans`)."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
