@@ -556,6 +556,37 @@ def test_a_name_a_reload_gives_to_another_account_after_its_digest_went_holds_ba
     assert Decimal(told[2][2]) == spent_on(sims["lab"], dt.date(2026, 11, 21)).quantize(Decimal("0.01"))
 
 
+def test_a_name_of_accounts_configured_alike_given_to_another_billing_account_gets_its_digest(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """`a` and `b`, both `prod`'s billing account, told their day; then `a` is `lab`'s: the digest
+    made under `a` was `prod`'s, so `lab`'s goes (under a key of its own)."""
+    path = tmp_path / "config.yaml"
+
+    def write(**accounts: str) -> None:
+        doc = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+        doc["accounts"] = accounts_section({n: sims[sim] for n, sim in accounts.items()}, history_months=0)
+        path.write_text(yaml.safe_dump(doc))
+
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    write(a="prod", b="prod")
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        write(b="prod", a="lab")
+        assert daemon.reload()
+        assert all(refresh_all(daemon))
+        daemon.alert_cycle()
+        lab = daemon.sources.accounts["a"].account_id
+        assert [d["id"] for d in digests_told(daemon)] == [
+            "daily:2026-11-22:a", "daily:2026-11-22:b", f"daily:2026-11-22:a:{lab[:12]}"
+        ]  # fmt: skip
+    finally:
+        daemon.stop()
+
+
 def test_an_access_key_rotated_after_the_day_s_digest_went_is_the_same_account(
     sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

@@ -391,6 +391,35 @@ def test_a_days_bill_gap_is_told_once_across_an_access_key_rotation_or_an_upgrad
     assert [told_gaps(d) for d in digests_told(daemon)] == [[(off.isoformat(), "ITEM_COMPLETION_TOKEN")], [], [], []]
 
 
+def test_a_days_bill_gap_told_under_a_rotated_key_is_not_told_again_when_the_key_is_rotated_back(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """The key rotated after the digest of the 22nd, and back after that of the 23rd, which told the
+    21st's gap (settled at 06:00 on the 23rd): the 24th's and 25th's tell it not again."""
+    doc = document(sim, None, tmp_path, hook(None), prices=PRICES, reconciliation={"settle": "30h"})
+    sim.set_prices(prices_from_config(validate(doc, {}).prices))
+    for day in (YESTERDAY - dt.timedelta(days=1), YESTERDAY, TODAY):
+        sim.add_usage(500, day)
+    sim.distort_bill(YESTERDAY, Decimal("1.05"), item="ITEM_COMPLETION_TOKEN")
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    rotated = doc | {"billing": doc["billing"] | {"access_key_id": "AK-ROTATED"}}
+    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock, config_path=path)
+    try:
+        for day, then in ((22, rotated), (23, doc), (24, None), (25, None)):
+            frozen.set(dt.datetime(2026, 11, day, 9, 0, tzinfo=clock.tz))
+            sim.add_usage(500)
+            daemon.refresh("usage")
+            evaluate(daemon)
+            if then is not None:
+                path.write_text(yaml.safe_dump(then))
+                assert daemon.reload()
+    finally:
+        daemon.stop()
+    gap = [(YESTERDAY.isoformat(), "ITEM_COMPLETION_TOKEN")]
+    assert [told_gaps(d) for d in digests_told(daemon)] == [[], gap, [], []]
+
+
 @pytest.mark.parametrize("moved", [False, True], ids=["as-it-was", "moved-under-accounts"])
 def test_a_days_bill_gap_that_settles_while_no_digest_is_made_is_told_by_the_next(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, moved: bool

@@ -151,8 +151,7 @@ class DigestQueue:
         """The key of `account`'s digest `due` (`daily:2026-11-23`, then `:name`), or None once it
         was made. One made under it of another billing account (the name was that one's before a
         reload) is not its own: its own has a key of its own, the name's and its account's. (One
-        whose billing account is not known, made by a version before or by an account configured
-        alike with another, is taken for its own.)"""
+        whose billing account is not known, made by a version before, is taken for its own.)"""
         key = due + (f":{name}" if name else "")
         if key in self._made:
             return None
@@ -169,15 +168,15 @@ class DigestQueue:
         self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...], name: str
     ) -> set[dt.date] | None:
         """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`;
-        None before the first that told any): those of its billing account (`ids`: `_ids`), under
-        any name; by `name` when another account configured is of the same billing account (the two
-        keep theirs apart), or when none were kept by billing account (by a version before, which
-        kept them by name only, and marked no digest)."""
+        None before the first that told any): those of each of its billing account ids (`ids`:
+        `_ids`), under any name; by `name` when another account configured is of the same billing
+        account (the two keep theirs apart), or when none were kept by billing account (by a
+        version before, which kept them by name only, and marked no digest)."""
         if not _alone(sources, account):
             return dispatcher.store.digest_told(name)
-        for account_id in ids:
-            if (told := dispatcher.store.digest_told(name, account_id)) is not None:
-                return told
+        kept = [told for account_id in ids if (told := dispatcher.store.digest_told(name, account_id)) is not None]
+        if kept:  # (a key rotated back: the days told meanwhile are the other id's)
+            return set().union(*kept)
         return dispatcher.store.digest_told(name) if dispatcher.store.digest_last_owner(name) is None else None
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
@@ -247,7 +246,7 @@ class DigestQueue:
                     queued = dispatcher.store.enqueue_digest(
                         key, names, body, now.timestamp(), told=(name, told | (told_before or set())),
                         account_id=account.account_id, project_id=account.client.project_id,
-                        span=days if _alone(sources, account) else None,
+                        span=days, marked=_alone(sources, account),
                     )  # fmt: skip
             except StateError as error:
                 if self._error != str(error):

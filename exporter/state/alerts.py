@@ -193,12 +193,12 @@ class AlertStore:
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
     def digest_spans(self, account_id: str, first: dt.date, last: dt.date) -> list[tuple[str, dt.date, dt.date]]:
-        """The digests of the account `account_id` (`enqueue_digest`) that told a day from `first`
-        to `last`: under which name, and the first and last days each told."""
+        """The digests of the account `account_id` (`enqueue_digest`, marked) that told a day from
+        `first` to `last`: under which name, and the first and last days each told."""
         with self.store.reading() as db:
             rows = db.execute(
                 "SELECT name, first_day, last_day FROM digest_spans WHERE account_id = ? AND last_day >= ?"
-                " AND first_day <= ?",
+                " AND first_day <= ? AND marked",
                 (account_id, first.isoformat(), last.isoformat()),
             ).fetchall()
         return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
@@ -214,18 +214,20 @@ class AlertStore:
             return {account_id for (account_id,) in rows}
 
     def digest_last_owner(self, name: str) -> tuple[str, str] | None:
-        """The billing account and project of the last digest (by the last day it told) that went
-        under `name`; None if none is kept."""
+        """The billing account and project of the last digest marked (by the last day it told) that
+        went under `name`; None if none is kept."""
         with self.store.reading() as db:
             row = db.execute(
-                "SELECT account_id, project_id FROM digest_spans WHERE name = ? ORDER BY last_day DESC LIMIT 1", (name,)
+                "SELECT account_id, project_id FROM digest_spans WHERE name = ? AND marked"
+                " ORDER BY last_day DESC, rowid DESC LIMIT 1",
+                (name,),
             ).fetchone()
         return None if row is None else (row[0], row[1])
 
     def enqueue_digest(
         self, key: str, notifiers: Sequence[str], body: Mapping[str, object], now: float,
         told: tuple[str, Iterable[dt.date]] = ("", ()), account_id: str = "", project_id: str = "",
-        span: tuple[dt.date, dt.date] | None = None,
+        span: tuple[dt.date, dt.date] | None = None, marked: bool = True,
     ) -> bool:  # fmt: skip
         """Queue the digest `key` (`daily:2026-11-23`) for each notifier, once: False when it was
         queued before (a restart, a second look at the same time). The body gets `id`: the key, so a
@@ -233,15 +235,17 @@ class AlertStore:
         whose reconciliation this digest tells, kept with it (`digest_told`) for a while after the
         newest (TOLD_KEPT days). `account_id`: the billing account it is of, whatever its name: the
         settled days it tells are kept by it too; with `span` (the first and last days it tells),
-        so are those days, with its name (`told`'s) and `project_id` (`digest_spans`)."""
+        so are those days, with its name (`told`'s) and `project_id`: `marked` (`digest_spans`,
+        `digest_last_owner`), or only as whose the digest under that name was (`digest_owners`:
+        an account configured alike with another)."""
         account, days = told
         days = sorted(days)
         with self.store.transaction() as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
             if account_id and span is not None:
-                mark = (account_id, account, span[0].isoformat(), span[1].isoformat(), project_id)
-                db.execute("INSERT OR IGNORE INTO digest_spans VALUES (?, ?, ?, ?, ?)", mark)
+                mark = (account_id, account, span[0].isoformat(), span[1].isoformat(), project_id, int(marked))
+                db.execute("INSERT OR IGNORE INTO digest_spans VALUES (?, ?, ?, ?, ?, ?)", mark)
                 forgotten = span[1] - dt.timedelta(days=TOLD_KEPT)
                 db.execute("DELETE FROM digest_spans WHERE last_day < ?", (forgotten.isoformat(),))
             text = json.dumps({**body, "id": key})

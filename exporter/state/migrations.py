@@ -133,6 +133,7 @@ CREATE TABLE IF NOT EXISTS digest_spans (
     first_day TEXT NOT NULL,
     last_day TEXT NOT NULL,
     project_id TEXT NOT NULL,
+    marked INTEGER NOT NULL,
     PRIMARY KEY (account_id, name, last_day, first_day)
 );
 CREATE INDEX IF NOT EXISTS digest_spans_name ON digest_spans (name, first_day, last_day);
