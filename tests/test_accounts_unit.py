@@ -519,72 +519,54 @@ def test_a_day_s_digest_is_told_once_when_its_account_moves_under_accounts_and_i
         daemon.stop()
 
 
+def write_with_digest(path: Path, sims: dict[str, Simulator], **accounts: str) -> None:
+    """A config of `accounts` (each name: the simulator whose billing account it is), its digest at
+    09:00 to `chat`, written at `path`."""
+    doc = document({}, path.parent, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
+    doc["accounts"] = accounts_section({n: sims[sim] for n, sim in accounts.items()}, history_months=0)
+    path.write_text(yaml.safe_dump(doc))
+
+
+def reloadable(path: Path, clock: Clock, sims: dict[str, Simulator]) -> Daemon:
+    """A daemon on the config at `path`, reloaded from there."""
+    config = validate(yaml.safe_load(path.read_text()), {})
+    return Daemon(config, config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "name"),
+    [
+        ({"prod": "prod", "staging": "staging"}, {"main": "prod", "staging": "staging", "prod": "lab"}, "prod"),
+        ({"a": "prod", "b": "prod"}, {"b": "prod", "a": "lab"}, "a"),
+    ],
+    ids=["renamed", "of-accounts-alike"],
+)
 def test_a_name_a_reload_gives_to_another_account_after_its_digest_went_holds_back_none_of_that_one(
-    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
-) -> None:
-    """`prod` is renamed `main` and its name goes to `lab`'s billing account after both digests of
-    the day went: `main`'s day was told (as `prod`), `lab`'s (now `prod`) was not: it goes, under a
-    key of its own (receivers drop a repeat by it), and not again at the next look."""
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path,
+    before: dict[str, str], after: dict[str, str], name: str,
+) -> None:  # fmt: skip
+    """After the day's digests went, `name` goes to `lab`'s billing account (`prod`'s renamed
+    `main`, or one of two accounts alike): the digest made under `name` was `prod`'s, `lab`'s was
+    not made: it goes, under a key of its own (receivers drop a repeat by it), once."""
     path = tmp_path / "config.yaml"
-
-    def write(**accounts: str) -> None:
-        doc = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
-        doc["accounts"] = accounts_section({n: sims[sim] for n, sim in accounts.items()}, history_months=0)
-        path.write_text(yaml.safe_dump(doc))
-
     frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
-    write(prod="prod", staging="staging")
-    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
-                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    write_with_digest(path, sims, **before)
+    daemon = reloadable(path, clock, sims)
     try:
         assert all(refresh_all(daemon))
         for _ in range(2):  # (the second look finds the day's digests made)
             daemon.alert_cycle()
-        write(main="prod", staging="staging", prod="lab")
+        write_with_digest(path, sims, **after)
         assert daemon.reload()
         for _ in range(2):
             assert all(refresh_all(daemon))
             daemon.alert_cycle()
-        told = [(d["id"], d["account"], d["spend"]) for d in digests_told(daemon)]
+        told = [(d["id"], d["spend"]) for d in digests_told(daemon)]
     finally:
         daemon.stop()
-    lab = daemon.sources.accounts["prod"].account_id
-    assert [(i, a) for i, a, _ in told] == [
-        ("daily:2026-11-22:prod", "prod"), ("daily:2026-11-22:staging", "staging"),
-        (f"daily:2026-11-22:prod:{lab[:12]}", "prod"),
-    ]  # fmt: skip
-    assert Decimal(told[2][2]) == spent_on(sims["lab"], dt.date(2026, 11, 21)).quantize(Decimal("0.01"))
-
-
-def test_a_name_of_accounts_configured_alike_given_to_another_billing_account_gets_its_digest(
-    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
-) -> None:
-    """`a` and `b`, both `prod`'s billing account, told their day; then `a` is `lab`'s: the digest
-    made under `a` was `prod`'s, so `lab`'s goes (under a key of its own)."""
-    path = tmp_path / "config.yaml"
-
-    def write(**accounts: str) -> None:
-        doc = document({}, tmp_path, []) | {"digest": {"at": "09:00", "notifiers": ["chat"]}}
-        doc["accounts"] = accounts_section({n: sims[sim] for n, sim in accounts.items()}, history_months=0)
-        path.write_text(yaml.safe_dump(doc))
-
-    frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
-    write(a="prod", b="prod")
-    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock,
-                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
-    try:
-        assert all(refresh_all(daemon))
-        daemon.alert_cycle()
-        write(b="prod", a="lab")
-        assert daemon.reload()
-        assert all(refresh_all(daemon))
-        daemon.alert_cycle()
-        lab = daemon.sources.accounts["a"].account_id
-        assert [d["id"] for d in digests_told(daemon)] == [
-            "daily:2026-11-22:a", "daily:2026-11-22:b", f"daily:2026-11-22:a:{lab[:12]}"
-        ]  # fmt: skip
-    finally:
-        daemon.stop()
+    lab = daemon.sources.accounts[name].account_id
+    assert [i for i, _ in told] == [f"daily:2026-11-22:{n}" for n in before] + [f"daily:2026-11-22:{name}:{lab[:12]}"]
+    assert Decimal(told[-1][1]) == spent_on(sims["lab"], dt.date(2026, 11, 21)).quantize(Decimal("0.01"))
 
 
 def test_an_access_key_rotated_after_the_day_s_digest_went_is_the_same_account(
