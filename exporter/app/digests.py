@@ -116,7 +116,8 @@ class DigestQueue:
         self._stopping = stopping
         self._error = ""
         self._made: set[str] = set()
-        """The keys of the digests due now (of `_made_on`) that were made: none is looked up again."""
+        """The keys of the digests due now (of `_made_on`) that were made, or skipped as told: none
+        is looked up again until the day or the config changes."""
         self._made_on: dt.date | None = None
         self._made_for: Sources | None = None
         self._appeared: dict[str, dt.datetime] = {}
@@ -145,16 +146,13 @@ class DigestQueue:
         return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))
 
     def _key(
-        self, dispatcher: Dispatcher, account: Account, ids: tuple[str, ...], due: str, name: str,
+        self, dispatcher: Dispatcher, account: Account, ids: tuple[str, ...], key: str, name: str,
         days: tuple[dt.date, dt.date],
     ) -> str | None:  # fmt: skip
-        """The key of `account`'s digest `due` (`daily:2026-11-23`, then `:name`), or None once it
+        """The key of `account`'s digest (`key`: `daily:2026-11-23`, then `:name`), or None once it
         was made. One made under it of another billing account (the name was that one's before a
         reload) is not its own: its own has a key of its own, the name's and its account's. (One
         whose billing account is not known, made by a version before, is taken for its own.)"""
-        key = due + (f":{name}" if name else "")
-        if key in self._made:
-            return None
         if not dispatcher.store.digest_made(key):
             return key
         owners = dispatcher.store.digest_owners(name, days)
@@ -213,8 +211,11 @@ class DigestQueue:
                 account = sources.accounts.get(name)
                 if account is None:
                     return False  # a reload removed it meanwhile
+                due = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
+                if due in self._made:
+                    return False
                 days, ids = span(config.schedule, sent_on), _ids(dispatcher, sources, account, name)
-                key = self._key(dispatcher, account, ids, f"{config.schedule}:{sent_on.isoformat()}", name, days)
+                key = self._key(dispatcher, account, ids, due, name, days)
                 if key is None:
                     return False
                 scheduled = self.clock.at(sent_on, *config.time)
@@ -223,6 +224,7 @@ class DigestQueue:
                     # another schedule (a reload's change: a weekly one after the daily ones that
                     # told its days), or under a name it had before a reload (moved under
                     # `accounts:`, renamed).
+                    self._made.add(due)
                     return False
                 appeared = self._appeared.setdefault(name, now.astimezone(dt.UTC))
                 waited_from = max(scheduled, appeared)
