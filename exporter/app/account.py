@@ -184,13 +184,12 @@ class Account:
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
         previous, self._previous = self._previous, None
-        whose = self.latest.whose
-        self.latest.whose = (self.config.billing.access_key_id, self.client.project_id, self.history.source)
+        whose, self.latest.whose = self.latest.whose, (self.account_id, self.history.source)
         if previous is None:  # (at start, nothing is held; the one account back after several holds its before)
             self.latest.forget_probes()  # (its runners are new)
-            if whose is not None and whose[:2] != self.latest.whose[:2]:  # (another account's)
+            if whose is not None and whose[0] != self.account_id:  # (another account's)
                 self.latest.forget_figures()
-            elif whose is not None and whose[2] != self.history.source:
+            elif whose is not None and whose[1] != self.history.source:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)

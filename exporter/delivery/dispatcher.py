@@ -212,7 +212,7 @@ class Dispatcher:
         and the next reload tries again."""
         kept, now, wanted = [n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), self._digests_now()
         try:
-            dropped, given = self.store.discard(kept, now, REMOVED, wanted)
+            dropped, given = self.store.discard(kept, now, REMOVED, wanted or ())
         except StateError as error:
             log.error("could not drop the queues of removed notifiers", error=str(error))
             return
@@ -221,7 +221,7 @@ class Dispatcher:
                         notifier=name, notifications=count)  # fmt: skip
         more: dict[str, int] = {}
         also: dict[str, int] = {}
-        if self.digests_to is not None and self.digests_to() is not None:
+        if wanted is not None:
             # Theirs go now, not once what waits before them is delivered: a receiver that is down
             # would hold them past when they can be handed on.
             try:
@@ -429,21 +429,23 @@ class Dispatcher:
         self._unsaved.pop(name, None)
         return written
 
+    def _digests_now(self) -> list[str] | None:
+        """The notifiers digests go to now; None when `digests_to` says None (or there is none: a
+        queued digest goes where it was queued). All of them have a queue (`check` refuses the
+        others); a reload may name one this dispatcher is configured with only in a moment (the
+        config is swapped first), whose queue then waits for it."""
+        wanted = self.digests_to() if self.digests_to is not None else None
+        return None if wanted is None else list(wanted)
+
     def _takes_no_digests(self, name: str) -> bool:
         """Whether the config of now routes digests elsewhere than to notifier `name`."""
-        wanted = self.digests_to() if self.digests_to is not None else None
+        wanted = self._digests_now()
         return wanted is not None and name not in wanted
-
-    def _digests_now(self) -> list[str]:
-        """The notifiers digests go to now (none when `digests_to` says None). All of them have a
-        queue (`check` refuses the others); a reload may name one this dispatcher is configured
-        with only in a moment (the config is swapped first), whose queue then waits for it."""
-        return list((self.digests_to() if self.digests_to is not None else None) or ())
 
     def _drop_digest(self, entry_id: int, now: float) -> list[str]:
         """Drop a queued digest its notifier takes no more, for those that take digests now (as
         they are when this is written: again after the state file refused it, maybe after a reload)."""
-        return self.store.drop_digest(entry_id, now, NO_DIGESTS, self._digests_now())
+        return self.store.drop_digest(entry_id, now, NO_DIGESTS, self._digests_now() or ())
 
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to

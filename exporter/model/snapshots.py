@@ -296,11 +296,11 @@ class Latest:
     """The sources the config has (`configure`); None: any (until a config says)."""
     _history_months: int | None = None
     """The past months the config keeps (`keep_history`); None: any (until a config says)."""
-    whose: tuple[str, str | None, str] | None = None
-    """The access key id and project of the account whose figures these are, and the API and
-    project its history is fetched from (`Account.activate`): a reload back to one account after a
-    config of several builds it afresh on the process's snapshots, which hold those of the one
-    account before."""
+    whose: tuple[str, str] | None = None
+    """The billing account whose figures these are (`Account.account_id`: its access key id and
+    project), and the API and project its history is fetched from (`Account.activate`): a reload
+    back to one account after a config of several builds it afresh on the process's snapshots,
+    which hold those of the one account before."""
 
     @property
     def health(self) -> Mapping[str, SourceHealth]:

@@ -76,6 +76,16 @@ class OutboxEntry:
 NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
 
 
+def _done(db: sqlite3.Connection, table: str, entry_id: int, now: float, dropped: str) -> None:
+    """An outbox's row done with (`dropped`: why, when it was not delivered); rows done with more
+    than DONE_KEPT ago are forgotten."""
+    db.execute(
+        f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
+        (now, dropped, entry_id),
+    )
+    db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - DONE_KEPT,))  # noqa: S608
+
+
 def _hand_on(db: sqlite3.Connection, digest: tuple[str, str | None], to: Collection[str], now: float) -> list[str]:
     """Queue a digest (its text and `id`) for each notifier of `to` that has it neither waiting
     nor done with, but for a queue a config change dropped (`RECONFIGURED`: a notifier renamed and
@@ -296,11 +306,7 @@ class AlertStore:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
         assert table in OUTBOXES
         with self.store.transaction() as db:
-            db.execute(
-                f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
-                (now, dropped, entry_id),
-            )
-            db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - DONE_KEPT,))  # noqa: S608
+            _done(db, table, entry_id, now, dropped)
 
     def drop_digest(self, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str]:
         """Drop a queued digest (`delivered` with `reason`: its notifier takes digests no more) and
@@ -311,10 +317,7 @@ class AlertStore:
             row = db.execute(
                 "SELECT event, json_extract(event, '$.id') FROM digest_outbox WHERE id = ?", (entry_id,)
             ).fetchone()
-            db.execute(
-                "UPDATE digest_outbox SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",
-                (now, reason, entry_id),
-            )
+            _done(db, "digest_outbox", entry_id, now, reason)
             return [] if row is None else _hand_on(db, row, to, now)
 
     def failed(
