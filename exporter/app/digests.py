@@ -140,7 +140,7 @@ class DigestQueue:
         told: set[dt.date] = set()
         today = self.clock.today()
         for account_id in ids:
-            for _, start, end in dispatcher.store.digest_spans(account_id, first, last):
+            for start, end in dispatcher.store.digest_spans(account_id, first, last):
                 if end < today:
                     told.update(start + dt.timedelta(days=n) for n in range((end - start).days + 1))
         return all(first + dt.timedelta(days=n) in told for n in range((last - first).days + 1))

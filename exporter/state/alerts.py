@@ -202,16 +202,16 @@ class AlertStore:
                 rows = db.execute("SELECT day FROM digest_told WHERE account = ?", (account,)).fetchall()
         return {dt.date.fromisoformat(day) for (day,) in rows} if rows else None
 
-    def digest_spans(self, account_id: str, first: dt.date, last: dt.date) -> list[tuple[str, dt.date, dt.date]]:
-        """The digests of the account `account_id` (`enqueue_digest`, marked) that told a day from
-        `first` to `last`: under which name, and the first and last days each told."""
+    def digest_spans(self, account_id: str, first: dt.date, last: dt.date) -> list[tuple[dt.date, dt.date]]:
+        """The digests of the account `account_id` (`enqueue_digest`, marked), under any name, that
+        told a day from `first` to `last`: the first and last days each told."""
         with self.store.reading() as db:
             rows = db.execute(
-                "SELECT name, first_day, last_day FROM digest_spans WHERE account_id = ? AND last_day >= ?"
+                "SELECT first_day, last_day FROM digest_spans WHERE account_id = ? AND last_day >= ?"
                 " AND first_day <= ? AND marked",
                 (account_id, first.isoformat(), last.isoformat()),
             ).fetchall()
-        return [(name, dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for name, a, b in rows]
+        return [(dt.date.fromisoformat(a), dt.date.fromisoformat(b)) for a, b in rows]
 
     def digest_owners(self, name: str, days: tuple[dt.date, dt.date]) -> set[str]:
         """The billing accounts whose digests (`enqueue_digest`) of `days` (the first and last they
