@@ -299,3 +299,36 @@ def test_a_settled_day_is_judged_against_bills_asked_for_once_it_had_settled(
         assert set(judged) == {0.0}
     finally:
         daemon.stop()
+
+
+def test_the_days_held_stay_held_when_the_pages_read_are_smaller_since_or_a_version_before_named_their_size(
+    priced: Simulator, fake: FakeBilling, clock: Clock, store: StateStore
+) -> None:
+    """A service's page cap, shown since, makes the client read smaller pages (a reload's source is
+    built on it): a whole day's sums are the same in any page size, so the days held, also those a
+    version before saved naming the size they were read in, are not read again."""
+    read_all(settled_usage(fake, clock, store), DAYS[0])
+    fake.adopt_cap(fake.page_size // 3)
+    before = served(priced)
+    assert sorted(settled_usage(fake, clock, store).refresh(DAYS[0])) == DAYS
+    with store.transaction() as db:  # as a version before named them
+        db.execute("UPDATE settled_days SET account = replace(account, ';per_api_key=', ';page_size=500;per_api_key=')")
+    assert sorted(settled_usage(fake, clock, store).refresh(DAYS[0])) == DAYS
+    assert served(priced) == before
+    # counted otherwise, they are read again
+    other = SettledUsage(fake, clock, store, settle=SIX_HOURS, days_per_refresh=len(DAYS), per_api_key=True)
+    assert sorted(other.refresh(DAYS[0])) == DAYS
+    assert served(priced) != before
+
+
+def test_a_day_whose_read_failed_waits_its_turn_across_a_reload(
+    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
+) -> None:
+    """The source a reload builds in place of one whose read of a day failed takes on its wait:
+    the day is not asked for again at once (the others go first meanwhile)."""
+    source = settled_usage(client, clock, store, per_refresh=1)
+    priced.inject(Fault("status", USAGES, status=400))
+    assert source.refresh(DAYS[0]) == {}
+    reloaded = settled_usage(client, clock, store, per_refresh=1)
+    reloaded.carry_over(source)
+    assert sorted(reloaded.refresh(DAYS[0])) == [DAYS[-2]]

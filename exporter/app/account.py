@@ -159,6 +159,8 @@ class Account:
             days_per_refresh=config.reconciliation.days_per_refresh,
             per_api_key=config.billing.per_api_key,
         )  # fmt: skip
+        if previous is not None:
+            self.settled.carry_over(previous.settled)
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}

@@ -138,13 +138,21 @@ class SettledUsage:
         self.settle = dt.timedelta(seconds=settle)
         self.days_per_refresh = days_per_refresh
         self.reader = UsageSync(client, clock, state, per_api_key=per_api_key)
-        self.account = f"{client.base_url};{self.reader.counted_as}"
-        """What the days held were read from: days read from another account or project are read again."""
+        self.account = f"{client.base_url};per_api_key={per_api_key};project_id={client.project_id}"
+        """What the days held were read from, and how counted: days read from another account or
+        project, or counted otherwise, are read again. Not the page size they were read in: a whole
+        day's sums are the same in any (the client's may be a cap the service showed since)."""
         self._retry_at: dict[dt.date, float] = {}
         """Days whose read failed, and when (monotonic) to try again: the others go first meanwhile."""
         self._held: Mapping[dt.date, list[UsageRow]] | None = None
         """The days held from `_first` on: read from the state file once, then kept here."""
         self._first = dt.date.max
+
+    def carry_over(self, before: SettledUsage) -> None:
+        """Take on the days whose read failed from `before`, the one a reload replaces, when it read
+        the same account: they wait their turn as they would have."""
+        if before.account == self.account:
+            self._retry_at = before._retry_at
 
     def settled_days(self, first: dt.date) -> list[dt.date]:
         """The days from `first` that have settled by now, oldest first."""

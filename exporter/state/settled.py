@@ -5,11 +5,20 @@ from the service once, not at every start."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Sequence
 
 from exporter.model.snapshots import UsageRow
 from exporter.state.file import StateFile
+
+_PAGE_SIZE = re.compile(r";page_size=\d+(?=;per_api_key=)")
+
+
+def _as_read(account: str) -> str:
+    """A settled day's account as `SettledUsage.account` says it: versions before named the page
+    size the day was read in too, which changes nothing a whole day's sums hold."""
+    return _PAGE_SIZE.sub("", account, count=1)
 
 
 class SettledTables(StateFile):
@@ -19,12 +28,8 @@ class SettledTables(StateFile):
         """The settled days read from `first` on from `account`, each with its per-key sums (none
         for a day without usage)."""
         with self.reading() as db:
-            days = [
-                row[0]
-                for row in db.execute(
-                    "SELECT day FROM settled_days WHERE day >= ? AND account = ?", (first.isoformat(), account)
-                )
-            ]
+            saved = db.execute("SELECT day, account FROM settled_days WHERE day >= ?", (first.isoformat(),))
+            days = [day for day, read_from in saved if _as_read(read_from) == account]
             rows = db.execute(
                 "SELECT day, endpoint, model, api_key, requests, prompt, completion, cached FROM settled_usage"
                 " WHERE day >= ?",
