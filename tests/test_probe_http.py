@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import trustme
 
+from exporter.billing.errors import ClientClosed
 from exporter.sim import Fault, Simulator, SimulatorServer
 from exporter.sources.probe import ProbeRunner, answer_cap, unusable
-from tests.helpers import LoopbackServer, logged
+from tests.helpers import LoopbackServer, logged, wait_for
 from tests.test_probe import (
     CHAT,
     ENDLESS,
@@ -572,3 +573,37 @@ def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None
             last = runner_for(f"http://{address}", stream=stream, timeout="2s").run().last
             assert last.reason == reason
             assert time.monotonic() - started < 6.0  # (2 s; the drip lasts 20)
+
+
+@pytest.mark.parametrize("kind", ["delay", "stall"])
+def test_closing_the_runner_ends_a_run_in_flight_at_once(
+    sim: Simulator, server: SimulatorServer, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reload that changes or removes a probe closes its runner: a run waiting on an endpoint that
+    hangs (for the headers, or mid-stream) ends then, not at its deadline, as ClientClosed (nothing
+    of it counted, no failure logged: it is not the endpoint's doing); a run after the close is
+    refused at once."""
+    hangs = Fault(kind, CHAT, seconds=120)
+    sim.inject(hangs)
+    probe = runner(sim, server, timeout="2m")
+    ended: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            probe.run()
+            ended.append(None)
+        except BaseException as error:
+            ended.append(error)
+
+    running = threading.Thread(target=run)
+    running.start()
+    assert wait_for(lambda: hangs.times == 0)  # (the run's request arrived: it waits on the endpoint)
+    probe.close()
+    running.join(30)  # well within the run's own deadline of two minutes
+    assert not running.is_alive()
+    assert len(ended) == 1
+    assert isinstance(ended[0], ClientClosed)
+    assert probe.runs == 0
+    assert not logged(caplog.records, "probe failed")
+    with pytest.raises(ClientClosed):
+        probe.run()

@@ -24,7 +24,7 @@ from exporter.app.daemon import Daemon
 from exporter.app.sources import Sources
 from exporter.config.load import validate
 from exporter.core.clock import Clock
-from exporter.sim import Fault, Simulator, SpendModel
+from exporter.sim import Fault, Simulator, SimulatorServer, SpendModel
 from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
@@ -35,9 +35,10 @@ from tests.daemon_fakes import (
     unit_daemon,
 )
 from tests.fakes import chat_runner
-from tests.helpers import named, wait_for
+from tests.helpers import logged, named, wait_for
 from tests.test_accounts_unit import AccountsBilling
 from tests.test_alerts import to_hook
+from tests.test_probe import CHAT
 from tests.test_reconcile import PRICES, billed_week
 from tests.test_spend_anomaly import RULE, YESTERDAY
 
@@ -601,3 +602,85 @@ def test_a_reload_renaming_the_digests_notifier_while_the_digest_is_made_sends_i
         assert digests_told(daemon, "hook") == []
     finally:
         daemon.stop()
+
+
+def test_the_settled_days_read_from_a_service_that_caps_its_pages_stay_held_across_a_reload_and_a_restart(
+    priced: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The client reads pages of the service's cap once it shows one; a reload that changes nothing
+    of billing builds the reconciliation on it: the settled days read before stay held (none read
+    again, two a refresh, while the gaps of the others go unshown), and so after a restart."""
+    priced.usage_page_cap = 40
+    document = {
+        "billing": fake_billing_section(priced, page_size=100, history_months=0),
+        "state": {"path": str(tmp_path / "state.db")},
+        "prices": priced_at(1),
+    }
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(priced, clock, path, document)
+    try:
+        held: list[dt.date] = []
+        while not held or sorted(daemon.sources.one.latest.settled) != held:
+            held = sorted(daemon.sources.one.latest.settled)
+            assert daemon.refresh("usage")
+        assert daemon.sources.one.client.page_size == 40
+        gaps = named(metrics(daemon), "inference_reconciliation_token_gap_ratio")
+        write(path, document | {"budgets": [{"name": "month", "amount": "100"}]})
+        assert daemon.reload()
+        assert daemon.refresh("usage")
+        assert sorted(daemon.sources.one.latest.settled) == held
+        assert named(metrics(daemon), "inference_reconciliation_token_gap_ratio") == gaps
+    finally:
+        daemon.stop()
+    restarted = reloadable(priced, clock, path, document)
+    try:
+        assert restarted.refresh("usage")
+        assert sorted(restarted.sources.one.latest.settled) == held
+    finally:
+        restarted.stop()
+
+
+def test_a_reload_that_changes_a_probe_waiting_on_an_endpoint_that_hangs_runs_it_as_configured_now_at_once(
+    sim: Simulator,
+    server: SimulatorServer,
+    clock: Clock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Over HTTP: the run in flight, waiting on an endpoint that hangs, ends at the reload that moves
+    the probe to another model with a shorter timeout (its client closed), not at its own deadline
+    of two minutes; it shows nothing and logs no failure, and the probe as configured now runs at once."""
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+
+    def document(model: str, timeout: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": server.url, "api_key": sim.api_key},
+            "probes": [{"name": "x", "model": model, "interval": "1h", "timeout": timeout}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document(alpha, "2m"))
+    ran: list[str] = []
+    monkeypatch.setattr(daemon, "_run_soon", ran.append)
+    hangs = Fault("delay", CHAT, seconds=120)
+    sim.inject(hangs)
+    running = threading.Thread(target=daemon.refresh, args=("probe:x",), daemon=True)
+    try:
+        running.start()
+        assert wait_for(lambda: hangs.times == 0)  # (its request arrived: it waits on the endpoint)
+        write(path, document(beta, "10s"))
+        assert daemon.reload()
+        running.join(30)
+        assert not running.is_alive()  # ended by the reload, well before its deadline
+        assert ran == ["probe:x"]  # the probe of now asked to run at once
+        assert probes_shown(daemon) == []
+        assert not logged(caplog.records, "probe failed")
+        assert daemon.refresh("probe:x")
+        runs = named(metrics(daemon), "inference_probe_runs_total")
+        assert {dict(labels)["endpoint_id"]: v for labels, v in runs.items()} == {beta: 1.0}
+    finally:
+        daemon.stop()
+        running.join(30)

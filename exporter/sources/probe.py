@@ -29,6 +29,7 @@ from urllib3.exceptions import HTTPError as TransportError
 from urllib3.exceptions import ReadTimeoutError
 
 from exporter import __version__
+from exporter.billing.errors import ClientClosed
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
@@ -248,7 +249,7 @@ def shown_url(url: str) -> str:
 
 _HEADERS = threading.local()
 """`deadline`: the Deadline over the status line and headers of the probe request this thread makes
-(`HTTPChat.post`)."""
+(`HTTPChat.post`); `cut`: the one its client's `close` fires."""
 
 
 class _KeepsSocket:
@@ -265,9 +266,10 @@ class _KeepsSocket:
         self.kept = self.sock  # type: ignore[attr-defined]
 
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-        deadline: Deadline | None = getattr(_HEADERS, "deadline", None)
-        if deadline is not None and self.sock is not None:  # type: ignore[attr-defined]
-            deadline.watch(self.sock)  # type: ignore[attr-defined]
+        for name in ("deadline", "cut"):
+            deadline: Deadline | None = getattr(_HEADERS, name, None)
+            if deadline is not None and self.sock is not None:  # type: ignore[attr-defined]
+                deadline.watch(self.sock)  # type: ignore[attr-defined]
         return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
 
@@ -288,6 +290,7 @@ class _TLSPool(urllib3.HTTPSConnectionPool):
 
 
 POOLS = {"http": _Pool, "https": _TLSPool}
+CLOSED = "the probe's client was closed (config reload or shutdown)"
 
 
 class _Adapter(HTTPAdapter):
@@ -330,8 +333,20 @@ class HTTPChat:
         self._session.auth = _Bearer(inference.api_key.get_secret_value())
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
         self._connect = connect_timeout(probe)
+        self._cuts: set[Deadline] = set()
+        """A Deadline over each request in flight, which `close` fires."""
+        self._closed = False
+        self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Release the connections, and end a request in flight at once (ClientClosed): the probe a
+        reload put in this one's place runs without waiting for this one's deadline (minutes, it may
+        be, on an endpoint that hangs)."""
+        with self._lock:
+            self._closed = True
+            cuts = list(self._cuts)
+        for cut in cuts:
+            cut.fire()
         self._session.close()
 
     @contextmanager
@@ -343,25 +358,54 @@ class HTTPChat:
         # urllib3 takes the time connecting took off the read timeout.
         # (requests' adapter takes urllib3's Timeout as it is, though its stubs do not say so)
         timeout: Any = urllib3.Timeout(connect=min(self._connect, wait), read=wait, total=wait)
-        headers = _HEADERS.deadline = Deadline(wait)  # (the headers' whole wait: see _KeepsSocket)
+        cut = Deadline()
+        with self._lock:
+            if self._closed:
+                raise ClientClosed(CLOSED)
+            self._cuts.add(cut)
         try:
-            response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
-        except requests.ConnectTimeout:
-            raise ProbeFailure("timeout_connect", "connecting timed out") from None
-        except requests.ReadTimeout:
-            raise Silence(self._clock()) from None
-        except requests.RequestException as error:
-            if headers.fired:  # (cut at the deadline, the headers still coming)
-                raise Silence(self._clock()) from None
-            raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
+            with self._cut_ends_it(cut):
+                headers = _HEADERS.deadline = Deadline(wait)  # (the headers' whole wait: see _KeepsSocket)
+                _HEADERS.cut = cut
+                try:
+                    response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
+                except requests.ConnectTimeout:
+                    raise ProbeFailure("timeout_connect", "connecting timed out") from None
+                except requests.ReadTimeout:
+                    raise Silence(self._clock()) from None
+                except requests.RequestException as error:
+                    if headers.fired:  # (cut at the deadline, the headers still coming)
+                        raise Silence(self._clock()) from None
+                    raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
+                finally:
+                    _HEADERS.deadline = _HEADERS.cut = None
+                    headers.stop()
+                if headers.fired:  # (cut as the last of them came)
+                    response.close()
+                    raise Silence(self._clock())
+                with response:
+                    if (sock := getattr(response.raw.connection, "kept", None)) is not None:
+                        cut.watch(sock)
+                    try:
+                        yield response.status_code, self._arrivals(response, deadline)
+                    finally:
+                        cut.stop()  # (before the connection goes back to the pool, or is closed)
         finally:
-            _HEADERS.deadline = None
-            headers.stop()
-        if headers.fired:  # (cut as the last of them came)
-            response.close()
-            raise Silence(self._clock())
-        with response:
-            yield response.status_code, self._arrivals(response, deadline)
+            cut.stop()
+            with self._lock:
+                self._cuts.discard(cut)
+
+    @staticmethod
+    @contextmanager
+    def _cut_ends_it(cut: Deadline) -> Iterator[None]:
+        """Whatever a request cut by `close` ended in (a failure, a silence, a stream ended short) is
+        not the endpoint's doing: ClientClosed."""
+        try:
+            yield
+        except Exception:
+            if cut.fired:
+                raise ClientClosed(CLOSED) from None
+            raise
 
     def _wait(self, deadline: Callable[[], float]) -> float:
         """The read timeout of the next wait: until `deadline()`; Silence if that has passed."""
