@@ -422,6 +422,10 @@ def test_no_signal_is_lost_under_load(
         process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
         try:
             reloads_then_stops(process, url, reloads)
+        except Exception as error:  # what the process said tells which side failed
+            process.kill()
+            _, stderr = process.communicate()
+            raise AssertionError(f"exit status {process.returncode}; its log ends:\n{stderr[-6000:]}") from error
         finally:
             process.kill()
             process.communicate()
