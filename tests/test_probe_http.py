@@ -24,6 +24,7 @@ import trustme
 
 from exporter.billing.errors import ClientClosed
 from exporter.sim import Fault, Simulator, SimulatorServer
+from exporter.sources import probe as probe_module
 from exporter.sources.probe import ProbeRunner, answer_cap, unusable
 from tests.helpers import LoopbackServer, logged, wait_for
 from tests.test_probe import (
@@ -535,6 +536,7 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
     ca.issue_cert("127.0.0.1").configure_cert(context)
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    monkeypatch.setattr(probe_module, "connect_timeout", lambda probe: 120.0)  # (connecting ends on its own later)
     held: list[socket.socket] = []
 
     def late(connection: socket.socket) -> None:
@@ -575,17 +577,11 @@ def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None
             assert time.monotonic() - started < 6.0  # (2 s; the drip lasts 20)
 
 
-@pytest.mark.parametrize("kind", ["delay", "stall"])
-def test_closing_the_runner_ends_a_run_in_flight_at_once(
-    sim: Simulator, server: SimulatorServer, kind: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A reload that changes or removes a probe closes its runner: a run waiting on an endpoint that
-    hangs (for the headers, or mid-stream) ends then, not at its deadline, as ClientClosed (nothing
-    of it counted, no failure logged: it is not the endpoint's doing); a run after the close is
+def assert_cut_at_once(probe: ProbeRunner, waiting: Callable[[], object], caplog: pytest.LogCaptureFixture) -> None:
+    """Run `probe` on a thread of its own, close it once `waiting()` (the run waits on the other
+    side), and check the run ended then (its deadline is minutes away) as ClientClosed: nothing of
+    it counted, no failure logged (it is not the endpoint's doing); a run after the close is
     refused at once."""
-    hangs = Fault(kind, CHAT, seconds=120)
-    sim.inject(hangs)
-    probe = runner(sim, server, timeout="2m")
     ended: list[BaseException | None] = []
 
     def run() -> None:
@@ -595,9 +591,9 @@ def test_closing_the_runner_ends_a_run_in_flight_at_once(
         except BaseException as error:
             ended.append(error)
 
-    running = threading.Thread(target=run)
+    running = threading.Thread(target=run, daemon=True)
     running.start()
-    assert wait_for(lambda: hangs.times == 0)  # (the run's request arrived: it waits on the endpoint)
+    assert wait_for(waiting)
     probe.close()
     running.join(30)  # well within the run's own deadline of two minutes
     assert not running.is_alive()
@@ -607,3 +603,63 @@ def test_closing_the_runner_ends_a_run_in_flight_at_once(
     assert not logged(caplog.records, "probe failed")
     with pytest.raises(ClientClosed):
         probe.run()
+
+
+@pytest.mark.parametrize("kind", ["delay", "stall"])
+def test_closing_the_runner_ends_a_run_in_flight_at_once(
+    sim: Simulator, server: SimulatorServer, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reload that changes or removes a probe closes its runner: a run waiting on an endpoint that
+    hangs, for the headers or mid-stream, ends then."""
+    hangs = Fault(kind, CHAT, seconds=120)
+    sim.inject(hangs)
+    assert_cut_at_once(runner(sim, server, timeout="2m"), lambda: hangs.times == 0, caplog)
+
+
+ANSWER = json.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello."}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+}).encode()  # fmt: skip
+"""A whole chat answer, not streamed."""
+
+
+@pytest.mark.parametrize("where", ["TLS handshake", "proxy CONNECT", "answer sent, connection held"])
+def test_closing_the_runner_ends_a_run_at_once_wherever_it_waits(
+    ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """Also while connecting: a TLS server that never answers the handshake, an HTTPS proxy that
+    never answers CONNECT. And a whole answer the end of the connection delimits (no length, no
+    chunks), sent, the connection then held open: the end the cut makes is not the answer's."""
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    monkeypatch.setattr(probe_module, "connect_timeout", lambda probe: 120.0)  # (connecting ends on its own later)
+    held: list[socket.socket] = []
+
+    def serve(connection: socket.socket) -> None:
+        held.append(connection)  # (kept open: the test's end closes the listener, not these)
+        if where == "answer sent, connection held":
+            with contextlib.suppress(OSError):
+                read_request(connection)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + ANSWER)
+                held.append(connection)
+        elif where == "proxy CONNECT":
+            with contextlib.suppress(OSError):
+                connection.recv(65536)
+                held.append(connection)
+
+    with each_connection(serve) as address:
+        if where == "TLS handshake":
+            probe = runner_for(f"https://{address}", timeout="2m")
+        elif where == "proxy CONNECT":
+            monkeypatch.setenv("HTTPS_PROXY", f"http://{address}")
+            monkeypatch.setenv("NO_PROXY", "")
+            probe = runner_for("https://inference.example", timeout="2m")
+        else:
+            probe = runner_for(f"http://{address}", timeout="2m", stream=False)
+        waits = 1 if where == "TLS handshake" else 2  # (accepted; and, but for the handshake, answered or read)
+        try:
+            assert_cut_at_once(probe, lambda: len(held) >= waits, caplog)
+        finally:
+            for connection in held:
+                connection.close()

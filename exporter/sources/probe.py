@@ -249,7 +249,8 @@ def shown_url(url: str) -> str:
 
 _HEADERS = threading.local()
 """`deadline`: the Deadline over the status line and headers of the probe request this thread makes
-(`HTTPChat.post`); `cut`: the one its client's `close` fires."""
+(`HTTPChat.post`); `cut`: the one its client's `close` fires, and `copies`, the sockets it watches
+from the moment a connection's socket is made (see `_KeepsSocket._new_conn`)."""
 
 
 class _KeepsSocket:
@@ -260,6 +261,19 @@ class _KeepsSocket:
     run for as long as it likes."""
 
     kept: Any = None
+
+    def _new_conn(self) -> Any:
+        """The connection's socket, as it is made: a copy of it (`dup`, the same connection under a
+        descriptor of the probe's own) is watched by the request's `cut` while the TLS handshake
+        or a proxy's CONNECT goes on, which wrap the socket in another (the one made here is
+        detached then, and a shutdown of it would reach nothing)."""
+        sock = super()._new_conn()  # type: ignore[misc]
+        cut: Deadline | None = getattr(_HEADERS, "cut", None)
+        if cut is not None:
+            copy = sock.dup()
+            _HEADERS.copies.append(copy)
+            cut.watch(copy)
+        return sock
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]
@@ -359,6 +373,7 @@ class HTTPChat:
         # (requests' adapter takes urllib3's Timeout as it is, though its stubs do not say so)
         timeout: Any = urllib3.Timeout(connect=min(self._connect, wait), read=wait, total=wait)
         cut = Deadline()
+        copies: list[Any] = []
         with self._lock:
             if self._closed:
                 raise ClientClosed(CLOSED)
@@ -366,7 +381,7 @@ class HTTPChat:
         try:
             with self._cut_ends_it(cut):
                 headers = _HEADERS.deadline = Deadline(wait)  # (the headers' whole wait: see _KeepsSocket)
-                _HEADERS.cut = cut
+                _HEADERS.cut, _HEADERS.copies = cut, copies
                 try:
                     response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
                 except requests.ConnectTimeout:
@@ -378,7 +393,7 @@ class HTTPChat:
                         raise Silence(self._clock()) from None
                     raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
                 finally:
-                    _HEADERS.deadline = _HEADERS.cut = None
+                    _HEADERS.deadline = _HEADERS.cut = _HEADERS.copies = None
                     headers.stop()
                 if headers.fired:  # (cut as the last of them came)
                     response.close()
@@ -387,13 +402,15 @@ class HTTPChat:
                     if (sock := getattr(response.raw.connection, "kept", None)) is not None:
                         cut.watch(sock)
                     try:
-                        yield response.status_code, self._arrivals(response, deadline)
+                        yield response.status_code, self._arrivals(response, deadline, cut)
                     finally:
                         cut.stop()  # (before the connection goes back to the pool, or is closed)
         finally:
             cut.stop()
             with self._lock:
                 self._cuts.discard(cut)
+            for copy in copies:
+                copy.close()
 
     @staticmethod
     @contextmanager
@@ -415,7 +432,9 @@ class HTTPChat:
             raise Silence(now)
         return wait
 
-    def _arrivals(self, response: requests.Response, deadline: Callable[[], float]) -> Iterator[tuple[bytes, float]]:
+    def _arrivals(
+        self, response: requests.Response, deadline: Callable[[], float], cut: Deadline
+    ) -> Iterator[tuple[bytes, float]]:
         """The body (decoded) as it arrives, whatever its framing, each piece with the time it came;
         a read still waiting at `deadline()` as Silence, a broken connection as ConnectionError.
 
@@ -433,6 +452,8 @@ class HTTPChat:
                     sock.settimeout(wait)
                 chunk = raw.read1(READ_SIZE, decode_content=True)
                 if not chunk:
+                    if cut.fired:  # (the end of a body the connection's end delimits, or the cut's?)
+                        raise ClientClosed(CLOSED)
                     return
                 yield chunk, clock()
         except ReadTimeoutError:
