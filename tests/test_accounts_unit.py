@@ -36,6 +36,7 @@ from tests.daemon_fakes import (
 )
 from tests.fakes import FakeBilling
 from tests.helpers import logged, named, value
+from tests.test_reconcile import USAGES
 
 BILLS = "/api/v1/bills/details"
 NAMES = ("prod", "staging", "lab")
@@ -847,5 +848,84 @@ def test_one_account_s_figures_that_cannot_be_computed_are_logged_once_and_hold_
         assert not logged(caplog.records, "a rule's figures are computed again")
         judged = named(metrics(daemon), "inference_spend_expected_daily_amount")
         assert {dict(labels)["account"] for labels in judged} == {"staging", "lab"}  # the others judged on
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_two_accounts_that_swap_names_each_go_on_from_their_own_state_and_show_nothing_of_the_other(
+    clock: Clock, tmp_path: Path, restart: bool
+) -> None:
+    """prod's key and staging's swapped (by a reload, or while the exporter was down): no account
+    is a key rotated, each is still configured. Neither name shows what it showed before (nor is
+    counted fresh) until its sources refresh; each then goes on from its own account's state,
+    with the other's request ids (the simulators' are alike) never taken for its own."""
+    sims = account_simulators(clock, ("prod", "staging"))
+    for sim in sims.values():
+        sim.add_usage(5000)  # 10 pages of 500
+    path = tmp_path / "config.yaml"
+    swapped = {"prod": sims["staging"], "staging": sims["prod"]}
+    first, second = ({"accounts": accounts_section(s, history_months=0), "state": {"path": str(tmp_path / "state.db")}}
+                     for s in (sims, swapped))  # fmt: skip
+    path.write_text(yaml.safe_dump(first))
+    billing = AccountsBilling(sims)
+    daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=billing, serve=False)
+    try:
+        assert all(daemon.refresh(key) for key in list(daemon.sources.refreshers))
+        for sim in sims.values():
+            sim.add_usage(300)
+        path.write_text(yaml.safe_dump(second))
+        if restart:
+            daemon.stop()
+            daemon = Daemon(validate(second, {}), config_path=path, clock=clock, billing=billing, serve=False)
+        else:
+            assert daemon.reload()
+        series = metrics(daemon)
+        assert named(series, "inference_bill_month_to_date_payable_amount") == {}
+        assert not [k for k in daemon.sources.health() if k.endswith(("/bills", "/usage"))]
+        before = {id(sim): sim.requests_served.get(USAGES, 0) for sim in sims.values()}
+        assert all(daemon.refresh(key) for key in list(daemon.sources.refreshers))
+        series = metrics(daemon)
+        for name, sim in swapped.items():
+            assert sim.requests_served[USAGES] - before[id(sim)] < 5300 / 500  # resumed: not the day read again
+            payable = value(series, "inference_bill_month_to_date_payable_amount", account=name,
+                            period=f"{clock.today():%Y-%m}")  # fmt: skip
+            assert payable == float(month(sim))
+            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
+                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
+                                model=model)  # fmt: skip
+                assert counted == sums["requests"]
+    finally:
+        daemon.stop()
+
+
+def test_a_name_whose_account_went_on_under_another_starts_afresh_for_the_account_given_it(
+    clock: Clock, tmp_path: Path
+) -> None:
+    """prod renamed production, and another account added as prod: production goes on from prod's
+    state, and the new prod counts its own day from the start (its request ids alike to the other's)."""
+    sims = account_simulators(clock, ("prod", "lab"))
+    for sim in sims.values():
+        sim.add_usage(5000)
+    path = tmp_path / "config.yaml"
+    state = {"path": str(tmp_path / "state.db")}
+    first = {"accounts": accounts_section({"prod": sims["prod"]}, history_months=0), "state": state}
+    renamed = {"production": sims["prod"], "prod": sims["lab"]}
+    second = {"accounts": accounts_section(renamed, history_months=0), "state": state}
+    path.write_text(yaml.safe_dump(first))
+    daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert daemon.refresh("prod/usage")
+        path.write_text(yaml.safe_dump(second))
+        assert daemon.reload()
+        before = sims["prod"].requests_served[USAGES]
+        assert all(daemon.refresh(key) for key in daemon.sources.keys("usage"))
+        assert sims["prod"].requests_served[USAGES] - before < 5000 / 500  # production resumed
+        series = metrics(daemon)
+        for name, sim in renamed.items():
+            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
+                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
+                                model=model)  # fmt: skip
+                assert counted == sums["requests"]
     finally:
         daemon.stop()

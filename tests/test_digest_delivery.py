@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ import yaml
 from exporter.app import digests as digests_module
 from exporter.app.daemon import Daemon
 from exporter.app.digests import DIGEST_WAIT, DigestQueue
+from exporter.app.sources import source_key
 from exporter.config.load import load, validate
 from exporter.config.schema import NotifierConfig
 from exporter.core.clock import Clock, FrozenClock
@@ -30,12 +32,14 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.events import GroupEvent
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from exporter.state import AlertStore, StateError, StateStore
+from exporter.state.accounts import ACCOUNT_TABLES
 from exporter.state.alerts import REMOVED
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, digests_told, fake_billing_section, unit_daemon
 from tests.helpers import Receiver, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_budgets import PRICES
+from tests.test_reconcile import USAGES
 
 TODAY = dt.date(2026, 11, 22)
 YESTERDAY = TODAY - dt.timedelta(days=1)
@@ -1002,3 +1006,89 @@ def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_p
         assert Decimal(digest["forecast"]) == november.quantize(Decimal("0.01"))
     finally:
         daemon.stop()
+
+
+def under(doc: dict, name: str) -> dict:
+    """`doc`'s one account moved under `accounts:`, named `name`."""
+    account = {"name": name} | {key: doc[key] for key in ("billing", "inference", "probes")}
+    return {key: value for key, value in doc.items() if key not in account} | {"accounts": [account]}
+
+
+def tables(path: Path) -> dict[str, list[tuple]]:
+    """Every non-empty table of the state file at `path`, its rows in order."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        found = {n: db.execute(f"SELECT * FROM {n} ORDER BY rowid").fetchall() for n in names}  # noqa: S608
+    return {n: rows for n, rows in found.items() if rows and n != "sqlite_sequence"}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "restart"),
+    [
+        ("", "prod", False),  # a one-account config moved under `accounts:`
+        ("prod", "production", False),  # renamed
+        ("prod", "production", True),  # renamed while the exporter was down
+        ("prod", "", False),  # moved back to a one-account config
+    ],
+)
+def test_an_account_under_a_new_name_keeps_its_sources_state_and_the_digest_its_probe_runs(
+    sim: Simulator,
+    server: SimulatorServer,
+    clock: Clock,
+    frozen: FrozenClock,
+    tmp_path: Path,
+    receiver: Receiver,
+    before: str,
+    after: str,
+    restart: bool,
+) -> None:
+    """The same billing account under a new name takes its sources' state from the file of the name
+    it had: its usage day, settled days, history and probe runs (the digest of the day before tells
+    its four runs, where it had told none), nothing read again."""
+    base = document(sim, None, tmp_path, hook(receiver),
+                    inference={"url": server.url, "api_key": sim.api_key},
+                    probes=[{"name": "chat", "model": sim.endpoints[0].endpoint_id}])  # fmt: skip
+    base["billing"]["history_months"] = 1
+    base["reconciliation"] = {"days_per_refresh": 31}  # (every settled day read at the first refresh)
+    first, second = (under(base, name) if name else base for name in (before, after))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(first))
+    frozen.set(dt.datetime(2026, 11, 21, 12, 0, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(first, {}), sim, clock, config_path=path)
+    try:
+        for source in daemon.sources.refreshers:
+            assert daemon.refresh(source)
+        for _ in range(3):
+            frozen.advance(dt.timedelta(minutes=10))
+            assert daemon.refresh(source_key(before, "probe:chat"))
+        frozen.set(dt.datetime(2026, 11, 22, 8, 0, tzinfo=clock.tz))
+        for source in daemon.sources.refreshers:
+            assert daemon.refresh(source)
+        served = dict(sim.requests_served)
+        assert daemon.refresh(source_key(before, "usage"))
+        poll = sim.requests_served[USAGES] - served[USAGES]  # (what a poll that finds nothing asks)
+        own = tmp_path / (f"state.{before}.db" if before else "state.db")
+        held = {n: rows for n, rows in tables(own).items() if n in ACCOUNT_TABLES}
+        assert {"usage_cursor", "usage_ids", "settled_days", "bill_history", "probe_runs"} <= set(held)
+        if before:  # an account's own file: every table its sources wrote is one that follows it
+            assert set(tables(own)) - {"meta"} == set(held)
+        path.write_text(yaml.safe_dump(second))
+        if restart:
+            daemon.stop()
+            daemon = unit_daemon(validate(second, {}), sim, clock, config_path=path)
+        else:
+            assert daemon.reload()
+        taken = tables(tmp_path / (f"state.{after}.db" if after else "state.db"))
+        assert {n: taken.get(n) for n in held} == held
+        served = dict(sim.requests_served)
+        assert daemon.refresh(source_key(after, "usage"))
+        assert daemon.refresh(source_key(after, "history"))
+        assert sim.requests_served == served | {USAGES: served[USAGES] + poll}  # nothing read again
+        frozen.set(dt.datetime(2026, 11, 22, 9, 0, tzinfo=clock.tz))
+        assert daemon.refresh(source_key(after, "bills"))
+        cycle(daemon, bills=False)
+    finally:
+        daemon.stop()
+    (body,) = digests(receiver)
+    (probe,) = body["probes"]
+    assert (body["day"], probe["runs"]) == ("2026-11-21", 4)

@@ -87,6 +87,13 @@ class RefreshFailed(Exception):
         self.source = source
 
 
+def billing_account_id(billing: BillingConfig) -> str:
+    """Which billing account and project `billing` reads, whatever the account's name in the
+    config: a digest of its access key id and project (what the state file keeps of them)."""
+    whose = f"{billing.access_key_id}\n{billing.project_id}"
+    return hashlib.blake2b(whose.encode(), digest_size=16).hexdigest()
+
+
 class Account:
     """One account's sources, built from its config (`Config.account_configs`).
 
@@ -110,12 +117,17 @@ class Account:
         retry: RetryPolicy | None = None,
         previous: Account | None = None,
         billing: BillingFactory | None = None,
+        others: frozenset[str] = frozenset(),
     ) -> None:
         """`name`: the `account` label (empty for the one account of a config without `accounts`).
         `billing`: what builds the billing API when `billing` is new or changed (unless given, the
-        HTTP client, with `retry`, reporting its calls and the clock skew it sees to `latest`)."""
+        HTTP client, with `retry`, reporting its calls and the clock skew it sees to `latest`).
+        `others`: the `account_id`s of the config's other accounts."""
         self.name = name
         self.config = config
+        self.others = others
+        """The `account_id`s configured under the other names: the one this name had before, if
+        among them, moved there (two names swapped), so nothing it showed is this one's."""
         self.latest = latest
         self.successor: Account | None = None
         """The account a reload built in this one's place (`activate`)."""
@@ -195,8 +207,8 @@ class Account:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
-            if previous.client.project_id != self.client.project_id:
-                self.latest.forget_figures()  # another project's: nothing of before is its own
+            if previous.client.project_id != self.client.project_id or self._moved_away(previous):
+                self.latest.forget_figures()  # another project's, or account's: nothing of before is its own
             elif previous.history.source != self.history.source:
                 # Another API's months: never learnt from until fetched. (Its figures stay shown as
                 # the last good ones: an address of the same account's, it may be, a proxy's.)
@@ -246,17 +258,22 @@ class Account:
 
     @cached_property
     def account_id(self) -> str:
-        """Which billing account and project this is, whatever its name in the config: a digest of
-        its access key id and project (what the state file keeps of them)."""
-        whose = f"{self.config.billing.access_key_id}\n{self.client.project_id}"
-        return hashlib.blake2b(whose.encode(), digest_size=16).hexdigest()
+        """Which billing account and project this is, whatever its name in the config (see
+        `billing_account_id`)."""
+        return billing_account_id(self.config.billing)
 
     def replaced(self) -> bool:
-        """Whether a reload has put an account of another billing project in this one's place, or
-        taken it out: what a refresh of it read since is not that account's to show
+        """Whether a reload has put an account of another billing project in this one's place (or
+        another account that stays configured, under another name), or taken it out: what a
+        refresh of it read since is not that account's to show
         (`forget_figures` dropped what was)."""
         current = self._current()
-        return current.removed or current.client.project_id != self.client.project_id
+        return current.removed or current.client.project_id != self.client.project_id or current._moved_away(self)
+
+    def _moved_away(self, before: Account) -> bool:
+        """Whether `before`, which had this name, is another account configured now under another
+        name (a key given to another name is no rotation: the account is still there)."""
+        return before.account_id != self.account_id and before.account_id in self.others
 
     def _publish(self, **figures: object) -> None:
         """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,

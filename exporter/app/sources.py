@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,19 @@ from prometheus_client.registry import Collector
 
 from exporter.alerts.alert import Alert
 from exporter.alerts.engine import Engine, Watched
-from exporter.app.account import Account, BillingFactory, RefreshFailed, build_exposition, collectors
+from exporter.app.account import (
+    Account,
+    BillingFactory,
+    RefreshFailed,
+    billing_account_id,
+    build_exposition,
+    collectors,
+)
 from exporter.billing import BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config, routes
 from exporter.core.clock import Clock
+from exporter.core.logs import get_logger
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, span
 from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
@@ -32,6 +40,9 @@ from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
 from exporter.sources.reconcile import settled_at
 from exporter.state import AlertStore, StateStore
+from exporter.state.accounts import ACCOUNT_TABLES, AccountRows
+
+log = get_logger(__name__)
 
 __all__ = [
     "Account",
@@ -156,12 +167,17 @@ class Sources:
             self.engine.routed_anew(previous.engine)
             self.engine.carry_judged(previous.engine)
         held_accounts = previous.accounts if previous is not None else {}
+        names = {name: billing_account_id(account_config.billing) for name, account_config in named}
+        if account_state is not None:
+            self._follow_renames(names, account_state)
         for name, account_config in named:
             kept = held_accounts.get(name)
             store = state if not name else (account_state(name) if account_state else StateStore(":memory:"))
+            others = frozenset(other for n, other in names.items() if n != name)
             self.accounts[name] = Account(
-                name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing
-            )
+                name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing,
+                others=others,
+            )  # fmt: skip
         self.refreshers: dict[str, Callable[[], None]] = {}
         self.intervals: dict[str, float] = {}
         self.awaited: list[str] = []
@@ -182,6 +198,7 @@ class Sources:
         self.alerts_collector = AlertsCollector(self.engine, dispatcher, lambda: states)
         """The alerts' series in the exposition: the alert worker renders them after evaluating."""
         self.exposition = self._exposition()
+        self.state.record_account_names(names)  # (before they take over: a reload refused records nothing)
         for account in self.accounts.values():  # (last: a reload refused on the way changes nothing)
             account.activate()
         for name, gone in held_accounts.items():
@@ -194,6 +211,41 @@ class Sources:
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
+
+    def _follow_renames(self, names: Mapping[str, str], account_state: AccountState) -> None:
+        """Give each account its sources' state from the file of the name it had when the process
+        last built its accounts, where that was another: renamed, moved under `accounts:` or back,
+        or swapping names with another. It is the billing account of the same `account_id`, alone
+        of its id on both sides, under a name that holds another account now (or none). Without,
+        it would read its usage day, settled days and history again (or go on from another
+        account's), and the digest would miss the day's probe runs. A key rotated under the same
+        name keeps the name's state, as before."""
+        before = self.state.account_names()
+        moves: dict[str, str] = {}
+        for name, account_id in names.items():
+            if before.get(name) == account_id or list(names.values()).count(account_id) != 1:
+                continue
+            formers = [
+                former for former, was in before.items() if was == account_id and names.get(former) != account_id
+            ]
+            if len(formers) == 1:
+                moves[name] = formers[0]
+
+        def store(name: str) -> StateStore:
+            return account_state(name) if name else self.state
+
+        taken = {name: store(former).account_state() for name, former in moves.items()}  # (all read first: a swap)
+        for name, rows in taken.items():
+            written = store(name).put_account_state(rows)
+            log.info("account state taken from the name it had", account=name or "(the one account)",
+                     was=moves[name] or "(the one account)", rows=written)  # fmt: skip
+        for name, account_id in names.items():
+            was = before.get(name)
+            if name not in moves and was is not None and was != account_id and was in names.values():
+                # The account this name had went on under another: what its file holds is that one's.
+                store(name).put_account_state(AccountRows({table: [] for table in ACCOUNT_TABLES}, []))
+                log.info("account state started afresh: the name's account went on under another name",
+                         account=name or "(the one account)")  # fmt: skip
 
     def _exposition(self) -> Exposition | AssembledExposition:
         """Every account's series, the alerts', and the process's own (RUNTIME_COLLECTORS: client_python's

@@ -318,7 +318,8 @@ class Latest:
                 self.history = None  # (nothing stale is judged on)
 
     def forget_figures(self) -> None:
-        """The account's billing figures come from another project from now on (a reload):
+        """The account's billing figures come from another project, or another account, from now
+        on (a reload):
         what was shown so far is none of its own, so it is neither shown, nor judged on, nor
         counted fresh (readiness waits for its bills and usage again) until its sources refresh."""
         with self._lock:

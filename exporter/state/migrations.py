@@ -158,6 +158,10 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS account_names (
+    name TEXT PRIMARY KEY,
+    account_id TEXT NOT NULL
+);
 """
 """Every table in the newest layout. Run at each opening: it makes what a file lacks (all of a new
 file); a table an earlier layout made is brought up to date by MIGRATIONS. An index is made here

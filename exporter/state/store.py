@@ -1,5 +1,5 @@
 """`StateStore`: the state file with the tables of the usage sync, the reconciliation, the bill
-history and the probe, one class per owner's tables in a module of its own (the alerts' and the
+history, the probe and the accounts' names, one class per owner's tables in a module of its own (the alerts' and the
 outboxes' are `AlertStore`'s, on the same store); and `peek`, which reads a state file beside the
 daemon that has it open."""
 
@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from exporter.core.logs import get_logger
+from exporter.state.accounts import AccountTables
 from exporter.state.alerts import read_alert_states
 from exporter.state.file import connect_existing
 from exporter.state.history import HistoryTable
@@ -19,7 +20,7 @@ from exporter.state.usage import UsageTables
 log = get_logger(__name__)
 
 
-class StateStore(UsageTables, SettledTables, HistoryTable, ProbeTable):
+class StateStore(UsageTables, SettledTables, HistoryTable, ProbeTable, AccountTables):
     """The state file (see `StateFile`: one exporter at a time, checked, migrated and kept at its
     path) with every owner's tables but the alerts'. Opened once by the exporter and handed to
     each owner; `AlertStore(store)` reads and writes the alerts' tables through it."""
