@@ -13,16 +13,18 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from exporter.app.sources import Sources
 from exporter.billing import BillingAPI, BillingClient
 from exporter.config.load import validate
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
+from exporter.model.snapshots import Latest
 from exporter.sim import Fault, Simulator, prices_from_config
 from exporter.sources.bills import BillsSource
 from exporter.sources.reconcile import DEFAULT_ITEMS, SettledUsage, reconcile
 from exporter.state import StateStore
 from tests.conftest import SHANGHAI
-from tests.daemon_fakes import metrics, page, statuses, told
+from tests.daemon_fakes import InProcessBilling, fake_billing_section, metrics, page, statuses, told
 from tests.fakes import FakeBilling
 from tests.helpers import named
 
@@ -321,14 +323,15 @@ def test_the_days_held_stay_held_when_the_pages_read_are_smaller_since_or_a_vers
     assert served(priced) != before
 
 
-def test_a_day_whose_read_failed_waits_its_turn_across_a_reload(
-    priced: Simulator, client: BillingClient, clock: Clock, store: StateStore
-) -> None:
-    """The source a reload builds in place of one whose read of a day failed takes on its wait:
-    the day is not asked for again at once (the others go first meanwhile)."""
-    source = settled_usage(client, clock, store, per_refresh=1)
+def test_a_day_whose_read_failed_waits_its_turn_across_a_reload(priced: Simulator, clock: Clock) -> None:
+    """The reconciliation a reload builds in place of one whose read of a day failed takes on its
+    wait: the day is not asked for again at once (the others go first meanwhile)."""
+    store = StateStore(":memory:")
+    document = {"billing": fake_billing_section(priced, history_months=0), "reconciliation": {"days_per_refresh": 1}}
+    first = Sources(validate(document, {}), Latest(), clock, store, billing=InProcessBilling(priced))
     priced.inject(Fault("status", USAGES, status=400))
-    assert source.refresh(DAYS[0]) == {}
-    reloaded = settled_usage(client, clock, store, per_refresh=1)
-    reloaded.carry_over(source)
-    assert sorted(reloaded.refresh(DAYS[0])) == [DAYS[-2]]
+    assert first.one.settled.refresh(DAYS[0]) == {}
+    document["budgets"] = [{"name": "month", "amount": "100"}]  # (billing unchanged)
+    reloaded = Sources(validate(document, {}), first.latest, clock, store, previous=first,
+                       billing=InProcessBilling(priced))  # fmt: skip
+    assert sorted(reloaded.one.settled.refresh(DAYS[0])) == [DAYS[-2]]
