@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import logging
 from decimal import Decimal
 from pathlib import Path
 
@@ -929,3 +930,27 @@ def test_a_name_whose_account_went_on_under_another_starts_afresh_for_the_accoun
                 assert counted == sums["requests"]
     finally:
         daemon.stop()
+
+
+def test_an_account_taken_out_while_failing_and_put_back_failing_alike_is_logged_again(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure is logged once while it lasts: the account taken out by a reload and put back is a
+    new start, its failure said again at error."""
+    path = tmp_path / "config.yaml"
+    doc = document(sims, tmp_path, [])
+    without = document({name: sim for name, sim in sims.items() if name != "prod"}, tmp_path, [])
+    path.write_text(yaml.safe_dump(doc))
+    daemon = Daemon(validate(doc, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    sims["prod"].inject(Fault("status", "/api/v1/bills", status=400, times=10**6))
+    try:
+        for config in (doc, without, doc):
+            path.write_text(yaml.safe_dump(config))
+            assert daemon.reload()
+            if config is doc:
+                assert not daemon.refresh("prod/bills")
+                assert not daemon.refresh("prod/bills")
+    finally:
+        daemon.stop()
+    failed = [r for r in logged(caplog.records, "refresh failed", source="prod/bills") if r.levelno == logging.ERROR]
+    assert len(failed) == 2

@@ -471,6 +471,10 @@ class Daemon:
                 log.error("config reload refused (keeping the running config)", error=str(error))
                 self.latest.reloaded(success=False)
                 return False
+            # A source the reload took out forgets how it failed: added back and failing alike, it is logged again.
+            self._failing = {
+                source: error for source, error in self._failing.items() if source in self.sources.refreshers
+            }
             if self._server is not None:
                 self._server.use(credentials)  # (before the URL is taken: TLS may have been turned on or off)
             self.dispatcher.configure(config.alerts.notifiers, self._external_url(config))
