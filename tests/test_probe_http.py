@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import re
+import select
 import socket
 import ssl
 import threading
@@ -663,3 +664,59 @@ def test_closing_the_runner_ends_a_run_at_once_wherever_it_waits(
         finally:
             for connection in held:
                 connection.close()
+
+
+def relay(one: socket.socket, other: socket.socket) -> None:
+    """Bytes both ways between two sockets (either may be TLS) until either ends."""
+    with contextlib.suppress(OSError, ValueError):
+        while True:
+            ready = [one] if isinstance(one, ssl.SSLSocket) and one.pending() else []
+            ready = ready or select.select([one, other], [], [], 60)[0]
+            for source in ready:
+                data = source.recv(65536)
+                if not data:
+                    return
+                (other if source is one else one).sendall(data)
+
+
+def test_closing_the_runner_through_an_https_proxy_ends_its_run_at_once(
+    ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An HTTPS endpoint through an HTTPS proxy (TLS inside TLS, whose connection is no socket of
+    its own): the run waiting for the headers is cut, and closing raises nothing."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("NO_PROXY", "")
+    asked: list[socket.socket] = []
+
+    def endpoint(connection: socket.socket) -> None:  # the request read, never answered
+        with contextlib.suppress(OSError):
+            secure = context.wrap_socket(connection, server_side=True)
+            read_request(secure)
+            asked.append(secure)
+
+    def tunnel(connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            secure = context.wrap_socket(connection, server_side=True)
+            target = read_head(secure).split(b" ")[1].decode()
+            host, _, port = target.rpartition(":")
+            with socket.create_connection((host, int(port))) as upstream:
+                secure.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                relay(secure, upstream)
+
+    with each_connection(endpoint) as address, each_connection(tunnel) as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", f"https://{proxy}")
+        try:
+            assert_cut_at_once(runner_for(f"https://{address}", timeout="2m"), lambda: asked, caplog)
+        finally:
+            for connection in asked:
+                connection.close()
+
+
+def read_head(connection: socket.socket) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head and (piece := connection.recv(65536)):
+        head += piece
+    return head

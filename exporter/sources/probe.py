@@ -13,6 +13,7 @@ times) and does no I/O; `HTTPChat` is the wire that feeds it, and a `ProbeRunner
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -253,6 +254,15 @@ _HEADERS = threading.local()
 from the moment a connection's socket is made (see `_KeepsSocket._new_conn`)."""
 
 
+def plain_socket(sock: Any) -> socket.socket | None:
+    """What a deadline shuts down of a connection's `sock`: itself, or, for TLS inside TLS (an
+    HTTPS endpoint through an HTTPS proxy), the socket under urllib3's `SSLTransport`, which is no
+    socket of its own."""
+    while sock is not None and not isinstance(sock, socket.socket):
+        sock = getattr(sock, "socket", None)
+    return sock
+
+
 class _KeepsSocket:
     """A connection that keeps hold of its socket (`kept`): http.client lets go of it when a response
     will close the connection (a stream delimited by the connection's end), and the probe sets each
@@ -282,8 +292,8 @@ class _KeepsSocket:
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
         for name in ("deadline", "cut"):
             deadline: Deadline | None = getattr(_HEADERS, name, None)
-            if deadline is not None and self.sock is not None:  # type: ignore[attr-defined]
-                deadline.watch(self.sock)  # type: ignore[attr-defined]
+            if deadline is not None and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
+                deadline.watch(sock)
         return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
 
@@ -399,7 +409,7 @@ class HTTPChat:
                     response.close()
                     raise Silence(self._clock())
                 with response:
-                    if (sock := getattr(response.raw.connection, "kept", None)) is not None:
+                    if (sock := plain_socket(getattr(response.raw.connection, "kept", None))) is not None:
                         cut.watch(sock)
                     try:
                         yield response.status_code, self._arrivals(response, deadline, cut)
