@@ -954,3 +954,42 @@ def test_an_account_taken_out_while_failing_and_put_back_failing_alike_is_logged
         daemon.stop()
     failed = [r for r in logged(caplog.records, "refresh failed", source="prod/bills") if r.levelno == logging.ERROR]
     assert len(failed) == 2
+
+
+def test_a_reload_refused_on_the_way_moves_no_account_to_another_s_state(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """prod and staging swap keys, and lab (added) has a state file that cannot be read: the reload
+    is refused, and neither then, nor after a restart on the config before, does an account go on
+    from another's state."""
+    for sim in sims.values():
+        sim.add_usage(3000)
+    path = tmp_path / "config.yaml"
+    state = {"path": str(tmp_path / "state.db")}
+    two = {name: sims[name] for name in ("prod", "staging")}
+    first = {"accounts": accounts_section(two, history_months=0), "state": state}
+    swapped = {"prod": sims["staging"], "staging": sims["prod"], "lab": sims["lab"]}
+    second = {"accounts": accounts_section(swapped, history_months=0), "state": state}
+    Path(account_state_path(state["path"], "lab")).write_bytes(b"not a state file" * 100)
+    path.write_text(yaml.safe_dump(first))
+    daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert all(daemon.refresh(key) for key in daemon.sources.keys("usage"))
+        path.write_text(yaml.safe_dump(second))
+        assert not daemon.reload()
+    finally:
+        daemon.stop()
+    path.write_text(yaml.safe_dump(first))
+    before = {name: sim.requests_served[USAGES] for name, sim in two.items()}
+    daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert all(daemon.refresh(key) for key in daemon.sources.keys("usage"))
+        series = metrics(daemon)
+        for name, sim in two.items():
+            assert sim.requests_served[USAGES] - before[name] < 3000 / 500  # resumed, from its own
+            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
+                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
+                                model=model)  # fmt: skip
+                assert counted == sums["requests"]
+    finally:
+        daemon.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,6 @@ from exporter.billing import BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config, routes
 from exporter.core.clock import Clock
-from exporter.core.logs import get_logger
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, span
 from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
@@ -40,9 +39,7 @@ from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
 from exporter.sources.reconcile import settled_at
 from exporter.state import AlertStore, StateStore
-from exporter.state.accounts import ACCOUNT_TABLES, AccountRows
-
-log = get_logger(__name__)
+from exporter.state.accounts import files_for
 
 __all__ = [
     "Account",
@@ -60,7 +57,7 @@ judged later than that (or after a daemon down for longer) is told by no digest;
 and /api/v1/reconciliation show it."""
 
 AccountState = Callable[[str], StateStore]
-"""The state file of the account named (with several accounts, each keeps its sources' own)."""
+"""An account state file, by its `AccountFile.file`."""
 
 
 def source_key(account: str, source: str) -> str:
@@ -68,27 +65,28 @@ def source_key(account: str, source: str) -> str:
     return f"{account}/{source}" if account else source
 
 
-def account_state_path(path: str, account: str) -> str:
-    """Where an account of several keeps its sources' state: beside the process's state file,
-    `exporter.db` → `exporter.prod.db` (the process's own keeps the alerts and the outbox)."""
+def account_state_path(path: str, file: str) -> str:
+    """Where an account keeps its sources' state, in the file `file` (`AccountFile.file`: named
+    after the account that first used it): beside the process's state file, `exporter.db` →
+    `exporter.prod.db` (the process's own keeps the alerts and the outbox)."""
     if path == ":memory:":
         return path
     base = Path(path)
-    return str(base.with_name(f"{base.stem}.{account}{base.suffix or '.db'}"))
+    return str(base.with_name(f"{base.stem}.{file}{base.suffix or '.db'}"))
 
 
 class AccountStates:
-    """The state files of several accounts, each opened when first needed and kept open while the
-    process runs (an account a reload removes and adds back finds its state as it left it)."""
+    """The accounts' state files, each opened when first needed and kept open while the process
+    runs (an account a reload removes and adds back finds its state as it left it)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._open: dict[str, StateStore] = {}
 
-    def open(self, account: str) -> StateStore:
-        store = self._open.get(account)
+    def open(self, file: str) -> StateStore:
+        store = self._open.get(file)
         if store is None:
-            store = self._open[account] = StateStore(account_state_path(self.path, account))
+            store = self._open[file] = StateStore(account_state_path(self.path, file))
         return store
 
     def close(self) -> None:
@@ -129,10 +127,11 @@ class Sources:
         billing: BillingFactory | None = None,
         account_state: AccountState | None = None,
     ) -> None:
-        """`latest` and `state`: the process's (and the one account's without `accounts`).
-        `dispatcher`: the daemon's, which outlives reloads; without one (`once`), one that delivers
-        only when asked. `account_state`: each account's state file with `accounts` (in memory
-        unless given)."""
+        """`latest` and `state`: the process's (and the state file of the one account without
+        `accounts`, unless it had another's). `dispatcher`: the daemon's, which outlives reloads;
+        without one (`once`), one that delivers only when asked. `account_state`: opens the
+        accounts' state files (which file is each account's, `state` keeps: `files_for`); without
+        it, the accounts of several keep theirs in memory."""
         self.config = config
         self.latest = latest
         self.clock = clock
@@ -168,11 +167,14 @@ class Sources:
             self.engine.carry_judged(previous.engine)
         held_accounts = previous.accounts if previous is not None else {}
         names = {name: billing_account_id(account_config.billing) for name, account_config in named}
-        if account_state is not None:
-            self._follow_renames(names, account_state)
+        # Each account's state file follows its billing account, whatever its name (see files_for).
+        files = files_for(names, state.account_files()) if account_state is not None else {}
         for name, account_config in named:
             kept = held_accounts.get(name)
-            store = state if not name else (account_state(name) if account_state else StateStore(":memory:"))
+            if account_state is None:
+                store = state if not name else StateStore(":memory:")
+            else:
+                store = state if not files[name].file else account_state(files[name].file)
             others = frozenset(other for n, other in names.items() if n != name)
             self.accounts[name] = Account(
                 name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing,
@@ -198,7 +200,8 @@ class Sources:
         self.alerts_collector = AlertsCollector(self.engine, dispatcher, lambda: states)
         """The alerts' series in the exposition: the alert worker renders them after evaluating."""
         self.exposition = self._exposition()
-        self.state.record_account_names(names)  # (before they take over: a reload refused records nothing)
+        if files:  # (before they take over: a reload refused records nothing)
+            self.state.record_account_files(files.values())
         for account in self.accounts.values():  # (last: a reload refused on the way changes nothing)
             account.activate()
         for name, gone in held_accounts.items():
@@ -211,41 +214,6 @@ class Sources:
 
     def _sources_of(self, name: str) -> Callable[[], Iterable[str]]:
         return lambda: list(self.accounts[name].refreshers) if name in self.accounts else []
-
-    def _follow_renames(self, names: Mapping[str, str], account_state: AccountState) -> None:
-        """Give each account its sources' state from the file of the name it had when the process
-        last built its accounts, where that was another: renamed, moved under `accounts:` or back,
-        or swapping names with another. It is the billing account of the same `account_id`, alone
-        of its id on both sides, under a name that holds another account now (or none). Without,
-        it would read its usage day, settled days and history again (or go on from another
-        account's), and the digest would miss the day's probe runs. A key rotated under the same
-        name keeps the name's state, as before."""
-        before = self.state.account_names()
-        moves: dict[str, str] = {}
-        for name, account_id in names.items():
-            if before.get(name) == account_id or list(names.values()).count(account_id) != 1:
-                continue
-            formers = [
-                former for former, was in before.items() if was == account_id and names.get(former) != account_id
-            ]
-            if len(formers) == 1:
-                moves[name] = formers[0]
-
-        def store(name: str) -> StateStore:
-            return account_state(name) if name else self.state
-
-        taken = {name: store(former).account_state() for name, former in moves.items()}  # (all read first: a swap)
-        for name, rows in taken.items():
-            written = store(name).put_account_state(rows)
-            log.info("account state taken from the name it had", account=name or "(the one account)",
-                     was=moves[name] or "(the one account)", rows=written)  # fmt: skip
-        for name, account_id in names.items():
-            was = before.get(name)
-            if name not in moves and was is not None and was != account_id and was in names.values():
-                # The account this name had went on under another: what its file holds is that one's.
-                store(name).put_account_state(AccountRows({table: [] for table in ACCOUNT_TABLES}, []))
-                log.info("account state started afresh: the name's account went on under another name",
-                         account=name or "(the one account)")  # fmt: skip
 
     def _exposition(self) -> Exposition | AssembledExposition:
         """Every account's series, the alerts', and the process's own (RUNTIME_COLLECTORS: client_python's

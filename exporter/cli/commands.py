@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from exporter.alerts.alert import Alert
+from exporter.app.account import billing_account_id
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.digests import FiringByAccount
@@ -30,7 +31,8 @@ from exporter.notifiers.digest import text as digest_text
 from exporter.replay.backfill import BackfillError, backfill, check_range, months, target_labels
 from exporter.replay.focus import FocusError, MissingCurrency, export
 from exporter.sources.probe import unusable
-from exporter.state import AlertStore, StateError, StateStore, peek
+from exporter.state import AlertStore, StateError, StateStore, peek, peek_account_files
+from exporter.state.accounts import files_for
 from exporter.web import WebConfigError
 
 log = get_logger("exporter")
@@ -98,9 +100,12 @@ def cmd_digest(args: argparse.Namespace) -> int:
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
+        files = files_for({name: billing_account_id(c.billing) for name, c in config.account_configs()},
+                          peek_account_files(config.state.path))  # fmt: skip
         for name, _ in chosen_ones:
-            if name:  # with several accounts, each keeps its probe runs in its own file
-                of_account = peek(account_state_path(config.state.path, name), *sources.digest_span(today, schedule))
+            if files[name].file:  # each account of several keeps its probe runs in a file of its own
+                of_account = peek(account_state_path(config.state.path, files[name].file),
+                                  *sources.digest_span(today, schedule))  # fmt: skip
                 runs = [] if of_account is None else of_account[0]
             url = config.server.external_url or ""
             bodies.append(sources.digest(today, schedule, url, runs=runs, alerts=firing.of(name), account=name))

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from exporter.state.errors import StateError
     from exporter.state.file import location_problem
     from exporter.state.migrations import LAYOUT
-    from exporter.state.store import StateStore, peek
+    from exporter.state.store import StateStore, peek, peek_account_files
     from exporter.state.usage import UsageCursor
 
 _MODULES = {
@@ -29,6 +29,7 @@ _MODULES = {
     "LAYOUT": "migrations",
     "StateStore": "store",
     "peek": "store",
+    "peek_account_files": "store",
     "UsageCursor": "usage",
 }
 
@@ -52,4 +53,5 @@ __all__ = [
     "UsageCursor",
     "location_problem",
     "peek",
+    "peek_account_files",
 ]

@@ -1,72 +1,82 @@
-"""What follows an account of the config to a new name (a rename, or a one-account config moved
-under `accounts:` and back): the names the accounts had when the process last built them, in the
-process's own file (`account_names`), and the tables of an account's sources, taken from the file
-of the name it had (`account_state`, `put_account_state`)."""
+"""Which state file each account keeps its sources' state in (usage cursors and ids, settled days,
+bill history, probe runs), kept in the process's own file (`account_files`). The file follows the
+billing account (`Account.account_id`: its key and project) whatever its name, so that a rename, a
+one-account config moved under `accounts:` and back, or two names swapping keys move no state; a
+key rotated under the same name keeps the name's file."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+import sqlite3
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from exporter.state.file import StateFile
 
-ACCOUNT_TABLES = (
-    "usage_cursor",
-    "usage_head",
-    "usage_created",
-    "usage_totals",
-    "usage_ids",
-    "usage_ids_added",
-    "usage_amounts",
-    "settled_days",
-    "settled_usage",
-    "bill_history",
-    "probe_runs",
-)
-"""The tables of an account's sources: the usage sync's, the reconciliation's, the bill history's
-and the probe runs the digest reads."""
-ACCOUNT_META = ("history_source",)
-"""What of `meta` is the account's: where its bill history was fetched from."""
+
+class AccountFile(NamedTuple):
+    """One account state file: `file`, "" for the process's own, else the word its path has between
+    the process's file's stem and suffix (`state.prod.db`: "prod"); the billing account whose state
+    it holds, and the name that account had when it last used the file."""
+
+    file: str
+    account_id: str
+    name: str
 
 
-class AccountRows(NamedTuple):
-    """An account's tables as `AccountTables.account_state` read them."""
+def read_account_files(db: sqlite3.Connection) -> list[AccountFile]:
+    return [AccountFile(*row) for row in db.execute("SELECT file, account_id, name FROM account_files")]
 
-    tables: dict[str, list[tuple[object, ...]]]
-    meta: list[tuple[str, str]]
+
+def files_for(accounts: Mapping[str, str], known: Iterable[AccountFile]) -> dict[str, AccountFile]:
+    """The file of each account of `accounts` (name → `account_id`), given the files `known`:
+
+    1. the file of its billing account, when it is the only account of that id configured;
+    2. else the file last used under its name, unless that file's account is configured under
+       another name (a key rotated: the name keeps its state; or two accounts configured alike);
+    3. else a file of its own, named after it ("" for the one account of a config without
+       `accounts`), or after it and its id when another account's file has that name already.
+    """
+    known = list(known)
+    ids = list(accounts.values())
+    files: dict[str, AccountFile] = {}
+    taken: set[str] = set()
+    for name, account_id in accounts.items():
+        if ids.count(account_id) != 1:
+            continue
+        of_id = [f for f in known if f.account_id == account_id]  # (more than one: accounts once alike)
+        found = next((f for f in of_id if f.name == name), of_id[0] if of_id else None)
+        if found is not None:
+            files[name] = found._replace(name=name)
+            taken.add(found.file)
+    for name, account_id in accounts.items():
+        if name in files:
+            continue
+        found = next((f for f in known if f.name == name and f.file not in taken), None)
+        if found is not None and (found.account_id == account_id or found.account_id not in ids):
+            files[name] = found._replace(account_id=account_id)
+            taken.add(found.file)
+    names = {f.file for f in known} | taken
+    for name, account_id in accounts.items():
+        if name in files:
+            continue
+        mark = f"{name}.{account_id[:8]}" if name else account_id[:8]
+        tried = itertools.chain((name, mark), (f"{mark}.{n}" for n in itertools.count(2)))
+        file = next(f for f in tried if f not in names)
+        files[name] = AccountFile(file, account_id, name)
+        names.add(file)
+    return files
 
 
 class AccountTables(StateFile):
-    """`account_names`; and any file's account tables, taken whole from another."""
+    """`account_files`."""
 
-    def account_names(self) -> dict[str, str]:
-        """The accounts as the process last built them: name ("" for the one account of a config
-        without `accounts`) → `Account.account_id`."""
+    def account_files(self) -> list[AccountFile]:
         with self.reading() as db:
-            return dict(db.execute("SELECT name, account_id FROM account_names"))
+            return read_account_files(db)
 
-    def record_account_names(self, names: Mapping[str, str]) -> None:
+    def record_account_files(self, used: Iterable[AccountFile]) -> None:
+        """Say which account each file holds now, and under which name (the others are kept: an
+        account removed and added back finds its file)."""
         with self.transaction() as db:
-            db.execute("DELETE FROM account_names")
-            db.executemany("INSERT INTO account_names VALUES (?, ?)", names.items())
-
-    def account_state(self) -> AccountRows:
-        """This file's account tables and `ACCOUNT_META`, read at one time."""
-        marks = ", ".join("?" * len(ACCOUNT_META))
-        with self.reading() as db:
-            tables = {table: db.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall() for table in ACCOUNT_TABLES}  # noqa: S608 - the names above
-            meta = db.execute(f"SELECT key, value FROM meta WHERE key IN ({marks})", ACCOUNT_META).fetchall()  # noqa: S608 - marks
-        return AccountRows(tables, meta)
-
-    def put_account_state(self, rows: AccountRows) -> int:
-        """Replace this file's account tables with `rows` (another file's `account_state`: of the
-        name the account had); the rows written."""
-        marks = ", ".join("?" * len(ACCOUNT_META))
-        with self.transaction() as db:
-            for table, found in rows.tables.items():
-                db.execute(f"DELETE FROM {table}")  # noqa: S608 - the names above
-                if found:
-                    db.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(found[0]))})", found)  # noqa: S608 - marks
-            db.execute(f"DELETE FROM meta WHERE key IN ({marks})", ACCOUNT_META)  # noqa: S608 - marks
-            db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows.meta)
-        return sum(map(len, rows.tables.values()))
+            db.executemany("INSERT OR REPLACE INTO account_files VALUES (?, ?, ?)", list(used))

@@ -158,9 +158,10 @@ CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS account_names (
-    name TEXT PRIMARY KEY,
-    account_id TEXT NOT NULL
+CREATE TABLE IF NOT EXISTS account_files (
+    file TEXT PRIMARY KEY,
+    account_id TEXT NOT NULL,
+    name TEXT NOT NULL
 );
 """
 """Every table in the newest layout. Run at each opening: it makes what a file lacks (all of a new

@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from exporter.core.logs import get_logger
-from exporter.state.accounts import AccountTables
+from exporter.state.accounts import AccountFile, AccountTables, read_account_files
 from exporter.state.alerts import read_alert_states
 from exporter.state.file import connect_existing
 from exporter.state.history import HistoryTable
@@ -24,6 +24,22 @@ class StateStore(UsageTables, SettledTables, HistoryTable, ProbeTable, AccountTa
     """The state file (see `StateFile`: one exporter at a time, checked, migrated and kept at its
     path) with every owner's tables but the alerts'. Opened once by the exporter and handed to
     each owner; `AlertStore(store)` reads and writes the alerts' tables through it."""
+
+
+def peek_account_files(path: str | Path) -> list[AccountFile]:
+    """Read only, beside the daemon that owns it: which file each account's state is in (none when
+    there is no such file, or it cannot be read)."""
+    if not Path(path).is_file():
+        return []
+    try:
+        db = connect_existing(path, "ro")
+        try:
+            return read_account_files(db)
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        log.warning("state file not read", path=str(path), error=str(error))
+        return []
 
 
 def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bool, float | None]], list[str]] | None:
