@@ -4,6 +4,7 @@ the notifiers their rules name; an organisation budget over all three."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import socket
 import time
@@ -416,3 +417,41 @@ def test_an_organisation_budget_on_api_keys_is_accepted_when_every_account_count
         {},
     )
     assert config.shared_budgets[0].name == "keys"
+
+
+def test_the_digest_command_reads_a_renamed_account_s_probe_runs_from_the_file_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon kept prod's probe runs of yesterday in prod's file; the config now names that
+    account production: `digest` tells its runs (the file follows the account, not the name)."""
+    from exporter.app.account import billing_account_id
+    from exporter.config.schema import BillingConfig
+    from exporter.state import StateStore
+    from exporter.state.accounts import AccountFile
+    from tests.test_cli import invoke
+
+    clock = Clock(SHANGHAI)
+    sim = simulators(clock)["prod"]
+    server = sim.serve()
+    try:
+        (account,) = accounts_section({"production": sim}, {"production": server.url}, history_months=0)
+        account["probes"] = [{"name": "chat", "model": sim.endpoints[0].endpoint_id}]
+        account["inference"] = {"url": "http://127.0.0.1:9", "api_key": sim.api_key}
+        state = tmp_path / "state.db"
+        path = tmp_path / "accounts.yaml"
+        path.write_text(yaml.safe_dump({"accounts": [account], "digest": {"notifiers": ["finance"]},
+                                        "alerts": {"notifiers": [{"name": "finance", "type": "webhook",
+                                                                  "url": "http://127.0.0.1:9/"}]},
+                                        "state": {"path": str(state)}}))  # fmt: skip
+        account_id = billing_account_id(BillingConfig.model_validate(account["billing"]))
+        yesterday = clock.day_start(clock.today() - dt.timedelta(days=1)).timestamp()
+        with contextlib.closing(StateStore(str(state))) as process:  # as the daemon left them, the account prod
+            process.record_account_files([AccountFile("prod", account_id, "prod")])
+        with contextlib.closing(StateStore(account_state_path(str(state), "prod"))) as own:
+            for minutes in (10, 20, 30):
+                own.record_probe_run("chat", yesterday + 60 * minutes, True, 0.5, keep_from=0)
+        told = invoke(monkeypatch, capsys, "digest", "--config", str(path))
+        assert told.returncode == 0, told.stderr
+        assert "chat: 100% of 3 runs succeeded" in told.stdout
+    finally:
+        server.stop()
