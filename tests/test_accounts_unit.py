@@ -853,6 +853,15 @@ def test_one_account_s_figures_that_cannot_be_computed_are_logged_once_and_hold_
         daemon.stop()
 
 
+def assert_counted(daemon: Daemon, accounts: dict[str, Simulator]) -> None:
+    """Each account's requests of the day, as its simulator lists them (each request once), under its name."""
+    series = metrics(daemon)
+    for name, sim in accounts.items():
+        for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
+            counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint, model=model)
+            assert counted == sums["requests"]
+
+
 @pytest.mark.parametrize("restart", [False, True])
 def test_two_accounts_that_swap_names_each_go_on_from_their_own_state_and_show_nothing_of_the_other(
     clock: Clock, tmp_path: Path, restart: bool
@@ -892,10 +901,7 @@ def test_two_accounts_that_swap_names_each_go_on_from_their_own_state_and_show_n
             payable = value(series, "inference_bill_month_to_date_payable_amount", account=name,
                             period=f"{clock.today():%Y-%m}")  # fmt: skip
             assert payable == float(month(sim))
-            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
-                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
-                                model=model)  # fmt: skip
-                assert counted == sums["requests"]
+        assert_counted(daemon, swapped)
     finally:
         daemon.stop()
 
@@ -922,12 +928,7 @@ def test_a_name_whose_account_went_on_under_another_starts_afresh_for_the_accoun
         before = sims["prod"].requests_served[USAGES]
         assert all(daemon.refresh(key) for key in daemon.sources.keys("usage"))
         assert sims["prod"].requests_served[USAGES] - before < 5000 / 500  # production resumed
-        series = metrics(daemon)
-        for name, sim in renamed.items():
-            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
-                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
-                                model=model)  # fmt: skip
-                assert counted == sums["requests"]
+        assert_counted(daemon, renamed)
     finally:
         daemon.stop()
 
@@ -984,12 +985,8 @@ def test_a_reload_refused_on_the_way_moves_no_account_to_another_s_state(
     daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
     try:
         assert all(daemon.refresh(key) for key in daemon.sources.keys("usage"))
-        series = metrics(daemon)
         for name, sim in two.items():
             assert sim.requests_served[USAGES] - before[name] < 3000 / 500  # resumed, from its own
-            for (endpoint, model), sums in sim.usage_totals(distinct=True).items():
-                counted = value(series, "inference_usage_requests_total", account=name, endpoint_id=endpoint,
-                                model=model)  # fmt: skip
-                assert counted == sums["requests"]
+        assert_counted(daemon, two)
     finally:
         daemon.stop()
