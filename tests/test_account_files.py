@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from exporter.state import StateStore
 from exporter.state.accounts import AccountFile, files_for
 
 A, B, C = "a" * 32, "b" * 32, "c" * 32
@@ -63,3 +64,14 @@ def test_no_two_accounts_share_a_file() -> None:
     for accounts in ({"prod": C, "staging": C, "lab": A}, {"": B}, {"prod": A, "x": B, "lab": C, "y": A}):
         got = [f.file for f in files_for(accounts, [AccountFile(*k) for k in known]).values()]
         assert len(set(got)) == len(got) == len(accounts)
+
+
+def test_the_file_last_used_under_a_name_is_the_one_a_key_rotated_under_it_keeps() -> None:
+    """prod (A) renamed production and another account (C) given the name prod; then prod is A
+    again, and its key rotated (D): prod keeps the file it used last, A's, not C's, as recorded
+    in a state file through each config in turn."""
+    store = StateStore(":memory:")
+    for accounts in ({"prod": A}, {"production": A, "prod": C}, {"prod": A}, {"prod": B}):
+        used = files_for(accounts, store.account_files())
+        store.record_account_files(used.values())
+    assert used["prod"] == AccountFile("prod", B, "prod")

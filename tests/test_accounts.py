@@ -419,11 +419,12 @@ def test_an_organisation_budget_on_api_keys_is_accepted_when_every_account_count
     assert config.shared_budgets[0].name == "keys"
 
 
-def test_the_digest_command_reads_a_renamed_account_s_probe_runs_from_the_file_it_has(
+def test_the_digest_command_reads_each_account_s_probe_runs_from_the_file_it_has(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The daemon kept prod's probe runs of yesterday in prod's file; the config now names that
-    account production: `digest` tells its runs (the file follows the account, not the name)."""
+    """The daemon kept prod's probe runs of yesterday in prod's file, and staging's, the one
+    account of the config before, in the process's own; the config now names prod production,
+    before staging: `digest` tells each its own runs (the file follows the account, not the name)."""
     from exporter.app.account import billing_account_id
     from exporter.config.schema import BillingConfig
     from exporter.state import StateStore
@@ -431,27 +432,37 @@ def test_the_digest_command_reads_a_renamed_account_s_probe_runs_from_the_file_i
     from tests.test_cli import invoke
 
     clock = Clock(SHANGHAI)
-    sim = simulators(clock)["prod"]
-    server = sim.serve()
+    sims = {name: sim for name, sim in simulators(clock).items() if name != "lab"}
+    servers = {name: sim.serve() for name, sim in sims.items()}
     try:
-        (account,) = accounts_section({"production": sim}, {"production": server.url}, history_months=0)
-        account["probes"] = [{"name": "chat", "model": sim.endpoints[0].endpoint_id}]
-        account["inference"] = {"url": "http://127.0.0.1:9", "api_key": sim.api_key}
+        named_now = {"production": sims["prod"], "staging": sims["staging"]}
+        urls = {"staging": servers["staging"].url, "production": servers["prod"].url}
+        accounts = accounts_section(named_now, urls, history_months=0)
+        for account, sim in zip(accounts, named_now.values(), strict=True):
+            account["probes"] = [{"name": "chat", "model": sim.endpoints[0].endpoint_id}]
+            account["inference"] = {"url": "http://127.0.0.1:9", "api_key": sim.api_key}
         state = tmp_path / "state.db"
         path = tmp_path / "accounts.yaml"
-        path.write_text(yaml.safe_dump({"accounts": [account], "digest": {"notifiers": ["finance"]},
+        path.write_text(yaml.safe_dump({"accounts": accounts, "digest": {"notifiers": ["finance"]},
                                         "alerts": {"notifiers": [{"name": "finance", "type": "webhook",
                                                                   "url": "http://127.0.0.1:9/"}]},
                                         "state": {"path": str(state)}}))  # fmt: skip
-        account_id = billing_account_id(BillingConfig.model_validate(account["billing"]))
+        ids = {a["name"]: billing_account_id(BillingConfig.model_validate(a["billing"])) for a in accounts}
         yesterday = clock.day_start(clock.today() - dt.timedelta(days=1)).timestamp()
-        with contextlib.closing(StateStore(str(state))) as process:  # as the daemon left them, the account prod
-            process.record_account_files([AccountFile("prod", account_id, "prod")])
+        with contextlib.closing(StateStore(str(state))) as process:  # as the daemon left them
+            process.record_account_files(
+                [AccountFile("", ids["staging"], ""), AccountFile("prod", ids["production"], "prod")]
+            )
+            process.record_probe_run("chat", yesterday + 600, False, None, keep_from=0)
         with contextlib.closing(StateStore(account_state_path(str(state), "prod"))) as own:
             for minutes in (10, 20, 30):
                 own.record_probe_run("chat", yesterday + 60 * minutes, True, 0.5, keep_from=0)
         told = invoke(monkeypatch, capsys, "digest", "--config", str(path))
         assert told.returncode == 0, told.stderr
-        assert "chat: 100% of 3 runs succeeded" in told.stdout
+        production, staging = told.stdout.split("Daily inference spend of ")[1:]
+        assert staging.startswith("staging ")
+        assert "chat: 0% of 1 run succeeded" in staging
+        assert "chat: 100% of 3 runs succeeded" in production
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()

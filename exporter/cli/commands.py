@@ -96,14 +96,15 @@ def cmd_digest(args: argparse.Namespace) -> int:
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
-        runs, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
+        own, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
         files = files_for({name: billing_account_id(c.billing) for name, c in config.account_configs()},
                           peek_account_files(config.state.path))  # fmt: skip
         for name, _ in chosen_ones:
-            if files[name].file:  # each account of several keeps its probe runs in a file of its own
+            runs = own  # (the account whose file is the process's own)
+            if files[name].file:  # (one of another file)
                 of_account = peek(account_state_path(config.state.path, files[name].file),
                                   *sources.digest_span(today, schedule))  # fmt: skip
                 runs = [] if of_account is None else of_account[0]

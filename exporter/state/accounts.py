@@ -25,11 +25,14 @@ class AccountFile(NamedTuple):
 
 
 def read_account_files(db: sqlite3.Connection) -> list[AccountFile]:
-    return [AccountFile(*row) for row in db.execute("SELECT file, account_id, name FROM account_files")]
+    """The files known, the most recently used first."""
+    rows = db.execute("SELECT file, account_id, name FROM account_files ORDER BY used DESC, file")
+    return [AccountFile(*row) for row in rows]
 
 
 def files_for(accounts: Mapping[str, str], known: Iterable[AccountFile]) -> dict[str, AccountFile]:
-    """The file of each account of `accounts` (name → `account_id`), given the files `known`:
+    """The file of each account of `accounts` (name → `account_id`), given the files `known` (the
+    most recently used first):
 
     1. the file of its billing account, when it is the only account of that id configured;
     2. else the file last used under its name, unless that file's account is configured under
@@ -77,6 +80,8 @@ class AccountTables(StateFile):
 
     def record_account_files(self, used: Iterable[AccountFile]) -> None:
         """Say which account each file holds now, and under which name (the others are kept: an
-        account removed and added back finds its file)."""
+        account removed and added back finds its file), marked the most recently used."""
         with self.transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO account_files VALUES (?, ?, ?)", list(used))
+            (last,) = db.execute("SELECT COALESCE(MAX(used), 0) FROM account_files").fetchone()
+            db.executemany("INSERT OR REPLACE INTO account_files VALUES (?, ?, ?, ?)",
+                           [(*f, last + 1) for f in used])  # fmt: skip

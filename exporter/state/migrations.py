@@ -161,7 +161,8 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS account_files (
     file TEXT PRIMARY KEY,
     account_id TEXT NOT NULL,
-    name TEXT NOT NULL
+    name TEXT NOT NULL,
+    used INTEGER NOT NULL
 );
 """
 """Every table in the newest layout. Run at each opening: it makes what a file lacks (all of a new
