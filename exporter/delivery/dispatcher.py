@@ -65,10 +65,18 @@ OWED_FOR = 86400.0
 """How long a notification is retried to email recipients who refuse it for now (4xx) while the
 others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
 SUPERSEDED = "its alerts changed state again before it could be delivered"
-DISCARDED = ("notifier_removed", "superseded")
+DISCARDED = ("notifier_removed", "superseded", "refused")
 """Why a queued notification is never delivered: its notifier left the config (`configure`; for a
-digest, `digest.notifiers`), or
-every alert in it changed state again meanwhile (`_current`)."""
+digest, `digest.notifiers`), every alert in it changed state again meanwhile (`_current`), or its
+receiver refused it outright `GIVE_UP_AFTER` times (or the email recipients still owed it refused
+it for `OWED_FOR`)."""
+
+
+def _backoff(attempts: int) -> float:
+    """The wait before the next try of a notification tried `attempts` times: doubling from
+    BACKOFF_FIRST up to BACKOFF_MAX, jittered. (The exponent is capped: a receiver down for days
+    leaves thousands of tries behind a row, and 2 ** 1024 is no float.)"""
+    return min(BACKOFF_MAX, BACKOFF_FIRST * float(2 ** min(attempts, 16))) * random.uniform(0.8, 1.2)
 
 
 def _where(location: str | None) -> str:
@@ -468,6 +476,8 @@ class Dispatcher:
                     log.error("email recipients refused a notification for a day; it is dropped for them",
                               notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
+                    with self._counts:
+                        self.discarded["refused"] += 1
                     continue
                 if head.digest is not None and self._takes_no_digests(name):
                     given = self._record(name, partial(self._drop_digest, head.id, now))
@@ -491,18 +501,21 @@ class Dispatcher:
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
                     self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
+                    with self._counts:
+                        self.discarded["refused"] += 1
                     continue
                 if reason is not None and (owed or entry.recipients):
                     # Owed to some recipients only (others took it): retried apart, holding nothing back.
-                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
-                    failed = partial(self.store.failed, entry.id, now + pause, reason, recipients=owed)
+                    failed = partial(
+                        self.store.failed, entry.id, now + _backoff(entry.attempts), reason, recipients=owed
+                    )
                     self._record(name, partial(failed, table=entry.table))
                     continue
                 if reason is not None:
-                    pause = min(BACKOFF_MAX, BACKOFF_FIRST * 2**entry.attempts) * random.uniform(0.8, 1.2)
                     failed = partial(
-                        self.store.failed, entry.id, now + pause, reason, table=entry.table, recipients=owed
-                    )
+                        self.store.failed, entry.id, now + _backoff(entry.attempts), reason, table=entry.table,
+                        recipients=owed,
+                    )  # fmt: skip
                     self._record(name, failed)
                     break
                 self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))

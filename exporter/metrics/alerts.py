@@ -101,7 +101,9 @@ class _Notifications(Collector):
         discarded = CounterMetricFamily(
             "inference_alert_notifications_discarded",
             "Queued notifications never delivered: reason=notifier_removed (their notifier left the config, or"
-            " for a digest digest.notifiers), superseded (their alerts changed state again before delivery).",
+            " for a digest digest.notifiers), superseded (their alerts changed state again before delivery),"
+            " refused (their receiver refused them outright 5 times, or the email recipients still owed them"
+            " for a day).",
             labels=["reason"],
         )
         for reason, count in figures.discarded:

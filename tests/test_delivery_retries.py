@@ -1,0 +1,74 @@
+"""How long a notification the receiver does not take keeps being tried, and how it is counted when
+given up: a receiver down for days is tried every few minutes, never faster; one that refuses a
+notification outright has it dropped and counted as discarded."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+
+from exporter.config.load import validate
+from exporter.core.clock import Clock, FrozenClock
+from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
+from exporter.sim import Simulator
+from exporter.state import AlertStore, StateStore
+from tests.conftest import SHANGHAI
+from tests.daemon_fakes import fake_billing_section
+from tests.helpers import Receiver
+
+
+@pytest.fixture
+def frozen() -> FrozenClock:
+    return FrozenClock(dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI))
+
+
+@pytest.fixture
+def queued(frozen: FrozenClock, receiver: Receiver) -> Iterator[tuple[Dispatcher, AlertStore]]:
+    """A dispatcher whose one webhook notifier, `hook`, posts to `receiver`, one notification queued."""
+    document = {"billing": fake_billing_section(Simulator(seed=1)),
+                "alerts": {"notifiers": [{"name": "hook", "type": "webhook", "url": receiver.url}]}}  # fmt: skip
+    store = AlertStore(StateStore(":memory:"))
+    clock = Clock(SHANGHAI, frozen)
+    dispatcher = Dispatcher(validate(document, {}).alerts.notifiers, store, clock, lambda _: [], "")
+    now = clock.now().timestamp()
+    alert = {"key": "k", "dedup_key": "d", "status": "resolved", "labels": {"alertname": "A"}, "annotations": {},
+             "starts_at": now - 60, "ends_at": now, "value": "1"}  # fmt: skip
+    event = {"status": "resolved", "alertname": "A", "dedup_key": "d", "total": 1, "still_firing": 0, "alerts": [alert]}
+    with store.store.transaction() as db:
+        AlertStore.enqueue(db, "hook", event, now)  # type: ignore[arg-type]
+    yield dispatcher, store
+    dispatcher.close()
+
+
+def test_a_receiver_down_for_days_is_tried_again_within_the_longest_backoff(
+    frozen: FrozenClock, receiver: Receiver, queued: tuple[Dispatcher, AlertStore]
+) -> None:
+    """A week of 503s leaves some two thousand tries behind the notification: the next one fails
+    as the others did (no crash, which would retry at every poll), and waits its backoff."""
+    dispatcher, store = queued
+    receiver.refuse = 10**9
+    with store.store.transaction() as db:  # (a week of tries, at most five minutes apart)
+        db.execute("UPDATE outbox SET attempts = 2016")
+    for _ in range(3):
+        dispatcher.deliver()
+        head = store.head("hook")
+        assert head is not None
+        now = frozen().timestamp()
+        assert now < head.next_attempt <= now + BACKOFF_MAX * 1.2
+        frozen.set(dt.datetime.fromtimestamp(head.next_attempt + 0.001, dt.UTC))  # (a datetime keeps microseconds)
+    assert (receiver.attempts, head.attempts) == (3, 2019)
+
+
+def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
+    frozen: FrozenClock, receiver: Receiver, queued: tuple[Dispatcher, AlertStore]
+) -> None:
+    dispatcher, _ = queued
+    receiver.redirect_to = "https://elsewhere.example/"  # (a redirect is never followed: refused)
+    for _ in range(GIVE_UP_AFTER):
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
+        dispatcher.deliver()
+    sent, failed, discarded = dispatcher.counts()
+    assert (sent["hook"], failed["hook"], dispatcher.pending()) == (0, GIVE_UP_AFTER, {})
+    assert discarded["refused"] == 1
