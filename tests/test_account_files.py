@@ -13,7 +13,7 @@ A, B, C = "a" * 32, "b" * 32, "c" * 32
 
 
 def files(accounts: dict[str, str], *known: tuple[str, str, str]) -> dict[str, tuple[str, str, str]]:
-    return {name: tuple(f) for name, f in files_for(accounts, [AccountFile(*k) for k in known]).items()}
+    return {name: tuple(f)[:3] for name, f in files_for(accounts, [AccountFile(*k) for k in known]).items()}
 
 
 @pytest.mark.parametrize(
@@ -66,12 +66,23 @@ def test_no_two_accounts_share_a_file() -> None:
         assert len(set(got)) == len(got) == len(accounts)
 
 
-def test_the_file_last_used_under_a_name_is_the_one_a_key_rotated_under_it_keeps() -> None:
-    """prod (A) renamed production and another account (C) given the name prod; then prod is A
-    again, and its key rotated (D): prod keeps the file it used last, A's, not C's, as recorded
-    in a state file through each config in turn."""
+@pytest.mark.parametrize(
+    ("configs", "name", "expected"),
+    [
+        pytest.param([{"prod": A}, {"production": A, "prod": C}, {"prod": A}, {"prod": B}], "prod", "prod",
+                     id="a key rotated under a reused name keeps the file used last under it"),
+        pytest.param([{"a": A, "b": A}, {"b": A}, {"a": A}], "a", "b",
+                     id="alike, one left, renamed: the file it used last"),
+        pytest.param([{"prod": A, "lab": A}, {"prod": A, "lab": C}, {"prod": C, "lab": A}], "lab", "prod",
+                     id="alike, then another key, then swapped: the file it used last"),
+        pytest.param([{"a": A, "b": A}, {"": A}, {"b": A}], "b", "a",
+                     id="alike, then one account, then under a name again"),
+    ],
+)  # fmt: skip
+def test_an_account_goes_on_in_the_file_it_used_last(configs: list[dict[str, str]], name: str, expected: str) -> None:
+    """Through a state file, config after config."""
     store = StateStore(":memory:")
-    for accounts in ({"prod": A}, {"production": A, "prod": C}, {"prod": A}, {"prod": B}):
+    for accounts in configs:
         used = files_for(accounts, store.account_files())
         store.record_account_files(used.values())
-    assert used["prod"] == AccountFile("prod", B, "prod")
+    assert used[name].file == expected

@@ -17,16 +17,18 @@ from exporter.state.file import StateFile
 class AccountFile(NamedTuple):
     """One account state file: `file`, "" for the process's own, else the word its path has between
     the process's file's stem and suffix (`state.prod.db`: "prod"); the billing account whose state
-    it holds, and the name that account had when it last used the file."""
+    it holds, the name that account had when it last used the file, and when that was (the
+    configs the process built, counted)."""
 
     file: str
     account_id: str
     name: str
+    used: int = 0
 
 
 def read_account_files(db: sqlite3.Connection) -> list[AccountFile]:
     """The files known, the most recently used first."""
-    rows = db.execute("SELECT file, account_id, name FROM account_files ORDER BY used DESC, file")
+    rows = db.execute("SELECT file, account_id, name, used FROM account_files ORDER BY used DESC, file")
     return [AccountFile(*row) for row in rows]
 
 
@@ -34,7 +36,8 @@ def files_for(accounts: Mapping[str, str], known: Iterable[AccountFile]) -> dict
     """The file of each account of `accounts` (name → `account_id`), given the files `known` (the
     most recently used first):
 
-    1. the file of its billing account, when it is the only account of that id configured;
+    1. the file of its billing account, when it is the only account of that id configured (the one
+       it used last; of several used then, by accounts configured alike, the one of its name);
     2. else the file last used under its name, unless that file's account is configured under
        another name (a key rotated: the name keeps its state; or two accounts configured alike);
     3. else a file of its own, named after it ("" for the one account of a config without
@@ -48,17 +51,18 @@ def files_for(accounts: Mapping[str, str], known: Iterable[AccountFile]) -> dict
         if ids.count(account_id) != 1:
             continue
         of_id = [f for f in known if f.account_id == account_id]  # (more than one: accounts once alike)
-        found = next((f for f in of_id if f.name == name), of_id[0] if of_id else None)
-        if found is not None:
+        if of_id:
+            last = [f for f in of_id if f.used == of_id[0].used]
+            found = next((f for f in last if f.name == name), last[0])
             files[name] = found._replace(name=name)
             taken.add(found.file)
     for name, account_id in accounts.items():
         if name in files:
             continue
-        found = next((f for f in known if f.name == name and f.file not in taken), None)
-        if found is not None and (found.account_id == account_id or found.account_id not in ids):
-            files[name] = found._replace(account_id=account_id)
-            taken.add(found.file)
+        named = next((f for f in known if f.name == name and f.file not in taken), None)
+        if named is not None and (named.account_id == account_id or named.account_id not in ids):
+            files[name] = named._replace(account_id=account_id)
+            taken.add(named.file)
     names = {f.file for f in known} | taken
     for name, account_id in accounts.items():
         if name in files:
@@ -84,4 +88,4 @@ class AccountTables(StateFile):
         with self.transaction() as db:
             (last,) = db.execute("SELECT COALESCE(MAX(used), 0) FROM account_files").fetchone()
             db.executemany("INSERT OR REPLACE INTO account_files VALUES (?, ?, ?, ?)",
-                           [(*f, last + 1) for f in used])  # fmt: skip
+                           [(f.file, f.account_id, f.name, last + 1) for f in used])  # fmt: skip
