@@ -10,6 +10,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,49 @@ def test_each_outcome_is_remembered_so_a_scrape_costs_no_bcrypt(
     assert len(bcrypt_calls) == before
     assert users.check("alice", "never-checked") is False  # asked again once bcrypt is free: checked now
     assert len(bcrypt_calls) == before + 1
+
+
+def test_scrapes_that_arrive_together_with_a_right_password_are_all_let_in_for_one_check(
+    bcrypt_calls: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several scrapes with the same password, not yet remembered (at start, after a reload), wait
+    for the one check that runs; they are let in on its outcome, not refused while each would run
+    its own (one at a time, longer than a request may wait)."""
+    checkpw = credentials_module.bcrypt.checkpw
+
+    def slow(password: bytes, hashed_password: bytes) -> bool:
+        time.sleep(1.0)  # (a costly hash on a busy machine)
+        return bool(checkpw(password, hashed_password))
+
+    monkeypatch.setattr(credentials_module.bcrypt, "checkpw", slow)
+    monkeypatch.setattr(credentials_module, "BCRYPT_WAIT", 3.0)
+    users = BcryptUsers({"alice": hashed("right").encode()})
+    answers: list[bool] = []
+    threads = [threading.Thread(target=lambda: answers.append(users.check("alice", "right"))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert answers == [True] * 8
+    assert len(bcrypt_calls) == 1
+
+
+def test_a_reload_keeps_the_passwords_remembered_of_users_it_keeps_as_they_were(bcrypt_calls: list[bytes]) -> None:
+    """The users a reload reads again go on from what was remembered: a right password is not
+    checked again; a user whose hash changed is, and one the reload removed is let in no more, even
+    where the hash it had is another user's (which an unknown user's password is checked against)."""
+    alice, bob = hashed("right"), hashed("bobs")
+    users = BcryptUsers({"alice": alice.encode(), "bob": bob.encode(), "carol": alice.encode()})
+    assert users.check("alice", "right")
+    assert users.check("bob", "bobs")
+    assert users.check("carol", "right")
+    checked = len(bcrypt_calls)
+    reloaded = BcryptUsers({"alice": alice.encode(), "bob": hashed("new").encode()}, users)
+    assert reloaded.check("alice", "right")
+    assert len(bcrypt_calls) == checked  # remembered
+    assert not reloaded.check("bob", "bobs")  # another hash: checked again, and wrong now
+    assert reloaded.check("bob", "new")
+    assert not reloaded.check("carol", "right")  # removed, though alice's hash is the one checked against
 
 
 # -- over HTTP --

@@ -447,7 +447,8 @@ class Daemon:
             return False
         mask_more(config.secret_values())
         try:  # read again even where the paths are the same: a renewed certificate often keeps them
-            credentials = Credentials.load(config.server, self.web_config)
+            before = self._server.credentials if self._server is not None else None
+            credentials = Credentials.load(config.server, self.web_config, before)
         except (TlsError, WebConfigError) as error:
             log.error("config reload refused (keeping the running config)", error=str(error))
             self.latest.reloaded(success=False)

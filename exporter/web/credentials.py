@@ -99,12 +99,14 @@ class BcryptUsers:
     answer takes does not tell which users exist.
     """
 
-    def __init__(self, users: Mapping[str, bytes]) -> None:
+    def __init__(self, users: Mapping[str, bytes], before: BcryptUsers | None = None) -> None:
+        """`before`: the users a reload replaces, whose remembered passwords go on (each is of a user
+        and a hash: one whose hash changed, or who is gone, matches none of them)."""
         self._users = dict(users)
         self._decoy = max(self._users.values(), key=lambda hashed: int(hashed.split(b"$")[2]), default=b"")
-        self._key = os.urandom(32)
-        self._right: dict[bytes, None] = {}
-        self._wrong: dict[bytes, None] = {}
+        self._key: bytes = os.urandom(32) if before is None else before._key
+        self._right: dict[bytes, None] = {} if before is None else dict(before._right)
+        self._wrong: dict[bytes, None] = {} if before is None else dict(before._wrong)
         self._known_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
         self._refused: set[str] = set()
@@ -125,20 +127,31 @@ class BcryptUsers:
                 del outcomes[next(iter(outcomes))]  # the oldest
             outcomes[key] = None
 
+    def _known(self, key: bytes, known_user: bool) -> bool | None:
+        """Whether the password of `key` was found right or wrong before; None if it was not checked.
+        (Right only for a user there is: one a reload removed may have had the decoy's hash.)"""
+        with self._known_lock:
+            if key in self._right:
+                return known_user
+            if key in self._wrong:
+                return False
+        return None
+
     def check(self, username: str, password: str) -> bool:
         hashed = self._users.get(username)
         known_user = hashed is not None
         hashed = hashed if hashed is not None else self._decoy
         secret = password.encode()[:BCRYPT_MAX_BYTES]
         key = self._digest(username.encode(), hashed, secret)
-        with self._known_lock:
-            if key in self._right:
-                return True
-            if key in self._wrong:
-                return False
+        known = self._known(key, known_user)
+        if known is not None:
+            return known
         if not hashed or not self._bcrypt_lock.acquire(timeout=BCRYPT_WAIT):
             return False  # no users, or bcrypt busy with others: refused now, asked again by the next request
         try:  # (for an unknown user too, against the decoy: the same time either way)
+            known = self._known(key, known_user)  # (checked by a request it waited behind: the same password)
+            if known is not None:
+                return known
             matched = bcrypt.checkpw(secret, hashed)
         except ValueError:  # a hash of the right shape that bcrypt refuses (its salt mistyped): nothing matches it
             matched = False
@@ -163,13 +176,16 @@ class Credentials:
     """Added to every response (`http_server_config.headers`)."""
 
     @classmethod
-    def load(cls, config: ServerConfig, web_config: str | Path | None = None) -> Credentials:
+    def load(
+        cls, config: ServerConfig, web_config: str | Path | None = None, before: Credentials | None = None
+    ) -> Credentials:
         """From `server.tls` and `server.basic_auth`, or from the web configuration file `web_config`
         (WebConfigError when it is bad, or when the config sets either key too). The files are read now: a renewed
         certificate often keeps its paths, so they are read again on each reload, not only when the config names
-        other files."""
+        other files. `before`: the credentials a reload replaces (the passwords they remember go on)."""
         if web_config is not None:
-            return cls._from_web_config(config, web_config)
+            users = before.auth if before is not None and isinstance(before.auth, BcryptUsers) else None
+            return cls._from_web_config(config, web_config, users)
         tls = None
         if config.tls is not None:
             tls = _tls_context(config.tls.cert_file, config.tls.key_file, "server.tls")
@@ -180,7 +196,7 @@ class Credentials:
         return cls(tls, auth)
 
     @classmethod
-    def _from_web_config(cls, config: ServerConfig, path: str | Path) -> Credentials:
+    def _from_web_config(cls, config: ServerConfig, path: str | Path, before: BcryptUsers | None) -> Credentials:
         also = [name for name, value in (("server.tls", config.tls), ("server.basic_auth", config.basic_auth)) if value]
         if also:
             raise WebConfigError(path, [
@@ -191,7 +207,7 @@ class Credentials:
         for note in web.notes:
             log.info("web config: accepted without effect", path=str(path), detail=note)
         tls = None if web.tls is None else _web_tls(web, web.tls)
-        return cls(tls, BcryptUsers(web.users) if web.users else None, web.headers)
+        return cls(tls, BcryptUsers(web.users, before) if web.users else None, web.headers)
 
     def authorised(self, authorization: str) -> bool:
         """Whether a request with this Authorization header (empty: none) may see what basic auth guards."""
