@@ -20,6 +20,7 @@ from exporter.core.clock import Clock
 from exporter.metrics.exposition import OPENMETRICS_ACCEPT, negotiated
 from exporter.model.snapshots import Latest
 from exporter.web import ExporterServer, View
+from exporter.web.views import awaited, ready
 from tests.conftest import require_binary
 from tests.helpers import free_port, wait_for
 
@@ -370,3 +371,17 @@ def test_a_response_to_a_request_that_closes_its_connection_says_so(clock: Clock
             assert "connection: close" in head
     finally:
         server.stop()
+
+
+def test_readiness_read_across_a_reload_that_makes_several_accounts_waits_for_the_new_ones() -> None:
+    """/readyz reads the sources, the health and what it waits for one after another: a reload
+    from one account to `x` and `y` landing between the reads (the old names, the old health, the
+    new names awaited) is not ready (it had matched no name, and waited for nothing)."""
+    latest = Latest()
+    for source in ("bills", "usage"):
+        latest.record(source, success=True, at=time.time(), duration=0.1)
+    new = ["x/bills", "x/usage", "y/bills", "y/usage"]
+    view = View(latest, render=lambda accept: (b"", ""), sources=lambda: ["bills", "usage"], awaited=lambda: new)
+    is_ready, _ = ready(view)
+    assert not is_ready
+    assert awaited(view) == new

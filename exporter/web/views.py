@@ -60,12 +60,10 @@ class View:
 
 
 def awaited(view: View) -> list[str]:
-    """The sources readiness waits for, in the order of `sources` (`View.awaited`)."""
-    sources = view.sources()
-    if view.awaited is None:
-        return list(sources)
-    wanted = set(view.awaited())
-    return [source for source in sources if source in wanted]
+    """The sources readiness waits for (`View.awaited`), as they are now: not matched against
+    `sources`, which a reload between the two reads may have changed (none would match, and
+    readiness would wait for nothing)."""
+    return list(view.sources() if view.awaited is None else view.awaited())
 
 
 def ready(view: View) -> tuple[bool, dict[str, str]]:
