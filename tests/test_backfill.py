@@ -45,6 +45,7 @@ from exporter.replay.backfill import (
     fetch,
     months,
     render,
+    replacing,
     target_labels,
 )
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, SpendModel
@@ -648,3 +649,16 @@ def test_months_backfilled_one_file_each_answer_as_one_file_of_them_all(
             ]
     assert sum(map(bool, answers["whole"])) > len(answers["whole"]) // 2  # (the queries find series)
     assert answers["split"] == answers["whole"]
+
+
+def test_an_output_that_is_a_link_to_a_regular_file_is_written_through_the_link(tmp_path: Path) -> None:
+    """The file the link points to is replaced; the link stays a link (it had been replaced by a file)."""
+    target = tmp_path / "real.om"
+    target.write_text("old\n")
+    link = tmp_path / "link.om"
+    link.symlink_to(target)
+    with replacing(link) as out:
+        out.write("new\n")
+    assert link.is_symlink()
+    assert target.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.om", "real.om"]

@@ -40,6 +40,7 @@ BAD = [
     ("usage", "promptTokens", 2**70, "field 'promptTokens' is out of range"),
     ("bills", "payableAmount", "1e30", "field 'payableAmount' is out of range"),
     ("bills", "payableAmount", "9e999999", "field 'payableAmount' is out of range"),
+    ("bills", "payableAmount", "1e999999999", "field 'payableAmount' is out of range"),  # (past Decimal's own)
     ("bills", "payableAmount", "1e400", "field 'payableAmount' is out of range"),
     ("bills", "payableAmount", "1_000.5", "field 'payableAmount' is not a decimal: '1_000.5'"),
     ("bills", "payableAmount", "١٢٣", "field 'payableAmount' is not a decimal"),

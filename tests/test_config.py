@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from pathlib import Path
 
@@ -483,3 +484,86 @@ def test_a_login_on_port_465_needs_no_starttls() -> None:
                 "to": ["ops@example.com"], "username": "u", "password": "p", "starttls": False}  # fmt: skip
     config = validate({"billing": BILLING, "alerts": {"notifiers": [notifier]}}, {"SECRET": "s"})
     assert config.alerts.notifiers[0].implicit_tls  # type: ignore[union-attr]
+
+
+RULE_OF_BUDGET = {"alert": "B", "budget": "monthly", "tiers": [0.5]}
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"budgets": [{"name": "monthly", "amount": "1"}],
+          "alerts": {"rules": [RULE_OF_BUDGET | {"budget": ["monthly"]}]}}, "alerts.rules[0].budget"),
+        ({"budgets": [{"name": ["monthly"], "amount": "1"}]}, "budgets[0].name"),
+        ({"digest": {"notifiers": [{"name": "hook"}]}}, "digest.notifiers[0]"),
+        ({"prices": [{"model": ["m"], "prompt_per_million": "1", "completion_per_million": "1"}]}, "prices[0].model"),
+        ({"billing": BILLING | {"usage_interval": float("inf")}}, "billing.usage_interval"),
+        ({"billing": BILLING | {"usage_interval": float("nan")}}, "billing.usage_interval"),
+        ({"billing": BILLING | {"usage_interval": "2000000000d"}}, "billing.usage_interval: longer than 10 years"),
+        ({"billing": BILLING | {"timezone": "A" * 300}}, "billing.timezone: unknown time zone"),
+        ({"server": {"tls": {"cert_file": "c" * 5000, "key_file": "k.pem"}}}, "server.tls"),
+    ],
+    ids=["rule budget a list", "budget name a list", "digest notifier a mapping", "price model a list",
+         "interval .inf", "interval nan", "interval 2e9 days", "time zone too long", "cert path too long"],
+)  # fmt: skip
+def test_values_of_the_wrong_kind_or_size_are_errors_not_crashes(document: dict, expected: str) -> None:
+    """Each is one error naming its key (they had crashed the checks between sections, or the
+    scheduler at start-up, and a reload to them ended the daemon)."""
+    full = {"billing": BILLING} | document
+    assert any(line.startswith(expected) for line in errors_of(full)), errors_of(full)
+
+
+@pytest.mark.parametrize("pattern", ["a{4294967296}", "(" * 1000 + "a" + ")" * 1000])
+def test_a_pattern_python_cannot_compile_is_an_error(pattern: str) -> None:
+    probe = {"name": "p", "model": "m", "expect_content": pattern}
+    document = {"billing": BILLING, "inference": {"url": "http://127.0.0.1:1", "api_key": "k"}, "probes": [probe]}
+    (error,) = errors_of(document)
+    assert error.startswith("probes[0].expect_content")
+
+
+def test_a_secret_file_name_holding_a_nul_is_an_error() -> None:
+    (error,) = errors_of({"billing": BILLING | {"secret_access_key": "${file:/run/sec\x00ret}"}})
+    assert error.startswith("billing.secret_access_key: cannot read secret file")
+
+
+def test_a_pipe_given_as_the_config_is_refused_not_read_for_ever(tmp_path: Path) -> None:
+    pipe = tmp_path / "config.yaml"
+    os.mkfifo(pipe)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load(pipe, ENV)
+
+
+def test_a_mapping_merged_in_with_a_key_written_beside_it_takes_that_key(tmp_path: Path) -> None:
+    """YAML's merge key: what is written beside `<<` overrides what it merges in (a key written
+    twice by hand is still refused)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "shared: &shared {url: 'https://openapi.example.com', access_key_id: AK1, secret_access_key: '${SECRET}'}\n"
+        "accounts:\n"
+        "  - {name: a, billing: {<<: *shared}}\n"
+        "  - {name: b, billing: {<<: *shared, access_key_id: AK2, url: 'https://other.example.com'}}\n"
+    )
+    with pytest.raises(ConfigError) as refused:  # (`shared` is no key of the config)
+        load(path, ENV)
+    assert all("given twice" not in line for line in refused.value.details)
+    path.write_text(path.read_text().replace("shared: &shared", "x-shared: &shared").replace("*shared", "*shared"))
+    config = validate(
+        {"accounts": [{"name": "a", "billing": BILLING}, {"name": "b", "billing": BILLING | {"access_key_id": "AK2"}}]},
+        ENV,
+    )
+    assert [a.billing.access_key_id for a in config.accounts] == ["AK1", "AK2"]
+    path.write_text("billing: {url: 'https://a.example.com', url: 'https://b.example.com'}\n")
+    with pytest.raises(ConfigError, match="key 'url' is given twice"):
+        load(path, ENV)
+
+
+def test_an_amount_written_unquoted_is_read_to_its_last_digit(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "billing: {url: 'https://openapi.example.com', access_key_id: AK1, secret_access_key: '${SECRET}'}\n"
+        "budgets: [{name: month, amount: 1234567890.123456789}]\n"
+        "prices: [{model: m, prompt_per_million: 0.12345678901234567891, completion_per_million: 1.5}]\n"
+    )
+    config = load(path, ENV)
+    assert config.budgets[0].amount == Decimal("1234567890.123456789")
+    assert config.prices[0].prompt_per_million == Decimal("0.12345678901234567891")

@@ -20,6 +20,7 @@ import yaml
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED
 
 from exporter.app import account
+from exporter.app import daemon as daemon_module
 from exporter.app.daemon import Daemon
 from exporter.app.sources import Sources
 from exporter.config.load import validate
@@ -35,7 +36,7 @@ from tests.daemon_fakes import (
     unit_daemon,
 )
 from tests.fakes import chat_runner
-from tests.helpers import logged, named, wait_for
+from tests.helpers import logged, named, value, wait_for
 from tests.test_accounts_unit import AccountsBilling
 from tests.test_alerts import to_hook
 from tests.test_probe import CHAT
@@ -684,3 +685,28 @@ def test_a_reload_that_changes_a_probe_waiting_on_an_endpoint_that_hangs_runs_it
     finally:
         daemon.stop()
         running.join(30)
+
+
+def test_a_reload_whose_checks_crash_is_refused_and_the_daemon_goes_on(
+    priced: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file the checks trip over (a bug of theirs) is refused like a bad one, the traceback logged:
+    the running config is kept, and the reload's gauge says it failed (the daemon had exited)."""
+    document = {"billing": fake_billing_section(priced), "state": {"path": str(tmp_path / "state.db")}}
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(priced, clock, path, document)
+    try:
+        assert daemon.refresh("bills")
+
+        def crashing(config_path: Path) -> None:
+            raise RuntimeError("a check that crashed")
+
+        monkeypatch.setattr(daemon_module, "load", crashing)
+        assert not daemon.reload()
+        assert value(metrics(daemon), "inference_exporter_config_last_reload_successful") == 0
+        monkeypatch.undo()
+        write(path, document | {"budgets": [{"name": ["month"], "amount": "1"}]})  # (once crashed the checks)
+        assert not daemon.reload()
+        assert daemon.refresh("bills")
+    finally:
+        daemon.stop()

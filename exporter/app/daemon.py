@@ -441,6 +441,10 @@ class Daemon:
             log.error("config reload refused (keeping the running config)", errors="; ".join(error.details))
             self.latest.reloaded(success=False)
             return False
+        except Exception:  # a bug in the checks: the file is refused, the daemon goes on (traceback logged)
+            log.exception("config reload refused: checking the file crashed (keeping the running config)")
+            self.latest.reloaded(success=False)
+            return False
         if config.billing.timezone != self.config.billing.timezone:
             log.error("config reload refused: billing.timezone changes only on restart (the days would disagree)")
             self.latest.reloaded(success=False)

@@ -7,6 +7,7 @@ place spelt most like it); secrets are `SecretStr` and never appear in a message
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -23,6 +24,7 @@ from pydantic import (
 from exporter.config.checks import cross_check, items, location, rule_name
 from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, keys_at, secret_fields
+from exporter.core.decimals import WrittenFloat
 from exporter.core.logs import get_logger
 from exporter.notifiers.webhook import webhook_secret
 
@@ -76,9 +78,12 @@ class _PyYAMLStrictLoader(yaml.SafeLoader):
 
 
 def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
+    """A mapping whose keys are each written once; what `<<` merges in, a key written beside it
+    overrides (as YAML has it)."""
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node)
         if isinstance(key, dict | list):
             raise yaml.constructor.ConstructorError(
@@ -87,11 +92,20 @@ def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
         seen.add(key)
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node)
+
+
+def _float(loader: StrictLoader, node: yaml.ScalarNode) -> WrittenFloat:
+    """A float that keeps the text it was written as (an amount stays exact: `parse_decimal`)."""
+    value = WrittenFloat(loader.construct_yaml_float(node))
+    value.written = str(node.value)
+    return value
 
 
 for _loader in (StrictLoader, _PyYAMLStrictLoader):
     _loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+    _loader.add_constructor("tag:yaml.org,2002:float", _float)
 
 
 def parse_yaml(text: str) -> Any:
@@ -146,10 +160,13 @@ def substitute(
             try:
                 return Path(match[1]).read_text(encoding="utf-8").strip()
             except OSError as error:
-                missing.setdefault(path, f"cannot read secret file {match[1]} ({error.strerror})")
+                missing.setdefault(path, f"cannot read secret file {match[1][:200]} ({error.strerror})")
                 return match[0]
             except UnicodeDecodeError:
                 missing.setdefault(path, f"secret file {match[1]} is not UTF-8 text")
+                return match[0]
+            except ValueError:  # (a path holding a NUL)
+                missing.setdefault(path, f"cannot read secret file {match[1][:200]!r} (not a file name)")
                 return match[0]
         if match[2] not in environ:
             missing.setdefault(path, f"environment variable {match[2]} is not set")
@@ -271,7 +288,11 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 unknown = error["type"] == "extra_forbidden"
                 message = _unknown_key(document, error["loc"], path) if unknown else _message(error)
                 errors.append(f"{location(path)}{rule_name(document, path)}: {message}")
-    errors += cross_check(document)
+    if errors:  # values of the wrong type, named above, may confuse the checks between sections
+        with contextlib.suppress(TypeError, AttributeError, KeyError):
+            errors += cross_check(document)
+    else:
+        errors += cross_check(document)
     if not errors:
         for earlier, later in twin_rules(config.alerts.rules):
             path = ("alerts", "rules", later)
@@ -296,6 +317,8 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
     """The validated config and the warnings about it (secrets written in the file), each without
     the file's name (`path: warning: …` is the caller's to write)."""
     try:
+        if stat.S_ISFIFO(os.stat(path).st_mode) or stat.S_ISCHR(os.stat(path).st_mode):
+            raise ConfigError([f"{path}: not a regular file (a pipe or a device is read until it ends, if ever)"])
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None

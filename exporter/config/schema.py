@@ -7,10 +7,10 @@ document, `Config.secret_values` in a loaded config.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
-from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
@@ -50,6 +50,8 @@ def _regex(pattern: str) -> str:
         re.compile(pattern)
     except re.error as error:
         raise ValueError(f"not a valid regular expression ({error})") from None
+    except (OverflowError, RecursionError):  # (a repeat count past what re takes; groups nested too deep)
+        raise ValueError("not a regular expression Python can compile (too large, or nested too deep)") from None
     return pattern
 
 
@@ -107,8 +109,8 @@ class BillingConfig(Strict):
     def _known_zone(cls, value: str) -> str:
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {value!r}") from None
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # (OSError: a name too long for a file's)
+            raise ValueError(f"unknown time zone {value[:80]!r}") from None
         return value
 
     @field_validator("currency")
@@ -282,8 +284,8 @@ class TlsConfig(Strict):
     @model_validator(mode="after")
     def _readable(self) -> TlsConfig:
         for path in (self.cert_file, self.key_file):
-            if not Path(path).is_file():
-                raise ValueError(f"file {path!r} does not exist")
+            if not os.path.isfile(path):  # (os.path's: a name too long, or holding a NUL, is no file either)
+                raise ValueError(f"file {path[:200]!r} does not exist")
         return self
 
 

@@ -3,6 +3,7 @@ names and URLs, each with the message a user reads when a value does not fit."""
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 from typing import Annotated, Any
@@ -15,6 +16,8 @@ from exporter.core.decimals import parse_decimal
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+LONGEST = 10 * 366 * 86400.0
+"""The longest duration the config takes: the scheduler and the calendar work in dates."""
 
 
 def parse_duration(value: Any) -> float:
@@ -27,8 +30,12 @@ def parse_duration(value: Any) -> float:
         seconds = sum(float(n) * DURATION_UNITS[unit] for n, unit in DURATION.findall(value))
     else:
         raise ValueError("not a duration (use e.g. 30s, 5m, 1h)")
+    if seconds != seconds or seconds in (math.inf, -math.inf):
+        raise ValueError("not a duration (use e.g. 30s, 5m, 1h)")
     if seconds < 0:
         raise ValueError("must not be negative")
+    if seconds > LONGEST:
+        raise ValueError("longer than 10 years")
     return seconds
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import os
 import re
 from collections.abc import Mapping
 from email.utils import parseaddr
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, SecretStr, model_validator
@@ -76,8 +76,8 @@ class EmailNotifier(NotifierModel):
             raise ValueError(
                 "a login needs `starttls: true`, or port 465 (the password would cross the network in clear)"
             )
-        if self.ca_file is not None and not Path(self.ca_file).is_file():
-            raise ValueError(f"ca_file {self.ca_file!r} does not exist")
+        if self.ca_file is not None and not os.path.isfile(self.ca_file):  # (a name too long, or with a NUL: none)
+            raise ValueError(f"ca_file {self.ca_file[:200]!r} does not exist")
         return self
 
     @property

@@ -393,8 +393,11 @@ def _refuse_unless_regular(path: Path) -> None:
 def replacing(path: Path) -> Iterator[TextIO]:
     """A file beside `path` that replaces it once complete, and is removed if anything fails: a
     failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first.
-    What is at `path` is checked then and again just before the replace, as a run takes minutes."""
+    What is at `path` is checked then and again just before the replace, as a run takes minutes. A
+    symbolic link is written through: the file it points to is replaced, the link left as it is."""
     _refuse_unless_regular(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     partial = path.with_name(f".{path.name}.partial")
     out = partial.open("w", encoding="utf-8", newline="\n", buffering=1 << 20)
     try:
