@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from decimal import Decimal
 from pathlib import Path
 
@@ -526,11 +527,34 @@ def test_a_secret_file_name_holding_a_nul_is_an_error() -> None:
     assert error.startswith("billing.secret_access_key: cannot read secret file")
 
 
-def test_a_pipe_given_as_the_config_is_refused_not_read_for_ever(tmp_path: Path) -> None:
+def test_a_config_piped_in_is_read(tmp_path: Path) -> None:
+    """`--config /dev/stdin` (or a FIFO someone writes): read to its end, as a file is."""
     pipe = tmp_path / "config.yaml"
     os.mkfifo(pipe)
-    with pytest.raises(ConfigError, match="not a regular file"):
-        load(pipe, ENV)
+    text = "billing: {url: 'https://openapi.example.com', access_key_id: AK1, secret_access_key: '${SECRET}'}\n"
+    writer = threading.Thread(target=pipe.write_text, args=(text,))
+    writer.start()
+    try:
+        assert load(pipe, ENV).billing.access_key_id == "AK1"
+    finally:
+        writer.join(10)
+
+
+def test_a_type_error_leaves_the_other_problems_between_sections_reported() -> None:
+    """A list where a budget's name belongs trips the checks between sections that look at names;
+    the others still report theirs, in the same run."""
+    document = {
+        "billing": BILLING,
+        "budgets": [{"name": ["monthly"], "amount": "1"}, {"name": "weekly", "amount": "1"},
+                    {"name": "weekly", "amount": "2"}],
+        "alerts": {"notifiers": [{"name": "pager", "type": "webhook", "url": "https://hooks.example.com/x"}],
+                   "rules": [{"alert": "A", "signal": "spend", "threshold": "1", "notifiers": ["pagr"]},
+                             {"alert": "Y", "budget": "yearly", "tiers": [0.5]}]},
+    }  # fmt: skip
+    errors = errors_of(document)
+    assert any(e.startswith("budgets[0].name") for e in errors)
+    for problem in ("budget 'weekly' is defined twice", "unknown notifier 'pagr'", "unknown budget 'yearly'"):
+        assert any(problem in e for e in errors), (problem, errors)
 
 
 def test_a_mapping_merged_in_with_a_key_written_beside_it_takes_that_key(tmp_path: Path) -> None:
@@ -548,9 +572,14 @@ def test_a_mapping_merged_in_with_a_key_written_beside_it_takes_that_key(tmp_pat
         ("AK1", "https://openapi.example.com"),
         ("AK2", "https://other.example.com"),
     ]
-    path.write_text("billing: {url: 'https://a.example.com', url: 'https://b.example.com'}\n")
-    with pytest.raises(ConfigError, match="key 'url' is given twice"):
-        load(path, ENV)
+    for twice in (
+        "billing: {url: 'https://a.example.com', url: 'https://b.example.com'}\n",
+        "billing: {<<: {url: 'https://a.example.com', url: 'https://b.example.com'}}\n",
+        "a: &a {url: 'https://a.example.com'}\nb: &b {url: 'https://b.example.com'}\nbilling: {<<: *a, <<: *b}\n",
+    ):
+        path.write_text(twice)
+        with pytest.raises(ConfigError, match=r"key '(url|<<)' is given twice"):
+            load(path, ENV)
 
 
 def test_an_amount_written_unquoted_is_read_to_its_last_digit(tmp_path: Path) -> None:
@@ -562,4 +591,6 @@ def test_an_amount_written_unquoted_is_read_to_its_last_digit(tmp_path: Path) ->
     )
     config = load(path, ENV)
     assert config.budgets[0].amount == Decimal("1234567890.123456789")
+    zero = {"alert": "Z", "signal": "spend", "threshold": "0E+20"}  # (a zero of any exponent is no large amount)
+    assert validate({"billing": BILLING, "alerts": {"rules": [zero]}}, ENV).alerts.rules[0].threshold == 0
     assert config.prices[0].prompt_per_million == Decimal("0.12345678901234567891")

@@ -4,6 +4,7 @@ and budget scopes that can match nothing, what only several accounts make possib
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from exporter.model.signals import SIGNALS
@@ -192,10 +193,19 @@ def _digest_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
     return problems
 
 
-def cross_check(document: dict[str, Any]) -> list[str]:
+def cross_check(document: dict[str, Any], tolerant: bool = False) -> list[str]:
     """Problems between sections: duplicate names, references to what is not defined, rules that
-    can match nothing. Each at its location."""
+    can match nothing. Each at its location. `tolerant`: the schema found values of the wrong kind
+    (a list where a name belongs): a check one of them trips is left out, the others still run."""
     problems: list[tuple[Location, str]] = []
+
+    def run(check: Callable[[], list[tuple[Location, str]]]) -> None:
+        try:
+            problems.extend(check())
+        except (TypeError, AttributeError, KeyError):
+            if not tolerant:
+                raise
+
     probes = [item for _, item in items(document, "probes")]
     several = isinstance(document.get("accounts"), list)
     account_names = [str(item.get("name")) for _, item in items(document, "accounts")] if several else None
@@ -203,30 +213,44 @@ def cross_check(document: dict[str, Any]) -> list[str]:
         probes += [item for _, item in items(account, "probes")]
     if probes and not several and not isinstance(document.get("inference"), dict):
         problems.append((("inference",), "required when there are `probes` (url and api_key)"))
-    problems += _duplicates(document, ("probes",), "name", "probe")
-    problems += _duplicates(document, ("prices",), "model", "price for model")
-    problems += _duplicates(document, ("budgets",), "name", "budget")
-    problems += _duplicates(document, ("alerts", "notifiers"), "name", "notifier")
-    budgets = {item.get("name") for _, item in items(document, "budgets")}
-    for where, account in items(document, "accounts"):
-        for at, budget in items(account, "budgets"):
-            if budget.get("name") in budgets:
-                problems.append(((*where, *at, "name"), f"budget {budget.get('name')!r} is defined twice"))
-            budgets.add(budget.get("name"))
-    problems += _accounts(document)
-    problems += _rule_notifiers(document)
+    run(lambda: _duplicates(document, ("probes",), "name", "probe"))
+    run(lambda: _duplicates(document, ("prices",), "model", "price for model"))
+    run(lambda: _duplicates(document, ("budgets",), "name", "budget"))
+    run(lambda: _duplicates(document, ("alerts", "notifiers"), "name", "notifier"))
+    budgets = {name for _, item in items(document, "budgets") if isinstance(name := item.get("name"), Hashable)}
+
+    def account_budgets() -> list[tuple[Location, str]]:
+        found = []
+        for where, account in items(document, "accounts"):
+            for at, budget in items(account, "budgets"):
+                if not isinstance(name := budget.get("name"), Hashable):
+                    continue
+                if name in budgets:
+                    found.append(((*where, *at, "name"), f"budget {name!r} is defined twice"))
+                budgets.add(name)
+        return found
+
+    run(account_budgets)
+    run(lambda: _accounts(document))
+    run(lambda: _rule_notifiers(document))
+    priced = items(document, "prices") or any(items(a, "prices") for _, a in items(document, "accounts"))
     for where, rule in items(document, "alerts", "rules"):
-        signal = SIGNALS.get(str(rule.get("signal")))
-        priced = items(document, "prices") or any(items(a, "prices") for _, a in items(document, "accounts"))
-        if signal is not None and signal.needs == "prices" and not priced:
-            problems.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
-        if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:
-            problems.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
-        unmatchable = _unmatchable(rule, probes, account_names)
-        if unmatchable is not None:
-            problems.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
-    problems += _budget_scopes(document)
-    problems += _digest_notifiers(document)
+
+        def of_rule(where: Location = where, rule: dict[str, Any] = rule) -> list[tuple[Location, str]]:
+            found = []
+            signal = SIGNALS.get(str(rule.get("signal")))
+            if signal is not None and signal.needs == "prices" and not priced:
+                found.append(((*where, "signal"), f"`{rule['signal']}` needs a `prices` table"))
+            if rule.get("budget") is not None and rule.get("signal") is None and rule["budget"] not in budgets:
+                found.append(((*where, "budget"), f"unknown budget {rule['budget']!r}"))
+            unmatchable = _unmatchable(rule, probes, account_names)
+            if unmatchable is not None:
+                found.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
+            return found
+
+        run(of_rule)
+    run(lambda: _budget_scopes(document))
+    run(lambda: _digest_notifiers(document))
     return [f"{location(where)}{rule_name(document, where)}: {problem}" for where, problem in problems]
 
 

@@ -7,7 +7,6 @@ place spelt most like it); secrets are `SecretStr` and never appear in a message
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import re
@@ -77,21 +76,34 @@ class _PyYAMLStrictLoader(yaml.SafeLoader):
     undefined alias, for one)."""
 
 
-def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    """A mapping whose keys are each written once; what `<<` merges in, a key written beside it
-    overrides (as YAML has it)."""
+MERGE = "tag:yaml.org,2002:merge"
+
+
+def _refuse_repeats(loader: StrictLoader, node: yaml.MappingNode) -> None:
+    """ConstructorError for a key written twice in `node` (`<<` too), or in a mapping its `<<`
+    merges in; a key written beside `<<` overrides what it merges in, as YAML has it."""
     seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node)
-        if isinstance(key, dict | list):
-            raise yaml.constructor.ConstructorError(
-                None, None, "a key must be a plain value, not a mapping or a list", key_node.start_mark
-            )
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE:
+            key: Any = "<<"
+            merged = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for mapping in merged:
+                if isinstance(mapping, yaml.MappingNode):
+                    _refuse_repeats(loader, mapping)
+        else:
+            key = loader.construct_object(key_node)
+            if isinstance(key, dict | list):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a plain value, not a mapping or a list", key_node.start_mark
+                )
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
         seen.add(key)
+
+
+def _mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """A mapping whose keys are each written once (`_refuse_repeats`)."""
+    _refuse_repeats(loader, node)
     loader.flatten_mapping(node)
     return loader.construct_mapping(node)
 
@@ -288,11 +300,7 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 unknown = error["type"] == "extra_forbidden"
                 message = _unknown_key(document, error["loc"], path) if unknown else _message(error)
                 errors.append(f"{location(path)}{rule_name(document, path)}: {message}")
-    if errors:  # values of the wrong type, named above, may confuse the checks between sections
-        with contextlib.suppress(TypeError, AttributeError, KeyError):
-            errors += cross_check(document)
-    else:
-        errors += cross_check(document)
+    errors += cross_check(document, tolerant=bool(errors))  # (values of the wrong kind, named above, may be about)
     if not errors:
         for earlier, later in twin_rules(config.alerts.rules):
             path = ("alerts", "rules", later)
@@ -317,8 +325,6 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
     """The validated config and the warnings about it (secrets written in the file), each without
     the file's name (`path: warning: …` is the caller's to write)."""
     try:
-        if stat.S_ISFIFO(os.stat(path).st_mode) or stat.S_ISCHR(os.stat(path).st_mode):
-            raise ConfigError([f"{path}: not a regular file (a pipe or a device is read until it ends, if ever)"])
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError([f"{path}: cannot read ({error.strerror})"]) from None

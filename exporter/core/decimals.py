@@ -34,7 +34,6 @@ def parse_decimal(value: Any) -> Decimal:
         amount = Decimal(text)
     except InvalidOperation:  # pragma: no cover - the pattern admits only what Decimal reads
         raise ValueError(f"not a decimal: {text[:40]!r}") from None
-    # (`adjusted` first: arithmetic on 1e999999999, past the context's exponents, raises Overflow)
-    if amount.adjusted() > MAX_AMOUNT.adjusted() or abs(amount) > MAX_AMOUNT:
+    if amount.copy_abs() > MAX_AMOUNT:  # (not abs(): 1e999999999, past the context's exponents, would overflow)
         raise ValueError(f"out of range (beyond ±{MAX_AMOUNT:.0E}): {text[:40]!r}")
     return amount
