@@ -990,3 +990,33 @@ def test_a_reload_refused_on_the_way_moves_no_account_to_another_s_state(
         assert_counted(daemon, two)
     finally:
         daemon.stop()
+
+
+def test_an_account_renamed_onto_a_name_whose_account_the_same_reload_takes_out_shows_nothing_of_that_one(
+    clock: Clock, tmp_path: Path
+) -> None:
+    """prod renamed staging, staging's own account taken out: the name's figures were the other
+    account's, so none is shown (nor counted fresh) until its sources refresh; then they are prod's,
+    gone on from prod's state (no jump from staging's count to prod's)."""
+    sims = account_simulators(clock, ("prod", "staging"))
+    for sim in sims.values():
+        sim.add_usage(3000)
+    path = tmp_path / "config.yaml"
+    state = {"path": str(tmp_path / "state.db")}
+    first = {"accounts": accounts_section(sims, history_months=0), "state": state}
+    second = {"accounts": accounts_section({"staging": sims["prod"]}, history_months=0), "state": state}
+    path.write_text(yaml.safe_dump(first))
+    daemon = Daemon(validate(first, {}), config_path=path, clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert all(daemon.refresh(key) for key in list(daemon.sources.refreshers))
+        path.write_text(yaml.safe_dump(second))
+        assert daemon.reload()
+        assert named(metrics(daemon), "inference_bill_month_to_date_payable_amount") == {}
+        assert named(metrics(daemon), "inference_usage_requests_total") == {}
+        assert not [k for k in daemon.sources.health() if k.endswith(("/bills", "/usage"))]
+        before = sims["prod"].requests_served[USAGES]
+        assert all(daemon.refresh(key) for key in list(daemon.sources.refreshers))
+        assert sims["prod"].requests_served[USAGES] - before < 3000 / 500  # resumed from prod's own
+        assert_counted(daemon, {"staging": sims["prod"]})
+    finally:
+        daemon.stop()

@@ -117,17 +117,18 @@ class Account:
         retry: RetryPolicy | None = None,
         previous: Account | None = None,
         billing: BillingFactory | None = None,
-        others: frozenset[str] = frozenset(),
+        moved: bool = False,
     ) -> None:
         """`name`: the `account` label (empty for the one account of a config without `accounts`).
         `billing`: what builds the billing API when `billing` is new or changed (unless given, the
         HTTP client, with `retry`, reporting its calls and the clock skew it sees to `latest`).
-        `others`: the `account_id`s of the config's other accounts."""
+        `moved`: its state file is not the one its name had (another billing account's state
+        came to the name: a rename onto it, two names swapped, `files_for`)."""
         self.name = name
         self.config = config
-        self.others = others
-        """The `account_id`s configured under the other names: the one this name had before, if
-        among them, moved there (two names swapped), so nothing it showed is this one's."""
+        self.moved = moved
+        """Whether another billing account's state came to this name (`files_for`): nothing the
+        name showed before is this one's."""
         self.latest = latest
         self.successor: Account | None = None
         """The account a reload built in this one's place (`activate`)."""
@@ -207,7 +208,7 @@ class Account:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
-            if previous.client.project_id != self.client.project_id or self._moved_away(previous):
+            if previous.client.project_id != self.client.project_id or self.moved:
                 self.latest.forget_figures()  # another project's, or account's: nothing of before is its own
             elif previous.history.source != self.history.source:
                 # Another API's months: never learnt from until fetched. (Its figures stay shown as
@@ -264,16 +265,14 @@ class Account:
 
     def replaced(self) -> bool:
         """Whether a reload has put an account of another billing project in this one's place (or
-        another account that stays configured, under another name), or taken it out: what a
+        another billing account's state came to its name: `moved`), or taken it out: what a
         refresh of it read since is not that account's to show
         (`forget_figures` dropped what was)."""
-        current = self._current()
-        return current.removed or current.client.project_id != self.client.project_id or current._moved_away(self)
-
-    def _moved_away(self, before: Account) -> bool:
-        """Whether `before`, which had this name, is another account configured now under another
-        name (a key given to another name is no rotation: the account is still there)."""
-        return before.account_id != self.account_id and before.account_id in self.others
+        current, moved = self, False
+        while current.successor is not None:
+            current = current.successor
+            moved = moved or current.moved
+        return current.removed or current.client.project_id != self.client.project_id or moved
 
     def _publish(self, **figures: object) -> None:
         """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,

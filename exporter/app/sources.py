@@ -168,17 +168,21 @@ class Sources:
         held_accounts = previous.accounts if previous is not None else {}
         names = {name: billing_account_id(account_config.billing) for name, account_config in named}
         # Each account's state file follows its billing account, whatever its name (see files_for).
-        files = files_for(names, state.account_files()) if account_state is not None else {}
+        known = state.account_files() if account_state is not None else []
+        files = files_for(names, known) if account_state is not None else {}
+        had: dict[str, str] = {}
+        for file in known:  # (the most recently used first)
+            had.setdefault(file.name, file.file)
         for name, account_config in named:
             kept = held_accounts.get(name)
             if account_state is None:
                 store = state if not name else StateStore(":memory:")
             else:
                 store = state if not files[name].file else account_state(files[name].file)
-            others = frozenset(other for n, other in names.items() if n != name)
+            moved = name in files and name in had and files[name].file != had[name]
             self.accounts[name] = Account(
                 name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing,
-                others=others,
+                moved=moved,
             )  # fmt: skip
         self.refreshers: dict[str, Callable[[], None]] = {}
         self.intervals: dict[str, float] = {}
