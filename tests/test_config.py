@@ -10,7 +10,7 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from exporter.config.load import ConfigError, load, validate
+from exporter.config.load import ConfigError, load, parse_yaml, validate
 from exporter.core.fields import parse_duration
 
 ROOT = Path(__file__).parent.parent
@@ -594,3 +594,18 @@ def test_an_amount_written_unquoted_is_read_to_its_last_digit(tmp_path: Path) ->
     zero = {"alert": "Z", "signal": "spend", "threshold": "0E+20"}  # (a zero of any exponent is no large amount)
     assert validate({"billing": BILLING, "alerts": {"rules": [zero]}}, ENV).alerts.rules[0].threshold == 0
     assert config.prices[0].prompt_per_million == Decimal("0.12345678901234567891")
+
+
+def test_mappings_merged_in_many_times_are_looked_at_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An anchor merged in three times at each of 18 levels (a file of some 500 bytes) is checked
+    for keys written twice once, not three to the 18th times."""
+    from exporter.config import load as load_module
+
+    calls = []
+    check = load_module._refuse_repeats
+    monkeypatch.setattr(load_module, "_refuse_repeats", lambda *a: calls.append(1) or check(*a))
+    inner = "&l0 {x: 1}"
+    for level in range(1, 18):
+        inner = f"&l{level} {{<<: [{inner}, *l{level - 1}, *l{level - 1}], y{level}: 1}}"
+    assert parse_yaml(f"a: {inner}\n")["a"]["x"] == 1
+    assert len(calls) < 200

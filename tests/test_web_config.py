@@ -353,6 +353,10 @@ def test_a_reload_keeps_the_passwords_remembered_of_users_it_keeps_as_they_were(
     assert not reloaded.check("bob", "bobs")  # another hash: checked again, and wrong now
     assert reloaded.check("bob", "new")
     assert not reloaded.check("carol", "right")  # removed, though alice's hash is the one checked against
+    before = BcryptUsers({"alice": alice.encode()})
+    assert not before.check("dave", "right")  # unknown: checked against alice's hash, the costliest
+    added = BcryptUsers({"alice": alice.encode(), "dave": alice.encode()}, before)
+    assert added.check("dave", "right")  # (found wrong while he was unknown: not remembered across)
 
 
 # -- over HTTP --

@@ -81,7 +81,12 @@ MERGE = "tag:yaml.org,2002:merge"
 
 def _refuse_repeats(loader: StrictLoader, node: yaml.MappingNode) -> None:
     """ConstructorError for a key written twice in `node` (`<<` too), or in a mapping its `<<`
-    merges in; a key written beside `<<` overrides what it merges in, as YAML has it."""
+    merges in; a key written beside `<<` overrides what it merges in, as YAML has it. Each mapping
+    is looked at once a document (an anchor merged in many times, at many levels, costs once)."""
+    checked: set[int] = loader.__dict__.setdefault("_checked", set())
+    if id(node) in checked:
+        return
+    checked.add(id(node))
     seen: set[Any] = set()
     for key_node, value_node in node.value:
         if key_node.tag == MERGE:

@@ -100,13 +100,15 @@ class BcryptUsers:
     """
 
     def __init__(self, users: Mapping[str, bytes], before: BcryptUsers | None = None) -> None:
-        """`before`: the users a reload replaces, whose remembered passwords go on (each is of a user
-        and a hash: one whose hash changed, or who is gone, matches none of them)."""
+        """`before`: the users a reload replaces, whose remembered right passwords go on (each is of
+        a user and a hash: one whose hash changed, or who is gone, matches none of them). Not the
+        wrong ones: an unknown user's was checked against another's hash, and the reload may add
+        that user with it."""
         self._users = dict(users)
         self._decoy = max(self._users.values(), key=lambda hashed: int(hashed.split(b"$")[2]), default=b"")
         self._key: bytes = os.urandom(32) if before is None else before._key
         self._right: dict[bytes, None] = {} if before is None else dict(before._right)
-        self._wrong: dict[bytes, None] = {} if before is None else dict(before._wrong)
+        self._wrong: dict[bytes, None] = {}
         self._known_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
         self._refused: set[str] = set()
