@@ -3,9 +3,13 @@ billing account whatever its name; a key rotated under a name keeps the name's f
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from pathlib import Path
+
 import pytest
 
-from exporter.state import StateStore
+from exporter.state import StateStore, peek_account_files
 from exporter.state.accounts import AccountFile, files_for
 
 A, B, C = "a" * 32, "b" * 32, "c" * 32
@@ -86,3 +90,15 @@ def test_an_account_goes_on_in_the_file_it_used_last(configs: list[dict[str, str
         used = files_for(accounts, store.account_files())
         store.record_account_files(used.values())
     assert used[name].file == expected
+
+
+def test_a_state_file_an_earlier_version_wrote_last_has_no_files_and_no_complaint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Read beside (the `digest` command): a file without `account_files` names no files, quietly
+    (the accounts' files are then their names)."""
+    path = tmp_path / "state.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    assert peek_account_files(path) == []
+    assert not caplog.records

@@ -34,6 +34,8 @@ def peek_account_files(path: str | Path) -> list[AccountFile]:
     try:
         db = connect_existing(path, "ro")
         try:
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'account_files'").fetchone():
+                return []  # (a file an earlier version wrote last: the accounts' files are their names)
             return read_account_files(db)
         finally:
             db.close()
