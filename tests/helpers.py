@@ -129,12 +129,34 @@ class Receiver:
         self.server.server_close()
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port free now, for a process the test starts to listen on. Not one the system
+    hands out for port 0: between this check and the process's own bind, any server started by
+    another test (a simulator, a receiver) could take that one, and the test would talk to it.
+    A port below the system's ephemeral range, at random, none twice in a run."""
+    import random
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            first_ephemeral = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768
+    draw = random.SystemRandom()
+    while True:
+        port = draw.randrange(10000, first_ephemeral)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def serve_binary(command: list[str], port: int, timeout: float = 60.0) -> Iterator[str]:
