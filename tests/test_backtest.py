@@ -205,6 +205,7 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
         (["--from", "0001-01"], "0001-01 is before 1970"),
         (["--from", last, "--to", first], f"--from {last} is after --to {first}"),
         (["--from", "2999-01", "--to", "2999-02"], "--from 2999-01 has not begun yet"),
+        (["--from", "2999-01"], "--from 2999-01 has not begun yet"),  # (not "after --to", which was not given)
     ]:
         refused = run("backtest", "--config", str(config), *args, env=env)
         assert refused.returncode == 2

@@ -134,11 +134,11 @@ def cmd_backtest(args: argparse.Namespace) -> int:
 
     config, clock = _configured(args)
     last = args.to or clock.period()
+    if args.start > clock.period():  # (first: without --to, the month it would name is this one)
+        print(f"inference-cost-exporter: backtest: --from {args.start} has not begun yet", file=sys.stderr)
+        return EXIT_USAGE
     if args.start > last:
         print(f"inference-cost-exporter: backtest: --from {args.start} is after --to {last}", file=sys.stderr)
-        return EXIT_USAGE
-    if args.start > clock.period():
-        print(f"inference-cost-exporter: backtest: --from {args.start} has not begun yet", file=sys.stderr)
         return EXIT_USAGE
     try:
         check_range(args.start, last)
