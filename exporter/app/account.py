@@ -87,6 +87,12 @@ class RefreshFailed(Exception):
         self.source = source
 
 
+def account_ids(config: Config) -> dict[str, str]:
+    """Each configured account's `billing_account_id`, by name ("" for the one account of a config
+    without `accounts`)."""
+    return {name: billing_account_id(account.billing) for name, account in config.account_configs()}
+
+
 def billing_account_id(billing: BillingConfig) -> str:
     """Which billing account and project `billing` reads, whatever the account's name in the
     config: a digest of its access key id and project (what the state file keeps of them)."""

@@ -18,7 +18,7 @@ from exporter.app.account import (
     Account,
     BillingFactory,
     RefreshFailed,
-    billing_account_id,
+    account_ids,
     build_exposition,
     collectors,
 )
@@ -39,7 +39,7 @@ from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
 from exporter.sources.reconcile import settled_at
 from exporter.state import AlertStore, StateStore
-from exporter.state.accounts import files_for
+from exporter.state.accounts import files_for, moved
 
 __all__ = [
     "Account",
@@ -166,23 +166,19 @@ class Sources:
             self.engine.routed_anew(previous.engine)
             self.engine.carry_judged(previous.engine)
         held_accounts = previous.accounts if previous is not None else {}
-        names = {name: billing_account_id(account_config.billing) for name, account_config in named}
         # Each account's state file follows its billing account, whatever its name (see files_for).
         known = state.account_files() if account_state is not None else []
-        files = files_for(names, known) if account_state is not None else {}
-        had: dict[str, str] = {}
-        for file in known:  # (the most recently used first)
-            had.setdefault(file.name, file.file)
+        files = files_for(account_ids(config), known) if account_state is not None else {}
+        moved_in = moved(files, known)
         for name, account_config in named:
             kept = held_accounts.get(name)
             if account_state is None:
                 store = state if not name else StateStore(":memory:")
             else:
                 store = state if not files[name].file else account_state(files[name].file)
-            moved = name in files and name in had and files[name].file != had[name]
             self.accounts[name] = Account(
                 name, account_config, self.latests[name], clock, store, retry=retry, previous=kept, billing=billing,
-                moved=moved,
+                moved=name in moved_in,
             )  # fmt: skip
         self.refreshers: dict[str, Callable[[], None]] = {}
         self.intervals: dict[str, float] = {}

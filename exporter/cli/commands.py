@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from exporter.alerts.alert import Alert
-from exporter.app.account import billing_account_id
+from exporter.app.account import account_ids
 from exporter.app.daemon import Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.digests import FiringByAccount
@@ -100,8 +100,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
-        files = files_for({name: billing_account_id(c.billing) for name, c in config.account_configs()},
-                          peek_account_files(config.state.path))  # fmt: skip
+        files = files_for(account_ids(config), peek_account_files(config.state.path))
         for name, _ in chosen_ones:
             runs = own  # (the account whose file is the process's own)
             if files[name].file:  # (one of another file)

@@ -75,6 +75,15 @@ def files_for(accounts: Mapping[str, str], known: Iterable[AccountFile]) -> dict
     return files
 
 
+def moved(files: Mapping[str, AccountFile], known: Iterable[AccountFile]) -> set[str]:
+    """The names `files` gives another file than the one they used last (of `known`, the most
+    recently used first): another billing account's state came to them."""
+    had: dict[str, str] = {}
+    for file in known:
+        had.setdefault(file.name, file.file)
+    return {name for name, file in files.items() if name in had and file.file != had[name]}
+
+
 class AccountTables(StateFile):
     """`account_files`."""
 

@@ -1,12 +1,14 @@
 """`StateStore`: the state file with the tables of the usage sync, the reconciliation, the bill
-history, the probe and the accounts' names, one class per owner's tables in a module of its own (the alerts' and the
-outboxes' are `AlertStore`'s, on the same store); and `peek`, which reads a state file beside the
-daemon that has it open."""
+history, the probe and which file is each account's, one class per owner's tables in a module of
+its own (the alerts' and the outboxes' are `AlertStore`'s, on the same store); and `peek` and
+`peek_account_files`, which read a state file beside the daemon that has it open."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from exporter.core.logs import get_logger
 from exporter.state.accounts import AccountFile, AccountTables, read_account_files
@@ -18,6 +20,7 @@ from exporter.state.settled import SettledTables
 from exporter.state.usage import UsageTables
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 
 class StateStore(UsageTables, SettledTables, HistoryTable, ProbeTable, AccountTables):
@@ -26,37 +29,35 @@ class StateStore(UsageTables, SettledTables, HistoryTable, ProbeTable, AccountTa
     each owner; `AlertStore(store)` reads and writes the alerts' tables through it."""
 
 
-def peek_account_files(path: str | Path) -> list[AccountFile]:
-    """Read only, beside the daemon that owns it: which file each account's state is in (none when
-    there is no such file, or it cannot be read)."""
+def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | None:
+    """`read` on a state file opened read only, beside the daemon that owns it; None when there is
+    no such file or it cannot be read (said in the log)."""
     if not Path(path).is_file():
-        return []
+        return None
     try:
         db = connect_existing(path, "ro")
         try:
-            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'account_files'").fetchone():
-                return []  # (a file an earlier version wrote last: the accounts' files are their names)
-            return read_account_files(db)
+            return read(db)
         finally:
             db.close()
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
-        return []
+        return None
+
+
+def peek_account_files(path: str | Path) -> list[AccountFile]:
+    """Which file each account's state is in, read beside the daemon (none when the file cannot be
+    read, or an earlier version wrote it last: the accounts' files are then their names)."""
+
+    def read(db: sqlite3.Connection) -> list[AccountFile]:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'account_files'").fetchone():
+            return []
+        return read_account_files(db)
+
+    return _beside(path, read) or []
 
 
 def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bool, float | None]], list[str]] | None:
     """Read only, beside the daemon that owns it: a state file's probe runs in [start, end) and its
     alert states (JSON bodies); None when there is no such file or it cannot be read."""
-    if not Path(path).is_file():
-        return None
-    try:
-        db = connect_existing(path, "ro")
-        try:
-            runs = read_probe_runs(db, start, end)
-            bodies = [body for _, body in read_alert_states(db).values()]
-        finally:
-            db.close()
-    except sqlite3.Error as error:
-        log.warning("state file not read", path=str(path), error=str(error))
-        return None
-    return runs, bodies
+    return _beside(path, lambda db: (read_probe_runs(db, start, end), [b for _, b in read_alert_states(db).values()]))
