@@ -647,8 +647,9 @@ def test_the_reconciliation_days_a_digest_told_are_its_billing_account_s_whateve
         sources = SimpleNamespace(alike=frozenset([account_id] if alike else []), account_ids=frozenset(configured))
         account = SimpleNamespace(account_id=account_id, client=SimpleNamespace(project_id=project))
         here = SimpleNamespace(store=store)
-        ids = digests_module._ids(here, sources, account, name)  # type: ignore[arg-type]
-        told = queue._told_before(here, sources, account, ids, name)  # type: ignore[arg-type]
+        last = store.digest_last_owner(name)
+        ids = digests_module._ids(sources, account, last)  # type: ignore[arg-type]
+        told = queue._told_before(here, sources, account, ids, name, last is not None)  # type: ignore[arg-type]
         return None if told is None else sorted(day.day for day in told)
 
     made("prod", "A", [17, 18])

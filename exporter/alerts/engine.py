@@ -169,7 +169,7 @@ class Engine:
         if self.db.legacy_rule_ids:
             moves = legacy_moves(self.config.rules, self.db.load_states().values())
         else:
-            moves = written_moves(self.config.rules, self.db.saved_rules())
+            moves = written_moves(self.config.rules, self.db.saved_rules)
             if not moves:
                 return
         moved = self.db.adopt_rule_ids(moves, rekey)

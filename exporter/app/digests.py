@@ -53,12 +53,12 @@ def digest_ready(latest: Latest, clock: Clock, config: Config) -> bool:
     return config.billing.history_months == 0 or todays_history(latest, clock)
 
 
-def _ids(dispatcher: Dispatcher, sources: Sources, account: Account, name: str) -> tuple[str, ...]:
+def _ids(sources: Sources, account: Account, last: tuple[str, str] | None) -> tuple[str, ...]:
     """The billing account ids whose digests are `account`'s: its own, and the one it had before
-    its access key was rotated, if the last digest under `name` was of an id no longer configured
-    with the same project (`AlertStore.digest_last_owner`). (Another billing account of the same
-    project whose name it was is taken for that one: nothing here tells them apart.)"""
-    last = dispatcher.store.digest_last_owner(name)
+    its access key was rotated, if the last digest under its name (`last`:
+    `AlertStore.digest_last_owner`) was of an id no longer configured with the same project.
+    (Another billing account of the same project whose name it was is taken for that one: nothing
+    here tells them apart.)"""
     if last is None or last[0] == account.account_id or last[0] in sources.account_ids:
         return (account.account_id,)
     before, project = last
@@ -160,22 +160,27 @@ class DigestQueue:
             self._made.add(key)
             return None
         own = f"{key}:{account.account_id[:12]}"
-        return None if dispatcher.store.digest_made(own) else own
+        if dispatcher.store.digest_made(own):
+            self._made.add(key)  # (its own made: not looked up again until the day or the config changes)
+            return None
+        return own
 
     def _told_before(
-        self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...], name: str
-    ) -> set[dt.date] | None:
+        self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...], name: str,
+        marked: bool,
+    ) -> set[dt.date] | None:  # fmt: skip
         """The settled days whose reconciliation `account`'s digests told (`AlertStore.digest_told`;
         None before the first that told any): those of each of its billing account ids (`ids`:
         `_ids`), under any name; by `name` when another account configured is of the same billing
         account (the two keep theirs apart), or when none were kept by billing account (by a
-        version before, which kept them by name only, and marked no digest)."""
+        version before, which kept them by name only, and marked no digest: not `marked`, no digest
+        under `name` kept its billing account)."""
         if not _alone(sources, account):
             return dispatcher.store.digest_told(name)
         kept = [told for account_id in ids if (told := dispatcher.store.digest_told(name, account_id)) is not None]
         if kept:  # (a key rotated back: the days told meanwhile are the other id's)
             return set().union(*kept)
-        return dispatcher.store.digest_told(name) if dispatcher.store.digest_last_owner(name) is None else None
+        return None if marked else dispatcher.store.digest_told(name)
 
     def queue(self, sources: Sources, dispatcher: Dispatcher, url: str) -> bool:
         """True if a digest was queued now."""
@@ -214,7 +219,8 @@ class DigestQueue:
                 due = f"{config.schedule}:{sent_on.isoformat()}" + (f":{name}" if name else "")
                 if due in self._made:
                     return False
-                days, ids = span(config.schedule, sent_on), _ids(dispatcher, sources, account, name)
+                last = dispatcher.store.digest_last_owner(name)
+                days, ids = span(config.schedule, sent_on), _ids(sources, account, last)
                 key = self._key(dispatcher, account, ids, due, name, days)
                 if key is None:
                     return False
@@ -231,7 +237,7 @@ class DigestQueue:
                 waiting = now.astimezone(dt.UTC) < waited_from + dt.timedelta(seconds=DIGEST_WAIT)
                 if not digest_ready(account.latest, self.clock, account.config) and waiting:
                     return False
-                told_before = self._told_before(dispatcher, sources, account, ids, name)
+                told_before = self._told_before(dispatcher, sources, account, ids, name, last is not None)
                 settled, told = sources.digest_settled(sent_on, config.schedule, name, told_before)
                 body = sources.digest(
                     sent_on, config.schedule, url, alerts=firing.of(name), account=name, settled=settled

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -206,11 +206,15 @@ def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
     return [rule_key(rule) for rule in rules]
 
 
-def written_moves(rules: Sequence[RuleConfig], saved: AbstractSet[str]) -> dict[str, str]:
-    """The rule ids of `saved` that versions before gave these rules (`rule_id(as_written=True)`:
-    a `by` out of order), each with its rule's id now."""
-    moves = {rule_key(rule, as_written=True): rule_key(rule) for rule in rules}
-    return {old: new for old, new in moves.items() if old != new and old in saved}
+def written_moves(rules: Sequence[RuleConfig], saved: Callable[[], AbstractSet[str]]) -> dict[str, str]:
+    """The rule ids of `saved()` that versions before gave these rules (`rule_id(as_written=True)`:
+    a `by` out of order), each with its rule's id now. `saved` is asked only when a rule has a `by`
+    out of order (a read of every alert saved, at each start and reload)."""
+    moves = {old: new for rule in rules if (old := rule_key(rule, as_written=True)) != (new := rule_key(rule))}
+    if not moves:
+        return {}
+    held = saved()
+    return {old: new for old, new in moves.items() if old in held}
 
 
 def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
