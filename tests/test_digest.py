@@ -19,8 +19,10 @@ from exporter.model.snapshots import (
     AmountGap,
     BillsSnapshot,
     DailyAmount,
+    HistorySnapshot,
     Latest,
     MonthBills,
+    MonthHistory,
     Reconciliation,
     TokenGap,
     per_day,
@@ -149,6 +151,25 @@ def test_on_the_first_the_month_that_ended_is_told_against_each_monthly_budget()
     }  # fmt: skip
     assert d["budgets"][1]["used_ratio"] == 0.01  # and December's, as it stands
     assert f"monthly (2026-11, ended, 4000): used {float(total / 4000):.0%}" in text(d)
+
+
+def test_on_the_first_the_month_that_ended_has_no_forecast_once_its_bills_are_no_longer_held() -> None:
+    november = month(days=30)
+    assert november.bills is not None
+    ended = november.bills.current
+    december_first = dt.date(2026, 12, 1)
+    current = MonthBills("2026-12", (), (), Decimal(0), Decimal(1200), Decimal(40))
+    latest = Latest()
+    latest.bills = BillsSnapshot((current,), december_first)  # (no grace days, no history: November is gone)
+    d = build(latest, schedule="daily", sent_on=december_first)
+    assert (d["period"], d["month_to_date"], d["forecast"]) == ("2026-11", None, None)
+    assert "Forecast for" not in text(d)
+    # Held in the history instead, it is the month's total.
+    latest.history = HistorySnapshot(
+        {"2026-11": MonthHistory("2026-11", ended.by_endpoint, ended.by_item, december_first)}
+    )
+    d = build(latest, schedule="daily", sent_on=december_first)
+    assert d["forecast"] == d["month_to_date"] == f"{sum(per_day(ended.by_item).values()):.2f}"
 
 
 def test_too_little_history_gives_no_expected_amount_rather_than_a_guess() -> None:

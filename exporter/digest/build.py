@@ -178,6 +178,16 @@ def p95(values: Sequence[float]) -> float | None:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+def _month_total(latest: Latest, period: str) -> Decimal | None:
+    """The total of a month that has ended, from the bills or the history holding it; None once
+    neither does (a month without bills is unknown, never zero)."""
+    history = latest.history
+    past = [*history.months.values(), *([history.current] if history.current else [])] if history else []
+    held = [m.by_item for m in past if m.period == period]
+    held += [m.by_item for m in latest.bills.months if m.period == period] if latest.bills else []
+    return sum(per_day(held[-1]).values(), Decimal(0)) if held else None
+
+
 def build(
     latest: Latest,
     *,
@@ -211,8 +221,8 @@ def build(
     month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
     current = latest.bills.current if latest.bills is not None else None
     forecast = current.forecast if current is not None and current.period == period else None
-    if current is not None and current.period > period:  # a month that has ended: its total, every day of it
-        forecast = sum((a for d, a in totals.items() if f"{d:%Y-%m}" == period), Decimal(0))
+    if current is not None and current.period > period:  # a month that has ended: its total, if still held
+        forecast = _month_total(latest, period)
     digest: dict[str, Any] = {
         "kind": "digest",
         "schedule": schedule,
