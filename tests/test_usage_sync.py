@@ -31,7 +31,7 @@ from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
 from exporter.model.snapshots import UsageSnapshot, UsageTotals
 from exporter.sim import Fault, Simulator
-from exporter.sources.usage import UsageSync
+from exporter.sources.usage import FINALISE_ATTEMPTS, UsageSync
 from exporter.sources.usage_aggregate import id_digest
 from exporter.state import StateError, StateStore
 from tests.conftest import PAGE
@@ -469,6 +469,29 @@ def test_day_rollover_at_shanghai_midnight_finalises_yesterday_and_resets(
     assert snapshot.previous_day.day == yesterday
     assert snapshot.previous_day.records == 425
     assert as_truth(snapshot.previous_day) == sim.usage_totals(yesterday)
+
+
+def test_a_day_whose_last_pull_never_succeeds_leaves_no_previous_day_rather_than_the_one_before(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    frozen.set(dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC))  # 22:00 on the 21st in Shanghai
+    sim.add_usage(40, dt.date(2026, 11, 21))
+    sync = make_sync(fake_pages, clock, store)
+    sync.refresh()
+    frozen.set(dt.datetime(2026, 11, 21, 16, 1, tzinfo=dt.UTC))  # just after midnight: the 21st finalised
+    sim.add_usage(30, dt.date(2026, 11, 22))
+    before = sync.refresh().previous_day
+    assert before is not None
+    assert (before.day, before.records) == (dt.date(2026, 11, 21), 40)
+    frozen.set(dt.datetime(2026, 11, 22, 16, 1, tzinfo=dt.UTC))  # the 23rd: the 22nd's last pull is refused
+    sim.add_usage(11, dt.date(2026, 11, 23))
+    sim.inject(Fault(kind="status", status=403, path="/api/v1/usages", times=FINALISE_ATTEMPTS))
+    for _ in range(FINALISE_ATTEMPTS - 1):
+        with pytest.raises(BillingError):
+            sync.refresh()
+    snapshot = sync.refresh()  # (gives the 22nd up, and counts the 23rd)
+    assert (snapshot.day, snapshot.records) == (dt.date(2026, 11, 23), 11)
+    assert snapshot.previous_day is None  # never the 21st's figures, as if they were the day before
 
 
 def test_a_restart_resumes_from_sqlite_without_a_full_pull(

@@ -290,6 +290,7 @@ class UsageSync(UsageReader):
                         raise
                     log.error("usage day could not be finalised; moving on to today",
                               day=self._day, tries=self._finalise_failures)  # fmt: skip
+                    self._previous = None  # (the day before it is not the day before today)
             self._day, self._finalise_failures = None, 0
         if self._day is None:
             self._begin(today)
