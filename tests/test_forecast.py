@@ -102,6 +102,23 @@ def test_the_previous_month_alone_at_the_start_of_a_month_in_its_grace_days() ->
     assert f.point != forecast(MONTH, today, days, YEAR["2026-05"])[0]
 
 
+@pytest.mark.parametrize("history", ["none", "three months"])
+def test_a_credit_posted_today_is_taken_off_the_month_at_once_not_the_day_after(history: str) -> None:
+    today = FIRST.replace(day=10)
+    held_before = held("2026-03", "2026-04", "2026-05") if history == "three months" else None
+    usage, credit = Decimal(40), Decimal(-1000)
+
+    def point(days: dict[dt.date, Decimal]) -> Decimal:
+        return month_forecast(MONTH, today, days, held_before).point
+
+    plain = point(before(today) | {today: usage})
+    credited = point(before(today) | {today: usage + credit})
+    # (today's 40 of usage is hidden in the net: at most that much of today is counted again)
+    assert plain + credit <= credited <= plain + credit + usage
+    if history == "none":
+        assert forecast(MONTH, today, before(today) | {today: usage + credit}, None)[0] == credited
+
+
 def test_a_spike_in_the_recent_days_moves_the_point_less_than_the_trailing_average_moves() -> None:
     today = FIRST.replace(day=16)
     spiked = FIRST.replace(day=14)

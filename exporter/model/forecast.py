@@ -85,8 +85,11 @@ def forecast(
     window = [d for d in window if d >= first_known]
     so_far = days.get(today, Decimal(0))
     average = sum((known.get(d, Decimal(0)) for d in window), Decimal(0)) / len(window) if window else so_far
+    # Today at no less than it has billed so far; a credit netted into it stays taken off (so far
+    # below zero: nothing billed yet is seen, and the day's usual amount is still to come).
+    today_total = so_far + max(average - max(so_far, Decimal(0)), Decimal(0))
     complete = month_to_date - so_far
-    return complete + max(so_far, average) + average * (days_in_period(period) - today.day), max(so_far, average)
+    return complete + today_total + average * (days_in_period(period) - today.day), today_total
 
 
 def filled(period: str, days: Mapping[dt.date, Decimal]) -> dict[dt.date, Decimal]:
@@ -372,7 +375,7 @@ def month_forecast(
         errors = _errors(known, level)
         bias = Decimal(repr(math.exp(errors.at(len(left))[0])))
         daily = {d: base * factors[d.weekday()] * bias for d in left}
-        daily[today] = max(daily[today] - so_far, ZERO)
+        daily[today] = max(daily[today] - max(so_far, ZERO), ZERO)  # (a credit today stays taken off)
         point = month_to_date + sum(daily.values(), ZERO)
     _, below, above = errors.at(len(left))
     z = NormalDist().inv_cdf((1 + level) / 2)

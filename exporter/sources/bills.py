@@ -10,9 +10,9 @@ days, each day left at the account's level × its weekday's factor, with the int
 (`forecast.interval`) learnt from the history (`docs/forecast.md`); today's forecast is today so far
 plus what the model expects it still adds. With fewer than three weeks of days known, it is
 today's formula (`model.forecast.forecast`): the complete days' sum + max(today so far, average) +
-average × days after today, where average is that of the trailing 7 complete days (fewer at the
-start of a month when the previous month is neither fetched nor held). A past month's forecast and
-bounds are its total.
+average × days after today (today so far below zero, a credit: so far + average), where average
+is that of the trailing 7 complete days (fewer at the start of a month when the previous month is
+neither fetched nor held). A past month's forecast and bounds are its total.
 """
 
 from __future__ import annotations
