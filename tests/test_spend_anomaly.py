@@ -14,10 +14,15 @@ import pytest
 from exporter.alerts import anomalies
 from exporter.alerts.engine import Engine
 from exporter.app.daemon import Daemon
+from exporter.config.load import validate
 from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock, FrozenClock
-from exporter.model.snapshots import DailyAmount
+from exporter.digest.build import build as digest
+from exporter.model.snapshots import BillsSnapshot, DailyAmount, HistorySnapshot, Latest, MonthBills, MonthHistory
+from exporter.notifiers.digest import text as digest_text
 from exporter.sim import ITEMS, Simulator, SimulatorServer, SpendModel
+from exporter.state import StateStore
+from exporter.state.alerts import AlertStore
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import metrics, statuses, told
 from tests.helpers import Receiver, logged, named
@@ -290,3 +295,43 @@ def test_a_rule_whose_figures_cannot_be_computed_holds_back_no_other_and_is_logg
         assert len(logged(caplog.records, "a rule's figures could not be computed; its alerts keep their state")) == 1
     finally:
         daemon.stop()
+
+
+def test_charges_of_no_endpoint_are_named_so_in_the_summary_the_contributors_and_the_digest(tmp_path: Path) -> None:
+    """A fee the bills tie to no endpoint (an empty `instanceId`) that jumps: its group's label stays
+    empty (absent for Prometheus and Alertmanager), and the messages say "(no endpoint)"."""
+    start, judged = dt.date(2026, 9, 1), dt.date(2026, 10, 30)
+    months: dict[str, list[DailyAmount]] = {}
+    for n in range((judged - start).days + 1):
+        day = start + dt.timedelta(days=n)
+        fee = Decimal(400 if day == judged else 5)
+        months.setdefault(f"{day:%Y-%m}", []).extend([
+            DailyAmount(f"{day:%Y-%m}", day, "ep-a", "PRODUCT_INFERENCE_ENDPOINT", "p", Decimal(100), Decimal(0)),
+            DailyAmount(f"{day:%Y-%m}", day, "", "PRODUCT_INFERENCE_ENDPOINT", "p", fee, Decimal(0)),
+        ])  # fmt: skip
+    today = judged + dt.timedelta(days=1)
+    latest = Latest()
+    september, october = (tuple(months[p]) for p in ("2026-09", "2026-10"))
+    latest.history = HistorySnapshot({"2026-09": MonthHistory("2026-09", september, september, today)}, as_of=today)
+    zero = Decimal(0)
+    latest.bills = BillsSnapshot((MonthBills("2026-10", october, october, zero, zero, zero),), today)
+    frozen = FrozenClock(dt.datetime(2026, 10, 31, 8, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    latest.record("bills", success=True, at=frozen().timestamp(), duration=1.0)
+    by_endpoint = {k: v for k, v in RULE.items() if k != "annotations"} | {"alert": "ByEndpoint"}
+    account = by_endpoint | {"alert": "Account", "by": [], "annotations": {"summary": "{contributors}"}}
+    document = {"billing": {"url": "http://127.0.0.1:1", "access_key_id": "ak", "secret_access_key": "sk"}}
+    config = validate(document | {"alerts": to_hook(None, by_endpoint, account)}, {})
+    engine = Engine(config.alerts, config.budgets, AlertStore(StateStore(":memory:")), clock, latest,
+                    lambda: ["bills", "history"], ["hook"])  # fmt: skip
+    engine.evaluate()
+    summaries = {
+        a.labels["alertname"]: (a.labels.get("endpoint_id"), a.annotations["summary"]) for a in engine.current()
+    }
+    assert summaries["Account"] == (None, "(no endpoint) 100%")
+    assert summaries["ByEndpoint"][0] == ""
+    assert summaries["ByEndpoint"][1].startswith("ByEndpoint: endpoint_id=(no endpoint) spent 400.00 on 2026-10-30")
+    rule = AnomalyRule(alert="A", signal="spend_anomaly", by=(), min_amount=Decimal(20), min_percent=Decimal(30))
+    told = digest_text(digest(latest, schedule="daily", sent_on=today, anomalies=[rule]))
+    assert "(no endpoint) 100%" in told
+    assert "(no endpoint): 400.00" in told  # (the top endpoints)

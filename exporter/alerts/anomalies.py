@@ -16,6 +16,7 @@ from decimal import Decimal
 from exporter.config.rules import AnomalyRule
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
+from exporter.core.words import NO_ENDPOINT
 from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge_all
 from exporter.model.signals import Labels
 from exporter.model.snapshots import DailyAmount, Latest, per_day
@@ -112,5 +113,5 @@ def judge_groups(rule: AnomalyRule, bills: Bills, *days: dt.date) -> list[Findin
 
 
 def describe(shares: Iterable[tuple[str, Decimal]]) -> str:
-    """`{contributors}`: `ep-a 72%, ep-b 20%`."""
-    return ", ".join(f"{name} {share * 100:.0f}%" for name, share in shares)
+    """`{contributors}`: `ep-a 72%, ep-b 20%` (`(no endpoint) 5%`: the charges of no endpoint)."""
+    return ", ".join(f"{name or NO_ENDPOINT} {share * 100:.0f}%" for name, share in shares)

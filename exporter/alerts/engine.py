@@ -27,6 +27,7 @@ from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.fields import scope_values
 from exporter.core.logs import get_logger
+from exporter.core.words import NO_ENDPOINT
 from exporter.model import signals
 from exporter.model.events import GroupEvent
 from exporter.model.snapshots import Latest
@@ -161,6 +162,16 @@ class Engine:
         with self._lock:
             self.judged, self._changed = kept, True
             self._publish()
+
+    def forget_judged(self, account: str) -> None:
+        """Drop what the anomaly rules last judged of `account` (carried over by `carry_judged`):
+        its figures were another project's or account's (`Account.activate`), so the expected and
+        impact amounts judged on them are not shown as its own while it cannot be judged again."""
+        with self._lock:
+            judged = {key: entry for key, entry in self.judged.items() if entry[3] != account}
+            if len(judged) != len(self.judged):
+                self.judged, self._changed = judged, True
+                self._publish()
 
     def adopt_legacy_ids(self) -> None:
         """Alerts saved by a version whose rule ids depended on the rules' order (once per state
@@ -395,7 +406,7 @@ class Engine:
                 "contributors": anomalies.describe(finding.contributors) or "n/a",
                 "value": fmt(judged.impact),
             }
-            who = ", ".join(f"{k}={v}" for k, v in {**named, **group}.items()) or "the account"
+            who = ", ".join(f"{k}={v or NO_ENDPOINT}" for k, v in {**named, **group}.items()) or "the account"
             default = (
                 f"{rule.alert}: {who} spent {fields['actual']} on {day}, {fields['impact']} ({percent}%) above "
                 f"the expected {fields['expected']}"

@@ -1,8 +1,12 @@
-"""Words people read: counts (`1 probe`, `2 probes`, never `1 probes`), and text on one line."""
+"""Words people read: counts (`1 probe`, `2 probes`, never `1 probes`), text on one line, names of nothing."""
 
 from __future__ import annotations
 
 import re
+
+NO_ENDPOINT = "(no endpoint)"
+"""How a message names the charges the bills tie to no endpoint (an empty `instanceId`, such as a
+fee of the account's): the label stays empty, which Prometheus and Alertmanager read as absent."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.core import mrkdwn
-from exporter.core.words import counted
+from exporter.core.words import NO_ENDPOINT, counted
 
 
 def _span_name(d: Mapping[str, Any]) -> str:
@@ -87,14 +87,17 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
             sections.append(
                 (
                     f"{title} (change against {against})",
-                    [f"{r[key]}: {_money(d, r['amount'])} ({_change(r['change_percent'])})" for r in rows],
+                    [
+                        f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])} ({_change(r['change_percent'])})"
+                        for r in rows
+                    ],
                 )
             )
     if d["anomalies"]:
         lines = []
         for a in d["anomalies"]:
-            group = ", ".join(f"{k}={v}" for k, v in a["labels"].items()) or "account"
-            share = ", ".join(f"{c['name']} {c['share']:.0%}" for c in a["contributors"])
+            group = ", ".join(f"{k}={v or NO_ENDPOINT}" for k, v in a["labels"].items()) or "account"
+            share = ", ".join(f"{c['name'] or NO_ENDPOINT} {c['share']:.0%}" for c in a["contributors"])
             impact = "" if a["impact_percent"] is None else f" ({a['impact_percent']:+.0f}%)"
             lines.append(
                 f"{a['alertname']} {a['day']} {group}: {_money(d, a['actual'])} against {_money(d, a['expected'])}"
@@ -109,7 +112,8 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
                 lines.append(f"{g['day']} {g['item']}: billed {g['billed']} tokens, counted {g['counted']} ({gap})")
             else:
                 billed, estimated = _money(d, g["billed"]), _money(d, g["estimated"])
-                lines.append(f"{g['day']} {g['endpoint_id']}: billed {billed}, estimated {estimated} ({gap})")
+                endpoint = g["endpoint_id"] or NO_ENDPOINT
+                lines.append(f"{g['day']} {endpoint}: billed {billed}, estimated {estimated} ({gap})")
         sections.append(("Bill against usage", lines + _more(d, "reconciliation", "/api/v1/reconciliation")))
     firing = []
     for a in d["alerts"]:
