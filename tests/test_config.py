@@ -62,6 +62,16 @@ def test_config_is_frozen() -> None:
             {"alert": "A", "signal": "spend", "threshold": 1, "annotations": {"runbook-url": "https://runbooks/a"}}]}},
          "alerts.rules[0] (alert A): annotation 'runbook-url' is not a valid annotation name (letters, digits and _,"
          " not starting with a digit): Alertmanager and Prometheus refuse it"),
+        ({"billing": BILLING, "alerts": {"rules": [
+            {"alert": "A", "signal": "spend", "threshold": 1, "labels": {"__name__": "page"}}]}},
+         "alerts.rules[0] (alert A): label '__name__' starts with __, which Prometheus keeps for its own labels"),
+        ({"billing": BILLING, "alerts": {"rules": [
+            {"alert": "A", "signal": "spend", "threshold": 1, "labels": {"severity\n": "page"}}]}},
+         "alerts.rules[0] (alert A): label 'severity\\n' is not a valid alert label name"),
+        ({"billing": BILLING, "alerts": {"rules": [
+            {"alert": "A", "signal": "spend", "threshold": 1, "annotations": {"summary\n": "x"}}]}},
+         "alerts.rules[0] (alert A): annotation 'summary\\n' is not a valid annotation name (letters, digits and _,"
+         " not starting with a digit): Alertmanager and Prometheus refuse it"),
         ({"billing": BILLING | {"pagesize": 10}}, "billing.pagesize: unknown key; did you mean page_size?"),
         ({"billing": BILLING, "extra": 1}, "extra: unknown key"),
         ({"billing": BILLING | {"currency": "cny"}},

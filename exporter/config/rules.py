@@ -24,7 +24,8 @@ from exporter.model.signals import SIGNALS
 
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
 MAX_TIER = 10
-LABEL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+LABEL_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+"""A label's or an annotation's name, whole (`fullmatch`: `$` would let a trailing line break by)."""
 RESERVED_LABELS = ("alertname", "alertstate")
 
 
@@ -51,10 +52,12 @@ class _Rule(Strict):
     def _check(self, fields: set[str]) -> None:
         """Label and annotation names, and annotation templates naming only `fields`."""
         for name in self.labels:
-            if not re.match(LABEL_NAME, name) or name in RESERVED_LABELS:
+            if not re.fullmatch(LABEL_NAME, name) or name in RESERVED_LABELS:
                 raise ValueError(f"label {name!r} is not a valid alert label name")
+            if name.startswith("__"):  # (Prometheus would refuse the scrape that shows the alert)
+                raise ValueError(f"label {name!r} starts with __, which Prometheus keeps for its own labels")
         for name, template in self.annotations.items():
-            if not re.match(LABEL_NAME, name):
+            if not re.fullmatch(LABEL_NAME, name):
                 raise ValueError(
                     f"annotation {name!r} is not a valid annotation name (letters, digits and _, not starting"
                     " with a digit): Alertmanager and Prometheus refuse it"
