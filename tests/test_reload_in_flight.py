@@ -403,13 +403,14 @@ def test_an_account_taken_out_and_the_one_account_back_leave_nothing_of_before(
         daemon.stop()
 
 
-@pytest.mark.parametrize("rule", ["as it was", "changed"])
+@pytest.mark.parametrize("rule", ["as it was", "changed", "as it was, the account moved to another project"])
 def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_bills_fail(
     sim: Simulator, clock: Clock, tmp_path: Path, rule: str
 ) -> None:
     """While the bills fail, an anomaly rule cannot judge again and shows its last judgement: a
     reload that leaves the rule as it was keeps it shown; one that changes the rule does not show
-    what the old rule judged."""
+    what the old rule judged, nor one that moves the account to another project (what was judged
+    was the other project's figures, forgotten with them)."""
     sim.spend = SpendModel(start=dt.date(2026, 7, 1))
     sim.add_spike(YESTERDAY, sim.endpoints[1].endpoint_id, 2.5)
 
@@ -436,8 +437,10 @@ def test_an_anomaly_rules_last_judgement_stays_shown_across_a_reload_while_the_b
         assert not daemon.refresh("bills")
         daemon.alert_cycle()
         assert shown() == judged
-        reloaded = document(RULE if rule == "as it was" else RULE | {"min_percent": 40})
+        reloaded = document(RULE if rule.startswith("as it was") else RULE | {"min_percent": 40})
         reloaded["budgets"][0]["amount"] = "200000"  # (a change elsewhere, as it was)
+        if rule.endswith("another project"):
+            reloaded["billing"]["project_id"] = "proj-other"
         write(path, reloaded)
         assert daemon.reload()
         daemon.alert_cycle()

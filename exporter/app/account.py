@@ -195,12 +195,14 @@ class Account:
         a forecast early in the month reads only the month's own days), not the figures that make
         an exporter worth scraping; at thousands of endpoints they take minutes to fetch."""
 
-    def activate(self) -> None:
+    def activate(self) -> bool:
         """Make this account's config the one its shared parts follow: the sources it carries over,
         its snapshots (`Latest.configure`), and the reconciliation (a reload's items and prices
         apply at once). Called once everything a reload builds is built, so that a reload refused
         on the way changes nothing; from then on, a refresh of the account it replaces that is
-        still in flight judges with this one's config."""
+        still in flight judges with this one's config. True when the figures held were another
+        project's or account's, and are forgotten (what was judged on them is not its own either)."""
+        forgot = False
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
@@ -210,12 +212,14 @@ class Account:
             self.latest.forget_probes()  # (its runners are new)
             if whose is not None and whose[0] != self.account_id:  # (another account's)
                 self.latest.forget_figures()
+                forgot = True
             elif whose is not None and whose[1] != self.history.source:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
             if previous.client.project_id != self.client.project_id or self.moved:
                 self.latest.forget_figures()  # another project's, or account's: nothing of before is its own
+                forgot = True
             elif previous.history.source != self.history.source:
                 # Another API's months: never learnt from until fetched. (Its figures stay shown as
                 # the last good ones: an address of the same account's, it may be, a proxy's.)
@@ -223,6 +227,7 @@ class Account:
         self.latest.configure(self.refreshers)
         self.latest.keep_history(self.config.billing.history_months)  # (fewer: they go now, the API up or not)
         self._reconcile()
+        return forgot
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
         """Refresh each source once (those named, in the order given; else all), recording its

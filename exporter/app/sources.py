@@ -202,8 +202,9 @@ class Sources:
         self.exposition = self._exposition()
         if files:  # (before they take over: a reload refused records nothing)
             self.state.record_account_files(files.values())
-        for account in self.accounts.values():  # (last: a reload refused on the way changes nothing)
-            account.activate()
+        for name, account in self.accounts.items():  # (last: a reload refused on the way changes nothing)
+            if account.activate():
+                self.engine.forget_judged(name)
         for name, gone in held_accounts.items():
             gone.removed = name not in self.accounts
         ids = Counter(account.account_id for account in self.accounts.values())
