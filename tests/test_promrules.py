@@ -171,6 +171,29 @@ def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path:
     passes_promtool_test(promtool, path, series, expected)
 
 
+def test_a_source_that_has_not_refreshed_since_the_exporter_started_is_as_old_as_the_exporter(tmp_path: Path) -> None:
+    """As the exporter judges `data_age` itself: a pod restarted while the API refuses its key shows
+    no last-success timestamp for the bills, only their `refresh_success` 0; the rule still fires
+    once the process is older than the threshold. Usage, refreshed every minute, never does."""
+    promtool = require_binary("promtool")
+    path, _ = generated(tmp_path)
+    target = 'job="exporter",instance="10.0.0.1:9877"'
+    series = [
+        {"series": f"process_start_time_seconds{{{target}}}", "values": "0x45"},  # (started at 0)
+        {"series": f'inference_exporter_refresh_success{{{target},source="bills"}}', "values": "0x45"},
+        {"series": f'inference_exporter_refresh_success{{{target},source="usage"}}', "values": "1x45"},
+        {"series": f'inference_exporter_last_refresh_success_timestamp_seconds{{{target},source="usage"}}',
+         "values": "0+60x45"},
+    ]  # fmt: skip
+    expected = [
+        {"eval_time": "25m", "alertname": "StaleData", "exp_alerts": []},
+        {"eval_time": "31m", "alertname": "StaleData", "exp_alerts": [
+            {"exp_labels": {"source": "bills", "job": "exporter"},
+             "exp_annotations": {"summary": "StaleData: data_age 1860 > 1800"}}]},  # (31 minutes: since start)
+    ]  # fmt: skip
+    passes_promtool_test(promtool, path, series, expected)
+
+
 def test_rules_over_several_accounts_select_and_group_as_the_exporter_does(tmp_path: Path) -> None:
     """`by: [account]` and a list in `where` (a value with a regular expression's characters in it)."""
     promtool = require_binary("promtool")

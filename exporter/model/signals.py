@@ -307,7 +307,13 @@ def _probe(latency: bool) -> Callable[[ThresholdRule, Context], Values | None]:
 
 
 def data_age_promql(rule: ThresholdRule) -> str:
-    age = f"time() - inference_exporter_last_refresh_success_timestamp_seconds{_matchers(rule.where)}"
+    """As `data_age`: a source that has not refreshed since the process started (no timestamp
+    yet, its `refresh_success` 0) is as old as the process (client_python's `process_start_time_seconds`)."""
+    matchers = _matchers(rule.where)
+    since_start = (
+        f"inference_exporter_refresh_success{matchers} * 0 + on({_ON_TARGET}) group_left process_start_time_seconds"
+    )
+    age = f"time() - (inference_exporter_last_refresh_success_timestamp_seconds{matchers} or {since_start})"
     return _aggregate(age, rule.by, "max")
 
 
