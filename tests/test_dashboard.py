@@ -1,16 +1,22 @@
 """The dashboard serves several exporters and accounts: its `job`, `instance` and `account` variables,
-and every panel query filtered by them (no server: tests/test_prometheus_e2e.py runs the queries)."""
+and every panel query filtered by them (no server: tests/test_prometheus_e2e.py runs the queries; promtool
+runs those that add figures up over replicas)."""
 
 from __future__ import annotations
 
 import copy
 import json
 import re
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from tests.conftest import require_binary
+from tests.test_prometheus_e2e import concrete
 
 DASHBOARD = Path(__file__).parent.parent / "grafana" / "inference-cost-exporter.json"
 
@@ -300,3 +306,58 @@ def test_the_usage_counters_are_read_over_several_refreshes() -> None:
     for title, window in windows:
         assert re.fullmatch(r"\d+[smh]", window), f"{title}: {window}"
         assert int(window[:-1]) * seconds[window[-1]] >= 3 * refresh, f"{title}: {window}"
+
+
+SUMMED = {
+    "Daily payable amount this month, by endpoint": 15,
+    "Daily payable amount this month, by billing item": 15,
+    "Billed today, by endpoint": 15,
+    "Estimated spend today, by endpoint and model": 27,
+    "Tokens per second, by endpoint and model": 3,
+    "Requests per second, by endpoint and model": 1.5,
+}
+"""The panels that add figures up, and their sum at 18m over `replicated_series`: what one exporter
+shows (bills 10, estimated 18; tokens 2/s, requests 1/s) and what another job's shows (half as
+much), added up."""
+
+
+def replicated_series() -> list[dict[str, str]]:
+    """An exporter of two replicas (job `ha`), which show the same account's figures, and another
+    exporter (job `other`) of half as much, a sample a minute."""
+    series = []
+    for job, instance, scale in (("ha", "r1:9877", 2), ("ha", "r2:9877", 2), ("other", "o1:9877", 1)):
+        target = f'job="{job}",instance="{instance}"'
+        bill = f'{target},day="2026-11-22",period="2026-11",product="P",project_id="p"'
+        usage = f'{target},endpoint_id="ep-{job}",model="m"'
+        series += [
+            {"series": f'inference_billing_today_info{{{target},day="2026-11-22",period="2026-11"}}', "values": "1x20"},
+            {"series": f'inference_bill_endpoint_daily_payable_amount{{{bill},endpoint_id="ep-{job}"}}',
+             "values": f"{5 * scale}x20"},
+            {"series": f'inference_bill_item_daily_payable_amount{{{bill},item="ITEM_{job}"}}',
+             "values": f"{5 * scale}x20"},
+            {"series": f"inference_usage_estimated_payable_amount_total{{{usage}}}", "values": f"0+{scale / 2}x20"},
+            {"series": f"inference_usage_prompt_tokens_total{{{usage}}}", "values": f"0+{30 * scale}x20"},
+            {"series": f"inference_usage_completion_tokens_total{{{usage}}}", "values": f"0+{30 * scale}x20"},
+            {"series": f"inference_usage_requests_total{{{usage}}}", "values": f"0+{30 * scale}x20"},
+        ]  # fmt: skip
+    return series
+
+
+@pytest.mark.integration  # promtool
+def test_the_replicas_of_one_exporter_are_counted_once(tmp_path: Path) -> None:
+    """Two replicas watching one account (docs/deployment.md) show the same figures: a panel that
+    adds figures up takes each exporter's once, with the dashboard's variables at All, as the
+    alert rules do; two exporters (two jobs) are still added up."""
+    promtool = require_binary("promtool")
+    queries = {title: concrete(target["expr"]) for title, target in targets(load()) if title in SUMMED}
+    assert set(queries) == set(SUMMED)
+    tests = [
+        {"expr": f"sum({expr})", "eval_time": "18m", "exp_samples": [{"labels": "{}", "value": SUMMED[title]}]}
+        for title, expr in queries.items()
+    ]
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    test_file = tmp_path / "test.yml"
+    one = {"interval": "1m", "input_series": replicated_series(), "promql_expr_test": tests}
+    test_file.write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "tests": [one]}, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
