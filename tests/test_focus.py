@@ -311,6 +311,35 @@ class Unattributed:
         return [*records, fee]
 
 
+class TwoProjects:
+    """Bills of one day in which endpoint ep-a is billed under two projects (7.00 under p1, 1.00
+    under p2) and ep-b under p1, grouped by endpoint or by item as the API groups them."""
+
+    base_url, project_id, page_size, concurrency = "https://billing.example.com", "", 100, 1
+    DAY = dt.date(2026, 11, 2)
+    LINES = (("ep-a", "p1", Decimal("7.00")), ("ep-a", "p2", Decimal("1.00")), ("ep-b", "p1", Decimal("2.00")))
+
+    def bills(self, period: str, group_term: str, instance_id: str = "") -> list[BillRecord]:
+        sums: dict[tuple[str, str, str], Decimal] = {}
+        for endpoint, project, amount in self.LINES:
+            if period == "2026-11" and instance_id in ("", endpoint):
+                key = (endpoint if group_term == GROUP_TERM_INSTANCE or instance_id else "",
+                       "" if group_term == GROUP_TERM_INSTANCE else "ITEM_PROMPT_TOKEN", project)  # fmt: skip
+                sums[key] = sums.get(key, Decimal(0)) + amount
+        return [
+            BillRecord(period, self.DAY, endpoint, item, "PRODUCT_INFERENCE_ENDPOINT", project, amount, amount * 100)
+            for (endpoint, item, project), amount in sorted(sums.items())
+        ]
+
+
+def test_an_endpoint_billed_under_two_projects_on_a_day_has_each_charge_under_its_own(tmp_path: Path) -> None:
+    clock = Clock(SHANGHAI, FrozenClock(dt.datetime(2026, 11, 10, 4, tzinfo=dt.UTC)))
+    output = tmp_path / "focus.csv"
+    focus(TwoProjects(), clock, ["2026-11"], output)
+    rows = {(r["ResourceId"], r["SubAccountId"]): r["BilledCost"] for r in read(output)}
+    assert rows == {("ep-a", "p1"): "7.00", ("ep-a", "p2"): "1.00", ("ep-b", "p1"): "2.00"}
+
+
 @pytest.mark.parametrize("endpoints_project", [None, "proj-other"])
 def test_a_charge_of_no_endpoint_is_a_row_of_no_resource(
     fake: FakeBilling, clock: Clock, tmp_path: Path, endpoints_project: str | None

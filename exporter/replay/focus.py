@@ -144,17 +144,23 @@ def _check(
 def charges(month: MonthHistory, before: dt.date) -> tuple[Charge, ...]:
     """The month's charges of the days before `before`, by day, endpoint and item, in that order;
     Mismatch when they do not add up to its bills by endpoint and by item (day by day, payable and
-    usage). An endpoint's project is the one its bills by endpoint give it that day (none if several)."""
+    usage). A charge's project is one its endpoint's bills by endpoint give it that day: the charge's
+    own when it is one of them (an endpoint billed under several projects), else their only one
+    (none if several: an endpoint's own listing may label its lines otherwise)."""
     projects: dict[Key, set[str]] = {}
     for a in month.by_endpoint:
         projects.setdefault((a.day, a.key), set()).add(a.project_id)
+
+    def project(endpoint_id: str, a: DailyAmount) -> str:
+        given = projects.get((a.day, endpoint_id), set())
+        return a.project_id if a.project_id in given else sole(given)
+
     found = sorted(
-        Charge(a.day, endpoint_id, a.key, a.product or PRODUCT, sole(projects.get((a.day, endpoint_id), set())),
-               a.payable, a.usage)
+        Charge(a.day, endpoint_id, a.key, a.product or PRODUCT, project(endpoint_id, a), a.payable, a.usage)
         for endpoint_id, amounts in month.items_by_endpoint.items()
         for a in amounts
         if a.day < before
-    )  # fmt: skip
+    )
     _check(found, month.by_endpoint, before, lambda c: c.endpoint_id, "endpoint")
     _check(found, month.by_item, before, lambda c: c.item, "item")
     return tuple(found)
