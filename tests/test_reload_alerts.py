@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -337,6 +338,38 @@ def test_a_firing_budget_tier_tells_the_amount_of_now(world: Reloading) -> None:
     assert "of 20.00" in after
     assert world.daemon is not None
     assert statuses(world.daemon, "hook") == ["firing"]  # told once
+
+
+def firing_tiers(world: Reloading) -> list[tuple[str, str]]:
+    """The budget alerts firing: the share their summary tells, and their tier."""
+    found = [re.search(r"is at (\d+%) of [\d.]+: tier ([\d.]+) crossed", s) for state, s in budget_alerts(world)
+             if state == "firing"]  # fmt: skip
+    return [(m[1], m[2]) if m else ("?", "?") for m in found]
+
+
+def test_a_tier_a_reload_takes_out_is_told_resolved_and_the_highest_tier_left_crossed_fires(world: Reloading) -> None:
+    """Tiers 0.5 and 0.8, spend at 90%: 0.8 fires (0.5 inhibited). A reload takes 0.8 out and
+    raises the amount (85%): 0.8 is told resolved and 0.5 fires, at the figures of now; putting 0.8
+    back fires it again (crossed)."""
+    rule = BUDGET_RULE | {"tiers": [0.5, 0.8]}
+    world.config([rule], budgets=[{"name": "month", "amount": "1"}])
+    assert world.daemon is not None
+    world.daemon.refresh("bills")
+    bills = world.daemon.sources.one.latest.bills
+    assert bills is not None
+    spent = bills.current.month_to_date
+    world.config([rule], budgets=[{"name": "month", "amount": str(spent / Decimal("0.9"))}])
+    world.evaluate()
+    assert firing_tiers(world) == [("90%", "0.8")]
+    amount = spent / Decimal("0.85")
+    world.config([rule | {"tiers": [0.5]}], budgets=[{"name": "month", "amount": str(amount)}])
+    world.evaluate()
+    assert firing_tiers(world) == [("85%", "0.5")]  # (at the amount of now)
+    assert statuses(world.daemon, "hook") == ["firing", "resolved", "firing"]
+    world.config([rule], budgets=[{"name": "month", "amount": str(amount)}])
+    world.evaluate()
+    assert firing_tiers(world) == [("85%", "0.8")]
+    assert statuses(world.daemon, "hook") == ["firing", "resolved", "firing", "firing"]  # (0.5 inhibited)
 
 
 def test_a_firing_of_more_alerts_than_it_shows_that_all_resolved_while_it_waited_is_not_delivered(

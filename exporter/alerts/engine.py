@@ -485,6 +485,13 @@ class Engine:
                 # resolved, so they fire again as crossed.
                 self._resolve(db, alert, now)
                 self.db.forget_tiers(db, rid, alert.period)
+            elif alert.labels["tier"] not in labelled:
+                # A tier a reload took out: told resolved (no tier of the rule's any more); the
+                # highest tier still crossed fires now (it made that one inhibited: never told on
+                # its own), and a tier taken out fires again if a reload puts it back, crossed.
+                self._resolve(db, alert, now)
+                gone = [t for t in self.db.tiers_fired(rid, period) if t not in value]
+                self.db.forget_tiers(db, rid, period, [*gone, *[t for t in rule.tiers if value[t] <= ratio][-1:]])
             elif ratio < labelled.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
