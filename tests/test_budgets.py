@@ -223,6 +223,34 @@ def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
         daemon.stop()
 
 
+def test_a_usage_month_budget_is_crossed_at_the_pace_of_its_forecast(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Spent under the amount, forecast over it: the day its spend crosses the amount at the pace
+    of its forecast (today's rest, then the trailing average a day), as a bill budget says it."""
+    frozen.set(dt.datetime(2026, 11, 4, 15, 0, tzinfo=clock.tz))
+    today = clock.today()
+    days = [today.replace(day=d) for d in range(1, today.day + 1)]
+    for n, day in enumerate(days):
+        sim.add_usage(100 if day == today else 300 + 50 * n, day)
+    month = [priced(sim, d, model="model-a") for d in days]
+    *complete, so_far = month
+    pace = sum(complete, Decimal(0)) / len(complete)
+    at_eleven = sum(month, Decimal(0)) + (max(so_far, pace) - so_far) + pace * 11  # (11 days after today)
+    budget = {"name": "model-a", "amount": str(at_eleven - pace / 2), "where": {"model": "model-a"}}
+    daemon = unit(sim, clock, tmp_path, prices=PRICES, reconciliation={"days_per_refresh": 3}, budgets=[budget])
+    try:
+        assert daemon.refresh("usage")
+        series = metrics(daemon)
+        assert value(series, "inference_budget_used_ratio", budget="model-a") < 1
+        assert value(series, "inference_budget_forecast_ratio", budget="model-a") > 1
+        crossed = value(series, "inference_budget_crossing_timestamp_seconds", budget="model-a")
+        assert crossed == clock.day_start(today + dt.timedelta(days=11)).timestamp()
+        assert value(series, "inference_budget_crossing_probability", budget="model-a") is None  # (no error known)
+    finally:
+        daemon.stop()
+
+
 def test_a_usage_budget_fires_and_a_model_without_a_price_leaves_it_without_figures(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

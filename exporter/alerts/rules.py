@@ -50,11 +50,12 @@ def summed_crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date 
             spent[day] = spent.get(day, Decimal(0)) + amount_of_day
     if sum(spent.values(), Decimal(0)) >= amount:
         return crossing(sorted(spent.items()), amount)  # the day the accounts' spend did
-    if any(f.outlook is None for f in found):
+    aheads = [f.ahead for f in found]
+    if any(days is None for days in aheads):
         return None
     ahead: dict[dt.date, Decimal] = {}
-    for f in found:
-        for day, amount_of_day in (f.outlook.daily if f.outlook is not None else {}).items():
+    for days in aheads:
+        for day, amount_of_day in (days or {}).items():
             ahead[day] = ahead.get(day, Decimal(0)) + amount_of_day
     total = sum(spent.values(), Decimal(0))
     return crossing(sorted(ahead.items()), amount, total)

@@ -6,8 +6,9 @@ matches: by endpoint when it names an endpoint or a project (the bills' lines by
 project), by item otherwise (the item grouping covers every charge). A scope on usage labels
 (`model`, `api_key`, with `endpoint_id` if wanted) prices the matching usage with `prices`:
 today's counters, yesterday as its last pull left it, and the settled days read in full before.
-Either way the forecast is the bills' (`model.forecast.month_forecast`), on the scope's own days and
-those of the months held before.
+The forecast of a billed scope is the bills' (`model.forecast.month_forecast`), on the scope's own
+days and those of the months held before; a usage scope's is today's formula (`model.forecast.forecast`)
+on its own days, which gives its pace (the day it crosses an amount), not its error.
 
 Figures are given only when every day they add up is known: a usage scope's month waits until
 each past day of the month has been read, and a row of a model without a price leaves the
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.config.schema import BudgetConfig, PriceConfig
+from exporter.core.clock import days_in_period
 from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
 from exporter.model.forecast import TRAILING_DAYS, MonthForecast, crossing, forecast, held_days, month_forecast
@@ -50,6 +52,14 @@ class BudgetFigures:
     crosses the amount and the chance it does; None for a day budget or one priced from usage."""
     days: tuple[tuple[dt.date, Decimal], ...] = ()
     """A month budget's days so far, in order (for the day its spend crossed an amount)."""
+    expected: Mapping[dt.date, Decimal] | None = None
+    """A month budget priced from usage: what each day left is expected to add (today's rest among
+    them), at the pace of today's formula; its `outlook`'s days otherwise."""
+
+    @property
+    def ahead(self) -> Mapping[dt.date, Decimal] | None:
+        """What each day left of a month budget is expected to add; None when not known."""
+        return self.outlook.daily if self.outlook is not None else self.expected
 
     def ratios(self, amount: Decimal) -> tuple[Decimal, Decimal]:
         return self.spent / amount, self.projected / amount
@@ -62,7 +72,8 @@ class BudgetFigures:
             return dt.date.fromisoformat(self.period) if max(self.spent, self.projected) >= amount else None
         if self.spent >= amount:
             return crossing(self.days, amount)
-        return None if self.outlook is None else self.outlook.crossing_day(amount, self.spent)
+        ahead = self.ahead
+        return None if ahead is None else crossing(sorted(ahead.items()), amount, self.spent)
 
     def chance(self, amount: Decimal) -> float | None:
         """The chance the period ends over `amount`, from the forecast's error; None unknown."""
@@ -249,8 +260,15 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
         return None  # a past day of the month not read yet: no month figure rather than a low one
     days = {d: a for d, a in month_days.items() if a is not None}
     period = f"{today:%Y-%m}"
-    month_end, _ = forecast(period, today, days, _window_before(today, known))
-    return BudgetFigures(period, sum(days.values(), Decimal(0)), month_end, days=tuple(sorted(days.items())))
+    month_end, today_end = forecast(period, today, days, _window_before(today, known))
+    spent, so_far, left = (
+        sum(days.values(), Decimal(0)),
+        days.get(today, Decimal(0)),
+        days_in_period(period) - today.day,
+    )
+    pace = (month_end - (spent - so_far) - today_end) / left if left else Decimal(0)  # (the formula's average)
+    expected = {today: today_end - so_far} | {today + dt.timedelta(days=n): pace for n in range(1, left + 1)}
+    return BudgetFigures(period, spent, month_end, days=tuple(sorted(days.items())), expected=expected)
 
 
 def month_spent(budget: BudgetConfig, latest: Latest, period: str) -> Decimal | None:
