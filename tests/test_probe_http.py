@@ -287,9 +287,12 @@ def ran(probe_runner: ProbeRunner) -> ProbeRunner:
 
 
 @contextmanager
-def streaming_server(framing: str, body: Callable[[], Iterator[bytes]], **headers: str) -> Iterator[str]:
+def streaming_server(
+    framing: str, body: Callable[[], Iterator[bytes]], content_type: str = "text/event-stream", **headers: str
+) -> Iterator[str]:
     """A server on loopback answering every POST with an event stream in `framing`: each piece `body`
-    yields is written and flushed as it comes. Yields its URL."""
+    yields is written and flushed as it comes (`length`: all of it at once, with its length, the
+    connection closed after it). Yields its URL."""
 
     class Stream(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -300,9 +303,17 @@ def streaming_server(framing: str, body: Callable[[], Iterator[bytes]], **header
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Type", content_type)
             for name, value in headers.items():
                 self.send_header(name, value)
+            if framing == "length":
+                whole = b"".join(body())
+                self.send_header("Content-Length", str(len(whole)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(whole)
+                self.close_connection = True
+                return
             if framing == "chunked":
                 self.send_header("Transfer-Encoding", "chunked")
             else:
@@ -395,6 +406,30 @@ def test_each_wait_on_the_wire_ends_at_the_deadline_of_the_runs_phase(
         assert last.duration < last.time_to_first_token + 3.5
         assert last.max_chunk_gap is not None
         assert last.max_chunk_gap >= 0.4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_of_a_length_on_a_connection_the_server_then_closes_is_read_whole(stream: bool) -> None:
+    """`Connection: close` with a `Content-Length` (a proxy's, an HTTP/1.0 server's): the socket is
+    gone once the body is read, which the next read's timeout must not trip on."""
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
+    ]  # fmt: skip
+    answer = {"id": "x", "object": "chat.completion", "model": "ep",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}  # fmt: skip
+
+    def body() -> Iterator[bytes]:
+        if stream:
+            yield from (f"data: {data}\n\n".encode() for data in [*map(json.dumps, events), "[DONE]"])
+        else:
+            yield json.dumps(answer).encode()
+
+    with streaming_server("length", body, "text/event-stream" if stream else "application/json") as url:
+        last = runner_for(url, stream=stream, expect_content="^pong$").run().last
+    assert (last.success, last.reason) == (True, None)
 
 
 @pytest.mark.parametrize("framing", FRAMINGS)

@@ -459,7 +459,12 @@ class HTTPChat:
             while True:
                 wait = self._wait(deadline)
                 if sock is not None:
-                    sock.settimeout(wait)
+                    try:
+                        sock.settimeout(wait)
+                    except OSError:  # closed: by the cut, or by urllib3 once a body of a length was read
+                        if cut.fired:  # (on a connection the server closes after it: `Connection: close`)
+                            raise ClientClosed(CLOSED) from None
+                        sock = None  # (what is left is in the buffers: read without a wait)
                 chunk = raw.read1(READ_SIZE, decode_content=True)
                 if not chunk:
                     if cut.fired:  # (the end of a body the connection's end delimits, or the cut's?)
