@@ -77,6 +77,12 @@ class Strict(BaseModel):
 def _http_url(url: str) -> str:
     """An http:// or https:// URL with a host, and a port from 1 to 65535 if it has one (the URL is
     never in the message: it may hold a secret)."""
+    if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
+        # (HTTP sends neither: a request to it would fail at every try, its error quoting the URL)
+        raise ValueError(
+            "holds a space, a control character or a character beyond ASCII: percent-encode it (a space is %20),"
+            " and write a host name beyond ASCII in its xn-- form"
+        )
     parts = urlsplit(url)
     if not re.match(r"^https?://[^/\s]+", url) or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL")
