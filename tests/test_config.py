@@ -58,6 +58,12 @@ def test_config_is_frozen() -> None:
          "alerts.notifiers[0].url: its port must be a number from 1 to 65535"),
         ({"billing": BILLING, "alerts": {"notifiers": [{"name": "s", "type": "slack", "url": "hooks.slack.com/T/B"}]}},
          "alerts.notifiers[0].url: must be an http:// or https:// URL"),  # (a secret: not shown)
+        *(({"billing": BILLING, "alerts": {"notifiers": [{"name": "s", "type": kind, "url": url}]}},
+           "alerts.notifiers[0].url: holds a space, a control character or a character beyond ASCII: percent-encode"
+           " it (a space is %20), and write a host name beyond ASCII in its xn-- form")
+          for kind, url in [("slack", "https://hooks.slack.com/services/T0 B1/sEcReT"),
+                            ("webhook", "https://hooks.example.com/h?token=sEcReT&x=a\tb"),
+                            ("webhook", "https://hooks.example.com/höök")]),  # (HTTP sends none: not shown)
         ({"billing": BILLING, "alerts": {"rules": [
             {"alert": "A", "signal": "spend", "threshold": 1, "annotations": {"runbook-url": "https://runbooks/a"}}]}},
          "alerts.rules[0] (alert A): annotation 'runbook-url' is not a valid annotation name (letters, digits and _,"
@@ -303,6 +309,20 @@ def test_messages_never_carry_secret_values() -> None:
     assert "top-secret-value" not in repr(validate({"billing": BILLING}, ENV))
 
 
+def test_a_secret_quoted_by_a_message_about_another_key_is_masked() -> None:
+    """The same ${VAR} filling a secret and a key whose message quotes its value (a time zone, a
+    notifier named by a rule): the message masks it, as the log does at a reload."""
+    secret = "Zp9Kq2Wx7Lm4"
+    document = {
+        "billing": BILLING | {"secret_access_key": "${SECRET}", "timezone": "${SECRET}"},
+        "alerts": {"rules": [{"alert": "A", "signal": "spend", "threshold": 1, "notifiers": ["${SECRET}"]}]},
+    }
+    details = errors_of(document, ENV | {"SECRET": secret})
+    assert "billing.timezone: unknown time zone '***'" in details
+    assert any("'***'" in d and d.startswith("alerts.rules[0]") for d in details), details
+    assert not any(secret[:5] in d for d in details)
+
+
 def test_substitution_inside_strings() -> None:
     config = validate({"billing": BILLING | {"url": "https://${HOST}:8443/"}}, ENV | {"HOST": "billing.internal"})
     assert config.billing.url == "https://billing.internal:8443"
@@ -388,16 +408,21 @@ def test_secrets_written_in_the_file_get_a_warning(tmp_path: Path) -> None:
         "    - {name: chat, type: slack, url: 'https://hooks.example/T/B/token'}\n"
         "    - {name: hook, type: webhook, url: 'http://receiver/hook'}\n"
         "    - {name: pd, type: pagerduty, routing_key: '${PD_KEY}'}\n"
+        "    - {name: basic, type: webhook, url: 'https://bot:literal-password@receiver/hook'}\n"
+        "    - {name: am, type: alertmanager, urls: ['http://am-0:9093', 'https://am:literal-password@am-1:9093']}\n"
+        "    - {name: am-env, type: alertmanager, urls: ['https://am:${AM_PASSWORD}@am-2:9093']}\n"
     )
     path.chmod(0o600)
-    _, warnings = load_checked(path, {"PD_KEY": "k"})
+    _, warnings = load_checked(path, {"PD_KEY": "k", "AM_PASSWORD": "p"})
     assert warnings == [
         "billing.secret_access_key: a secret is written in the config file; use ${VAR} or ${file:PATH}",
         "alerts.notifiers[0].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+        "alerts.notifiers[3].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
+        "alerts.notifiers[4].urls[1]: a secret is written in the config file; use ${VAR} or ${file:PATH}",
     ]
     assert not any("literal-secret" in w for w in warnings)
     path.chmod(0o644)
-    _, warnings = load_checked(path, {"PD_KEY": "k"})
+    _, warnings = load_checked(path, {"PD_KEY": "k", "AM_PASSWORD": "p"})
     assert warnings[-1] == "the file is world-readable and holds secrets (chmod o-r)"  # the caller names the file
     environ = {"BILLING_ACCESS_KEY_ID": "a", "BILLING_SECRET_ACCESS_KEY": "b", "INFERENCE_API_KEY": "c"}
     assert load_checked(ROOT / "config.example.yaml", environ)[1] == []

@@ -25,7 +25,7 @@ from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.decimals import WrittenFloat
 from exporter.core.logs import get_logger
-from exporter.notifiers.webhook import webhook_secret
+from exporter.notifiers.webhook import url_password, webhook_secret
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
@@ -203,12 +203,20 @@ def secret_warnings(raw: Any, path: Path) -> list[str]:
     """Secrets written into the config file itself rather than taken from the environment or a file.
     A warning is about the file at `path` and does not name it: who shows it does, once."""
     warnings = []
+    notifiers = list(items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers"))
     webhooks = [
         ((*where, "url"), item["url"])
-        for where, item in items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers")
+        for where, item in notifiers
         if item.get("type") == "webhook" and isinstance(item.get("url"), str) and webhook_secret(item["url"])
     ]
-    for where, value in [*secret_fields(Config, raw), *webhooks]:
+    addresses = [  # (a password for basic auth, in a webhook's or an Alertmanager's address)
+        ((*where, key, index) if key == "urls" else (*where, key), url)
+        for where, item in notifiers
+        for key in ("url", "urls")
+        for index, url in enumerate(item[key] if isinstance(item.get(key), list) else [item.get(key)])
+        if isinstance(url, str) and url_password(url)
+    ]
+    for where, value in [*secret_fields(Config, raw), *webhooks, *addresses]:
         if isinstance(value, str) and value and not REFERENCE.search(value):
             warnings.append(
                 f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"
@@ -314,8 +322,21 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 " (the same alert name, what it watches and labels); give one of them other `labels`, a severity"
             )
     if errors:
-        raise ConfigError(errors)
+        raise ConfigError(_masked(errors, document))
     return config
+
+
+MASKED_FROM = 4
+"""The shortest secret a message has masked (a shorter one would mask pieces of words)."""
+
+
+def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
+    """`errors` with the document's secrets masked (`***`): a message may quote a value of another
+    key that the same ${VAR} or ${file:} filled (a time zone, an address), which is then a secret."""
+    found = {value for _, value in secret_fields(Config, document) if isinstance(value, str)}
+    for secret in sorted((s for s in found if len(s) >= MASKED_FROM), key=len, reverse=True):
+        errors = [error.replace(secret, "***") for error in errors]
+    return errors
 
 
 def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
