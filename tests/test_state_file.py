@@ -252,6 +252,27 @@ def test_a_write_failure_names_the_file_rolls_back_and_the_next_write_succeeds(t
     reopened.close()
 
 
+def test_a_failed_save_is_told_until_its_writer_saves_again_whatever_else_is_written(tmp_path: Path) -> None:
+    """`write_error` (the `state_write_success` gauge): a usage save refused by a full disk is not
+    forgotten at the next alert evaluation, which may write nothing, or a little a full disk
+    still takes; it is once the usage is saved."""
+    store = StateStore(tmp_path / "state.db")
+    save_day(store, DAY, rows=3)
+    (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+    store._db.execute(f"PRAGMA max_page_count = {pages + 1}")  # a full disk: room for a little only
+    with pytest.raises(StateError, match="disk is full"):
+        save_day(store, DAY, rows=20_000)
+    with store.transaction("alerts"):
+        pass  # (an evaluation with nothing new)
+    with store.transaction("alerts") as db:
+        AlertStore.save_state(db, "small", "rule", "{}")  # (one that writes a little)
+    assert "disk is full" in store.write_error
+    store._db.execute("PRAGMA max_page_count = 1073741823")
+    save_day(store, DAY, rows=20_000)  # (`save_usage`: the usage writer)
+    assert store.write_error == ""
+    store.close()
+
+
 def test_reads_raise_state_errors_not_sqlite_errors(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     store = StateStore(path)

@@ -235,7 +235,7 @@ class Engine:
             self._changed = False
 
     def _evaluate(self) -> int:
-        with self.db.store.transaction() as db:
+        with self.db.store.transaction("alerts") as db:
             now = self.clock.now().timestamp()
             before = self._transitions
             ids = rule_ids(self.config.rules)
@@ -666,7 +666,7 @@ class Engine:
         with self._lock:
             if not self._saved_true:
                 return
-            with self.db.store.transaction() as db:
+            with self.db.store.transaction("alerts") as db:
                 for key in self._saved_true:
                     alert = self.alerts.get(key)
                     if alert is not None:

@@ -94,7 +94,7 @@ class AccountTables(StateFile):
     def record_account_files(self, used: Iterable[AccountFile]) -> None:
         """Say which account each file holds now, and under which name (the others are kept: an
         account removed and added back finds its file), marked the most recently used."""
-        with self.transaction() as db:
+        with self.transaction() as db:  # (written at a start or reload only: see `transaction`)
             (last,) = db.execute("SELECT COALESCE(MAX(used), 0) FROM account_files").fetchone()
             db.executemany("INSERT OR REPLACE INTO account_files VALUES (?, ?, ?, ?)",
                            [(f.file, f.account_id, f.name, last + 1) for f in used])  # fmt: skip

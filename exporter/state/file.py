@@ -131,8 +131,8 @@ class StateFile:
         self._reader_lock = threading.Lock()
         self._beside = False
         """The connection is on the file at the path, in WAL mode: a reader may open it beside (`peeking`)."""
-        self.write_error = ""
-        """How the last write transaction failed ("" if it was committed)."""
+        self._write_errors: dict[str, str] = {}
+        """Per writer (`transaction`'s), how its last write failed, while it has not written since."""
         self.layout = LAYOUT
         """The file's layout as found when it was opened (see MIGRATIONS)."""
         self.moved_aside: str | None = None
@@ -439,18 +439,29 @@ class StateFile:
             self._beside = False
             self._close_reader()
 
+    @property
+    def write_error(self) -> str:
+        """How a write failed, while the writer it failed for has not written since ("" when none)."""
+        return next(iter(self._write_errors.values()), "")
+
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self, writer: str = "") -> Iterator[sqlite3.Connection]:
         """One write transaction; a failure rolls it back and raises StateError (the next may succeed).
-        `write_error` says how the last one ended ("" when it was committed)."""
+        `writer`: what it saves (the usage, the alerts…), for `write_error`: a failure is told until
+        that writer commits a change, never cleared by another's write, nor by one that changed
+        nothing (an evaluation with nothing new: a full disk takes it). A failure of no writer named
+        (one that is not tried again soon, as a reload's) is cleared by any change committed."""
         with self._lock:
+            changes = self._db.total_changes
             try:
                 with self._write() as db:
                     yield db
             except StateError as error:
-                self.write_error = str(error)
+                self._write_errors[writer] = str(error)
                 raise
-            self.write_error = ""
+            if self._db.total_changes != changes:
+                self._write_errors.pop(writer, None)
+                self._write_errors.pop("", None)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -19,7 +19,7 @@ class HistoryTable(StateFile):
     def forget_history(self, source: str, *, keep: bool = False) -> None:
         """Drop every month held (unless `keep`): they were fetched from another source; the months
         held from now on are `source`'s."""
-        with self.transaction() as db:
+        with self.transaction("history") as db:
             if not keep:
                 db.execute("DELETE FROM bill_history")
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('history_source', ?)", (source,))
@@ -37,7 +37,7 @@ class HistoryTable(StateFile):
         self, period: str, by_endpoint: str, by_item: str, items_by_endpoint: str, fetched: str, *, keep_from: str
     ) -> None:
         """Replace one month's bills; forget the months before `keep_from`."""
-        with self.transaction() as db:
+        with self.transaction("history") as db:
             db.execute(
                 "INSERT OR REPLACE INTO bill_history (period, by_endpoint, by_item, items_by_endpoint, fetched)"
                 " VALUES (?, ?, ?, ?, ?)",

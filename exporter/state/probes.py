@@ -21,7 +21,7 @@ class ProbeTable(StateFile):
 
     def record_probe_run(self, probe: str, at: float, success: bool, ttft: float | None, *, keep_from: float) -> None:
         """One probe run (for the digest's success ratios and percentiles); forget runs before `keep_from`."""
-        with self.transaction() as db:
+        with self.transaction("probes") as db:
             db.execute("INSERT INTO probe_runs VALUES (?, ?, ?, ?)", (probe, at, int(success), ttft))
             db.execute("DELETE FROM probe_runs WHERE at < ?", (keep_from,))
 

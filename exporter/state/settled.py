@@ -43,7 +43,7 @@ class SettledTables(StateFile):
 
     def save_settled_usage(self, day: dt.date, rows: Sequence[UsageRow], account: str, *, keep_from: dt.date) -> None:
         """One settled day's per-key sums; forget the days before `keep_from`."""
-        with self.transaction() as db:
+        with self.transaction("settled") as db:
             db.execute("DELETE FROM settled_usage WHERE day = ? OR day < ?", (day.isoformat(), keep_from.isoformat()))
             db.executemany(
                 "INSERT INTO settled_usage VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(day.isoformat(), *row) for row in rows]

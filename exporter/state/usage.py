@@ -105,7 +105,7 @@ class UsageTables(StateFile):
         than those saved with them."""
         day = cursor.day.isoformat()
         size = sum(c.nbytes for c in ids)
-        with self.transaction() as db:
+        with self.transaction("usage") as db:
             if amounts is not None:
                 db.execute("DELETE FROM usage_amounts")  # only today's are ever read
                 db.executemany(
