@@ -72,3 +72,27 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     sent, failed, discarded = dispatcher.counts()
     assert (sent["hook"], failed["hook"], dispatcher.pending()) == (0, GIVE_UP_AFTER, {})
     assert discarded["refused"] == 1
+
+
+@pytest.mark.parametrize("damage", ["cut short", "an alert without its key", "a digest that is a list"])
+def test_a_queued_notification_that_cannot_be_read_is_dropped_and_the_next_goes_out(
+    receiver: Receiver, queued: tuple[Dispatcher, AlertStore], damage: str
+) -> None:
+    """Its row damaged in the state file (a disk's rot, a hand's edit): dropped, counted, and what
+    waits behind it is delivered (it stopped every delivery of the notifier, a traceback a poll)."""
+    dispatcher, store = queued
+    with store.store.transaction() as db:
+        db.execute("INSERT INTO outbox (notifier, event, created, next_attempt)"
+                   " SELECT notifier, event, created, next_attempt FROM outbox")  # fmt: skip
+        (first,) = db.execute("SELECT MIN(id) FROM outbox").fetchone()
+        if damage == "cut short":
+            db.execute("UPDATE outbox SET event = substr(event, 1, 20) WHERE id = ?", (first,))
+        elif damage == "an alert without its key":
+            db.execute("UPDATE outbox SET event = json_remove(event, '$.alerts[0].key') WHERE id = ?", (first,))
+        else:
+            db.execute("INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES ('hook', '[]', 0, 0)")
+    dispatcher.deliver()
+    _, _, discarded = dispatcher.counts()
+    assert discarded["unreadable"] == 1
+    assert len(receiver.bodies()) == (2 if damage == "a digest that is a list" else 1)  # (the alerts' two, whole)
+    assert dispatcher.pending() == {}

@@ -42,7 +42,7 @@ from exporter.model.events import GroupEvent
 from exporter.notifiers.kind import Attempt, OutboxKind
 from exporter.notifiers.registry import kind, outbox
 from exporter.state import AlertStore, OutboxEntry, StateError
-from exporter.state.alerts import NO_DIGESTS, REMOVED
+from exporter.state.alerts import NO_DIGESTS, REMOVED, UnreadableEntry
 
 log = get_logger(__name__)
 
@@ -65,7 +65,8 @@ OWED_FOR = 86400.0
 """How long a notification is retried to email recipients who refuse it for now (4xx) while the
 others took it: a full mailbox is not held against the rest of the queue, nor retried for ever."""
 SUPERSEDED = "its alerts changed state again before it could be delivered"
-DISCARDED = ("notifier_removed", "superseded", "refused")
+UNREADABLE = "it could not be read from the state file"
+DISCARDED = ("notifier_removed", "superseded", "refused", "unreadable")
 """Why a queued notification is never delivered: its notifier left the config (`configure`; for a
 digest, `digest.notifiers`), every alert in it changed state again meanwhile (`_current`), or its
 receiver refused it outright `GIVE_UP_AFTER` times (or the email recipients still owed it refused
@@ -469,7 +470,18 @@ class Dispatcher:
                 and (sender := outbox(notifier)) is not None
             ):
                 now = self.clock.now().timestamp()
-                head = self.store.head(name, now)
+                try:
+                    head = self.store.head(name, now)
+                except UnreadableEntry as unreadable:
+                    log.error("queued notification dropped: it cannot be read", notifier=name,
+                              state_file=str(self.store.store.path), error=str(unreadable))  # fmt: skip
+                    dropped = partial(
+                        self.store.delivered, unreadable.id, now, dropped=UNREADABLE, table=unreadable.table
+                    )
+                    self._record(name, dropped)
+                    with self._counts:
+                        self.discarded["unreadable"] += 1
+                    continue
                 if head is None or head.next_attempt > now:
                     break
                 if head.recipients and now - head.created > OWED_FOR:

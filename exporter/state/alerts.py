@@ -55,6 +55,15 @@ def read_refused(db: sqlite3.Connection) -> set[str]:
     return {notifier for (notifier,) in rows}
 
 
+class UnreadableEntry(Exception):
+    """An outbox row that cannot be read (its text damaged: a disk's, a hand's): `head` gives it
+    so, for the dispatcher to drop it and go on with the queue rather than stop at it."""
+
+    def __init__(self, entry_id: int, table: str, error: Exception) -> None:
+        super().__init__(f"queued notification {entry_id} ({table}) cannot be read: {type(error).__name__}")
+        self.id, self.table = entry_id, table
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     id: int
@@ -179,7 +188,7 @@ class AlertStore:
         dropped): their marks go, if that firing made them, or a reminder due meanwhile moved them on
         without a notification; not one a notification still queued for the notifier made (a later
         firing: its resolve is owed)."""
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             db.executemany(
                 "DELETE FROM alert_sent WHERE key = ? AND notifier = ? AND (sent = ? OR (sent > ? AND NOT EXISTS ("
                 "SELECT 1 FROM outbox WHERE outbox.notifier = alert_sent.notifier AND outbox.delivered IS NULL"
@@ -250,7 +259,7 @@ class AlertStore:
         an account configured alike with another)."""
         account, days = told
         days = sorted(days)
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             if db.execute("INSERT OR IGNORE INTO digests VALUES (?, ?)", (key, now)).rowcount == 0:
                 return False
             if account_id and span is not None:
@@ -297,15 +306,24 @@ class AlertStore:
         if row is None:
             return None
         entry_id, name, text, attempts, next_attempt, recipients, created = row
-        owed = tuple(json.loads(recipients)) if recipients else ()
-        if table == "digest_outbox":
-            return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, json.loads(text), owed, created)
-        return OutboxEntry(entry_id, name, read_event(text), attempts, next_attempt, None, owed, created)
+        try:
+            owed = tuple(json.loads(recipients)) if recipients else ()
+            if table == "digest_outbox":
+                digest = json.loads(text)
+                if not isinstance(digest, dict):
+                    raise TypeError("not a digest")
+                return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, digest, owed, created)
+            event = read_event(text)
+            if not all("key" in alert and "starts_at" in alert for alert in event["alerts"]):
+                raise KeyError("an alert's key or start")  # (what a delivery reads of each)
+            return OutboxEntry(entry_id, name, event, attempts, next_attempt, None, owed, created)
+        except (ValueError, KeyError, TypeError) as error:
+            raise UnreadableEntry(entry_id, table, error) from None
 
     def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
         """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
         assert table in OUTBOXES
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             _done(db, table, entry_id, now, dropped)
 
     def drop_digest(self, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str]:
@@ -313,7 +331,7 @@ class AlertStore:
         queue it for each notifier of `to`, those that take digests now, that has not had it (its
         receivers drop a repeat by its `id` all the same): what a reload took from one goes to those
         that replaced it. Those it was queued for, in their order."""
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             row = db.execute(
                 "SELECT event, json_extract(event, '$.id') FROM digest_outbox WHERE id = ?", (entry_id,)
             ).fetchone()
@@ -325,7 +343,7 @@ class AlertStore:
     ) -> None:
         """A failed attempt; `recipients`: the email recipients still owed it, when others took it."""
         assert table in OUTBOXES
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             db.execute(
                 f"UPDATE {table} SET attempts = attempts + 1, next_attempt = ?, last_error = ?,"  # noqa: S608
                 " recipients = COALESCE(NULLIF(?, ''), recipients) WHERE id = ?",
@@ -347,7 +365,7 @@ class AlertStore:
         dropped: dict[str, int] = {}
         given: dict[str, int] = {}
         found: list[tuple[str, str | None]] = []
-        with self.store.transaction() as db:
+        with self.store.transaction("outbox") as db:
             for table in ("digest_outbox",) if digests else OUTBOXES:
                 where = f"delivered IS NULL AND notifier NOT IN ({marks})"
                 rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
@@ -395,7 +413,7 @@ class AlertStore:
         moved rule becomes `rekey(body, new id)` (its new key, the incident it opened kept), its
         alert_sent rows and queued notifications follow its key, and budget tiers fired follow their
         rule. Then the file no longer says its ids are by position. Returns how many alerts moved."""
-        with self.store.transaction() as db:
+        with self.store.transaction("alerts") as db:
             # Read everything, then write: an old id may be another rule's new one.
             renamed: dict[str, str] = {}
             alerts = []
