@@ -15,10 +15,12 @@ import pytest
 import requests
 
 from exporter.app.account import build_exposition
+from exporter.app.daemon import parse_listen
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.metrics.exposition import OPENMETRICS_ACCEPT, negotiated
 from exporter.model.snapshots import Latest
+from exporter.sim import Simulator, SimulatorServer
 from exporter.web import ExporterServer, View
 from exporter.web.views import awaited, ready
 from tests.conftest import require_binary
@@ -27,7 +29,9 @@ from tests.helpers import free_port, wait_for
 BILLING = {"url": "http://127.0.0.1:1", "access_key_id": "AK", "secret_access_key": "s"}
 
 
-def start(server_section: dict, clock: Clock, **limits: Any) -> ExporterServer:
+def start(
+    server_section: dict, clock: Clock, address: tuple[str, int] = ("127.0.0.1", 0), **limits: Any
+) -> ExporterServer:
     config = validate({"billing": BILLING, "server": server_section}, {})
     latest = Latest()
     exposition = build_exposition(config, latest, clock)
@@ -37,7 +41,7 @@ def start(server_section: dict, clock: Clock, **limits: Any) -> ExporterServer:
         lambda: ["bills", "usage"],
         render_gzipped=lambda accept: exposition.render(accept, gzipped=True),
     )
-    server = ExporterServer(("127.0.0.1", 0), view, config.server, **limits)
+    server = ExporterServer(address, view, config.server, **limits)
     server.start()
     return server
 
@@ -105,6 +109,32 @@ def test_tls_serves_metrics_to_a_verifying_client(certificate: tuple[Path, Path]
             requests.get(f"{server.url}/metrics", timeout=5)  # an unknown CA is refused
     finally:
         server.stop()
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_an_ipv6_listen_address_is_served(clock: Clock) -> None:
+    """`--web.listen-address [::1]:9877`, as docs/web-config.md shows it (and the simulator's `--listen`)."""
+    host, port = parse_listen("[::1]:0")
+    server = start({}, clock, (host, port))
+    sim = SimulatorServer((host, port), Simulator())
+    sim.start()
+    try:
+        assert server.url.startswith("http://[::1]:")
+        assert requests.get(f"{server.url}/healthz", timeout=5).status_code == 200
+        assert sim.url.startswith("http://[::1]:")
+        assert requests.get(f"{sim.url}/", timeout=5).status_code == 404  # (an API's base address: no page)
+    finally:
+        server.stop()
+        sim.stop()
 
 
 def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:

@@ -33,6 +33,8 @@ class SimulatorServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], sim: Simulator) -> None:
+        if ":" in address[0]:  # an IPv6 address (`[::1]:8080`)
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.sim = sim
         self._thread: threading.Thread | None = None
@@ -40,7 +42,8 @@ class SimulatorServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}"
+        host = str(host)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up (a probe's deadline, a killed process) is normal here, not an error."""

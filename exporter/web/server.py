@@ -66,6 +66,8 @@ class ExporterServer(ThreadingHTTPServer):
         self._accept_failing = False
         # First: a bad certificate or web configuration file leaves no socket bound.
         self.credentials = Credentials.load(config, web_config)
+        if ":" in address[0]:  # an IPv6 address (`[::1]:9877`)
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.view = view
         self._thread: threading.Thread | None = None
