@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -269,6 +270,25 @@ def test_a_failed_save_is_told_until_its_writer_saves_again_whatever_else_is_wri
     assert "disk is full" in store.write_error
     store._db.execute("PRAGMA max_page_count = 1073741823")
     save_day(store, DAY, rows=20_000)  # (`save_usage`: the usage writer)
+    assert store.write_error == ""
+    store.close()
+
+
+def test_a_writer_that_saves_no_more_is_not_waited_for_past_its_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe's save failed, then a reload took the probe out: once it would have been tried again
+    (WRITER_RETRIES_WITHIN), the other writers' saves say the file is written."""
+    store = StateStore(tmp_path / "state.db")
+    store._db.execute("PRAGMA query_only = ON")
+    with pytest.raises(StateError):
+        store.record_probe_run("gone", 1.0, True, 0.1, keep_from=0.0)
+    store._db.execute("PRAGMA query_only = OFF")
+    save_day(store, DAY, rows=3)
+    assert "read-only" in store.write_error  # (it may still be tried again)
+    later = time.monotonic() + state_file.WRITER_RETRIES_WITHIN + 1
+    monkeypatch.setattr(state_file.time, "monotonic", lambda: later)
+    save_day(store, DAY, rows=4)
     assert store.write_error == ""
     store.close()
 

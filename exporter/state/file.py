@@ -103,6 +103,11 @@ def move_aside(path: str | Path) -> str:
     return target
 
 
+WRITER_RETRIES_WITHIN = 3600.0
+"""How long a failed save is told once other writers' saves succeed: longer than a writer waits
+before it tries again (a usage interval, a probe's, the bills'), so a full disk stays told."""
+
+
 class StateFile:
     """The state file, opened by one exporter at a time.
 
@@ -131,8 +136,9 @@ class StateFile:
         self._reader_lock = threading.Lock()
         self._beside = False
         """The connection is on the file at the path, in WAL mode: a reader may open it beside (`peeking`)."""
-        self._write_errors: dict[str, str] = {}
-        """Per writer (`transaction`'s), how its last write failed, while it has not written since."""
+        self._write_errors: dict[str, tuple[str, float]] = {}
+        """Per writer (`transaction`'s), how its last write failed and when (monotonic), while it
+        has not written since."""
         self.layout = LAYOUT
         """The file's layout as found when it was opened (see MIGRATIONS)."""
         self.moved_aside: str | None = None
@@ -442,26 +448,28 @@ class StateFile:
     @property
     def write_error(self) -> str:
         """How a write failed, while the writer it failed for has not written since ("" when none)."""
-        return next(iter(self._write_errors.values()), "")
+        return next((error for error, _ in self._write_errors.values()), "")
 
     @contextmanager
     def transaction(self, writer: str = "") -> Iterator[sqlite3.Connection]:
         """One write transaction; a failure rolls it back and raises StateError (the next may succeed).
         `writer`: what it saves (the usage, the alerts…), for `write_error`: a failure is told until
-        that writer commits a change, never cleared by another's write, nor by one that changed
-        nothing (an evaluation with nothing new: a full disk takes it). A failure of no writer named
-        (one that is not tried again soon, as a reload's) is cleared by any change committed."""
+        that writer commits a change, not cleared by one that changed nothing (an evaluation with
+        nothing new: a full disk takes it), nor by another writer's change while it may still be
+        tried again (WRITER_RETRIES_WITHIN; a failure of no writer named, a reload's, at once):
+        a writer a reload took out, or that has nothing more to save today, is not waited for."""
         with self._lock:
             changes = self._db.total_changes
             try:
                 with self._write() as db:
                     yield db
             except StateError as error:
-                self._write_errors[writer] = str(error)
+                self._write_errors[writer] = (str(error), time.monotonic())
                 raise
             if self._db.total_changes != changes:
                 self._write_errors.pop(writer, None)
-                self._write_errors.pop("", None)
+                since = time.monotonic() - WRITER_RETRIES_WITHIN
+                self._write_errors = {w: (e, at) for w, (e, at) in self._write_errors.items() if w and at > since}
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
