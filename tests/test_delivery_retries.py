@@ -74,7 +74,11 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     assert discarded["refused"] == 1
 
 
-@pytest.mark.parametrize("damage", ["cut short", "an alert without its key", "a digest that is a list"])
+@pytest.mark.parametrize(
+    "damage",
+    ["cut short", "an alert without its key", "an event without its status", "an alert without its labels",
+     "a digest that is a list"],
+)  # fmt: skip
 def test_a_queued_notification_that_cannot_be_read_is_dropped_and_the_next_goes_out(
     receiver: Receiver, queued: tuple[Dispatcher, AlertStore], damage: str
 ) -> None:
@@ -87,12 +91,13 @@ def test_a_queued_notification_that_cannot_be_read_is_dropped_and_the_next_goes_
         (first,) = db.execute("SELECT MIN(id) FROM outbox").fetchone()
         if damage == "cut short":
             db.execute("UPDATE outbox SET event = substr(event, 1, 20) WHERE id = ?", (first,))
-        elif damage == "an alert without its key":
-            db.execute("UPDATE outbox SET event = json_remove(event, '$.alerts[0].key') WHERE id = ?", (first,))
+        elif damage.startswith(("an alert", "an event")):
+            field = {"key": "$.alerts[0].key", "status": "$.status", "labels": "$.alerts[0].labels"}[damage.split()[-1]]
+            db.execute("UPDATE outbox SET event = json_remove(event, ?) WHERE id = ?", (field, first))
         else:
             db.execute("INSERT INTO digest_outbox (notifier, event, created, next_attempt) VALUES ('hook', '[]', 0, 0)")
     dispatcher.deliver()
     _, _, discarded = dispatcher.counts()
     assert discarded["unreadable"] == 1
-    assert len(receiver.bodies()) == (2 if damage == "a digest that is a list" else 1)  # (the alerts' two, whole)
+    assert len(receiver.bodies()) == (2 if damage.startswith("a digest") else 1)  # (the alerts' two, whole)
     assert dispatcher.pending() == {}

@@ -475,12 +475,7 @@ class Dispatcher:
                 except UnreadableEntry as unreadable:
                     log.error("queued notification dropped: it cannot be read", notifier=name,
                               state_file=str(self.store.store.path), error=str(unreadable))  # fmt: skip
-                    dropped = partial(
-                        self.store.delivered, unreadable.id, now, dropped=UNREADABLE, table=unreadable.table
-                    )
-                    self._record(name, dropped)
-                    with self._counts:
-                        self.discarded["unreadable"] += 1
+                    self._unreadable(name, unreadable.id, unreadable.table, now)
                     continue
                 if head is None or head.next_attempt > now:
                     break
@@ -500,7 +495,15 @@ class Dispatcher:
                     if given:
                         self.poke()
                     continue
-                entry = head if head.digest is not None else self._current(head)
+                try:
+                    entry = head if head.digest is not None else self._current(head)
+                    if entry is not None:
+                        reason, owed = self._send(notifier, sender, entry)
+                except (KeyError, TypeError):  # (a row read whole that lacks what its kind reads: a digest's)
+                    log.exception("queued notification dropped: it cannot be read", notifier=name,
+                                  state_file=str(self.store.store.path), id=head.id)  # fmt: skip
+                    self._unreadable(name, head.id, head.table, now)
+                    continue
                 if entry is None:
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
                     with self._counts:
@@ -508,7 +511,6 @@ class Dispatcher:
                     log.info("queued notification dropped: its alerts changed state again since",
                              notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
                     continue
-                reason, owed = self._send(notifier, sender, entry)
                 now = self.clock.now().timestamp()
                 if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
@@ -533,6 +535,12 @@ class Dispatcher:
                 self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
                 delivered += 1
         return delivered
+
+    def _unreadable(self, name: str, entry_id: int, table: str, now: float) -> None:
+        """Drop a queued notification that cannot be read (counted): the queue goes on behind it."""
+        self._record(name, partial(self.store.delivered, entry_id, now, dropped=UNREADABLE, table=table))
+        with self._counts:
+            self.discarded["unreadable"] += 1
 
     # -- the kinds that are resent --
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from exporter.model.events import GroupEvent, read_event
 from exporter.state.file import StateFile
 from exporter.state.migrations import OUTBOXES
@@ -314,10 +316,9 @@ class AlertStore:
                     raise TypeError("not a digest")
                 return OutboxEntry(entry_id, name, NO_EVENT, attempts, next_attempt, digest, owed, created)
             event = read_event(text)
-            if not all("key" in alert and "starts_at" in alert for alert in event["alerts"]):
-                raise KeyError("an alert's key or start")  # (what a delivery reads of each)
+            msgspec.convert(event, GroupEvent)  # (every field a delivery reads, of its kind)
             return OutboxEntry(entry_id, name, event, attempts, next_attempt, None, owed, created)
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, msgspec.ValidationError) as error:
             raise UnreadableEntry(entry_id, table, error) from None
 
     def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
