@@ -41,6 +41,9 @@ def test_config_is_frozen() -> None:
         config.billing.page_size = 5  # type: ignore[misc]
 
 
+SPACE = "holds a space or a control character: percent-encode it (a space is %20)"
+
+
 @pytest.mark.parametrize(
     ("document", "expected"),
     [
@@ -59,11 +62,15 @@ def test_config_is_frozen() -> None:
         ({"billing": BILLING, "alerts": {"notifiers": [{"name": "s", "type": "slack", "url": "hooks.slack.com/T/B"}]}},
          "alerts.notifiers[0].url: must be an http:// or https:// URL"),  # (a secret: not shown)
         *(({"billing": BILLING, "alerts": {"notifiers": [{"name": "s", "type": kind, "url": url}]}},
-           "alerts.notifiers[0].url: holds a space, a control character or a character beyond ASCII: percent-encode"
-           " it (a space is %20), and write a host name beyond ASCII in its xn-- form")
-          for kind, url in [("slack", "https://hooks.slack.com/services/T0 B1/sEcReT"),
-                            ("webhook", "https://hooks.example.com/h?token=sEcReT&x=a\tb"),
-                            ("webhook", "https://hooks.example.com/höök")]),  # (HTTP sends none: not shown)
+           f"alerts.notifiers[0].url: {problem}")
+          for kind, url, problem in [
+              ("slack", "https://hooks.slack.com/services/T0 B1/sEcReT", SPACE),
+              ("webhook", "https://hooks.example.com/h?token=sEcReT&x=a\tb", SPACE),
+              ("webhook", "https://hooks.example.com/höök", "holds a character beyond ASCII outside its host name:"
+               " percent-encode it"),
+              ("webhook", "https://bot:pässword@hooks.example.com/h", "holds a character beyond ASCII outside its"
+               " host name: percent-encode it"),
+          ]),  # (HTTP sends none: the URL not shown)
         ({"billing": BILLING, "alerts": {"rules": [
             {"alert": "A", "signal": "spend", "threshold": 1, "annotations": {"runbook-url": "https://runbooks/a"}}]}},
          "alerts.rules[0] (alert A): annotation 'runbook-url' is not a valid annotation name (letters, digits and _,"
@@ -303,6 +310,13 @@ def test_problems_across_sections_come_with_the_others_each_at_its_location(tmp_
     ]
 
 
+def test_a_host_name_beyond_ascii_is_taken() -> None:
+    """Sent in its xn-- form (requests and http.client both write it so)."""
+    hook = {"name": "h", "type": "webhook", "url": "https://bücher.example/hook"}
+    config = validate({"billing": BILLING, "alerts": {"notifiers": [hook]}}, ENV)
+    assert config.alerts.notifiers[0].url == "https://bücher.example/hook"  # type: ignore[union-attr]
+
+
 def test_messages_never_carry_secret_values() -> None:
     details = errors_of({"billing": BILLING | {"page_size": "top-secret-value"}}, ENV)
     assert not any("top-secret-value" in d for d in details)
@@ -321,6 +335,15 @@ def test_a_secret_quoted_by_a_message_about_another_key_is_masked() -> None:
     assert "billing.timezone: unknown time zone '***'" in details
     assert any("'***'" in d and d.startswith("alerts.rules[0]") for d in details), details
     assert not any(secret[:5] in d for d in details)
+    for written in ("Zp9K\\q2Wx7Lm4", "Zp9K" * 30):  # (quoted escaped, as repr writes it; cut short at 80)
+        (told,) = errors_of({"billing": document["billing"]}, ENV | {"SECRET": written})
+        assert told == "billing.timezone: unknown time zone '***'"
+    # A placeholder (`rules` run where the credentials are not at hand) masks no piece of a word.
+    placeholder = {"billing": document["billing"] | {"timezone": "UTC"}, "alerts": {"rules": [
+        {"alert": "LatestSpend", "signal": "spend", "threshold": 1, "notifiers": ["pager"]}]}}  # fmt: skip
+    assert errors_of(placeholder, ENV | {"SECRET": "test"}) == [
+        "alerts.rules[0].notifiers[0] (alert LatestSpend): unknown notifier 'pager' (known: none)"
+    ]
 
 
 def test_substitution_inside_strings() -> None:
@@ -488,6 +511,16 @@ def test_a_webhook_url_carrying_a_token_written_in_the_file_is_warned_about(tmp_
         "alerts.notifiers[1].url: a secret is written in the config file; use ${VAR} or ${file:PATH}",
     ]
     assert {"https://hooks.slack.com/services/T/B/XXX", "token=abc"} <= set(config.secret_values())
+
+
+def test_a_password_in_any_notifier_s_address_is_a_secret_the_log_masks() -> None:
+    notifiers = [
+        {"name": "w", "type": "webhook", "url": "https://bot:webhook-pass@receiver.example/hook"},
+        {"name": "am", "type": "alertmanager", "urls": ["http://am-0:9093", "https://am:am-pass@am-1:9093"]},
+        {"name": "pd", "type": "pagerduty", "routing_key": "${KEY}", "url": "https://pd:pd-pass@events.example/v2"},
+    ]
+    config = validate({"billing": BILLING, "alerts": {"notifiers": notifiers}}, ENV | {"KEY": "k"})
+    assert {"webhook-pass", "am-pass", "pd-pass"} <= set(config.secret_values())
 
 
 def test_a_mapping_as_a_key_is_a_config_error_with_its_place(tmp_path: Path) -> None:

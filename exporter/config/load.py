@@ -7,7 +7,9 @@ place spelt most like it); secrets are `SecretStr` and never appear in a message
 
 from __future__ import annotations
 
+import ast
 import difflib
+import json
 import os
 import re
 import stat
@@ -24,8 +26,9 @@ from exporter.config.checks import cross_check, items, location, rule_name
 from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.decimals import WrittenFloat
+from exporter.core.fields import url_password
 from exporter.core.logs import get_logger
-from exporter.notifiers.webhook import url_password, webhook_secret
+from exporter.notifiers.webhook import webhook_secret
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
@@ -326,17 +329,41 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     return config
 
 
-MASKED_FROM = 4
-"""The shortest secret a message has masked (a shorter one would mask pieces of words)."""
+MASKED_QUOTED_FROM, MASKED_FROM = 4, 12
+"""The shortest secret masked in a quoted value, and anywhere in a message (where a shorter one, a
+placeholder such as `test`, would mask pieces of words)."""
+QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+"""A value a message quotes (`repr`'s form)."""
 
 
 def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
     """`errors` with the document's secrets masked (`***`): a message may quote a value of another
-    key that the same ${VAR} or ${file:} filled (a time zone, an address), which is then a secret."""
+    key that the same ${VAR} or ${file:} filled (a time zone, an address), which is then a secret;
+    or a part of it (a value cut short). A quoted value that holds a secret, or is part of one, is
+    masked whole; a long secret is masked wherever it is, escaped as `repr` and JSON write it too."""
     found = {value for _, value in secret_fields(Config, document) if isinstance(value, str)}
-    for secret in sorted((s for s in found if len(s) >= MASKED_FROM), key=len, reverse=True):
-        errors = [error.replace(secret, "***") for error in errors]
-    return errors
+    secrets = [s for s in found if len(s) >= MASKED_QUOTED_FROM]
+
+    def quoted(match: re.Match[str]) -> str:
+        value = match[1]
+        try:
+            unescaped = ast.literal_eval(match[0])  # (as repr wrote it)
+        except (ValueError, SyntaxError):
+            unescaped = value
+        for secret in secrets:
+            for seen in {value, unescaped}:
+                if (len(seen) >= MASKED_QUOTED_FROM and seen in secret) or secret in seen:
+                    return "'***'"
+        return match[0]
+
+    forms = {form for s in secrets if len(s) >= MASKED_FROM for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+    masked = []
+    for error in errors:
+        error = QUOTED.sub(quoted, error)
+        for form in sorted(forms, key=len, reverse=True):
+            error = error.replace(form, "***")
+        masked.append(error)
+    return masked
 
 
 def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:

@@ -77,15 +77,18 @@ class Strict(BaseModel):
 def _http_url(url: str) -> str:
     """An http:// or https:// URL with a host, and a port from 1 to 65535 if it has one (the URL is
     never in the message: it may hold a secret)."""
-    if not url.isascii() or not url.isprintable() or any(c.isspace() for c in url):
-        # (HTTP sends neither: a request to it would fail at every try, its error quoting the URL)
-        raise ValueError(
-            "holds a space, a control character or a character beyond ASCII: percent-encode it (a space is %20),"
-            " and write a host name beyond ASCII in its xn-- form"
-        )
+    # (HTTP sends none of these: a request would fail at every try, its error quoting the URL)
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise ValueError("holds a space or a control character: percent-encode it (a space is %20)")
     parts = urlsplit(url)
     if not re.match(r"^https?://[^/\s]+", url) or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL")
+    if not all(part.isascii() for part in (parts.path, parts.query, parts.fragment, parts.netloc.rpartition("@")[0])):
+        raise ValueError("holds a character beyond ASCII outside its host name: percent-encode it")
+    try:
+        parts.hostname.encode("idna")  # (a host name beyond ASCII is sent in its xn-- form)
+    except UnicodeError:
+        raise ValueError("its host name cannot be written in IDNA's xn-- form") from None
     try:
         port = parts.port
     except ValueError:
@@ -96,6 +99,14 @@ def _http_url(url: str) -> str:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def url_password(url: str) -> str:
+    """The password a URL carries for basic auth (`https://user:PASSWORD@host/`), "" if none."""
+    try:
+        return urlsplit(url).password or ""
+    except ValueError:  # (not a URL this can read: the config says so)
+        return ""
 
 
 def _secret_http_url(url: SecretStr) -> SecretStr:

@@ -16,7 +16,6 @@ from pydantic import Field
 from exporter.core.clock import iso
 from exporter.core.fields import HttpUrl
 from exporter.notifiers.kind import Delivery, NotifierModel, ResendKind
-from exporter.notifiers.webhook import url_password
 
 if TYPE_CHECKING:
     from exporter.alerts.alert import Alert
@@ -25,9 +24,6 @@ if TYPE_CHECKING:
 class AlertmanagerNotifier(NotifierModel):
     type: Literal["alertmanager"]
     urls: Annotated[tuple[HttpUrl, ...], Field(min_length=1)]
-
-    def plain_secrets(self) -> tuple[str, ...]:
-        return tuple(url_password(url) for url in self.urls)  # (basic auth's, in an address)
 
 
 RESEND = 60.0

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
-from exporter.core.fields import Name, Strict
+from exporter.core.fields import Name, Strict, url_password
 
 if TYPE_CHECKING:
     from exporter.alerts.alert import Alert
@@ -40,8 +40,10 @@ class NotifierModel(Strict):
         """Each kind's model declares it as a literal: its key in the registry."""
 
     def plain_secrets(self) -> tuple[str, ...]:
-        """Secrets in fields that are not `SecretStr` (a value a URL may carry)."""
-        return ()
+        """Secrets in fields that are not `SecretStr` (a value a URL may carry): here the password
+        for basic auth in its `url` or `urls`, whatever its kind."""
+        addresses = [getattr(self, "url", None), *getattr(self, "urls", ())]
+        return tuple(url_password(url) for url in addresses if isinstance(url, str))
 
 
 class Attempt(NamedTuple):

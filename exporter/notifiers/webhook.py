@@ -23,7 +23,7 @@ class WebhookNotifier(NotifierModel):
         secret = webhook_secret(self.url)
         path = urlsplit(self.url).path if secret == self.url else ""
         # (the path: the token under any scheme or host; a password: basic auth's)
-        return (secret, path if len(path) > 1 else "", url_password(self.url))
+        return (secret, path if len(path) > 1 else "", *super().plain_secrets())
 
 
 def webhook_secret(url: str) -> str:
@@ -33,14 +33,6 @@ def webhook_secret(url: str) -> str:
     if (parts.hostname or "").startswith("hooks."):
         return url
     return parts.query
-
-
-def url_password(url: str) -> str:
-    """The password a URL carries for basic auth (`https://user:PASSWORD@host/`), "" if none."""
-    try:
-        return urlsplit(url).password or ""
-    except ValueError:  # (not a URL this can read: the config says so)
-        return ""
 
 
 WEBHOOK_ALERTS = 100
