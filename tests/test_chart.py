@@ -335,6 +335,17 @@ def test_a_hostile_endpoint_id_is_escaped() -> None:
     assert {e.tag for e in chart.elements} <= {"svg", "defs", "pattern", "rect", "line", "text", "g"}
 
 
+def test_charges_of_no_endpoint_are_named_so() -> None:
+    """A fee the bills tie to no endpoint (an empty `instanceId`): its bar and its legend entry say
+    "(no endpoint)", not a blank name."""
+    rows = [(1, "", "P", "proj", "10"), (2, "ep-1", "P", "proj", "5")]
+    page = month_chart(month_of("2026-11", TODAY, rows), TODAY, [])
+    chart = parse_chart(page)
+    bar = next(b for b in chart.bars if b.attrs["data-endpoint"] == "")
+    assert bar.title == "(no endpoint), 2026-11-01: 10.00"
+    assert "(no endpoint): 10.00 this month" in page
+
+
 def test_no_bills_yet() -> None:
     assert month_chart(month_of("2026-11", TODAY, []), TODAY, [("monthly", Decimal(100))]) == "<p>No bills yet.</p>"
     page = landing_page(View(Latest(), lambda accept: (b"", ""), lambda: ["bills"]))

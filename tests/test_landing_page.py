@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -281,6 +282,15 @@ def test_past_rows_firing_alerts_the_page_shows_the_latest_fired_and_links_to_th
     latest = sorted((a for a in alerts if a.state == "firing"), key=lambda a: -(a.fired_at or 0))[:ROWS]
     assert ALERT_ROW.findall(part) == [a.labels["endpoint_id"] for a in alerts if a in latest]  # in the list's order
     assert MORE.findall(part) == [("5", "/api/v1/alerts")]
+
+
+def test_a_gap_of_no_endpoint_is_named_so() -> None:
+    latest = snapshot(1)
+    assert latest.reconciliation is not None
+    fee = AmountGap(DAYS[0], "", Decimal("3.00"), Decimal(0), None)  # (billed, of a fee: nothing counted)
+    latest.reconciliation = replace(latest.reconciliation, amounts=(fee,))
+    part = section(landing_page(view_of(latest)), "Bill against usage")
+    assert f"<td>{DAYS[0]}</td><td>(no endpoint)</td><td>amount</td>" in part
 
 
 def test_past_rows_disagreeing_figures_the_page_shows_the_largest_gaps_newest_day_first() -> None:

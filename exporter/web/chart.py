@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.core.clock import days_in_period, first_day
-from exporter.core.words import counted
+from exporter.core.words import NO_ENDPOINT, counted
 from exporter.model.snapshots import MonthBills
 
 TOP_ENDPOINTS = 8
@@ -163,7 +163,7 @@ def _day_bar(day: dt.date, segments: list[_Segment], frame: _Frame, is_today: bo
         if segment.endpoint is None:
             name, who, colour = f"other ({counted(segment.endpoints, 'endpoint')})", 'data-group="other"', OTHER_COLOUR
         else:
-            name, who = segment.endpoint, f'data-endpoint="{_esc(segment.endpoint)}"'
+            name, who = segment.endpoint or NO_ENDPOINT, f'data-endpoint="{_esc(segment.endpoint)}"'
             colour = COLOURS[segment.rank % len(COLOURS)]
         out.append(
             f'<rect class="bar" data-day="{iso}" {who} data-amount="{segment.amount:f}" x="{x}" '
@@ -301,7 +301,11 @@ def month_chart(
             headline += f" ({_money(rate)}/day over the {days_left} day{'s' if days_left > 1 else ''} left)"
 
     entries = [
-        (_swatch(COLOURS[index % len(COLOURS)]), key, f"{key}: {_money(totals[key])} this month")
+        (
+            _swatch(COLOURS[index % len(COLOURS)]),
+            key or NO_ENDPOINT,
+            f"{key or NO_ENDPOINT}: {_money(totals[key])} this month",
+        )
         for index, key in enumerate(shown)
     ]
     if others:

@@ -14,7 +14,7 @@ from decimal import Decimal
 from exporter import __version__
 from exporter.config.schema import BudgetConfig
 from exporter.core.fields import scope_values
-from exporter.core.words import counted
+from exporter.core.words import NO_ENDPOINT, counted
 from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_figures
 from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, SourceHealth, TokenGap
@@ -57,8 +57,9 @@ def _gap_row(gap: TokenGap | AmountGap) -> str:
             f"<td>{gap.counted}</td><td class=bad>{_gap(gap.ratio)}</td></tr>"
         )
     return (
-        f"<tr><td>{gap.day}</td><td>{html.escape(gap.endpoint_id)}</td><td>amount</td><td>{gap.billed:f}</td>"
-        f"<td>{gap.estimated.quantize(Decimal('0.01'))}</td><td class=bad>{_gap(gap.ratio)}</td></tr>"
+        f"<tr><td>{gap.day}</td><td>{html.escape(gap.endpoint_id or NO_ENDPOINT)}</td><td>amount</td>"
+        f"<td>{gap.billed:f}</td><td>{gap.estimated.quantize(Decimal('0.01'))}</td>"
+        f"<td class=bad>{_gap(gap.ratio)}</td></tr>"
     )
 
 
