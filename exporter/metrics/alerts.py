@@ -75,7 +75,7 @@ class _Figures:
     pending: tuple[tuple[str, int], ...]
     """Per outbox notifier, its backlog; none when the state file cannot say."""
     written: float
-    """1.0 if the last write to the state file succeeded, else 0.0."""
+    """0.0 while a save to the state file that failed has not been made since, else 1.0."""
     accounts_written: tuple[tuple[str, float], ...]
 
 
@@ -117,8 +117,8 @@ class _Notifications(Collector):
             pending.add_metric([name], backlog)
         state = GaugeMetricFamily(
             "inference_exporter_state_write_success",
-            "1 if the last write to the state file succeeded, else 0 (alert states and the usage cursor are"
-            " then not saved; the log names the file and the fault).",
+            "0 while a save to the state file that failed (of the usage, the alerts, the outbox...) has not"
+            " been made since, else 1 (what failed is not saved; the log names the file and the fault).",
         )
         state.add_metric([], figures.written)
         for account, written in figures.accounts_written:
