@@ -494,6 +494,23 @@ def test_a_day_whose_last_pull_never_succeeds_leaves_no_previous_day_rather_than
     assert snapshot.previous_day is None  # never the 21st's figures, as if they were the day before
 
 
+def test_a_process_that_stood_still_over_a_day_shows_no_day_before_yesterday_as_the_previous_day(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    """Polled last on the 21st, next on the 23rd (a machine suspended, a process stopped by a
+    debugger): the 21st is finalised, but it is not the day before."""
+    frozen.set(dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC))
+    sim.add_usage(40, dt.date(2026, 11, 21))
+    sync = make_sync(fake_pages, clock, store)
+    sync.refresh()
+    sim.add_usage(5, dt.date(2026, 11, 21))
+    frozen.set(dt.datetime(2026, 11, 22, 16, 1, tzinfo=dt.UTC))  # the 23rd in Shanghai
+    sim.add_usage(11, dt.date(2026, 11, 23))
+    snapshot = sync.refresh()
+    assert (snapshot.day, snapshot.records) == (dt.date(2026, 11, 23), 11)
+    assert snapshot.previous_day is None
+
+
 def test_a_restart_resumes_from_sqlite_without_a_full_pull(
     sim: Simulator, fake_pages: FakeBilling, clock: Clock, tmp_path: Path
 ) -> None:

@@ -290,8 +290,12 @@ class UsageSync(UsageReader):
                         raise
                     log.error("usage day could not be finalised; moving on to today",
                               day=self._day, tries=self._finalise_failures)  # fmt: skip
-                    self._previous = None  # (the day before it is not the day before today)
             self._day, self._finalise_failures = None, 0
+            if self._previous is not None and self._previous[0] != today - dt.timedelta(days=1):
+                # Not the day before today: the day before it, whose last pull was given up (the
+                # one before that is still held), or a day a process that stood still over a
+                # whole day finalised. Yesterday's figures are shown by no gauge rather than those.
+                self._previous = None
         if self._day is None:
             self._begin(today)
             # Nothing at a rollover; after a restart that reads the day afresh (its settings
