@@ -76,6 +76,8 @@ class Receiver:
         self.gets = 0
         self.on_post: Callable[[], object] | None = None
         """Called as each POST arrives, before it is answered."""
+        self.answers: list[tuple[int, dict[str, str]]] = []
+        """Answers (a status, its headers) given to the next POSTs, in turn, before any other."""
         self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,6 +95,16 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if receiver.on_post is not None:
                     receiver.on_post()
+                with receiver._lock:
+                    scripted = receiver.answers.pop(0) if receiver.answers else None
+                    receiver.attempts += scripted is not None
+                if scripted is not None:
+                    status, headers = scripted
+                    self.send_response(status)
+                    for name, value in {**headers, "Content-Length": "0"}.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    return
                 if receiver.redirect_to:
                     with receiver._lock:
                         receiver.attempts += 1

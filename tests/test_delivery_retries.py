@@ -5,13 +5,15 @@ notification outright has it dropped and counted as discarded."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
+from email.utils import format_datetime
 
 import pytest
 
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
-from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, Dispatcher
+from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, WAIT_ASKED_MAX, Dispatcher
 from exporter.sim import Simulator
 from exporter.state import AlertStore, StateStore
 from tests.conftest import SHANGHAI
@@ -101,3 +103,37 @@ def test_a_queued_notification_that_cannot_be_read_is_dropped_and_the_next_goes_
     assert discarded["unreadable"] == 1
     assert len(receiver.bodies()) == (2 if damage.startswith("a digest") else 1)  # (the alerts' two, whole)
     assert dispatcher.pending() == {}
+
+
+def test_a_refusal_after_the_receiver_was_down_is_one_refusal_not_the_last_try(
+    frozen: FrozenClock, receiver: Receiver, queued: tuple[Dispatcher, AlertStore]
+) -> None:
+    """Six 503s (the receiver down), then one 404 (an ingress in a rollout), then the receiver back:
+    the notification is delivered; it is given up only after GIVE_UP_AFTER refusals in a row."""
+    dispatcher, _ = queued
+    receiver.answers = [(503, {})] * 6 + [(404, {})]
+    for _ in range(8):
+        dispatcher.deliver()
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
+    sent, _, discarded = dispatcher.counts()
+    assert (sent["hook"], discarded["refused"], len(receiver.bodies())) == (1, 0, 1)
+
+
+@pytest.mark.parametrize("asked", ["600", "an HTTP date 600 s on"])
+def test_a_receiver_that_asks_to_wait_is_not_tried_again_sooner(
+    frozen: FrozenClock, receiver: Receiver, queued: tuple[Dispatcher, AlertStore], asked: str
+) -> None:
+    dispatcher, store = queued
+    wait = 600.0
+    when = format_datetime(dt.datetime.fromtimestamp(time.time() + wait, dt.UTC), usegmt=True)
+    receiver.answers = [(429, {"Retry-After": "600" if asked == "600" else when})]
+    dispatcher.deliver()
+    head = store.head("hook")
+    assert head is not None
+    assert head.next_attempt - frozen().timestamp() >= wait - 5  # (an HTTP date: to the second)
+    receiver.answers = [(503, {"Retry-After": str(10 * 86400)})]  # (a day and more: an hour at most)
+    frozen.set(dt.datetime.fromtimestamp(head.next_attempt + 1, dt.UTC))
+    dispatcher.deliver()
+    head = store.head("hook")
+    assert head is not None
+    assert head.next_attempt - frozen().timestamp() == pytest.approx(WAIT_ASKED_MAX, abs=1)

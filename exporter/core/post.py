@@ -14,12 +14,15 @@ bundle are honoured as `requests` would.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import http.client
 import json
 import os
 import socket
 import ssl
+import time
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -36,6 +39,24 @@ MAX_ANSWER = 64 * 1024
 class Answer:
     status: int
     location: str = ""
+    retry_after: float | None = None
+    """The seconds its `Retry-After` asks to wait (as seconds or as an HTTP date), if it says."""
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """A `Retry-After` header's wait in seconds from `now` (never below 0); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # (an HTTP date is GMT)
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, when.timestamp() - now)
 
 
 class DeadlineExceeded(Exception):
@@ -142,7 +163,8 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
         answer = response.read(MAX_ANSWER)
         if response.length and len(answer) < MAX_ANSWER:  # the connection ended before the answer did
             raise http.client.IncompleteRead(answer, response.length)
-        return Answer(response.status, response.getheader("Location") or "")
+        asked = retry_after(response.getheader("Retry-After"), time.time())
+        return Answer(response.status, response.getheader("Location") or "", asked)
     except (OSError, http.client.HTTPException):
         if timer.passed:  # cut, or a socket timeout (set to the time left) that came before the cut
             raise DeadlineExceeded(f"no complete answer within {deadline:g}s") from None

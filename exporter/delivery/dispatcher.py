@@ -14,7 +14,8 @@ delivered right after the receiver's 2xx, so nothing is sent twice for one state
 as that 2xx tells (for email: the SMTP server's answer to the message; every attempt at one
 notification has the same Message-ID, as a webhook's has the same `notificationId`). A
 notification the receiver refuses outright (an HTTP 3xx or 4xx, an SMTP 5xx) is dropped after
-GIVE_UP_AFTER attempts; other failures are retried until they succeed.
+GIVE_UP_AFTER refusals in a row; other failures are retried until they succeed, no sooner than a
+429's or a 503's `Retry-After` asks.
 """
 
 from __future__ import annotations
@@ -53,9 +54,12 @@ POLL = 2.0
 BACKOFF_FIRST = 5.0
 BACKOFF_MAX = 300.0
 GIVE_UP_AFTER = 5
-"""Attempts after which a notification the receiver refuses outright (a 3xx, a 4xx but 408/429, an
-SMTP 5xx to its sender, recipients or data) is dropped, so one bad message cannot block its
-notifier's queue for ever."""
+"""Refusals in a row after which a notification the receiver refuses outright (a 3xx, a 4xx but
+408/429, an SMTP 5xx to its sender, recipients or data) is dropped, so one bad message cannot
+block its notifier's queue for ever. (Counted in memory: the tries a receiver that was down
+failed do not count, nor those before a restart.)"""
+WAIT_ASKED_MAX = 3600.0
+"""The longest a receiver's `Retry-After` (on a 429 or a 503) holds its queue back."""
 
 USER_AGENT = f"inference-cost-exporter/{__version__}"
 T = TypeVar("T")
@@ -178,6 +182,10 @@ class Dispatcher:
         self.failed: dict[str, int] = {}
         self.discarded: dict[str, int] = dict.fromkeys(DISCARDED, 0)
         """Notifications never delivered, and why (a DISCARDED reason)."""
+        self._refusals: dict[tuple[str, int], int] = {}
+        """Per queued notification (its table and id), the refusals in a row it met (`GIVE_UP_AFTER`)."""
+        self._asked: dict[str, float] = {}
+        """Per notifier, the wait its receiver asked for in its last answer (`Retry-After`)."""
         self._notifiers: dict[str, NotifierConfig] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._workers: dict[str, _Worker] = {}
@@ -317,6 +325,8 @@ class Dispatcher:
             if 200 <= answer.status < 300:
                 return self.outcome(notifier, None, target)
             reason = f"HTTP {answer.status}"
+            if answer.status in (429, 503) and answer.retry_after is not None:
+                self._asked[notifier] = max(self._asked.get(notifier, 0.0), min(answer.retry_after, WAIT_ASKED_MAX))
             if 300 <= answer.status < 400:
                 reason += f" (redirect to {_where(answer.location)}; a notification is never followed)"
         return self.outcome(notifier, reason, target)
@@ -495,6 +505,7 @@ class Dispatcher:
                     if given:
                         self.poke()
                     continue
+                self._asked.pop(name, None)
                 try:
                     entry = head if head.digest is not None else self._current(head)
                     if entry is not None:
@@ -505,6 +516,7 @@ class Dispatcher:
                     self._unreadable(name, head.id, head.table, now)
                     continue
                 if entry is None:
+                    self._refusals.pop((head.table, head.id), None)
                     self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
                     with self._counts:
                         self.discarded["superseded"] += 1
@@ -512,24 +524,25 @@ class Dispatcher:
                              notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
                     continue
                 now = self.clock.now().timestamp()
-                if reason is not None and _refused(reason) and entry.attempts + 1 >= GIVE_UP_AFTER:
+                which = (entry.table, entry.id)
+                earlier = self._refusals.pop(which, 0)  # (any other outcome ends the row of refusals)
+                refusals = earlier + 1 if reason is not None and _refused(reason) else 0
+                if reason is not None and refusals >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
                     self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
                     with self._counts:
                         self.discarded["refused"] += 1
                     continue
+                if refusals:
+                    self._refusals[which] = refusals
+                retry = now + max(_backoff(entry.attempts), self._asked.pop(name, 0.0))
                 if reason is not None and (owed or entry.recipients):
                     # Owed to some recipients only (others took it): retried apart, holding nothing back.
-                    failed = partial(
-                        self.store.failed, entry.id, now + _backoff(entry.attempts), reason, recipients=owed
-                    )
-                    self._record(name, partial(failed, table=entry.table))
+                    self._record(name, partial(self.store.failed, entry.id, retry, reason, recipients=owed,
+                                               table=entry.table))  # fmt: skip
                     continue
                 if reason is not None:
-                    failed = partial(
-                        self.store.failed, entry.id, now + _backoff(entry.attempts), reason, table=entry.table,
-                        recipients=owed,
-                    )  # fmt: skip
+                    failed = partial(self.store.failed, entry.id, retry, reason, table=entry.table, recipients=owed)
                     self._record(name, failed)
                     break
                 self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))

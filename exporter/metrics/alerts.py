@@ -102,7 +102,7 @@ class _Notifications(Collector):
             "inference_alert_notifications_discarded",
             "Queued notifications never delivered: reason=notifier_removed (their notifier left the config, or"
             " for a digest digest.notifiers), superseded (their alerts changed state again before delivery),"
-            " refused (their receiver refused them outright 5 times, or the email recipients still owed them"
+            " refused (their receiver refused them outright 5 times in a row, or the email recipients still owed them"
             " for a day), unreadable (their row in the state file could not be read).",
             labels=["reason"],
         )
