@@ -12,9 +12,10 @@ import sqlite3
 import ssl
 import time
 from collections.abc import Sequence
-from email import policy
+from email import message_from_bytes, policy
 from email.message import EmailMessage
 from email.parser import BytesParser
+from email.policy import default
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,18 @@ def test_a_lone_surrogate_from_the_api_cannot_make_a_message_that_never_sends() 
     subject, text, html = email.alert_message(event, EXTERNAL_URL)
     raw = build(notifier(1), subject, text, html, "<a@b>").as_bytes()
     assert b"ep-?-x" in raw
+
+
+def test_a_message_beyond_ascii_goes_in_seven_bit_lines() -> None:
+    """Labels and summaries in any script: the body is quoted-printable, so a server that does not
+    offer 8BITMIME (RFC 6152) takes it as it is."""
+    event = group(team="財務 · équipe")
+    event["alerts"][0]["annotations"]["summary"] = "ep-0 spent ¥12.00 today"
+    subject, text, html = email.alert_message(event, EXTERNAL_URL)
+    raw = build(notifier(1), subject, text, html, "<a@b>").as_bytes()
+    assert raw.isascii()
+    parsed = message_from_bytes(raw, policy=default)
+    assert "財務 · équipe" in parsed.get_body(("plain",)).get_content()  # type: ignore[union-attr]
 
 
 def test_message_ids_are_stable_per_notification_and_differ_between_them() -> None:

@@ -18,3 +18,13 @@ def test_the_severity_label_is_taken_in_any_case(label: str | None, severity: st
     body = pagerduty_payload(group("firing", **({} if label is None else {"severity": label})), "rk", "")
     assert body is not None
     assert body["payload"]["severity"] == severity
+
+
+@pytest.mark.parametrize("summary", ["", "   "])
+def test_a_blank_summary_is_the_alert_name_as_pagerduty_requires_one(summary: str) -> None:
+    """A summary template that renders to nothing (`{endpoint_id}` of the charges of no endpoint)."""
+    event = group("firing")
+    event["alerts"][0]["annotations"]["summary"] = summary
+    body = pagerduty_payload(event, "rk", "")
+    assert body is not None
+    assert body["payload"]["summary"] == "SpendHigh"

@@ -41,7 +41,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
         return body
     alerts, total = event["alerts"], event["total"]
     first = alerts[0]
-    summary = first["annotations"].get("summary", event["alertname"])
+    summary = first["annotations"].get("summary", "").strip() or event["alertname"]  # (PagerDuty requires one)
     if total > 1:
         summary = f"{event['alertname']}: {total} alerts firing: {summary}, {more(1, total)}"
     severity = first["labels"].get("severity", "warning").lower()

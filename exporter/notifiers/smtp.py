@@ -47,8 +47,9 @@ def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, mess
     message["Subject"] = line(_encodable(subject))
     message["Date"] = formatdate(usegmt=True)
     message["Message-ID"] = message_id
-    message.set_content(_encodable(text))
-    message.add_alternative(_encodable(html_body), subtype="html")
+    # Quoted-printable: 7-bit lines whatever the labels hold, for a server without 8BITMIME too.
+    message.set_content(_encodable(text), cte="quoted-printable")
+    message.add_alternative(_encodable(html_body), subtype="html", cte="quoted-printable")
     return message
 
 
