@@ -302,6 +302,38 @@ def test_a_wait_the_api_asked_for_holds_the_client_a_reload_builds_in_its_place(
         daemon.stop()
 
 
+def test_a_short_wait_asked_of_a_client_a_reload_closed_is_waited_out_by_the_one_made_in_its_place(
+    sim: Simulator, config: Config, clock: Clock, sleeps: Sleeps
+) -> None:
+    """A 429 asking for 20 s while the old client waits to retry; a reload closes it: the new one
+    does not ask before those 20 s are over either (it waits them out, then asks)."""
+
+    def reload(seconds: float) -> None:  # (the old client's retry pause, cut by a reload's close)
+        sleeps.append(seconds)
+        old.close()
+
+    old = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=reload))
+    asked_before_the_wait: list[int] = []
+
+    def wait(seconds: float) -> None:
+        sleeps.append(seconds)
+        asked_before_the_wait.append(sim.requests_served["/api/v1/bills/details"])
+
+    new = BillingClient.from_config(config.billing, clock, retry=RetryPolicy(sleep=wait))
+    new.carry_over(old)
+    sim.inject(Fault("status", status=429, retry_after=20, times=1))
+    with pytest.raises(ClientClosed):
+        old.bills("2026-11", GROUP_TERM_ITEM)
+    assert sleeps == [20.0]
+    served = sim.requests_served["/api/v1/bills/details"]
+    with new:
+        assert new.bills("2026-11", GROUP_TERM_ITEM)
+    assert len(sleeps) == 2
+    assert 19 < sleeps[1] <= 20  # what was left of the 20 s, waited before the new client's first request
+    assert asked_before_the_wait == [served]
+    assert sim.requests_served["/api/v1/bills/details"] > served
+
+
 def test_a_wait_asked_for_in_answer_to_a_client_closed_meanwhile_holds_the_one_made_in_its_place(
     sim: Simulator, config: Config, clock: Clock, sleeps: Sleeps
 ) -> None:

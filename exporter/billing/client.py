@@ -131,7 +131,7 @@ class BillingClient(Listings):
         self._closed = threading.Event()
         self._not_before: dict[str, float] = {}
         """Per listing (`bills`, `usages`), when the API said it may be asked again (monotonic
-        seconds), where it asked for more than MAX_RETRY_AFTER."""
+        seconds): a wait of up to MAX_RETRY_AFTER is waited out, a longer one refused (`AskedToWait`)."""
         self._arrivals: set[SimpleQueue[Future[Any] | None]] = set()
         """The queues pages arrive in, one per read under way (`_many`): a close puts None in each,
         so that a read waiting on pages wakes at once (cancelled pages would wake it too, but not
@@ -196,10 +196,14 @@ class BillingClient(Listings):
     def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
         what = self._request(path)
         attempt = corrected = 0
+        held = self._not_before.get(api, 0.0) - time.monotonic()
+        if held > MAX_RETRY_AFTER:
+            raise AskedToWait(f"{what}: the API asked not to be asked again for {held:.0f}s more (Retry-After)")
+        if held > 0:  # (a short wait asked in answer to another request, or to the client a reload replaced)
+            self._pause(held)
+            if self._closed.is_set():
+                raise ClientClosed(f"{what}: the client was closed (config reload)")
         while True:
-            held = self._not_before.get(api, 0.0) - time.monotonic()
-            if held > 0:
-                raise AskedToWait(f"{what}: the API asked not to be asked again for {held:.0f}s more (Retry-After)")
             offset = self._clock_offset()
             try:
                 return self._attempt(api, path, params, what)
@@ -211,6 +215,9 @@ class BillingClient(Listings):
                 corrected = 1
             except _Retryable as failure:
                 attempt += 1
+                if failure.retry_after:  # (kept, and shared with the client a reload makes: `carry_over`)
+                    until = time.monotonic() + min(failure.retry_after, MAX_HOLD)
+                    self._not_before[api] = max(self._not_before.get(api, 0.0), until)
                 wait = failure.retry_after if (failure.retry_after or 0) > MAX_RETRY_AFTER else None
                 if wait is not None:  # (held by a client closed meanwhile too: the one a reload made shares it)
                     held = min(wait, MAX_HOLD)
@@ -232,7 +239,11 @@ class BillingClient(Listings):
                     ) from None
                 pause = self.retry.delay(attempt, failure.retry_after)
                 log.debug("retrying", api=api, attempt=attempt, reason=str(failure), after_seconds=round(pause, 2))
-                (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(pause)
+                self._pause(pause)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait, cut short by `close` (or the tests' sleep)."""
+        (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(seconds)
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> tuple[int, bytes]:
         """One request. It is signed before it waits for a slot, so that a slot (a request in
