@@ -131,6 +131,29 @@ def test_the_weekly_digest_judges_every_day_of_its_week_and_a_missing_day_makes_
     assert d["yesterday"] == "300.00"
 
 
+def without_day(latest: Latest, day: dt.date) -> Latest:
+    """`latest` with no bills held for `day` (a failed fetch, a month no longer held)."""
+    assert latest.bills is not None
+    current = latest.bills.current
+    holed = replace(
+        current,
+        by_item=tuple(a for a in current.by_item if a.day != day),
+        by_endpoint=tuple(a for a in current.by_endpoint if a.day != day),
+    )
+    latest.bills = BillsSnapshot((holed,), latest.bills.today)
+    return latest
+
+
+def test_the_top_figures_are_of_whole_spans_never_of_some_of_their_days() -> None:
+    """A day of the week before not held: the week's top figures have no change (one against six
+    days is no change); a day of the week itself not held: no top figures (some days are no week)."""
+    d = build(without_day(month(), dt.date(2026, 11, 10)), schedule="weekly", sent_on=SENT_ON)
+    assert [e["amount"] for e in d["top_endpoints"]] == ["700.00", "500.00"]
+    assert {e["change_percent"] for e in [*d["top_endpoints"], *d["top_items"]]} == {None}
+    d = build(without_day(month(), dt.date(2026, 11, 18)), schedule="weekly", sent_on=SENT_ON)
+    assert (d["spend"], d["top_endpoints"], d["top_items"]) == (None, [], [])
+
+
 def test_on_the_first_the_month_that_ended_is_told_against_each_monthly_budget() -> None:
     november = month(days=30)
     assert november.bills is not None
