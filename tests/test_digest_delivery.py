@@ -185,6 +185,30 @@ def test_a_start_long_after_the_time_still_waits_for_the_bills(
         daemon.stop()
 
 
+@pytest.mark.parametrize("bills", ["come late", "never come"])
+def test_a_start_near_the_end_of_the_late_window_waits_for_the_bills_past_it(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, bills: str
+) -> None:
+    """Back at 20:45 for a digest at 09:00 (within its 12 hours late): it waits for the bills, past
+    21:00 too, and goes when they come, or with what there is after its hour's wait."""
+    doc = document(sim, None, tmp_path, hook(None))
+    frozen.set(dt.datetime(2026, 11, 22, 20, 45, tzinfo=clock.tz))
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
+    try:
+        evaluate(daemon, bills=False)
+        for _ in range(10):  # to 21:35: half a day past 09:00 since 21:00
+            frozen.advance(dt.timedelta(minutes=5))
+            evaluate(daemon, bills=False)
+        assert digests_told(daemon) == []
+        frozen.advance(dt.timedelta(minutes=5 if bills == "come late" else 15))  # 21:40, or 21:50
+        evaluate(daemon, bills=bills == "come late")
+        (body,) = digests_told(daemon)
+        assert body["day"] == YESTERDAY.isoformat()
+        assert (body["yesterday"] is None) == (bills == "never come")
+    finally:
+        daemon.stop()
+
+
 def test_it_waits_for_todays_bills_then_goes_with_what_there_is(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

@@ -123,6 +123,9 @@ class DigestQueue:
         self._appeared: dict[str, dt.datetime] = {}
         """When each account was first looked at for a digest (at the start, or when a reload added
         it): its wait for the day's bills counts from then."""
+        self._due: tuple[str, dt.date, dt.datetime] | None = None
+        """The schedule and send day last found due, and when first: found near the end of the time
+        it may be sent late in, it stays due while the digests wait for the day's bills."""
 
     def _told(
         self, dispatcher: Dispatcher, sources: Sources, account: Account, ids: tuple[str, ...],
@@ -189,8 +192,14 @@ class DigestQueue:
             return False
         now = self.clock.now()
         sent_on = digest_due(config, now, self.clock)
+        if sent_on is None and self._due is not None:
+            schedule, day, since = self._due
+            if schedule == config.schedule and now - since < dt.timedelta(seconds=2 * DIGEST_WAIT):
+                sent_on = day  # (its wait began in time: it goes when the bills come, or with what there is)
         if sent_on is None:
             return False
+        if self._due is None or self._due[:2] != (config.schedule, sent_on):
+            self._due = (config.schedule, sent_on, now)
         queued = False
         if (self._made_on, self._made_for) != (sent_on, sources):  # (a reload may give a name to another account)
             self._made, self._made_on, self._made_for = set(), sent_on, sources
