@@ -48,9 +48,12 @@ def days_of(first: dt.date, last: dt.date) -> list[dt.date]:
     return [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
 
 
+@pytest.mark.parametrize("slow", [None, "1d", "2d"])
 def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
-    history: Simulator, fake: FakeBilling, clock: Clock
+    history: Simulator, fake: FakeBilling, clock: Clock, slow: str | None
 ) -> None:
+    """(`slow`: beside them, a rule that never fires, whose `for` is a day or more: it changes
+    nothing of when the others fire.)"""
     threshold = Decimal(160)
     budget = spent(history, dt.date(2026, 9, 1)) * 30  # a month's budget somewhere inside September's spend
     team = history.endpoints[1].endpoint_id
@@ -72,6 +75,8 @@ def test_backtest_fires_what_the_figures_say_on_the_day_they_say_it(
                     {"alert": "Requests", "signal": "requests", "threshold": 1},
                     {"alert": "TeamBudget", "budget": "team", "tiers": [1.0]},
                     {"alert": "ModelBudget", "budget": "model-a", "tiers": [1.0]},
+                    *([{"alert": "Slow", "signal": "spend", "window": "month", "threshold": "1e12", "for": slow}]
+                      if slow else []),
                 ]
             },
         },

@@ -174,7 +174,12 @@ def replay(
         while day <= min(end + dt.timedelta(days=1), today):
             period = f"{day:%Y-%m}"
             held = periods_before(period, config.billing.history_months)
-            evening = [] if day > end else [24 * 3600 - 1 - hold, 24 * 3600 - 1] if hold else [24 * 3600 - 1]
+            # The day's bills judged as its end nears, and once more `hold` later (a `for` waited
+            # out); never before the day began (a `for` of a day or more waits across days instead).
+            closing_second = 24 * 3600 - 1.0
+            evening = (
+                [] if day > end else [max(30.0, closing_second - hold), closing_second] if hold else [closing_second]
+            )
             for upto, seconds in [(day - dt.timedelta(days=1), 30.0)] + [(day, s) for s in evening]:
                 latest.history = HistorySnapshot(
                     MappingProxyType({p: months[p] for p in held if p in months}),
