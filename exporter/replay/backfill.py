@@ -266,9 +266,13 @@ class _Writer:
         for value, since, until in segments:
             first = since + max(0, -(-(self.start - since) // step)) * step
             stop = min(until, self.end)
-            times = list(range(first, stop, step))
+            times: list[int | str] = list(range(first, stop, step))
             if len(times) > 1 and times[-1] != stop - step:
-                times[-1] = stop - step  # seen until `stop`, not after: a day of 23.5 hours, an end off the hour
+                times[-1] = stop - step  # seen until `stop`: a day of 23.5 hours, an end off the hour
+            if times and times[-1] == stop - step:
+                # A millisecond earlier: seen until just before `stop`, never at it (Prometheus 2
+                # takes both ends of a window: yesterday's series and today's would be found at once).
+                times[-1] = f"{stop - step - 1}.999"
             if times:
                 prefix = f"{name}{{{text}}} {value} "
                 self.out.write("".join(f"{prefix}{t}\n" for t in times))
