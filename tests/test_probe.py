@@ -140,10 +140,20 @@ def test_a_run_is_timed_on_the_clock_it_is_given(sim: Simulator, stream: bool) -
     if stream:
         assert (last.time_to_headers, last.time_to_first_token) == (0, pytest.approx(0.05))
         assert last.max_chunk_gap == pytest.approx(0.01)
-        assert last.output_tokens_per_second == pytest.approx(2 / 0.01)  # tokens over the decode time
+        # The token after the first, over the 10 ms it took (one a 10 ms is 100 a second).
+        assert last.output_tokens_per_second == pytest.approx(1 / 0.01)
     else:
         assert (last.time_to_headers, last.time_to_first_token, last.max_chunk_gap) == (pytest.approx(0.06), None, None)
         assert last.output_tokens_per_second == pytest.approx(2 / 0.06)  # over the whole run
+
+
+def test_tokens_that_come_at_once_tell_no_decode_rate(sim: Simulator) -> None:
+    """A proxy that buffers the stream hands every token over in one burst: no rate (it was 36,821
+    tokens a second), rather than one nothing measured."""
+    sim.time_to_first_token, sim.chunk_delay = 0.05, 0.0
+    last = in_process(sim, stream=True).run().last
+    assert (last.success, last.completion_tokens) == (True, 2)
+    assert last.output_tokens_per_second is None
 
 
 @pytest.mark.parametrize("cut", CUTS)

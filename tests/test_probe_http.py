@@ -408,28 +408,62 @@ def test_each_wait_on_the_wire_ends_at_the_deadline_of_the_runs_phase(
         assert last.max_chunk_gap >= 0.4
 
 
+WHOLE = {"id": "x", "object": "chat.completion", "model": "ep",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "stop"}],
+          "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}  # fmt: skip
+EVENTS = [
+    {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
+    {
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+    },
+]
+
+
+def events(*payloads: object) -> Callable[[], Iterator[bytes]]:
+    return lambda: (f"data: {p if isinstance(p, str) else json.dumps(p)}\n\n".encode() for p in payloads)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_an_answer_of_a_length_on_a_connection_the_server_then_closes_is_read_whole(stream: bool) -> None:
     """`Connection: close` with a `Content-Length` (a proxy's, an HTTP/1.0 server's): the socket is
     gone once the body is read, which the next read's timeout must not trip on."""
-    events = [
-        {"choices": [{"index": 0, "delta": {"content": "pong"}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 5, "completion_tokens": 1}},
-    ]  # fmt: skip
-    answer = {"id": "x", "object": "chat.completion", "model": "ep",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "pong"}, "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}  # fmt: skip
-
-    def body() -> Iterator[bytes]:
-        if stream:
-            yield from (f"data: {data}\n\n".encode() for data in [*map(json.dumps, events), "[DONE]"])
-        else:
-            yield json.dumps(answer).encode()
-
+    body = events(*EVENTS, "[DONE]") if stream else (lambda: iter([json.dumps(WHOLE).encode()]))
     with streaming_server("length", body, "text/event-stream" if stream else "application/json") as url:
         last = runner_for(url, stream=stream, expect_content="^pong$").run().last
     assert (last.success, last.reason) == (True, None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_what_the_endpoint_sends_is_a_failure_counted_never_a_crash_of_the_run(stream: bool) -> None:
+    """JSON nested past what the parser goes (a hostile endpoint): `invalid_json`, counted once,
+    as any answer of the wrong shape (it raised out of the run: the success gauge stayed as it was)."""
+    deep = "[" * 200_000 + "]" * 200_000
+    body = events(deep, "[DONE]") if stream else (lambda: iter([deep.encode()]))
+    with streaming_server("length", body, "text/event-stream" if stream else "application/json") as url:
+        runner = runner_for(url, stream=stream)
+        last = runner.run().last
+    assert (last.success, last.reason) == (False, "invalid_json")
+    assert runner.failures["invalid_json"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_error_of_null_beside_a_good_answer_is_no_error(stream: bool) -> None:
+    body = events(*[e | {"error": None} for e in EVENTS], "[DONE]") if stream else (
+        lambda: iter([json.dumps(WHOLE | {"error": None}).encode()])
+    )  # fmt: skip
+    with streaming_server("length", body, "text/event-stream" if stream else "application/json") as url:
+        last = runner_for(url, stream=stream, expect_content="^pong$").run().last
+    assert (last.success, last.reason) == (True, None)
+
+
+def test_an_error_a_streamed_probe_is_answered_as_json_is_told_as_the_error() -> None:
+    """HTTP 200 and `{"error": …}` rather than a stream: `stream_error` (as a probe not streamed
+    is told), not a stream cut short."""
+    error = {"error": {"message": "rate limit exceeded for this endpoint", "type": "rate_limit"}}
+    with streaming_server("length", lambda: iter([json.dumps(error).encode()]), "application/json") as url:
+        last = runner_for(url, stream=True).run().last
+    assert (last.success, last.reason) == (False, "stream_error")
 
 
 @pytest.mark.parametrize("framing", FRAMINGS)

@@ -446,7 +446,9 @@ class _Probes(Collector):
             "inference_probe_max_chunk_gap_seconds", "The last streamed run: the longest silence between chunks."
         )
         rate = gauge(
-            "inference_probe_output_tokens_per_second", "The last run: completion tokens ÷ time after the first token."
+            "inference_probe_output_tokens_per_second",
+            "The last run: the completion tokens after the first ÷ the time from the first to the last"
+            " (absent when they came at once); not streamed, completion tokens ÷ the whole run.",
         )
         check = gauge("inference_probe_check_success", "The last run's checks, 1 passed, 0 failed.", ["check"])
         ttft = HistogramMetricFamily(

@@ -56,6 +56,13 @@ from exporter.sources.probe_answer import (
 
 log = get_logger(__name__)
 
+MIN_DECODE_SPAN = 0.005
+"""The shortest time between a stream's first and last token that a decode rate is told for:
+tokens that came in one burst (a proxy that buffers the stream) tell no rate."""
+HEAD_KEPT = 64 * 1024
+"""How much of a stream is kept until its first event: read as a whole answer when none comes (an
+error the server sent as JSON)."""
+
 
 class Silence(TimeoutError):
     """Nothing arrived by the run's next deadline (`Measurement.deadline`); `at`: when the wait ended."""
@@ -89,6 +96,11 @@ class Measurement:
         self.first_reasoning: float | None = None
         self.first_answer: float | None = None
         """These four: seconds from `started` to that arrival, once seen."""
+        self.last_token: float | None = None
+        """Seconds from `started` to the arrival of the last event with a token in it."""
+        self._events = 0
+        self._head = b""
+        """A stream's first HEAD_KEPT bytes, while no event has come."""
         self.max_gap: float | None = None
         """The longest wait between two events after the first token."""
         self._arrived = started
@@ -125,8 +137,13 @@ class Measurement:
         """The run, failed for `reason` (None: it passed), ended at `ended`."""
         duration = ended - self.started
         completion = tokens(self.answer.usage, "completion_tokens")
-        first = self.first_token
-        decode = duration - first if first is not None and self.probe.stream else duration
+        first, last = self.first_token, self.last_token
+        if not self.probe.stream:
+            rate = completion / duration if completion and duration > 0 else None
+        elif first is not None and last is not None and completion > 1 and last - first >= MIN_DECODE_SPAN:
+            rate = (completion - 1) / (last - first)  # (the tokens after the first, over the time they took)
+        else:
+            rate = None  # (one token, or all of them in one burst, a buffering proxy's: no rate to tell)
         return ProbeRun(
             success=reason is None,
             reason=reason,
@@ -139,7 +156,7 @@ class Measurement:
             max_chunk_gap=self.max_gap,
             prompt_tokens=tokens(self.answer.usage, "prompt_tokens"),
             completion_tokens=completion,
-            output_tokens_per_second=completion / decode if completion and decode > 0 else None,
+            output_tokens_per_second=rate,
         )
 
     def deadline(self) -> float:
@@ -185,6 +202,8 @@ class Measurement:
             if at > self.deadline():
                 raise self.silent(at)
             self._arrived = at
+            if self.probe.stream and not self._events and len(self._head) < HEAD_KEPT:
+                self._head += chunk[: HEAD_KEPT - len(self._head)]
             yield chunk
 
     def _read_stream(self, body: Iterable[tuple[bytes, float]]) -> None:
@@ -193,6 +212,7 @@ class Measurement:
         answer = self.answer
         self.checks["stream_complete"] = False
         for data in sse_events(self._within_limits(body)):
+            self._events += 1
             now = self._arrived
             if self.first_token is not None:
                 self.max_gap = max(self.max_gap or 0.0, now - self._last_event)
@@ -202,12 +222,21 @@ class Measurement:
                 break
             reasoning, text = apply_event(data, answer)
             elapsed = now - self.started
+            if reasoning or text:
+                self.last_token = elapsed
             if (reasoning or text) and self.first_token is None:
                 self.first_token = elapsed
             if reasoning and self.first_reasoning is None:
                 self.first_reasoning = elapsed
             if text and self.first_answer is None:
                 self.first_answer = elapsed
+        if not answer.done and not self._events and self._head:
+            # No event at all: an error the server sent as JSON (with a 200) is told as such.
+            try:
+                apply_response(self._head.decode("utf-8", errors="replace"), Answer())
+            except ProbeFailure as failure:
+                if failure.reason == "stream_error":
+                    raise
         if not answer.done or answer.finish_reason is None:
             what = "[DONE]" if not answer.done else "a finish reason"
             raise ProbeFailure("truncated", f"the stream ended without {what}")

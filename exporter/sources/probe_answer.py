@@ -150,11 +150,11 @@ def apply_event(data: str, answer: Answer) -> tuple[bool, bool]:
     """
     try:
         event = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: nested past what the parser goes)
         raise ProbeFailure("invalid_json", f"a stream event is not JSON: {data[:80]!r}") from None
     if not isinstance(event, dict):
         raise ProbeFailure("invalid_json", "a stream event is not a JSON object")
-    if "error" in event:
+    if event.get("error"):  # (`"error": null` beside a good answer says there is none)
         raise ProbeFailure("stream_error", f"error inside the stream: {str(event['error'])[:120]}")
     reasoning = text = False
     try:
@@ -173,7 +173,7 @@ def apply_event(data: str, answer: Answer) -> tuple[bool, bool]:
 def apply_response(text: str, answer: Answer) -> None:
     """A whole (non-streamed) chat completion into `answer`; the wrong shape is a ProbeFailure."""
     document = _json_object(text, "the response")
-    if "error" in document:
+    if document.get("error"):
         raise ProbeFailure("stream_error", f"error in the response: {str(document['error'])[:120]}")
     try:
         choice = (document.get("choices") or [{}])[0]
@@ -193,7 +193,7 @@ def tokens(usage: dict[str, Any] | None, name: str) -> int:
 def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ProbeFailure("invalid_json", f"{what} is not JSON: {text[:80]!r}") from None
     if not isinstance(value, dict):
         raise ProbeFailure("invalid_json", f"{what} is not a JSON object")
