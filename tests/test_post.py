@@ -66,3 +66,45 @@ def test_a_proxy_whose_port_is_out_of_range_is_a_clear_error(monkeypatch: pytest
     monkeypatch.setenv("HTTP_PROXY", "http://[proxy.example:8080")  # (no closing bracket)
     with pytest.raises(http.client.InvalidURL, match=r"^the URL or its proxy's address cannot be read$"):
         post_json("http://receiver.example/hook", {"x": 1}, deadline=5, headers={})
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_host_name_beyond_ascii_goes_through_a_proxy_in_its_xn_form(
+    monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """The proxy's request line (`POST http://host/…`), or its CONNECT, is ASCII: the host goes in
+    its IDNA form (it raised UnicodeEncodeError, which crashed the notifier's delivery at every poll)."""
+    seen: list[bytes] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(2)
+
+    def proxy() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            seen.append(connection.recv(65536).split(b"\r\n")[0])
+            status = b"502 Bad Gateway" if seen[-1].startswith(b"CONNECT") else b"200 OK"
+            connection.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=proxy, daemon=True).start()
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(f"{scheme.upper()}_PROXY", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        if scheme == "http":
+            assert post_json("http://bücher.example/hook", {"x": 1}, deadline=5, headers={}).status == 200
+        else:
+            with pytest.raises(OSError, match="502"):  # (the tunnel refused: a failed delivery, retried)
+                post_json("https://bücher.example/hook", {"x": 1}, deadline=5, headers={})
+    finally:
+        listener.close()
+    expected = {"http": b"POST http://xn--bcher-kva.example:80/hook HTTP/1.1",
+                "https": b"CONNECT xn--bcher-kva.example:443 HTTP/1.0"}  # fmt: skip
+    assert seen == [expected[scheme]]
+
+
+@pytest.mark.parametrize("header", ["²", "1²", "soon"])
+def test_a_retry_after_that_is_no_number_asks_for_nothing(receiver: Receiver, header: str) -> None:
+    receiver.answers = [(429, {"Retry-After": header}), (200, {"Retry-After": header})]
+    assert post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).retry_after is None
+    assert post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).status == 200

@@ -48,7 +48,7 @@ def retry_after(value: str | None, now: float) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # (not `²`, which isdigit() takes)
         return float(value)
     try:
         when = parsedate_to_datetime(value)
@@ -119,6 +119,11 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
     parts = urlsplit(url)
     https = parts.scheme == "https"
     host, port = parts.hostname or "", _port(parts, "the URL's") or (443 if https else 80)
+    if not host.isascii():  # (its xn-- form, which a proxy's request line and CONNECT need written out)
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise http.client.InvalidURL("the URL's host name cannot be written in IDNA's xn-- form") from None
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     headers = _basic(parts)
     proxy = get_environ_proxies(url).get(parts.scheme)
@@ -163,7 +168,7 @@ def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str
         answer = response.read(MAX_ANSWER)
         if response.length and len(answer) < MAX_ANSWER:  # the connection ended before the answer did
             raise http.client.IncompleteRead(answer, response.length)
-        asked = retry_after(response.getheader("Retry-After"), time.time())
+        asked = retry_after(response.getheader("Retry-After"), time.time()) if response.status in (429, 503) else None
         return Answer(response.status, response.getheader("Location") or "", asked)
     except (OSError, http.client.HTTPException):
         if timer.passed:  # cut, or a socket timeout (set to the time left) that came before the cut
