@@ -338,6 +338,20 @@ def test_a_secret_quoted_by_a_message_about_another_key_is_masked() -> None:
     for written in ("Zp9K\\q2Wx7Lm4", "Zp9K" * 30):  # (quoted escaped, as repr writes it; cut short at 80)
         (told,) = errors_of({"billing": document["billing"]}, ENV | {"SECRET": written})
         assert told == "billing.timezone: unknown time zone '***'"
+    # A short secret standing as a word of its own, unquoted: a notifier named by it, listed as known.
+    paged = {"billing": document["billing"] | {"timezone": "UTC"}, "alerts": {
+        "notifiers": [{"name": "${PD}", "type": "pagerduty", "routing_key": "${PD}"}],
+        "rules": [{"alert": "A", "signal": "spend", "threshold": 1, "notifiers": ["pager"]}]}}  # fmt: skip
+    assert errors_of(paged, ENV | {"SECRET": secret, "PD": "R0utingK3y"}) == [
+        "alerts.rules[0].notifiers[0] (alert A): unknown notifier 'pager' (known: ***)"
+    ]
+    # A short word that is a piece of a secret URL is not masked (the notifier mistyped is told).
+    slack = {"billing": paged["billing"], "alerts": {
+        "notifiers": [{"name": "team-chat", "type": "slack", "url": "https://hooks.slack.com/services/T0/B0/x"}],
+        "rules": [{"alert": "A", "signal": "spend", "threshold": 1, "notifiers": ["slack"]}]}}  # fmt: skip
+    assert errors_of(slack, ENV | {"SECRET": secret}) == [
+        "alerts.rules[0].notifiers[0] (alert A): unknown notifier 'slack' (known: team-chat)"
+    ]
     # A placeholder (`rules` run where the credentials are not at hand) masks no piece of a word.
     placeholder = {"billing": document["billing"] | {"timezone": "UTC"}, "alerts": {"rules": [
         {"alert": "LatestSpend", "signal": "spend", "threshold": 1, "notifiers": ["pager"]}]}}  # fmt: skip

@@ -339,8 +339,9 @@ QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
 def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
     """`errors` with the document's secrets masked (`***`): a message may quote a value of another
     key that the same ${VAR} or ${file:} filled (a time zone, an address), which is then a secret;
-    or a part of it (a value cut short). A quoted value that holds a secret, or is part of one, is
-    masked whole; a long secret is masked wherever it is, escaped as `repr` and JSON write it too."""
+    or a part of it (a value cut short). A quoted value that holds a secret, or is a long part of one,
+    is masked whole; a secret standing as a word of its own (`known: a, SECRET`) is masked, and a long
+    one wherever it is, escaped as `repr` and JSON write it too."""
     found = {value for _, value in secret_fields(Config, document) if isinstance(value, str)}
     secrets = [s for s in found if len(s) >= MASKED_QUOTED_FROM]
 
@@ -352,16 +353,19 @@ def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
             unescaped = value
         for secret in secrets:
             for seen in {value, unescaped}:
-                if (len(seen) >= MASKED_QUOTED_FROM and seen in secret) or secret in seen:
+                if secret in seen or (len(seen) >= MASKED_FROM and seen in secret):
                     return "'***'"
         return match[0]
 
     forms = {form for s in secrets if len(s) >= MASKED_FROM for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+    words = [re.compile(rf"(?<![\w.-]){re.escape(s)}(?![\w.-])") for s in sorted(secrets, key=len, reverse=True)]
     masked = []
     for error in errors:
         error = QUOTED.sub(quoted, error)
         for form in sorted(forms, key=len, reverse=True):
             error = error.replace(form, "***")
+        for word in words:
+            error = word.sub("***", error)
         masked.append(error)
     return masked
 
