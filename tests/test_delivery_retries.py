@@ -110,13 +110,25 @@ def test_a_refusal_after_the_receiver_was_down_is_one_refusal_not_the_last_try(
 ) -> None:
     """Six 503s (the receiver down), then one 404 (an ingress in a rollout), then the receiver back:
     the notification is delivered; it is given up only after GIVE_UP_AFTER refusals in a row."""
-    dispatcher, _ = queued
+    dispatcher, store = queued
     receiver.answers = [(503, {})] * 6 + [(404, {})]
     for _ in range(8):
         dispatcher.deliver()
         frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
     sent, _, discarded = dispatcher.counts()
     assert (sent["hook"], discarded["refused"], len(receiver.bodies())) == (1, 0, 1)
+    # A receiver that refuses it outright after an outage has it dropped within minutes (its retries
+    # are paced by the refusals, not by the outage's tries), not after 5 tries 5 minutes apart.
+    with store.store.transaction() as db:
+        db.execute("UPDATE outbox SET delivered = NULL, attempts = 100")
+    receiver.answers = [(404, {})] * GIVE_UP_AFTER
+    started = frozen().timestamp()
+    while dispatcher.pending():
+        dispatcher.deliver()
+        head = store.head("hook")
+        frozen.set(dt.datetime.fromtimestamp(head.next_attempt + 0.001 if head else frozen().timestamp(), dt.UTC))
+    assert dispatcher.counts()[2]["refused"] == 1
+    assert frozen().timestamp() - started < 2 * 60
 
 
 @pytest.mark.parametrize("asked", ["600", "an HTTP date 600 s on"])

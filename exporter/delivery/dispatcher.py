@@ -535,7 +535,8 @@ class Dispatcher:
                     continue
                 if refusals:
                     self._refusals[which] = refusals
-                retry = now + max(_backoff(entry.attempts), self._asked.pop(name, 0.0))
+                # (a refusal's backoff counts the refusals: one after a long outage is not 5 minutes a try)
+                retry = now + max(_backoff(refusals - 1 if refusals else entry.attempts), self._asked.pop(name, 0.0))
                 if reason is not None and (owed or entry.recipients):
                     # Owed to some recipients only (others took it): retried apart, holding nothing back.
                     self._record(name, partial(self.store.failed, entry.id, retry, reason, recipients=owed,

@@ -118,7 +118,8 @@ class _Notifications(Collector):
         state = GaugeMetricFamily(
             "inference_exporter_state_write_success",
             "0 while a save to the state file that failed (of the usage, the alerts, the outbox...) has not"
-            " been made since, else 1 (what failed is not saved; the log names the file and the fault).",
+            " been made since (an hour at most once other saves succeed), else 1 (what failed is not saved;"
+            " the log names the file and the fault).",
         )
         state.add_metric([], figures.written)
         for account, written in figures.accounts_written:
