@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -68,39 +70,60 @@ def test_a_proxy_whose_port_is_out_of_range_is_a_clear_error(monkeypatch: pytest
         post_json("http://receiver.example/hook", {"x": 1}, deadline=5, headers={})
 
 
-@pytest.mark.parametrize("scheme", ["http", "https"])
-def test_a_host_name_beyond_ascii_goes_through_a_proxy_in_its_xn_form(
-    monkeypatch: pytest.MonkeyPatch, scheme: str
-) -> None:
-    """The proxy's request line (`POST http://host/…`), or its CONNECT, is ASCII: the host goes in
-    its IDNA form (it raised UnicodeEncodeError, which crashed the notifier's delivery at every poll)."""
+@contextmanager
+def proxy_seeing(monkeypatch: pytest.MonkeyPatch, scheme: str) -> Iterator[list[bytes]]:
+    """A proxy on loopback for `scheme` (set in the environment) that answers each request 200 (a
+    CONNECT 502); yields the request lines it saw."""
     seen: list[bytes] = []
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(2)
 
     def proxy() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            seen.append(connection.recv(65536).split(b"\r\n")[0])
-            status = b"502 Bad Gateway" if seen[-1].startswith(b"CONNECT") else b"200 OK"
-            connection.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        with contextlib.suppress(OSError):
+            connection, _ = listener.accept()
+            with connection:
+                seen.append(connection.recv(65536).split(b"\r\n")[0])
+                status = b"502 Bad Gateway" if seen[-1].startswith(b"CONNECT") else b"200 OK"
+                connection.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 
     threading.Thread(target=proxy, daemon=True).start()
     for name in ("NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(f"{scheme.upper()}_PROXY", f"http://127.0.0.1:{listener.getsockname()[1]}")
     try:
-        if scheme == "http":
-            assert post_json("http://bücher.example/hook", {"x": 1}, deadline=5, headers={}).status == 200
-        else:
-            with pytest.raises(OSError, match="502"):  # (the tunnel refused: a failed delivery, retried)
-                post_json("https://bücher.example/hook", {"x": 1}, deadline=5, headers={})
+        yield seen
     finally:
         listener.close()
-    expected = {"http": b"POST http://xn--bcher-kva.example:80/hook HTTP/1.1",
-                "https": b"CONNECT xn--bcher-kva.example:443 HTTP/1.0"}  # fmt: skip
-    assert seen == [expected[scheme]]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize(("host", "written"), [("bücher.example", "xn--bcher-kva.example"),
+                                               ("faß.example", "xn--fa-hia.example")])  # fmt: skip
+def test_a_host_name_beyond_ascii_goes_through_a_proxy_in_its_xn_form(
+    monkeypatch: pytest.MonkeyPatch, scheme: str, host: str, written: str
+) -> None:
+    """The proxy's request line (`POST http://host/…`), or its CONNECT, is ASCII: the host goes in
+    its IDNA form as requests writes it (it raised UnicodeEncodeError, which crashed the notifier's
+    delivery at every poll; `faß` is never `fass`, another domain)."""
+    with proxy_seeing(monkeypatch, scheme) as seen:
+        if scheme == "http":
+            assert post_json(f"http://{host}/hook", {"x": 1}, deadline=5, headers={}).status == 200
+        else:
+            with pytest.raises(OSError, match="502"):  # (the tunnel refused: a failed delivery, retried)
+                post_json(f"https://{host}/hook", {"x": 1}, deadline=5, headers={})
+    expected = {"http": f"POST http://{written}:80/hook HTTP/1.1", "https": f"CONNECT {written}:443 HTTP/1.0"}
+    assert seen == [expected[scheme].encode()]
+
+
+def test_no_proxy_naming_a_host_in_its_xn_form_holds_for_the_url_written_beyond_ascii(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with proxy_seeing(monkeypatch, "http") as seen:
+        monkeypatch.setenv("NO_PROXY", "xn--bcher-kva.example")
+        with pytest.raises(socket.gaierror):  # (straight to the host, which does not resolve here)
+            post_json("http://bücher.example/hook", {"x": 1}, deadline=5, headers={})
+    assert seen == []
 
 
 @pytest.mark.parametrize("header", ["²", "1²", "soon"])
@@ -108,3 +131,9 @@ def test_a_retry_after_that_is_no_number_asks_for_nothing(receiver: Receiver, he
     receiver.answers = [(429, {"Retry-After": header}), (200, {"Retry-After": header})]
     assert post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).retry_after is None
     assert post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).status == 200
+
+
+def test_a_retry_after_is_read_on_a_429_or_a_503_only(receiver: Receiver) -> None:
+    receiver.answers = [(status, {"Retry-After": "600"}) for status in (429, 503, 200, 404)]
+    asked = [post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).retry_after for _ in range(4)]
+    assert asked == [600.0, 600.0, None, None]

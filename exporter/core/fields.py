@@ -85,9 +85,7 @@ def _http_url(url: str) -> str:
         raise ValueError("must be an http:// or https:// URL")
     if not all(part.isascii() for part in (parts.path, parts.query, parts.fragment, parts.netloc.rpartition("@")[0])):
         raise ValueError("holds a character beyond ASCII outside its host name: percent-encode it")
-    try:
-        parts.hostname.encode("idna")  # (a host name beyond ASCII is sent in its xn-- form)
-    except UnicodeError:
+    if not parts.hostname.isascii() and ascii_host(parts.hostname) is None:  # (sent in its xn-- form)
         raise ValueError("its host name cannot be written in IDNA's xn-- form") from None
     try:
         port = parts.port
@@ -99,6 +97,19 @@ def _http_url(url: str) -> str:
 
 
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+def ascii_host(host: str) -> str | None:
+    """A host name as it goes on the wire: beyond ASCII, its `xn--` form as requests writes it
+    (IDNA 2008 with UTS 46: `faß` stays itself, never `fass`, another domain); None when it has none."""
+    if host.isascii():
+        return host
+    import idna  # (here: only a host beyond ASCII needs its tables)
+
+    try:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError:
+        return None
 
 
 def url_password(url: str) -> str:

@@ -30,6 +30,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
 
 from exporter.core.deadline import Deadline
+from exporter.core.fields import ascii_host
 
 MAX_ANSWER = 64 * 1024
 """How much of a receiver's answer is read (and thrown away)."""
@@ -118,15 +119,14 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
     watches, the request target, and the headers the URL itself asks for (credentials)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
-    host, port = parts.hostname or "", _port(parts, "the URL's") or (443 if https else 80)
-    if not host.isascii():  # (its xn-- form, which a proxy's request line and CONNECT need written out)
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError:
-            raise http.client.InvalidURL("the URL's host name cannot be written in IDNA's xn-- form") from None
+    host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if https else 80)
+    if host is None:
+        raise http.client.InvalidURL("the URL's host name cannot be written in IDNA's xn-- form")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     headers = _basic(parts)
-    proxy = get_environ_proxies(url).get(parts.scheme)
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    written = parts._replace(netloc=netloc).geturl()  # (its host as sent, which NO_PROXY names; no credentials)
+    proxy = get_environ_proxies(written).get(parts.scheme)
     if not proxy:
         if https:
             return _HTTPSConnection(host, port, timer, context=_tls()), target, headers
@@ -141,9 +141,7 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
         connection = _HTTPSConnection(proxy_host, proxy_port, timer, context=_tls())
         connection.set_tunnel(host, port, headers=proxy_auth)
         return connection, target, headers
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    plain_url = parts._replace(netloc=netloc).geturl()  # the credentials go in a header
-    return _HTTPConnection(proxy_host, proxy_port, timer), plain_url, headers | proxy_auth
+    return _HTTPConnection(proxy_host, proxy_port, timer), written, headers | proxy_auth  # (credentials: a header)
 
 
 def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str]) -> Answer:
