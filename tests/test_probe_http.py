@@ -434,6 +434,18 @@ def test_an_answer_of_a_length_on_a_connection_the_server_then_closes_is_read_wh
     assert (last.success, last.reason) == (True, None)
 
 
+def test_tokens_that_come_at_once_tell_no_decode_rate() -> None:
+    """A proxy that buffers the stream hands 16 tokens over in one write: no rate (it told tens of
+    thousands a second), rather than one nothing measured."""
+    deltas = [{"choices": [{"index": 0, "delta": {"content": "po" if n else "p"}}]} for n in range(16)]
+    end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 5, "completion_tokens": 16}}  # fmt: skip
+    with streaming_server("length", events(*deltas, end, "[DONE]")) as url:
+        last = runner_for(url, stream=True, max_tokens=16).run().last
+    assert (last.success, last.completion_tokens) == (True, 16)
+    assert last.output_tokens_per_second is None
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_what_the_endpoint_sends_is_a_failure_counted_never_a_crash_of_the_run(stream: bool) -> None:
     """JSON nested past what the parser goes (a hostile endpoint): `invalid_json`, counted once,

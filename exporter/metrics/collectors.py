@@ -448,7 +448,8 @@ class _Probes(Collector):
         rate = gauge(
             "inference_probe_output_tokens_per_second",
             "The last run: the completion tokens after the first ÷ the time from the first to the last"
-            " (absent when they came at once); not streamed, completion tokens ÷ the whole run.",
+            " (absent when they came within 5 ms: a burst; a long answer a proxy buffered is read in pieces"
+            " and may still show a rate); not streamed, completion tokens ÷ the whole run.",
         )
         check = gauge("inference_probe_check_success", "The last run's checks, 1 passed, 0 failed.", ["check"])
         ttft = HistogramMetricFamily(
