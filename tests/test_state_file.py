@@ -111,6 +111,15 @@ def test_a_second_store_on_the_same_file_is_refused_until_the_first_closes(tmp_p
     second.close()
 
 
+def test_a_second_store_on_the_file_through_a_symlink_is_refused_too(tmp_path: Path) -> None:
+    path, link = tmp_path / "state.db", tmp_path / "link.db"
+    link.symlink_to(path)
+    first = StateStore(path)
+    with pytest.raises(StateError, match="in use by another exporter"):
+        StateStore(link)
+    first.close()
+
+
 def test_a_deleted_lock_file_is_locked_again_at_the_next_write(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     store = StateStore(path)

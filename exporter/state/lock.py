@@ -19,7 +19,7 @@ class LockFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lock_path = f"{path}.lock"
+        self.lock_path = f"{os.path.realpath(path)}.lock"  # (beside the file itself: one a symlink names too)
         self._fd: int | None = self._take()
 
     def _take(self) -> int:
