@@ -72,9 +72,9 @@ SUPERSEDED = "its alerts changed state again before it could be delivered"
 UNREADABLE = "it could not be read from the state file"
 DISCARDED = ("notifier_removed", "superseded", "refused", "unreadable")
 """Why a queued notification is never delivered: its notifier left the config (`configure`; for a
-digest, `digest.notifiers`), every alert in it changed state again meanwhile (`_current`), or its
-receiver refused it outright `GIVE_UP_AFTER` times (or the email recipients still owed it refused
-it for `OWED_FOR`)."""
+digest, `digest.notifiers`), every alert in it changed state again meanwhile (`_current`), its
+receiver refused it outright `GIVE_UP_AFTER` times in a row (or the email recipients still owed it
+refused it for `OWED_FOR`), or its row in the state file cannot be read (`UnreadableEntry`)."""
 
 
 def _backoff(attempts: int) -> float:

@@ -104,8 +104,9 @@ def move_aside(path: str | Path) -> str:
 
 
 WRITER_RETRIES_WITHIN = 3600.0
-"""How long a failed save is told once other writers' saves succeed: longer than a writer waits
-before it tries again (a usage interval, a probe's, the bills'), so a full disk stays told."""
+"""How long a failed save is told once other writers' saves succeed: longer than the usage, the
+alerts and the probes wait before they try again (a full disk stays told), though a history month,
+saved once a day, is then told for an hour only."""
 
 
 class StateFile:
