@@ -46,17 +46,25 @@ class Bills:
     items_by_endpoint: Mapping[str, tuple[DailyAmount, ...]] = field(default_factory=dict)
 
 
+def held_months(latest: Latest) -> dict[str, tuple[tuple[DailyAmount, ...], tuple[DailyAmount, ...]]]:
+    """By period, the lines by endpoint and by item of the past months held and of the months the
+    bills source fetched (fresher: they win for the same month)."""
+    history = latest.history
+    past = [*history.months.values(), *([history.current] if history.current else [])] if history else []
+    months = {month.period: (month.by_endpoint, month.by_item) for month in past}
+    for fetched in latest.bills.months if latest.bills else ():
+        months[fetched.period] = (fetched.by_endpoint, fetched.by_item)
+    return months
+
+
 def held(latest: Latest) -> Bills:
-    """The past months held and the months the bills source fetched (fresher: they win for the same month)."""
-    months: dict[str, tuple[tuple[DailyAmount, ...], tuple[DailyAmount, ...]]] = {}
+    """The past months held and the months the bills source fetched (`held_months`)."""
+    months = held_months(latest)
     split: dict[str, list[DailyAmount]] = {}  # (each endpoint's months extended, not joined anew: linear in months)
     history = latest.history
     for past in [*history.months.values(), *([history.current] if history.current else [])] if history else []:
-        months[past.period] = (past.by_endpoint, past.by_item)
         for endpoint, rows in past.items_by_endpoint.items():
             split.setdefault(endpoint, []).extend(rows)
-    for month in latest.bills.months if latest.bills else ():
-        months[month.period] = (month.by_endpoint, month.by_item)
     by_endpoint = tuple(a for endpoints, _ in months.values() for a in endpoints)
     by_item = tuple(a for _, items in months.values() for a in items)
     return Bills(by_endpoint, by_item, {endpoint: tuple(rows) for endpoint, rows in split.items()})

@@ -50,12 +50,12 @@ def summed_crossing(found: Sequence[BudgetFigures], amount: Decimal) -> dt.date 
             spent[day] = spent.get(day, Decimal(0)) + amount_of_day
     if sum(spent.values(), Decimal(0)) >= amount:
         return crossing(sorted(spent.items()), amount)  # the day the accounts' spend did
-    aheads = [f.ahead for f in found]
-    if any(days is None for days in aheads):
+    aheads = [days for f in found if (days := f.ahead) is not None]
+    if len(aheads) < len(found):
         return None
     ahead: dict[dt.date, Decimal] = {}
     for days in aheads:
-        for day, amount_of_day in (days or {}).items():
+        for day, amount_of_day in days.items():
             ahead[day] = ahead.get(day, Decimal(0)) + amount_of_day
     total = sum(spent.values(), Decimal(0))
     return crossing(sorted(ahead.items()), amount, total)

@@ -30,7 +30,7 @@ from exporter.billing.signing import BillingSigner
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
-from exporter.core.net import network_cause, timed_out
+from exporter.core.net import network_cause, retry_after, timed_out
 from exporter.core.words import counted
 
 log = get_logger(__name__)
@@ -68,18 +68,7 @@ class _Retryable(Exception):
 
 
 def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    if not value:
-        return None
-    if value.strip().isascii() and value.strip().isdigit():  # (`isdigit` alone takes "²")
-        return float(value.strip())
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # (`-0000`: RFC 5322's UTC of unknown local time)
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    return retry_after(response.headers.get("Retry-After"), time.time())
 
 
 class BillingClient(Listings):
@@ -220,8 +209,7 @@ class BillingClient(Listings):
                     self._not_before[api] = max(self._not_before.get(api, 0.0), until)
                 wait = failure.retry_after if (failure.retry_after or 0) > MAX_RETRY_AFTER else None
                 if wait is not None:  # (held by a client closed meanwhile too: the one a reload made shares it)
-                    held = min(wait, MAX_HOLD)
-                    self._not_before[api] = time.monotonic() + held
+                    held = min(wait, MAX_HOLD)  # (`_not_before` holds it: above)
                     log.warning(
                         "the billing API asked to wait; not asking it again before then",
                         api=api, retry_after_seconds=round(wait), held_seconds=round(held),

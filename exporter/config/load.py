@@ -27,7 +27,7 @@ from exporter.config.rules import twin_rules
 from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.decimals import WrittenFloat
 from exporter.core.fields import url_password
-from exporter.core.logs import get_logger
+from exporter.core.logs import MASK, get_logger
 from exporter.notifiers.webhook import webhook_secret
 
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -224,6 +224,7 @@ def secret_warnings(raw: Any, path: Path) -> list[str]:
             warnings.append(
                 f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"
             )
+    warnings = list(dict.fromkeys(warnings))  # (a webhook's address with a token and a password: once)
     if warnings and path.stat().st_mode & stat.S_IROTH:
         warnings.append("the file is world-readable and holds secrets (chmod o-r)")
     return warnings
@@ -354,7 +355,7 @@ def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
         for secret in secrets:
             for seen in {value, unescaped}:
                 if secret in seen or (len(seen) >= MASKED_FROM and seen in secret):
-                    return "'***'"
+                    return f"'{MASK}'"
         return match[0]
 
     forms = {form for s in secrets if len(s) >= MASKED_FROM for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
@@ -363,9 +364,9 @@ def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
     for error in errors:
         error = QUOTED.sub(quoted, error)
         for form in sorted(forms, key=len, reverse=True):
-            error = error.replace(form, "***")
+            error = error.replace(form, MASK)
         for word in words:
-            error = word.sub("***", error)
+            error = word.sub(MASK, error)
         masked.append(error)
     return masked
 

@@ -1,11 +1,14 @@
-"""Why a network exchange failed, in words a log reader acts on (DNS, refused, TLS, timeout, reset)."""
+"""Why a network exchange failed, in words a log reader acts on (DNS, refused, TLS, timeout, reset);
+how long an answer asks to wait (`Retry-After`)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
 import ssl
 import sys
 from collections.abc import Iterator
+from email.utils import parsedate_to_datetime
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:
@@ -63,3 +66,19 @@ def timed_out(error: BaseException) -> bool:
     come in time, or a body that stopped coming (which requests reports as a connection error)."""
     named = _named_cause(error)
     return named is not None and named[0] == TIMED_OUT
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """A `Retry-After` header's wait in seconds from `now` (never below 0); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():  # (not `²`, which isdigit() takes)
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # (an HTTP date is GMT)
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, when.timestamp() - now)

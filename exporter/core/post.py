@@ -14,7 +14,6 @@ bundle are honoured as `requests` would.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import http.client
 import json
 import os
@@ -22,7 +21,6 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -31,6 +29,7 @@ from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
 
 from exporter.core.deadline import Deadline
 from exporter.core.fields import ascii_host
+from exporter.core.net import retry_after
 
 MAX_ANSWER = 64 * 1024
 """How much of a receiver's answer is read (and thrown away)."""
@@ -42,22 +41,6 @@ class Answer:
     location: str = ""
     retry_after: float | None = None
     """The seconds its `Retry-After` asks to wait (as seconds or as an HTTP date), if it says."""
-
-
-def retry_after(value: str | None, now: float) -> float | None:
-    """A `Retry-After` header's wait in seconds from `now` (never below 0); None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():  # (not `²`, which isdigit() takes)
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # (an HTTP date is GMT)
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, when.timestamp() - now)
 
 
 class DeadlineExceeded(Exception):

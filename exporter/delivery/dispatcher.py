@@ -510,7 +510,10 @@ class Dispatcher:
                     entry = head if head.digest is not None else self._current(head)
                     if entry is not None:
                         reason, owed = self._send(notifier, sender, entry)
-                except (KeyError, TypeError):  # (a row read whole that lacks what its kind reads: a digest's)
+                except (KeyError, TypeError):
+                    if head.digest is None:  # (an alert group's fields are checked as it is read: a fault here is ours)
+                        raise
+                    # A digest read whole that lacks what its kind reads (`head` checks only that it is one).
                     log.exception("queued notification dropped: it cannot be read", notifier=name,
                                   state_file=str(self.store.store.path), id=head.id)  # fmt: skip
                     self._unreadable(name, head.id, head.table, now)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from exporter.alerts.anomalies import held, judge_groups
+from exporter.alerts.anomalies import held, held_months, judge_groups
 from exporter.alerts.rules import summed_crossing
 from exporter.config.rules import AnomalyRule
 from exporter.config.schema import BudgetConfig, PriceConfig
@@ -189,11 +189,8 @@ def p95(values: Sequence[float]) -> float | None:
 def _month_total(latest: Latest, period: str) -> Decimal | None:
     """The total of a month that has ended, from the bills or the history holding it; None once
     neither does (a month without bills is unknown, never zero)."""
-    history = latest.history
-    past = [*history.months.values(), *([history.current] if history.current else [])] if history else []
-    held = [m.by_item for m in past if m.period == period]
-    held += [m.by_item for m in latest.bills.months if m.period == period] if latest.bills else []
-    return sum(per_day(held[-1]).values(), Decimal(0)) if held else None
+    month = held_months(latest).get(period)
+    return None if month is None else sum((a.payable for a in month[1]), Decimal(0))
 
 
 def build(

@@ -67,6 +67,22 @@ ERRORS_KEPT = 256
 """Errors of known days kept (`_errors`): the day's of each account and budget forecast, up to so many."""
 
 
+def trailing_average(
+    today: dt.date, days: Mapping[dt.date, Decimal], previous: Mapping[dt.date, Decimal] | None
+) -> Decimal:
+    """Today's formula's pace: the average of the trailing 7 complete days (fewer at the start of a
+    month when `previous`, last month's days, is not given; today so far when there is none)."""
+    first_known = today.replace(day=1)
+    if previous is not None:
+        first_known = (first_known - dt.timedelta(days=1)).replace(day=1)
+    known = {**(previous or {}), **days}
+    window = [today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)]
+    window = [d for d in window if d >= first_known]
+    if not window:
+        return days.get(today, Decimal(0))
+    return sum((known.get(d, Decimal(0)) for d in window), Decimal(0)) / len(window)
+
+
 def forecast(
     period: str, today: dt.date, days: dict[dt.date, Decimal], previous: dict[dt.date, Decimal] | None
 ) -> tuple[Decimal, Decimal]:
@@ -77,14 +93,8 @@ def forecast(
     month_to_date = sum(days.values(), Decimal(0))
     if period != f"{today:%Y-%m}":
         return month_to_date, Decimal(0)
-    first_known = today.replace(day=1)
-    if previous is not None:
-        first_known = (first_known - dt.timedelta(days=1)).replace(day=1)
-    known = {**(previous or {}), **days}
-    window = [today - dt.timedelta(days=n) for n in range(1, TRAILING_DAYS + 1)]
-    window = [d for d in window if d >= first_known]
     so_far = days.get(today, Decimal(0))
-    average = sum((known.get(d, Decimal(0)) for d in window), Decimal(0)) / len(window) if window else so_far
+    average = trailing_average(today, days, previous)
     # Today at no less than it has billed so far; a credit netted into it stays taken off (so far
     # below zero: nothing billed yet is seen, and the day's usual amount is still to come).
     today_total = so_far + max(average - max(so_far, Decimal(0)), Decimal(0))

@@ -30,7 +30,15 @@ from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import days_in_period
 from exporter.core.fields import in_scope, scope_values
 from exporter.core.logs import get_logger
-from exporter.model.forecast import TRAILING_DAYS, MonthForecast, crossing, forecast, held_days, month_forecast
+from exporter.model.forecast import (
+    TRAILING_DAYS,
+    MonthForecast,
+    crossing,
+    forecast,
+    held_days,
+    month_forecast,
+    trailing_average,
+)
 from exporter.model.snapshots import DailyAmount, Latest, MonthBills, MonthHistory, UsageRow, UsageSnapshot, per_day
 from exporter.sources.usage import estimate
 
@@ -260,13 +268,14 @@ def _usage_figures(budget: BudgetConfig, latest: Latest, prices: Sequence[PriceC
         return None  # a past day of the month not read yet: no month figure rather than a low one
     days = {d: a for d, a in month_days.items() if a is not None}
     period = f"{today:%Y-%m}"
-    month_end, today_end = forecast(period, today, days, _window_before(today, known))
+    before = _window_before(today, known)
+    month_end, today_end = forecast(period, today, days, before)
     spent, so_far, left = (
         sum(days.values(), Decimal(0)),
         days.get(today, Decimal(0)),
         days_in_period(period) - today.day,
     )
-    pace = (month_end - (spent - so_far) - today_end) / left if left else Decimal(0)  # (the formula's average)
+    pace = trailing_average(today, days, before)
     expected = {today: today_end - so_far} | {today + dt.timedelta(days=n): pace for n in range(1, left + 1)}
     return BudgetFigures(period, spent, month_end, days=tuple(sorted(days.items())), expected=expected)
 
