@@ -292,8 +292,9 @@ def test_scoped_budgets_export_as_prometheus_rules_on_their_own_ratio(sim: Simul
     )
     text, skipped = rule_file(config.alerts, config.budgets)
     assert skipped == []
-    assert 'max without (instance) (inference_budget_used_ratio{budget="team"}) >= 0.5' in text
-    assert 'max without (instance) (inference_budget_used_ratio{budget="team"}) >= 1' in text
+    ratio = 'max without (instance) (max by (job, instance, account) (inference_budget_used_ratio{budget="team"}))'
+    exprs = [rule["expr"] for rule in yaml.safe_load(text)["groups"][0]["rules"]]
+    assert exprs == [f"{ratio} >= 0.5 < 1", f"{ratio} >= 1"]
 
 
 def test_after_midnight_the_figures_of_the_day_and_month_that_ended_are_not_shown_as_current(

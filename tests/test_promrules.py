@@ -171,6 +171,45 @@ def test_exporters_are_judged_apart_and_the_replicas_of_one_count_once(tmp_path:
     passes_promtool_test(promtool, path, series, expected)
 
 
+def test_budget_alerts_are_one_per_exporter_without_the_targets_labels_and_tell_their_own_crossing(
+    tmp_path: Path,
+) -> None:
+    """As a ServiceMonitor scrapes them: each sample carries `pod` (and `instance`) beside `job`. Two
+    replicas of one exporter, one of them restarted as another pod at 10m, make one alert all along,
+    labelled with the job only; another job with a budget of the same name, crossing on another day
+    at another chance, has its own alert, and each alert's annotations tell its own exporter's day and
+    chance."""
+    promtool = require_binary("promtool")
+    path, _ = generated(tmp_path)
+
+    def exporter(job: str, pod: str, samples: str, ratio: float, crossing: int, chance: float) -> list[dict[str, str]]:
+        """The pod's budget series, each `samples` (e.g. `{}x9 _x11`) of its value."""
+        target = f'job="{job}",instance="{pod}.ns:9877",pod="{pod}",budget="monthly"'
+        return [
+            {"series": f"inference_budget_forecast_ratio{{{target}}}", "values": samples.format(ratio)},
+            {"series": f"inference_budget_crossing_timestamp_seconds{{{target}}}", "values": samples.format(crossing)},
+            {"series": f"inference_budget_crossing_probability{{{target}}}", "values": samples.format(chance)},
+        ]
+
+    day = 1795363200  # (2026-11-22 16:00 UTC: the start of 2026-11-23 in Shanghai)
+    series = [
+        *exporter("costs", "ice-a", "{}x20", 1.05, day, 0.7),
+        *exporter("costs", "ice-b", "{}x9 _x11", 1.05, day, 0.7),
+        *exporter("costs", "ice-c", "_x9 {}x11", 1.05, day, 0.7),  # (ice-b restarted as ice-c)
+        *exporter("staging", "st-a", "{}x20", 1.2, day + 2 * 86400, 0.9),
+    ]
+
+    def firing(job: str, crossed: str, chance: str, value: str) -> dict[str, object]:
+        return {"exp_labels": {"budget": "monthly", "tier": "1", "basis": "forecast", "job": job},
+                "exp_annotations": {"summary": f"Budget monthly is forecast at {value}: tier 1 crossed",
+                                    "description": f"crossed on {crossed} ({chance} chance)"}}  # fmt: skip
+
+    alerts = [firing("costs", "2026-11-23", "70%", "105%"), firing("staging", "2026-11-25", "90%", "120%")]
+    expected = [{"eval_time": f"{minute}m", "alertname": "MonthlyBudgetForecast", "exp_alerts": alerts}
+                for minute in (2, 9, 10, 15)]  # fmt: skip
+    passes_promtool_test(promtool, path, series, expected)
+
+
 def test_a_source_that_has_not_refreshed_since_the_exporter_started_is_as_old_as_the_exporter(tmp_path: Path) -> None:
     """As the exporter judges `data_age` itself: a pod restarted while the API refuses its key shows
     no last-success timestamp for the bills, only their `refresh_success` 0; the rule still fires

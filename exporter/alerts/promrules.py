@@ -17,7 +17,7 @@ import yaml
 
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule
 from exporter.config.schema import AlertsConfig, BudgetConfig
-from exporter.model.signals import SIGNALS, NotExpressible
+from exporter.model.signals import SIGNALS, NotExpressible, aggregate
 
 
 def expression(rule: ThresholdRule) -> str:
@@ -51,6 +51,13 @@ def signal_rule(rule: ThresholdRule) -> dict[str, Any]:
     return entry
 
 
+def _own(query: str) -> str:
+    """A template pipeline making `query` (with a `%q` for the job and one for the account) the
+    alert's own exporter's series: another exporter with a budget of the same name has its own day
+    and chance (`account=""` matches a series without the label)."""
+    return f"printf `{query}` $labels.job $labels.account"
+
+
 def budget_rules(rule: BudgetRule, budget: BudgetConfig, zone: ZoneInfo | None = None) -> list[dict[str, Any]]:
     """A rule per tier. `{crossing_day}` is read from the exporter's crossing series when Prometheus
     sends the alert, as the billing day (`zone`): its start moved to midday in that zone (Prometheus'
@@ -61,24 +68,27 @@ def budget_rules(rule: BudgetRule, budget: BudgetConfig, zone: ZoneInfo | None =
     tiers = list(rule.tiers)
     forecast = rule.basis == "forecast"
     selector = f'{{budget="{budget.name}"}}'
+    own = f'{{budget="{budget.name}",job=%q,account=%q}}'
+    # Per exporter, as the signals are: a job's replicas tell the same ratio and count once, and the
+    # alert keeps only `job` (and an account's `account`), not the target's other labels (`pod`...),
+    # so that it outlives a pod restarted at another address.
+    ratio = aggregate(f"inference_budget_{'forecast' if forecast else 'used'}_ratio{selector}", ("account",), "max")
     for index, tier in enumerate(tiers):
-        # (a job's replicas tell the same ratio: once, and the alert's labels outlive an instance's address)
-        ratio = f"max without (instance) (inference_budget_{'forecast' if forecast else 'used'}_ratio{selector})"
         expr = f"{ratio} >= {tier:g}"
         if index + 1 < len(tiers):
             expr += f" < {tiers[index + 1]:g}"
         # (templates Prometheus fills when it sends the alert, from the exporter's own series)
-        crossing = f"inference_budget_crossing_timestamp_seconds{selector} + {shift}"
+        crossing = _own(f"inference_budget_crossing_timestamp_seconds{own} + {shift}")
         day = '{{ (. | first | value | toTime).Format "2006-01-02" }}'
-        chance = f"inference_budget_crossing_probability{selector}"
+        chance = _own(f"inference_budget_crossing_probability{own}")
         fields = {
             "budget": budget.name,
             "tier": f"{tier:g}",
             "amount": f"{budget.amount:f}",
             "period": budget.period,
             "basis": rule.basis,
-            "crossing_day": f"{{{{ with query `{crossing}` }}}}{day}{{{{ else }}}}not this period{{{{ end }}}}",
-            "chance": f"{{{{ with query `{chance}` }}}}{{{{ . | first | value | humanizePercentage }}}}"
+            "crossing_day": f"{{{{ with {crossing} | query }}}}{day}{{{{ else }}}}not this period{{{{ end }}}}",
+            "chance": f"{{{{ with {chance} | query }}}}{{{{ . | first | value | humanizePercentage }}}}"
             "{{ else }}unknown{{ end }}",
         }
         summary = f"Budget {budget.name} is {'forecast ' if forecast else ''}at {{{{ $value | humanizePercentage }}}}"

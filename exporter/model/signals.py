@@ -140,7 +140,7 @@ different jobs, or in one exporter with `accounts`."""
 _ON_TARGET = ", ".join(TARGET)
 
 
-def _aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
+def aggregate(expression: str, by: tuple[str, ...], op: str = "sum") -> str:
     """`op` of `expression` per target and group, then the replicas' highest (`min`: their lowest)."""
     per_target = f"{op} by ({', '.join((*TARGET, *by))}) ({expression})"
     return f"{'min' if op == 'min' else 'max'} without (instance) ({per_target})"
@@ -153,7 +153,7 @@ def _today(on: str) -> str:
 
 def _metric(name: str, op: str = "sum") -> Callable[[ThresholdRule], str]:
     """PromQL for a signal that is one metric, aggregated per group."""
-    return lambda rule: _aggregate(f"{name}{_matchers(rule.where)}", rule.by, op)
+    return lambda rule: aggregate(f"{name}{_matchers(rule.where)}", rule.by, op)
 
 
 # --- spend (bills) --------------------------------------------------------------------------
@@ -229,12 +229,12 @@ def spend_promql(rule: ThresholdRule) -> str:
     metric = f"inference_bill_{'endpoint' if _bill_key(rule) == 'endpoint_id' else 'item'}_daily_payable_amount"
     selector = _matchers(rule.where)
     if rule.window == "today":
-        return _aggregate(f"{metric}{selector} {_today('day')}", rule.by)
+        return aggregate(f"{metric}{selector} {_today('day')}", rule.by)
     if rule.window == "month":
-        return _aggregate(f"{metric}{selector} {_today('period')}", rule.by)
+        return aggregate(f"{metric}{selector} {_today('period')}", rule.by)
     if rule.by or rule.where:
         raise NotExpressible("a per-group month forecast is computed by the exporter only")
-    return _aggregate(f"inference_bill_month_forecast_payable_amount {_today('period')}", ())
+    return aggregate(f"inference_bill_month_forecast_payable_amount {_today('period')}", ())
 
 
 # --- usage ----------------------------------------------------------------------------------
@@ -262,8 +262,8 @@ def _usage(value: Callable[[UsageTotals], Decimal | None]) -> Callable[[Threshol
 
 def tokens_promql(rule: ThresholdRule) -> str:
     selector = _matchers(rule.where)
-    prompt = _aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
-    completion = _aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
+    prompt = aggregate(f"inference_usage_prompt_tokens_total{selector}", rule.by)
+    completion = aggregate(f"inference_usage_completion_tokens_total{selector}", rule.by)
     return f"{prompt} + {completion}"
 
 
@@ -314,7 +314,7 @@ def data_age_promql(rule: ThresholdRule) -> str:
         f"inference_exporter_refresh_success{matchers} * 0 + on({_ON_TARGET}) group_left process_start_time_seconds"
     )
     age = f"time() - (inference_exporter_last_refresh_success_timestamp_seconds{matchers} or {since_start})"
-    return _aggregate(age, rule.by, "max")
+    return aggregate(age, rule.by, "max")
 
 
 # --- reconciliation ---------------------------------------------------------------------------
