@@ -224,6 +224,56 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
     assert Path(account_state_path(str(tmp_path / "state.db"), "prod")).is_file()
 
 
+def test_readiness_waits_for_each_account_to_be_tried_and_one_to_serve_not_for_one_that_fails(
+    clock: Clock, tmp_path: Path
+) -> None:
+    """One account's API refuses its key from the start: the other's figures are served, and the pod
+    is ready once the refused account has been tried (its sources `never succeeded` in the body). A
+    reload that adds an account with a wrong key does not take the pod out of service for good; with
+    every account refused, there is nothing to serve."""
+    sims = simulators(clock)
+    servers = {name: sim.serve() for name, sim in sims.items()}
+    urls = {name: server.url for name, server in servers.items()}
+    fast = {"bills_interval": "300ms", "usage_interval": "300ms", "history_months": 0, "timeout": "2s"}
+    accounts = accounts_section(sims, urls, **fast)
+    accounts[1]["billing"]["secret_access_key"] = "wrong"  # (staging: refused, every time)
+    path = tmp_path / "config.yaml"
+
+    def write(kept: list[dict]) -> None:
+        path.write_text(yaml.safe_dump({"accounts": kept, "state": {"path": str(tmp_path / "state.db")}}))
+
+    def readiness() -> tuple[int, dict]:
+        response = requests.get(f"{daemon.server.url}/readyz", timeout=10)
+        return response.status_code, response.json()
+
+    write(accounts[:2])
+    daemon = Daemon(validate(yaml.safe_load(path.read_text()), {}), config_path=path, clock=clock, listen="127.0.0.1:0")
+    daemon.start()
+    try:
+        body = wait_for(lambda: (found := readiness())[0] == 200 and found[1], timeout=30)
+        assert body["sources"]["prod/bills"] == body["sources"]["prod/usage"] == "ok"
+        assert body["sources"]["staging/bills"] == body["sources"]["staging/usage"] == "never succeeded"
+        assert (
+            value(scrape(daemon.server.url), "inference_exporter_refresh_success", account="staging", source="bills")
+            == 0
+        )
+
+        accounts[2]["billing"]["secret_access_key"] = "wrong too"  # (lab, added by a reload: refused too)
+        write(accounts)
+        assert daemon.reload()
+        wait_for(lambda: readiness()[1]["sources"].get("lab/bills") == "never succeeded", timeout=30)
+        time.sleep(1)  # (several refreshes of each)
+        assert readiness()[0] == 200
+
+        write([accounts[1], accounts[2]])  # (prod taken out: no account left that is served)
+        assert daemon.reload()
+        wait_for(lambda: readiness()[0] == 503, timeout=30)
+    finally:
+        daemon.stop(grace=3)
+        for server in servers.values():
+            server.stop()
+
+
 def test_accounts_and_billing_exclude_each_other() -> None:
     sim = Simulator()
     section = {"url": "http://127.0.0.1:9", "access_key_id": sim.access_key_id, "secret_access_key": "s"}

@@ -67,8 +67,12 @@ def awaited(view: View) -> list[str]:
 
 
 def ready(view: View) -> tuple[bool, dict[str, str]]:
-    """Each source readiness waits for (`awaited`) has refreshed successfully at least once; and
-    every source's state (those it does not wait for too)."""
+    """Whether there is something to serve: each source readiness waits for (`awaited`) has
+    refreshed successfully at least once; with several accounts, those of one account at least,
+    and the others' have each been tried once (so that an account whose API refuses its key, or a
+    reload added with a typo, does not keep the others' figures out of service, yet a pod starting
+    is not in service before each account has been read or found failing). And every source's
+    state (those it does not wait for too)."""
     health = view.sources_health()
     states = {}
     for source in view.sources():
@@ -79,7 +83,15 @@ def ready(view: View) -> tuple[bool, dict[str, str]]:
             states[source] = "never succeeded"
         else:
             states[source] = "ok" if entry.success else "failing (serving last good data)"
-    is_ready = all(source in health and health[source].last_success is not None for source in awaited(view))
+    accounts: dict[str, list[str]] = {}
+    for source in awaited(view):  # (`prod/bills`: account names hold no `/`)
+        accounts.setdefault(source.rpartition("/")[0], []).append(source)
+    serving = [
+        all(source in health and health[source].last_success is not None for source in sources)
+        for sources in accounts.values()
+    ]
+    tried = all(source in health for sources in accounts.values() for source in sources)
+    is_ready = all(serving) if len(accounts) < 2 else any(serving) and tried
     return is_ready, states
 
 
