@@ -137,6 +137,26 @@ def test_an_ipv6_listen_address_is_served(clock: Clock) -> None:
         sim.stop()
 
 
+@pytest.mark.skipif(not socket.has_dualstack_ipv6(), reason="no IPv6 beside IPv4 on this machine")
+def test_a_listen_address_without_a_host_is_served_on_ipv6_and_ipv4(clock: Clock) -> None:
+    """`:9877` (the default `server.listen`) is every address, as Go's exporters take it: an IPv6-only
+    cluster's kubelet and Prometheus reach the pod too."""
+    server = start({}, clock, parse_listen(":0"))
+    try:
+        port = server.server_address[1]
+        for url in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+            assert requests.get(f"{url}/healthz", timeout=5).status_code == 200, url
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("address", ["::1:9877", "[::1:9877", "[::1]]:9877", "host:", "host:65536", "host:٣", "9877"])
+def test_a_listen_address_that_is_not_host_and_port_is_refused(address: str) -> None:
+    """An IPv6 address without its brackets (or with one), a port missing, too large or not in ASCII digits."""
+    with pytest.raises(ValueError, match="is not HOST:PORT"):
+        parse_listen(address)
+
+
 def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
     server = start({}, clock)
     try:

@@ -58,11 +58,19 @@ def digest_notifiers(config: Config) -> tuple[str, ...] | None:
 
 
 def parse_listen(address: str) -> tuple[str, int]:
-    """`:9877`, `127.0.0.1:9877` or `[::1]:9877` → (host, port); an empty host means every address."""
+    """`:9877`, `127.0.0.1:9877` or `[::1]:9877` → (host, port); an empty host means every address
+    (IPv6 and IPv4). An IPv6 address is in brackets, as in a URL."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"listen address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+    bracketed = host.startswith("[") and host.endswith("]")
+    name = host[1:-1] if bracketed else host
+    if (
+        not (sep and port.isascii() and port.isdigit() and int(port) <= 65535)
+        or "[" in name
+        or "]" in name
+        or (":" in name and not bracketed)
+    ):
+        raise ValueError(f"listen address {address!r} is not HOST:PORT (an IPv6 address in brackets: [::1]:9877)")
+    return name, int(port)
 
 
 class Daemon:

@@ -66,11 +66,19 @@ class ExporterServer(ThreadingHTTPServer):
         self._accept_failing = False
         # First: a bad certificate or web configuration file leaves no socket bound.
         self.credentials = Credentials.load(config, web_config)
+        self._dual_stack = not address[0] and socket.has_dualstack_ipv6()
+        if self._dual_stack:  # every address (`:9877`), IPv6 and IPv4 alike, as Go's servers listen
+            address = ("::", address[1])
         if ":" in address[0]:  # an IPv6 address (`[::1]:9877`)
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
         self.view = view
         self._thread: threading.Thread | None = None
+
+    def server_bind(self) -> None:
+        if self._dual_stack:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
     def use(self, credentials: Credentials) -> None:
         """Serve with these from now on: new connections get the new certificate, and every request from now on
@@ -87,7 +95,7 @@ class ExporterServer(ThreadingHTTPServer):
     def url(self) -> str:
         address, port = self.server_address[:2]
         host = str(address)
-        host = "127.0.0.1" if host in ("", "0.0.0.0") else host  # noqa: S104 - display only
+        host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host  # noqa: S104 - display only
         host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{port}"
 
