@@ -368,8 +368,13 @@ def test_basic_auth_users_and_headers_over_http(
 ) -> None:
     path = files.web_config(
         basic_auth_users={"alice": hashed("scrape-pass")},
-        http_server_config={"http2": True, "headers": {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}},
+        http_server_config={
+            "http2": True,
+            # (X-XSS-Protection a number, unquoted as exporter-toolkit's own example writes it: its text is sent)
+            "headers": {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny", "X-XSS-Protection": 1},
+        },
     )
+    assert "X-XSS-Protection: 1\n" in path.read_text()
     url = serve(serving, clock, path).url
     refused = requests.get(f"{url}/metrics", timeout=5)
     assert refused.status_code == 401
@@ -382,6 +387,7 @@ def test_basic_auth_users_and_headers_over_http(
         assert good.status_code == 200
         assert "inference_exporter_build_info" in good.text
         assert good.headers["X-Content-Type-Options"] == "nosniff"
+        assert good.headers["X-XSS-Protection"] == "1"
     assert len(bcrypt_calls) == 3  # wrong, bob (against the decoy), and alice's right password: once for 5 scrapes
     health = requests.get(f"{url}/healthz", timeout=5)
     assert health.status_code == 200  # open for orchestrators' probes, as with server.basic_auth

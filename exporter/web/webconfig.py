@@ -310,6 +310,8 @@ class _Reader:
         headers = []
         for name, value in self.dictionary(node, where).items():
             allowed = HEADERS.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                value = str(value)  # (`X-XSS-Protection: 1`: a number's text, as Go's YAML gives a string field)
             if allowed is None:
                 self.problem(f"{where}.{name}", f"cannot be set (one of {', '.join(HEADERS)} can)")
             elif not isinstance(value, str) or re.search(r"[\x00-\x1f\x7f]", value):
