@@ -12,11 +12,14 @@ from html.parser import HTMLParser
 import pytest
 
 from exporter.config.schema import BudgetConfig
-from exporter.core.clock import days_in_period
+from exporter.core.clock import Clock, days_in_period
+from exporter.metrics.accounts import SharedBudgetCollector
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, Latest, MonthBills, per_day
 from exporter.sources.bills import forecast
 from exporter.web import View, landing_page
 from exporter.web.chart import COLOURS, OTHER_COLOUR, month_chart, nice_scale
+from exporter.web.views import AccountView
+from tests.conftest import SHANGHAI
 
 CENT = Decimal("0.01")
 PX = 0.011
@@ -412,6 +415,39 @@ def test_the_landing_page_shows_the_chart_with_the_accounts_monthly_budgets_only
     used = sum((a.payable for a in month.by_endpoint if a.key == "ep-1"), Decimal(0)) / team.amount
     assert f"<td>team</td><td>endpoint_id=ep-1</td><td>month</td><td>3000</td><td class=ok>{used:.1%}</td>" in page
     assert not math.isnan(chart.scale)
+
+
+def test_with_several_accounts_the_budgets_over_them_show_the_crossing_day_and_an_empty_scope_as_metrics_do() -> None:
+    """An organisation budget that the accounts' summed pace crosses this month, and one scoped on an
+    endpoint none of them bills: the page says what `/metrics` says (the day, and `matches nothing`)."""
+    rows = {"prod": simple_rows(22), "lab": simple_rows(22, endpoints=2)}
+    accounts = [
+        AccountView(name, Latest(bills=BillsSnapshot(months=(month_of("2026-11", TODAY, r),), today=TODAY)), (), ())
+        for name, r in rows.items()
+    ]
+    spent = sum((a.latest.bills.current.month_to_date for a in accounts), Decimal(0))  # type: ignore[union-attr]
+    shared = (
+        BudgetConfig(name="org", amount=(spent * Decimal("1.2")).quantize(Decimal(1))),  # (crossed before the end)
+        BudgetConfig(name="org-none", amount=Decimal(1000), where={"endpoint_id": "ep-none"}),
+    )
+    clock = Clock(now_fn=lambda: dt.datetime.combine(TODAY, dt.time(12), tzinfo=SHANGHAI))
+    collector = SharedBudgetCollector([(a.name, a.latest, a.prices) for a in accounts], shared, clock)
+    series = {(m.name, s.labels["budget"]): s.value for m in collector.collect() for s in m.samples}
+    crossing = series[("inference_budget_crossing_timestamp_seconds", "org")]
+    assert ("inference_budget_crossing_timestamp_seconds", "org-none") not in series
+    assert series[("inference_budget_scope_matched", "org")] == 1.0
+    assert series[("inference_budget_scope_matched", "org-none")] == 0.0
+    day = dt.datetime.fromtimestamp(crossing, SHANGHAI).date()
+    assert TODAY < day <= dt.date(2026, 11, 30)
+
+    view = View(Latest(), lambda accept: (b"", ""), list, accounts=lambda: accounts, shared_budgets=lambda: shared)
+    page = landing_page(view)
+    org = page.split("<tr><td>org</td>", 1)[1].split("</tr>", 1)[0]
+    assert org.startswith("<td>every account</td><td>account</td>")
+    assert org.endswith(f"<td>{day.isoformat()}</td>")
+    none = page.split("<tr><td>org-none</td>", 1)[1].split("</tr>", 1)[0]
+    assert "<span class=bad>matches nothing</span>" in none
+    assert none.endswith("<td>—</td>")
 
 
 def test_a_row_dated_outside_the_month_neither_scales_nor_counts_and_a_tiny_budget_draws() -> None:

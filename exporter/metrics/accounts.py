@@ -47,12 +47,11 @@ def shared_parts(
     return parts or None
 
 
-def shared_figures(
-    budget: BudgetConfig, spans: Iterable[tuple[Latest, Sequence[PriceConfig]]], today: dt.date | None
-) -> BudgetFigures | None:
-    """A budget's figures summed over the accounts it spans (`shared_parts`)."""
-    parts = shared_parts(budget, spans, today)
-    return None if parts is None else summed(parts)
+def shared_matched(budget: BudgetConfig, spans: Iterable[tuple[Latest, Sequence[PriceConfig]]]) -> bool | None:
+    """Whether the budget's scope matches anything in any account it spans (`scope_matched`); None
+    while none of them can say."""
+    seen = [scope_matched(budget.in_account(), latest) for latest, _ in spans]
+    return any(seen) if any(s is not None for s in seen) else None
 
 
 class SharedBudgetCollector(Collector):
@@ -107,7 +106,7 @@ class SharedBudgetCollector(Collector):
                 probability = parts[0].chance(budget.amount) if len(parts) == 1 else None
                 if probability is not None:
                     chance.add_metric([budget.name], probability)
-            seen = [scope_matched(budget.in_account(), latest) for latest, _ in spans]
-            if any(s is not None for s in seen):
-                matched.add_metric([budget.name], 1.0 if any(seen) else 0.0)
+            found = shared_matched(budget, spans)
+            if found is not None:
+                matched.add_metric([budget.name], 1.0 if found else 0.0)
         yield from (amount, used, forecast, matched, crossing, chance)

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 from exporter import __version__
+from exporter.alerts.rules import summed_crossing
 from exporter.config.schema import BudgetConfig
 from exporter.core.fields import scope_values
 from exporter.core.words import NO_ENDPOINT, counted
 from exporter.digest.build import disagreeing, gap_order, top
-from exporter.metrics.accounts import shared_figures
+from exporter.metrics.accounts import shared_matched, shared_parts
 from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, SourceHealth, TokenGap
-from exporter.sources.budgets import BudgetFigures, current_figures, scope_matched
+from exporter.sources.budgets import BudgetFigures, current_figures, scope_matched, summed
 from exporter.web.chart import month_chart
 from exporter.web.views import AccountView, View
 
@@ -120,9 +121,13 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
             gaps.append(f"<h3>{name}</h3>{_disagreements(account.latest.reconciliation)}")
     spans = {a.name: (a.latest, a.prices) for a in accounts}
     for budget in view.shared_budgets():
-        found = shared_figures(budget, [spans[n] for n in spans if budget.spans(n)], today)
-        who = "every account" if budget.accounts is None else ", ".join(budget.accounts)
-        budgets.append(_budget_row(budget, None if found is None else found.ratios(budget.amount), html.escape(who)))
+        spanned = [spans[n] for n in spans if budget.spans(n)]
+        parts = shared_parts(budget, spanned, today)
+        who = html.escape("every account" if budget.accounts is None else ", ".join(budget.accounts))
+        ratios = None if parts is None else summed(parts).ratios(budget.amount)
+        day = None if parts is None else summed_crossing(parts, budget.amount)
+        unmatched = shared_matched(budget, spanned) is False
+        budgets.append(_budget_row(budget, ratios, who, unmatched, "—" if day is None else day.isoformat()))
     summary = (
         "<table><tr><th>account</th><th>month to date</th><th>month forecast</th><th>sources</th></tr>"
         + "".join(rows)
