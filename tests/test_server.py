@@ -157,6 +157,16 @@ def test_a_listen_address_that_is_not_host_and_port_is_refused(address: str) -> 
         parse_listen(address)
 
 
+def test_the_server_header_names_the_program_not_the_interpreter(clock: Clock) -> None:
+    server = start({}, clock)
+    try:
+        for path in ("/metrics", "/healthz", "/nowhere"):
+            response = requests.get(f"{server.url}{path}", timeout=5)
+            assert response.headers["Server"] == "inference-cost-exporter", path
+    finally:
+        server.stop()
+
+
 def test_gzip_and_openmetrics_negotiation(clock: Clock) -> None:
     server = start({}, clock)
     try:

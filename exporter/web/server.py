@@ -207,6 +207,7 @@ def _still_serves(made_with: ssl.SSLContext | None, now: ssl.SSLContext | None) 
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterServer
     protocol_version = "HTTP/1.1"
+    server_version = "inference-cost-exporter"
     timeout = 30  # a client that stalls mid-request is dropped, not waited on forever
     target = "/"
     """The path the request asks for, from its checked target (see parse_request)."""
@@ -215,6 +216,10 @@ class _Handler(BaseHTTPRequestHandler):
     taken = False
     """Whether this request was read under TLS settings that would take its connection (`parse_request`): it is
     answered then, whatever a reload does meanwhile (the connection closes after it: see _next_request)."""
+
+    def version_string(self) -> str:
+        """The `Server` header: the program's name, not the interpreter's version (a scanner's finding)."""
+        return self.server_version
 
     def setup(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):
