@@ -86,7 +86,7 @@ class Billed:
     def carry_over(self, before: object) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, cut: bool = True) -> None:
         pass
 
 

@@ -53,7 +53,7 @@ class FakeBilling(Listings):
         self._on_skew = on_skew or (lambda skew: None)
         self._clock = clock or sim.clock
 
-    def close(self) -> None:
+    def close(self, cut: bool = True) -> None:
         """Nothing to release: no connections, no threads."""
 
     def carry_over(self, before: BillingAPI) -> None:

@@ -181,6 +181,15 @@ def test_three_accounts_one_down_one_dripping(clock: Clock, tmp_path: Path, rece
         )
         assert lab_age > 2.0  # lab's last success is from before it began to drip: its age says so
         assert drip.connections >= 1
+        # each of lab's requests is cut as its 2 s timeout passes: once its attempts are spent, its
+        # failure is said too, not a refresh in flight for ever
+        wait_for(
+            lambda: (
+                value(scrape(metrics_url), "inference_exporter_refresh_success", account="lab", source="bills") == 0
+            ),
+            timeout=60,
+        )
+        assert drip.connections >= 4
 
         # the organisation's budget sums the three (staging's and lab's last good figures)
         now_total = month_total(sims["prod"]) + before["staging"] + before["lab"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import re
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
@@ -21,6 +22,7 @@ from exporter.billing import (
     AskedToWait,
     BillingAPIError,
     BillingClient,
+    BillingError,
     BillingUnavailable,
     ClientClosed,
     RecordError,
@@ -35,7 +37,7 @@ from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Endpoint, Fault, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, Sleeps, billing_section
-from tests.helpers import wait_for
+from tests.helpers import DripReceiver, LoopbackServer, wait_for
 
 
 def test_bills_fetch_every_page_and_sum_exactly(sim: Simulator, client: BillingClient) -> None:
@@ -230,6 +232,89 @@ def test_a_body_that_stops_coming_is_reported_a_timeout_and_retried(
     assert len(sleeps) == 1
 
 
+def test_an_answer_dripped_a_byte_at_a_time_is_cut_at_the_timeout_and_retried(clock: Clock, sleeps: Sleeps) -> None:
+    """A proxy that sends the headers, then a byte of the body every 0.2 s: each read comes within
+    the 1 s timeout, yet the request is cut as its second passes (a timeout) and the listing fails
+    after its attempts, instead of being read for ever."""
+    drip = DripReceiver(interval=0.2)
+    section = {"url": f"http://127.0.0.1:{drip.port}", "access_key_id": "AK", "secret_access_key": "s", "timeout": "1s"}
+    seen: list[tuple[str, str]] = []
+    client = BillingClient.from_config(
+        validate({"billing": section}, {}).billing, clock, lambda *call: seen.append(call), RetryPolicy(sleep=sleeps)
+    )
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            client.bills("2026-11", GROUP_TERM_ITEM)
+        except BillingError as error:
+            failed.append(error)
+
+    reading = threading.Thread(target=read, daemon=True)
+    try:
+        reading.start()
+        reading.join(timeout=60)  # (4 attempts of a second each; without a cut, never)
+        assert not reading.is_alive(), "the dripped answer was still being read"
+    finally:
+        client.close()
+        drip.stop()
+    assert isinstance(failed[0], BillingUnavailable)
+    assert "timed out (gave up after 4 attempts)" in str(failed[0])
+    assert seen == [("bills", "timeout")] * 4
+    assert drip.connections == 4
+
+
+def test_closing_the_client_cuts_a_request_on_the_wire(clock: Clock) -> None:
+    """An API that takes the request and never answers, with the default 30 s timeout: `close` (a
+    reload, a stop) ends the listing with ClientClosed, and hangs up the request, whose thread a
+    process stopping waits for, at once rather than once the timeout has passed."""
+    silent = Silent()
+    section = {"url": f"http://127.0.0.1:{silent.port}", "access_key_id": "AK", "secret_access_key": "s"}
+    seen: list[tuple[str, str]] = []
+    client = BillingClient.from_config(validate({"billing": section}, {}).billing, clock, lambda *c: seen.append(c))
+    ended: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            client.bills("2026-11", GROUP_TERM_ITEM)
+        except BillingError as error:
+            ended.append(error)
+
+    reading = threading.Thread(target=read, daemon=True)
+    try:
+        reading.start()
+        wait_for(lambda: silent.requests == 1, timeout=10)
+        client.close()
+        reading.join(timeout=15)
+        # (half the timeout: a request left on the wire would hang up only once it had passed)
+        assert silent.hung_up.wait(timeout=15), "the request on the wire went on after close"
+    finally:
+        client.close()
+        silent.stop()
+    assert isinstance(ended[0], ClientClosed)
+    assert seen == []  # (no answer, nor a timeout, to count)
+
+
+class Silent(LoopbackServer):
+    """An API that reads each request and never answers it; `hung_up` once a client hangs up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+        self.hung_up = threading.Event()
+
+    def serve(self, connection: socket.socket) -> None:
+        with connection:
+            if connection.recv(65536):
+                self.requests += 1
+            connection.settimeout(60)
+            try:
+                if not connection.recv(1):
+                    self.hung_up.set()
+            except OSError:
+                self.hung_up.set()
+
+
 def test_429_honours_retry_after(sim: Simulator, client: BillingClient, sleeps: Sleeps) -> None:
     sim.inject(Fault("status", status=429, retry_after=7))
     client.bills("2026-11", GROUP_TERM_ITEM)
@@ -349,7 +434,7 @@ def test_a_wait_asked_for_in_answer_to_a_client_closed_meanwhile_holds_the_one_m
     with new, ThreadPoolExecutor(1) as pool:
         reading = pool.submit(old.bills, "2026-11", GROUP_TERM_ITEM)
         wait_for(lambda: sim.requests_served.get("/api/v1/bills/details"))
-        old.close()  # (as a reload does, once the new client is in place)
+        old.close(cut=False)  # (as a reload does, once the new client is in place: the request goes on)
         with pytest.raises(ClientClosed):
             reading.result(10)
         answer.set()  # the 429 comes now

@@ -28,7 +28,7 @@ from exporter import __version__
 from exporter.core.clock import Clock
 from exporter.metrics.runtime import REVISION_ENV
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
-from tests.helpers import Receiver, free_port, named, scrape, value, wait_for
+from tests.helpers import DripReceiver, Receiver, free_port, named, scrape, value, wait_for
 
 ROOT = Path(__file__).parent.parent
 SAMPLE = re.compile(r"^(?P<name>[a-z_]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
@@ -282,6 +282,30 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
     assert "config reload refused" in stderr
     assert "billing.page_size: must be ≤ 500" in stderr
     assert sim.secret_access_key not in stderr
+
+
+def test_sigterm_stops_run_within_10_s_while_the_billing_api_drips_its_answer(
+    tmp_path: Path, live: tuple[Simulator, SimulatorServer]
+) -> None:
+    """The billing API sends its headers, then a byte every 0.2 s: every read comes well within the
+    30 s timeout. SIGTERM stops the process within the 10 s the docs promise, the requests on the
+    wire cut, and it exits 0 (it was once held until a SIGKILL)."""
+    sim, server = live
+    drip = DripReceiver(interval=0.2)
+    config = write_config(tmp_path, sim, server, state=tmp_path / "state.db", url=f"http://127.0.0.1:{drip.port}")
+    config.write_text(config.read_text().replace("timeout: 5s", "timeout: 30s"))
+    process, url = spawn("run", "--config", str(config), env={"TEST_BILLING_SECRET": sim.secret_access_key})
+    try:
+        wait_for(lambda: drip.connections >= 2, timeout=30)  # (bills and usage, each on the wire)
+        wait_for(lambda: requests.get(f"{url}/healthz", timeout=2).status_code == 200, timeout=30)
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        process.kill()
+        process.communicate()
+        drip.stop()
 
 
 def spawn(

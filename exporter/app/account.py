@@ -374,10 +374,11 @@ class Account:
             changed.add("history")
         return changed
 
-    def close(self, keep: Account | None = None) -> None:
-        """Release connections; what `keep` took over stays open."""
+    def close(self, keep: Account | None = None, cut: bool = True) -> None:
+        """Release connections; what `keep` took over stays open. `cut`: the billing requests on the
+        wire too (a stop), rather than leave them to end within their timeout (a reload)."""
         if keep is None or keep.client is not self.client:
-            self.client.close()
+            self.client.close(cut=cut)
         kept = set(map(id, keep.probes.values())) if keep else set()
         for runner in self.probes.values():
             if id(runner) not in kept:

@@ -326,9 +326,11 @@ class Sources:
         return changed
 
     def close(self, keep: Sources | None = None) -> None:
-        """Release connections; what `keep` took over stays open."""
+        """Release connections; what `keep` (a reload's) took over stays open. A stop cuts the
+        billing requests on the wire; a reload leaves them to end, within their timeout, as the
+        answer of one may ask the client it made to wait (`BillingClient.carry_over`)."""
         for name, account in self.accounts.items():
-            account.close(keep.accounts.get(name) if keep is not None else None)
+            account.close(keep.accounts.get(name) if keep is not None else None, cut=keep is None)
 
     # -- the digest --
 

@@ -91,7 +91,9 @@ class BillingAPI(Protocol):
         """Take on what the API told `before`, the client this one replaces at a reload, that must
         outlive it (a wait it was asked for)."""
 
-    def close(self) -> None: ...
+    def close(self, cut: bool = True) -> None:
+        """Release the connections, and end the reads under way (`ClientClosed`); `cut`: the
+        requests on the wire too, at once (a stop), else they end within their timeout (a reload)."""
 
 
 def _row(bill: BillRecord) -> tuple[object, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -21,7 +22,6 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import requests
-from requests.adapters import HTTPAdapter
 
 from exporter.billing.api import MAX_USAGE_PAGE_SIZE, BillingAPI, Listings
 from exporter.billing.errors import AskedToWait, BillingUnavailable, ClientClosed, SignatureRejected
@@ -29,8 +29,10 @@ from exporter.billing.records import parse_envelope
 from exporter.billing.signing import BillingSigner
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
+from exporter.core.deadline import Deadline
 from exporter.core.logs import get_logger
 from exporter.core.net import network_cause, retry_after, timed_out
+from exporter.core.watched import WatchedAdapter, watching
 from exporter.core.words import counted
 
 log = get_logger(__name__)
@@ -59,6 +61,10 @@ class RetryPolicy:
             return min(retry_after, MAX_RETRY_AFTER)
         ceiling = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
         return random.uniform(ceiling / 2, ceiling)
+
+
+class _Cut(requests.RequestException):
+    """A request whose exchange's deadline fired (its time passed, or the client was closed)."""
 
 
 class _Retryable(Exception):
@@ -108,7 +114,7 @@ class BillingClient(Listings):
         found = self._session.merge_environment_settings(self.base_url, {}, None, None, None)
         self._session.proxies, self._session.verify = found["proxies"], found["verify"]
         self._session.trust_env = False
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=2 * self.concurrency + 1)
+        adapter = WatchedAdapter(pool_connections=1, pool_maxsize=2 * self.concurrency + 1)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
         # More workers than requests in flight: a page waiting out its retry backoff holds a worker,
@@ -121,6 +127,11 @@ class BillingClient(Listings):
         self._not_before: dict[str, float] = {}
         """Per listing (`bills`, `usages`), when the API said it may be asked again (monotonic
         seconds): a wait of up to MAX_RETRY_AFTER is waited out, a longer one refused (`AskedToWait`)."""
+        self._exchanges: set[Deadline] = set()
+        """A deadline over each request on the wire (`_attempt`), which `close` fires."""
+        self._exchanges_lock = threading.Lock()
+        self._cutting = False
+        """Whether `close` cuts the requests on the wire (and so any about to go)."""
         self._arrivals: set[SimpleQueue[Future[Any] | None]] = set()
         """The queues pages arrive in, one per read under way (`_many`): a close puts None in each,
         so that a read waiting on pages wakes at once (cancelled pages would wake it too, but not
@@ -156,10 +167,18 @@ class BillingClient(Listings):
             on_skew=on_skew,
         )
 
-    def close(self) -> None:
+    def close(self, cut: bool = True) -> None:
         """Stop: pending pages are cancelled, waits before retries end now, and a refresh waiting on
-        pages fails at once with `ClientClosed`; nothing here blocks."""
+        pages fails at once with `ClientClosed`; nothing here blocks. Requests on the wire are cut
+        (`cut`), or left to end within their timeout: a reload leaves them, so that an answer asking
+        to wait (`Retry-After`) still holds the client it made (`carry_over`)."""
         self._closed.set()
+        if cut:
+            with self._exchanges_lock:
+                self._cutting = True
+                exchanges = list(self._exchanges)
+            for exchange in exchanges:
+                exchange.fire()
         for arrivals in list(self._arrivals):
             arrivals.put(None)
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -246,16 +265,17 @@ class BillingClient(Listings):
                     raise ClientClosed(f"{what}: the client was closed (config reload)")
                 if self._created() != created:
                     request = self._prepare(path, params)
-                response = self._session.send(request, timeout=self.timeout, stream=True)
-                body = b"".join(response.iter_content(None))
+                response, body = self._exchange(request)
                 # The server's clock, and on a refusal the correction, before the slot goes to a
                 # request waiting for it: that one then goes out signed with the correction.
                 self._observe_clock(response.headers.get("Date"))
                 if response.status_code in (401, 403):
                     self._correct_clock()
         except requests.RequestException as error:
+            if isinstance(error, _Cut) and self._closed.is_set():
+                raise ClientClosed(f"{what}: the client was closed (config reload)") from None
             # (a body that stopped coming is a connection error to requests, a timeout all the same)
-            if isinstance(error, requests.Timeout) or timed_out(error):
+            if isinstance(error, requests.Timeout | _Cut) or timed_out(error):
                 self._on_response(api, "timeout")
                 raise _Retryable("timed out") from None
             self._on_response(api, "error")
@@ -268,6 +288,37 @@ class BillingClient(Listings):
         if response.status_code in (401, 403):
             parse_envelope(response.status_code, body, what)  # raises SignatureRejected (the clock may be off)
         return response.status_code, body
+
+    def _exchange(self, request: requests.PreparedRequest) -> tuple[requests.Response, bytes]:
+        """Send `request` and read its answer whole, all within `timeout` (a socket's timeout bounds
+        each read, and a server dripping its answer a byte at a time would hold the page for ever):
+        a `Deadline` over the exchange shuts its socket down when that passes, or when `close` fires
+        it (`_Cut`)."""
+        exchange, copies = Deadline(self.timeout), list[socket.socket]()
+        with self._exchanges_lock:
+            self._exchanges.add(exchange)
+            cut = self._cutting
+        try:
+            if cut:  # (closed, cutting, since this request last looked)
+                exchange.fire()
+            try:
+                with watching((exchange,), (exchange,), copies):
+                    response = self._session.send(request, timeout=self.timeout, stream=True)
+                body = b"".join(response.iter_content(None))
+            except requests.RequestException:
+                if exchange.fired:
+                    raise _Cut() from None
+                raise
+            if exchange.fired:  # (an answer whose end is the connection's: cut, it only looks whole)
+                response.close()
+                raise _Cut()
+            return response, body
+        finally:
+            exchange.stop()  # (before the copies are closed: see Deadline.stop)
+            with self._exchanges_lock:
+                self._exchanges.discard(exchange)
+            for copy in copies:
+                copy.close()
 
     def _prepare(self, path: str, params: dict[str, str | int]) -> requests.PreparedRequest:
         return self._session.prepare_request(requests.Request("GET", self.base_url + path, params=params))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.alerts.alert import Alert
 from exporter.app.account import account_ids
-from exporter.app.daemon import Daemon, parse_listen
+from exporter.app.daemon import SHUTDOWN_GRACE, Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
 from exporter.app.digests import FiringByAccount
 from exporter.app.sources import RefreshFailed, Sources, account_state_path
@@ -285,9 +285,22 @@ def _serve_until_signalled(daemon: Daemon) -> int:
     while (signum := signal.sigwait(SIGNALS)) == signal.SIGHUP:
         daemon.reload()
     log.info("shutting down", signal=signal.Signals(signum).name)
-    if not daemon.stop():
+    leave_by = time.monotonic() + SHUTDOWN_GRACE
+    if not daemon.stop() or not _threads_end(leave_by):
         os._exit(0)  # a refresh is stuck in a network call; the state store is transactional, so leave now
     return 0
+
+
+def _threads_end(by: float) -> bool:
+    """Whether every thread the interpreter's exit would wait for (a billing client's page workers,
+    whose requests `stop` has cut) has ended by `by` (monotonic): one stuck where no deadline reaches
+    (a host name being resolved) would hold the exit past the 10 s a stop promises."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, by - time.monotonic()))
+            if thread.is_alive():
+                return False
+    return True
 
 
 def _state_problem(error: StateError) -> SystemExit:

@@ -13,7 +13,6 @@ times) and does no I/O; `HTTPChat` is the wire that feeds it, and a `ProbeRunner
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,8 +23,6 @@ from urllib.parse import urlsplit
 
 import requests
 import urllib3
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError as TransportError
 from urllib3.exceptions import ReadTimeoutError
 
@@ -35,6 +32,7 @@ from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
+from exporter.core.watched import WatchedAdapter, plain_socket, watching
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
     E2E_BUCKETS,
@@ -277,88 +275,7 @@ def shown_url(url: str) -> str:
     return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
-_HEADERS = threading.local()
-"""`deadline`: the Deadline over the status line and headers of the probe request this thread makes
-(`HTTPChat.post`); `cut`: the one its client's `close` fires, and `copies`, the sockets it watches
-from the moment a connection's socket is made (see `_KeepsSocket._new_conn`)."""
-
-
-def plain_socket(sock: Any) -> socket.socket | None:
-    """What a deadline shuts down of a connection's `sock`: itself, or, for TLS inside TLS (an
-    HTTPS endpoint through an HTTPS proxy), the socket under urllib3's `SSLTransport`, which is no
-    socket of its own."""
-    while sock is not None and not isinstance(sock, socket.socket):
-        sock = getattr(sock, "socket", None)
-    return sock
-
-
-class _KeepsSocket:
-    """A connection that keeps hold of its socket (`kept`): http.client lets go of it when a response
-    will close the connection (a stream delimited by the connection's end), and the probe sets each
-    read's timeout on it. Its socket is watched by the request's deadline while the headers come: a
-    read timeout bounds each read, and a server that drips them a byte at a time would hold the
-    run for as long as it likes."""
-
-    kept: Any = None
-
-    def _new_conn(self) -> Any:
-        """The connection's socket, as it is made: a copy of it (`dup`, the same connection under a
-        descriptor of the probe's own) is watched by the request's `cut` while the TLS handshake
-        or a proxy's CONNECT goes on, which wrap the socket in another (the one made here is
-        detached then, and a shutdown of it would reach nothing)."""
-        sock = super()._new_conn()  # type: ignore[misc]
-        cut: Deadline | None = getattr(_HEADERS, "cut", None)
-        if cut is not None:
-            copy = sock.dup()
-            _HEADERS.copies.append(copy)
-            cut.watch(copy)
-        return sock
-
-    def connect(self) -> None:
-        super().connect()  # type: ignore[misc]
-        self.kept = self.sock  # type: ignore[attr-defined]
-
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-        for name in ("deadline", "cut"):
-            deadline: Deadline | None = getattr(_HEADERS, name, None)
-            if deadline is not None and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
-                deadline.watch(sock)
-        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
-
-
-class _Connection(_KeepsSocket, HTTPConnection):
-    pass
-
-
-class _TLSConnection(_KeepsSocket, HTTPSConnection):
-    pass
-
-
-class _Pool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _Connection
-
-
-class _TLSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _TLSConnection
-
-
-POOLS = {"http": _Pool, "https": _TLSPool}
 CLOSED = "the probe's client was closed (config reload or shutdown)"
-
-
-class _Adapter(HTTPAdapter):
-    """requests' adapter, its connections `_KeepsSocket`'s (through an HTTP proxy too; a SOCKS proxy's
-    keep theirs, which a stream ending with the connection then reads with the headers' timeout)."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = POOLS
-
-    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
-        manager = super().proxy_manager_for(proxy, **kwargs)
-        if not proxy.lower().startswith("socks"):
-            manager.pool_classes_by_scheme = POOLS
-        return manager
 
 
 class _Bearer(requests.auth.AuthBase):
@@ -382,7 +299,7 @@ class HTTPChat:
         self._clock = clock
         self._session = requests.Session()
         for prefix in ("http://", "https://"):
-            self._session.mount(prefix, _Adapter())
+            self._session.mount(prefix, WatchedAdapter())
         self._session.auth = _Bearer(inference.api_key.get_secret_value())
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
         self._connect = connect_timeout(probe)
@@ -419,10 +336,10 @@ class HTTPChat:
             self._cuts.add(cut)
         try:
             with self._cut_ends_it(cut):
-                headers = _HEADERS.deadline = Deadline(wait)  # (the headers' whole wait: see _KeepsSocket)
-                _HEADERS.cut, _HEADERS.copies = cut, copies
+                headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
                 try:
-                    response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
+                    with watching((headers, cut), (cut,), copies):
+                        response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
                 except requests.ConnectTimeout:
                     raise ProbeFailure("timeout_connect", "connecting timed out") from None
                 except requests.ReadTimeout:
@@ -432,7 +349,6 @@ class HTTPChat:
                         raise Silence(self._clock()) from None
                     raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
                 finally:
-                    _HEADERS.deadline = _HEADERS.cut = _HEADERS.copies = None
                     headers.stop()
                 if headers.fired:  # (cut as the last of them came)
                     response.close()

@@ -1,0 +1,118 @@
+"""requests' connections whose sockets a `Deadline` watches while a request is made (`watching`).
+
+A socket's timeout bounds each read, not an exchange: a server that drips its headers or its body a
+byte at a time would hold a request for as long as it likes, and a client's `close` could not end a
+request already on the wire. A session whose adapter is a `WatchedAdapter` hands each connection's
+socket to the deadlines the thread named with `watching`, so that one firing (its time passed, or
+fired by the client's close) shuts the socket down and the request ends at once.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+
+from exporter.core.deadline import Deadline
+
+_WATCHING = threading.local()
+"""`answer`: the deadlines over the request this thread makes (see `watching`), which watch its
+connection's socket from the moment its answer is awaited; `connecting`: those that watch a new
+connection's socket from the moment it is made, through a copy of it (`copies`)."""
+
+
+@contextmanager
+def watching(
+    answer: Sequence[Deadline], connecting: Sequence[Deadline] = (), copies: list[socket.socket] | None = None
+) -> Iterator[None]:
+    """While a request is made in this thread through a `WatchedAdapter`: each of `answer` watches
+    its connection's socket (a kept-alive connection's too) from the moment the request is sent, and
+    each of `connecting` a new connection's from the moment it is made, through a copy (`dup`: the
+    same connection under a descriptor of its own) put in `copies`, since the TLS handshake or a
+    proxy's CONNECT wraps the socket made in another. The caller closes the copies once those
+    deadlines are stopped (`Deadline.stop`: a closed descriptor's number may be another file's)."""
+    _WATCHING.answer, _WATCHING.connecting = tuple(answer), tuple(connecting)
+    _WATCHING.copies = copies if copies is not None else []
+    try:
+        yield
+    finally:
+        _WATCHING.answer = _WATCHING.connecting = ()
+        _WATCHING.copies = None
+
+
+def plain_socket(sock: Any) -> socket.socket | None:
+    """What a deadline shuts down of a connection's `sock`: itself, or, for TLS inside TLS (an
+    HTTPS endpoint through an HTTPS proxy), the socket under urllib3's `SSLTransport`, which is no
+    socket of its own."""
+    while sock is not None and not isinstance(sock, socket.socket):
+        sock = getattr(sock, "socket", None)
+    return sock
+
+
+class _Watched:
+    """A connection whose socket the thread's deadlines watch (`watching`), and that keeps hold of
+    it (`kept`): http.client lets go of it when a response will close the connection (a stream
+    delimited by the connection's end), and a caller may set each read's timeout on it."""
+
+    kept: Any = None
+
+    def _new_conn(self) -> Any:
+        sock = super()._new_conn()  # type: ignore[misc]
+        connecting: tuple[Deadline, ...] = getattr(_WATCHING, "connecting", ())
+        if connecting:
+            copy = sock.dup()
+            _WATCHING.copies.append(copy)
+            for deadline in connecting:
+                deadline.watch(copy)
+        return sock
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.kept = self.sock  # type: ignore[attr-defined]
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        answer: tuple[Deadline, ...] = getattr(_WATCHING, "answer", ())
+        if answer and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
+            for deadline in answer:
+                deadline.watch(sock)
+        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+class _Connection(_Watched, HTTPConnection):
+    pass
+
+
+class _TLSConnection(_Watched, HTTPSConnection):
+    pass
+
+
+class _Pool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TLSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TLSConnection
+
+
+_POOLS = {"http": _Pool, "https": _TLSPool}
+
+
+class WatchedAdapter(HTTPAdapter):
+    """requests' adapter, its connections `_Watched` (through an HTTP proxy too; a SOCKS proxy's are
+    not, and no deadline cuts them: each read has only its timeout)."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = _POOLS
+
+    def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = _POOLS
+        return manager
