@@ -371,9 +371,14 @@ def test_bad_arguments_exit_2_with_one_line(
 
 
 @pytest.mark.integration  # the command as a process, against a simulator on loopback
-def test_ctrl_c_is_one_line_and_leaves_no_file(tmp_path: Path, spending: tuple[Simulator, SimulatorServer]) -> None:
-    """Interrupted while it fetches (answers take a second): exit 130, one line saying so, no
-    traceback, and no output file, partial or not."""
+@pytest.mark.parametrize(
+    ("signum", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_is_one_line_and_leaves_no_file(
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer], signum: int, status: int, said: str
+) -> None:
+    """Interrupted while it fetches (answers take a second), by Ctrl-C or by SIGTERM (`kill`, a
+    timeout): its exit status, one line saying so, no traceback, and no output file, partial or not."""
     sim, server = spending
     sim.latency = 1.0
     config = write_config(tmp_path, sim, server)
@@ -387,14 +392,15 @@ def test_ctrl_c_is_one_line_and_leaves_no_file(tmp_path: Path, spending: tuple[S
     )  # fmt: skip
     try:
         wait_for(lambda: sum(sim.requests_served.values()) > 0, timeout=30)  # (fetching)
-        process.send_signal(signal.SIGINT)
+        assert (tmp_path / ".out.om.partial").exists()
+        process.send_signal(signum)
         _, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
-    assert process.returncode == 130, stderr
-    assert stderr.strip().splitlines()[-1] == "inference-cost-exporter: backfill: interrupted"
+    assert process.returncode == status, stderr
+    assert stderr.strip().splitlines()[-1] == f"inference-cost-exporter: backfill: {said}"
     assert "Traceback" not in stderr
-    assert not list(tmp_path.glob("out.om*"))
+    assert not list(tmp_path.glob("*out.om*"))
 
 
 def fifo(path: Path) -> Path:

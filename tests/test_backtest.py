@@ -211,6 +211,7 @@ def test_the_backtest_command_prints_json_lines_and_refuses_months_that_make_no_
         (["--from", last, "--to", first], f"--from {last} is after --to {first}"),
         (["--from", "2999-01", "--to", "2999-02"], "--from 2999-01 has not begun yet"),
         (["--from", "2999-01"], "--from 2999-01 has not begun yet"),  # (not "after --to", which was not given)
+        (["--from", first, "--to", "2999-02"], "--to 2999-02 has not begun yet"),  # (not stopped at today, unsaid)
     ]:
         refused = run("backtest", "--config", str(config), *args, env=env)
         assert refused.returncode == 2

@@ -455,20 +455,39 @@ def test_no_signal_is_lost_under_load(
             process.communicate()
 
 
-def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
-    """`check | head -1`: the reader gone before the output is written, no traceback."""
+def check_command(tmp_path: Path, unbuffered: str) -> tuple[list[str], dict[str, str]]:
+    """`check` of a valid config, and its environment: its output buffered, or not (`PYTHONUNBUFFERED`,
+    as images set it)."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"billing": {"url": "http://127.0.0.1:1", "access_key_id": "a",
                                                   "secret_access_key": "${TEST_SECRET}"}}))  # fmt: skip
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "TEST_SECRET": "s"},
-    )  # fmt: skip
+    env = {name: v for name, v in os.environ.items() if name != "PYTHONUNBUFFERED"} | {"TEST_SECRET": "s"}
+    return [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)], env | (
+        {"PYTHONUNBUFFERED": "1"} if unbuffered else {}
+    )
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, unbuffered: str) -> None:
+    """`check | head -1`: the reader gone before the output is written, no traceback."""
+    command, env = check_command(tmp_path, unbuffered)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     assert process.stdout is not None
     process.stdout.close()  # (before anything is written: the write fails, whatever the timing)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
-    assert "Traceback" not in stderr
+    assert stderr == ""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, unbuffered: str) -> None:
+    """`once > metrics.prom` on a full disk: one line, and not the exit status of a bad config."""
+    command, env = check_command(tmp_path, unbuffered)
+    with Path("/dev/full").open("w") as full:
+        result = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == "inference-cost-exporter: check: cannot write its output: No space left on device\n"
 
 
 @pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999"])
@@ -499,6 +518,12 @@ def test_check_names_a_state_path_that_cannot_be_created(
     assert "warning: state.path: on this machine no state file can be kept at " in result.stderr
     assert str(tmp_path / "a-file" / "state.db") in result.stderr
     assert f"{tmp_path / 'a-file'} is not a directory" in result.stderr
+
+
+def test_the_config_variable_set_empty_is_not_set() -> None:
+    result = run("check", env={"INFERENCE_COST_EXPORTER_CONFIG": ""})
+    assert result.returncode == 2
+    assert "the following arguments are required: --config" in result.stderr
 
 
 def test_once_says_so_when_the_inference_api_refuses_the_key(

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -44,7 +47,7 @@ def _command(
 
 
 def _config_option(command: argparse.ArgumentParser) -> None:
-    default = os.environ.get(CONFIG_ENV)
+    default = os.environ.get(CONFIG_ENV) or None  # (set empty: not set)
     command.add_argument(
         "--config",
         metavar="FILE",
@@ -245,6 +248,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SERVING = frozenset({"run", "demo", "simulate"})
+"""The commands that serve until stopped, and take their signals themselves."""
+
+
+class Terminated(Exception):
+    """SIGTERM, in a command that runs to its end."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+_OUTPUT_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EDQUOT})
+"""What a write to the standard output meets when it cannot be written (the errors of a file
+opened by name carry its name, and are the commands' own to tell)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -253,12 +273,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
     module, name = args.func.split(":")
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
+    if args.command not in _SERVING:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
-        return int(command(args))
+        status = int(command(args))
+        if sys.stdout is not None:  # (None when started without one: `>&-`)
+            sys.stdout.flush()  # (here, not at the exit: a write that fails is told as one)
+        return status
     except BrokenPipeError:  # the reader went away (`check | head -1`): what is left goes nowhere, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush too)
         return 1
+    except OSError as error:  # the output itself (a full disk, `>&-`): one line, not a traceback
+        if error.filename is not None or error.errno not in _OUTPUT_FAULTS:
+            raise
+        command = f"export {args.format}" if args.command == "export" else args.command
+        print(f"inference-cost-exporter: {command}: cannot write its output: {error.strerror}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush goes nowhere)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
         command = f"export {args.format}" if args.command == "export" else args.command
         print(f"inference-cost-exporter: {command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:  # the same for SIGTERM (a timeout, `kill`): a partial output file is removed too
+        command = f"export {args.format}" if args.command == "export" else args.command
+        print(f"inference-cost-exporter: {command}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM

@@ -139,6 +139,9 @@ def cmd_backtest(args: argparse.Namespace) -> int:
     if args.start > last:
         print(f"inference-cost-exporter: backtest: --from {args.start} is after --to {last}", file=sys.stderr)
         return EXIT_USAGE
+    if last > clock.period():  # (as backfill and export focus refuse it: it would stop at today, unsaid)
+        print(f"inference-cost-exporter: backtest: --to {last} has not begun yet", file=sys.stderr)
+        return EXIT_USAGE
     try:
         check_range(args.start, last)
     except ValueError as error:
