@@ -8,12 +8,14 @@ import datetime as dt
 from decimal import Decimal
 from pathlib import Path
 
+from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock, days_in_period
 from exporter.model.forecast import filled, month_forecast
 from exporter.sim import ITEMS, Simulator, SpendModel
 from tests.conftest import SHANGHAI
-from tests.daemon_fakes import fake_billing_section, statuses, told, unit_daemon
+from tests.daemon_fakes import fake_billing_section, metrics, statuses, told, unit_daemon
+from tests.helpers import named
 
 MONTH = "2026-10"
 
@@ -85,3 +87,45 @@ def test_a_forecast_budget_fires_on_the_day_the_pace_first_reaches_it_and_once(t
         assert alert["annotations"]["description"].startswith(f"crossed on {crossing.isoformat()} at this pace (")
     finally:
         daemon.stop()
+
+
+def test_a_restart_forecasts_with_the_months_the_state_file_holds_before_the_history_refreshes(
+    tmp_path: Path,
+) -> None:
+    """Mid-month, the bills refreshed before the history after a restart (the history waits for
+    bills and usage): the forecast, its interval and a forecast budget's ratio are those the process
+    showed before it stopped, not ones made without the trailing months, until the next bills refresh."""
+    frozen = FrozenClock(dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    sim = Simulator(clock=clock)
+    document = {
+        "billing": fake_billing_section(sim, history_months=3),
+        "budgets": [{"name": "daily", "amount": "1000", "period": "day"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+    names = (
+        "inference_bill_month_forecast_payable_amount",
+        "inference_bill_month_forecast_lower_payable_amount",
+        "inference_bill_month_forecast_upper_payable_amount",
+        "inference_budget_forecast_ratio",
+    )
+
+    def figures(daemon: Daemon) -> dict[str, dict[object, float]]:
+        series = metrics(daemon)
+        return {name: named(series, name) for name in names}
+
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    for source in ("history", "bills", "usage"):
+        assert daemon.refresh(source)
+    before = figures(daemon)
+    assert all(before.values())
+    daemon.stop(grace=1)
+    frozen.advance(dt.timedelta(minutes=30))
+    restarted = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        for source in ("bills", "usage"):  # (the history not yet)
+            assert restarted.refresh(source)
+        assert restarted.latest.history is None
+        assert figures(restarted) == before
+    finally:
+        restarted.stop(grace=1)

@@ -134,6 +134,42 @@ def test_promtool_check_metrics_passes(sim: Simulator, clock: Clock, frozen: Fro
     assert result.stderr.decode().strip() == ""
 
 
+def test_after_midnight_a_day_that_ended_is_not_shown_as_today_nor_the_day_before_as_yesterday(
+    sim: Simulator, clock: Clock, frozen: FrozenClock
+) -> None:
+    """Usage refreshed on the 23rd (the 22nd final as the day before), then the usage API fails from
+    before midnight: on the 24th the counters are absent, not the 23rd's as if they were today's, and
+    the 22nd is not the day before; once usage refreshes again, the 24th is counted from its start."""
+    config, latest = full_latest(sim, clock, frozen)
+    exposition = build_exposition(config, latest, clock)
+
+    def usage() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        for family in text_string_to_metric_families(exposition.render()[0].decode()):
+            for s in family.samples:
+                if s.name.startswith("inference_usage_requests") or s.name.startswith(
+                    "inference_usage_previous_day_requests"
+                ):
+                    found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+        return found
+
+    before = usage()
+    assert sum(before["inference_usage_requests_total"].values()) == 120  # (the 23rd's, today)
+    assert {dict(k)["day"] for k in before["inference_usage_previous_day_requests"]} == {"2026-11-22"}
+    frozen.advance(dt.timedelta(days=1))  # (the 24th; no refresh succeeds meanwhile)
+    after = usage()
+    assert "inference_usage_requests_total" not in after
+    assert "inference_usage_previous_day_requests" not in after
+    usage_sync = UsageSync(FakeBilling(sim, clock=clock), clock, StateStore(":memory:"), per_api_key=False)
+    sim.add_usage(7)
+    latest.usage = usage_sync.refresh()
+    again = usage()
+    assert sum(again["inference_usage_requests_total"].values()) == 7
+    created = [s.value for f in text_string_to_metric_families(exposition.render()[0].decode())
+               for s in f.samples if s.name == "inference_usage_requests_created"]  # fmt: skip
+    assert set(created) == {clock.day_start(clock.today()).timestamp()}  # (the 24th's start)
+
+
 def test_cached_blocks_equal_a_fresh_render_and_follow_new_snapshots(
     sim: Simulator, clock: Clock, frozen: FrozenClock
 ) -> None:

@@ -12,10 +12,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.app.daemon import Daemon
+from exporter.app.daemon import Daemon, later
 from exporter.app.schedule import DailyTrigger, SpreadInterval
 from exporter.config.load import validate
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator
 from tests.daemon_fakes import InProcessBilling, account_simulators, accounts_section
 from tests.fakes import FakeBilling
@@ -113,6 +113,27 @@ def test_the_daemons_midnight_jobs_run_every_day_of_the_billing_zone(
             assert fired(daemon.scheduler.get_job(job).trigger, tz) == Counter(YEAR), job
     finally:
         daemon.stop(grace=5)
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Europe/London", "Asia/Shanghai"])
+def test_a_sources_next_run_is_an_interval_of_real_time_away_on_the_night_the_clocks_go_back(zone: str) -> None:
+    """Started (or rescheduled by a reload) at 01:55 on the night the clocks go back: the next usage
+    run is 5 minutes of real time later, not 65 (the wall clock's 02:00 comes an hour later)."""
+    tz = ZoneInfo(zone)
+    nights = {"America/New_York": dt.datetime(2026, 11, 1, 1, 55), "Europe/London": dt.datetime(2026, 10, 25, 1, 55)}
+    now = nights.get(zone, dt.datetime(2026, 11, 1, 1, 55)).replace(tzinfo=tz)  # (the first 01:55 of two)
+    for seconds in (300.0, 900.0, 3600.0, 86400.0):
+        assert later(now, seconds).timestamp() - now.timestamp() == seconds
+        assert later(now, seconds).tzinfo is tz
+
+
+def test_the_test_clock_advances_by_real_time_on_the_night_the_clocks_go_back() -> None:
+    tz = ZoneInfo("America/New_York")
+    frozen = FrozenClock(dt.datetime(2026, 11, 1, 1, 30, tzinfo=tz))  # (01:30 EDT, the first of two)
+    before = frozen().timestamp()
+    frozen.advance(dt.timedelta(hours=1))
+    assert frozen().timestamp() - before == 3600  # (01:30 EST: the wall clock reads the same)
+    assert frozen().strftime("%H:%M %Z") == "01:30 EST"
 
 
 def test_an_interval_keeps_its_phase_whatever_the_jitter() -> None:

@@ -49,7 +49,7 @@ def collectors(config: Config, latest: Latest, clock: Clock, part: str = "all") 
     process's own series, which several accounts share)."""
     return [
         BillsCollector(latest),
-        UsageCollector(latest, config.billing.per_api_key),
+        UsageCollector(latest, config.billing.per_api_key, clock),
         BudgetCollector(latest, config.budgets, config.prices, clock),
         ReconciliationCollector(latest),
         ProbeCollector(latest),
@@ -154,17 +154,21 @@ class Account:
             self.client = billing(config.billing)
             if previous is not None:
                 self.client.carry_over(previous.client)
-            self.bills = BillsSource(
-                self.client, clock, config.billing.previous_month_grace_days, history=lambda: latest.history,
-                interval=config.forecast.interval,
-            )  # fmt: skip
-            self.history = HistorySource(
+            history = HistorySource(
                 self.client, clock, state, config.billing.history_months,
                 wide=lambda: all(
                     (health := latest.health.get(source)) is not None and health.last_success is not None
                     for source in ("bills", "usage")
                 ),
             )  # fmt: skip
+            # (until the history's first refresh, the months the state file holds: a forecast made at
+            # start-up is the one made before it, not one without the trailing week, for a bills interval)
+            self.bills = BillsSource(
+                self.client, clock, config.billing.previous_month_grace_days,
+                history=lambda: latest.history if latest.history is not None else history.held(),
+                interval=config.forecast.interval,
+            )  # fmt: skip
+            self.history = history
             self.usage = UsageSync(
                 self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
             )

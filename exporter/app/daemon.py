@@ -73,6 +73,12 @@ def parse_listen(address: str) -> tuple[str, int]:
     return name, int(port)
 
 
+def later(now: dt.datetime, seconds: float) -> dt.datetime:
+    """`seconds` of real time after `now` (aware), in its zone: added in UTC, as a datetime of a zone
+    adds by its wall clock (an hour off on the night the clocks go back)."""
+    return (now.astimezone(dt.UTC) + dt.timedelta(seconds=seconds)).astimezone(now.tzinfo)
+
+
 class Daemon:
     """The scheduler's refreshes, the alert worker, the notifiers' workers and the HTTP server.
 
@@ -357,7 +363,7 @@ class Daemon:
             # Run now, then at the source's phase: with several accounts, the n-th of N next runs
             # (N - n) ÷ N of an interval from now, so that their runs come spread over the interval.
             # (A lone account's next run is an interval away.)
-            first = now + dt.timedelta(seconds=interval * (1 - self.sources.phases.get(source, 0.0)))
+            first = later(now, interval * (1 - self.sources.phases.get(source, 0.0)))
             jitter = min(MAX_JITTER, interval * JITTER_FRACTION)
             trigger = SpreadInterval(seconds=interval, jitter=jitter, start_date=first, timezone=self.clock.tz)
             if source not in self._intervals:

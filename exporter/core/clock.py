@@ -141,4 +141,6 @@ class FrozenClock:
         self._now = instant
 
     def advance(self, delta: dt.timedelta) -> None:
-        self._now += delta
+        """Move on by `delta` of real time (added in UTC: a zone's datetime adds by its wall clock, an
+        hour off on the night the clocks change)."""
+        self._now = (self._now.astimezone(dt.UTC) + delta).astimezone(self._now.tzinfo)

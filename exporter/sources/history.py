@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -182,6 +183,8 @@ class HistorySource:
         """Months the API refused, and when (monotonic) to try again."""
         self._held: dict[str, MonthHistory] | None = None
         """The months held: read from the state file once, then kept here (also those it refused to keep)."""
+        self._reading = threading.Lock()
+        """Held while the state file's months are read (once: by a refresh, or `held`)."""
         self.behind: list[str] = []
         """After a refresh, the months due today whose last fetch failed (held back an hour, or older
         than today's): the history is incomplete, however the other months went."""
@@ -216,6 +219,17 @@ class HistorySource:
             )
         return held
 
+    def held(self) -> HistorySnapshot | None:
+        """The past months as the state file holds them, for what reads the history before its
+        first refresh in this process (the bills' forecast at start-up); None when it holds none."""
+        with self._reading:
+            if self._held is None:
+                self._held = self._stored()
+            held = self._held
+        periods = periods_before(self.clock.period(), self.months)
+        months = {p: month for p in periods if (month := held.get(p)) is not None}
+        return HistorySnapshot(MappingProxyType(months)) if months else None
+
     def refresh(self) -> HistorySnapshot:
         """Fetch the months not fetched today yet, and the current month once a day. A month
         refused on its own is skipped (and tried again an hour later), one listing nothing is not
@@ -225,9 +239,10 @@ class HistorySource:
         today = self.clock.today()
         current = self.clock.period(today)
         periods = periods_before(current, self.months)
-        if self._held is None:
-            self._held = self._stored()
-        held = self._held
+        with self._reading:
+            if self._held is None:
+                self._held = self._stored()
+            held = self._held
         due = [
             period
             for period in [*periods, current]
