@@ -450,6 +450,21 @@ def test_with_several_accounts_the_budgets_over_them_show_the_crossing_day_and_a
     assert none.endswith("<td>—</td>")
 
 
+def test_a_month_the_billing_day_has_left_unread_since_is_over_on_the_page_not_so_far() -> None:
+    """On 1 December, the bills failing since before midnight: the page's chart is November's, over
+    (its total "in all", no forecast nor today), not "so far" with a forecast for a month that ended."""
+    month = month_of("2026-11", dt.date(2026, 11, 30), simple_rows(30))
+    latest = Latest(bills=BillsSnapshot(months=(month,), today=dt.date(2026, 11, 30)))
+    view = View(latest, lambda accept: (b"", ""), lambda: ["bills"], today=lambda: dt.date(2026, 12, 1))
+    chart = parse_chart(landing_page(view))
+    (headline,) = chart.find("text", "headline")
+    assert headline.text == f"2026-11: {month.month_to_date:.2f} in all"
+    assert chart.forecasts == []
+    assert chart.find("g", "today") == []
+    on_the_day = View(latest, lambda accept: (b"", ""), lambda: ["bills"], today=lambda: dt.date(2026, 11, 30))
+    assert "so far" in parse_chart(landing_page(on_the_day)).find("text", "headline")[0].text
+
+
 def test_a_row_dated_outside_the_month_neither_scales_nor_counts_and_a_tiny_budget_draws() -> None:
     month = month_of("2026-11", TODAY, simple_rows(22))
     stray = DailyAmount("2026-11", dt.date(2026, 10, 31), "ep-0", "P", "proj", Decimal(1000), Decimal(0))

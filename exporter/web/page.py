@@ -222,7 +222,11 @@ def landing_page(view: View) -> str:
     bills = view.latest.bills
     # The account's monthly budgets: a scoped one against the whole account's bars would mislead.
     monthly = [(b.name, b.amount) for b in view.budgets() if b.period == "month" and not b.where]
-    chart = month_chart(bills.current, bills.today, monthly) if bills is not None else "<p>No bills yet.</p>"
+    chart = "<p>No bills yet.</p>"
+    if bills is not None:  # (a month the billing day has left, its bills not read since: over, not "so far")
+        today = view.today()
+        shown = today if today is not None and f"{today:%Y-%m}" != bills.current.period else bills.today
+        chart = month_chart(bills.current, shown, monthly)
     budget_head = "<table><tr><th>budget</th><th>scope</th>"
     several = view.accounts() if view.accounts is not None else None
     if several is not None:  # several accounts: a table of them instead of one account's chart
