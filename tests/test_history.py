@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import signal
+import threading
 from decimal import Decimal
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from exporter.core.clock import Clock, FrozenClock, periods_before, previous_per
 from exporter.model.forecast import filled, forecast, month_forecast
 from exporter.sim import Endpoint, Fault, Simulator, SpendModel
 from exporter.sources.bills import BillsSource
-from exporter.sources.history import HistorySource, fetch_month
+from exporter.sources.history import HistorySource, _all, fetch_month
 from exporter.state import StateError, StateStore
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import InProcessBilling, fake_billing_section, unit_daemon
@@ -515,3 +517,30 @@ def test_the_charges_of_no_endpoint_are_the_account_s_less_every_endpoint_s_each
         ("ITEM_STORAGE", "PRODUCT_STORAGE", "", money(2)),
         ("ITEM_TRAINING", "PRODUCT_FINE_TUNING", "", money(3)),
     ]
+
+
+def test_a_command_stopped_while_months_are_fetched_does_not_wait_for_those_running() -> None:
+    """Ctrl-C or SIGTERM (turned into an exception in the main thread) while months are fetched in
+    parallel: it reaches the command at once, whose close then cuts the requests still running,
+    instead of waiting here for them (each retrying a hung API for minutes)."""
+    release = threading.Event()
+    finished: list[int] = []
+
+    def hung() -> int:
+        release.wait(10)
+        finished.append(1)
+        return 1
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            _all([hung, hung, hung], 2)
+        assert finished == []  # (not waited for)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.set()

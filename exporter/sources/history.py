@@ -84,13 +84,17 @@ def _all(calls: Sequence[Callable[[], R]], workers: int) -> list[R]:
     first (each request has its timeout, and closing the client ends them at once)."""
     if workers <= 1 or len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="history") as pool:
-        futures = [pool.submit(call) for call in calls]
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+    pool = ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="history")
+    futures = [pool.submit(call) for call in calls]
+    try:
+        results = [future.result() for future in futures]
+    except BaseException as error:
+        # Those running end first, except when a command is stopped (Ctrl-C, SIGTERM: no Exception):
+        # its close cuts them, which it could not do while this waited for them.
+        pool.shutdown(wait=isinstance(error, Exception), cancel_futures=True)
+        raise
+    pool.shutdown()
+    return results
 
 
 def _attempts(calls: Sequence[Callable[[], R]], workers: int) -> list[R | BillingError]:
