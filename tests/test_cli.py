@@ -490,7 +490,7 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, unbuffered
     assert result.stderr == "inference-cost-exporter: check: cannot write its output: No space left on device\n"
 
 
-@pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999"])
+@pytest.mark.parametrize("address", ["foo", "127.0.0.1:99999", "::1:9877"])
 def test_a_bad_listen_address_is_one_line(
     tmp_path: Path, live: tuple[Simulator, SimulatorServer], address: str
 ) -> None:
@@ -499,8 +499,8 @@ def test_a_bad_listen_address_is_one_line(
     result = run("run", "--config", str(config), "--listen", address, env={"TEST_BILLING_SECRET": "x"})
     assert result.returncode == 1
     assert result.stderr == (
-        f"inference-cost-exporter: listen address {address!r} is not HOST:PORT "
-        "(for example :9877 or 127.0.0.1:9877; the port 0 to 65535)\n"
+        f"inference-cost-exporter: listen address {address!r} is not HOST:PORT (for example :9877, "
+        "127.0.0.1:9877 or [::1]:9877; the port 0 to 65535)\n"
     )
 
 

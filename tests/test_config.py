@@ -56,6 +56,8 @@ SPACE = "holds a space or a control character: percent-encode it (a space is %20
         ({"billing": BILLING | {"usage_interval": "0s"}}, "billing.usage_interval: must be greater than zero"),
         ({"billing": BILLING | {"timezone": "Mars/Olympus"}}, "billing.timezone: unknown time zone 'Mars/Olympus'"),
         ({"billing": BILLING | {"url": "openapi.example.com"}}, "billing.url: must be an http:// or https:// URL"),
+        ({"billing": BILLING, "server": {"listen": ":\u0669\u0668\u0667\u0667"}},
+         "server.listen: contains characters that are not allowed"),
         ({"billing": BILLING | {"url": "https://:443/"}}, "billing.url: must be an http:// or https:// URL"),
         ({"billing": BILLING, "alerts": {"notifiers": [{"name": "h", "type": "webhook", "url": "http://127.0.0.1:99999/h"}]}},
          "alerts.notifiers[0].url: its port must be a number from 1 to 65535"),

@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`check | head -1`): what is left goes nowhere, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush too)
         return 1
-    except OSError as error:  # the output itself (a full disk, `>&-`): one line, not a traceback
+    except OSError as error:  # the output itself (a full disk): one line, not a traceback
         if error.filename is not None or error.errno not in _OUTPUT_FAULTS:
             raise
         command = f"export {args.format}" if args.command == "export" else args.command

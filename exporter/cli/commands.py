@@ -317,8 +317,8 @@ def _listen(address: str) -> str:
     try:
         parse_listen(address)
     except ValueError:
-        print(f"inference-cost-exporter: listen address {address!r} is not HOST:PORT "
-              "(for example :9877 or 127.0.0.1:9877; the port 0 to 65535)", file=sys.stderr)  # fmt: skip
+        print(f"inference-cost-exporter: listen address {address!r} is not HOST:PORT (for example :9877, "
+              "127.0.0.1:9877 or [::1]:9877; the port 0 to 65535)", file=sys.stderr)  # fmt: skip
         raise SystemExit(EXIT_CONFIG) from None
     return address
 

@@ -307,7 +307,7 @@ def _port_in_range(address: str) -> str:
 
 
 ListenAddress = Annotated[
-    str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):\d{1,5}$"), AfterValidator(_port_in_range)
+    str, Field(pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$"), AfterValidator(_port_in_range)
 ]
 
 
