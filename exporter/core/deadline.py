@@ -147,6 +147,13 @@ class Deadline:
                 _shut_down(sock)
         return sock
 
+    def unwatch(self, sock: socket.socket) -> None:
+        """No longer shut `sock` down when the deadline fires (a connection going back to a pool,
+        for another request to use)."""
+        with self._lock:
+            if sock in self._sockets:
+                self._sockets.remove(sock)
+
     def fire(self) -> bool:
         """Fire now, as if its time had passed; False if it had fired or been stopped already."""
         return self._fire(expired=False)

@@ -61,6 +61,21 @@ class _Watched:
     delimited by the connection's end), and a caller may set each read's timeout on it."""
 
     kept: Any = None
+    watched: list[tuple[Deadline, socket.socket]] | None = None
+    """The deadlines watching this connection's socket (or a copy of it), and what each watches:
+    `unwatched` when it goes back to the pool."""
+
+    def _watch(self, deadline: Deadline, sock: socket.socket) -> None:
+        deadline.watch(sock)
+        if self.watched is None:
+            self.watched = []
+        self.watched.append((deadline, sock))
+
+    def unwatched(self) -> None:
+        """No deadline of the request that used it shuts it down now: another request may take it."""
+        for deadline, sock in self.watched or ():
+            deadline.unwatch(sock)
+        self.watched = None
 
     def _new_conn(self) -> Any:
         sock = super()._new_conn()  # type: ignore[misc]
@@ -69,7 +84,7 @@ class _Watched:
             copy = sock.dup()
             _WATCHING.copies.append(copy)
             for deadline in connecting:
-                deadline.watch(copy)
+                self._watch(deadline, copy)
         return sock
 
     def connect(self) -> None:
@@ -80,7 +95,7 @@ class _Watched:
         answer: tuple[Deadline, ...] = getattr(_WATCHING, "answer", ())
         if answer and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
             for deadline in answer:
-                deadline.watch(sock)
+                self._watch(deadline, sock)
         return super().getresponse(*args, **kwargs)  # type: ignore[misc]
 
 
@@ -92,11 +107,21 @@ class _TLSConnection(_Watched, HTTPSConnection):
     pass
 
 
-class _Pool(urllib3.HTTPConnectionPool):
+class _Unwatching:
+    """A pool whose connections, put back, are no longer watched by the deadlines of the request
+    that used them: one firing late (its request's body just read) would cut the next request."""
+
+    def _put_conn(self, conn: Any) -> None:
+        if isinstance(conn, _Watched):
+            conn.unwatched()
+        super()._put_conn(conn)  # type: ignore[misc]
+
+
+class _Pool(_Unwatching, urllib3.HTTPConnectionPool):
     ConnectionCls = _Connection
 
 
-class _TLSPool(urllib3.HTTPSConnectionPool):
+class _TLSPool(_Unwatching, urllib3.HTTPSConnectionPool):
     ConnectionCls = _TLSConnection
 
 
