@@ -693,3 +693,33 @@ def test_mappings_merged_in_many_times_are_looked_at_once_each(monkeypatch: pyte
         inner = f"&l{level} {{<<: [{inner}, *l{level - 1}, *l{level - 1}], y{level}: 1}}"
     assert parse_yaml(f"a: {inner}\n")["a"]["x"] == 1
     assert len(calls) < 200
+
+
+def test_rules_whose_alerts_alertmanager_could_not_tell_apart_are_refused_when_it_takes_both() -> None:
+    """Two thresholds of one alert name on two endpoints (`where`), neither with `by`: the engine
+    tells their alerts apart, Alertmanager (by labels only) would not, and never notify the second.
+    Refused when both go to one `alertmanager` notifier; taken when they cannot collide."""
+
+    def rule(endpoint: str, **more: object) -> dict:
+        return {"alert": "EndpointSpendHigh", "signal": "spend", "threshold": 100,
+                "where": {"endpoint_id": endpoint}, "labels": {"severity": "page"}} | more  # fmt: skip
+
+    def document(rules: list[dict], notifiers: list[dict]) -> dict:
+        return {"billing": BILLING, "alerts": {"rules": rules, "notifiers": notifiers}}
+
+    am = {"name": "am", "type": "alertmanager", "urls": ["http://127.0.0.1:9093"]}
+    hook = {"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/hook"}
+    (error,) = errors_of(document([rule("ep-a"), rule("ep-b")], [am, hook]))
+    assert error.startswith(
+        "alerts.rules[1] (alert EndpointSpendHigh): its alerts can have the same labels as those of alerts.rules[0]"
+    )
+    assert "Alertmanager (am) tells alerts apart by their labels only" in error
+    for fine in (
+        document([rule("ep-a"), rule("ep-b")], [hook]),  # (no Alertmanager: the engine tells them apart)
+        document([rule("ep-a", notifiers=["hook"]), rule("ep-b", notifiers=["am"])], [am, hook]),  # (not both)
+        document([rule("ep-a", by=["endpoint_id"]), rule("ep-b", by=["endpoint_id"])], [am]),  # (their groups differ)
+        document([rule("ep-a"), rule("ep-b", labels={"severity": "warn"})], [am]),  # (labels of their own)
+    ):
+        validate(fine, ENV)
+    (error,) = errors_of(document([rule("ep-a", by=["project_id"]), rule("ep-b", by=["project_id"])], [am]))
+    assert "alerts.rules[0]" in error  # (both may alert on one project)

@@ -23,8 +23,8 @@ from pydantic import (
 )
 
 from exporter.config.checks import cross_check, items, location, rule_name
-from exporter.config.rules import twin_rules
-from exporter.config.schema import Config, keys_at, secret_fields
+from exporter.config.rules import label_twins, rule_ids, twin_rules
+from exporter.config.schema import Config, keys_at, routes, secret_fields
 from exporter.core.decimals import WrittenFloat
 from exporter.core.fields import url_password
 from exporter.core.logs import MASK, get_logger
@@ -325,9 +325,32 @@ def validate(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
                 f"{location(path)}{rule_name(document, path)}: makes the same alerts as alerts.rules[{earlier}]"
                 " (the same alert name, what it watches and labels); give one of them other `labels`, a severity"
             )
+        errors += _alike_to_alertmanager(config, document)
     if errors:
         raise ConfigError(_masked(errors, document))
     return config
+
+
+def _alike_to_alertmanager(config: Config, document: dict[str, Any]) -> list[str]:
+    """Rules whose alerts can have the same labels (`label_twins`) and go to one `alertmanager`
+    notifier: it would take the one's alert for the other's, and never notify the second."""
+    rules = config.alerts.rules
+    routed = routes(config.alerts, config.digest.notifiers if config.digest is not None else ())
+    ids = rule_ids(rules)
+    managers = {n.name for n in config.alerts.notifiers if n.type == "alertmanager"}
+    errors = []
+    for earlier, later in label_twins(rules):
+        shared = managers & set(routed[ids[earlier]]) & set(routed[ids[later]])
+        if shared:
+            path = ("alerts", "rules", later)
+            errors.append(
+                f"{location(path)}{rule_name(document, path)}: its alerts can have the same labels as those of"
+                f" alerts.rules[{earlier}] (the same alert name, `labels` and `by`: `where`, `signal` and `window`"
+                f" make no label), and Alertmanager ({', '.join(sorted(shared))}) tells alerts apart by their labels"
+                " only: it would take the one's for the other's. Give each its own `labels` (e.g. a `scope`), or"
+                " `by` what tells them apart"
+            )
+    return errors
 
 
 MASKED_QUOTED_FROM, MASKED_FROM = 4, 12

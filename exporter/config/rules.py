@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.core.fields import Amount, Duration, Name, ScopeValue, Strict
+from exporter.core.fields import Amount, Duration, Name, ScopeValue, Strict, scope_values
 from exporter.model.signals import SIGNALS
 
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
@@ -230,4 +230,29 @@ def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
             twins.append((first[key], n))
         else:
             first[key] = n
+    return twins
+
+
+def label_twins(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
+    """(earlier, later) positions of threshold rules that watch different things yet whose alerts
+    can have the same labels: the same alert name, `labels` and `by` names (`where`, `signal` and
+    `window` make no label), unless a `where` on a name of `by` keeps their groups apart. The
+    engine tells such alerts apart by their rules; Alertmanager, by their labels only."""
+    alike: dict[str, list[tuple[int, ThresholdRule]]] = {}
+    for n, rule in enumerate(rules):
+        if isinstance(rule, ThresholdRule):
+            labels = json.dumps([rule.alert, sorted(rule.labels.items()), sorted(rule.by)])
+            alike.setdefault(labels, []).append((n, rule))
+    twins = []
+    for found in alike.values():
+        for at, (later, b) in enumerate(found):
+            for earlier, a in found[:at]:
+                apart = any(
+                    name in a.where and name in b.where
+                    and not set(scope_values(a.where[name])) & set(scope_values(b.where[name]))
+                    for name in a.by
+                )  # fmt: skip
+                if not apart and rule_key(a) != rule_key(b):  # (the same key: `twin_rules`)
+                    twins.append((earlier, later))
+                    break
     return twins
