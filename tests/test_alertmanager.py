@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -9,10 +10,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, iso
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
-from tests.helpers import free_port, serve_binary, wait_for
+from tests.helpers import Receiver, free_port, serve_binary, wait_for
 from tests.test_alerts import make_daemon, today_by_endpoint
 
 
@@ -70,3 +71,45 @@ def test_alertmanager_shows_our_alert_then_its_resolution(
         wait_for(lambda: not am_alerts(alertmanager))  # resolved: endsAt is now, so it is no longer active
     finally:
         daemon.stop()
+
+
+def test_a_restart_sends_alertmanager_nothing_before_it_has_judged_the_alerts_again(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    """Stopped with an alert firing, which resolves while it is down (another replica may already
+    have told Alertmanager so): restarted, it does not send the firing the state file holds, which
+    would make the alert active again; its first word is the evaluation's, the alert resolved."""
+    receiver = Receiver()  # (standing in for Alertmanager: every POST recorded)
+    amounts = today_by_endpoint(sim, clock.today())
+    top = max(amounts, key=lambda e: amounts[e])
+    threshold = (sorted(amounts.values())[-2] + amounts[top]) / 2
+    rule = {"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(threshold)}
+    alerts = {"rules": [rule], "notifiers": [{"name": "am", "type": "alertmanager", "urls": [receiver.url]}]}
+
+    def states() -> list[str] | None:
+        """What the last POST said of each alert; None before any."""
+        bodies = receiver.bodies("/api/v2/alerts")
+        return ["resolved" if a["endsAt"] <= iso(time.time()) else "firing" for a in bodies[-1]] if bodies else None
+
+    try:
+        first = make_daemon(sim, server, clock, tmp_path, alerts)
+        try:
+            assert first.refresh("bills")
+            first.alert_cycle()
+            wait_for(lambda: states() == ["firing"])
+        finally:
+            first.stop()
+        for item in ITEMS:  # (resolved while it is down)
+            sim.revise_bill(clock.today(), top, item, Decimal("0.01"))
+        receiver.received.clear()
+        second = make_daemon(sim, server, clock, tmp_path, alerts)  # (its workers started)
+        try:
+            time.sleep(1)
+            assert receiver.received == []  # (not the firing the state file holds)
+            assert second.refresh("bills")
+            second.alert_cycle()
+            wait_for(lambda: states() == ["resolved"])
+        finally:
+            second.stop()
+    finally:
+        receiver.stop()

@@ -167,6 +167,7 @@ class Daemon:
             self._external_url(config),
             routed=lambda rule: self.sources.engine.routed(rule),
             digests_to=lambda: digest_notifiers(self.sources.config if hasattr(self, "sources") else config),
+            judged_first=True,
         )  # (asked once before Sources is built: configuring the dispatcher drops what a restart removed)
         self.sources = Sources(
             config, self.latest, self.clock, self.state, retry=retry, dispatcher=self.dispatcher, billing=billing,
@@ -322,6 +323,7 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
+            first = self.dispatcher.judged()
         try:  # the alerts' series rendered here if they changed, not in the next scrape
             sources = self.sources  # (one reload's: the exposition and its collector together)
             sources.exposition.prepare(only=sources.alerts_collector)
@@ -329,7 +331,7 @@ class Daemon:
             log.exception("rendering the alerts' series crashed")
         self.digest_cycle()
         self.dispatcher.poke()
-        if changes:
+        if changes or first:
             self.dispatcher.resend()
 
     def digest_cycle(self) -> bool:

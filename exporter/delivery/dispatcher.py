@@ -162,13 +162,16 @@ class Dispatcher:
         external_url: str,
         routed: Callable[[str], Sequence[str]] | None = None,
         digests_to: Callable[[], Collection[str] | None] | None = None,
+        judged_first: bool = False,
     ) -> None:
         """`alerts`: the current alerts routed to the notifier named (what a kind that is resent sends).
         `routed`: the notifiers a rule's state changes go to now (a queued firing of a rule a reload
         routed elsewhere is not delivered); without it, a queued firing goes where it was queued.
         `digests_to`: the notifiers digests go to now (a queued digest of one a reload took out of
         `digest.notifiers` is not delivered); without it, or when it says None (a config without
-        `digest` names none), a queued digest goes where it was queued."""
+        `digest` names none), a queued digest goes where it was queued. `judged_first`: the kinds
+        that are resent send nothing until `judged` (the first evaluation since the start): the
+        alerts the state file held may have resolved meanwhile, and another replica may have said so."""
         self.store = store
         self.clock = clock
         self.alerts = alerts
@@ -197,6 +200,10 @@ class Dispatcher:
         self._counts = threading.Lock()
         self._failing: set[tuple[str, str]] = set()
         """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
+        self._judged = threading.Event()
+        """Whether the alerts have been evaluated since the start (`judged_first`): till then, nothing is resent."""
+        if not judged_first:
+            self._judged.set()
         self._running = False
         self._closed = False
         self.configure(notifiers, external_url)
@@ -285,6 +292,13 @@ class Dispatcher:
         for name, worker in list(self._workers.items()):
             if (notifier := self._notifiers.get(name)) is None or outbox(notifier) is not None:
                 worker.poke()
+
+    def judged(self) -> bool:
+        """The alerts have been evaluated: the kinds that are resent may send them. True the first
+        time (the caller has them resent now)."""
+        first = not self._judged.is_set()
+        self._judged.set()
+        return first
 
     def resend(self) -> None:
         """Alert states changed: the workers of the kinds that are resent send everything now, not
@@ -564,7 +578,7 @@ class Dispatcher:
     def _resend(self, name: str) -> None:
         """Every active and recently resolved alert to one notifier of a kind that is resent."""
         notifier = self._notifiers.get(name)
-        if notifier is None or isinstance(sender := kind(notifier), OutboxKind):
+        if notifier is None or isinstance(sender := kind(notifier), OutboxKind) or not self._judged.is_set():
             return
         alerts, now = self.alerts(name), self.clock.now().timestamp()
         with self._locks[name]:
