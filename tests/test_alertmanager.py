@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 
+from exporter.core import post
 from exporter.core.clock import Clock, iso
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
@@ -113,3 +118,56 @@ def test_a_restart_sends_alertmanager_nothing_before_it_has_judged_the_alerts_ag
             second.stop()
     finally:
         receiver.stop()
+
+
+def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`urls: [http://am.test:PORT]`, a name that resolves to two peers (a Kubernetes headless
+    Service): Alertmanager's peers do not pass alerts to each other, so each gets them, under the
+    name it was asked by."""
+    port = free_port()
+    got: dict[str, list[tuple[str, list]]] = {"127.0.0.1": [], "127.0.0.2": []}
+
+    class Peer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got[self.server.server_address[0]].append((self.headers["Host"], body))  # type: ignore[index]
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    servers = [ThreadingHTTPServer((address, port), Peer) for address in got]
+    for peer in servers:
+        threading.Thread(target=peer.serve_forever, daemon=True).start()
+
+    def resolve(host: str, at: int, type: int = 0) -> list[tuple]:  # noqa: A002 (getaddrinfo's name)
+        assert host == "am.test"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, at)) for address in got]
+
+    peers = post.peers
+    monkeypatch.setattr(post, "peers", lambda url: peers(url, resolve))
+    amounts = today_by_endpoint(sim, clock.today())
+    rule = {"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(min(amounts.values()))}
+    alerts = {
+        "rules": [rule],
+        "notifiers": [{"name": "am", "type": "alertmanager", "urls": [f"http://am.test:{port}"]}],
+    }
+    daemon = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        wait_for(lambda: all(got.values()))
+        for posted in got.values():
+            host, body = posted[0]
+            assert host == f"am.test:{port}"
+            assert {a["labels"]["alertname"] for a in body} == {"SpendHigh"}
+        wait_for(lambda: daemon.dispatcher.sent["am"] == 2)  # (one delivery to each peer)
+    finally:
+        daemon.stop()
+        for peer in servers:
+            peer.shutdown()
+            peer.server_close()

@@ -9,10 +9,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
-from exporter.core.post import DeadlineExceeded, post_json
+from exporter.core.post import DeadlineExceeded, peers, post_json
 from tests.helpers import Receiver
 
 
@@ -137,3 +138,33 @@ def test_a_retry_after_is_read_on_a_429_or_a_503_only(receiver: Receiver) -> Non
     receiver.answers = [(status, {"Retry-After": "600"}) for status in (429, 503, 200, 404)]
     asked = [post_json(f"{receiver.url}/hook", {"x": 1}, deadline=5, headers={}).retry_after for _ in range(4)]
     assert asked == [600.0, 600.0, None, None]
+
+
+def records(*addresses: tuple[int, str]) -> Any:
+    """A resolver answering with these (family, address) records, on the port asked for."""
+
+    def resolve(host: str, port: int, type: int = 0) -> list[tuple[Any, ...]]:  # noqa: A002 (getaddrinfo's name)
+        return [(family, socket.SOCK_STREAM, 6, "", (address, port)) for family, address in addresses]
+
+    return resolve
+
+
+def test_the_peers_of_a_name_are_its_addresses_each_once_and_ipv4_when_it_has_some(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    v4, v6 = socket.AF_INET, socket.AF_INET6
+    cluster = records((v4, "10.0.0.1"), (v6, "fd00::1"), (v4, "10.0.0.2"), (v4, "10.0.0.1"))
+    assert peers("http://am.monitoring:9093", cluster) == ["10.0.0.1", "10.0.0.2"]
+    assert peers("http://am.monitoring:9093", records((v6, "fd00::1"), (v6, "fd00::2"))) == ["fd00::1", "fd00::2"]
+    assert peers("http://am:9093", records((v4, "10.0.0.1"), (v6, "fd00::1"))) == [None]  # (one peer: as it is)
+    assert peers("http://10.0.0.9:9093", cluster) == [None]  # (an address)
+    assert peers("http://[fd00::9]:9093", cluster) == [None]
+
+    def refused(*args: object, **kwargs: object) -> list[Any]:
+        raise socket.gaierror(socket.EAI_NONAME, "unknown")
+
+    assert peers("http://am.monitoring:9093", refused) == [None]  # (the POST says why it fails)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    assert peers("http://am.monitoring:9093", cluster) == [None]  # (the proxy reaches the name)

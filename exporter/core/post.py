@@ -20,6 +20,7 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -65,12 +66,17 @@ class _HTTPConnection(http.client.HTTPConnection):
     """Each socket it opens watched by the deadline from the moment it exists, so that every
     phase after the TCP connect can be cut: a proxy's CONNECT, the request, the answer."""
 
-    def __init__(self, host: str, port: int, timer: Deadline, **options: Any) -> None:
+    def __init__(self, host: str, port: int, timer: Deadline, address: str | None = None, **options: Any) -> None:
         super().__init__(host, port, timeout=timer.remaining(), **options)
         self.timer = timer
+        self.address = address
+        """The IP address to connect to instead of the host's (see `peers`): its name is still the
+        one the request and TLS give."""
         self._create_connection = self._watched  # what http.client opens its socket with
 
     def _watched(self, address: tuple[str, int], *options: Any) -> socket.socket:
+        if self.address is not None:
+            address = (self.address, address[1])
         return self.timer.watch(socket.create_connection(address, *options))
 
 
@@ -97,9 +103,12 @@ def _port(parts: SplitResult, whose: str) -> int | None:
         raise http.client.InvalidURL(f"{whose} port is not a number from 1 to 65535") from None
 
 
-def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+def _connection(
+    url: str, timer: Deadline, address: str | None = None
+) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
     """A connection for `url` (through the environment's proxy, if any) whose sockets `timer`
-    watches, the request target, and the headers the URL itself asks for (credentials)."""
+    watches, the request target, and the headers the URL itself asks for (credentials); `address`:
+    the IP address to reach its host at (never through a proxy: `peers` gives none then)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if https else 80)
@@ -112,8 +121,8 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
     proxy = get_environ_proxies(written).get(parts.scheme)
     if not proxy:
         if https:
-            return _HTTPSConnection(host, port, timer, context=_tls()), target, headers
-        return _HTTPConnection(host, port, timer), target, headers
+            return _HTTPSConnection(host, port, timer, address, context=_tls()), target, headers
+        return _HTTPConnection(host, port, timer, address), target, headers
     try:
         via = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
     except ValueError:  # (the environment's: the config's URLs are checked)
@@ -127,13 +136,41 @@ def _connection(url: str, timer: Deadline) -> tuple[http.client.HTTPConnection, 
     return _HTTPConnection(proxy_host, proxy_port, timer), written, headers | proxy_auth  # (credentials: a header)
 
 
-def post_json(url: str, body: object, *, deadline: float, headers: dict[str, str]) -> Answer:
-    """POST `body` as JSON; the receiver's status (and `Location`) once its whole answer is in,
-    or `DeadlineExceeded`, or an `OSError`/`http.client.HTTPException` for a connection that failed."""
+def peers(url: str, resolve: Callable[..., list[Any]] = socket.getaddrinfo) -> list[str | None]:
+    """The IP addresses `url`'s host name resolves to, each once (IPv4's, when it has some), to POST
+    to each (the peers of a cluster behind one name: a Kubernetes headless Service); [None], to POST
+    to the URL as it is, when its host is an address, is reached through a proxy, resolves to one
+    address, or does not resolve (the POST then fails, saying so)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    try:
+        host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if https else 80)
+    except http.client.InvalidURL:
+        return [None]
+    if not host or ":" in host or host.replace(".", "").isdigit():
+        return [None]
+    netloc = f"{host}:{port}"
+    if get_environ_proxies(parts._replace(netloc=netloc).geturl()).get(parts.scheme):
+        return [None]
+    try:
+        found = resolve(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return [None]
+    v4 = [str(info[4][0]) for info in found if info[0] == socket.AF_INET]
+    addresses: list[str | None] = list(dict.fromkeys(v4 or [str(info[4][0]) for info in found]))
+    return addresses if len(addresses) > 1 else [None]
+
+
+def post_json(
+    url: str, body: object, *, deadline: float, headers: dict[str, str], address: str | None = None
+) -> Answer:
+    """POST `body` as JSON (to the host at `address`, one of its `peers`, when given); the
+    receiver's status (and `Location`) once its whole answer is in, or `DeadlineExceeded`, or an
+    `OSError`/`http.client.HTTPException` for a connection that failed."""
     data = json.dumps(body).encode()
     timer = Deadline(deadline)
     try:
-        connection, target, url_headers = _connection(url, timer)
+        connection, target, url_headers = _connection(url, timer, address)
     except http.client.InvalidURL:
         timer.close()
         raise

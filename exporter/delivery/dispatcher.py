@@ -324,11 +324,13 @@ class Dispatcher:
 
     # -- what the kinds send through (`kind.Delivery`) --
 
-    def post(self, notifier: str, url: str, body: object, target: str = "") -> str | None:
+    def post(self, notifier: str, url: str, body: object, target: str = "", address: str | None = None) -> str | None:
         """POST JSON; None on a 2xx, else a short reason (never the URL: it may hold a secret).
-        `target` tells apart the URLs of a notifier that has several, in the log."""
+        `target` tells apart the URLs of a notifier that has several, in the log; `address`: the
+        IP address of the URL's host to POST to (`core.post.peers`)."""
         try:
-            answer = post_json(url, body, deadline=self.deadline, headers={"User-Agent": USER_AGENT})
+            headers = {"User-Agent": USER_AGENT}
+            answer = post_json(url, body, deadline=self.deadline, headers=headers, address=address)
         except DeadlineExceeded as error:
             reason = str(error)
         except http.client.InvalidURL as error:  # (a proxy's, from the environment: the config's are checked)

@@ -54,17 +54,28 @@ def payload(alerts: Sequence[Alert], now: float, external_url: str) -> list[dict
 
 
 def send(notifier: AlertmanagerNotifier, alerts: Sequence[Alert], now: float, via: Delivery) -> None:
-    """The alerts to each URL of the notifier (nothing when there is none to send)."""
+    """The alerts to each URL of the notifier, and to each peer behind a URL whose host name
+    resolves to several (a Kubernetes headless Service): Alertmanager's peers do not pass alerts on
+    to each other. Nothing when there is none to send."""
+    from exporter.core.post import peers  # (here: `check` and `rules` load this module, not the HTTP client)
+
     body = payload(alerts, now, via.external_url)
     if not body:
         return
-    if len(notifier.urls) == 1:
-        via.post(notifier.name, f"{notifier.urls[0]}/api/v2/alerts", body)
+    targets = [
+        (f"{url}/api/v2/alerts", f"urls[{n}]" if len(found) == 1 else f"urls[{n}] at {address}", address)
+        for n, url in enumerate(notifier.urls)
+        for found in [peers(url)]
+        for address in found
+    ]
+    if len(targets) == 1:
+        (url, _, address), target = targets[0], "" if len(notifier.urls) == 1 else "urls[0]"
+        via.post(notifier.name, url, body, target, address)
         return
     # Every peer at once: one that drops packets must not hold back the others.
     posts = [
-        threading.Thread(target=via.post, args=(notifier.name, f"{url}/api/v2/alerts", body, f"urls[{n}]"), daemon=True)
-        for n, url in enumerate(notifier.urls)
+        threading.Thread(target=via.post, args=(notifier.name, url, body, target, address), daemon=True)
+        for url, target, address in targets
     ]
     for post in posts:
         post.start()

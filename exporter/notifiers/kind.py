@@ -63,9 +63,10 @@ class Delivery(Protocol):
     deadline: float
     """The longest one exchange with a receiver may take."""
 
-    def post(self, notifier: str, url: str, body: object, target: str = "") -> str | None:
+    def post(self, notifier: str, url: str, body: object, target: str = "", address: str | None = None) -> str | None:
         """POST JSON, counted and logged as one delivery of `notifier`; None on a 2xx, else a short
-        reason. `target` tells apart the URLs of a notifier that has several, in the log."""
+        reason. `target` tells apart the URLs of a notifier that has several, in the log; `address`:
+        the IP address of the URL's host to POST to (`core.post.peers`)."""
         ...
 
     def outcome(self, notifier: str, reason: str | None, target: str = "") -> str | None:
