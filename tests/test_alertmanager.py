@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from exporter.alerts.alert import Alert
 from exporter.core import post
 from exporter.core.clock import Clock, iso
+from exporter.notifiers.alertmanager import payload
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from tests.conftest import SHANGHAI, require_binary
 from tests.helpers import Receiver, free_port, serve_binary, wait_for
@@ -171,3 +173,14 @@ def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
         for peer in servers:
             peer.shutdown()
             peer.server_close()
+
+
+def test_an_alert_resolved_before_it_fired_by_the_clock_ends_as_it_starts() -> None:
+    """The host's clock stepped back between firing and resolving: Alertmanager refuses a POST
+    holding an `endsAt` before its `startsAt` (every alert in it), so the end is the start."""
+    resolved = Alert(
+        "k", "r", {"alertname": "A"}, {}, "resolved", 900.0, "1", 900.0, fired_at=1000.0, resolved_at=950.0
+    )
+    firing = Alert("j", "r", {"alertname": "B"}, {}, "firing", 900.0, "1", 900.0, fired_at=1000.0)
+    body = payload([resolved, firing], 1200.0, "http://exporter:9877")
+    assert [(a["startsAt"], a["endsAt"]) for a in body] == [(iso(1000.0), iso(1000.0)), (iso(1000.0), iso(1440.0))]

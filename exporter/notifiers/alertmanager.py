@@ -41,6 +41,8 @@ def payload(alerts: Sequence[Alert], now: float, external_url: str) -> list[dict
         if alert.state == "resolved" and tuple(sorted(alert.labels.items())) in live:
             continue
         ends = alert.resolved_at if alert.state == "resolved" else now + 4 * RESEND
+        if alert.fired_at is not None and ends is not None:  # (the clock stepped back between the two:
+            ends = max(ends, alert.fired_at)  # Alertmanager refuses the whole POST for an end before a start)
         body.append(
             {
                 "labels": alert.labels,
