@@ -232,6 +232,21 @@ def test_a_body_that_stops_coming_is_reported_a_timeout_and_retried(
     assert len(sleeps) == 1
 
 
+def read_in_background(client: BillingClient) -> tuple[threading.Thread, list[BillingError]]:
+    """A listing of the month's bills read on a thread of its own, started; and the error it ends in."""
+    ended: list[BillingError] = []
+
+    def read() -> None:
+        try:
+            client.bills("2026-11", GROUP_TERM_ITEM)
+        except BillingError as error:
+            ended.append(error)
+
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
+    return reading, ended
+
+
 def test_an_answer_dripped_a_byte_at_a_time_is_cut_at_the_timeout_and_retried(clock: Clock, sleeps: Sleeps) -> None:
     """A proxy that sends the headers, then a byte of the body every 0.2 s: each read comes within
     the 1 s timeout, yet the request is cut as its second passes (a timeout) and the listing fails
@@ -242,17 +257,8 @@ def test_an_answer_dripped_a_byte_at_a_time_is_cut_at_the_timeout_and_retried(cl
     client = BillingClient.from_config(
         validate({"billing": section}, {}).billing, clock, lambda *call: seen.append(call), RetryPolicy(sleep=sleeps)
     )
-    failed: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            client.bills("2026-11", GROUP_TERM_ITEM)
-        except BillingError as error:
-            failed.append(error)
-
-    reading = threading.Thread(target=read, daemon=True)
+    reading, failed = read_in_background(client)
     try:
-        reading.start()
         reading.join(timeout=60)  # (4 attempts of a second each; without a cut, never)
         assert not reading.is_alive(), "the dripped answer was still being read"
     finally:
@@ -272,17 +278,8 @@ def test_closing_the_client_cuts_a_request_on_the_wire(clock: Clock) -> None:
     section = {"url": f"http://127.0.0.1:{silent.port}", "access_key_id": "AK", "secret_access_key": "s"}
     seen: list[tuple[str, str]] = []
     client = BillingClient.from_config(validate({"billing": section}, {}).billing, clock, lambda *c: seen.append(c))
-    ended: list[BaseException] = []
-
-    def read() -> None:
-        try:
-            client.bills("2026-11", GROUP_TERM_ITEM)
-        except BillingError as error:
-            ended.append(error)
-
-    reading = threading.Thread(target=read, daemon=True)
+    reading, ended = read_in_background(client)
     try:
-        reading.start()
         wait_for(lambda: silent.requests == 1, timeout=10)
         client.close()
         reading.join(timeout=15)

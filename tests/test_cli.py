@@ -272,10 +272,7 @@ def test_run_serves_reloads_on_sighup_and_stops_on_sigterm(
         process.send_signal(signal.SIGHUP)
         wait_for(lambda: value(scrape(url), "inference_exporter_config_last_reload_successful") == 0)
         assert ready(url)
-        process.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        assert process.wait(timeout=15) == 0
-        assert time.monotonic() - started < 10
+        stops_within_10_s(process)
     finally:
         process.kill()
         _, stderr = process.communicate()
@@ -298,14 +295,19 @@ def test_sigterm_stops_run_within_10_s_while_the_billing_api_drips_its_answer(
     try:
         wait_for(lambda: drip.connections >= 2, timeout=30)  # (bills and usage, each on the wire)
         wait_for(lambda: requests.get(f"{url}/healthz", timeout=2).status_code == 200, timeout=30)
-        process.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        assert process.wait(timeout=30) == 0
-        assert time.monotonic() - started < 10
+        stops_within_10_s(process)
     finally:
         process.kill()
         process.communicate()
         drip.stop()
+
+
+def stops_within_10_s(process: subprocess.Popen[str]) -> None:
+    """SIGTERM stops `run` with exit 0 within the 10 s the docs promise."""
+    process.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert process.wait(timeout=30) == 0
+    assert time.monotonic() - started < 10
 
 
 def spawn(
