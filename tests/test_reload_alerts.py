@@ -304,6 +304,31 @@ def test_a_reload_to_another_project_judges_nothing_on_the_project_before(world:
     assert world.told("hook") == [("firing", ["ep-20261101-alpha", "ep-20261101-beta"])]
 
 
+@pytest.mark.parametrize("change", [{"project_id": "proj-main"}, {"history_months": 1}])
+def test_a_source_a_reload_adds_or_forgets_is_no_older_than_the_reload(
+    world: Reloading, frozen: FrozenClock, change: dict
+) -> None:
+    """Two hours after the start, a reload to another project (its bills and usage forgotten) or one
+    that turns the history on: until those sources refresh, `data_age` counts from the reload, not
+    from the start. Nothing is told stale at once; what does not refresh within the threshold is."""
+    stale = {"alert": "DataStale", "signal": "data_age", "by": ["source"], "threshold": 3600}
+    world.config([stale], billing={"project_id": "proj-lab"})
+    assert world.daemon is not None
+    latest = world.daemon.sources.one.latest
+    latest.started = world.clock.now().timestamp() - 7200  # (as if started two hours ago)
+    for source in ("bills", "usage"):
+        assert world.daemon.refresh(source)
+    world.daemon.alert_cycle()
+    world.config([stale], billing={"project_id": "proj-lab"} | change)
+    world.daemon.alert_cycle()  # (what the alert loop does at once after a reload)
+    assert told(world.daemon, "hook") == []
+    frozen.advance(dt.timedelta(seconds=3601))  # (nothing refreshed since)
+    world.daemon.alert_cycle()
+    waited = {"history"} if "history_months" in change else {"bills", "usage"}
+    firing = {a.labels["source"] for a in world.daemon.sources.engine.current() if a.state == "firing"}
+    assert waited <= firing
+
+
 def budget_alerts(world: Reloading) -> list[tuple[str, str]]:
     assert world.daemon is not None
     engine = world.daemon.sources.engine

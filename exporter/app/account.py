@@ -206,7 +206,7 @@ class Account:
         on the way changes nothing; from then on, a refresh of the account it replaces that is
         still in flight judges with this one's config. True when the figures held were another
         project's or account's, and are forgotten (what was judged on them is not its own either)."""
-        forgot = False
+        forgot, now = False, self.clock.now().timestamp()
         self.bills.grace_days = self.config.billing.previous_month_grace_days
         self.bills.interval = self.config.forecast.interval
         self.history.months = self.config.billing.history_months
@@ -215,20 +215,20 @@ class Account:
         if previous is None:  # (at start, nothing is held; the one account back after several holds its before)
             self.latest.forget_probes()  # (its runners are new)
             if whose is not None and whose[0] != self.account_id:  # (another account's)
-                self.latest.forget_figures()
+                self.latest.forget_figures(now)
                 forgot = True
             elif whose is not None and whose[1] != self.history.source:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
             if previous.client.project_id != self.client.project_id or self.moved:
-                self.latest.forget_figures()  # another project's, or account's: nothing of before is its own
+                self.latest.forget_figures(now)  # another project's, or account's: nothing of before is its own
                 forgot = True
             elif previous.history.source != self.history.source:
                 # Another API's months: never learnt from until fetched. (Its figures stay shown as
                 # the last good ones: an address of the same account's, it may be, a proxy's.)
                 self.latest.history = None
-        self.latest.configure(self.refreshers)
+        self.latest.configure(self.refreshers, now)
         self.latest.keep_history(self.config.billing.history_months)  # (fewer: they go now, the API up or not)
         self._reconcile()
         return forgot

@@ -271,12 +271,13 @@ def tokens_promql(rule: ThresholdRule) -> str:
 
 
 def data_age(rule: ThresholdRule, context: Context) -> Values:
-    """Seconds since each source's last successful refresh (since start-up if it never had one)."""
+    """Seconds since each source's last successful refresh (since start-up if it never had one, or
+    since a reload added it or forgot its figures)."""
     now, latest = context.clock.now().timestamp(), context.latest
     groups: Values = {}
     for source in context.sources:
         health = latest.health.get(source)
-        since = health.last_success if health and health.last_success is not None else latest.started
+        since = health.last_success if health and health.last_success is not None else latest.waiting_since(source)
         group = group_of({"source": source}, rule)
         if group is not None:
             groups[group] = max(groups.get(group, Decimal(0)), Decimal(str(round(now - since, 3))))

@@ -296,6 +296,10 @@ class Latest:
     """The sources the config has (`configure`); None: any (until a config says)."""
     _history_months: int | None = None
     """The past months the config keeps (`keep_history`); None: any (until a config says)."""
+    _added: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """When each source without a refresh yet came: a reload added it (the history turned on, a
+    probe), or forgot its figures (`forget_figures`). Its age counts from then (`waiting_since`),
+    not from the process's start: it cannot be older than the config that asked for it."""
     whose: tuple[str, str] | None = None
     """The billing account whose figures these are (`Account.account_id`: its access key id and
     project), and the API and project its history is fetched from (`Account.activate`): a reload
@@ -306,18 +310,24 @@ class Latest:
     def health(self) -> Mapping[str, SourceHealth]:
         return self._health
 
-    def configure(self, sources: Iterable[str]) -> None:
+    def configure(self, sources: Iterable[str], now: float | None = None) -> None:
         """The sources the config has from now on: what others left behind is dropped (a probe
         taken out of the config, the history turned off), and what a refresh of theirs still in
-        flight publishes is not taken (it would come back, and its age grow for ever)."""
+        flight publishes is not taken (it would come back, and its age grow for ever). `now`: the
+        billing clock's time, from which a source added waits (`waiting_since`)."""
         with self._lock:
-            self._sources = kept = frozenset(sources)
+            kept = frozenset(sources)
+            before, self._sources = self._sources, kept
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k in kept})
+            added = {k: t for k, t in self._added.items() if k in kept}
+            if before is not None:  # (at the first config, from the start: `started`)
+                added |= {k: time.time() if now is None else now for k in kept - before if k not in self._health}
+            self._added = MappingProxyType(added)
             self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) in kept})
             if "history" not in kept:
                 self.history = None  # (nothing stale is judged on)
 
-    def forget_figures(self) -> None:
+    def forget_figures(self, now: float | None = None) -> None:
         """The account's billing figures come from another project, or another account, from now
         on (a reload):
         what was shown so far is none of its own, so it is neither shown, nor judged on, nor
@@ -326,6 +336,13 @@ class Latest:
             self.bills = self.usage = self.history = self.reconciliation = None
             self.settled = MappingProxyType({})
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
+            since = time.time() if now is None else now
+            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(BILLING_SOURCES, since))
+
+    def waiting_since(self, source: str) -> float:
+        """Since when `source`, never refreshed successfully, has been waited for: the process's
+        start, or when a reload added it or forgot its figures (`_added`)."""
+        return max(self.started, self._added.get(source, self.started))
 
     def forget_probes(self) -> None:
         """The probe runs held are of runners no longer running (the account built afresh, none
