@@ -5,6 +5,8 @@ seasonal history, day by day, as the daemon refreshes and evaluates."""
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
@@ -127,5 +129,69 @@ def test_a_restart_forecasts_with_the_months_the_state_file_holds_before_the_his
             assert restarted.refresh(source)
         assert restarted.latest.history is None
         assert figures(restarted) == before
+    finally:
+        restarted.stop(grace=1)
+
+
+def test_a_restart_a_month_later_forecasts_without_a_month_saved_before_it_ended(tmp_path: Path) -> None:
+    """Stopped on 12 October, restarted on 6 November (after the grace days): the state file holds
+    October as fetched on the 12th. Until the history refreshes, the forecast is the one made with
+    the months held that had ended, as if October were not held (its last 19 days are not read as
+    nothing spent, which made the forecast the month so far, its interval none)."""
+    frozen = FrozenClock(dt.datetime(2026, 10, 12, 10, 0, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    sim = Simulator(clock=clock)
+
+    def document(state: Path) -> dict:
+        return {"billing": fake_billing_section(sim, history_months=3), "state": {"path": str(state)}}
+
+    def forecast(daemon: Daemon) -> tuple[float, float, float]:
+        series = metrics(daemon)
+        names = ("", "_lower", "_upper")
+        return tuple(  # type: ignore[return-value]
+            named(series, f"inference_bill_month_forecast{n}_payable_amount")[frozenset({("period", "2026-11")})]
+            for n in names
+        )
+
+    first = unit_daemon(validate(document(tmp_path / "state.db"), {}), sim, clock)
+    for source in ("history", "bills", "usage"):
+        assert first.refresh(source)
+    first.stop(grace=1)
+    shutil.copy(tmp_path / "state.db", tmp_path / "ended.db")
+    with sqlite3.connect(tmp_path / "ended.db") as db:  # (the same months held, without October)
+        assert db.execute("DELETE FROM bill_history WHERE period = '2026-10'").rowcount == 1
+    db.close()
+    frozen.set(dt.datetime(2026, 11, 6, 10, 0, tzinfo=SHANGHAI))
+    restarted = unit_daemon(validate(document(tmp_path / "state.db"), {}), sim, clock)
+    ended = unit_daemon(validate(document(tmp_path / "ended.db"), {}), sim, clock)
+    try:
+        for daemon in (restarted, ended):
+            assert daemon.refresh("bills")
+        point, lower, upper = forecast(restarted)
+        assert (point, lower, upper) == forecast(ended)
+        assert lower < point < upper
+    finally:
+        restarted.stop(grace=1)
+        ended.stop(grace=1)
+
+
+def test_history_the_state_file_cannot_give_back_does_not_fail_the_bills(tmp_path: Path) -> None:
+    """A month's row the state file holds unreadable: after a restart, the bills refresh (and are
+    forecast without the months held); the history's own refresh says what is wrong."""
+    frozen = FrozenClock(dt.datetime(2026, 11, 22, 10, 0, tzinfo=SHANGHAI))
+    clock = Clock(SHANGHAI, frozen)
+    sim = Simulator(clock=clock)
+    document = {"billing": fake_billing_section(sim, history_months=3), "state": {"path": str(tmp_path / "s.db")}}
+    first = unit_daemon(validate(document, {}), sim, clock)
+    for source in ("history", "bills", "usage"):
+        assert first.refresh(source)
+    first.stop(grace=1)
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        db.execute("UPDATE bill_history SET by_item = '[[' WHERE period = '2026-09'")
+    db.close()
+    restarted = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        assert restarted.refresh("bills")
+        assert restarted.latest.bills is not None
     finally:
         restarted.stop(grace=1)

@@ -39,7 +39,7 @@ from exporter.billing import (
     BillingError,
     ClientClosed,
 )
-from exporter.core.clock import Clock, periods_before
+from exporter.core.clock import Clock, days_in_period, first_day, periods_before
 from exporter.core.logs import get_logger
 from exporter.model.snapshots import DailyAmount, HistorySnapshot, MonthHistory
 from exporter.sources.bills import daily_amounts
@@ -188,6 +188,8 @@ class HistorySource:
         self._held: dict[str, MonthHistory] | None = None
         """The months held: read from the state file once, then kept here (also those it refused to keep)."""
         self._reading = threading.Lock()
+        self._unreadable = False
+        """Whether `held` found the state file's months unreadable (it does not read them again)."""
         """Held while the state file's months are read (once: by a refresh, or `held`)."""
         self.behind: list[str] = []
         """After a refresh, the months due today whose last fetch failed (held back an hour, or older
@@ -225,13 +227,27 @@ class HistorySource:
 
     def held(self) -> HistorySnapshot | None:
         """The past months as the state file holds them, for what reads the history before its
-        first refresh in this process (the bills' forecast at start-up); None when it holds none."""
+        first refresh in this process (the bills' forecast at start-up); None when it holds none
+        (or cannot be read: the history's refresh says why). A month saved before it ended (the
+        process stopped mid-month) is not held: its days after that would read as nothing spent."""
         with self._reading:
             if self._held is None:
-                self._held = self._stored()
+                if self._unreadable:
+                    return None
+                try:
+                    self._held = self._stored()
+                except (StateError, ValueError) as error:  # (a bills refresh does not fail for it)
+                    self._unreadable = True  # (said once; the history's refresh tries again, and says why)
+                    log.warning("history held in the state file not read", error=str(error)[:200])
+                    return None
             held = self._held
         periods = periods_before(self.clock.period(), self.months)
-        months = {p: month for p in periods if (month := held.get(p)) is not None}
+        months = {
+            p: month
+            for p in periods
+            if (month := held.get(p)) is not None
+            and month.fetched >= first_day(p) + dt.timedelta(days=days_in_period(p))
+        }
         return HistorySnapshot(MappingProxyType(months)) if months else None
 
     def refresh(self) -> HistorySnapshot:
