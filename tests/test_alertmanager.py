@@ -15,10 +15,14 @@ import pytest
 import requests
 
 from exporter.alerts.alert import Alert
+from exporter.config.load import validate
 from exporter.core import post
 from exporter.core.clock import Clock, iso
+from exporter.delivery import dispatcher as dispatcher_module
+from exporter.delivery.dispatcher import Dispatcher
 from exporter.notifiers.alertmanager import payload
 from exporter.sim import ITEMS, Simulator, SimulatorServer
+from exporter.state import AlertStore, StateStore
 from tests.conftest import SHANGHAI, require_binary
 from tests.helpers import Receiver, free_port, serve_binary, wait_for
 from tests.test_alerts import make_daemon, today_by_endpoint
@@ -61,6 +65,7 @@ def test_alertmanager_shows_our_alert_then_its_resolution(
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
         assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
         daemon.alert_cycle()
         shown = wait_for(lambda: am_alerts(alertmanager))
         assert len(shown) == 1
@@ -102,6 +107,7 @@ def test_a_restart_sends_alertmanager_nothing_before_it_has_judged_the_alerts_ag
         first = make_daemon(sim, server, clock, tmp_path, alerts)
         try:
             assert first.refresh("bills")
+            assert first.refresh("usage")
             first.alert_cycle()
             wait_for(lambda: states() == ["firing"])
         finally:
@@ -111,6 +117,8 @@ def test_a_restart_sends_alertmanager_nothing_before_it_has_judged_the_alerts_ag
         receiver.received.clear()
         second = make_daemon(sim, server, clock, tmp_path, alerts)  # (its workers started)
         try:
+            assert second.refresh("usage")  # (usage first: spend is not judged on it)
+            second.alert_cycle()
             time.sleep(1)
             assert receiver.received == []  # (not the firing the state file holds)
             assert second.refresh("bills")
@@ -161,6 +169,7 @@ def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
         assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
         daemon.alert_cycle()
         wait_for(lambda: all(got.values()))
         for posted in got.values():
@@ -184,3 +193,33 @@ def test_an_alert_resolved_before_it_fired_by_the_clock_ends_as_it_starts() -> N
     firing = Alert("j", "r", {"alertname": "B"}, {}, "firing", 900.0, "1", 900.0, fired_at=1000.0)
     body = payload([resolved, firing], 1200.0, "http://exporter:9877")
     assert [(a["startsAt"], a["endsAt"]) for a in body] == [(iso(1000.0), iso(1000.0)), (iso(1000.0), iso(1440.0))]
+
+
+def test_alerts_never_judged_on_fresh_figures_are_sent_as_held_after_a_while(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restarted while the API (or the state file) fails, so the alerts are never judged on fresh
+    figures: what the state file holds is sent once JUDGED_WAIT has passed, before Alertmanager's
+    copies from before the restart end (4 minutes after their last send)."""
+    receiver = Receiver()
+    monkeypatch.setattr(dispatcher_module, "JUDGED_WAIT", 0.5)
+    config = validate(
+        {"billing": {"url": "http://127.0.0.1:9", "access_key_id": "a", "secret_access_key": "s"},
+         "alerts": {"notifiers": [{"name": "am", "type": "alertmanager", "urls": [receiver.url]}]}},
+        {},
+    )  # fmt: skip
+    held = Alert("k", "r", {"alertname": "A"}, {}, "firing", 900.0, "1", 900.0, 1000.0)
+    dispatcher = Dispatcher(
+        config.alerts.notifiers, AlertStore(StateStore(":memory:")), clock, lambda name: [held], "http://x",
+        judged_first=True,
+    )  # fmt: skip
+    try:
+        dispatcher.resend_now()
+        assert receiver.received == []  # (not judged yet)
+        time.sleep(0.6)
+        dispatcher.resend_now()
+        [body] = receiver.bodies("/api/v2/alerts")
+        assert [a["labels"] for a in body] == [{"alertname": "A"}]
+    finally:
+        dispatcher.close()
+        receiver.stop()

@@ -504,6 +504,7 @@ def test_a_notifier_that_changes_type_on_reload_delivers_as_its_new_type(
         write(path, document)
         assert daemon.reload()
         assert daemon.refresh("bills")
+        assert daemon.refresh("usage")  # (judged on fresh figures: an Alertmanager is sent them)
         daemon.alert_cycle()
         wait_for(lambda: receiver.bodies("/api/v2/alerts"), timeout=10)
         assert receiver.bodies("/x") == []

@@ -35,7 +35,7 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
 from exporter.state import AlertStore, StateError, StateStore
 from exporter.web import Credentials, ExporterServer, TlsError, View, WebConfigError
-from exporter.web.views import AccountView
+from exporter.web.views import AccountView, ready
 
 log = get_logger(__name__)
 
@@ -323,7 +323,7 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
-            first = self.dispatcher.judged()
+            first = ready(self.view)[0] and self.dispatcher.judged()  # (on fresh figures: not usage's alone)
         try:  # the alerts' series rendered here if they changed, not in the next scrape
             sources = self.sources  # (one reload's: the exposition and its collector together)
             sources.exposition.prepare(only=sources.alerts_collector)

@@ -58,6 +58,10 @@ GIVE_UP_AFTER = 5
 408/429, an SMTP 5xx to its sender, recipients or data) is dropped, so one bad message cannot
 block its notifier's queue for ever. (Counted in memory: the tries a receiver that was down
 failed do not count, nor those before a restart.)"""
+JUDGED_WAIT = 120.0
+"""Seconds after the start the kinds that are resent wait at most for the alerts to be judged on
+fresh figures (`judged`), then send what the state file holds: Alertmanager's copies of what the
+process sent before it stopped end 4 minutes after that send."""
 WAIT_ASKED_MAX = 3600.0
 """The longest a receiver's `Retry-After` (on a 429 or a 503) holds its queue back."""
 
@@ -170,8 +174,9 @@ class Dispatcher:
         `digests_to`: the notifiers digests go to now (a queued digest of one a reload took out of
         `digest.notifiers` is not delivered); without it, or when it says None (a config without
         `digest` names none), a queued digest goes where it was queued. `judged_first`: the kinds
-        that are resent send nothing until `judged` (the first evaluation since the start): the
-        alerts the state file held may have resolved meanwhile, and another replica may have said so."""
+        that are resent send nothing until `judged` (the first evaluation on fresh figures since the
+        start), or JUDGED_WAIT: the alerts the state file held may have resolved meanwhile, and
+        another replica may have said so."""
         self.store = store
         self.clock = clock
         self.alerts = alerts
@@ -201,7 +206,9 @@ class Dispatcher:
         self._failing: set[tuple[str, str]] = set()
         """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
         self._judged = threading.Event()
-        """Whether the alerts have been evaluated since the start (`judged_first`): till then, nothing is resent."""
+        """Whether the alerts have been judged on fresh figures since the start (`judged_first`):
+        till then, or JUDGED_WAIT, nothing is resent."""
+        self._started = time.monotonic()
         if not judged_first:
             self._judged.set()
         self._running = False
@@ -294,8 +301,9 @@ class Dispatcher:
                 worker.poke()
 
     def judged(self) -> bool:
-        """The alerts have been evaluated: the kinds that are resent may send them. True the first
-        time (the caller has them resent now)."""
+        """The alerts have been evaluated on fresh figures (every source readiness waits for has
+        refreshed): the kinds that are resent may send them. True the first time (the caller has
+        them resent now)."""
         first = not self._judged.is_set()
         self._judged.set()
         return first
@@ -580,7 +588,9 @@ class Dispatcher:
     def _resend(self, name: str) -> None:
         """Every active and recently resolved alert to one notifier of a kind that is resent."""
         notifier = self._notifiers.get(name)
-        if notifier is None or isinstance(sender := kind(notifier), OutboxKind) or not self._judged.is_set():
+        if notifier is None or isinstance(sender := kind(notifier), OutboxKind):
+            return
+        if not self._judged.is_set() and time.monotonic() - self._started < JUDGED_WAIT:
             return
         alerts, now = self.alerts(name), self.clock.now().timestamp()
         with self._locks[name]:
