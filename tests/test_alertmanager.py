@@ -20,7 +20,7 @@ from exporter.core import post
 from exporter.core.clock import Clock, iso
 from exporter.delivery import dispatcher as dispatcher_module
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.notifiers.alertmanager import payload
+from exporter.notifiers.alertmanager import AlertmanagerNotifier, payload, send
 from exporter.sim import ITEMS, Simulator, SimulatorServer
 from exporter.state import AlertStore, StateStore
 from tests.conftest import SHANGHAI, require_binary
@@ -164,7 +164,9 @@ def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
     rule = {"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(min(amounts.values()))}
     alerts = {
         "rules": [rule],
-        "notifiers": [{"name": "am", "type": "alertmanager", "urls": [f"http://am.test:{port}"]}],
+        "notifiers": [
+            {"name": "am", "type": "alertmanager", "urls": [f"http://am.test:{port}"], "every_address": True}
+        ],
     }
     daemon = make_daemon(sim, server, clock, tmp_path, alerts)
     try:
@@ -223,3 +225,52 @@ def test_alerts_never_judged_on_fresh_figures_are_sent_as_held_after_a_while(
     finally:
         dispatcher.close()
         receiver.stop()
+
+
+class Posts:
+    """The dispatcher, as `send` sees it: each POST recorded (its URL, log target and address)."""
+
+    external_url = "http://exporter:9877"
+    deadline = 10.0
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str, str | None]] = []
+
+    def post(self, notifier: str, url: str, body: object, target: str = "", address: str | None = None) -> None:
+        self.made.append((url, target, address))
+
+
+def test_only_every_address_sends_to_each_address_and_each_url_is_resolved_on_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without `every_address` no name is resolved here (a name balancing over addresses is one
+    Alertmanager); with it, a URL whose name takes long to resolve holds back no other URL's POST."""
+    firing = Alert("j", "r", {"alertname": "B"}, {}, "firing", 900.0, "1", 900.0, 1000.0)
+    slow = threading.Event()
+
+    def resolving(url: str) -> list[str | None]:
+        if "slow" in url:
+            slow.wait(10)
+        return ["10.0.0.1", "10.0.0.2"] if "peers" in url else [None]
+
+    monkeypatch.setattr(post, "peers", resolving)
+    urls = ["http://slow.test:9093", "http://peers.test:9093"]
+
+    def notifier(every_address: bool) -> AlertmanagerNotifier:
+        return AlertmanagerNotifier(name="am", type="alertmanager", urls=urls, every_address=every_address)
+
+    plain = Posts()
+    send(notifier(False), [firing], 1000.0, plain)  # type: ignore[arg-type]
+    assert sorted(plain.made) == sorted((f"{u}/api/v2/alerts", f"urls[{n}]", None) for n, u in enumerate(urls))
+    each = Posts()
+    sending = threading.Thread(target=send, args=(notifier(True), [firing], 1000.0, each))
+    sending.start()
+    try:
+        wait_for(lambda: len(each.made) == 2, timeout=5)  # (the peers' POSTs, while slow.test resolves)
+        assert sorted(each.made) == [
+            (f"{urls[1]}/api/v2/alerts", f"urls[1] at 10.0.0.{n}", f"10.0.0.{n}") for n in (1, 2)
+        ]
+    finally:
+        slow.set()
+        sending.join(10)
+    assert (f"{urls[0]}/api/v2/alerts", "urls[0]", None) in each.made

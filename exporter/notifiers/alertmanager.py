@@ -8,7 +8,8 @@ we stop sending expires by itself. It owns the state, so it takes no digest.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 class AlertmanagerNotifier(NotifierModel):
     type: Literal["alertmanager"]
     urls: Annotated[tuple[HttpUrl, ...], Field(min_length=1)]
+    every_address: bool = False
+    """Send to each address a URL's host name resolves to (the peers of a cluster behind one
+    name, a Kubernetes headless Service: Alertmanager's peers do not pass alerts on), not to the
+    one a connection reaches; each address's delivery counted and logged apart."""
 
 
 RESEND = 60.0
@@ -56,33 +61,40 @@ def payload(alerts: Sequence[Alert], now: float, external_url: str) -> list[dict
 
 
 def send(notifier: AlertmanagerNotifier, alerts: Sequence[Alert], now: float, via: Delivery) -> None:
-    """The alerts to each URL of the notifier, and to each peer behind a URL whose host name
-    resolves to several (a Kubernetes headless Service): Alertmanager's peers do not pass alerts on
-    to each other. Nothing when there is none to send."""
-    from exporter.core.post import peers  # (here: `check` and `rules` load this module, not the HTTP client)
-
+    """The alerts to each URL of the notifier, all at once (one that drops packets must not hold
+    back the others); with `every_address`, to each address its host name resolves to, each URL
+    resolved on its own. Nothing when there is none to send."""
     body = payload(alerts, now, via.external_url)
     if not body:
         return
-    targets = [
-        (f"{url}/api/v2/alerts", f"urls[{n}]" if len(found) == 1 else f"urls[{n}] at {address}", address)
-        for n, url in enumerate(notifier.urls)
-        for found in [peers(url)]
-        for address in found
-    ]
-    if len(targets) == 1:
-        (url, _, address), target = targets[0], "" if len(notifier.urls) == 1 else "urls[0]"
-        via.post(notifier.name, url, body, target, address)
+
+    def to_url(n: int, url: str) -> None:
+        found: list[str | None] = [None]
+        if notifier.every_address:
+            from exporter.core.post import peers  # (here: `check` and `rules` load this module, not the HTTP client)
+
+            found = peers(url)
+        named = f"urls[{n}]" if len(notifier.urls) > 1 or len(found) > 1 else ""
+        api = f"{url}/api/v2/alerts"
+        _at_once(
+            partial(via.post, notifier.name, api, body, f"{named} at {address}" if address else named, address)
+            for address in found
+        )
+
+    _at_once(partial(to_url, n, url) for n, url in enumerate(notifier.urls))
+
+
+def _at_once(calls: Iterable[Callable[[], object]]) -> None:
+    """Each call, on a thread of its own when there are several; returns once all have."""
+    calls = list(calls)
+    if len(calls) == 1:
+        calls[0]()
         return
-    # Every peer at once: one that drops packets must not hold back the others.
-    posts = [
-        threading.Thread(target=via.post, args=(notifier.name, url, body, target, address), daemon=True)
-        for url, target, address in targets
-    ]
-    for post in posts:
-        post.start()
-    for post in posts:
-        post.join()
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 KIND = ResendKind(
