@@ -188,13 +188,14 @@ def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
 
 def test_an_alert_resolved_before_it_fired_by_the_clock_ends_as_it_starts() -> None:
     """The host's clock stepped back between firing and resolving: Alertmanager refuses a POST
-    holding an `endsAt` before its `startsAt` (every alert in it), so the end is the start."""
+    holding an `endsAt` before its `startsAt` (every alert in it): a resolved alert starts as it ended."""
     resolved = Alert(
         "k", "r", {"alertname": "A"}, {}, "resolved", 900.0, "1", 900.0, fired_at=1000.0, resolved_at=950.0
     )
     firing = Alert("j", "r", {"alertname": "B"}, {}, "firing", 900.0, "1", 900.0, fired_at=1000.0)
     body = payload([resolved, firing], 1200.0, "http://exporter:9877")
-    assert [(a["startsAt"], a["endsAt"]) for a in body] == [(iso(1000.0), iso(1000.0)), (iso(1000.0), iso(1440.0))]
+    assert [(a["startsAt"], a["endsAt"]) for a in body] == [(iso(950.0), iso(950.0)), (iso(1000.0), iso(1440.0))]
+    # (resolved: ended in the past, never active again until the start the clock had written)
 
 
 def test_alerts_never_judged_on_fresh_figures_are_sent_as_held_after_a_while(

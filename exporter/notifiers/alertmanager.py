@@ -45,14 +45,17 @@ def payload(alerts: Sequence[Alert], now: float, external_url: str) -> list[dict
             continue
         if alert.state == "resolved" and tuple(sorted(alert.labels.items())) in live:
             continue
-        ends = alert.resolved_at if alert.state == "resolved" else now + 4 * RESEND
-        if alert.fired_at is not None and ends is not None:  # (the clock stepped back between the two:
-            ends = max(ends, alert.fired_at)  # Alertmanager refuses the whole POST for an end before a start)
+        starts, ends = alert.fired_at, alert.resolved_at if alert.state == "resolved" else now + 4 * RESEND
+        # The clock stepped back between the two: Alertmanager refuses the whole POST for an end
+        # before a start. A resolved alert starts as it ended (not active again till a time to
+        # come), a firing one ends once it has started.
+        if starts is not None and ends is not None and ends < starts:
+            starts, ends = (ends, ends) if alert.state == "resolved" else (starts, starts)
         body.append(
             {
                 "labels": alert.labels,
                 "annotations": alert.annotations,
-                "startsAt": iso(alert.fired_at),
+                "startsAt": iso(starts),
                 "endsAt": iso(ends),
                 "generatorURL": f"{external_url}/api/v1/alerts",
             }
