@@ -217,11 +217,10 @@ def test_alerts_never_judged_on_fresh_figures_are_sent_as_held_after_a_while(
         judged_first=True,
     )  # fmt: skip
     try:
+        dispatcher.start()  # (its worker's turn comes every minute: it is woken when JUDGED_WAIT has passed)
         dispatcher.resend_now()
         assert receiver.received == []  # (not judged yet)
-        time.sleep(0.6)
-        dispatcher.resend_now()
-        [body] = receiver.bodies("/api/v2/alerts")
+        body = wait_for(lambda: receiver.bodies("/api/v2/alerts"), timeout=10)[0]
         assert [a["labels"] for a in body] == [{"alertname": "A"}]
     finally:
         dispatcher.close()

@@ -544,3 +544,30 @@ def test_a_command_stopped_while_months_are_fetched_does_not_wait_for_those_runn
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         release.set()
+
+
+def test_a_month_saved_before_it_ended_is_not_published_while_its_fetch_fails(
+    modelled: Simulator, frozen: FrozenClock, clock: Clock, store: StateStore
+) -> None:
+    """Read on 12 October (October saved as it stood then), next on 6 November with October refused:
+    the history published holds August and September, not October's first 12 days as its month
+    (its other days would read as nothing spent, in the forecast and the anomaly rules)."""
+    frozen.set(dt.datetime(2026, 10, 12, 10, 0, tzinfo=SHANGHAI))
+    fake = FakeBilling(modelled, clock=clock)
+    assert sorted(HistorySource(fake, clock, store, months=3).refresh().months) == ["2026-07", "2026-08", "2026-09"]
+    frozen.set(dt.datetime(2026, 11, 6, 10, 0, tzinfo=SHANGHAI))
+
+    class RefusingOctober:
+        concurrency = 1
+        base_url, project_id = fake.base_url, fake.project_id
+
+        def bills(self, period: str, group_term: str, instance_id: str = "") -> object:
+            if period == "2026-10":
+                raise BillingUnavailable("bills 2026-10: HTTP 503 (gave up after 4 attempts)")
+            return fake.bills(period, group_term, instance_id)
+
+    source = HistorySource(RefusingOctober(), clock, store, months=3)  # type: ignore[arg-type]
+    assert source.held() is not None
+    assert "2026-10" not in source.held().months  # type: ignore[union-attr]
+    assert sorted(source.refresh().months) == ["2026-08", "2026-09"]
+    assert source.behind == ["2026-10"]

@@ -24,6 +24,7 @@ from exporter.app.daemon import Daemon
 from exporter.config.load import load
 from exporter.config.rules import rule_key
 from exporter.core.clock import Clock, FrozenClock, iso
+from exporter.model.snapshots import Latest
 from exporter.notifiers.alertmanager import payload
 from exporter.sim import Endpoint, Simulator
 from exporter.state import AlertStore, StateStore
@@ -721,3 +722,14 @@ def test_a_later_firing_still_queued_when_an_earlier_one_is_dropped_gets_its_res
     delivering.step(RULE | QUIET | {"notifiers": ["a", "b"]}, minutes=30)  # the alert resolves
     delivering.later()
     assert delivering.statuses()["a"] == ["firing", "resolved"]
+
+
+def test_a_probe_whose_runs_are_forgotten_is_waited_for_from_then() -> None:
+    """Back to one account from several, the probe's runner new: its runs held are forgotten, and
+    `data_age` counts from then, not from the process's start."""
+    latest = Latest(started=1000.0)
+    latest.record("probe:chat", success=True, at=5000.0, duration=1.0)
+    latest.forget_probes(now=9000.0)
+    assert "probe:chat" not in latest.health
+    assert latest.waiting_since("probe:chat") == 9000.0
+    assert latest.waiting_since("bills") == 1000.0  # (never forgotten: from the start)

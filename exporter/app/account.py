@@ -213,7 +213,7 @@ class Account:
         previous, self._previous = self._previous, None
         whose, self.latest.whose = self.latest.whose, (self.account_id, self.history.source)
         if previous is None:  # (at start, nothing is held; the one account back after several holds its before)
-            self.latest.forget_probes()  # (its runners are new)
+            self.latest.forget_probes(now)  # (its runners are new)
             if whose is not None and whose[0] != self.account_id:  # (another account's)
                 self.latest.forget_figures(now)
                 forgot = True

@@ -310,6 +310,7 @@ class Daemon:
         with self._busy(), self._alerts_lock:
             if self._stopping.is_set():  # the state file is about to close
                 return
+            fresh = ready(self.view)[0]  # (before: figures that come during it were not judged on)
             try:
                 changes = self.sources.engine.evaluate()
             except StateError as error:
@@ -323,7 +324,7 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
-            first = ready(self.view)[0] and self.dispatcher.judged()  # (on fresh figures: not usage's alone)
+            first = fresh and self.dispatcher.judged()  # (on fresh figures: not usage's alone)
         try:  # the alerts' series rendered here if they changed, not in the next scrape
             sources = self.sources  # (one reload's: the exposition and its collector together)
             sources.exposition.prepare(only=sources.alerts_collector)

@@ -209,6 +209,7 @@ class Dispatcher:
         """Whether the alerts have been judged on fresh figures since the start (`judged_first`):
         till then, or JUDGED_WAIT, nothing is resent."""
         self._started = time.monotonic()
+        self._judged_wait: threading.Timer | None = None
         if not judged_first:
             self._judged.set()
         self._running = False
@@ -275,6 +276,11 @@ class Dispatcher:
         """Deliver in the background from now on (until `close`)."""
         self._running = True
         self._start_workers()
+        if not self._judged.is_set():  # (the resend workers are woken when JUDGED_WAIT has passed, not after)
+            left = JUDGED_WAIT - (time.monotonic() - self._started)
+            self._judged_wait = threading.Timer(max(0.0, left), self.resend)
+            self._judged_wait.daemon = True
+            self._judged_wait.start()
 
     def _start_workers(self) -> None:
         self._retired = [worker for worker in self._retired if worker.alive]
@@ -319,6 +325,8 @@ class Dispatcher:
         """Stop the workers: each ends after the delivery it is in (bounded by DEADLINE)."""
         self._running = False
         self._closed = True
+        if self._judged_wait is not None:
+            self._judged_wait.cancel()
         for worker in self._workers.values():
             worker.stop()
 

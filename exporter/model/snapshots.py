@@ -344,12 +344,16 @@ class Latest:
         start, or when a reload added it or forgot its figures (`_added`)."""
         return max(self.started, self._added.get(source, self.started))
 
-    def forget_probes(self) -> None:
+    def forget_probes(self, now: float | None = None) -> None:
         """The probe runs held are of runners no longer running (the account built afresh, none
-        carried over): none is shown, nor counted fresh, until its probe runs again."""
+        carried over): none is shown, nor counted fresh, until its probe runs again, and each is
+        waited for from `now` (`waiting_since`)."""
         with self._lock:
             self.probes = MappingProxyType({})
+            dropped = [k for k in self._health if k.startswith(PROBE_PREFIX)]
             self._health = MappingProxyType({k: v for k, v in self._health.items() if not k.startswith(PROBE_PREFIX)})
+            since = time.time() if now is None else now
+            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(dropped, since))
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources

@@ -169,6 +169,12 @@ def sole(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ""
 
 
+def _whole(month: MonthHistory) -> bool:
+    """Whether `month` was fetched after it ended: one saved before (the process stopped mid-month,
+    and its fetch since failed) would read its days after that as nothing spent."""
+    return month.fetched >= first_day(month.period) + dt.timedelta(days=days_in_period(month.period))
+
+
 class HistorySource:
     def __init__(
         self, client: BillingAPI, clock: Clock, state: StateStore, months: int, *, wide: Callable[[], bool] = bool
@@ -228,8 +234,8 @@ class HistorySource:
     def held(self) -> HistorySnapshot | None:
         """The past months as the state file holds them, for what reads the history before its
         first refresh in this process (the bills' forecast at start-up); None when it holds none
-        (or cannot be read: the history's refresh says why). A month saved before it ended (the
-        process stopped mid-month) is not held: its days after that would read as nothing spent."""
+        (or cannot be read: the history's refresh says why). A month saved before it ended is not
+        held (`_whole`)."""
         with self._reading:
             if self._held is None:
                 if self._unreadable:
@@ -242,12 +248,7 @@ class HistorySource:
                     return None
             held = self._held
         periods = periods_before(self.clock.period(), self.months)
-        months = {
-            p: month
-            for p in periods
-            if (month := held.get(p)) is not None
-            and month.fetched >= first_day(p) + dt.timedelta(days=days_in_period(p))
-        }
+        months = {p: month for p in periods if (month := held.get(p)) is not None and _whole(month)}
         return HistorySnapshot(MappingProxyType(months)) if months else None
 
     def refresh(self) -> HistorySnapshot:
@@ -302,7 +303,9 @@ class HistorySource:
             and (period not in held or held[period].fetched != today)
         ]
         return HistorySnapshot(
-            MappingProxyType({p: held[p] for p in periods if p in held}), held.get(current), as_of=today
+            MappingProxyType({p: held[p] for p in periods if p in held and _whole(held[p])}),
+            held.get(current),
+            as_of=today,
         )
 
     def _save(self, month: MonthHistory, today: dt.date, keep_from: str) -> None:
