@@ -23,6 +23,7 @@ from exporter.billing import (
     BillingUnavailable,
     BillRecord,
 )
+from exporter.cli import Terminated
 from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock, FrozenClock, periods_before, previous_period
@@ -519,7 +520,10 @@ def test_the_charges_of_no_endpoint_are_the_account_s_less_every_endpoint_s_each
     ]
 
 
-def test_a_command_stopped_while_months_are_fetched_does_not_wait_for_those_running() -> None:
+@pytest.mark.parametrize("stop_with", [KeyboardInterrupt, Terminated])
+def test_a_command_stopped_while_months_are_fetched_does_not_wait_for_those_running(
+    stop_with: type[BaseException],
+) -> None:
     """Ctrl-C or SIGTERM (turned into an exception in the main thread) while months are fetched in
     parallel: it reaches the command at once, whose close then cuts the requests still running,
     instead of waiting here for them (each retrying a hung API for minutes)."""
@@ -532,12 +536,12 @@ def test_a_command_stopped_while_months_are_fetched_does_not_wait_for_those_runn
         return 1
 
     def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise stop_with
 
     previous = signal.signal(signal.SIGALRM, stop)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(stop_with):
             _all([hung, hung, hung], 2)
         assert finished == []  # (not waited for)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import gzip
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 
@@ -54,7 +55,7 @@ def snapshot(name: str, runs: int, endpoint: str = "ep-1") -> ProbeSnapshot:
 
 def removed(latest: Latest, *names: str) -> None:
     """The probes `names` taken out of the config by a reload (the others kept)."""
-    latest.configure({probe_source(name) for name in latest.probes if name not in names})
+    latest.configure({probe_source(name) for name in latest.probes if name not in names}, time.time())
 
 
 def whole(latest: Latest, accept: str) -> bytes:
@@ -98,7 +99,7 @@ def test_the_block_is_the_whole_collectors_through_runs_removals_and_additions(a
     assert b'probe="alpha"' not in body
     assert b'probe="zeta"' not in body
 
-    latest.configure({*map(probe_source, latest.probes), probe_source("alpha")})  # (a reload adds it back)
+    latest.configure({*map(probe_source, latest.probes), probe_source("alpha")}, time.time())  # (a reload adds it back)
     latest.publish_probe(snapshot("alpha", 2, endpoint="ep-new"))
     exposition.prepare()
     body = scraped(exposition, accept)

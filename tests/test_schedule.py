@@ -12,10 +12,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from exporter.app.daemon import Daemon, later
+from exporter.app.daemon import Daemon
 from exporter.app.schedule import DailyTrigger, SpreadInterval
 from exporter.config.load import validate
-from exporter.core.clock import Clock, FrozenClock
+from exporter.core.clock import Clock, FrozenClock, later
 from exporter.sim import Simulator
 from tests.daemon_fakes import InProcessBilling, account_simulators, accounts_section
 from tests.fakes import FakeBilling

@@ -29,7 +29,7 @@ from exporter.app.sources import AccountStates, Sources, source_key
 from exporter.billing import BillingError, ClientClosed, RetryPolicy
 from exporter.config.load import ConfigError, load
 from exporter.config.schema import Config
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, later
 from exporter.core.logs import get_logger, mask_more
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.snapshots import Latest
@@ -71,12 +71,6 @@ def parse_listen(address: str) -> tuple[str, int]:
     ):
         raise ValueError(f"listen address {address!r} is not HOST:PORT (an IPv6 address in brackets: [::1]:9877)")
     return name, int(port)
-
-
-def later(now: dt.datetime, seconds: float) -> dt.datetime:
-    """`seconds` of real time after `now` (aware), in its zone: added in UTC, as a datetime of a zone
-    adds by its wall clock (an hour off on the night the clocks go back)."""
-    return (now.astimezone(dt.UTC) + dt.timedelta(seconds=seconds)).astimezone(now.tzinfo)
 
 
 class Daemon:
@@ -324,7 +318,7 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
-            first = fresh and self.dispatcher.judged()  # (on fresh figures: not usage's alone)
+            first = fresh and self.dispatcher.judged()  # (on what readiness waits for: not usage's alone)
         try:  # the alerts' series rendered here if they changed, not in the next scrape
             sources = self.sources  # (one reload's: the exposition and its collector together)
             sources.exposition.prepare(only=sources.alerts_collector)

@@ -252,8 +252,9 @@ _SERVING = frozenset({"run", "demo", "simulate"})
 """The commands that serve until stopped, and take their signals themselves."""
 
 
-class Terminated(Exception):
-    """SIGTERM, in a command that runs to its end."""
+class Terminated(BaseException):
+    """SIGTERM, in a command that runs to its end: like KeyboardInterrupt, no `Exception` (a handler
+    of those must not take it, and work in flight is not waited for)."""
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -126,6 +126,12 @@ def days_in_period(period: str) -> int:
     return (following - dt.timedelta(days=1)).day
 
 
+def later(instant: dt.datetime, seconds: float) -> dt.datetime:
+    """`seconds` of real time after `instant` (aware), in its zone: added in UTC, as a datetime of a
+    zone adds by its wall clock (an hour off on the night the clocks go back)."""
+    return (instant.astimezone(dt.UTC) + dt.timedelta(seconds=seconds)).astimezone(instant.tzinfo)
+
+
 class FrozenClock:
     """A settable `now_fn` for tests, demos and benchmarks."""
 
@@ -143,4 +149,4 @@ class FrozenClock:
     def advance(self, delta: dt.timedelta) -> None:
         """Move on by `delta` of real time (added in UTC: a zone's datetime adds by its wall clock, an
         hour off on the night the clocks change)."""
-        self._now = (self._now.astimezone(dt.UTC) + delta).astimezone(self._now.tzinfo)
+        self._now = later(self._now, delta.total_seconds())

@@ -307,9 +307,9 @@ class Dispatcher:
                 worker.poke()
 
     def judged(self) -> bool:
-        """The alerts have been evaluated on fresh figures (every source readiness waits for has
-        refreshed): the kinds that are resent may send them. True the first time (the caller has
-        them resent now)."""
+        """The alerts have been evaluated on the figures readiness waits for (`web.views.ready`:
+        with one account, its bills and usage refreshed): the kinds that are resent may send them.
+        True the first time (the caller has them resent now)."""
         first = not self._judged.is_set()
         self._judged.set()
         return first

@@ -96,18 +96,18 @@ class UsageCollector(Collector):
     when they are wanted and it has not: never two series under one label set, nor a key that
     is none."""
 
-    def __init__(self, latest: Latest, per_api_key: bool, clock: Clock | None = None) -> None:
+    def __init__(self, latest: Latest, per_api_key: bool, clock: Clock) -> None:
         self.latest = latest
         self.per_api_key = per_api_key
         self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
         self.clock = clock
-        """The billing day's clock: a snapshot of a day that has ended is not today's (None: any is)."""
+        """The billing day's clock: a snapshot of a day that has ended is not today's."""
         self._version: tuple[object, ...] = ()
 
     def version(self) -> object:
         """The billing day and the snapshot: the same object while neither changes (the exposition
         caches a block while its version is the same object)."""
-        today = self.clock.today() if self.clock is not None else None
+        today = self.clock.today()
         if not self._version or self._version[0] != today or self._version[1] is not self.latest.usage:
             self._version = (today, self.latest.usage)
         return self._version
@@ -151,18 +151,18 @@ class UsageCollector(Collector):
             "Full re-reads of the day because the incremental view no longer matched the API's.",
         )
         snapshot = self.latest.usage
-        day = self.clock.today() if self.clock is not None else None
+        day = self.clock.today()
         if snapshot is not None:
             # A day that has ended is not shown as today's, nor one before the day before as the day
             # before: until the next usage refresh after midnight (seconds; while the API fails, for
             # as long as it does), the counters are absent, not yesterday's.
-            if day is None or snapshot.day == day:
+            if snapshot.day == day:
                 for labels, values in self._rows(snapshot):
                     for counter, value in zip(today, values, strict=True):
                         if value is not None:
                             counter.add_metric(labels, float(value), created=snapshot.created)
             done = snapshot.previous_day
-            if done is not None and (day is None or done.day == day - dt.timedelta(days=1)):
+            if done is not None and done.day == day - dt.timedelta(days=1):
                 for labels, values in self._rows(done):
                     for gauge, value in zip(previous, values, strict=True):
                         if value is not None:

@@ -310,7 +310,7 @@ class Latest:
     def health(self) -> Mapping[str, SourceHealth]:
         return self._health
 
-    def configure(self, sources: Iterable[str], now: float | None = None) -> None:
+    def configure(self, sources: Iterable[str], now: float) -> None:
         """The sources the config has from now on: what others left behind is dropped (a probe
         taken out of the config, the history turned off), and what a refresh of theirs still in
         flight publishes is not taken (it would come back, and its age grow for ever). `now`: the
@@ -321,13 +321,13 @@ class Latest:
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k in kept})
             added = {k: t for k, t in self._added.items() if k in kept}
             if before is not None:  # (at the first config, from the start: `started`)
-                added |= {k: time.time() if now is None else now for k in kept - before if k not in self._health}
+                added |= {k: now for k in kept - before if k not in self._health}
             self._added = MappingProxyType(added)
             self.probes = MappingProxyType({k: v for k, v in self.probes.items() if probe_source(k) in kept})
             if "history" not in kept:
                 self.history = None  # (nothing stale is judged on)
 
-    def forget_figures(self, now: float | None = None) -> None:
+    def forget_figures(self, now: float) -> None:
         """The account's billing figures come from another project, or another account, from now
         on (a reload):
         what was shown so far is none of its own, so it is neither shown, nor judged on, nor
@@ -336,15 +336,14 @@ class Latest:
             self.bills = self.usage = self.history = self.reconciliation = None
             self.settled = MappingProxyType({})
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
-            since = time.time() if now is None else now
-            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(BILLING_SOURCES, since))
+            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(BILLING_SOURCES, now))
 
     def waiting_since(self, source: str) -> float:
         """Since when `source`, never refreshed successfully, has been waited for: the process's
         start, or when a reload added it or forgot its figures (`_added`)."""
         return max(self.started, self._added.get(source, self.started))
 
-    def forget_probes(self, now: float | None = None) -> None:
+    def forget_probes(self, now: float) -> None:
         """The probe runs held are of runners no longer running (the account built afresh, none
         carried over): none is shown, nor counted fresh, until its probe runs again, and each is
         waited for from `now` (`waiting_since`)."""
@@ -352,8 +351,7 @@ class Latest:
             self.probes = MappingProxyType({})
             dropped = [k for k in self._health if k.startswith(PROBE_PREFIX)]
             self._health = MappingProxyType({k: v for k, v in self._health.items() if not k.startswith(PROBE_PREFIX)})
-            since = time.time() if now is None else now
-            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(dropped, since))
+            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(dropped, now))
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources

@@ -22,7 +22,7 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from functools import partial
@@ -169,10 +169,14 @@ def sole(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ""
 
 
-def _whole(month: MonthHistory) -> bool:
-    """Whether `month` was fetched after it ended: one saved before (the process stopped mid-month,
-    and its fetch since failed) would read its days after that as nothing spent."""
-    return month.fetched >= first_day(month.period) + dt.timedelta(days=days_in_period(month.period))
+def _whole_months(held: Mapping[str, MonthHistory], periods: Iterable[str]) -> dict[str, MonthHistory]:
+    """Those of `periods` held and fetched after they ended: a month saved before (the process
+    stopped mid-month, and its fetch since failed) would read its days after that as nothing spent."""
+    return {
+        p: month
+        for p in periods
+        if (month := held.get(p)) is not None and month.fetched >= first_day(p) + dt.timedelta(days=days_in_period(p))
+    }
 
 
 class HistorySource:
@@ -194,9 +198,9 @@ class HistorySource:
         self._held: dict[str, MonthHistory] | None = None
         """The months held: read from the state file once, then kept here (also those it refused to keep)."""
         self._reading = threading.Lock()
+        """Held while the state file's months are read (once: by a refresh, or `held`)."""
         self._unreadable = False
         """Whether `held` found the state file's months unreadable (it does not read them again)."""
-        """Held while the state file's months are read (once: by a refresh, or `held`)."""
         self.behind: list[str] = []
         """After a refresh, the months due today whose last fetch failed (held back an hour, or older
         than today's): the history is incomplete, however the other months went."""
@@ -235,7 +239,7 @@ class HistorySource:
         """The past months as the state file holds them, for what reads the history before its
         first refresh in this process (the bills' forecast at start-up); None when it holds none
         (or cannot be read: the history's refresh says why). A month saved before it ended is not
-        held (`_whole`)."""
+        held (`_whole_months`)."""
         with self._reading:
             if self._held is None:
                 if self._unreadable:
@@ -248,7 +252,7 @@ class HistorySource:
                     return None
             held = self._held
         periods = periods_before(self.clock.period(), self.months)
-        months = {p: month for p in periods if (month := held.get(p)) is not None and _whole(month)}
+        months = _whole_months(held, periods)
         return HistorySnapshot(MappingProxyType(months)) if months else None
 
     def refresh(self) -> HistorySnapshot:
@@ -303,7 +307,7 @@ class HistorySource:
             and (period not in held or held[period].fetched != today)
         ]
         return HistorySnapshot(
-            MappingProxyType({p: held[p] for p in periods if p in held and _whole(held[p])}),
+            MappingProxyType(_whole_months(held, periods)),
             held.get(current),
             as_of=today,
         )
