@@ -463,6 +463,11 @@ def test_a_month_the_billing_day_has_left_unread_since_is_over_on_the_page_not_s
     assert chart.find("g", "today") == []
     on_the_day = View(latest, lambda accept: (b"", ""), lambda: ["bills"], today=lambda: dt.date(2026, 11, 30))
     assert "so far" in parse_chart(landing_page(on_the_day)).find("text", "headline")[0].text
+    accounts = [AccountView("prod", latest, (), ())]  # (with several accounts: their table says the same)
+    for day, shown in ((dt.date(2026, 12, 1), "—"), (dt.date(2026, 11, 30), f"{month.forecast.quantize(1):f}")):
+        table = landing_page(View(Latest(), lambda accept: (b"", ""), list, today=lambda day=day: day,
+                                  accounts=lambda: accounts))  # fmt: skip
+        assert f"<tr><td>prod</td><td>{month.month_to_date:f}</td><td>{shown}</td>" in table
 
 
 def test_a_row_dated_outside_the_month_neither_scales_nor_counts_and_a_tiny_budget_draws() -> None:

@@ -7,6 +7,7 @@ more there are and where they all are."""
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 from collections.abc import Sequence
 from decimal import Decimal
@@ -18,7 +19,7 @@ from exporter.core.fields import scope_values
 from exporter.core.words import NO_ENDPOINT, counted
 from exporter.digest.build import disagreeing, gap_order, top
 from exporter.metrics.accounts import shared_matched, shared_parts
-from exporter.model.snapshots import AmountGap, ProbeSnapshot, Reconciliation, SourceHealth, TokenGap
+from exporter.model.snapshots import AmountGap, MonthBills, ProbeSnapshot, Reconciliation, SourceHealth, TokenGap
 from exporter.sources.budgets import BudgetFigures, current_figures, scope_matched, summed
 from exporter.web.chart import month_chart
 from exporter.web.views import AccountView, View
@@ -106,9 +107,10 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
         month = bills.current if bills is not None else None
         states = health.get(account.name, [])
         failing = sum(not h.success for h in states)
+        forecast = None if month is None or _over(month, today) else month.forecast.quantize(Decimal(1))
         rows.append(
             f"<tr><td>{name}</td><td>{'—' if month is None else f'{month.month_to_date:f}'}</td>"
-            f"<td>{'—' if month is None else f'{month.forecast.quantize(Decimal(1)):f}'}</td>"
+            f"<td>{'—' if forecast is None else f'{forecast:f}'}</td>"
             + (f"<td class=bad>{failing} failing</td>" if failing else f"<td class=ok>{len(states)} ok</td>")
             + "</tr>"
         )
@@ -134,6 +136,12 @@ def _accounts(view: View, accounts: Sequence[AccountView]) -> tuple[str, str, li
         + "</table>"
     )
     return summary, "".join(budgets), probes, "".join(gaps) or "<p>No settled day has been reconciled yet.</p>"
+
+
+def _over(month: MonthBills, today: dt.date | None) -> bool:
+    """Whether the billing day has left `month` (its bills not read since the month ended): it is
+    shown as over, with no forecast."""
+    return today is not None and f"{today:%Y-%m}" != month.period
 
 
 def _crosses(found: BudgetFigures | None, budget: BudgetConfig) -> str:
@@ -225,8 +233,9 @@ def landing_page(view: View) -> str:
     chart = "<p>No bills yet.</p>"
     if bills is not None:  # (a month the billing day has left, its bills not read since: over, not "so far")
         today = view.today()
-        shown = today if today is not None and f"{today:%Y-%m}" != bills.current.period else bills.today
-        chart = month_chart(bills.current, shown, monthly)
+        chart = month_chart(
+            bills.current, today if today is not None and _over(bills.current, today) else bills.today, monthly
+        )
     budget_head = "<table><tr><th>budget</th><th>scope</th>"
     several = view.accounts() if view.accounts is not None else None
     if several is not None:  # several accounts: a table of them instead of one account's chart
