@@ -104,7 +104,7 @@ class Daemon:
         self.retry = retry
         self.billing = billing
         self.clock = clock or Clock(config.billing.zone)
-        self.latest = Latest()
+        self.latest = Latest(started=self.clock.now().timestamp())  # (the billing clock's, as `data_age` reads it)
         self.state = StateStore(config.state.path)
         self._account_states = AccountStates(config.state.path)
         self._locks: dict[str, threading.Lock] = {}

@@ -138,7 +138,9 @@ class Sources:
         self.state = state
         named = config.account_configs()
         held: dict[str, Latest] = previous.latests if previous is not None else {}
-        self.latests: dict[str, Latest] = {name: held.get(name) or Latest() if name else latest for name, _ in named}
+        self.latests: dict[str, Latest] = {
+            name: held.get(name) or Latest(started=clock.now().timestamp()) if name else latest for name, _ in named
+        }  # (an account a reload adds is waited for from then)
         # One AlertStore for the engine and the dispatcher: the daemon's (its dispatcher's), or a new one.
         alert_store = dispatcher.store if dispatcher is not None else AlertStore(state)
         self.accounts: dict[str, Account] = {}

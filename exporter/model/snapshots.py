@@ -287,6 +287,8 @@ class Latest:
     """API calls counted so far (what tells an account's health series changed since a render)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     started: float = field(default_factory=time.time)
+    """When these snapshots began to be kept (the daemon gives its billing clock's time): what a
+    source never refreshed has been waited for since (`waiting_since`)."""
     clock_skew: float | None = None
     config_reload_success: bool = True
     config_reload_timestamp: float = field(default_factory=time.time)
