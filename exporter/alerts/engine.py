@@ -478,6 +478,7 @@ class Engine:
         labelled = {f"{t:g}": v for t, v in value.items()}  # (a label is the tier to 6 digits)
         named = budget.accounts or ()
         account = named[0] if len(named) == 1 else None  # (one account's budget: its alerts say which)
+        crossed = [t for t in rule.tiers if value[t] <= ratio]
         for alert in firing:
             if alert.period != period or alert.labels.get(signals.ACCOUNT) != account:
                 # A new period starts clean, and so does one a reload made (month and day, and back),
@@ -491,18 +492,16 @@ class Engine:
                 # its own), and a tier taken out fires again if a reload puts it back, crossed.
                 self._resolve(db, alert, now)
                 gone = [t for t in self.db.tiers_fired(rid, period) if t not in value]
-                self.db.forget_tiers(db, rid, period, [*gone, *[t for t in rule.tiers if value[t] <= ratio][-1:]])
-            elif ratio < labelled.get(alert.labels["tier"], Decimal(alert.labels["tier"])):
+                self.db.forget_tiers(db, rid, period, [*gone, *crossed[-1:]])
+            elif ratio < labelled[alert.labels["tier"]]:
                 # Fell back under it: the forecast (its tier fired: not again this period), or the
                 # spend against an amount or scope a reload changed (or the bills revised down):
                 # then the highest tier still crossed fires now (it may not have been told on its
                 # own) and those above the spend fire again as it crosses them anew.
                 self._resolve(db, alert, now)
                 if rule.basis == "actual":
-                    under = [t for t in rule.tiers if value[t] <= ratio]
-                    again = [t for t in rule.tiers if value[t] > ratio] + under[-1:]
+                    again = [t for t in rule.tiers if value[t] > ratio] + crossed[-1:]
                     self.db.forget_tiers(db, rid, period, again)
-        crossed = [t for t in rule.tiers if ratio >= value[t]]
         if not crossed:
             return
         fired = self.db.tiers_fired(rid, period)

@@ -103,22 +103,29 @@ def _port(parts: SplitResult, whose: str) -> int | None:
         raise http.client.InvalidURL(f"{whose} port is not a number from 1 to 65535") from None
 
 
+def _reached(url: str) -> tuple[SplitResult, str, int, str, str | None]:
+    """How `url` is reached: its parts, its host (as sent: IDNA's xn-- form) and port, the URL
+    written with them (no credentials: what NO_PROXY names), and the environment's proxy for it, if
+    any. InvalidURL for a host or a port that cannot be sent."""
+    parts = urlsplit(url)
+    host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if parts.scheme == "https" else 80)
+    if host is None:
+        raise http.client.InvalidURL("the URL's host name cannot be written in IDNA's xn-- form")
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    written = parts._replace(netloc=netloc).geturl()
+    return parts, host, port, written, get_environ_proxies(written).get(parts.scheme)
+
+
 def _connection(
     url: str, timer: Deadline, address: str | None = None
 ) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
     """A connection for `url` (through the environment's proxy, if any) whose sockets `timer`
     watches, the request target, and the headers the URL itself asks for (credentials); `address`:
     the IP address to reach its host at (never through a proxy: `peers` gives none then)."""
-    parts = urlsplit(url)
+    parts, host, port, written, proxy = _reached(url)
     https = parts.scheme == "https"
-    host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if https else 80)
-    if host is None:
-        raise http.client.InvalidURL("the URL's host name cannot be written in IDNA's xn-- form")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     headers = _basic(parts)
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    written = parts._replace(netloc=netloc).geturl()  # (its host as sent, which NO_PROXY names; no credentials)
-    proxy = get_environ_proxies(written).get(parts.scheme)
     if not proxy:
         if https:
             return _HTTPSConnection(host, port, timer, address, context=_tls()), target, headers
@@ -141,16 +148,11 @@ def peers(url: str, resolve: Callable[..., list[Any]] = socket.getaddrinfo) -> l
     to each (the peers of a cluster behind one name: a Kubernetes headless Service); [None], to POST
     to the URL as it is, when its host is an address, is reached through a proxy, resolves to one
     address, or does not resolve (the POST then fails, saying so)."""
-    parts = urlsplit(url)
-    https = parts.scheme == "https"
     try:
-        host, port = ascii_host(parts.hostname or ""), _port(parts, "the URL's") or (443 if https else 80)
+        _, host, port, _, proxy = _reached(url)
     except http.client.InvalidURL:
         return [None]
-    if not host or ":" in host or host.replace(".", "").isdigit():
-        return [None]
-    netloc = f"{host}:{port}"
-    if get_environ_proxies(parts._replace(netloc=netloc).geturl()).get(parts.scheme):
+    if proxy or not host or ":" in host or host.replace(".", "").isdigit():
         return [None]
     try:
         found = resolve(host, port, type=socket.SOCK_STREAM)

@@ -206,9 +206,8 @@ class Dispatcher:
         self._failing: set[tuple[str, str]] = set()
         """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
         self._judged = threading.Event()
-        """Whether the alerts have been judged on fresh figures since the start (`judged_first`):
-        till then, or JUDGED_WAIT, nothing is resent."""
-        self._started = time.monotonic()
+        """Whether the alerts have been judged on fresh figures since the start (`judged_first`), or
+        JUDGED_WAIT has passed: till then, nothing is resent."""
         self._judged_wait: threading.Timer | None = None
         if not judged_first:
             self._judged.set()
@@ -276,9 +275,8 @@ class Dispatcher:
         """Deliver in the background from now on (until `close`)."""
         self._running = True
         self._start_workers()
-        if not self._judged.is_set():  # (the resend workers are woken when JUDGED_WAIT has passed, not after)
-            left = JUDGED_WAIT - (time.monotonic() - self._started)
-            self._judged_wait = threading.Timer(max(0.0, left), self.resend)
+        if not self._judged.is_set():  # (what is held goes when JUDGED_WAIT has passed, not at a worker's next turn)
+            self._judged_wait = threading.Timer(JUDGED_WAIT, self._judged_or_not)
             self._judged_wait.daemon = True
             self._judged_wait.start()
 
@@ -305,6 +303,11 @@ class Dispatcher:
         for name, worker in list(self._workers.items()):
             if (notifier := self._notifiers.get(name)) is None or outbox(notifier) is not None:
                 worker.poke()
+
+    def _judged_or_not(self) -> None:
+        """JUDGED_WAIT has passed: what is held is sent, judged or not."""
+        if self.judged():
+            self.resend()
 
     def judged(self) -> bool:
         """The alerts have been evaluated on the figures readiness waits for (`web.views.ready`:
@@ -357,7 +360,7 @@ class Dispatcher:
             if 200 <= answer.status < 300:
                 return self.outcome(notifier, None, target)
             reason = f"HTTP {answer.status}"
-            if answer.status in (429, 503) and answer.retry_after is not None:
+            if answer.retry_after is not None:  # (read on a 429 or a 503 only: `post_json`)
                 self._asked[notifier] = max(self._asked.get(notifier, 0.0), min(answer.retry_after, WAIT_ASKED_MAX))
             if 300 <= answer.status < 400:
                 reason += f" (redirect to {_where(answer.location)}; a notification is never followed)"
@@ -596,9 +599,7 @@ class Dispatcher:
     def _resend(self, name: str) -> None:
         """Every active and recently resolved alert to one notifier of a kind that is resent."""
         notifier = self._notifiers.get(name)
-        if notifier is None or isinstance(sender := kind(notifier), OutboxKind):
-            return
-        if not self._judged.is_set() and time.monotonic() - self._started < JUDGED_WAIT:
+        if notifier is None or isinstance(sender := kind(notifier), OutboxKind) or not self._judged.is_set():
             return
         alerts, now = self.alerts(name), self.clock.now().timestamp()
         with self._locks[name]:

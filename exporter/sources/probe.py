@@ -32,7 +32,7 @@ from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
-from exporter.core.watched import WatchedAdapter, plain_socket, watching
+from exporter.core.watched import WatchedAdapter, watching
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
     E2E_BUCKETS,
@@ -353,9 +353,7 @@ class HTTPChat:
                 if headers.fired:  # (cut as the last of them came)
                     response.close()
                     raise Silence(self._clock())
-                with response:
-                    if (sock := plain_socket(getattr(response.raw.connection, "kept", None))) is not None:
-                        cut.watch(sock)
+                with response:  # (its socket watched by `cut` since the request went: `watching`)
                     try:
                         yield response.status_code, self._arrivals(response, deadline, cut)
                     finally:
