@@ -520,16 +520,14 @@ class Dispatcher:
                 except UnreadableEntry as unreadable:
                     log.error("queued notification dropped: it cannot be read", notifier=name,
                               state_file=str(self.store.store.path), error=str(unreadable))  # fmt: skip
-                    self._unreadable(name, unreadable.id, unreadable.table, now)
+                    self._discard(name, unreadable.id, unreadable.table, now, UNREADABLE, "unreadable")
                     continue
                 if head is None or head.next_attempt > now:
                     break
                 if head.recipients and now - head.created > OWED_FOR:
                     log.error("email recipients refused a notification for a day; it is dropped for them",
                               notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
-                    self._record(name, partial(self.store.delivered, head.id, now, dropped=OWED, table=head.table))
-                    with self._counts:
-                        self.discarded["refused"] += 1
+                    self._discard(name, head.id, head.table, now, OWED, "refused")
                     continue
                 if head.digest is not None and self._takes_no_digests(name):
                     given = self._record(name, partial(self._drop_digest, head.id, now))
@@ -551,13 +549,10 @@ class Dispatcher:
                     # A digest read whole that lacks what its kind reads (`head` checks only that it is one).
                     log.exception("queued notification dropped: it cannot be read", notifier=name,
                                   state_file=str(self.store.store.path), id=head.id)  # fmt: skip
-                    self._unreadable(name, head.id, head.table, now)
+                    self._discard(name, head.id, head.table, now, UNREADABLE, "unreadable")
                     continue
                 if entry is None:
-                    self._refusals.pop((head.table, head.id), None)
-                    self._record(name, partial(self.store.delivered, head.id, now, dropped=SUPERSEDED))
-                    with self._counts:
-                        self.discarded["superseded"] += 1
+                    self._discard(name, head.id, head.table, now, SUPERSEDED, "superseded")
                     log.info("queued notification dropped: its alerts changed state again since",
                              notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
                     continue
@@ -567,9 +562,7 @@ class Dispatcher:
                 refusals = earlier + 1 if reason is not None and _refused(reason) else 0
                 if reason is not None and refusals >= GIVE_UP_AFTER:
                     log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
-                    self._record(name, partial(self.store.delivered, entry.id, now, dropped=reason, table=entry.table))
-                    with self._counts:
-                        self.discarded["refused"] += 1
+                    self._discard(name, entry.id, entry.table, now, reason, "refused")
                     continue
                 if refusals:
                     self._refusals[which] = refusals
@@ -588,11 +581,13 @@ class Dispatcher:
                 delivered += 1
         return delivered
 
-    def _unreadable(self, name: str, entry_id: int, table: str, now: float) -> None:
-        """Drop a queued notification that cannot be read (counted): the queue goes on behind it."""
-        self._record(name, partial(self.store.delivered, entry_id, now, dropped=UNREADABLE, table=table))
+    def _discard(self, name: str, entry_id: int, table: str, now: float, dropped: str, why: str) -> None:
+        """Drop a queued notification, saying `dropped` in the state file, counted under `why` (a
+        DISCARDED reason): the queue goes on behind it, and its refusals in a row are forgotten."""
+        self._refusals.pop((table, entry_id), None)
+        self._record(name, partial(self.store.delivered, entry_id, now, dropped=dropped, table=table))
         with self._counts:
-            self.discarded["unreadable"] += 1
+            self.discarded[why] += 1
 
     # -- the kinds that are resent --
 
