@@ -19,7 +19,7 @@ from exporter.core.logs import get_logger
 from exporter.core.words import NO_ENDPOINT
 from exporter.model.anomaly import MIN_HISTORY_DAYS, Judgement, contributors, judge_all
 from exporter.model.signals import Labels
-from exporter.model.snapshots import DailyAmount, Latest, per_day
+from exporter.model.snapshots import DailyAmount, Latest, MonthHistory, per_day
 
 log = get_logger(__name__)
 
@@ -46,12 +46,16 @@ class Bills:
     items_by_endpoint: Mapping[str, tuple[DailyAmount, ...]] = field(default_factory=dict)
 
 
+def _past(latest: Latest) -> list[MonthHistory]:
+    """The history's months held: the past ones, and the current one as fetched today."""
+    history = latest.history
+    return [*history.months.values(), *([history.current] if history.current else [])] if history else []
+
+
 def held_months(latest: Latest) -> dict[str, tuple[tuple[DailyAmount, ...], tuple[DailyAmount, ...]]]:
     """By period, the lines by endpoint and by item of the past months held and of the months the
     bills source fetched (fresher: they win for the same month)."""
-    history = latest.history
-    past = [*history.months.values(), *([history.current] if history.current else [])] if history else []
-    months = {month.period: (month.by_endpoint, month.by_item) for month in past}
+    months = {month.period: (month.by_endpoint, month.by_item) for month in _past(latest)}
     for fetched in latest.bills.months if latest.bills else ():
         months[fetched.period] = (fetched.by_endpoint, fetched.by_item)
     return months
@@ -61,8 +65,7 @@ def held(latest: Latest) -> Bills:
     """The past months held and the months the bills source fetched (`held_months`)."""
     months = held_months(latest)
     split: dict[str, list[DailyAmount]] = {}  # (each endpoint's months extended, not joined anew: linear in months)
-    history = latest.history
-    for past in [*history.months.values(), *([history.current] if history.current else [])] if history else []:
+    for past in _past(latest):
         for endpoint, rows in past.items_by_endpoint.items():
             split.setdefault(endpoint, []).extend(rows)
     by_endpoint = tuple(a for endpoints, _ in months.values() for a in endpoints)

@@ -207,24 +207,20 @@ def secret_warnings(raw: Any, path: Path) -> list[str]:
     A warning is about the file at `path` and does not name it: who shows it does, once."""
     warnings = []
     notifiers = list(items(raw if isinstance(raw, dict) else {}, "alerts", "notifiers"))
-    webhooks = [
-        ((*where, "url"), item["url"])
-        for where, item in notifiers
-        if item.get("type") == "webhook" and isinstance(item.get("url"), str) and webhook_secret(item["url"])
-    ]
-    addresses = [  # (a password for basic auth, in a webhook's or an Alertmanager's address)
+    addresses = [  # (a webhook's token, or a password for basic auth in any notifier's address)
         ((*where, key, index) if key == "urls" else (*where, key), url)
         for where, item in notifiers
         for key in ("url", "urls")
         for index, url in enumerate(item[key] if isinstance(item.get(key), list) else [item.get(key)])
-        if isinstance(url, str) and url_password(url)
+        if isinstance(url, str)
+        and (url_password(url) or (key == "url" and item.get("type") == "webhook" and webhook_secret(url)))
     ]
-    for where, value in [*secret_fields(Config, raw), *webhooks, *addresses]:
+    for where, value in [*secret_fields(Config, raw), *addresses]:
         if isinstance(value, str) and value and not REFERENCE.search(value):
             warnings.append(
                 f"{location(where)}: a secret is written in the config file; use ${{VAR}} or ${{file:PATH}}"
             )
-    warnings = list(dict.fromkeys(warnings))  # (a webhook's address with a token and a password: once)
+    warnings = list(dict.fromkeys(warnings))  # (an address that is a secret key's too, a Slack URL's: once)
     if warnings and path.stat().st_mode & stat.S_IROTH:
         warnings.append("the file is world-readable and holds secrets (chmod o-r)")
     return warnings
