@@ -156,15 +156,15 @@ def _sums(amounts: Iterable[DailyAmount], first: dt.date, last: dt.date) -> dict
 
 
 def _top(
-    key: str, amounts: Sequence[DailyAmount], first: dt.date, last: dt.date, width: int, held: AbstractSet[dt.date]
+    key: str, amounts: Sequence[DailyAmount], span: Sequence[dt.date], held: AbstractSet[dt.date]
 ) -> list[dict[str, Any]]:
-    """The span's largest, with their change against the span before; none when a day of the span
-    has no bills held (a sum of some of its days is no span's), and no change when a day of the
-    span before has none (a week against some of the week before is no change)."""
-    span = [first + dt.timedelta(days=n) for n in range(width)]
+    """The largest of the `span`'s days, with their change against the span before; none when a day
+    of the span has no bills held (a sum of some of its days is no span's), and no change when a
+    day of the span before has none (a week against some of the week before is no change)."""
     if not all(day in held for day in span):
         return []
-    now = _sums(amounts, first, last)
+    first, width = span[0], len(span)
+    now = _sums(amounts, first, span[-1])
     before = _sums(amounts, first - dt.timedelta(days=width), first - dt.timedelta(days=1))
     known_before = all(day - dt.timedelta(days=width) in held for day in span)
     ranked = sorted(now.items(), key=lambda pair: (-pair[1], pair[0]))[:TOP]
@@ -241,8 +241,8 @@ def build(
         "month_to_date": _money(sum(month_days.values(), Decimal(0)) if month_days else None),
         "forecast": _money(forecast),
         "budgets": [],
-        "top_endpoints": _top("endpoint_id", bills.by_endpoint, first, day, width, totals.keys()),
-        "top_items": _top("item", bills.by_item, first, day, width, totals.keys()),
+        "top_endpoints": _top("endpoint_id", bills.by_endpoint, days, totals.keys()),
+        "top_items": _top("item", bills.by_item, days, totals.keys()),
         "anomalies": [],
         "reconciliation": [],
         "alerts": [],
