@@ -17,7 +17,7 @@ from exporter.app.schedule import DailyTrigger, SpreadInterval
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock, later
 from exporter.sim import Simulator
-from tests.daemon_fakes import InProcessBilling, account_simulators, accounts_section
+from tests.daemon_fakes import InProcessBilling, account_simulators, accounts_section, fake_billing_section
 from tests.fakes import FakeBilling
 from tests.helpers import wait_for
 from tests.test_daemon import FAST, daemon_config
@@ -125,6 +125,27 @@ def test_a_sources_next_run_is_an_interval_of_real_time_away_on_the_night_the_cl
     for seconds in (300.0, 900.0, 3600.0, 86400.0):
         assert later(now, seconds).timestamp() - now.timestamp() == seconds
         assert later(now, seconds).tzinfo is tz
+
+
+def test_the_daemons_next_runs_are_their_interval_of_real_time_away_on_the_night_the_clocks_go_back(
+    tmp_path: Path,
+) -> None:
+    """The daemon scheduling its sources at 01:55 on New York's night the clocks go back: each
+    source's grid starts its interval of real time later (usage 5 minutes, not 65)."""
+    tz = ZoneInfo("America/New_York")
+    now = dt.datetime(2026, 11, 1, 1, 55, tzinfo=tz)
+    clock = Clock(tz, lambda: now)
+    sim = Simulator(clock=clock)
+    billing = fake_billing_section(sim, history_months=0, timezone="America/New_York", usage_interval="5m")
+    document = {"billing": billing, "state": {"path": str(tmp_path / "state.db")}}
+    daemon = Daemon(validate(document, {}), clock=clock, billing=InProcessBilling(sim), serve=False)
+    try:
+        daemon._schedule(now)
+        for source, interval in daemon.sources.intervals.items():
+            start = daemon.scheduler.get_job(source).trigger.start_date
+            assert start.timestamp() - now.timestamp() == interval, source
+    finally:
+        daemon.stop(grace=1)
 
 
 def test_the_test_clock_advances_by_real_time_on_the_night_the_clocks_go_back() -> None:

@@ -348,10 +348,11 @@ class Daemon:
 
     # -- scheduling --
 
-    def _schedule(self) -> None:
+    def _schedule(self, now: dt.datetime | None = None) -> None:
         """Bring the jobs in line with the config: a source whose interval is unchanged keeps its
-        schedule (a reload does not make every source run at once); new sources run now."""
-        now = dt.datetime.now(self.clock.tz)  # the scheduler runs on real time; the billing clock may not
+        schedule (a reload does not make every source run at once); new sources run now (`now`:
+        the scheduler's real time, unless a test gives it)."""
+        now = now or dt.datetime.now(self.clock.tz)  # the scheduler runs on real time; the billing clock may not
         wanted = self.sources.intervals
         for source in set(self._intervals) - set(wanted):
             self.scheduler.remove_job(source)
