@@ -140,6 +140,48 @@ def test_pages_in_flight_are_bounded_by_concurrency(
     assert sim.max_in_flight == 3
 
 
+def test_no_more_threads_fetch_pages_than_requests_may_be_in_flight(
+    sim: Simulator, server: SimulatorServer, clock: Clock
+) -> None:
+    """Threads beyond the slots only waited for one, at a cost in CPU for every page."""
+    sim.add_usage(5000)
+    sim.latency = 0.01
+    config = validate({"billing": billing_section(sim, server, concurrency=3, page_size=100)}, {})
+    with BillingClient.from_config(config.billing, clock) as client:
+        records = sum(len(p.records) for p in client.usage_pages(clock.today()))
+        fetching = [t.name for t in threading.enumerate() if t.name.startswith("billing-page")]
+    assert records == 5000
+    assert 1 <= len(fetching) <= 3, fetching
+
+
+def test_a_page_waiting_out_its_backoff_holds_no_other_page_up(
+    sim: Simulator, server: SimulatorServer, clock: Clock
+) -> None:
+    """One request at a time. Page 2 fails and waits before its retry; the pages after it are
+    fetched meanwhile (the wait ends only when they have been, or after 10 s)."""
+    sim.add_usage(2500)
+    answered: list[int] = []
+    others = threading.Event()
+
+    def failing_after_the_first(page_num: int) -> None:
+        answered.append(page_num)
+        if page_num == 1:
+            sim.inject(Fault("status", path="/", status=503))  # (page 2 is the next request)
+        if {3, 4, 5} <= set(answered):
+            others.set()
+
+    waited: list[bool] = []
+    sim.before_usage_page = failing_after_the_first
+    config = validate({"billing": billing_section(sim, server, concurrency=1)}, {})
+    with BillingClient.from_config(
+        config.billing, clock, retry=RetryPolicy(sleep=lambda s: waited.append(others.wait(10)))
+    ) as client:
+        pages = {p.page_num: len(p.records) for p in client.usage_pages(clock.today())}
+    assert pages == {1: 500, 2: 500, 3: 500, 4: 500, 5: 500}
+    assert waited == [True]
+    assert answered.index(2) > answered.index(5)
+
+
 def test_a_request_that_waited_for_a_slot_is_signed_again_when_the_time_moved(
     sim: Simulator, server: SimulatorServer, frozen: FrozenClock, clock: Clock
 ) -> None:

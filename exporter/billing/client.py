@@ -1,5 +1,5 @@
 """The billing API over HTTP: `BillingClient`, the `Listings` answered by signed requests, with
-retries (`RetryPolicy`) and pages fetched in a thread pool.
+retries (`RetryPolicy`) and pages fetched by a few threads (`Workers`).
 
 Pages are fetched with a bounded number of requests in flight and handed out as they arrive. Every
 attempt is signed anew (a retried request must not reuse its nonce). The paging itself, and the
@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from exporter.billing.api import MAX_USAGE_PAGE_SIZE, BillingAPI, Listings
 from exporter.billing.errors import AskedToWait, BillingUnavailable, ClientClosed, SignatureRejected
 from exporter.billing.records import parse_envelope
 from exporter.billing.signing import BillingSigner
+from exporter.billing.workers import Workers
 from exporter.config.schema import BillingConfig
 from exporter.core.clock import Clock
 from exporter.core.deadline import Deadline
@@ -117,9 +118,9 @@ class BillingClient(Listings):
         adapter = WatchedAdapter(pool_connections=1, pool_maxsize=2 * self.concurrency + 1)
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
-        # More workers than requests in flight: a page waiting out its retry backoff holds a worker,
-        # not one of the `concurrency` request slots, so the other pages keep flowing meanwhile.
-        self._pool = ThreadPoolExecutor(2 * self.concurrency, thread_name_prefix="billing-page")
+        # As many workers as requests in flight: one waiting out a retry's backoff lends its place
+        # (`_pause`), so the other pages keep flowing meanwhile.
+        self._pool = Workers(self.concurrency, "billing-page")
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
@@ -181,7 +182,7 @@ class BillingClient(Listings):
                 exchange.fire()
         for arrivals in list(self._arrivals):
             arrivals.put(None)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
         self._session.close()
 
     def __enter__(self) -> BillingClient:
@@ -249,8 +250,9 @@ class BillingClient(Listings):
                 self._pause(pause)
 
     def _pause(self, seconds: float) -> None:
-        """Wait, cut short by `close` (or the tests' sleep)."""
-        (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(seconds)
+        """Wait, cut short by `close` (or the tests' sleep), a page worker's place lent meanwhile."""
+        with self._pool.lending():
+            (self._closed.wait if self.retry.sleep is None else self.retry.sleep)(seconds)
 
     def _attempt(self, api: str, path: str, params: dict[str, str | int], what: str) -> tuple[int, bytes]:
         """One request. It is signed before it waits for a slot, so that a slot (a request in
