@@ -158,9 +158,10 @@ def _sums(amounts: Iterable[DailyAmount], first: dt.date, last: dt.date) -> dict
 def _top(
     key: str, amounts: Sequence[DailyAmount], span: Sequence[dt.date], held: AbstractSet[dt.date]
 ) -> list[dict[str, Any]]:
-    """The largest of the `span`'s days, with their change against the span before; none when a day
-    of the span has no bills held (a sum of some of its days is no span's), and no change when a
-    day of the span before has none (a week against some of the week before is no change)."""
+    """The largest of the `span`'s days, with their change against the span before (None: nothing
+    spent then); none when a day of the span has no bills held (a sum of some of its days is no
+    span's), and no change when a day of the span before has none (a week against some of the week
+    before is no change: not "new" either)."""
     if not all(day in held for day in span):
         return []
     first, width = span[0], len(span)
@@ -168,14 +169,11 @@ def _top(
     before = _sums(amounts, first - dt.timedelta(days=width), first - dt.timedelta(days=1))
     known_before = all(day - dt.timedelta(days=width) in held for day in span)
     ranked = sorted(now.items(), key=lambda pair: (-pair[1], pair[0]))[:TOP]
-    return [
-        {
-            key: name,
-            "amount": _money(amount),
-            "change_percent": _percent(amount, before.get(name, Decimal(0)) if known_before else None),
-        }
-        for name, amount in ranked
-    ]
+    top: list[dict[str, Any]] = [{key: name, "amount": _money(amount)} for name, amount in ranked]
+    if known_before:
+        for row, (name, amount) in zip(top, ranked, strict=True):
+            row["change_percent"] = _percent(amount, before.get(name, Decimal(0)))
+    return top
 
 
 def p95(values: Sequence[float]) -> float | None:

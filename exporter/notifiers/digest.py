@@ -83,16 +83,15 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
         ("Top endpoints", "endpoint_id", d["top_endpoints"]),
         ("Top items", "item", d["top_items"]),
     ):
-        if rows:
-            sections.append(
-                (
-                    f"{title} (change against {against})",
-                    [
-                        f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])} ({_change(r['change_percent'])})"
-                        for r in rows
-                    ],
-                )
-            )
+        if rows and "change_percent" in rows[0]:  # (the change is each row's, or none's: not known)
+            lines = [
+                f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])} ({_change(r['change_percent'])})" for r in rows
+            ]
+            sections.append((f"{title} (change against {against})", lines))
+        elif rows:
+            sections.append((f"{title} (no change: {against} is not known)", [
+                f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])}" for r in rows
+            ]))  # fmt: skip
     if d["anomalies"]:
         lines = []
         for a in d["anomalies"]:
