@@ -182,6 +182,11 @@ SPACE = "holds a space or a control character: percent-encode it (a space is %20
         ({"billing": BILLING, "server": {"basic_auth": {"username": "ops:team", "password": "pw"}}},
          "server.basic_auth.username: a user name cannot hold ':' (a client sends the user name and the password"
          " joined by one)"),
+        ({"accounts": [{"name": "cn", "billing": {**BILLING, "currency": "CNY"}},
+                       {"name": "us", "billing": {**BILLING, "access_key_id": "AK2", "currency": "USD"}}],
+          "budgets": [{"name": "org", "amount": 20000}]},
+         "budgets[0] (budget 'org'): spans accounts of different currencies (cn: CNY, us: USD): their spend adds"
+         " up to no amount; scope it to accounts of one (`where: {account: [...]}`)"),
     ],
 )  # fmt: skip
 def test_each_bad_config_gets_its_own_clear_message(document: dict, expected: str) -> None:
@@ -723,3 +728,20 @@ def test_rules_whose_alerts_alertmanager_could_not_tell_apart_are_refused_when_i
         validate(fine, ENV)
     (error,) = errors_of(document([rule("ep-a", by=["project_id"]), rule("ep-b", by=["project_id"])], [am]))
     assert "alerts.rules[0]" in error  # (both may alert on one project)
+
+
+def test_a_budget_spanning_accounts_of_one_currency_or_scoped_to_one_is_taken() -> None:
+    """Accounts of two currencies: a budget scoped to those of one is taken, as is one spanning an
+    account with no currency set (it may be either)."""
+    accounts = [
+        {"name": "cn", "billing": {**BILLING, "currency": "CNY"}},
+        {"name": "us", "billing": {**BILLING, "access_key_id": "AK2", "currency": "USD"}},
+        {"name": "cn2", "billing": {**BILLING, "access_key_id": "AK3", "currency": "CNY"}},
+        {"name": "other", "billing": {**BILLING, "access_key_id": "AK4"}},
+    ]
+    budgets = [
+        {"name": "china", "amount": 100, "where": {"account": ["cn", "cn2", "other"]}},
+        {"name": "us", "amount": 100, "where": {"account": "us"}},
+    ]
+    config = validate({"accounts": accounts, "budgets": budgets}, ENV)
+    assert [b.name for b in config.budgets] == ["china", "us"]

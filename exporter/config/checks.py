@@ -139,6 +139,14 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
             measured.append(((*at, *where), budget, [("", billing_of(account), prices_of(account))]))
     problems: list[tuple[Location, str]] = []
     for where, budget, spans in measured:
+        currencies = {name: str(billing.get("currency")) for name, billing, _ in spans if billing.get("currency")}
+        if len(set(currencies.values())) > 1:  # (an account with none set may be either: not refused)
+            listed = ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
+            problems.append((
+                (*where, "where", "account") if isinstance(budget.get("where"), dict) else where,
+                f"spans accounts of different currencies ({listed}): their spend adds up to no amount;"
+                " scope it to accounts of one (`where: {account: [...]}`)",
+            ))  # fmt: skip
         scope = budget.get("where")
         if not isinstance(scope, dict):
             continue
