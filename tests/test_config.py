@@ -426,6 +426,33 @@ def test_the_example_config_is_valid() -> None:
     assert [r.alert for r in config.alerts.rules] == names
 
 
+def test_the_example_config_s_accounts_block_is_valid_once_uncommented(tmp_path: Path) -> None:
+    """The several-accounts block the example invites to uncomment, in place of its `billing`."""
+    lines = (ROOT / "config.example.yaml").read_text().splitlines()
+    start = lines.index("# accounts:")
+    block = ["accounts:"]
+    for line in lines[start + 1 :]:
+        if not line.startswith("#   "):
+            break
+        block.append(line.removeprefix("# "))
+    path = tmp_path / "accounts.yaml"
+    path.write_text("\n".join(block) + "\n")
+    environ = dict.fromkeys(["PROD_AK", "PROD_SK", "PROD_INFERENCE_KEY", "STAGING_AK", "STAGING_SK"], "x")
+    config = load(path, environ)
+    assert [account.name for account in config.accounts] == ["prod", "staging"]
+
+
+def test_an_unquoted_variable_inside_braces_is_told_how_to_write_it(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("billing: {url: https://b, access_key_id: ${AK}, secret_access_key: s}\n")
+    with pytest.raises(ConfigError) as raised:
+        load(path, {"AK": "a"})
+    assert raised.value.details == [
+        f"{path}:1:43: invalid YAML: expected ',' or '}}', but got '{{'"
+        ' (a ${VAR} inside { } or [ ] is written quoted: "${VAR}")'
+    ]
+
+
 def test_secrets_from_files(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("from-a-file\n")

@@ -217,3 +217,18 @@ def test_every_link_of_the_readme_resolves() -> None:
             headings = re.findall(r"(?m)^#+ (.+)$", target.read_text())
             slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
             assert anchor in slugs, link
+
+
+def test_every_yaml_block_of_the_docs_is_yaml() -> None:
+    """A reader copies them: a `${VAR}` left unquoted inside `{ }` is no YAML at all."""
+    import yaml
+
+    blocks = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for found in re.finditer(r"```ya?ml\n(.*?)```", page.read_text(), re.S):
+            blocks += 1
+            try:
+                yaml.safe_load(found.group(1))
+            except yaml.YAMLError as error:
+                pytest.fail(f"{page.name}: a YAML block is no YAML: {error}")
+    assert blocks > 10

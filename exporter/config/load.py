@@ -412,7 +412,10 @@ def load_checked(path: str | Path, environ: Mapping[str, str] | None = None) -> 
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError([f"{where}: invalid YAML: {yaml_problem(error)}"]) from None
+        hint = ""
+        if mark and text[mark.index : mark.index + 1] == "{" and text[mark.index - 1 : mark.index] == "$":
+            hint = ' (a ${VAR} inside { } or [ ] is written quoted: "${VAR}")'
+        raise ConfigError([f"{where}: invalid YAML: {yaml_problem(error)}{hint}"]) from None
     try:
         return validate(raw, environ), secret_warnings(raw, Path(path))
     except RecursionError:  # (lists nested hundreds deep: libyaml reads them, the checks recurse)
