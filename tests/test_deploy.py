@@ -334,3 +334,15 @@ def test_the_wheel_holds_every_module(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = {str(p.relative_to(ROOT)) for pattern in ("*.py", "*.yaml") for p in (ROOT / "exporter").rglob(pattern)}
     assert sources <= names, sorted(sources - names)
+
+
+def test_the_build_context_is_what_the_dockerfile_copies_and_nothing_else() -> None:
+    """.dockerignore lets through exactly the Dockerfile's sources: a credentials file or a state
+    database of the checkout never travels to the builder."""
+    copied = set()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            copied |= set(line.split()[1:-1])
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert ignore[0] == "*"
+    assert {line.removeprefix("!") for line in ignore if line.startswith("!")} == copied

