@@ -772,3 +772,13 @@ def test_a_budget_spanning_accounts_of_one_currency_or_scoped_to_one_is_taken() 
     ]
     config = validate({"accounts": accounts, "budgets": budgets}, ENV)
     assert [b.name for b in config.budgets] == ["china", "us"]
+
+
+def test_the_log_settings_take_the_command_line_s_spellings_too() -> None:
+    """`--log.level warn` and `--log.format logfmt`, as the Prometheus exporters spell them, are
+    taken in the config as well: one set of spellings wherever a user writes them."""
+    config = validate({"billing": BILLING, "log": {"level": "warn", "format": "logfmt"}}, ENV)
+    assert (config.log.level, config.log.format) == ("warning", "text")
+    assert errors_of({"billing": BILLING, "log": {"level": "loud"}}) == [
+        "log.level: must be one of 'debug', 'info', 'warning' or 'error'"
+    ]

@@ -41,6 +41,7 @@ from exporter.core.fields import (
     parse_amount,
     scope_values,
 )
+from exporter.core.logs import FORMATS, LEVELS
 from exporter.notifiers.kind import NotifierModel
 from exporter.notifiers.registry import KINDS
 
@@ -346,9 +347,16 @@ class StateConfig(Strict):
     path: Text = "./inference-cost-exporter.db"
 
 
+def _spelt(spellings: dict[str, str]) -> BeforeValidator:
+    """A value as its canonical spelling, the others `--log.level` and `--log.format` take too."""
+    return BeforeValidator(lambda value: spellings.get(value, value) if isinstance(value, str) else value)
+
+
 class LogConfig(Strict):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["text", "json"] = "text"
+    level: Annotated[Literal["debug", "info", "warning", "error"], _spelt(LEVELS)] = "info"
+    """`warn` is taken for `warning`, as on the command line."""
+    format: Annotated[Literal["text", "json"], _spelt(FORMATS)] = "text"
+    """`logfmt` is taken for `text`, as on the command line."""
 
 
 class AccountConfig(Strict):
