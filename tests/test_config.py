@@ -453,6 +453,13 @@ def test_an_unquoted_variable_inside_braces_is_told_how_to_write_it(tmp_path: Pa
     ]
 
 
+def test_a_variable_s_value_is_trimmed_as_a_secret_file_s_is() -> None:
+    """A secret made with `echo` or from a file keeps its line break in the environment: it would
+    reach an HTTP header (refused there, the key in the error) or a signature."""
+    config = validate({"billing": BILLING}, {"SECRET": " top-secret-value\n"})
+    assert config.billing.secret_access_key.get_secret_value() == "top-secret-value"
+
+
 def test_secrets_from_files(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("from-a-file\n")

@@ -131,6 +131,17 @@ def test_a_secret_is_masked_however_the_format_escapes_it(formatter: logging.For
     assert line.count("***") == 3
 
 
+@pytest.mark.parametrize("formatter", [LogfmtFormatter(), JsonFormatter()], ids=["text", "json"])
+def test_a_secret_with_a_line_break_at_its_end_is_masked_as_an_error_quotes_it(formatter: logging.Formatter) -> None:
+    """A library's error quotes a value with its line break escaped (`b'Bearer key\\n'`): the
+    secret's ends never hide the rest of it."""
+    secret = "sk-live-0123456789\n"
+    masking = MaskingFormatter(formatter, [secret])
+    message = f"Invalid header value {('Bearer ' + secret).encode()!r}"
+    record = logging.LogRecord("exporter.test", logging.ERROR, __file__, 1, message, None, None)
+    assert "0123456789" not in masking.format(record)
+
+
 @pytest.mark.parametrize(
     ("level", "fmt", "expected"),
     [

@@ -801,3 +801,45 @@ def read_head(connection: socket.socket) -> bytes:
     while b"\r\n\r\n" not in head and (piece := connection.recv(65536)):
         head += piece
     return head
+
+
+class _Redirecting(BaseHTTPRequestHandler):
+    """Answers every POST with a redirect to an address no URL can hold."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(307)
+        self.send_header("Location", "http://[::1/v1/chat/completions")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_redirect_to_no_address_fails_the_run_and_does_not_crash_it() -> None:
+    """requests raises a bare ValueError there: the run is a failure, counted, not a crash that
+    left the last run's success standing."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = runner_for(f"http://127.0.0.1:{server.server_address[1]}", model="ep")
+    try:
+        snapshot = probe.run()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert_failed_once(snapshot, "connection")
+    assert "could not be made" in str(probe.last_detail)
+
+
+@pytest.mark.parametrize("key", ["sk-live-0123456789abcdef\u2019", "sk-live-0123\n456789abcdef"])
+def test_a_key_no_header_can_carry_fails_the_run_and_is_never_logged(
+    sim: Simulator, server: SimulatorServer, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A curly quote pasted in, a line break inside: the request cannot be made. The run fails (no
+    crash), and neither the key nor any start of it is written."""
+    probe = runner(sim, server, api_key=key)
+    snapshot = probe.run()
+    assert_failed_once(snapshot, "connection")
+    logged_text = caplog.text + str(probe.last_detail)
+    assert "sk-live-0123" not in logged_text

@@ -191,7 +191,7 @@ def substitute(
         if match[2] not in environ:
             missing.setdefault(path, f"environment variable {match[2]} is not set")
             return match[0]
-        return environ[match[2]]
+        return environ[match[2]].strip()  # (as a file's: a secret's trailing newline goes no further)
 
     return REFERENCE.sub(replace, node)
 

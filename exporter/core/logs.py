@@ -97,9 +97,10 @@ class MaskingFormatter(logging.Formatter):
         self.add(secrets)
 
     def add(self, secrets: Iterable[str]) -> None:
-        """Mask these too (a reload may bring new secrets; old ones stay masked), as written and as
-        both formats escape them (a secret holding `"` or `\\` is written escaped)."""
-        self.secrets |= {s for s in secrets if len(s) >= 4}
+        """Mask these too (a reload may bring new secrets; old ones stay masked), as written, without
+        the spaces or line breaks at their ends (a message may quote them escaped), and as both
+        formats escape them (a secret holding `"` or `\\` is written escaped)."""
+        self.secrets |= {form for s in secrets for form in (s, s.strip()) if len(form) >= 4}
         forms = {form for s in self.secrets for form in (s, _quoted(s)[1:-1], json.dumps(s)[1:-1])}
         self._ordered = sorted(forms, key=len, reverse=True)
 

@@ -348,6 +348,8 @@ class HTTPChat:
                     if headers.fired:  # (cut at the deadline, the headers still coming)
                         raise Silence(self._clock()) from None
                     raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
+                except (ValueError, UnicodeError) as error:  # (a redirect to no address; a key no header takes)
+                    raise ProbeFailure("connection", f"the request could not be made ({error})") from None
                 finally:
                     headers.stop()
                 if headers.fired:  # (cut as the last of them came)
@@ -492,6 +494,12 @@ class ProbeRunner:
             reason, detail = failure.reason, f"{without(str(failure), self._key)} (POST {self.url})"
             if reason != self.last_reason:
                 log.warning("probe failed", probe=probe.name, reason=reason, detail=detail)
+        except ClientClosed:
+            raise
+        except Exception as error:  # a bug: the run failed all the same, and its figures must not stand
+            reason, detail = "connection", f"the probe crashed ({type(error).__name__}: see the log) (POST {self.url})"
+            if reason != self.last_reason or detail != self.last_detail:
+                log.error("probe crashed", probe=probe.name, error=without(repr(error), self._key))
         if reason is None and self.last_reason is not None:
             log.info("probe recovered", probe=probe.name)
         self.last_reason, self.last_detail = reason, detail
