@@ -93,6 +93,20 @@ def test_with_a_few_weeks_of_days_the_model_takes_over_and_widens_for_what_it_la
     assert (short.upper - short.lower) > (longer.upper - longer.lower)
 
 
+def test_after_a_pause_of_most_of_the_recent_days_the_forecast_is_unsure_not_certain_of_nothing() -> None:
+    """Three months of spend, then the last 12 days of May billed nothing (a shutdown), and June
+    spending again: the recent days' median is 0, which said "nothing more, for sure" (no room, no
+    chance of going over) while June billed again."""
+    history = held("2026-02", "2026-03", "2026-04", "2026-05")
+    for day in range(20, 32):
+        history[dt.date(2026, 5, day)] = Decimal(0)
+    for day in (2, 6, 10):
+        today = FIRST.replace(day=day)
+        f = month_forecast(MONTH, today, before(today), history)
+        assert f.month_to_date < f.lower < f.point < f.upper, day
+        assert f.chance_over(f.point) > 0.1
+
+
 def test_the_previous_month_alone_at_the_start_of_a_month_in_its_grace_days() -> None:
     """History off, last month fetched in its grace days: the model learns from it."""
     today = FIRST.replace(day=2)

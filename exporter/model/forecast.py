@@ -24,8 +24,10 @@ daily bills (`docs/forecast.md` shows how well it does):
   totals more than anything sinks them), applied to the days left: what is billed is certain.
 - With little history the errors are few: a prior error of `PRIOR_SIGMA` weighs in as
   `PRIOR_WEIGHT` days (geometrically), so the interval starts wide and narrows as the history shows
-  it can. With fewer than `MIN_SHAPE_DAYS` known complete days there is no weekday rhythm to learn:
-  the point is today's formula, with the prior's interval.
+  it can. With fewer than `MIN_SHAPE_DAYS` known complete days there is no weekday rhythm to learn,
+  and with a level of 0 (most of the recent days billed nothing: a pause, or spend on few days)
+  the model would say nothing more will be spent, for sure: the point is today's formula, with the
+  prior's interval.
 
 Growth is left to the learnt median: a trend fitted on weekly sums (Theil–Sen) and extrapolated
 did worse on the simulator's history (`bench.forecast`) at growths of −5% to +10% a month.
@@ -373,7 +375,7 @@ def month_forecast(
     so_far = days.get(today, ZERO)
     factors = _factors(known, last)
     base = _level(known, factors, last) if factors is not None else None
-    if factors is None or base is None or base < 0:
+    if factors is None or base is None or base <= 0:  # (0: most recent days billed nothing, a pause)
         start = (first - dt.timedelta(days=1)).replace(day=1)
         previous = {d: a for d, a in known.items() if start <= d < first} or None
         point, today_end = forecast(period, today, dict(days), previous)
