@@ -98,6 +98,10 @@ def probes_shown(daemon: Daemon) -> list[str]:
     return sorted(dict(labels)["probe"] for labels in named(metrics(daemon), "inference_probe_success"))
 
 
+def endpoints_probed(daemon: Daemon) -> list[str]:
+    return sorted(dict(labels)["endpoint_id"] for labels in named(metrics(daemon), "inference_probe_success"))
+
+
 def amount_gaps(daemon: Daemon) -> set[float]:
     return {round(v, 6) for v in named(metrics(daemon), "inference_reconciliation_amount_gap_ratio").values()}
 
@@ -688,6 +692,39 @@ def test_a_reload_that_changes_a_probe_waiting_on_an_endpoint_that_hangs_runs_it
     finally:
         daemon.stop()
         running.join(30)
+
+
+def test_a_reload_that_moves_a_probe_to_another_endpoint_shows_nothing_of_the_old_one_meanwhile(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    """Until the probe of now has run, the series are of none: the last run on the endpoint the
+    config no longer probes is not shown as the probe's, nor counted fresh."""
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+
+    def document(model: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": server.url, "api_key": sim.api_key},
+            "probes": [{"name": "x", "model": model, "interval": "1h"}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document(alpha))
+    try:
+        assert daemon.refresh("probe:x")
+        assert endpoints_probed(daemon) == [alpha]
+        write(path, document(beta))
+        assert daemon.reload()
+        assert endpoints_probed(daemon) == []
+        shown = metrics(daemon)
+        assert not [
+            labels for labels in named(shown, "inference_exporter_refresh_success") if ("source", "probe:x") in labels
+        ]
+        assert daemon.refresh("probe:x")
+        assert endpoints_probed(daemon) == [beta]
+    finally:
+        daemon.stop()
 
 
 def test_a_reload_whose_checks_crash_is_refused_and_the_daemon_goes_on(

@@ -221,6 +221,9 @@ class Account:
                 self.latest.history = None  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
+            renewed = [name for name, runner in self.probes.items() if previous.probes.get(name) not in (None, runner)]
+            if renewed:  # (another endpoint or address: what the runs before measured is not its)
+                self.latest.forget_probes(now, renewed)
             if previous.client.project_id != self.client.project_id or self.moved:
                 self.latest.forget_figures(now)  # another project's, or account's: nothing of before is its own
                 forgot = True

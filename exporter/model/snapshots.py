@@ -345,15 +345,19 @@ class Latest:
         start, or when a reload added it or forgot its figures (`_added`)."""
         return max(self.started, self._added.get(source, self.started))
 
-    def forget_probes(self, now: float) -> None:
-        """The probe runs held are of runners no longer running (the account built afresh, none
-        carried over): none is shown, nor counted fresh, until its probe runs again, and each is
-        waited for from `now` (`waiting_since`)."""
+    def forget_probes(self, now: float, names: Iterable[str] | None = None) -> None:
+        """The runs held of the probes `names` (all, with None) are of runners no longer running
+        (the account built afresh, or a reload changed what they measure: another endpoint, another
+        address): none is shown, nor counted fresh, until its probe runs again, and each is waited
+        for from `now` (`waiting_since`)."""
         with self._lock:
-            self.probes = MappingProxyType({})
-            dropped = [k for k in self._health if k.startswith(PROBE_PREFIX)]
-            self._health = MappingProxyType({k: v for k, v in self._health.items() if not k.startswith(PROBE_PREFIX)})
-            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(dropped, now))
+            gone = set(self.probes) if names is None else set(names)
+            sources = {probe_source(name) for name in gone} | (
+                {k for k in self._health if k.startswith(PROBE_PREFIX)} if names is None else set()
+            )
+            self.probes = MappingProxyType({k: v for k, v in self.probes.items() if k not in gone})
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
+            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(sources, now))
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources
