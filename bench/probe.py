@@ -1,5 +1,7 @@
 """Probe timing accuracy: measured time to first token minus the simulator's injected one, for each
 stream framing (chunked, and a body that ends when the connection closes) and gap between tokens.
+Then a stream line arriving a few bytes at a time: the CPU time to read 1 MB of it ÷ 256 kB (each
+piece looked through once: linear, 4).
 
 python -m bench.probe [--runs 50] [--ttft 0.2] [--gaps 5,50,200]
 """
@@ -8,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 from exporter.config.load import validate
 from exporter.sim import Simulator
 from exporter.sources.probe import ProbeRunner
+from exporter.sources.probe_answer import sse_events
 
 FRAMINGS = ("chunked", "close")
 TARGET_MS = 5.0
@@ -50,6 +54,19 @@ def first_token_errors(framing: str, ttft: float, gap: float, runs: int) -> list
         server.stop()
 
 
+def long_line(size: int, piece: int = 20) -> float:
+    """CPU seconds to read one `data:` line of `size` bytes sent `piece` bytes at a time, the best of 3."""
+    line = b"data: " + b"x" * (size - 8) + b"\n\n"
+    pieces = [line[at : at + piece] for at in range(0, len(line), piece)]
+    times = []
+    for _ in range(3):
+        started = time.process_time()
+        (event,) = sse_events(pieces)
+        times.append(time.process_time() - started)
+        assert len(event) == size - 8
+    return min(times)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=50)
@@ -67,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"max {max(errors):.2f} ms, min {min(errors):.2f} ms")  # fmt: skip
         verdict = "met" if max(medians) <= TARGET_MS else "MISSED"
         print(f"  {framing:<7} worst median error: {max(medians):.2f} ms  (target ≤ {TARGET_MS:.0f} ms: {verdict})")
+    small, large = long_line(256 * 1024), long_line(1024 * 1024)
+    print(f"a stream line in 20-byte pieces: 1 MB in {large * 1000:.0f} ms, 256 kB in {small * 1000:.0f} ms;"
+          f" ratio {large / small:.1f}  (linear: 4)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -93,15 +93,18 @@ def request_body(probe: ProbeConfig) -> dict[str, Any]:
 
 def sse_events(chunks: Iterable[bytes]) -> Iterator[str]:
     """The `data:` payloads of a server-sent event stream, one per event, as they complete; a line
-    longer than MAX_LINE_BYTES is a ProbeFailure."""
-    buffer = b""
+    longer than MAX_LINE_BYTES is a ProbeFailure. Each piece is looked through once: a long line
+    arriving a few bytes at a time costs its length, not its length times its pieces."""
+    pending = bytearray()  # (the line not ended yet)
     data: list[str] = []
     for chunk in itertools.chain(chunks, [b"\n\n"]):  # a last event not closed by a blank line still counts
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        if len(buffer) > MAX_LINE_BYTES or any(len(raw) > MAX_LINE_BYTES for raw in lines):
-            raise ProbeFailure("answer_too_large", f"a stream line is over {MAX_LINE_BYTES:,} bytes")
-        for raw in lines:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if len(pending) + end - start > MAX_LINE_BYTES:
+                raise ProbeFailure("answer_too_large", f"a stream line is over {MAX_LINE_BYTES:,} bytes")
+            raw = bytes(pending) + chunk[start:end] if pending else chunk[start:end]
+            pending.clear()
+            start = end + 1
             line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
             if not line:
                 if data:
@@ -109,6 +112,9 @@ def sse_events(chunks: Iterable[bytes]) -> Iterator[str]:
                     data = []
             elif line.startswith("data:"):
                 data.append(line[5:].removeprefix(" "))
+        pending += memoryview(chunk)[start:]
+        if len(pending) > MAX_LINE_BYTES:
+            raise ProbeFailure("answer_too_large", f"a stream line is over {MAX_LINE_BYTES:,} bytes")
 
 
 @dataclass
