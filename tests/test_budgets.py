@@ -165,6 +165,24 @@ def test_a_budget_on_an_endpoint_fires_its_tiers_from_that_endpoint_alone(
         daemon.stop()
 
 
+@pytest.mark.parametrize("basis", ["actual", "forecast"])
+def test_a_budget_alert_tells_its_amount_in_the_account_s_currency(
+    sim: Simulator, clock: Clock, tmp_path: Path, basis: str
+) -> None:
+    today = clock.today()
+    spent = sum(billed(sim, today.replace(day=d)) for d in range(1, today.day + 1))
+    budgets = [{"name": "month", "amount": str(spent * 2)}]
+    rule = {"alert": "MonthBudget", "budget": "month", "tiers": [0.1], "basis": basis}
+    daemon = unit(sim, clock, tmp_path, billing={"currency": "CNY"}, budgets=budgets, alerts=to_hook(rule))
+    try:
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+        (summary,) = [e["alerts"][0]["annotations"]["summary"] for e in told(daemon)]
+        assert f"of {spent * 2:.2f} CNY: tier 0.1 crossed" in summary
+    finally:
+        daemon.stop()
+
+
 def test_budgets_on_a_model_and_on_an_api_key_price_the_usage(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:

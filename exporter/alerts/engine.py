@@ -71,6 +71,8 @@ class Watched:
     account: signals.Account
     prices: Sequence[PriceConfig] = ()
     history: bool = False
+    currency: str = ""
+    """Its `billing.currency` (empty: not set), which a budget's amount is told in."""
 
     @property
     def name(self) -> str:
@@ -468,7 +470,8 @@ class Engine:
 
     def _budget(self, db: sqlite3.Connection, rule: BudgetRule, rid: str, now: float) -> None:
         budget = self._budget_named[rule.budget]
-        spans = [(w.latest, w.prices) for w in self.accounts if budget.spans(w.name)]
+        spanned = [w for w in self.accounts if budget.spans(w.name)]
+        spans = [(w.latest, w.prices) for w in spanned]
         measured = self._computed(rid, lambda: rules.budget_ratio(budget.in_account(), spans, self.clock, rule.basis))
         if measured is None:
             return
@@ -527,6 +530,8 @@ class Engine:
             labels[signals.ACCOUNT] = account
         crossing = "not this period" if measured.crossing is None else measured.crossing.isoformat()
         chance = "unknown" if measured.chance is None else f"{measured.chance:.0%}"
+        currencies = {w.currency for w in spanned if w.currency}  # (the config refuses two)
+        amount = fmt(budget.amount) + "".join(f" {c}" for c in currencies)
         fields = {
             "budget": budget.name,
             "tier": f"{tier:g}",
@@ -539,13 +544,11 @@ class Engine:
         }
         if rule.basis == "forecast":
             default = (
-                f"Budget {budget.name} ({period}) is forecast at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g}"
+                f"Budget {budget.name} ({period}) is forecast at {ratio:.0%} of {amount}: tier {tier:g}"
                 f" crossed; at this pace the amount is crossed on {crossing} (chance {chance})"
             )
         else:
-            default = (
-                f"Budget {budget.name} ({period}) is at {ratio:.0%} of {fmt(budget.amount)}: tier {tier:g} crossed"
-            )
+            default = f"Budget {budget.name} ({period}) is at {ratio:.0%} of {amount}: tier {tier:g} crossed"
         annotations = {"summary": default} | render(rule.annotations, fields) | {"value": fmt(ratio)}
         key = alert_key(labels, rid, period)
         self._active(db, rid, key, labels, annotations, fmt(ratio), 0.0, now, period)

@@ -149,6 +149,7 @@ class Sources:
                 signals.Account(name, self.latests[name], self._sources_of(name)),
                 account_config.prices,
                 account_config.billing.history_months > 0,
+                account_config.billing.currency,
             )
             for name, account_config in named
         ]
