@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,4 +66,49 @@ def test_an_exception_is_the_future_s_and_the_worker_goes_on() -> None:
     with pytest.raises(ZeroDivisionError):
         failed.result(10)
     assert workers.submit(lambda n: n, 2).result(10) == 2
+    workers.shutdown(wait=True)
+
+
+class _FailingOnce(threading.Thread):
+    """A thread whose first start fails, as at the system's limit of threads."""
+
+    failed = False
+
+    def start(self) -> None:
+        if not _FailingOnce.failed:
+            _FailingOnce.failed = True
+            raise RuntimeError("can't start new thread")
+        super().start()
+
+
+def test_a_thread_that_could_not_be_started_takes_no_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work it was for fails at once (no thread would ever take it); the next work starts one."""
+    from exporter.billing import workers as workers_module
+
+    monkeypatch.setattr(workers_module, "threading", SimpleNamespace(**vars(threading) | {"Thread": _FailingOnce}))
+    workers = Workers(1, "w-limit")
+    with pytest.raises(RuntimeError):
+        workers.submit(lambda n: n, 1)
+    assert workers.submit(lambda n: n, 2).result(10) == 2
+    workers.shutdown(wait=True)
+
+
+def test_pages_that_all_lend_their_places_start_no_more_than_twice_the_threads() -> None:
+    """Every page waits out the same hold (a Retry-After of its listing): a thread each would gain
+    nothing."""
+    workers = Workers(2, "w-cap")
+    release = threading.Event()
+    most = [0]
+
+    def holding(n: int) -> int:
+        with workers.lending():
+            most[0] = max(most[0], len(_named("w-cap")))
+            release.wait(10)
+        return n
+
+    futures = [workers.submit(holding, n) for n in range(12)]
+    wait_for(lambda: len(_named("w-cap")) == 4)
+    release.set()
+    assert [f.result(10) for f in futures] == list(range(12))
+    assert most[0] == 4
     workers.shutdown(wait=True)

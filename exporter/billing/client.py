@@ -373,8 +373,10 @@ class BillingClient(Listings):
     def _submit(self, fetch: Callable[[int], R], page_num: int) -> Future[R]:
         try:
             return self._pool.submit(fetch, page_num)
-        except RuntimeError:  # the pool is shut down: the client was closed
-            raise ClientClosed("the client was closed (config reload)") from None
+        except RuntimeError as error:
+            if self._closed.is_set():  # (the workers are shut down)
+                raise ClientClosed("the client was closed (config reload)") from None
+            raise BillingUnavailable(f"no thread could be started to fetch pages ({error})") from None
 
     def _one(self, fetch: Callable[[int], R], page_num: int) -> R:
         """One page, fetched in the pool so that closing the client ends the wait at once."""

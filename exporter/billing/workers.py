@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from queue import Empty, SimpleQueue
 from typing import Any, TypeVar
 
@@ -42,7 +42,12 @@ class Workers:
             if self._shut:
                 raise RuntimeError("cannot submit work once shut down")
             self._work.put((future, fn, arg))
-            self._fill()
+            try:
+                self._fill()
+            except RuntimeError:  # (no thread could be started: the system's limit)
+                if self._taking == 0:  # none would ever take it
+                    future.cancel()
+                    raise
         return future
 
     @contextmanager
@@ -52,7 +57,8 @@ class Workers:
             lent = threading.current_thread() in self._threads
             if lent:
                 self._taking -= 1
-                self._fill()
+                with suppress(RuntimeError):  # (no thread could be started: the others go on meanwhile)
+                    self._fill()
         try:
             yield
         finally:
@@ -81,13 +87,20 @@ class Workers:
                     thread.join()
 
     def _fill(self) -> None:
-        """A thread more while places are free and work waits (the lock held)."""
-        if self._taking < self._size and not self._shut and not self._work.empty():
-            self._taking += 1
+        """A thread more while places are free and work waits, and fewer than twice `size` threads
+        live: pages that all wait out one `Retry-After` lend their places in turn (the lock held).
+        A thread that cannot be started (RuntimeError: the system's limit) takes no place."""
+        if (
+            self._taking < self._size
+            and not self._shut
+            and not self._work.empty()
+            and len(self._threads) < 2 * self._size
+        ):
             self._started += 1
             thread = threading.Thread(target=self._run, name=f"{self._name}_{self._started}", daemon=True)
+            thread.start()  # (it waits for the lock held here before it takes anything)
+            self._taking += 1
             self._threads.add(thread)
-            thread.start()
 
     def _run(self) -> None:
         me = threading.current_thread()
