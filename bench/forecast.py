@@ -119,6 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         f"inside the {args.level:.0%} interval {_pct(overall.inside)} (target {low:.0%}–{high:.0%}; by seed "
         f"{_pct(min(e.inside for e in by_seed))} … {_pct(max(e.inside for e in by_seed))})"
     )
+    judged = [r for r in every if r.days_left > 0]
+    below = sum(r.actual < r.model.lower for r in judged) / len(judged)
+    above = sum(r.actual > r.model.upper for r in judged) / len(judged)
+    early = _measured([r for r in judged if r.day.day <= 5]).inside
+    print(f"  outside: below the lower bound {_pct(below)}, above the upper {_pct(above)}"
+          f" (each {(1 - args.level) / 2:.0%} at best); inside on days 1–5 {_pct(early)}")  # fmt: skip
     behind = [seed for seed, e in zip(seeds, by_seed, strict=True) if e.model > e.formula]
     print(
         f"days of the month where the model errs more than today's formula: {worse or 'none'} (target none); "

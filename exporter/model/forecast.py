@@ -288,20 +288,21 @@ def _fitted(samples: Mapping[int, Sequence[float]], level: float) -> _Errors:
     """Each number of days ahead's median and spreads at `level`, smoothed, raised toward the prior
     while the errors are few."""
     z = NormalDist().inv_cdf((1 + level) / 2)
-    medians, below, above = [], [], []
-    for k, errors in samples.items():
-        if len(errors) >= MIN_SAMPLES:
-            ordered = sorted(errors)
-            centre = _quantile(ordered, 0.5)
-            medians.append(([1.0, 1.0 / k], centre, len(errors)))
-            below.append((k, (max(centre - _quantile(ordered, (1 - level) / 2), 0.0) / z) ** 2, len(errors)))
-            above.append((k, (max(_quantile(ordered, (1 + level) / 2) - centre, 0.0) / z) ** 2, len(errors)))
-    if not below:
+    kept = {k: sorted(errors) for k, errors in samples.items() if len(errors) >= MIN_SAMPLES}
+    if not kept:
         return _Errors()
-    count = len(samples[1])
-    weight = count / (count + PRIOR_WEIGHT)
+    medians = [([1.0, 1.0 / k], _quantile(ordered, 0.5), len(ordered)) for k, ordered in kept.items()]
     solved = _least_squares(medians, 2) if len(medians) > 1 else None
     a, b = solved if solved is not None else (medians[0][1], 0.0)
+    # Each side's spread from the smoothed median, not each number of days' own: where the curve
+    # misses the medians (growth adds up the further ahead), the interval widens to hold the errors.
+    below, above = [], []
+    for k, ordered in kept.items():
+        centre = a + b / k
+        below.append((k, (max(centre - _quantile(ordered, (1 - level) / 2), 0.0) / z) ** 2, len(ordered)))
+        above.append((k, (max(_quantile(ordered, (1 + level) / 2) - centre, 0.0) / z) ** 2, len(ordered)))
+    count = len(samples[1])
+    weight = count / (count + PRIOR_WEIGHT)
     return _Errors(
         (a * weight, b * weight), _towards_prior(_curve(below), weight), _towards_prior(_curve(above), weight)
     )
