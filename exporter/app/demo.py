@@ -54,6 +54,28 @@ def demo_history(today: dt.date) -> SpendModel:
     )
 
 
+SIMULATED_DAYS = 35
+"""The past days `simulate` serves usage records for: this month's and, in its first days, the
+last month's grace days, which the exporter reconciles."""
+
+
+def simulated(sim: Simulator, records: int) -> Simulator:
+    """`sim` as `simulate` serves it: `records` usage records today, a quarter as many on each of
+    the past SIMULATED_DAYS, and the days with records billed from them at the demo's prices, as an
+    account's are: its settled days reconcile, where bills of days with no records at all made every
+    item disagree with its usage at the first reconciliation (the example config's alert fired)."""
+    from exporter.sim import prices_from_config
+
+    placeholders = dict.fromkeys(("SIM_ACCESS_KEY_ID", "SIM_SECRET_ACCESS_KEY", "SIM_API_KEY"), "placeholder")
+    demo = load(DEMO_CONFIG, placeholders | {"SIM_URL": "http://127.0.0.1:1", "STATE_DIR": "."})
+    sim.set_prices(prices_from_config(demo.prices))
+    today = sim.clock.today()
+    sim.add_usage(records)
+    for back in range(1, SIMULATED_DAYS + 1):
+        sim.add_usage(max(records // 4, 1), today - dt.timedelta(days=back))
+    return sim
+
+
 def demo_scenario() -> tuple[Simulator, SimulatorServer, tempfile.TemporaryDirectory[str], Config]:
     """The simulator with the demo's data, serving on 127.0.0.1; a state directory removed when the
     demo ends; the demo config pointed at both."""

@@ -240,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "credentials are printed; POST /_sim/usage, /_sim/fault and /_sim/clear control it.",
     )  # fmt: skip
     simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR", help="where it listens")
-    simulate.add_argument("--records", type=int, default=2000, help="usage records for today")
+    simulate.add_argument(
+        "--records",
+        type=int,
+        default=2000,
+        help="usage records for today (a quarter as many on each of the 35 days before)",
+    )
     simulate.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
     simulate.add_argument("--ttft", type=float, default=0.05, help="chat time to first token, seconds")
     simulate.add_argument("--chunk-delay", type=float, default=0.01, help="seconds between streamed chunks")

@@ -387,12 +387,13 @@ inference-cost-exporter demo (Ctrl-C stops it), listening on {bound}, port {daem
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from exporter.app.demo import simulated
     from exporter.sim import Simulator
 
     host, port = parse_listen(_listen(args.listen))
     _hold_signals()
     sim = Simulator(latency=args.latency, time_to_first_token=args.ttft, chunk_delay=args.chunk_delay)
-    sim.add_usage(args.records)
+    simulated(sim, args.records)
     try:
         server = sim.serve(host or "127.0.0.1", port)
     except OSError as error:
