@@ -1020,3 +1020,24 @@ def test_an_account_renamed_onto_a_name_whose_account_the_same_reload_takes_out_
         assert_counted(daemon, {"staging": sims["prod"]})
     finally:
         daemon.stop()
+
+
+def test_on_the_first_each_account_s_digest_tells_how_the_organisation_budget_ended_the_month(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """As an account's own monthly budget: the month that ended against the amount, summed over
+    the accounts it spans, beside the new month as it stands."""
+    frozen.set(clock.at(dt.date(2026, 12, 1), 10, 0))
+    ended = sum((sim.bill_totals("2026-11")["total"] for sim in sims.values()), Decimal(0))
+    doc = document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "100000"}])
+    daemon = daemon_on(sims, clock, doc)
+    try:
+        assert refresh_all(daemon) == [True, True, True]
+        for name in NAMES:
+            body = daemon.sources.digest(dt.date(2026, 12, 1), "daily", "", account=name)
+            (line,) = [b for b in body["budgets"] if b["budget"] == "org" and "of" in b]
+            assert (line["of"], line["accounts"]) == ("2026-11", list(NAMES))
+            assert line["used_ratio"] == round(float(ended / 100000), 4)
+            assert "org (2026-11, ended, 100000, accounts prod, staging, lab): used" in digest_text(body)
+    finally:
+        daemon.stop()

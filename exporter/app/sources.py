@@ -7,6 +7,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from collections.abc import Set as AbstractSet
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from exporter.metrics.runtime import RUNTIME_COLLECTORS
 from exporter.model import signals
 from exporter.model.snapshots import Latest, SourceHealth
 from exporter.notifiers.registry import outbox
+from exporter.sources.budgets import month_spent
 from exporter.sources.reconcile import settled_at
 from exporter.state import AlertStore, StateStore
 from exporter.state.accounts import files_for, moved
@@ -337,16 +339,19 @@ class Sources:
 
     # -- the digest --
 
-    def _shared_budgets(self, account: str) -> list[SharedBudget]:
+    def _shared_budgets(self, account: str, period: str) -> list[SharedBudget]:
         """The budgets spanning `account` and others, each with its figures in every account it spans
-        (as `/metrics` has them) and their names: for the account's digest."""
+        (as `/metrics` has them), their names, and what they spent in `period` (the digest's month):
+        for the account's digest."""
         today = self.clock.today()
         found: list[SharedBudget] = []
         for budget in self.config.shared_budgets:
             names = tuple(n for n in self.accounts if budget.spans(n))
             if account in names:
                 spans = [(self.accounts[n].latest, self.accounts[n].config.prices) for n in names]
-                found.append((budget, shared_parts(budget, spans, today), names))
+                each = [month_spent(budget.in_account(), self.accounts[n].latest, period) for n in names]
+                spent = None if None in each else sum((s for s in each if s is not None), Decimal(0))
+                found.append((budget, shared_parts(budget, spans, today), names, spent))
         return found
 
     def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
@@ -421,10 +426,11 @@ class Sources:
         if settled is None:
             settled = self.digest_settled(sent_on, schedule, account)[0]
         anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
+        shared = self._shared_budgets(account, f"{span(schedule, sent_on)[1]:%Y-%m}")
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,
-            currency=one.config.billing.currency, shared=self._shared_budgets(account),
+            currency=one.config.billing.currency, shared=shared,
         )  # fmt: skip
         if account:
             body["account"] = account

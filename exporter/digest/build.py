@@ -81,9 +81,17 @@ def _percent(now: Decimal, before: Decimal | None) -> float | None:
     return round(float((now - before) / before * 100), 1)
 
 
-SharedBudget = tuple[BudgetConfig, Sequence[BudgetFigures] | None, tuple[str, ...]]
-"""A budget that spans several accounts, its figures in each (None: one of them has none yet), and
-the accounts it spans."""
+SharedBudget = tuple[BudgetConfig, Sequence[BudgetFigures] | None, tuple[str, ...], Decimal | None]
+"""A budget that spans several accounts, its figures in each (None: one of them has none yet), the
+accounts it spans, and what they spent in the digest's month by the bills held (None: not held in
+every one of them), which a digest on the 1st tells for the month that ended."""
+
+
+def _ended(budget: BudgetConfig, period: str, spent: Decimal) -> dict[str, Any]:
+    """How a month budget stands for the month that ended (`period`): what was spent in it."""
+    ratio = round(float(spent / budget.amount), 4)
+    return {"budget": budget.name, "period": "month", "of": period, "amount": f"{budget.amount:f}",
+            "used_ratio": ratio, "forecast_ratio": ratio}  # fmt: skip
 
 
 def _budget(budget: BudgetConfig, found: BudgetFigures | None, crossing: dt.date | None) -> dict[str, Any]:
@@ -247,17 +255,16 @@ def build(
         "probes": [],
         "url": url,
     }
+    month_ended = current is not None and current.period > period  # (the 1st: the month summarised has ended)
     for budget in budgets:
-        ended = month_spent(budget, latest, period) if current is not None and current.period > period else None
-        if budget.period == "month" and ended is not None:  # the 1st: how the month that ended stands
-            ratio = round(float(ended / budget.amount), 4)
-            digest["budgets"].append(
-                {"budget": budget.name, "period": "month", "of": period, "amount": f"{budget.amount:f}",
-                 "used_ratio": ratio, "forecast_ratio": ratio}
-            )  # fmt: skip
+        ended = month_spent(budget, latest, period) if month_ended else None
+        if budget.period == "month" and ended is not None:
+            digest["budgets"].append(_ended(budget, period, ended))
         found = figures(budget, latest, prices)
         digest["budgets"].append(_budget(budget, found, found.crossing(budget.amount) if found is not None else None))
-    for budget, parts, accounts in shared:
+    for budget, parts, accounts, spent in shared:
+        if budget.period == "month" and month_ended and spent is not None:
+            digest["budgets"].append(_ended(budget, period, spent) | {"accounts": list(accounts)})
         total, crosses = (summed(parts), summed_crossing(parts, budget.amount)) if parts else (None, None)
         digest["budgets"].append(_budget(budget, total, crosses) | {"accounts": list(accounts)})
     anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]

@@ -51,14 +51,14 @@ def _budget(d: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     """A budget as the digest was made, not as of the day it summarises: the period it measures
     (the month or the day in progress, or on the 1st the month that ended) is in its line."""
     amount = _money(d, b["amount"])
+    spans = b.get("accounts")  # (a budget over several accounts: the organisation's)
+    over = f", accounts {', '.join(spans)}" if spans else ""
     if "of" in b:
-        return f"{b['budget']} ({b['of']}, ended, {amount}): used {_ratio(b['used_ratio'])}"
+        return f"{b['budget']} ({b['of']}, ended, {amount}{over}): used {_ratio(b['used_ratio'])}"
     period, so_far = b["period"], b.get("so_far")
     measured = f"{period} {so_far}" if so_far else "this month" if period == "month" else "today"
     crossing = b.get("crossing")  # (a digest queued by a version without it has none)
     when = f"; at this pace its amount is crossed on {crossing}" if crossing else ""
-    spans = b.get("accounts")  # (a budget over several accounts: the organisation's)
-    over = f", accounts {', '.join(spans)}" if spans else ""
     return (
         f"{b['budget']} ({measured} so far, {amount}{over}): used {_ratio(b['used_ratio'])},"
         f" forecast {_ratio(b['forecast_ratio'])}{when}"
