@@ -789,3 +789,15 @@ def test_the_log_settings_take_the_command_line_s_spellings_too() -> None:
     assert errors_of({"billing": BILLING, "log": {"level": "loud"}}) == [
         "log.level: must be one of 'debug', 'info', 'warning' or 'error'"
     ]
+
+
+@pytest.mark.parametrize("key", ["sk-live-0123\n456789abcdef", "sk-live-0123456789abcdef\u2019", "sk-live-0123\t456"])
+def test_an_api_key_no_http_header_can_carry_is_refused_without_its_value(key: str) -> None:
+    """A line break inside (a secret of two lines), a curly quote pasted in: the probe's request
+    could not be made, and http.client's error quoted the key."""
+    document = {"billing": BILLING, "inference": {"url": "http://inference", "api_key": "${KEY}"}}
+    errors = errors_of(document, ENV | {"KEY": key})
+    assert errors == [
+        "inference.api_key: must be printable text an HTTP header can carry: no line break or control character"
+        " inside, no character outside Latin-1 (a curly quote pasted in)"
+    ]

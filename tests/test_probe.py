@@ -29,6 +29,7 @@ from exporter.sources.probe import (
     Silence,
     answer_cap,
     sse_events,
+    unusable,
     without,
 )
 from exporter.sources.probe_answer import MAX_LINE_BYTES
@@ -490,3 +491,29 @@ def test_an_api_key_an_endpoint_echoes_is_masked_where_its_message_is_cut(before
     for short in ("", "k", "key"):  # (as the log's masks: too short to mask without masking words)
         assert without("no token after 3.5s", short) == "no token after 3.5s"
     assert without("no token after 3.5s", "token") == "no *** after 3.5s"
+
+
+class Crashing:
+    """A chat whose reading has a bug: a KeyError from deep inside."""
+
+    @contextmanager
+    def post(self, body: dict[str, Any], deadline: Callable[[], float]) -> Iterator[tuple[int, list]]:
+        raise KeyError("a bug deep inside")
+        yield  # (a generator, as the others)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_a_crash_of_the_probe_s_own_fails_the_run_with_its_traceback_and_blames_no_config(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its last success must not stand, and neither the URL nor the key is said to be wrong."""
+    config, inference = configs()
+    runner = ProbeRunner(config, inference, chat=Crashing(), clock=Ticks())
+    assert_failed_once(runner.run(), "connection")
+    assert runner.crashed
+    assert "a bug; see the log" in str(runner.last_detail)
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("probe crashed")]
+    assert record.exc_info is not None
+    assert unusable([runner]) is None

@@ -136,10 +136,22 @@ def _inference_base(url: str) -> str:
     return url.removesuffix("/v1") if urlsplit(url).path.endswith("/v1") else url
 
 
+def _header_value(value: SecretStr) -> SecretStr:
+    """A secret that goes into an HTTP header: printable Latin-1 text (a line break inside, or a
+    curly quote pasted in, cannot be sent; the error would quote the key). The value is never told."""
+    text = value.get_secret_value()
+    if any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in text):
+        raise ValueError(
+            "must be printable text an HTTP header can carry: no line break or control character inside,"
+            " no character outside Latin-1 (a curly quote pasted in)"
+        )
+    return value
+
+
 class InferenceConfig(Strict):
     url: Annotated[HttpUrl, AfterValidator(_inference_base)]
     """The inference API's base address, without `/v1` whether or not it was written with it."""
-    api_key: SecretStr
+    api_key: Annotated[SecretStr, AfterValidator(_header_value)]
 
 
 class ProbeConfig(Strict):

@@ -348,7 +348,7 @@ class HTTPChat:
                     if headers.fired:  # (cut at the deadline, the headers still coming)
                         raise Silence(self._clock()) from None
                     raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
-                except (ValueError, UnicodeError) as error:  # (a redirect to no address; a key no header takes)
+                except (ValueError, UnicodeError) as error:  # (a redirect to no address: requests' own error)
                     raise ProbeFailure("connection", f"the request could not be made ({error})") from None
                 finally:
                     headers.stop()
@@ -451,6 +451,9 @@ class ProbeRunner:
         self.last_reason: str | None = None
         self.last_detail: str | None = None
         """Why the last run failed, in words, with the URL it requested; None when it passed."""
+        self.crashed = False
+        """Whether the last run failed by a bug of the probe's own (counted as `connection`, logged
+        with its traceback), not for anything the endpoint or the config did."""
 
     def close(self) -> None:
         self._chat.close()
@@ -484,6 +487,7 @@ class ProbeRunner:
         probe = self.probe
         measurement = Measurement(probe, self._clock())
         reason = detail = None
+        self.crashed = False
         try:
             try:
                 with self._chat.post(request_body(probe), measurement.deadline) as (status, body):
@@ -497,9 +501,12 @@ class ProbeRunner:
         except ClientClosed:
             raise
         except Exception as error:  # a bug: the run failed all the same, and its figures must not stand
-            reason, detail = "connection", f"the probe crashed ({type(error).__name__}: see the log) (POST {self.url})"
-            if reason != self.last_reason or detail != self.last_detail:
-                log.error("probe crashed", probe=probe.name, error=without(repr(error), self._key))
+            reason, detail = (
+                "connection",
+                f"the probe crashed ({type(error).__name__}: a bug; see the log) (POST {self.url})",
+            )
+            self.crashed = True
+            log.exception("probe crashed: the run counts as failed", probe=probe.name)
         if reason is None and self.last_reason is not None:
             log.info("probe recovered", probe=probe.name)
         self.last_reason, self.last_detail = reason, detail
@@ -537,7 +544,7 @@ def unusable(runners: Iterable[ProbeRunner]) -> str | None:
                 f"probe {runner.probe.name}: the inference API refused the key (HTTP {status}); "
                 f"check inference.api_key (POST {runner.url})"
             )
-    if ran and all(runner.last_reason in NOT_THERE for runner in ran):
+    if ran and all(runner.last_reason in NOT_THERE and not runner.crashed for runner in ran):
         first = ran[0]
         return (
             f"no probe found or reached the inference API; probe {first.probe.name}: {first.last_detail};"
