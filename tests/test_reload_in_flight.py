@@ -33,6 +33,7 @@ from tests.daemon_fakes import (
     digests_told,
     fake_billing_section,
     metrics,
+    readiness,
     unit_daemon,
 )
 from tests.fakes import chat_runner
@@ -723,6 +724,34 @@ def test_a_reload_that_moves_a_probe_to_another_endpoint_shows_nothing_of_the_ol
         ]
         assert daemon.refresh("probe:x")
         assert endpoints_probed(daemon) == [beta]
+    finally:
+        daemon.stop()
+
+
+def test_a_run_of_the_probe_before_a_reload_that_moved_it_ends_unrecorded(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
+) -> None:
+    """Published as the reload came, its health is not recorded after it: the probe as configured
+    now has not run, so it is neither fresh nor ready."""
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+
+    def document(model: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": server.url, "api_key": sim.api_key},
+            "probes": [{"name": "x", "model": model, "interval": "1h"}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    path = tmp_path / "config.yaml"
+    daemon = reloadable(sim, clock, path, document(alpha))
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("usage")
+        reload_in_flight(daemon, "probe:x", daemon.sources.one.state, "record_probe_run", path, document(beta))
+        assert endpoints_probed(daemon) == []
+        assert "probe:x" not in health(daemon)
+        assert not readiness(daemon)[0]
     finally:
         daemon.stop()
 

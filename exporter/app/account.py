@@ -26,7 +26,7 @@ from exporter.metrics.collectors import (
 )
 from exporter.metrics.exposition import Exposition
 from exporter.model.snapshots import Latest
-from exporter.model.source_names import probe_source
+from exporter.model.source_names import PROBE_PREFIX, probe_source
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
 from exporter.sources.probe import ProbeRunner
@@ -292,6 +292,15 @@ class Account:
             moved = moved or current.moved
         return current.removed or current.client.project_id != self.client.project_id or moved
 
+    def overtaken(self, source: str) -> bool:
+        """Whether what a refresh of `source` by this account did is not the account's of now to
+        record: `replaced`, or, for a probe, a reload gave it another runner (another endpoint,
+        scenario or address) while this one's ran."""
+        if self.replaced():
+            return True
+        name = source.removeprefix(PROBE_PREFIX)
+        return source != name and self._current().probes.get(name) is not self.probes.get(name)
+
     def _publish(self, **figures: object) -> None:
         """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,
         and runs again with the new client, if the account is still configured)."""
@@ -344,12 +353,7 @@ class Account:
 
     def _probe(self, runner: ProbeRunner) -> None:
         snapshot = runner.run()
-
-        def overtaken() -> bool:
-            current = self._current()
-            return current.removed or current.probes.get(runner.probe.name) is not runner
-
-        if not self.latest.publish_probe(snapshot, overtaken):
+        if not self.latest.publish_probe(snapshot, lambda: self.overtaken(probe_source(runner.probe.name))):
             # A reload changed, or took out, the probe while it ran (and may have put one back under
             # its name, whose first run found this one's in the way): nothing of it is shown; the
             # probe of now runs again at once, if there is one.

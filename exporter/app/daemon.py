@@ -250,7 +250,7 @@ class Daemon:
         (account, source), at = located, self.clock.now().timestamp()
         account.latest.record(
             source, success=success, at=at, duration=time.perf_counter() - started, error=error,
-            replaced=account.replaced,
+            replaced=lambda: account.overtaken(source),
         )  # fmt: skip
 
     def _failed(self, located: tuple[Account, str], source: str, started: float, error: str) -> None:
