@@ -764,6 +764,23 @@ def test_rules_whose_alerts_alertmanager_could_not_tell_apart_are_refused_when_i
     assert "alerts.rules[0]" in error  # (both may alert on one project)
 
 
+def test_a_spend_rule_adding_up_accounts_of_different_currencies_is_refused_unless_split_by_account() -> None:
+    accounts = [
+        {"name": "cn", "billing": {**BILLING, "currency": "CNY"}},
+        {"name": "us", "billing": {**BILLING, "access_key_id": "AK2", "currency": "USD"}},
+    ]
+    summed = {"alert": "OrgSpendHigh", "signal": "spend", "window": "month", "threshold": 10000}
+    assert errors_of({"accounts": accounts, "alerts": {"rules": [summed]}}) == [
+        "alerts.rules[0].signal (alert OrgSpendHigh): `spend` adds up accounts of different currencies (cn: CNY,"
+        " us: USD), to no amount: split it by account (`by: [account]`) or scope it to accounts of one"
+        " (`where: {account: [...]}`)"
+    ]
+    for taken in ({"by": ["account"]}, {"where": {"account": "cn"}}):
+        assert validate({"accounts": accounts, "alerts": {"rules": [summed | taken]}}, ENV).alerts.rules
+    budget = {"name": "org", "amount": 5, "where": {"endpoint_id": "ep"}}  # (no `account`: told at the budget)
+    assert errors_of({"accounts": accounts, "budgets": [budget]})[0].startswith("budgets[0] (budget 'org'): spans")
+
+
 def test_a_budget_spanning_accounts_of_one_currency_or_scoped_to_one_is_taken() -> None:
     """Accounts of two currencies: a budget scoped to those of one is taken, as is one spanning an
     account with no currency set (it may be either)."""

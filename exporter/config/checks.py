@@ -142,8 +142,9 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
         currencies = {name: str(billing.get("currency")) for name, billing, _ in spans if billing.get("currency")}
         if len(set(currencies.values())) > 1:  # (an account with none set may be either: not refused)
             listed = ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
+            scope = budget.get("where")
             problems.append((
-                (*where, "where", "account") if isinstance(budget.get("where"), dict) else where,
+                (*where, "where", "account") if isinstance(scope, dict) and "account" in scope else where,
                 f"spans accounts of different currencies ({listed}): their spend adds up to no amount;"
                 " scope it to accounts of one (`where: {account: [...]}`)",
             ))  # fmt: skip
@@ -153,6 +154,34 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
         for name, billing, priced in spans:
             problems += _scope_problems(where, scope, billing, priced, f" (account {name!r})" if name else "")
     return list(dict.fromkeys(problems))
+
+
+AMOUNTS = ("spend", "estimated_spend")
+"""The signals that are money: summed over accounts, theirs must be of one currency."""
+
+
+def _summed_currencies(document: dict[str, Any], where: Location, rule: dict[str, Any]) -> list[tuple[Location, str]]:
+    """A rule on an amount that adds up accounts of different currencies (not split by `account`)."""
+    by, scope = rule.get("by"), rule.get("where")
+    if rule.get("signal") not in AMOUNTS or (isinstance(by, list) and "account" in by):
+        return []
+    wanted = scope.get("account") if isinstance(scope, dict) else None
+    names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
+    currencies = {
+        str(account.get("name")): str(account["billing"].get("currency"))
+        for _, account in items(document, "accounts")
+        if (names is None or account.get("name") in names)
+        and isinstance(account.get("billing"), dict)
+        and account["billing"].get("currency")
+    }
+    if len(set(currencies.values())) < 2:  # (an account with none set may be either: not refused)
+        return []
+    listed = ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
+    return [(
+        (*where, "signal"),
+        f"`{rule['signal']}` adds up accounts of different currencies ({listed}), to no amount: split it by"
+        " account (`by: [account]`) or scope it to accounts of one (`where: {account: [...]}`)",
+    )]  # fmt: skip
 
 
 def _scope_problems(
@@ -254,7 +283,7 @@ def cross_check(document: dict[str, Any], tolerant: bool = False) -> list[str]:
             unmatchable = _unmatchable(rule, probes, account_names)
             if unmatchable is not None:
                 found.append(((*where, *unmatchable[0].split(".")), unmatchable[1]))
-            return found
+            return found + _summed_currencies(document, where, rule)
 
         run(of_rule)
     run(lambda: _budget_scopes(document))
