@@ -695,27 +695,28 @@ def test_a_reload_that_changes_a_probe_waiting_on_an_endpoint_that_hangs_runs_it
         running.join(30)
 
 
+def probe_on(sim: Simulator, server: SimulatorServer, tmp_path: Path, model: str) -> dict:
+    """A config whose probe `x` runs on `model`, every hour."""
+    return {
+        "billing": fake_billing_section(sim),
+        "inference": {"url": server.url, "api_key": sim.api_key},
+        "probes": [{"name": "x", "model": model, "interval": "1h"}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+
+
 def test_a_reload_that_moves_a_probe_to_another_endpoint_shows_nothing_of_the_old_one_meanwhile(
     sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path
 ) -> None:
     """Until the probe of now has run, the series are of none: the last run on the endpoint the
     config no longer probes is not shown as the probe's, nor counted fresh."""
     alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
-
-    def document(model: str) -> dict:
-        return {
-            "billing": fake_billing_section(sim),
-            "inference": {"url": server.url, "api_key": sim.api_key},
-            "probes": [{"name": "x", "model": model, "interval": "1h"}],
-            "state": {"path": str(tmp_path / "state.db")},
-        }
-
     path = tmp_path / "config.yaml"
-    daemon = reloadable(sim, clock, path, document(alpha))
+    daemon = reloadable(sim, clock, path, probe_on(sim, server, tmp_path, alpha))
     try:
         assert daemon.refresh("probe:x")
         assert endpoints_probed(daemon) == [alpha]
-        write(path, document(beta))
+        write(path, probe_on(sim, server, tmp_path, beta))
         assert daemon.reload()
         assert endpoints_probed(daemon) == []
         shown = metrics(daemon)
@@ -734,21 +735,14 @@ def test_a_run_of_the_probe_before_a_reload_that_moved_it_ends_unrecorded(
     """Published as the reload came, its health is not recorded after it: the probe as configured
     now has not run, so it is neither fresh nor ready."""
     alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
-
-    def document(model: str) -> dict:
-        return {
-            "billing": fake_billing_section(sim),
-            "inference": {"url": server.url, "api_key": sim.api_key},
-            "probes": [{"name": "x", "model": model, "interval": "1h"}],
-            "state": {"path": str(tmp_path / "state.db")},
-        }
-
     path = tmp_path / "config.yaml"
-    daemon = reloadable(sim, clock, path, document(alpha))
+    daemon = reloadable(sim, clock, path, probe_on(sim, server, tmp_path, alpha))
     try:
         assert daemon.refresh("bills")
         assert daemon.refresh("usage")
-        reload_in_flight(daemon, "probe:x", daemon.sources.one.state, "record_probe_run", path, document(beta))
+        reload_in_flight(
+            daemon, "probe:x", daemon.sources.one.state, "record_probe_run", path, probe_on(sim, server, tmp_path, beta)
+        )
         assert endpoints_probed(daemon) == []
         assert "probe:x" not in health(daemon)
         assert not readiness(daemon)[0]
