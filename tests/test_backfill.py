@@ -670,3 +670,46 @@ def test_an_output_that_is_a_link_to_a_regular_file_is_written_through_the_link(
     assert link.is_symlink()
     assert target.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.om", "real.om"]
+
+
+class Refusing:
+    """The simulator's bills, in process, but for the months given, which the API refuses."""
+
+    def __init__(self, sim: Simulator, refused: set[str]) -> None:
+        self.client, self.refused = FakeBilling(sim), refused
+
+    def bills(self, period: str, group_term: str) -> list[BillRecord]:
+        if period in self.refused:
+            raise BillingAPIError(f"bills {period}: code 100500", status=200, code=100500, message="internal")
+        return self.client.bills(period, group_term)
+
+
+@pytest.mark.parametrize(
+    ("longer", "shorter", "refused"),
+    [("2026-09", "2026-10", "2026-09"), ("2026-09", "2026-11", "2026-10")],
+    ids=["the first month refused", "a month in the history window refused"],
+)
+def test_a_month_s_forecasts_learn_from_the_months_before_it_whatever_was_asked_before(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, longer: str, shorter: str, refused: str
+) -> None:
+    """From `longer` or from `shorter`, `shorter`'s forecasts past its grace days are the same: they
+    learn from the `history_months` before it that the API gives, as the exporter held them (not
+    from none when --from's own month was refused, nor from an older month in a refused one's place)."""
+    sim.spend = SpendModel(start=dt.date(2026, 4, 1))
+    frozen.set(dt.datetime(2026, 11, 20, 10, 0, tzinfo=SHANGHAI))
+    client = Refusing(sim, {refused})
+    outputs = {}
+    for first in (longer, shorter):
+        outputs[first] = tmp_path / f"from-{first}.om"
+        backfill(client, clock, months(first, None, "2026-11"), outputs[first], grace_days=3, history=True)  # type: ignore[arg-type]
+    days = [dt.date.fromisoformat(f"{shorter}-{d:02d}") for d in (5, 10, 15)]
+    ends = {day: int(clock.day_start(day + dt.timedelta(days=1)).timestamp()) - STEP for day in days}
+    forecasts = {}
+    for first, path in outputs.items():
+        samples, _ = scan(path, set(ends.values()))
+        forecasts[first] = [
+            {k: v for k, v in samples[ends[day]].items() if k[0].startswith("inference_bill_month_forecast")}
+            for day in days
+        ]
+        assert all(forecasts[first]), first
+    assert forecasts[longer] == forecasts[shorter]

@@ -194,6 +194,19 @@ def bounds(month: MonthBills) -> tuple[Decimal, Decimal]:
     return month.lower, month.upper
 
 
+def test_in_its_grace_days_a_previous_month_that_lists_nothing_is_not_learnt_from_as_zeros(
+    sim: Simulator, fake: FakeBilling, clock: Clock, frozen: FrozenClock
+) -> None:
+    """An account's first month: October lists no bills (it did not exist), and is unknown, not a
+    month of 31 zero days that would forecast November's days left at next to nothing."""
+    sim.spend = SpendModel(start=dt.date(2026, 11, 1))
+    frozen.set(dt.datetime(2026, 11, 3, 12, 0, tzinfo=SHANGHAI))  # in October's grace days
+    november = BillsSource(fake, clock, 3).refresh().current
+    days = per_day(november.by_item)
+    alone = month_forecast("2026-11", clock.today(), days, {})
+    assert (november.forecast, november.lower, november.upper) == (alone.point, alone.lower, alone.upper)
+
+
 def test_the_bills_source_forecasts_from_the_days_it_holds_with_its_interval(
     sim: Simulator, fake: FakeBilling, clock: Clock, frozen: FrozenClock
 ) -> None:

@@ -49,6 +49,7 @@ from exporter.core.clock import (
     month_problem,
     period_at,
     period_index,
+    periods_before,
     periods_between,
     previous_period,
 )
@@ -314,7 +315,7 @@ def _month_figures(
     (`earlier`: the account's days of the months at hand, by period)."""
     days = per_day(month.by_item)
     previous = previous_period(month.period)
-    held_always = [p for p in sorted(earlier) if p < month.period][-history:] if history else []
+    held_always = [p for p in periods_before(month.period, history) if p in earlier]  # (not older: gaps stay gaps)
     day = first_day(month.period)
     while day < calendar.hidden_from(month.period) and calendar.at(day) < until:
         so_far = {d: amount for d, amount in days.items() if d <= day}
@@ -450,7 +451,7 @@ def backfill(
         if not found:
             raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
         count = history_months if history else 1 if grace_days else 0
-        before = _months_before(client, periods[0], count) if periods[0] in found else {}
+        before = _months_before(client, periods[0], count)  # (whether --from's own month was found or not)
         series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target,
                                  account=account, history_months=history_months, level=level)  # fmt: skip
     return Result(

@@ -97,7 +97,7 @@ class BillsSource:
         # The days before this month: the history's months, and last month as fetched in the grace days.
         history = self.history()
         held = {p: per_day(m.by_item) for p, m in history.months.items()} if history is not None else {}
-        if len(by_items) > 1:
+        if len(by_items) > 1 and by_items[1]:  # (a month that lists nothing is unknown, not a month of zeros)
             held[fetched[1][0]] = per_day(by_items[1])
         before = held_days(held)
         months = [
