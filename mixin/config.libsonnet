@@ -18,6 +18,9 @@ local dashboard = import '../grafana/inference-cost-exporter.json';
     // Longer than one refresh interval of the slowest source, so that one failed refresh retried
     // at the next interval does not page (bills: 15 min by default).
     refreshFailingFor: '30m',
+    // The history's: longer than the hour a past month that failed on its own waits before it is
+    // fetched again (every refresh meanwhile says the month is missing), so one failure does not page.
+    historyFailingFor: '2h',
     dataStaleFor: '5m',
     probeFailingFor: '15m',
     notificationsFailingFor: '15m',
@@ -34,6 +37,8 @@ local dashboard = import '../grafana/inference-cost-exporter.json';
     clockSkewSeconds: 60,
     // The window over which delivery failures are weighed against deliveries.
     notificationsWindow: '10m',
+    // The window in which a notification dropped as refused alerts (it is told once, not retried).
+    notificationsRefusedWindow: '1h',
     // The window of the probe failure ratio recording rule (its name ends in it).
     probeFailureRatioWindow: '1h',
 

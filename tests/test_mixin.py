@@ -191,6 +191,9 @@ def test_promtool_unit_tests_prove_the_alerts_fire_and_stay_quiet(tmp_path: Path
                 series(refresh, failing, "1 1 0x60"),
                 series(refresh, flapping, " ".join(["0", "1"] * 31)),
                 series(refresh, {**ELSEWHERE, "source": "bills"}, "0x60"),
+                # The history: a month held back an hour after one failure; a history failing throughout.
+                series(refresh, {**TARGET, "source": "history", "account": "lab"}, "1 0x59 1x140"),
+                series(refresh, {**TARGET, "source": "history", "account": "prod"}, "1 0x200"),
                 series("inference_probe_success", probe, "1 0x40"),
                 series("inference_probe_success", {**probe, "probe": "chat-lab"}, "1x40"),
             ],
@@ -205,6 +208,10 @@ def test_promtool_unit_tests_prove_the_alerts_fire_and_stay_quiet(tmp_path: Path
                  "exp_alerts": [expected("InferenceCostRefreshFailing", failing)]},
                 {"eval_time": "60m", "alertname": "InferenceCostRefreshFailing",
                  "exp_alerts": [expected("InferenceCostRefreshFailing", failing)]},
+                # Not the history's failures, which have an alert of their own with a longer `for`.
+                {"eval_time": "119m", "alertname": "InferenceCostHistoryFailing", "exp_alerts": []},
+                {"eval_time": "125m", "alertname": "InferenceCostHistoryFailing", "exp_alerts": [
+                    expected("InferenceCostHistoryFailing", {**TARGET, "source": "history", "account": "prod"})]},
                 {"eval_time": "10m", "alertname": "InferenceCostProbeFailing", "exp_alerts": []},
                 {"eval_time": "20m", "alertname": "InferenceCostProbeFailing",
                  "exp_alerts": [expected("InferenceCostProbeFailing", probe)]},
@@ -226,6 +233,9 @@ def test_promtool_unit_tests_prove_the_alerts_fire_and_stay_quiet(tmp_path: Path
                 series("inference_exporter_config_last_reload_successful", TARGET, "1 0x30"),
                 series("inference_exporter_state_write_success", {**TARGET, "account": "prod"}, "1 0x30"),
                 series("inference_exporter_clock_skew_seconds", TARGET, "-90x30"),
+                # A notification dropped at minute 11, its receiver having refused it: told for the hour after.
+                series("inference_alert_notifications_discarded_total", {**TARGET, "reason": "refused"}, "0x10 1x90"),
+                series("inference_alert_notifications_discarded_total", {**TARGET, "reason": "superseded"}, "0+1x90"),
             ],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "InferenceCostExporterDown", "exp_alerts": []},
@@ -241,6 +251,10 @@ def test_promtool_unit_tests_prove_the_alerts_fire_and_stay_quiet(tmp_path: Path
                  "exp_alerts": [expected("InferenceCostStateWriteFailing", {**TARGET, "account": "prod"})]},
                 {"eval_time": "15m", "alertname": "InferenceCostClockSkew",
                  "exp_alerts": [expected("InferenceCostClockSkew", TARGET, "1m 30s")]},
+                {"eval_time": "10m", "alertname": "InferenceCostNotificationsRefused", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "InferenceCostNotificationsRefused", "exp_alerts": [
+                    expected("InferenceCostNotificationsRefused", {**TARGET, "reason": "refused"})]},
+                {"eval_time": "80m", "alertname": "InferenceCostNotificationsRefused", "exp_alerts": []},
             ],
         },
         {
@@ -378,9 +392,18 @@ def dashboard_as_configured(config: dict[str, Any]) -> dict[str, Any]:
     """grafana/inference-cost-exporter.json with what `config` changes applied by hand."""
     dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
     dashboard.update(title=config["dashboardTitle"], uid=config["dashboardUid"], tags=config["dashboardTags"])
-    job = next(variable for variable in dashboard["templating"]["list"] if variable["name"] == "job")
-    narrowed = f"label_values(inference_exporter_build_info{{{config['exporterSelector']}}}, job)"
-    job["definition"] = job["query"]["query"] = narrowed
+    selector = config["exporterSelector"]
+    scoped = f'job=~"$job", {selector}'
+    for variable in dashboard["templating"]["list"]:
+        if variable["name"] == "job":
+            narrowed = f"label_values(inference_exporter_build_info{{{selector}}}, job)"
+            variable["definition"] = variable["query"]["query"] = narrowed
+            variable["allValue"] = None  # (All: the jobs listed, not any job)
+        elif "definition" in variable:
+            variable["definition"] = variable["query"]["query"] = variable["definition"].replace('job=~"$job"', scoped)
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            target["expr"] = target["expr"].replace('job=~"$job"', scoped)
     return dashboard
 
 
@@ -390,6 +413,18 @@ def test_the_dashboard_is_grafanas_file_changed_only_where_config_says() -> None
     rendered = render("grafanaDashboards", config)
     assert list(rendered) == ["inference-cost-exporter.json"]
     assert rendered["inference-cost-exporter.json"] == dashboard_as_configured(config)
+
+
+def test_every_query_of_the_dashboard_is_narrowed_by_the_selector_and_all_is_the_jobs_it_lists() -> None:
+    """A matcher of the selector besides `job` (a namespace where another one has a Service of the
+    same name) narrows what every panel shows, not only the list of jobs; and All is the jobs
+    listed, not `.*`, which took in any exporter."""
+    rendered = render("grafanaDashboards", {"exporterSelector": OTHER_SELECTOR})["inference-cost-exporter.json"]
+    queries = [target["expr"] for panel in rendered["panels"] for target in panel.get("targets", [])]
+    variables = {variable["name"]: variable for variable in rendered["templating"]["list"]}
+    queries += [variables[name]["query"]["query"] for name in ("job", "instance", "account")]
+    assert [query for query in queries if 'namespace="billing"' not in query] == []
+    assert variables["job"]["allValue"] is None
 
 
 def test_the_dashboards_defaults_are_its_own() -> None:

@@ -41,7 +41,7 @@
           },
           {
             alert: 'InferenceCostRefreshFailing',
-            expr: 'inference_exporter_refresh_success{%(exporterSelector)s} == 0' % $._config,
+            expr: 'inference_exporter_refresh_success{%(exporterSelector)s, source!="history"} == 0' % $._config,
             'for': $._config.refreshFailingFor,
             labels: { severity: 'warning' },
             annotations: {
@@ -50,6 +50,20 @@
                 'Every refresh of {{ $labels.source }}' + account + ' on {{ $labels.instance }} has failed for '
                 + "%(refreshFailingFor)s. Its figures are the last good ones, and the exporter's rules on it keep "
                 + 'their state. The landing page and the log line "refresh failed" name the error.'
+              ) % $._config,
+            },
+          },
+          {
+            alert: 'InferenceCostHistoryFailing',
+            expr: 'inference_exporter_refresh_success{%(exporterSelector)s, source="history"} == 0' % $._config,
+            'for': $._config.historyFailingFor,
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'inference-cost-exporter cannot fetch past months of bills.',
+              description: (
+                'Every refresh of the history' + account + ' on {{ $labels.instance }} has failed for '
+                + '%(historyFailingFor)s: some past months are missing (the log line "refresh failed" names them). '
+                + 'The anomaly rules and the forecast learn from the months it holds.'
               ) % $._config,
             },
           },
@@ -99,6 +113,22 @@
                 'Every delivery to notifier {{ $labels.notifier }} on {{ $labels.instance }} has failed for '
                 + "%(notificationsFailingFor)s, and none got through: the exporter's own alerts do not reach that "
                 + "receiver. They wait in the outbox and are retried; the log names the receiver's answer."
+              ) % $._config,
+            },
+          },
+          {
+            alert: 'InferenceCostNotificationsRefused',
+            expr: |||
+              increase(inference_alert_notifications_discarded_total{%(exporterSelector)s, reason="refused"}[%(notificationsRefusedWindow)s]) > 0
+            ||| % $._config,
+            'for': '0m',  // (a drop is told once: the increase is the whole of it)
+            labels: { severity: 'warning' },
+            annotations: {
+              summary: 'inference-cost-exporter dropped notifications their receiver refused.',
+              description: (
+                'On {{ $labels.instance }}, receivers refused notifications outright (each 5 times in a row) and they '
+                + 'were dropped in the last %(notificationsRefusedWindow)s: those alerts never reached them. The log '
+                + 'line "notification dropped" names the notifier and its answer (a 4xx: the URL, the token).'
               ) % $._config,
             },
           },
