@@ -23,7 +23,7 @@ from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer
 from exporter.state import StateError
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, alerts_api, fake_billing_section, metrics, statuses, told, unit_daemon
-from tests.helpers import Receiver, named, scrape
+from tests.helpers import Receiver, logged, named, scrape
 
 TODAY = dt.date(2026, 11, 22)
 
@@ -681,3 +681,34 @@ def test_usage_rules_grouping_alike_share_their_groups_and_no_other_signals_or_s
     more = totals | {UsageKey("ep-b", "m-2"): UsageTotals(requests=5)}  # the next poll: a new snapshot
     latest.usage = UsageSnapshot(clock.today(), more, 12, 0.0)
     assert evaluate("requests", by=["endpoint_id"]) == {a: Decimal(3), b: Decimal(9)}
+
+
+@pytest.mark.parametrize("damage", ["not json {", '{"key": "k"}', '{"state": 3}'])
+def test_a_saved_alert_that_cannot_be_read_is_judged_afresh_and_the_others_kept(
+    sim: Simulator, server: SimulatorServer, clock: Clock, tmp_path: Path, damage: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """One damaged row of the state file stopped the daemon from starting, with a traceback (and
+    --reset-state could not help: the file is sound to SQLite)."""
+    import sqlite3
+
+    rule = {"alert": "Spend", "signal": "spend", "by": ["endpoint_id"], "threshold": 0}
+    alerts = {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/hook"}]}
+    first = make_daemon(sim, server, clock, tmp_path, alerts)
+    first.dispatcher.close()
+    assert first.refresh("bills")
+    first.alert_cycle()
+    first.stop()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        keys = sorted(key for (key,) in db.execute("SELECT key FROM alert_state"))
+        db.execute("UPDATE alert_state SET body = ? WHERE key = ?", (damage, keys[0]))
+    second = make_daemon(sim, server, clock, tmp_path, alerts)
+    try:
+        kept = {a.key for a in second.sources.engine.current()}
+        assert kept == set(keys[1:])
+        assert logged(caplog.records, "saved alerts cannot be read: judged afresh", alerts=1)
+        assert second.refresh("bills")
+        second.alert_cycle()
+        assert {a.key for a in second.sources.engine.current() if a.state == "firing"} == set(keys)
+    finally:
+        second.stop()

@@ -14,8 +14,11 @@ from typing import Literal
 import msgspec
 
 from exporter.config.rules import RuleConfig, rule_id, rule_ids
+from exporter.core.logs import get_logger
 from exporter.model import signals
 from exporter.model.events import AlertEvent
+
+log = get_logger(__name__)
 
 State = Literal["pending", "firing", "resolved"]
 
@@ -174,3 +177,22 @@ def fmt(value: Decimal, signal: str | None = None) -> str:
 def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
     """Fill `{field}` templates (the names were checked when the config was loaded)."""
     return {name: template.format_map(fields) for name, template in templates.items()}
+
+
+_SAVED = msgspec.json.Decoder(Alert)
+
+
+def saved_alerts(rows: Iterable[tuple[str, str]]) -> dict[str, Alert]:
+    """The alerts of saved rows (key, state as JSON). A row that cannot be read (damaged: not JSON,
+    a field missing or of another type) is left out, and said once: its alert is judged afresh
+    (at worst told again), where one bad row stopped the daemon from starting."""
+    alerts: dict[str, Alert] = {}
+    unreadable = []
+    for key, body in rows:
+        try:
+            alerts[key] = _SAVED.decode(body)
+        except msgspec.DecodeError:  # (ValidationError is one)
+            unreadable.append(key)
+    if unreadable:
+        log.error("saved alerts cannot be read: judged afresh", alerts=len(unreadable), keys=unreadable[:5])
+    return alerts

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import math
 import sqlite3
 import threading
@@ -21,7 +20,7 @@ from functools import partial
 from typing import TypeVar
 
 from exporter.alerts import anomalies, rules
-from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render
+from exporter.alerts.alert import Alert, alert_key, fmt, legacy_moves, rekey, render, saved_alerts
 from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids, written_moves
 from exporter.config.schema import AlertsConfig, BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
@@ -193,7 +192,7 @@ class Engine:
     def _load(self) -> None:
         """The alert state as last committed."""
         self._unsure = True  # until both are read: memory may hold what the state file does not
-        alerts = {key: Alert(**json.loads(body)) for key, (_, body) in self.db.load_states().items()}
+        alerts = saved_alerts((key, body) for key, (_, body) in self.db.load_states().items())
         sent = self.db.load_sent()
         self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
         self._tier_shown = {}

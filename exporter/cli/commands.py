@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -14,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from exporter.alerts.alert import Alert
+from exporter.alerts.alert import saved_alerts
 from exporter.app.account import account_ids
 from exporter.app.daemon import SHUTDOWN_GRACE, Daemon, parse_listen
 from exporter.app.demo import demo_scenario, demo_traffic
@@ -96,7 +95,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
-        own, alerts = ([], []) if held is None else (held[0], [Alert(**json.loads(body)) for body in held[1]])
+        own, alerts = (
+            ([], [])
+            if held is None
+            else (held[0], list(saved_alerts((str(n), body) for n, body in enumerate(held[1])).values()))
+        )
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
