@@ -769,3 +769,31 @@ def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_noth
     assert location_problem(tmp_path) == f"{tmp_path} is a directory"
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: no directory can be made there
     assert location_problem(tmp_path / "dangling" / "state.db") == f"{tmp_path / 'dangling'} is not a directory"
+
+
+@pytest.mark.parametrize("kind", ["random", "truncated"])
+def test_reset_state_moves_aside_a_corrupt_file_of_an_account_too(tmp_path: Path, kind: str) -> None:
+    """With `accounts`, each keeps a file of its own beside the process's: the one the error names,
+    which --reset-state must move aside as it says, or the daemon never starts."""
+    from exporter.cli.commands import _reset_state
+    from exporter.config.load import validate
+
+    billing = {"url": "https://openapi.example.com", "access_key_id": "AK1", "secret_access_key": "s"}
+    config = validate(
+        {
+            "accounts": [
+                {"name": "prod", "billing": billing},
+                {"name": "staging", "billing": billing | {"access_key_id": "AK2"}},
+            ],
+            "state": {"path": str(tmp_path / "state.db")},
+        },
+        {},
+    )
+    StateStore(tmp_path / "state.db").close()
+    original = corrupt_file(tmp_path / "state.prod.db", kind)
+    with pytest.raises(StateError):
+        StateStore(tmp_path / "state.prod.db")
+    _reset_state(config)
+    [aside] = tmp_path.glob("state.prod.db.corrupt-*[0-9]")
+    assert aside.read_bytes() == original
+    StateStore(tmp_path / "state.prod.db").close()  # a fresh file now

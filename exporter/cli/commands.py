@@ -341,10 +341,15 @@ def _start(daemon_factory: Callable[[], Daemon], listen: str) -> Daemon:
     return daemon
 
 
-def _reset_state(path: str) -> None:
-    """`--reset-state`: move a corrupt state file aside now (the daemon then opens the fresh one)."""
+def _reset_state(config: Config) -> None:
+    """`--reset-state`: move a corrupt state file aside now (the daemon then opens the fresh one),
+    the process's own and each account's of its config (`accounts`), which the daemon opens too."""
+    path = config.state.path
     try:
         StateStore(path, reset=True).close()
+        for account in files_for(account_ids(config), peek_account_files(path)).values():
+            if account.file:  # ("": the process's own, above)
+                StateStore(account_state_path(path, account.file), reset=True).close()
     except StateError as error:
         raise _state_problem(error) from None
 
@@ -354,7 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _logging(args, config.log.level, config.log.format, config.secret_values())
     listen = _listen(args.listen or config.server.listen)
     if args.reset_state:
-        _reset_state(config.state.path)
+        _reset_state(config)
     _hold_signals()
     daemon = _start(lambda: Daemon(config, config_path=args.config, listen=listen, web_config=args.web_config), listen)
     return _serve_until_signalled(daemon)
