@@ -180,6 +180,15 @@ class StateFile:
         else:
             db = connect_existing(path, "rw")
         try:
+            # The layout first: a newer version's file is refused before anything here changes it
+            # (switching it to WAL, for one).
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version > LAYOUT:
+                raise StateError(
+                    self.path,
+                    f"state file {self.path} was written by a newer version (layout {version}; this one knows "
+                    f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
+                )
             (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode == "wal"
             db.execute("PRAGMA synchronous=NORMAL")
@@ -189,13 +198,6 @@ class StateFile:
                     corrupt = sqlite3.DatabaseError(f"quick_check: {verdict[:200]}")
                     corrupt.sqlite_errorname = "SQLITE_CORRUPT"
                     raise corrupt
-            (version,) = db.execute("PRAGMA user_version").fetchone()
-            if version > LAYOUT:
-                raise StateError(
-                    self.path,
-                    f"state file {self.path} was written by a newer version (layout {version}; this one knows "
-                    f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
-                )
             db.executescript(SCHEMA)
             # Written once now, always: a read-only file opens (read-only) without complaint.
             db.execute("BEGIN IMMEDIATE")
