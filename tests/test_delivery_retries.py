@@ -149,3 +149,32 @@ def test_a_receiver_that_asks_to_wait_is_not_tried_again_sooner(
     head = store.head("hook")
     assert head is not None
     assert head.next_attempt - frozen().timestamp() == pytest.approx(WAIT_ASKED_MAX, abs=1)
+
+
+def test_a_state_file_that_refuses_pauses_delivery_said_once_and_its_recovery_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A disk full for an hour was an error line every poll of every notifier."""
+    from exporter.delivery.dispatcher import _Worker
+    from exporter.state import StateError
+    from tests.helpers import logged, wait_for
+
+    caplog.set_level("INFO")
+    outcomes = [StateError("state.db", "disk full")] * 5 + [StateError("state.db", "read-only")] * 3 + [None] * 3
+    done = []
+
+    def work() -> None:
+        outcome = outcomes[len(done)] if len(done) < len(outcomes) else None
+        done.append(outcome)
+        if outcome is not None:
+            raise outcome
+
+    worker = _Worker("hook", work, 0.001)
+    try:
+        wait_for(lambda: len(done) >= len(outcomes))
+    finally:
+        worker.stop()
+        worker.join(5)
+    paused = [r.__dict__.get("fields", {}).get("error") for r in logged(caplog.records, "notification delivery paused")]
+    assert paused == ["disk full", "read-only"]
+    assert len(logged(caplog.records, "notification delivery resumed")) == 1

@@ -185,6 +185,8 @@ class Account:
         if previous is not None:
             self.settled.carry_over(previous.settled)
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
+        self._runs_refused = ""
+        """The state file's refusal of the last probe run it was to keep (for the digest), if any."""
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
         if config.billing.history_months:
@@ -365,7 +367,11 @@ class Account:
                 keep_from=now - PROBE_RUNS_KEPT,
             )  # fmt: skip
         except StateError as error:
-            log.warning("probe run not kept for the digest: the state file refused it", error=str(error)[:200])
+            if str(error) != self._runs_refused:  # (said once while the state file refuses, not every run)
+                log.warning("probe runs not kept for the digest: the state file refuses them", error=str(error)[:200])
+            self._runs_refused = str(error)
+        else:
+            self._runs_refused = ""
 
     def changed(self, previous: Account) -> set[str]:
         """The sources whose way of refreshing this config changed (they run again at once)."""

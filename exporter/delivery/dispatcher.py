@@ -134,6 +134,7 @@ class _Worker:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        paused = ""  # (the state file's error delivery is paused by: said once, and again when it changes)
         while not self._stop.is_set():
             self._wake.wait(self.interval)
             self._wake.clear()
@@ -142,9 +143,16 @@ class _Worker:
             try:
                 self._work()
             except StateError as error:
-                log.error("notification delivery paused", error=str(error))
+                if str(error) != paused:
+                    log.error("notification delivery paused", error=str(error))
+                paused = str(error)
+                continue
             except Exception:  # a bug must not stop delivery for good; it is logged with its traceback
                 log.exception("notification delivery crashed")
+                continue
+            if paused:
+                log.info("notification delivery resumed")
+                paused = ""
 
 
 def _fields(notifier: str, target: str) -> dict[str, Any]:
