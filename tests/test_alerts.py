@@ -706,9 +706,48 @@ def test_a_saved_alert_that_cannot_be_read_is_judged_afresh_and_the_others_kept(
     try:
         kept = {a.key for a in second.sources.engine.current()}
         assert kept == set(keys[1:])
-        assert logged(caplog.records, "saved alerts cannot be read: judged afresh", alerts=1)
+        second.sources.engine._load()  # (as after an evaluation the state file refused: said once all the same)
+        assert len(logged(caplog.records, "saved alerts cannot be read: judged afresh", alerts=1)) == 1
         assert second.refresh("bills")
         second.alert_cycle()
         assert {a.key for a in second.sources.engine.current() if a.state == "firing"} == set(keys)
+    finally:
+        second.stop()
+
+
+@pytest.mark.parametrize("damage", ["not json {", '{"key": "k"}'])
+def test_a_saved_alert_that_cannot_be_read_of_a_rule_whose_id_moves_is_left_behind(
+    sim: Simulator, clock: Clock, tmp_path: Path, damage: str
+) -> None:
+    """Saved by a version that keyed the rule by its `by` as written: the others move to the rule's
+    id, the damaged one stays (judged afresh) and the daemon starts."""
+    import sqlite3
+
+    from exporter.config.rules import rule_key
+
+    rule = {"alert": "Spend", "signal": "spend", "by": ["product", "endpoint_id"], "threshold": 0}
+    document = {
+        "billing": fake_billing_section(sim),
+        "state": {"path": str(tmp_path / "state.db")},
+        "alerts": {"rules": [rule], "notifiers": [{"name": "hook", "type": "webhook", "url": f"{NOWHERE}/h"}]},
+    }
+    config = validate(document, {})
+    first = unit_daemon(config, sim, clock)
+    assert first.refresh("bills")
+    first.alert_cycle()
+    first.stop()
+    parsed = config.alerts.rules[0]
+    written = rule_key(parsed, as_written=True)
+    assert written != rule_key(parsed)
+    with sqlite3.connect(tmp_path / "state.db") as db:  # as a version keying rules as written saved them
+        keys = sorted(key for (key,) in db.execute("SELECT key FROM alert_state"))
+        db.execute("UPDATE alert_state SET rule = ?", (written,))
+        db.execute("UPDATE alert_state SET body = ? WHERE key = ?", (damage, keys[0]))
+    second = unit_daemon(config, sim, clock)
+    try:
+        assert len(second.sources.engine.current()) == len(keys) - 1
+        assert second.refresh("bills")
+        second.alert_cycle()
+        assert len([a for a in second.sources.engine.current() if a.state == "firing"]) == len(keys)
     finally:
         second.stop()

@@ -14,11 +14,8 @@ from typing import Literal
 import msgspec
 
 from exporter.config.rules import RuleConfig, rule_id, rule_ids
-from exporter.core.logs import get_logger
 from exporter.model import signals
 from exporter.model.events import AlertEvent
-
-log = get_logger(__name__)
 
 State = Literal["pending", "firing", "resolved"]
 
@@ -140,7 +137,10 @@ def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) 
     for old, body in saved:  # (rule id, alert) as saved
         if old in moves:
             continue
-        labels = json.loads(body)["labels"]
+        try:
+            labels = json.loads(body)["labels"]
+        except (ValueError, KeyError, TypeError):  # (a row that cannot be read tells nothing)
+            continue
         makers = [
             (len(rule.labels), rid)
             for rule, base, rid in zip(rules, bases, new, strict=True)
@@ -182,10 +182,10 @@ def render(templates: dict[str, str], fields: dict[str, str]) -> dict[str, str]:
 _SAVED = msgspec.json.Decoder(Alert)
 
 
-def saved_alerts(rows: Iterable[tuple[str, str]]) -> dict[str, Alert]:
-    """The alerts of saved rows (key, state as JSON). A row that cannot be read (damaged: not JSON,
-    a field missing or of another type) is left out, and said once: its alert is judged afresh
-    (at worst told again), where one bad row stopped the daemon from starting."""
+def saved_alerts(rows: Iterable[tuple[str, str]]) -> tuple[dict[str, Alert], list[str]]:
+    """The alerts of saved rows (key, state as JSON), and the keys of those that cannot be read
+    (damaged: not JSON, a field missing or of another type), left out: their alerts are judged
+    afresh (at worst told again), where one bad row stopped the daemon from starting."""
     alerts: dict[str, Alert] = {}
     unreadable = []
     for key, body in rows:
@@ -193,6 +193,4 @@ def saved_alerts(rows: Iterable[tuple[str, str]]) -> dict[str, Alert]:
             alerts[key] = _SAVED.decode(body)
         except msgspec.DecodeError:  # (ValidationError is one)
             unreadable.append(key)
-    if unreadable:
-        log.error("saved alerts cannot be read: judged afresh", alerts=len(unreadable), keys=unreadable[:5])
-    return alerts
+    return alerts, unreadable

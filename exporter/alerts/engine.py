@@ -116,6 +116,8 @@ class Engine:
             one = signals.Account("", self.latest, self.sources)
             self.accounts = (Watched(one, self.prices, self.history),)
         self._lock = threading.Lock()
+        self._unreadable: set[str] = set()
+        """The keys of the saved alerts that could not be read, as last said."""
         self._transitions = 0
         self._sent = self.db.load_sent()
         self._anomaly_inputs: dict[str, tuple[object, object, str]] = {}
@@ -192,7 +194,10 @@ class Engine:
     def _load(self) -> None:
         """The alert state as last committed."""
         self._unsure = True  # until both are read: memory may hold what the state file does not
-        alerts = saved_alerts((key, body) for key, (_, body) in self.db.load_states().items())
+        alerts, unreadable = saved_alerts((key, body) for key, (_, body) in self.db.load_states().items())
+        if set(unreadable) - self._unreadable:  # (said once: a failed evaluation reads them again)
+            log.error("saved alerts cannot be read: judged afresh", alerts=len(unreadable), keys=unreadable[:5])
+        self._unreadable = set(unreadable)
         sent = self.db.load_sent()
         self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
         self._tier_shown = {}

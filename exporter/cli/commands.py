@@ -95,11 +95,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
-        own, alerts = (
-            ([], [])
-            if held is None
-            else (held[0], list(saved_alerts((str(n), body) for n, body in enumerate(held[1])).values()))
-        )
+        own, alerts = ([], []) if held is None else (held[0], list(saved_alerts(held[1])[0].values()))
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)

@@ -420,7 +420,10 @@ class AlertStore:
             alerts = []
             for old_key, rule, text in db.execute("SELECT key, rule, body FROM alert_state").fetchall():
                 if rule in moves:
-                    body = rekey(json.loads(text), moves[rule])
+                    try:
+                        body = rekey(json.loads(text), moves[rule])
+                    except (ValueError, TypeError):  # (a row that cannot be read stays: its alert is judged afresh)
+                        continue
                     renamed[old_key] = body["key"]
                     alerts.append((body["key"], moves[rule], json.dumps(body)))
             sent = db.execute("SELECT key, notifier, sent FROM alert_sent").fetchall()

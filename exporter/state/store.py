@@ -57,7 +57,11 @@ def peek_account_files(path: str | Path) -> list[AccountFile]:
     return _beside(path, read) or []
 
 
-def peek(path: str | Path, start: float, end: float) -> tuple[list[tuple[str, bool, float | None]], list[str]] | None:
+def peek(
+    path: str | Path, start: float, end: float
+) -> tuple[list[tuple[str, bool, float | None]], list[tuple[str, str]]] | None:
     """Read only, beside the daemon that owns it: a state file's probe runs in [start, end) and its
-    alert states (JSON bodies); None when there is no such file or it cannot be read."""
-    return _beside(path, lambda db: (read_probe_runs(db, start, end), [b for _, b in read_alert_states(db).values()]))
+    alert states (key, JSON body); None when there is no such file or it cannot be read."""
+    return _beside(
+        path, lambda db: (read_probe_runs(db, start, end), [(k, b) for k, (_, b) in read_alert_states(db).items()])
+    )
