@@ -126,9 +126,10 @@
             annotations: {
               summary: 'inference-cost-exporter dropped notifications their receiver refused.',
               description: (
-                'On {{ $labels.instance }}, receivers refused notifications outright (each 5 times in a row) and they '
-                + 'were dropped in the last %(notificationsRefusedWindow)s: those alerts never reached them. The log '
-                + 'line "notification dropped" names the notifier and its answer (a 4xx: the URL, the token).'
+                'On {{ $labels.instance }}, notifications were dropped in the last %(notificationsRefusedWindow)s: '
+                + 'their receiver refused them outright 5 times in a row, or email recipients still refused them after '
+                + 'a day. Those alerts never reached them; the log names the notifier and its answer (a 4xx: the URL, '
+                + 'the token).'
               ) % $._config,
             },
           },
