@@ -4,7 +4,7 @@ and budget scopes that can match nothing, what only several accounts make possib
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from exporter.model.signals import SIGNALS
@@ -109,12 +109,30 @@ def _rule_notifiers(document: dict[str, Any]) -> list[tuple[Location, str]]:
     return problems
 
 
+def _spanned(document: dict[str, Any], scope: object) -> list[dict[str, Any]]:
+    """The accounts a top-level rule or budget of `scope` (its `where`) spans: those its `account`
+    names, every one without it."""
+    wanted = scope.get("account") if isinstance(scope, dict) else None
+    names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
+    return [account for _, account in items(document, "accounts") if names is None or account.get("name") in names]
+
+
+def _mixed_currencies(accounts: Sequence[tuple[str, dict[str, Any]]]) -> str | None:
+    """`prod: CNY, lab: USD` when these (name, billing) are of more than one `billing.currency`; an
+    account with none set may be of either, and is not counted."""
+    currencies = {name: str(billing.get("currency")) for name, billing in accounts if billing.get("currency")}
+    if len(set(currencies.values())) < 2:
+        return None
+    return ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
+
+
+def _billing_of(holder: dict[str, Any]) -> dict[str, Any]:
+    return holder["billing"] if isinstance(holder.get("billing"), dict) else {}
+
+
 def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
     """Scopes that cannot be priced or can never match, each naming its budget (with `accounts`,
     against each account the budget is measured on: its own, or those a top-level one spans)."""
-
-    def billing_of(holder: dict[str, Any]) -> dict[str, Any]:
-        return holder["billing"] if isinstance(holder.get("billing"), dict) else {}
 
     top_prices = {item.get("model") for _, item in items(document, "prices")}
     accounts = [account for _, account in items(document, "accounts")]
@@ -126,22 +144,18 @@ def _budget_scopes(document: dict[str, Any]) -> list[tuple[Location, str]]:
 
     measured: list[tuple[Location, dict[str, Any], list[tuple[str, dict[str, Any], set[Any]]]]] = []
     for where, budget in items(document, "budgets"):
-        scope = budget.get("where")
         if not accounts:
-            measured.append((where, budget, [("", billing_of(document), top_prices)]))
+            measured.append((where, budget, [("", _billing_of(document), top_prices)]))
             continue
-        wanted = scope.get("account") if isinstance(scope, dict) else None
-        names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
-        spanned = [a for a in accounts if names is None or a.get("name") in names]
-        measured.append((where, budget, [(str(a.get("name")), billing_of(a), prices_of(a)) for a in spanned]))
+        spanned = _spanned(document, budget.get("where"))
+        measured.append((where, budget, [(str(a.get("name")), _billing_of(a), prices_of(a)) for a in spanned]))
     for at, account in items(document, "accounts"):
         for where, budget in items(account, "budgets"):
-            measured.append(((*at, *where), budget, [("", billing_of(account), prices_of(account))]))
+            measured.append(((*at, *where), budget, [("", _billing_of(account), prices_of(account))]))
     problems: list[tuple[Location, str]] = []
     for where, budget, spans in measured:
-        currencies = {name: str(billing.get("currency")) for name, billing, _ in spans if billing.get("currency")}
-        if len(set(currencies.values())) > 1:  # (an account with none set may be either: not refused)
-            listed = ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
+        listed = _mixed_currencies([(name, billing) for name, billing, _ in spans])
+        if listed is not None:
             scope = budget.get("where")
             problems.append((
                 (*where, "where", "account") if isinstance(scope, dict) and "account" in scope else where,
@@ -162,21 +176,13 @@ AMOUNTS = ("spend", "estimated_spend")
 
 def _summed_currencies(document: dict[str, Any], where: Location, rule: dict[str, Any]) -> list[tuple[Location, str]]:
     """A rule on an amount that adds up accounts of different currencies (not split by `account`)."""
-    by, scope = rule.get("by"), rule.get("where")
+    by = rule.get("by")
     if rule.get("signal") not in AMOUNTS or (isinstance(by, list) and "account" in by):
         return []
-    wanted = scope.get("account") if isinstance(scope, dict) else None
-    names = wanted if isinstance(wanted, list) else None if wanted is None else [wanted]
-    currencies = {
-        str(account.get("name")): str(account["billing"].get("currency"))
-        for _, account in items(document, "accounts")
-        if (names is None or account.get("name") in names)
-        and isinstance(account.get("billing"), dict)
-        and account["billing"].get("currency")
-    }
-    if len(set(currencies.values())) < 2:  # (an account with none set may be either: not refused)
+    spanned = _spanned(document, rule.get("where"))
+    listed = _mixed_currencies([(str(account.get("name")), _billing_of(account)) for account in spanned])
+    if listed is None:
         return []
-    listed = ", ".join(f"{name}: {currency}" for name, currency in currencies.items())
     return [(
         (*where, "signal"),
         f"`{rule['signal']}` adds up accounts of different currencies ({listed}), to no amount: split it by"
