@@ -818,3 +818,11 @@ def test_an_api_key_no_http_header_can_carry_is_refused_without_its_value(key: s
         "inference.api_key: must be printable text an HTTP header can carry: no line break or control character"
         " inside, no character outside Latin-1 (a curly quote pasted in)"
     ]
+
+
+def test_an_access_key_id_no_http_header_can_carry_is_refused() -> None:
+    """It goes into the signature's header: a curly quote pasted in crashed every refresh."""
+    assert errors_of({"billing": BILLING | {"access_key_id": "AK\u2019"}}) == [
+        "billing.access_key_id: must be printable text an HTTP header can carry: no line break or control character"
+        " inside, no character outside Latin-1 (a curly quote pasted in)"
+    ]

@@ -77,9 +77,29 @@ def _parts_beyond_base(url: str) -> str | None:
     return "a fragment" if fragment else None
 
 
+def _header_text(text: str) -> None:
+    """Text that goes into an HTTP header: printable Latin-1 (a line break inside, or a curly quote
+    pasted in, cannot be sent, and the error would quote it). The value is never told."""
+    if any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in text):
+        raise ValueError(
+            "must be printable text an HTTP header can carry: no line break or control character inside,"
+            " no character outside Latin-1 (a curly quote pasted in)"
+        )
+
+
+def _header_value(value: SecretStr) -> SecretStr:
+    _header_text(value.get_secret_value())
+    return value
+
+
+def _header_id(value: str) -> str:
+    _header_text(value)
+    return value
+
+
 class BillingConfig(Strict):
     url: Annotated[HttpUrl, AfterValidator(_billing_base)]
-    access_key_id: Text
+    access_key_id: Annotated[Text, AfterValidator(_header_id)]
     secret_access_key: SecretStr
     signature_label: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")] = "svc"
     signature_lifetime: Duration = 300.0
@@ -134,18 +154,6 @@ def _inference_base(url: str) -> str:
     if parts := _parts_beyond_base(url):
         raise ValueError(f"has {parts}: give the base address alone (the API key goes in `api_key`)")
     return url.removesuffix("/v1") if urlsplit(url).path.endswith("/v1") else url
-
-
-def _header_value(value: SecretStr) -> SecretStr:
-    """A secret that goes into an HTTP header: printable Latin-1 text (a line break inside, or a
-    curly quote pasted in, cannot be sent; the error would quote the key). The value is never told."""
-    text = value.get_secret_value()
-    if any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in text):
-        raise ValueError(
-            "must be printable text an HTTP header can carry: no line break or control character inside,"
-            " no character outside Latin-1 (a curly quote pasted in)"
-        )
-    return value
 
 
 class InferenceConfig(Strict):
