@@ -742,7 +742,9 @@ def test_a_saved_alert_that_cannot_be_read_of_a_rule_whose_id_moves_is_left_behi
     with sqlite3.connect(tmp_path / "state.db") as db:  # as a version keying rules as written saved them
         keys = sorted(key for (key,) in db.execute("SELECT key FROM alert_state"))
         db.execute("UPDATE alert_state SET rule = ?", (written,))
-        db.execute("UPDATE alert_state SET body = ? WHERE key = ?", (damage, keys[0]))
+        # Its key one no rule makes now (as the version before keyed it), and it was told.
+        db.execute("UPDATE alert_state SET body = ?, key = 'old' WHERE key = ?", (damage, keys[0]))
+        db.execute("UPDATE alert_sent SET key = 'old' WHERE key = ?", (keys[0],))
     second = unit_daemon(config, sim, clock)
     try:
         assert len(second.sources.engine.current()) == len(keys) - 1
@@ -751,3 +753,7 @@ def test_a_saved_alert_that_cannot_be_read_of_a_rule_whose_id_moves_is_left_behi
         assert len([a for a in second.sources.engine.current() if a.state == "firing"]) == len(keys)
     finally:
         second.stop()
+    with sqlite3.connect(tmp_path / "state.db") as db:  # the damaged row went at the evaluation: not read again
+        assert db.execute("SELECT COUNT(*) FROM alert_state WHERE key = 'old'").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM alert_sent WHERE key = 'old'").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM alert_state").fetchone() == (len(keys),)

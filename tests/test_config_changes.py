@@ -104,6 +104,19 @@ def test_rules_that_would_make_the_same_alerts_are_refused_naming_both() -> None
     ]
 
 
+def test_legacy_ids_are_moved_by_the_saved_alerts_that_can_be_read() -> None:
+    """A row that cannot be read (or whose labels are no object) tells nothing, and stops nothing:
+    the others tell which rule is theirs."""
+    bare = {k: v for k, v in CRITICAL.items() if k != "labels"}
+    before = legacy_ids([bare, CRITICAL])
+    billing = {"url": "http://x", "access_key_id": "a", "secret_access_key": "s"}
+    rules = validate({"billing": billing, "alerts": {"rules": [CRITICAL, bare]}}, {}).alerts.rules
+    labels = {"alertname": "EndpointSpend", "endpoint_id": "ep-1", "severity": "critical"}
+    readable = [(before[1], json.dumps({"labels": labels}))]
+    damaged = [(before[1], text) for text in ("not json {", '{"labels": null}', '{"labels": []}', "[]")]
+    assert legacy_moves(rules, [*damaged, *readable]) == legacy_moves(rules, readable)
+
+
 def test_saved_alerts_go_to_the_rule_whose_labels_are_theirs_in_any_order_now() -> None:
     """A rule without labels matches any alert of its name; a labelled rule's alerts still go to it."""
     bare = {k: v for k, v in CRITICAL.items() if k != "labels"}

@@ -344,6 +344,27 @@ def test_the_digest_command_prints_it_and_sends_it_when_asked(
     assert "will retry" not in refused.stderr
 
 
+def test_the_digest_command_names_the_saved_alerts_it_cannot_read(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path, receiver: Receiver
+) -> None:
+    """Read from a daemon's state file, a damaged one is left out of the digest, and said."""
+    import sqlite3
+
+    from exporter.state import StateStore
+
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(document(*live, tmp_path, [{"name": "hook", "type": "webhook", "url": receiver.url}]))
+    )
+    StateStore(tmp_path / "state.db").close()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute("INSERT INTO alert_state VALUES ('damaged-key', 'rule', 'not json {')")
+    command = [sys.executable, "-m", "exporter.cli", "digest", "--config", str(path)]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert printed.returncode == 0, printed.stderr
+    assert "note: 1 saved alerts cannot be read, left out: damaged-key" in printed.stderr
+
+
 def clock_zone() -> dt.tzinfo:
     from zoneinfo import ZoneInfo
 

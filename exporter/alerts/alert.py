@@ -141,6 +141,8 @@ def legacy_moves(rules: Sequence[RuleConfig], saved: Iterable[tuple[str, str]]) 
             labels = json.loads(body)["labels"]
         except (ValueError, KeyError, TypeError):  # (a row that cannot be read tells nothing)
             continue
+        if not isinstance(labels, dict):
+            continue
         makers = [
             (len(rule.labels), rid)
             for rule, base, rid in zip(rules, bases, new, strict=True)

@@ -245,6 +245,14 @@ class Engine:
             now = self.clock.now().timestamp()
             before = self._transitions
             ids = rule_ids(self.config.rules)
+            # Saved alerts that could not be read go, with who was told of them: judged afresh from
+            # now on, not read (and said) again at every start and reload. (One saved anew since is
+            # its own again.)
+            unreadable, self._unreadable = self._unreadable - self.alerts.keys(), set()
+            for key in unreadable:
+                self.db.delete_state(db, key)
+            if unreadable:
+                self._sent = {told: at for told, at in self._sent.items() if told[0] not in unreadable}
             # First the alerts whose rule a reload removed: their resolves are queued before what
             # the rules fire now (a rule changed in what it watches, not its labels, is another
             # rule: its alerts of the same labels must reach a receiver after the old ones' resolve).

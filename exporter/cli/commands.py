@@ -95,7 +95,13 @@ def cmd_digest(args: argparse.Namespace) -> int:
         today = clock.today()
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
-        own, alerts = ([], []) if held is None else (held[0], list(saved_alerts(held[1])[0].values()))
+        own, alerts = [], []
+        if held is not None:
+            readable, unreadable = saved_alerts(held[1])
+            own, alerts = held[0], list(readable.values())
+            if unreadable:
+                print(f"note: {len(unreadable)} saved alerts cannot be read, left out: {', '.join(unreadable[:5])}",
+                      file=sys.stderr)  # fmt: skip
         if held is None:
             print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)

@@ -93,7 +93,10 @@ def _header_value(value: SecretStr) -> SecretStr:
 
 
 def _header_id(value: str) -> str:
-    _header_text(value)
+    """An id that goes into a signed header: printable ASCII (the signature is of its UTF-8, the
+    header is sent as Latin-1: beyond ASCII they differ, and a server checking the bytes refuses)."""
+    if any(not " " <= c <= "~" for c in value):
+        raise ValueError("must be printable ASCII text (it goes into the request's signed header)")
     return value
 
 
