@@ -757,3 +757,16 @@ def test_a_saved_alert_that_cannot_be_read_of_a_rule_whose_id_moves_is_left_behi
         assert db.execute("SELECT COUNT(*) FROM alert_state WHERE key = 'old'").fetchone() == (0,)
         assert db.execute("SELECT COUNT(*) FROM alert_sent WHERE key = 'old'").fetchone() == (0,)
         assert db.execute("SELECT COUNT(*) FROM alert_state").fetchone() == (len(keys),)
+
+
+def test_a_resolve_of_some_of_an_incident_s_alerts_is_no_resolve_of_the_webhook_s_group() -> None:
+    """As Alertmanager's webhook: the group is firing while any of its alerts fires."""
+    from exporter.notifiers.webhook import webhook_payload
+
+    alert = {"key": "k1", "status": "resolved", "labels": {"alertname": "A", "endpoint_id": "ep-1"},
+             "annotations": {}, "starts_at": 0.0, "ends_at": 60.0, "value": "1"}  # fmt: skip
+    event = {"status": "resolved", "alertname": "A", "dedup_key": "d", "alerts": [alert], "total": 1}
+    partly = webhook_payload({**event, "still_firing": 1}, "hook", "", "d-1")  # type: ignore[typeddict-item]
+    assert (partly["status"], partly["alerts"][0]["status"]) == ("firing", "resolved")
+    whole = webhook_payload({**event, "still_firing": 0}, "hook", "", "d-2")  # type: ignore[typeddict-item]
+    assert (whole["status"], whole["alerts"][0]["status"]) == ("resolved", "resolved")

@@ -59,7 +59,9 @@ def webhook_payload(event: GroupEvent, receiver: str, external_url: str, notific
         "version": "4",
         "groupKey": f'{{}}:{{alertname="{event["alertname"]}"}}',
         "truncatedAlerts": event["total"] - len(alerts),
-        "status": event["status"],
+        # As Alertmanager's: the group's status is firing while any of its alerts fires (each alert
+        # says its own); a resolve of some of a rule's alerts is no resolve of its incident.
+        "status": "firing" if event["status"] == "resolved" and event["still_firing"] else event["status"],
         "receiver": receiver,
         "groupLabels": {"alertname": event["alertname"]},
         "commonLabels": common([a["labels"] for a in shown]),
