@@ -770,3 +770,36 @@ def test_a_resolve_of_some_of_an_incident_s_alerts_is_no_resolve_of_the_webhook_
     assert (partly["status"], partly["alerts"][0]["status"]) == ("firing", "resolved")
     whole = webhook_payload({**event, "still_firing": 0}, "hook", "", "d-2")  # type: ignore[typeddict-item]
     assert (whole["status"], whole["alerts"][0]["status"]) == ("resolved", "resolved")
+
+
+def test_a_pagerduty_trigger_stays_under_the_events_api_s_size_limit() -> None:
+    """PagerDuty refuses an event over 512 KB, and a refused trigger is dropped after 5 tries: long
+    values from the API (each non-ASCII character six bytes in JSON) are cut, and alerts left out
+    past the limit, `total` still counting them."""
+    import json
+
+    from exporter.notifiers.pagerduty import DETAIL_CHARS, pagerduty_payload
+
+    long = "計費" * 10_000
+    labels = {f"l{i}": long for i in range(20)}
+    alerts = [
+        {"key": f"k{n}", "status": "firing", "labels": {"alertname": "A", "endpoint_id": f"ep-{n}", **labels},
+         "annotations": {"summary": long}, "starts_at": 0.0, "ends_at": None, "value": "1"}
+        for n in range(100)
+    ]  # fmt: skip
+    event = {
+        "status": "firing",
+        "alertname": "A",
+        "dedup_key": "d",
+        "alerts": alerts,
+        "total": 5000,
+        "still_firing": 5000,
+    }
+    body = pagerduty_payload(event, "rk", "")  # type: ignore[arg-type]
+    assert body is not None
+    assert len(json.dumps(body)) <= 512 * 1024
+    details = body["payload"]["custom_details"]
+    assert details["total"] == 5000
+    assert details["alerts"][0]["labels"]["endpoint_id"] == "ep-0"
+    assert len(details["alerts"][0]["annotations"]["summary"]) == DETAIL_CHARS
+    assert details["alerts"][0]["annotations"]["summary"].endswith("…")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import SecretStr
@@ -23,6 +24,11 @@ class PagerDutyNotifier(NotifierModel):
 
 PAGERDUTY_SEVERITIES = ("critical", "error", "warning", "info")
 PAGERDUTY_ALERTS = 20
+DETAIL_CHARS = 1024
+"""The longest label or annotation value `custom_details` shows (cut, with "…")."""
+MAX_EVENT_BYTES = 500_000
+"""Under PagerDuty's 512 KB a whole event: alerts past it are left out of `custom_details`, which
+still says how many there are (`total`). A trigger over the limit is refused, retried and dropped."""
 
 
 def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) -> dict[str, Any] | None:
@@ -53,13 +59,22 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
         "component": first["labels"].get("endpoint_id", first["labels"].get("budget", "")),
         "group": event["alertname"],
         "custom_details": {
-            "alerts": [{"labels": a["labels"], "annotations": a["annotations"]} for a in alerts[:PAGERDUTY_ALERTS]],
+            "alerts": [
+                {"labels": _cut(a["labels"]), "annotations": _cut(a["annotations"])} for a in alerts[:PAGERDUTY_ALERTS]
+            ],
             "total": total,
         },
     }
     body["client"] = "inference-cost-exporter"
     body["client_url"] = external_url
+    shown = body["payload"]["custom_details"]["alerts"]
+    while len(shown) > 1 and len(json.dumps(body)) > MAX_EVENT_BYTES:
+        shown.pop()
     return body
+
+
+def _cut(values: dict[str, str]) -> dict[str, str]:
+    return {k: v if len(v) <= DETAIL_CHARS else v[: DETAIL_CHARS - 1] + "…" for k, v in values.items()}
 
 
 def send(notifier: PagerDutyNotifier, entry: OutboxEntry, via: Delivery) -> Attempt:
