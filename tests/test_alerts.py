@@ -11,6 +11,7 @@ import re
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
+from unittest.mock import Mock
 
 import pytest
 import requests
@@ -706,9 +707,14 @@ def test_a_saved_alert_that_cannot_be_read_is_judged_afresh_and_the_others_kept(
     try:
         kept = {a.key for a in second.sources.engine.current()}
         assert kept == set(keys[1:])
-        second.sources.engine._load()  # (as after an evaluation the state file refused: said once all the same)
-        assert len(logged(caplog.records, "saved alerts cannot be read: judged afresh", alerts=1)) == 1
         assert second.refresh("bills")
+        engine = second.sources.engine
+        with pytest.MonkeyPatch.context() as refusing:  # evaluations the state file refuses: rolled back, read again
+            refusing.setattr(engine.db, "save_state", Mock(side_effect=StateError("state.db", "disk I/O error")))
+            for _ in range(3):
+                with pytest.raises(StateError):
+                    engine.evaluate()
+        assert len(logged(caplog.records, "saved alerts cannot be read: judged afresh", alerts=1)) == 1
         second.alert_cycle()
         assert {a.key for a in second.sources.engine.current() if a.state == "firing"} == set(keys)
     finally:
@@ -803,3 +809,11 @@ def test_a_pagerduty_trigger_stays_under_the_events_api_s_size_limit() -> None:
     assert details["alerts"][0]["labels"]["endpoint_id"] == "ep-0"
     assert len(details["alerts"][0]["annotations"]["summary"]) == DETAIL_CHARS
     assert details["alerts"][0]["annotations"]["summary"].endswith("…")
+    # One alert too long alone (100 such values, a 300,000-character endpoint id): shown without it.
+    huge = {**alerts[0], "labels": {"alertname": "A", "endpoint_id": "é" * 300_000},
+            "annotations": {f"a{i}": long for i in range(100)}}  # fmt: skip
+    body = pagerduty_payload({**event, "alerts": [huge], "total": 1}, "rk", "")  # type: ignore[arg-type]
+    assert body is not None
+    assert len(json.dumps(body)) <= 512 * 1024
+    assert body["payload"]["custom_details"] == {"alerts": [], "total": 1}
+    assert len(body["payload"]["component"]) == DETAIL_CHARS

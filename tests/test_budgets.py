@@ -444,3 +444,34 @@ def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_
         assert len(logged(caplog.records, UNMATCHED)) == 2
     finally:
         daemon.stop()
+
+
+def test_a_tier_whose_saved_alert_cannot_be_read_fires_again_while_crossed(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Its row gone, the tier it held is not taken as told for the rest of the period (it never
+    showed again, nor resolved): it fires again, in the same incident."""
+    import sqlite3
+
+    today = clock.today()
+    spent = sum(billed(sim, today.replace(day=d)) for d in range(1, today.day + 1))
+    budgets = [{"name": "month", "amount": str(spent * 2)}]
+    rule = {"alert": "MonthBudget", "budget": "month", "tiers": [0.3]}
+    first = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    first.refresh("bills")
+    first.alert_cycle()
+    (fired,) = told(first)
+    first.stop()
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        db.execute("UPDATE alert_state SET body = 'not json {'")
+    second = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    try:
+        for _ in range(2):
+            frozen.advance(dt.timedelta(minutes=5))
+            second.refresh("bills")
+            second.alert_cycle()
+        again = [a for a in second.sources.engine.current() if a.state == "firing"]
+        assert [a.labels["tier"] for a in again] == ["0.3"]
+        assert told(second)[-1]["dedup_key"] == fired["dedup_key"]
+    finally:
+        second.stop()

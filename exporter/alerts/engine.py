@@ -116,8 +116,8 @@ class Engine:
             one = signals.Account("", self.latest, self.sources)
             self.accounts = (Watched(one, self.prices, self.history),)
         self._lock = threading.Lock()
-        self._unreadable: set[str] = set()
-        """The keys of the saved alerts that could not be read, as last said."""
+        self._unreadable: dict[str, str] = {}
+        """The saved alerts that could not be read (key → rule), as last said."""
         self._transitions = 0
         self._sent = self.db.load_sent()
         self._anomaly_inputs: dict[str, tuple[object, object, str]] = {}
@@ -194,10 +194,11 @@ class Engine:
     def _load(self) -> None:
         """The alert state as last committed."""
         self._unsure = True  # until both are read: memory may hold what the state file does not
-        alerts, unreadable = saved_alerts((key, body) for key, (_, body) in self.db.load_states().items())
-        if set(unreadable) - self._unreadable:  # (said once: a failed evaluation reads them again)
+        states = self.db.load_states()
+        alerts, unreadable = saved_alerts((key, body) for key, (_, body) in states.items())
+        if set(unreadable) - self._unreadable.keys():  # (said once: a failed evaluation reads them again)
             log.error("saved alerts cannot be read: judged afresh", alerts=len(unreadable), keys=unreadable[:5])
-        self._unreadable = set(unreadable)
+        self._unreadable = {key: states[key][0] for key in unreadable}
         sent = self.db.load_sent()
         self.alerts, self._sent, self._saved_true, self._unsure = alerts, sent, {}, False
         self._tier_shown = {}
@@ -248,11 +249,16 @@ class Engine:
             # Saved alerts that could not be read go, with who was told of them: judged afresh from
             # now on, not read (and said) again at every start and reload. (One saved anew since is
             # its own again.)
-            unreadable, self._unreadable = self._unreadable - self.alerts.keys(), set()
+            unreadable = {key: rule for key, rule in self._unreadable.items() if key not in self.alerts}
             for key in unreadable:
                 self.db.delete_state(db, key)
             if unreadable:
                 self._sent = {told: at for told, at in self._sent.items() if told[0] not in unreadable}
+            for of_rule in set(unreadable.values()):  # a budget's tier it held fires again, if still crossed
+                held = {(a.period, a.labels.get("tier")) for a in self.alerts.values() if a.rule == of_rule}
+                for period, tier in self.db.tiers_of(db, of_rule):
+                    if (period, f"{tier:g}") not in held:
+                        self.db.forget_tiers(db, of_rule, period, [tier])
             # First the alerts whose rule a reload removed: their resolves are queued before what
             # the rules fire now (a rule changed in what it watches, not its labels, is another
             # rule: its alerts of the same labels must reach a receiver after the old ones' resolve).
@@ -281,6 +287,8 @@ class Engine:
             self._repeat(db, now, skip=once)
             self._enqueue(db, now)
         self._routed_anew.clear()  # (told now, or nothing of theirs fires; kept if the state file refused it)
+        for key in unreadable:  # (gone now: not before the commit, which a failure rolls back)
+            self._unreadable.pop(key, None)
         return self._transitions - before
 
     def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:  # (`rid`: an account's part too)

@@ -56,7 +56,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
         "source": "inference-cost-exporter",
         "severity": severity if severity in PAGERDUTY_SEVERITIES else "warning",
         "timestamp": iso(first["starts_at"]),
-        "component": first["labels"].get("endpoint_id", first["labels"].get("budget", "")),
+        "component": _cut({"": first["labels"].get("endpoint_id", first["labels"].get("budget", ""))})[""],
         "group": event["alertname"],
         "custom_details": {
             "alerts": [
@@ -68,7 +68,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
     body["client"] = "inference-cost-exporter"
     body["client_url"] = external_url
     shown = body["payload"]["custom_details"]["alerts"]
-    while len(shown) > 1 and len(json.dumps(body)) > MAX_EVENT_BYTES:
+    while shown and len(json.dumps(body)) > MAX_EVENT_BYTES:  # (none at last: one alert alone may be too much)
         shown.pop()
     return body
 

@@ -175,6 +175,11 @@ class AlertStore:
             db.executemany(query, [(rule, period, tier) for tier in tiers])
 
     @staticmethod
+    def tiers_of(db: sqlite3.Connection, rule: str) -> list[tuple[str, float]]:
+        """(period, tier) of every tier of `rule` fired."""
+        return db.execute("SELECT period, tier FROM budget_tiers WHERE rule = ?", (rule,)).fetchall()
+
+    @staticmethod
     def mark_tiers(db: sqlite3.Connection, rule: str, period: str, tiers: list[float]) -> None:
         db.executemany("INSERT OR IGNORE INTO budget_tiers VALUES (?, ?, ?)", [(rule, period, t) for t in tiers])
 
