@@ -4,6 +4,7 @@ against it over HTTP; truth from the simulator's own sums."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from decimal import Decimal
 from pathlib import Path
@@ -473,5 +474,46 @@ def test_a_tier_whose_saved_alert_cannot_be_read_fires_again_while_crossed(
         again = [a for a in second.sources.engine.current() if a.state == "firing"]
         assert [a.labels["tier"] for a in again] == ["0.3"]
         assert told(second)[-1]["dedup_key"] == fired["dedup_key"]
+    finally:
+        second.stop()
+
+
+def test_a_damaged_row_beside_a_tier_that_fires_makes_nothing_fire_again(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Tiers 0.3 and 0.5 crossed: 0.5 fires, 0.3 was resolved under it. 0.3's row damaged, the
+    readable 0.5 still holds the period: neither is told again."""
+    import sqlite3
+
+    today = clock.today()
+    spent = sum(billed(sim, today.replace(day=d)) for d in range(1, today.day + 1))
+    budgets = [{"name": "month", "amount": str(spent / Decimal("0.4"))}]
+    rule = {"alert": "MonthBudget", "budget": "month", "tiers": [0.3, 0.5]}
+    first = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    first.refresh("bills")
+    first.alert_cycle()  # 0.4: tier 0.3
+    endpoint = sim.endpoints[0]
+    sim.revise_bill(
+        today, endpoint.endpoint_id, ITEMS[0], sim.charge(f"{today:%Y-%m}", today, endpoint, ITEMS[0])[0] + spent / 2
+    )
+    frozen.advance(dt.timedelta(minutes=5))
+    first.refresh("bills")
+    first.alert_cycle()  # 0.6: tier 0.5, 0.3 resolved under it
+    before = [(e["status"], e["alerts"][0]["labels"]["tier"]) for e in told(first)]
+    first.stop()
+    assert ("firing", "0.5") in before
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        bodies = {key: json.loads(body) for key, body in db.execute("SELECT key, body FROM alert_state")}
+        (lower,) = [key for key, body in bodies.items() if body["labels"]["tier"] == "0.3"]
+        db.execute("UPDATE alert_state SET body = 'not json {' WHERE key = ?", (lower,))
+    second = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    try:
+        for _ in range(2):
+            frozen.advance(dt.timedelta(minutes=5))
+            second.refresh("bills")
+            second.alert_cycle()
+        after = [(e["status"], e["alerts"][0]["labels"]["tier"]) for e in told(second)]
+        assert after == before
+        assert [a.labels["tier"] for a in second.sources.engine.current() if a.state == "firing"] == ["0.5"]
     finally:
         second.stop()

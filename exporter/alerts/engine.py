@@ -254,11 +254,18 @@ class Engine:
                 self.db.delete_state(db, key)
             if unreadable:
                 self._sent = {told: at for told, at in self._sent.items() if told[0] not in unreadable}
-            for of_rule in set(unreadable.values()):  # a budget's tier it held fires again, if still crossed
-                held = {(a.period, a.labels.get("tier")) for a in self.alerts.values() if a.rule == of_rule}
+            # A budget's tier it held fires again, if still crossed: the highest marked in the period
+            # being judged (a month's, or a day's), when no alert of the rule there can be read (one
+            # that fires holds that tier; one resolved told its tier).
+            current = {self.clock.period(), self.clock.today().isoformat()}
+            for of_rule in set(unreadable.values()):
+                marked: dict[str, list[float]] = {}
                 for period, tier in self.db.tiers_of(db, of_rule):
-                    if (period, f"{tier:g}") not in held:
-                        self.db.forget_tiers(db, of_rule, period, [tier])
+                    if period in current:
+                        marked.setdefault(period, []).append(tier)
+                for period, tiers in marked.items():
+                    if not any(a.rule == of_rule and a.period == period for a in self.alerts.values()):
+                        self.db.forget_tiers(db, of_rule, period, [max(tiers)])
             # First the alerts whose rule a reload removed: their resolves are queued before what
             # the rules fire now (a rule changed in what it watches, not its labels, is another
             # rule: its alerts of the same labels must reach a receiver after the old ones' resolve).

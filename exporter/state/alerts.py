@@ -422,12 +422,13 @@ class AlertStore:
         with self.store.transaction("alerts") as db:
             # Read everything, then write: an old id may be another rule's new one.
             renamed: dict[str, str] = {}
-            alerts = []
+            alerts, unread = [], []
             for old_key, rule, text in db.execute("SELECT key, rule, body FROM alert_state").fetchall():
                 if rule in moves:
                     try:
                         body = rekey(json.loads(text), moves[rule])
-                    except (ValueError, TypeError):  # (a row that cannot be read stays: its alert is judged afresh)
+                    except (ValueError, TypeError):  # (a row that cannot be read: its alert is judged afresh)
+                        unread.append((moves[rule], old_key))  # (its rule moves, as its tiers do)
                         continue
                     renamed[old_key] = body["key"]
                     alerts.append((body["key"], moves[rule], json.dumps(body)))
@@ -435,6 +436,7 @@ class AlertStore:
             tiers = db.execute("SELECT rule, period, tier FROM budget_tiers").fetchall()
             db.executemany("DELETE FROM alert_state WHERE key = ?", [(key,) for key in renamed])
             db.executemany("INSERT OR REPLACE INTO alert_state VALUES (?, ?, ?)", alerts)
+            db.executemany("UPDATE alert_state SET rule = ? WHERE key = ?", unread)
             db.execute("DELETE FROM alert_sent")
             db.executemany(
                 "INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)",
