@@ -447,6 +447,19 @@ def test_a_reload_that_corrects_a_scope_brings_its_gauge_to_1_and_a_new_miss_is_
         daemon.stop()
 
 
+def judged_again(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path, budgets: list[dict], rule: dict
+) -> Daemon:
+    """The daemon started again on the state file, its bills read and its alerts judged twice, five
+    minutes apart (the caller stops it)."""
+    daemon = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    for _ in range(2):
+        frozen.advance(dt.timedelta(minutes=5))
+        daemon.refresh("bills")
+        daemon.alert_cycle()
+    return daemon
+
+
 def test_a_tier_whose_saved_alert_cannot_be_read_fires_again_while_crossed(
     sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
 ) -> None:
@@ -465,12 +478,8 @@ def test_a_tier_whose_saved_alert_cannot_be_read_fires_again_while_crossed(
     first.stop()
     with sqlite3.connect(tmp_path / "state.db") as db:
         db.execute("UPDATE alert_state SET body = 'not json {'")
-    second = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    second = judged_again(sim, clock, frozen, tmp_path, budgets, rule)
     try:
-        for _ in range(2):
-            frozen.advance(dt.timedelta(minutes=5))
-            second.refresh("bills")
-            second.alert_cycle()
         again = [a for a in second.sources.engine.current() if a.state == "firing"]
         assert [a.labels["tier"] for a in again] == ["0.3"]
         assert told(second)[-1]["dedup_key"] == fired["dedup_key"]
@@ -506,12 +515,8 @@ def test_a_damaged_row_beside_a_tier_that_fires_makes_nothing_fire_again(
         bodies = {key: json.loads(body) for key, body in db.execute("SELECT key, body FROM alert_state")}
         (lower,) = [key for key, body in bodies.items() if body["labels"]["tier"] == "0.3"]
         db.execute("UPDATE alert_state SET body = 'not json {' WHERE key = ?", (lower,))
-    second = unit(sim, clock, tmp_path, budgets=budgets, alerts=to_hook(rule))
+    second = judged_again(sim, clock, frozen, tmp_path, budgets, rule)
     try:
-        for _ in range(2):
-            frozen.advance(dt.timedelta(minutes=5))
-            second.refresh("bills")
-            second.alert_cycle()
         after = [(e["status"], e["alerts"][0]["labels"]["tier"]) for e in told(second)]
         assert after == before
         assert [a.labels["tier"] for a in second.sources.engine.current() if a.state == "firing"] == ["0.5"]
