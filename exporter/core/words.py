@@ -19,3 +19,8 @@ def counted(count: int, noun: str, plural: str = "") -> str:
 def line(text: str) -> str:
     """One line of text: control characters (line breaks too) become a space."""
     return _CONTROL.sub(" ", text).strip()
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` if it has at most `limit` characters, else its start and "…" in `limit`."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, Field, SecretStr, model_validator
 
 from exporter.core.fields import Text
 from exporter.core.logs import get_logger
-from exporter.core.words import counted, line
+from exporter.core.words import counted, line, shortened
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind
@@ -125,9 +125,7 @@ def alert_message(event: GroupEvent, external_url: str) -> tuple[str, str, str]:
         headline = f"[{status}] {name}: {alerts[0]['annotations'].get('summary', name)}"
     else:
         headline = f"[{status}] {name}: {counted(total, 'alert')}"
-    subject = line(headline)
-    if len(subject) > SUBJECT:
-        subject = subject[: SUBJECT - 1] + "…"
+    subject = shortened(line(headline), SUBJECT)
     shown = alerts[:ALERTS]
     more = total - len(shown)
     link = f"{external_url}/"

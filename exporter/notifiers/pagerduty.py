@@ -9,6 +9,7 @@ from pydantic import SecretStr
 
 from exporter.core.clock import iso
 from exporter.core.fields import HttpUrl
+from exporter.core.words import shortened
 from exporter.model.events import GroupEvent
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, more
 
@@ -56,7 +57,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
         "source": "inference-cost-exporter",
         "severity": severity if severity in PAGERDUTY_SEVERITIES else "warning",
         "timestamp": iso(first["starts_at"]),
-        "component": _cut({"": first["labels"].get("endpoint_id", first["labels"].get("budget", ""))})[""],
+        "component": shortened(first["labels"].get("endpoint_id", first["labels"].get("budget", "")), DETAIL_CHARS),
         "group": event["alertname"],
         "custom_details": {
             "alerts": [
@@ -74,7 +75,7 @@ def pagerduty_payload(event: GroupEvent, routing_key: str, external_url: str) ->
 
 
 def _cut(values: dict[str, str]) -> dict[str, str]:
-    return {k: v if len(v) <= DETAIL_CHARS else v[: DETAIL_CHARS - 1] + "…" for k, v in values.items()}
+    return {k: shortened(v, DETAIL_CHARS) for k, v in values.items()}
 
 
 def send(notifier: PagerDutyNotifier, entry: OutboxEntry, via: Delivery) -> Attempt:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from exporter.core.clock import days_in_period, first_day
-from exporter.core.words import NO_ENDPOINT, counted
+from exporter.core.words import NO_ENDPOINT, counted, shortened
 from exporter.model.snapshots import MonthBills
 
 TOP_ENDPOINTS = 8
@@ -255,7 +255,7 @@ def _legend(entries: list[tuple[str, str, str]]) -> list[str]:
     column = (WIDTH - LEFT - RIGHT) / LEGEND_COLUMNS
     out = []
     for index, (swatch, label, tooltip) in enumerate(entries):
-        short = label if len(label) <= LEGEND_CHARS else label[: LEGEND_CHARS - 1] + "…"
+        short = shortened(label, LEGEND_CHARS)
         x, y = LEFT + (index % LEGEND_COLUMNS) * column, LEGEND_TOP + (index // LEGEND_COLUMNS) * LEGEND_ROW
         out.append(
             f'<g class="legend" transform="translate({_px(x)},{y})"><title>{_esc(tooltip)}</title>{swatch}'

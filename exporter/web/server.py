@@ -26,6 +26,7 @@ from typing import Any
 
 from exporter.config.schema import ServerConfig
 from exporter.core.logs import get_logger
+from exporter.core.words import shortened
 from exporter.metrics.exposition import GZIP_LEVEL
 from exporter.web.connections import HEADER_DEADLINE, IDLE_DEADLINE, MAX_CONNECTIONS, Connections, Phase, connection_cap
 from exporter.web.credentials import Credentials
@@ -368,7 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, reason: str, **headers: str) -> None:
         """Answer `status` and close the connection: what else the client sent is never read, so it cannot be
         taken for a request of its own. One log line, at info: a client's mistake, or someone probing."""
-        reason = reason if len(reason) <= REASON else reason[: REASON - 1] + "…"  # the stdlib's echo the request line
+        reason = shortened(reason, REASON)  # (the stdlib's echo the request line)
         log.info(
             "http request refused", status=status, reason=reason, address=self.client_address[0],
             request=self.requestline[:200],
