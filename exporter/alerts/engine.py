@@ -246,26 +246,7 @@ class Engine:
             now = self.clock.now().timestamp()
             before = self._transitions
             ids = rule_ids(self.config.rules)
-            # Saved alerts that could not be read go, with who was told of them: judged afresh from
-            # now on, not read (and said) again at every start and reload. (One saved anew since is
-            # its own again.)
-            unreadable = {key: rule for key, rule in self._unreadable.items() if key not in self.alerts}
-            for key in unreadable:
-                self.db.delete_state(db, key)
-            if unreadable:
-                self._sent = {told: at for told, at in self._sent.items() if told[0] not in unreadable}
-            # A budget's tier it held fires again, if still crossed: the highest marked in the period
-            # being judged (a month's, or a day's), when no alert of the rule there can be read (one
-            # that fires holds that tier; one resolved told its tier).
-            current = {self.clock.period(), self.clock.today().isoformat()}
-            for of_rule in set(unreadable.values()):
-                marked: dict[str, list[float]] = {}
-                for period, tier in self.db.tiers_of(db, of_rule):
-                    if period in current:
-                        marked.setdefault(period, []).append(tier)
-                for period, tiers in marked.items():
-                    if not any(a.rule == of_rule and a.period == period for a in self.alerts.values()):
-                        self.db.forget_tiers(db, of_rule, period, [max(tiers)])
+            unreadable = self._drop_unreadable(db)
             # First the alerts whose rule a reload removed: their resolves are queued before what
             # the rules fire now (a rule changed in what it watches, not its labels, is another
             # rule: its alerts of the same labels must reach a receiver after the old ones' resolve).
@@ -297,6 +278,29 @@ class Engine:
         for key in unreadable:  # (gone now: not before the commit, which a failure rolls back)
             self._unreadable.pop(key, None)
         return self._transitions - before
+
+    def _drop_unreadable(self, db: sqlite3.Connection) -> dict[str, str]:
+        """Delete the saved alerts that could not be read (key → rule), with who was told of them:
+        judged afresh from now on, not read (and said) again at every start and reload. (One saved
+        anew since is its own again.) A budget's tier one held fires again, if still crossed: the
+        highest marked in the period being judged (a month's, or a day's), when no alert of the rule
+        there can be read (one that fires holds that tier; one resolved told its tier). Those
+        deleted: forgotten once the transaction commits."""
+        unreadable = {key: rule for key, rule in self._unreadable.items() if key not in self.alerts}
+        for key in unreadable:
+            self.db.delete_state(db, key)
+        if unreadable:
+            self._sent = {told: at for told, at in self._sent.items() if told[0] not in unreadable}
+        current = {self.clock.period(), self.clock.today().isoformat()}
+        for rule in set(unreadable.values()):
+            marked: dict[str, list[float]] = {}
+            for period, tier in self.db.tiers_of(db, rule):
+                if period in current:
+                    marked.setdefault(period, []).append(tier)
+            for period, tiers in marked.items():
+                if not any(a.rule == rule and a.period == period for a in self.alerts.values()):
+                    self.db.forget_tiers(db, rule, period, [max(tiers)])
+        return unreadable
 
     def _computed(self, rid: str, compute: Callable[[], T]) -> T | None:  # (`rid`: an account's part too)
         """`compute()`: a rule's figures, which change no state; None (the rule's alerts keep their

@@ -96,14 +96,14 @@ def cmd_digest(args: argparse.Namespace) -> int:
         # The probe runs and firing alerts are the running daemon's, read from its state file.
         held = peek(config.state.path, *sources.digest_span(today, schedule))
         own, alerts = [], []
-        if held is not None:
+        if held is None:
+            print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
+        else:
             readable, unreadable = saved_alerts(held[1])
             own, alerts = held[0], list(readable.values())
             if unreadable:
                 print(f"note: {len(unreadable)} saved alerts cannot be read, left out: {', '.join(unreadable[:5])}",
                       file=sys.stderr)  # fmt: skip
-        if held is None:
-            print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
         bodies, firing = [], FiringByAccount(lambda: alerts)
         files = files_for(account_ids(config), peek_account_files(config.state.path))
         for name, _ in chosen_ones:

@@ -77,18 +77,14 @@ def _parts_beyond_base(url: str) -> str | None:
     return "a fragment" if fragment else None
 
 
-def _header_text(text: str) -> None:
-    """Text that goes into an HTTP header: printable Latin-1 (a line break inside, or a curly quote
-    pasted in, cannot be sent, and the error would quote it). The value is never told."""
-    if any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in text):
+def _header_value(value: SecretStr) -> SecretStr:
+    """A secret that goes into an HTTP header: printable Latin-1 (a line break inside, or a curly
+    quote pasted in, cannot be sent, and the error would quote it). The value is never told."""
+    if any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in value.get_secret_value()):
         raise ValueError(
             "must be printable text an HTTP header can carry: no line break or control character inside,"
             " no character outside Latin-1 (a curly quote pasted in)"
         )
-
-
-def _header_value(value: SecretStr) -> SecretStr:
-    _header_text(value.get_secret_value())
     return value
 
 

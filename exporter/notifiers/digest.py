@@ -83,15 +83,16 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
         ("Top endpoints", "endpoint_id", d["top_endpoints"]),
         ("Top items", "item", d["top_items"]),
     ):
-        if rows and "change_percent" in rows[0]:  # (the change is each row's, or none's: not known)
-            lines = [
-                f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])} ({_change(r['change_percent'])})" for r in rows
-            ]
-            sections.append((f"{title} (change against {against})", lines))
-        elif rows:
-            sections.append((f"{title} (no change: {against} is not known)", [
-                f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])}" for r in rows
-            ]))  # fmt: skip
+        if not rows:
+            continue
+        known = "change_percent" in rows[0]  # (the change is each row's, or none's: not known)
+        heading = f"{title} (change against {against})" if known else f"{title} (no change: {against} is not known)"
+        lines = [
+            f"{r[key] or NO_ENDPOINT}: {_money(d, r['amount'])}"
+            + (f" ({_change(r['change_percent'])})" if known else "")
+            for r in rows
+        ]
+        sections.append((heading, lines))
     if d["anomalies"]:
         lines = []
         for a in d["anomalies"]:
