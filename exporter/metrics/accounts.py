@@ -12,21 +12,9 @@ from prometheus_client.registry import Collector
 from exporter.alerts.rules import summed_crossing
 from exporter.config.schema import BudgetConfig, PriceConfig
 from exporter.core.clock import Clock
-from exporter.metrics.collectors import budget_families, crossing_families
+from exporter.metrics.collectors import Versions, budget_families, crossing_families
 from exporter.model.snapshots import Latest
 from exporter.sources.budgets import BudgetFigures, figures, scope_matched, summed
-
-
-class Versions(tuple[object, ...]):
-    """The versions of what figures are made from: the same while each is the same object."""
-
-    def same(self, other: object) -> bool:
-        """Each part's version is the same object (a day, compared by value, may be equal ones)."""
-        return (
-            isinstance(other, Versions)
-            and len(other) == len(self)
-            and all(a is b or (isinstance(a, dt.date) and a == b) for a, b in zip(self, other, strict=True))
-        )
 
 
 def shared_parts(
@@ -81,8 +69,7 @@ class SharedBudgetCollector(Collector):
                 *(latest.settled for _, latest, _ in self.accounts),
             ]
         )
-        if self._version is None or not (self._version[0] == current[0] and self._version.same(current)):
-            self._version = current
+        self._version = current.kept(self._version)
         return self._version
 
     def _spans(self, budget: BudgetConfig) -> list[tuple[Latest, Sequence[PriceConfig]]]:

@@ -89,6 +89,23 @@ USAGE_FIELDS = (
 )
 
 
+class Versions(tuple[object, ...]):
+    """The versions of what figures are made from: the same while each is the same object (the
+    exposition caches a block while its version is the same object)."""
+
+    def same(self, other: object) -> bool:
+        """Each part's version is the same object (a day, compared by value, may be equal ones)."""
+        return (
+            isinstance(other, Versions)
+            and len(other) == len(self)
+            and all(a is b or (isinstance(a, dt.date) and a == b) for a, b in zip(self, other, strict=True))
+        )
+
+    def kept(self, before: Versions | None) -> Versions:
+        """`before` while it is the same as these, else these."""
+        return before if before is not None and self.same(before) else self
+
+
 class UsageCollector(Collector):
     """Today's usage (and the day before's), per (endpoint, model[, API key]) as the config says. A
     snapshot counted the other way (a reload toggled `per_api_key`; a refresh of before it still
@@ -102,14 +119,11 @@ class UsageCollector(Collector):
         self.labels = ["endpoint_id", "model", "api_key"] if per_api_key else ["endpoint_id", "model"]
         self.clock = clock
         """The billing day's clock: a snapshot of a day that has ended is not today's."""
-        self._version: tuple[object, ...] = ()
+        self._version: Versions | None = None
 
     def version(self) -> object:
-        """The billing day and the snapshot: the same object while neither changes (the exposition
-        caches a block while its version is the same object)."""
-        today = self.clock.today()
-        if not self._version or self._version[0] != today or self._version[1] is not self.latest.usage:
-            self._version = (today, self.latest.usage)
+        """The billing day and the snapshot: the same object while neither changes."""
+        self._version = Versions((self.clock.today(), self.latest.usage)).kept(self._version)
         return self._version
 
     def _rows(self, snapshot: UsageSnapshot) -> list[tuple[list[str], tuple[Any, ...]]]:
@@ -228,20 +242,14 @@ class BudgetCollector(Collector):
         self.budgets = tuple(budgets)
         self.prices = tuple(prices)
         self.on_usage = any(budget.on_usage for budget in self.budgets)
-        self._version: tuple[object, ...] = ()
+        self._version: Versions | None = None
 
     def version(self) -> object:
-        """The snapshots the figures are made from, as one object while none of them changes (the
-        exposition caches a block while its version is the same object)."""
+        """The snapshots the figures are made from, as one object while none of them changes."""
         latest = self.latest
         today = self.clock.today() if self.clock is not None else None  # a new day ends the day's figures
         current = (today, latest.bills, latest.history, *((latest.usage, latest.settled) if self.on_usage else ()))
-        if (
-            len(current) != len(self._version)
-            or current[0] != self._version[0]
-            or any(a is not b for a, b in zip(current[1:], self._version[1:], strict=True))
-        ):
-            self._version = current
+        self._version = Versions(current).kept(self._version)
         return self._version
 
     def collect(self) -> Iterator[Metric]:
