@@ -25,7 +25,7 @@ from exporter.app.account import (
 )
 from exporter.billing import BillingError, RetryPolicy
 from exporter.config.rules import AnomalyRule
-from exporter.config.schema import ACCOUNT, BudgetConfig, Config, routes
+from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, span
@@ -165,7 +165,7 @@ class Sources:
             sources=lambda: (),
             notifiers=[n.name for n in config.alerts.notifiers if outbox(n) is not None],
             accounts=watched,
-            routes=routes(config.alerts, config.digest.notifiers if config.digest is not None else ()),
+            routes=config.alert_routes(),
         )
         if previous is not None:
             self.engine.routed_anew(previous.engine)

@@ -10,7 +10,7 @@ import sys
 from exporter.alerts.promrules import rule_file
 from exporter.config.load import ConfigError, load_checked
 from exporter.config.rules import rule_ids
-from exporter.config.schema import Config, routes
+from exporter.config.schema import Config
 from exporter.core.words import counted
 from exporter.state.file import location_problem
 
@@ -77,7 +77,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"  account {name}: {account.billing.url}, {counted(len(account.probes), 'probe')}, "
             f"{counted(len(account.budgets), 'budget')}; {_currency(account.billing.currency)}"
         )
-    routed = routes(config.alerts, digest.notifiers if digest else ())
+    routed = config.alert_routes()
     for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
         print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
     return 0

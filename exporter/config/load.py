@@ -24,7 +24,7 @@ from pydantic import (
 
 from exporter.config.checks import cross_check, items, location, rule_name
 from exporter.config.rules import label_twins, rule_ids, twin_rules
-from exporter.config.schema import Config, keys_at, routes, secret_fields
+from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.decimals import WrittenFloat
 from exporter.core.fields import url_password
 from exporter.core.logs import MASK, get_logger
@@ -331,7 +331,7 @@ def _alike_to_alertmanager(config: Config, document: dict[str, Any]) -> list[str
     """Rules whose alerts can have the same labels (`label_twins`) and go to one `alertmanager`
     notifier: it would take the one's alert for the other's, and never notify the second."""
     rules = config.alerts.rules
-    routed = routes(config.alerts, config.digest.notifiers if config.digest is not None else ())
+    routed = config.alert_routes()
     ids = rule_ids(rules)
     managers = {n.name for n in config.alerts.notifiers if n.type == "alertmanager"}
     errors = []

@@ -448,6 +448,10 @@ class Config(Strict):
         """The config lists `accounts`: every series and alert of an account carries its name."""
         return bool(self.accounts)
 
+    def alert_routes(self) -> dict[str, tuple[str, ...]]:
+        """Per rule id, the notifiers its alerts go to (`routes`, the digest's notifiers taken out)."""
+        return routes(self.alerts, self.digest.notifiers if self.digest is not None else ())
+
     def account_configs(self) -> tuple[tuple[str, Config], ...]:
         """Each account's name and its config as one account's (`billing`, `inference`, `probes`,
         `prices`, and the budgets it alone is measured on); the name is empty without `accounts`."""
