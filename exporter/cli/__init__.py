@@ -281,27 +281,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
     if args.command not in _SERVING:
         signal.signal(signal.SIGTERM, _terminate)
+    said = f"inference-cost-exporter: {f'export {args.format}' if args.command == 'export' else args.command}:"
     try:
         status = int(command(args))
         if sys.stdout is not None:  # (None when started without one: `>&-`)
             sys.stdout.flush()  # (here, not at the exit: a write that fails is told as one)
         return status
     except BrokenPipeError:  # the reader went away (`check | head -1`): what is left goes nowhere, quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush too)
+        _output_nowhere()
         return 1
     except OSError as error:  # the output itself (a full disk): one line, not a traceback
         if error.filename is not None or error.errno not in _OUTPUT_FAULTS:
             raise
-        command = f"export {args.format}" if args.command == "export" else args.command
-        print(f"inference-cost-exporter: {command}: cannot write its output: {error.strerror}", file=sys.stderr)
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush goes nowhere)
+        print(f"{said} cannot write its output: {error.strerror}", file=sys.stderr)
+        _output_nowhere()
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, as for any other stop (an output file is left as it was)
-        command = f"export {args.format}" if args.command == "export" else args.command
-        print(f"inference-cost-exporter: {command}: interrupted", file=sys.stderr)
+        print(f"{said} interrupted", file=sys.stderr)
         return 130
     except Terminated:  # the same for SIGTERM (a timeout, `kill`): a partial output file is removed too
-        command = f"export {args.format}" if args.command == "export" else args.command
-        print(f"inference-cost-exporter: {command}: terminated", file=sys.stderr)
+        print(f"{said} terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+
+
+def _output_nowhere() -> None:
+    """Standard output to /dev/null: the exit's flush of what is left goes nowhere."""
+    with contextlib.suppress(OSError):
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, sys.stdout.fileno())
+        os.close(nowhere)
