@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -33,7 +32,7 @@ from exporter.core.clock import Clock
 from exporter.core.deadline import Deadline
 from exporter.core.logs import get_logger
 from exporter.core.net import network_cause, retry_after, timed_out
-from exporter.core.watched import WatchedAdapter, watching
+from exporter.core.watched import Cuts, WatchedAdapter, watching
 from exporter.core.words import counted
 
 log = get_logger(__name__)
@@ -128,11 +127,8 @@ class BillingClient(Listings):
         self._not_before: dict[str, float] = {}
         """Per listing (`bills`, `usages`), when the API said it may be asked again (monotonic
         seconds): a wait of up to MAX_RETRY_AFTER is waited out, a longer one refused (`AskedToWait`)."""
-        self._exchanges: set[Deadline] = set()
-        """A deadline over each request on the wire (`_attempt`), which `close` fires."""
-        self._exchanges_lock = threading.Lock()
-        self._cutting = False
-        """Whether `close` cuts the requests on the wire (and so any about to go)."""
+        self._cuts = Cuts()
+        """A deadline over each request on the wire (`_exchange`), which a `close` that cuts fires."""
         self._arrivals: set[SimpleQueue[Future[Any] | None]] = set()
         """The queues pages arrive in, one per read under way (`_many`): a close puts None in each,
         so that a read waiting on pages wakes at once (cancelled pages would wake it too, but not
@@ -175,11 +171,7 @@ class BillingClient(Listings):
         to wait (`Retry-After`) still holds the client it made (`carry_over`)."""
         self._closed.set()
         if cut:
-            with self._exchanges_lock:
-                self._cutting = True
-                exchanges = list(self._exchanges)
-            for exchange in exchanges:
-                exchange.fire()
+            self._cuts.cut()
         for arrivals in list(self._arrivals):
             arrivals.put(None)
         self._pool.shutdown()
@@ -296,13 +288,8 @@ class BillingClient(Listings):
         each read, and a server dripping its answer a byte at a time would hold the page for ever):
         a `Deadline` over the exchange shuts its socket down when that passes, or when `close` fires
         it (`_Cut`)."""
-        exchange, copies = Deadline(self.timeout), list[socket.socket]()
-        with self._exchanges_lock:
-            self._exchanges.add(exchange)
-            cut = self._cutting
-        try:
-            if cut:  # (closed, cutting, since this request last looked)
-                exchange.fire()
+        exchange = Deadline(self.timeout)
+        with self._cuts.over(exchange) as copies:
             try:
                 with watching((exchange,), (exchange,), copies):
                     response = self._session.send(request, timeout=self.timeout, stream=True)
@@ -315,12 +302,6 @@ class BillingClient(Listings):
                 response.close()
                 raise _Cut()
             return response, body
-        finally:
-            exchange.stop()  # (before the copies are closed: see Deadline.stop)
-            with self._exchanges_lock:
-                self._exchanges.discard(exchange)
-            for copy in copies:
-                copy.close()
 
     def _prepare(self, path: str, params: dict[str, str | int]) -> requests.PreparedRequest:
         return self._session.prepare_request(requests.Request("GET", self.base_url + path, params=params))

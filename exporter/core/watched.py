@@ -46,6 +46,44 @@ def watching(
         _WATCHING.copies = None
 
 
+class Cuts:
+    """The deadlines over a client's exchanges in flight, which `cut` fires (the client closed): each
+    is held while its exchange lasts (`over`), and one that comes after the cut fires at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[Deadline] = set()
+        self.cutting = False
+        """Whether `cut` has been called."""
+
+    def cut(self) -> None:
+        """Fire every deadline held, and any held from now on."""
+        with self._lock:
+            self.cutting = True
+            live = list(self._live)
+        for deadline in live:
+            deadline.fire()
+
+    @contextmanager
+    def over(self, deadline: Deadline) -> Iterator[list[socket.socket]]:
+        """Hold `deadline` over an exchange; the list of copies to give `watching`, closed at the end,
+        after the deadline is stopped (a closed descriptor's number may be another file's)."""
+        copies: list[socket.socket] = []
+        with self._lock:
+            self._live.add(deadline)
+            cutting = self.cutting
+        try:
+            if cutting:  # (cut since the exchange last looked)
+                deadline.fire()
+            yield copies
+        finally:
+            deadline.stop()
+            with self._lock:
+                self._live.discard(deadline)
+            for copy in copies:
+                copy.close()
+
+
 def plain_socket(sock: Any) -> socket.socket | None:
     """What a deadline shuts down of a connection's `sock`: itself, or, for TLS inside TLS (an
     HTTPS endpoint through an HTTPS proxy), the socket under urllib3's `SSLTransport`, which is no

@@ -32,7 +32,7 @@ from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
-from exporter.core.watched import WatchedAdapter, watching
+from exporter.core.watched import Cuts, WatchedAdapter, watching
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
     E2E_BUCKETS,
@@ -303,20 +303,14 @@ class HTTPChat:
         self._session.auth = _Bearer(inference.api_key.get_secret_value())
         self._session.headers["User-Agent"] = f"inference-cost-exporter/{__version__}"
         self._connect = connect_timeout(probe)
-        self._cuts: set[Deadline] = set()
+        self._cuts = Cuts()
         """A Deadline over each request in flight, which `close` fires."""
-        self._closed = False
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Release the connections, and end a request in flight at once (ClientClosed): the probe a
         reload put in this one's place runs without waiting for this one's deadline (minutes, it may
         be, on an endpoint that hangs)."""
-        with self._lock:
-            self._closed = True
-            cuts = list(self._cuts)
-        for cut in cuts:
-            cut.fire()
+        self._cuts.cut()
         self._session.close()
 
     @contextmanager
@@ -328,44 +322,34 @@ class HTTPChat:
         # urllib3 takes the time connecting took off the read timeout.
         # (requests' adapter takes urllib3's Timeout as it is, though its stubs do not say so)
         timeout: Any = urllib3.Timeout(connect=min(self._connect, wait), read=wait, total=wait)
+        if self._cuts.cutting:
+            raise ClientClosed(CLOSED)
         cut = Deadline()
-        copies: list[Any] = []
-        with self._lock:
-            if self._closed:
-                raise ClientClosed(CLOSED)
-            self._cuts.add(cut)
-        try:
-            with self._cut_ends_it(cut):
-                headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
-                try:
-                    with watching((headers, cut), (cut,), copies):
-                        response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
-                except requests.ConnectTimeout:
-                    raise ProbeFailure("timeout_connect", "connecting timed out") from None
-                except requests.ReadTimeout:
+        with self._cuts.over(cut) as copies, self._cut_ends_it(cut):
+            headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
+            try:
+                with watching((headers, cut), (cut,), copies):
+                    response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
+            except requests.ConnectTimeout:
+                raise ProbeFailure("timeout_connect", "connecting timed out") from None
+            except requests.ReadTimeout:
+                raise Silence(self._clock()) from None
+            except requests.RequestException as error:
+                if headers.fired:  # (cut at the deadline, the headers still coming)
                     raise Silence(self._clock()) from None
-                except requests.RequestException as error:
-                    if headers.fired:  # (cut at the deadline, the headers still coming)
-                        raise Silence(self._clock()) from None
-                    raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
-                except (ValueError, UnicodeError) as error:  # (a redirect to no address: requests' own error)
-                    raise ProbeFailure("connection", f"the request could not be made ({error})") from None
+                raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
+            except (ValueError, UnicodeError) as error:  # (a redirect to no address: requests' own error)
+                raise ProbeFailure("connection", f"the request could not be made ({error})") from None
+            finally:
+                headers.stop()
+            if headers.fired:  # (cut as the last of them came)
+                response.close()
+                raise Silence(self._clock())
+            with response:  # (its socket watched by `cut` since the request went: `watching`)
+                try:
+                    yield response.status_code, self._arrivals(response, deadline, cut)
                 finally:
-                    headers.stop()
-                if headers.fired:  # (cut as the last of them came)
-                    response.close()
-                    raise Silence(self._clock())
-                with response:  # (its socket watched by `cut` since the request went: `watching`)
-                    try:
-                        yield response.status_code, self._arrivals(response, deadline, cut)
-                    finally:
-                        cut.stop()  # (before the connection goes back to the pool, or is closed)
-        finally:
-            cut.stop()
-            with self._lock:
-                self._cuts.discard(cut)
-            for copy in copies:
-                copy.close()
+                    cut.stop()  # (before the connection goes back to the pool, or is closed)
 
     @staticmethod
     @contextmanager
