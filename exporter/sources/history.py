@@ -235,22 +235,27 @@ class HistorySource:
             )
         return held
 
+    def _loaded(self) -> dict[str, MonthHistory]:
+        """The months the state file holds, read from it once (StateError or ValueError when it
+        cannot be read), then kept here."""
+        with self._reading:
+            if self._held is None:
+                self._held = self._stored()
+            return self._held
+
     def held(self) -> HistorySnapshot | None:
         """The past months as the state file holds them, for what reads the history before its
         first refresh in this process (the bills' forecast at start-up); None when it holds none
         (or cannot be read: the history's refresh says why). A month saved before it ended is not
         held (`_whole_months`)."""
-        with self._reading:
-            if self._held is None:
-                if self._unreadable:
-                    return None
-                try:
-                    self._held = self._stored()
-                except (StateError, ValueError) as error:  # (a bills refresh does not fail for it)
-                    self._unreadable = True  # (said once; the history's refresh tries again, and says why)
-                    log.warning("history held in the state file not read", error=str(error)[:200])
-                    return None
-            held = self._held
+        if self._held is None and self._unreadable:
+            return None
+        try:
+            held = self._loaded()
+        except (StateError, ValueError) as error:  # (a bills refresh does not fail for it)
+            self._unreadable = True  # (said once; the history's refresh tries again, and says why)
+            log.warning("history held in the state file not read", error=str(error)[:200])
+            return None
         periods = periods_before(self.clock.period(), self.months)
         months = _whole_months(held, periods)
         return HistorySnapshot(MappingProxyType(months)) if months else None
@@ -264,10 +269,7 @@ class HistorySource:
         today = self.clock.today()
         current = self.clock.period(today)
         periods = periods_before(current, self.months)
-        with self._reading:
-            if self._held is None:
-                self._held = self._stored()
-            held = self._held
+        held = self._loaded()
         due = [
             period
             for period in [*periods, current]
