@@ -304,7 +304,8 @@ class Daemon:
         with self._busy(), self._alerts_lock:
             if self._stopping.is_set():  # the state file is about to close
                 return
-            fresh = ready(self.view)[0]  # (before: figures that come during it were not judged on)
+            # (before: figures that come during it were not judged on; only until the first judgement)
+            fresh = self.dispatcher.awaiting_judgement and ready(self.view)[0]
             try:
                 changes = self.sources.engine.evaluate()
             except StateError as error:
@@ -318,7 +319,8 @@ class Daemon:
             if self._alerts_error:
                 log.info("alert evaluation recovered")
                 self._alerts_error = ""
-            first = fresh and self.dispatcher.judged()  # (on what readiness waits for: not usage's alone)
+            if fresh:  # (on what readiness waits for: not usage's alone)
+                self.dispatcher.judged()
         try:  # the alerts' series rendered here if they changed, not in the next scrape
             sources = self.sources  # (one reload's: the exposition and its collector together)
             sources.exposition.prepare(only=sources.alerts_collector)
@@ -326,7 +328,7 @@ class Daemon:
             log.exception("rendering the alerts' series crashed")
         self.digest_cycle()
         self.dispatcher.poke()
-        if changes or first:
+        if changes:
             self.dispatcher.resend()
 
     def digest_cycle(self) -> bool:

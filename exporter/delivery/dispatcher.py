@@ -284,7 +284,7 @@ class Dispatcher:
         self._running = True
         self._start_workers()
         if not self._judged.is_set():  # (what is held goes when JUDGED_WAIT has passed, not at a worker's next turn)
-            self._judged_wait = threading.Timer(JUDGED_WAIT, self._judged_or_not)
+            self._judged_wait = threading.Timer(JUDGED_WAIT, self.judged)  # (what is held goes, judged or not)
             self._judged_wait.daemon = True
             self._judged_wait.start()
 
@@ -312,18 +312,18 @@ class Dispatcher:
             if (notifier := self._notifiers.get(name)) is None or outbox(notifier) is not None:
                 worker.poke()
 
-    def _judged_or_not(self) -> None:
-        """JUDGED_WAIT has passed: what is held is sent, judged or not."""
-        if self.judged():
-            self.resend()
+    @property
+    def awaiting_judgement(self) -> bool:
+        """Whether the kinds that are resent still wait for the first judgement (`judged`)."""
+        return not self._judged.is_set()
 
-    def judged(self) -> bool:
+    def judged(self) -> None:
         """The alerts have been evaluated on the figures readiness waits for (`web.views.ready`:
-        with one account, its bills and usage refreshed): the kinds that are resent may send them.
-        True the first time (the caller has them resent now)."""
-        first = not self._judged.is_set()
-        self._judged.set()
-        return first
+        with one account, its bills and usage refreshed): the kinds that are resent may send them,
+        and the first time they do at once."""
+        if not self._judged.is_set():
+            self._judged.set()
+            self.resend()
 
     def resend(self) -> None:
         """Alert states changed: the workers of the kinds that are resent send everything now, not
