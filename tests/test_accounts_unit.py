@@ -1022,19 +1022,23 @@ def test_an_account_renamed_onto_a_name_whose_account_the_same_reload_takes_out_
         daemon.stop()
 
 
-def test_on_the_first_each_account_s_digest_tells_how_the_organisation_budget_ended_the_month(
-    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+@pytest.mark.parametrize(("schedule", "sent_on"), [("daily", dt.date(2026, 12, 1)), ("weekly", dt.date(2026, 12, 7))])
+def test_each_account_s_digest_tells_how_the_organisation_budget_ended_the_month(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path, schedule: str, sent_on: dt.date
 ) -> None:
     """As an account's own monthly budget: the month that ended against the amount, summed over
-    the accounts it spans, beside the new month as it stands."""
-    frozen.set(clock.at(dt.date(2026, 12, 1), 10, 0))
+    the accounts it spans, beside the new month as it stands; on the 1st, or in the weekly digest
+    of the week that ran into the new month (November held in the grace days, for the test)."""
+    frozen.set(clock.at(sent_on, 10, 0))
     ended = sum((sim.bill_totals("2026-11")["total"] for sim in sims.values()), Decimal(0))
     doc = document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "100000"}])
+    for account in doc["accounts"]:
+        account["billing"]["previous_month_grace_days"] = 7
     daemon = daemon_on(sims, clock, doc)
     try:
         assert refresh_all(daemon) == [True, True, True]
         for name in NAMES:
-            body = daemon.sources.digest(dt.date(2026, 12, 1), "daily", "", account=name)
+            body = daemon.sources.digest(sent_on, schedule, "", account=name)
             (line,) = [b for b in body["budgets"] if b["budget"] == "org" and "of" in b]
             assert (line["of"], line["accounts"]) == ("2026-11", list(NAMES))
             assert line["used_ratio"] == round(float(ended / 100000), 4)

@@ -179,6 +179,45 @@ def test_on_the_first_the_month_that_ended_is_told_against_each_monthly_budget()
     assert f"monthly (2026-11, ended, 4000): used {float(total / 4000):.0%}" in text(d)
 
 
+@pytest.mark.parametrize(
+    ("sent_on", "ended"),
+    [
+        (dt.date(2026, 12, 7), "2026-11"),  # the week of Nov 30 to Dec 6: it ran into December
+        (dt.date(2026, 11, 30), None),  # Nov 23 to 29: no month ended in it
+        (dt.date(2026, 12, 14), None),  # Dec 7 to 13
+    ],
+)
+def test_a_weekly_digest_tells_how_the_month_its_week_ended_ended(sent_on: dt.date, ended: str | None) -> None:
+    """Not only when Monday is the 1st: a week that runs into a new month tells the month before's
+    total and its monthly budgets' use, beside the new month as it stands."""
+    november = month(days=30)
+    assert november.bills is not None
+    finished = replace(november.bills.current, forecast=november.bills.current.month_to_date)
+    days = {dt.date(2026, 12, d): Decimal(40) for d in range(1, 14)}
+    december = MonthBills("2026-12", tuple(amounts("ep-a", days)), tuple(amounts("ITEM_PROMPT_TOKEN", days)),
+                          Decimal(520), Decimal(1240), Decimal(40))  # fmt: skip
+    latest = Latest()
+    latest.bills = BillsSnapshot((december, finished), sent_on)
+    budget = BudgetConfig(name="monthly", amount=Decimal(4000))
+    d = build(latest, schedule="weekly", sent_on=sent_on, budgets=[budget])
+    told = [b for b in d["budgets"] if "of" in b]
+    rendered = [text(d), html(d), json.dumps(slack(d))]
+    if ended is None:
+        assert (told, d.get("ended")) == ([], None)
+        assert not [r for r in rendered if "ended" in r]
+        return
+    total = finished.month_to_date
+    assert d["period"] == "2026-12"
+    assert d["ended"] == {"period": ended, "total": f"{total:.2f}"}
+    ratio = round(float(total / 4000), 4)
+    assert told == [{"budget": "monthly", "period": "month", "of": ended, "amount": "4000",
+                     "used_ratio": ratio, "forecast_ratio": ratio}]  # fmt: skip
+    assert [b["so_far"] for b in d["budgets"] if "of" not in b] == ["2026-12"]  # and December's, as it stands
+    for r in rendered:
+        assert f"Month {ended} ended: {total:.2f}" in r
+        assert f"monthly ({ended}, ended, 4000): used {float(total / 4000):.0%}" in r
+
+
 def test_on_the_first_the_month_that_ended_has_no_forecast_once_its_bills_are_no_longer_held() -> None:
     november = month(days=30)
     assert november.bills is not None

@@ -28,7 +28,7 @@ from exporter.config.rules import AnomalyRule
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, span
+from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, ended_month, span
 from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
 from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.assembled import AssembledExposition
@@ -339,18 +339,20 @@ class Sources:
 
     # -- the digest --
 
-    def _shared_budgets(self, account: str, period: str) -> list[SharedBudget]:
+    def _shared_budgets(self, account: str, ended: str | None) -> list[SharedBudget]:
         """The budgets spanning `account` and others, each with its figures in every account it spans
-        (as `/metrics` has them), their names, and what they spent in `period` (the digest's month):
-        for the account's digest."""
+        (as `/metrics` has them), their names, and what they spent in `ended` (the month the digest's
+        span ended, None for none): for the account's digest."""
         today = self.clock.today()
         found: list[SharedBudget] = []
         for budget in self.config.shared_budgets:
             names = tuple(n for n in self.accounts if budget.spans(n))
             if account in names:
                 spans = [(self.accounts[n].latest, self.accounts[n].config.prices) for n in names]
-                each = [month_spent(budget.in_account(), self.accounts[n].latest, period) for n in names]
-                spent = None if None in each else sum((s for s in each if s is not None), Decimal(0))
+                spent: Decimal | None = None
+                if ended is not None:
+                    each = [month_spent(budget.in_account(), self.accounts[n].latest, ended) for n in names]
+                    spent = None if None in each else sum((s for s in each if s is not None), Decimal(0))
                 found.append((budget, shared_parts(budget, spans, today), names, spent))
         return found
 
@@ -426,7 +428,7 @@ class Sources:
         if settled is None:
             settled = self.digest_settled(sent_on, schedule, account)[0]
         anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
-        shared = self._shared_budgets(account, f"{span(schedule, sent_on)[1]:%Y-%m}")
+        shared = self._shared_budgets(account, ended_month(schedule, sent_on))
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,

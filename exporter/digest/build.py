@@ -71,6 +71,14 @@ def span(schedule: str, sent_on: dt.date) -> tuple[dt.date, dt.date]:
     return (day - dt.timedelta(days=6) if schedule == "weekly" else day), day
 
 
+def ended_month(schedule: str, sent_on: dt.date) -> str | None:
+    """The month whose last day the digest sent on `sent_on` summarises ("YYYY-MM"), told how it
+    ended: a daily digest's on the 1st, a weekly one's whose seven days end a month or run into the
+    next; None for the others (a span of seven days ends at most one month)."""
+    first, day = span(schedule, sent_on)
+    return f"{first:%Y-%m}" if f"{first:%Y-%m}" != f"{day + dt.timedelta(days=1):%Y-%m}" else None
+
+
 def _money(amount: Decimal | None) -> str | None:
     return None if amount is None else f"{amount.quantize(CENT):f}"
 
@@ -83,8 +91,8 @@ def _percent(now: Decimal, before: Decimal | None) -> float | None:
 
 SharedBudget = tuple[BudgetConfig, Sequence[BudgetFigures] | None, tuple[str, ...], Decimal | None]
 """A budget that spans several accounts, its figures in each (None: one of them has none yet), the
-accounts it spans, and what they spent in the digest's month by the bills held (None: not held in
-every one of them), which a digest on the 1st tells for the month that ended."""
+accounts it spans, and what they spent in the month the digest's span ended (`ended_month`) by the
+bills held (None: no month ended, or it is not held in every one of them)."""
 
 
 def _ended(budget: BudgetConfig, period: str, spent: Decimal) -> dict[str, Any]:
@@ -255,16 +263,17 @@ def build(
         "probes": [],
         "url": url,
     }
-    month_ended = current is not None and current.period > period  # (the 1st: the month summarised has ended)
+    ended = ended_month(schedule, sent_on)
+    if ended is not None and ended != period:  # (a week that ran into a new month: the one it ended)
+        digest["ended"] = {"period": ended, "total": _money(_month_total(latest, ended))}
     for budget in budgets:
-        ended = month_spent(budget, latest, period) if month_ended else None
-        if budget.period == "month" and ended is not None:
-            digest["budgets"].append(_ended(budget, period, ended))
+        if ended is not None and budget.period == "month" and (spent := month_spent(budget, latest, ended)) is not None:
+            digest["budgets"].append(_ended(budget, ended, spent))
         found = figures(budget, latest, prices)
         digest["budgets"].append(_budget(budget, found, found.crossing(budget.amount) if found is not None else None))
-    for budget, parts, accounts, spent in shared:
-        if budget.period == "month" and month_ended and spent is not None:
-            digest["budgets"].append(_ended(budget, period, spent) | {"accounts": list(accounts)})
+    for budget, parts, accounts, spent in shared:  # (spent: in the month `ended`, None with none)
+        if budget.period == "month" and ended is not None and spent is not None:
+            digest["budgets"].append(_ended(budget, ended, spent) | {"accounts": list(accounts)})
         total, crosses = (summed(parts), summed_crossing(parts, budget.amount)) if parts else (None, None)
         digest["budgets"].append(_budget(budget, total, crosses) | {"accounts": list(accounts)})
     anomalous = [(rule, f) for rule in anomalies for f in judge_groups(rule, bills, *days) if f.judgement.anomalous]

@@ -75,6 +75,8 @@ def _sections(d: Mapping[str, Any]) -> list[tuple[str, list[str]]]:
     spend.append(f"Month to date ({d['period']}): {_money(d, d['month_to_date']) or unknown}")
     if d["forecast"] is not None:
         spend.append(f"Forecast for {d['period']}: {_money(d, d['forecast'])}")
+    if ended := d.get("ended"):  # (a week that ran into a new month: how the one before ended)
+        spend.append(f"Month {ended['period']} ended: {_money(d, ended['total']) or unknown}")
     sections = [("Spend", spend)]
     if d["budgets"]:
         sections.append(("Budgets as they stand now", [_budget(d, b) for b in d["budgets"]]))
