@@ -639,6 +639,33 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
             tls.close()
 
 
+@pytest.mark.parametrize("where", ["TLS handshake", "proxy CONNECT"])
+def test_a_deadline_passed_while_connecting_is_a_timeout_connecting(
+    ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A TLS server that never answers the handshake, an HTTPS proxy that never answers CONNECT:
+    the run ends at its first-token or whole deadline, as `timeout_connect` (the request was never
+    sent), not as a wait for the answer's first token."""
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    monkeypatch.setattr(probe_module, "connect_timeout", lambda probe: 120.0)  # (the run's deadline ends it)
+    held: list[socket.socket] = []
+    with each_connection(held.append) as address:
+        url = f"https://{address}"
+        if where == "proxy CONNECT":
+            monkeypatch.setenv("HTTPS_PROXY", f"http://{address}")
+            monkeypatch.setenv("NO_PROXY", "")
+            url = "https://inference.example"
+        try:
+            for deadlines in ({"first_token_timeout": "1s", "timeout": "4s"}, {"stream": False, "timeout": "1s"}):
+                last = runner_for(url, **deadlines).run().last
+                assert (last.reason, last.time_to_first_token) == ("timeout_connect", None)
+                assert last.duration < 3.5  # (1 s)
+        finally:
+            for connection in held:
+                connection.close()
+
+
 def test_headers_dripped_a_byte_at_a_time_end_at_the_requests_deadline() -> None:
     """A server that sends its status line, then a header a byte every 0.2 s (each read well within
     its timeout), for up to 20 s: the run ends at its 2 s deadline, not when the server is done."""

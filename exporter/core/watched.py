@@ -27,23 +27,33 @@ connection's socket from the moment its answer is awaited; `connecting`: those t
 connection's socket from the moment it is made, through a copy of it (`copies`)."""
 
 
+class Exchange:
+    """How far the request made under `watching` got."""
+
+    sent = False
+    """Whether it was sent: its connection made (a proxy's CONNECT and the TLS handshake too) and the
+    request written, its answer awaited. A deadline that fired before is one of connecting."""
+
+
 @contextmanager
 def watching(
     answer: Sequence[Deadline], connecting: Sequence[Deadline] = (), copies: list[socket.socket] | None = None
-) -> Iterator[None]:
+) -> Iterator[Exchange]:
     """While a request is made in this thread through a `WatchedAdapter`: each of `answer` watches
     its connection's socket (a kept-alive connection's too) from the moment the request is sent, and
     each of `connecting` a new connection's from the moment it is made, through a copy (`dup`: the
     same connection under a descriptor of its own) put in `copies`, since the TLS handshake or a
     proxy's CONNECT wraps the socket made in another. The caller closes the copies once those
     deadlines are stopped (`Deadline.stop`: a closed descriptor's number may be another file's)."""
+    exchange = Exchange()
     _WATCHING.answer, _WATCHING.connecting = tuple(answer), tuple(connecting)
     _WATCHING.copies = copies if copies is not None else []
+    _WATCHING.exchange = exchange
     try:
-        yield
+        yield exchange
     finally:
         _WATCHING.answer = _WATCHING.connecting = ()
-        _WATCHING.copies = None
+        _WATCHING.copies = _WATCHING.exchange = None
 
 
 class Cuts:
@@ -130,6 +140,8 @@ class _Watched:
         self.kept = self.sock  # type: ignore[attr-defined]
 
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        if (exchange := getattr(_WATCHING, "exchange", None)) is not None:
+            exchange.sent = True
         answer: tuple[Deadline, ...] = getattr(_WATCHING, "answer", ())
         if answer and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
             for deadline in answer:

@@ -32,7 +32,7 @@ from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
 from exporter.core.logs import MASK, get_logger
 from exporter.core.net import network_cause
-from exporter.core.watched import Cuts, WatchedAdapter, watching
+from exporter.core.watched import Cuts, Exchange, WatchedAdapter, watching
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot
 from exporter.sources.probe_answer import (
     E2E_BUCKETS,
@@ -276,6 +276,7 @@ def shown_url(url: str) -> str:
 
 
 CLOSED = "the probe's client was closed (config reload or shutdown)"
+CONNECTING = "connecting timed out (TCP, a proxy's CONNECT or the TLS handshake)"
 
 
 class _Bearer(requests.auth.AuthBase):
@@ -327,16 +328,17 @@ class HTTPChat:
         cut = Deadline()
         with self._cuts.over(cut) as copies, self._cut_ends_it(cut):
             headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
+            exchange = Exchange()
             try:
-                with watching((headers, cut), (cut,), copies):
+                with watching((headers, cut), (cut,), copies) as exchange:
                     response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
             except requests.ConnectTimeout:
-                raise ProbeFailure("timeout_connect", "connecting timed out") from None
+                raise ProbeFailure("timeout_connect", CONNECTING) from None
             except requests.ReadTimeout:
-                raise Silence(self._clock()) from None
+                raise self._silence(exchange) from None
             except requests.RequestException as error:
                 if headers.fired:  # (cut at the deadline, the headers still coming)
-                    raise Silence(self._clock()) from None
+                    raise self._silence(exchange) from None
                 raise ProbeFailure("connection", f"connection failed ({network_cause(error)})") from None
             except (ValueError, UnicodeError) as error:  # (a redirect to no address: requests' own error)
                 raise ProbeFailure("connection", f"the request could not be made ({error})") from None
@@ -350,6 +352,13 @@ class HTTPChat:
                     yield response.status_code, self._arrivals(response, deadline, cut)
                 finally:
                     cut.stop()  # (before the connection goes back to the pool, or is closed)
+
+    def _silence(self, exchange: Exchange) -> Exception:
+        """The deadline passed before the headers came: still connecting (a TLS handshake or a
+        proxy's CONNECT that does not end), or once the request was sent."""
+        if not exchange.sent:
+            return ProbeFailure("timeout_connect", CONNECTING)
+        return Silence(self._clock())
 
     @staticmethod
     @contextmanager
