@@ -38,7 +38,7 @@ from tests.daemon_fakes import (
 )
 from tests.fakes import chat_runner
 from tests.helpers import logged, named, value, wait_for
-from tests.test_accounts_unit import AccountsBilling
+from tests.test_accounts_unit import AccountsBilling, AddressedBilling
 from tests.test_alerts import to_hook
 from tests.test_probe import CHAT
 from tests.test_reconcile import PRICES, billed_week
@@ -227,6 +227,90 @@ def test_a_probe_run_more_often_keeps_its_counts_and_one_on_another_model_starts
         assert daemon.reload()
         assert daemon.refresh("probe:x")
         assert runs() == {beta: 1.0}
+    finally:
+        daemon.stop()
+
+
+def test_the_digest_counts_a_probe_s_runs_of_what_it_measures_now(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As its metrics do: a reload that moves a probe to another endpoint, or a restart that finds
+    it moved, forgets its runs in the state file; one that only changes how often or how long it
+    runs keeps them, and so does taking it out and putting it back as it was."""
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+    path = tmp_path / "config.yaml"
+
+    def document(model: str | None, interval: str = "1h", timeout: str = "30s") -> dict:
+        probes = [{"name": "x", "model": model, "interval": interval, "timeout": timeout}] if model else []
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
+            "probes": [*probes, {"name": "other", "model": beta}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    def runs_told(daemon: Daemon) -> dict[str, int]:
+        body = daemon.sources.digest(clock.today() + dt.timedelta(days=1), "daily", "")
+        return {line["probe"]: line["runs"] for line in body["probes"]}
+
+    daemon = reloadable(sim, clock, path, document(alpha))
+    try:
+        for source in ("probe:x", "probe:x", "probe:other"):
+            assert daemon.refresh(source)
+        for changed in (document(alpha, "5m", "10s"), document(None), document(alpha)):
+            write(path, changed)
+            assert daemon.reload()
+            assert runs_told(daemon) == {"x": 2, "other": 1}  # (taken out, its runs are told still)
+        write(path, document(beta))
+        assert daemon.reload()
+        assert runs_told(daemon) == {"x": 0, "other": 1}
+        assert daemon.refresh("probe:x")
+        assert runs_told(daemon) == {"x": 1, "other": 1}
+    finally:
+        daemon.stop()
+    write(path, document(alpha))  # (moved back while the exporter was down)
+    daemon = unit_daemon(validate(document(alpha), {}), sim, clock, config_path=path)
+    try:
+        assert runs_told(daemon) == {"x": 0, "other": 1}
+    finally:
+        daemon.stop()
+
+
+def test_a_reload_to_another_address_counts_the_history_fresh_only_once_fetched_there(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The months of the address before are forgotten, and so is their freshness: the history's
+    last success is not shown (its age counts from the reload) until it is fetched at the new
+    address, and a fetch at the old one still in flight across the reload records nothing."""
+    path = tmp_path / "config.yaml"
+
+    def at(url: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=1, url=url),
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    def history_success() -> dict[str, float]:
+        found = named(metrics(daemon), "inference_exporter_last_refresh_success_timestamp_seconds")
+        return {dict(labels)["source"]: v for labels, v in found.items() if dict(labels)["source"] == "history"}
+
+    write(path, at(f"{NOWHERE}/a"))
+    daemon = unit_daemon(
+        validate(at(f"{NOWHERE}/a"), {}), sim, clock, config_path=path, billing=AddressedBilling({"": sim})
+    )
+    try:
+        assert daemon.refresh("bills")
+        assert daemon.refresh("history")
+        assert list(history_success()) == ["history"]
+        held = daemon.sources.one.history
+        reload_in_flight(daemon, "history", held, "refresh", path, at(f"{NOWHERE}/b"))
+        assert daemon.latest.history is None
+        assert history_success() == {}
+        assert daemon.latest.waiting_since("history") == clock.now().timestamp()
+        assert daemon.refresh("history")
+        assert daemon.latest.history is not None
+        assert list(history_success()) == ["history"]
     finally:
         daemon.stop()
 

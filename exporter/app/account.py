@@ -29,7 +29,7 @@ from exporter.model.snapshots import Latest
 from exporter.model.source_names import PROBE_PREFIX, probe_source
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
-from exporter.sources.probe import ProbeRunner
+from exporter.sources.probe import ProbeRunner, measures
 from exporter.sources.reconcile import SettledUsage, reconcile
 from exporter.sources.usage import UsageSync
 from exporter.state import StateError, StateStore
@@ -170,8 +170,9 @@ class Account:
             )  # fmt: skip
             self.history = history
             self.usage = UsageSync(
-                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices
-            )
+                self.client, clock, state, per_api_key=config.billing.per_api_key, prices=config.prices,
+                skew=lambda: latest.clock_skew,
+            )  # fmt: skip
             if previous is not None:
                 self.usage.resyncs = previous.usage.resyncs  # a counter: it goes on across a reload
         self.clock = clock
@@ -220,7 +221,7 @@ class Account:
                 self.latest.forget_figures(now)
                 forgot = True
             elif whose is not None and whose[1] != self.history.source:
-                self.latest.history = None  # (another API's months: as below)
+                self.latest.forget_history(now)  # (another API's months: as below)
         else:
             previous.successor = self  # (first: a refresh of it in flight publishes nothing of another project)
             renewed = [name for name, runner in self.probes.items() if previous.probes.get(name) not in (None, runner)]
@@ -230,13 +231,25 @@ class Account:
                 self.latest.forget_figures(now)  # another project's, or account's: nothing of before is its own
                 forgot = True
             elif previous.history.source != self.history.source:
-                # Another API's months: never learnt from until fetched. (Its figures stay shown as
-                # the last good ones: an address of the same account's, it may be, a proxy's.)
-                self.latest.history = None
+                self.latest.forget_history(now)  # another API's months: never learnt from until fetched
         self.latest.configure(self.refreshers, now)
         self.latest.keep_history(self.config.billing.history_months)  # (fewer: they go now, the API up or not)
         self._reconcile()
+        self._measuring()
         return forgot
+
+    def _measuring(self) -> None:
+        """The digest's runs of a probe moved to another endpoint or address (by a reload, or while
+        the exporter was down) are forgotten, as its metrics are (`forget_probes`)."""
+        if self.config.inference is None:
+            return
+        try:
+            moved = self.state.measuring({n: measures(r.probe, self.config.inference) for n, r in self.probes.items()})
+        except StateError as error:  # (its runs stay, the digest counts them: said)
+            log.warning("the runs of moved probes not forgotten in the state file", error=str(error)[:200])
+            return
+        if moved:
+            log.info("probe runs forgotten: the probe measures another endpoint or address", probes=", ".join(moved))
 
     def refresh_once(self, names: Iterable[str] | None = None) -> None:
         """Refresh each source once (those named, in the order given; else all), recording its
@@ -300,14 +313,17 @@ class Account:
         scenario or address) while this one's ran."""
         if self.replaced():
             return True
+        if source == "history":  # (months of another address a reload put aside: `forget_history`)
+            return self._current().history.source != self.history.source
         name = source.removeprefix(PROBE_PREFIX)
         return source != name and self._current().probes.get(name) is not self.probes.get(name)
 
-    def _publish(self, **figures: object) -> None:
-        """Show these figures, unless `replaced` (ClientClosed then: the refresh publishes nothing,
-        and runs again with the new client, if the account is still configured)."""
-        if not self.latest.publish(self.replaced, **figures):
-            raise ClientClosed("the billing project was changed, or the account removed (config reload)")
+    def _publish(self, source: str = "", **figures: object) -> None:
+        """Show these figures, unless `replaced` (or, given the `source` refreshed, `overtaken`):
+        ClientClosed then, the refresh publishes nothing, and runs again with the new client, if the
+        account is still configured."""
+        if not self.latest.publish(lambda: self.overtaken(source) if source else self.replaced(), **figures):
+            raise ClientClosed("the billing project or address was changed, or the account removed (config reload)")
 
     def _bills(self) -> None:
         self._publish(bills=self.bills.refresh())
@@ -317,7 +333,7 @@ class Account:
         """The months fetched are used even when some are not: the refresh then fails all the same,
         so that its freshness says the history is incomplete (each month missing is tried again an
         hour later)."""
-        self._publish(history=self.history.refresh())
+        self._publish("history", history=self.history.refresh())
         if self.history.behind:
             raise HistoryBehind(f"{', '.join(self.history.behind)} not fetched today (tried again within the hour)")
 

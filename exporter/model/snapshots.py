@@ -340,6 +340,16 @@ class Latest:
             self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
             self._added = MappingProxyType(dict(self._added) | dict.fromkeys(BILLING_SOURCES, now))
 
+    def forget_history(self, now: float) -> None:
+        """The history's months come from another API from now on (a reload, or a start, with
+        another `billing.url` of the same project): none is learnt from, nor counted fresh, until
+        they are fetched from it, waited for from `now`. (The bills and usage stay shown as the
+        last good ones: the same account's, through another address it may be, a proxy's.)"""
+        with self._lock:
+            self.history = None
+            self._health = MappingProxyType({k: v for k, v in self._health.items() if k != "history"})
+            self._added = MappingProxyType(dict(self._added) | {"history": now})
+
     def waiting_since(self, source: str) -> float:
         """Since when `source`, never refreshed successfully, has been waited for: the process's
         start, or when a reload added it or forgot its figures (`_added`)."""

@@ -13,6 +13,7 @@ times) and does no I/O; `HTTPChat` is the wire that feeds it, and a `ProbeRunner
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -267,6 +268,12 @@ than how an endpoint answered."""
 
 def chat_url(inference: InferenceConfig) -> str:
     return f"{inference.url}{CHAT_PATH}"
+
+
+def measures(probe: ProbeConfig, inference: InferenceConfig) -> str:
+    """What a probe's runs are of: its endpoint, its request's kind and where it goes (the address
+    without credentials): its runs of another are not its (`ProbeTable.measuring`)."""
+    return json.dumps([shown_url(chat_url(inference)), probe.model, probe.scenario, probe.stream])
 
 
 def shown_url(url: str) -> str:
