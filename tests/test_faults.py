@@ -24,7 +24,7 @@ from exporter.app import account
 from exporter.app.daemon import Daemon
 from exporter.billing import RetryPolicy
 from exporter.config.load import validate
-from exporter.core.clock import Clock
+from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Fault, Simulator, SimulatorServer
 from exporter.sim.chat_api import WIRE_FAULTS
 from tests.conftest import SHANGHAI, billing_section
@@ -197,5 +197,40 @@ def test_clock_skew_is_corrected_and_exposed(sim: Simulator, server: SimulatorSe
         series = scrape(daemon.server.url)
         assert value(series, "inference_exporter_clock_skew_seconds") == 540
         assert value(series, "inference_exporter_api_requests_total", api="bills", code="401") == 1
+    finally:
+        daemon.stop()
+
+
+def test_an_api_clock_behind_ours_is_no_refusal_at_midnight(
+    sim: Simulator, server: SimulatorServer, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """The API's clock 30 s behind the exporter's: the rollover just after the exporter's midnight
+    reads the API's day still (its `Date` says which), never asks for a day it refuses as in the
+    future, and the first refresh after the API's midnight shows the day before in full."""
+    ahead = Clock(SHANGHAI, lambda: frozen() + dt.timedelta(seconds=30))
+    document = {"billing": billing_section(sim, server), "state": {"path": str(tmp_path / "state.db")}}
+    daemon = Daemon(validate(document, {}), clock=ahead, listen="127.0.0.1:0", retry=FAST)
+    daemon.start(schedule=False)
+    before = dt.date(2026, 11, 22)
+    try:
+        frozen.set(dt.datetime(2026, 11, 22, 23, 50, tzinfo=SHANGHAI))
+        sim.add_usage(300, before)
+        assert daemon.refresh("usage")
+        frozen.set(dt.datetime(2026, 11, 22, 23, 59, 35, tzinfo=SHANGHAI))  # the exporter's 00:00:05
+        sim.add_usage(20, before)
+        assert daemon.refresh("usage")
+        frozen.set(dt.datetime(2026, 11, 23, 0, 1, tzinfo=SHANGHAI))
+        sim.add_usage(7, before + dt.timedelta(days=1))
+        assert daemon.refresh("usage")
+        series = scrape(daemon.server.url)
+        assert value(series, "inference_exporter_clock_skew_seconds") == -30
+        assert value(series, "inference_exporter_refresh_success", source="usage") == 1
+        assert not {
+            k: v for k, v in named(series, "inference_exporter_api_requests_total").items() if dict(k)["code"] == "400"
+        }
+        today = named(series, "inference_usage_requests_total")
+        assert sum(today.values()) == 7
+        previous = named(series, "inference_usage_previous_day_requests")
+        assert sum(previous.values()) == 320 == sum(sums["requests"] for sums in sim.usage_totals(before).values())
     finally:
         daemon.stop()

@@ -12,6 +12,7 @@ import logging
 import math
 import sqlite3
 from array import array
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import replace
 from decimal import Decimal
@@ -22,10 +23,13 @@ import pytest
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
     GROUP_TERM_ITEM,
+    AskedToWait,
     BillingAPI,
     BillingAPIError,
     BillingClient,
     BillingError,
+    ClientClosed,
+    UsagePage,
 )
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock, FrozenClock
@@ -34,7 +38,7 @@ from exporter.sim import Fault, Simulator
 from exporter.sources.usage import FINALISE_ATTEMPTS, UsageSync
 from exporter.sources.usage_aggregate import id_digest
 from exporter.state import StateError, StateStore
-from tests.conftest import PAGE
+from tests.conftest import PAGE, SHANGHAI
 from tests.fakes import FakeBilling
 
 USAGES = "/api/v1/usages/details"
@@ -492,6 +496,82 @@ def test_a_day_whose_last_pull_never_succeeds_leaves_no_previous_day_rather_than
     snapshot = sync.refresh()  # (gives the 22nd up, and counts the 23rd)
     assert (snapshot.day, snapshot.records) == (dt.date(2026, 11, 23), 11)
     assert snapshot.previous_day is None  # never the 21st's figures, as if they were the day before
+
+
+class Holding:
+    """`FakeBilling` whose usage listing raises `held` (the API's Retry-After, or the client closed
+    by a reload) until `held` is None again, without asking the API."""
+
+    def __init__(self, client: FakeBilling) -> None:
+        self.client = client
+        self.held: BillingError | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+    def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]:
+        if self.held is not None:
+            raise self.held
+        return self.client.usage_pages(day, first_page, last_page)
+
+    def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
+        if self.held is not None:
+            raise self.held
+        return self.client.usage_page(day, page_num)
+
+
+@pytest.mark.parametrize("held", [AskedToWait("held by Retry-After"), ClientClosed("reload")])
+def test_refreshes_that_never_asked_the_api_do_not_give_yesterday_s_last_pull_up(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock, held: BillingError
+) -> None:
+    """An hour's Retry-After over midnight (or reloads meanwhile) holds every refresh without a
+    request: none counts towards the attempts yesterday's last pull has, and once the hold ends the
+    day before is finalised and shown, not given up."""
+    frozen.set(dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC))  # 22:00 on the 21st in Shanghai
+    sim.add_usage(40, dt.date(2026, 11, 21))
+    client = Holding(fake_pages)
+    sync = make_sync(client, clock, store)  # type: ignore[arg-type]
+    sync.refresh()
+    sim.add_usage(5, dt.date(2026, 11, 21))
+    sim.add_usage(30, dt.date(2026, 11, 22))
+    frozen.set(dt.datetime(2026, 11, 21, 16, 0, 5, tzinfo=dt.UTC))  # just after midnight
+    client.held = held
+    for _ in range(FINALISE_ATTEMPTS + 2):
+        with pytest.raises(type(held)):
+            sync.refresh()
+        frozen.set(frozen() + dt.timedelta(minutes=5))
+    client.held = None
+    snapshot = sync.refresh()
+    assert snapshot.previous_day is not None
+    assert (snapshot.previous_day.day, snapshot.previous_day.records) == (dt.date(2026, 11, 21), 45)
+    assert (snapshot.day, snapshot.records) == (dt.date(2026, 11, 22), 30)
+
+
+def test_an_api_whose_clock_is_behind_is_read_by_its_own_day_at_midnight(
+    frozen: FrozenClock, clock: Clock, store: StateStore
+) -> None:
+    """The API's clock 10 s behind ours: just after our midnight it refuses our new day as in the
+    future, so its day is read until its own midnight; the first poll after that finalises the day
+    before and counts the new one, with no refusal on the way."""
+    sim = Simulator(clock=Clock(clock.tz, lambda: frozen() - dt.timedelta(seconds=10)))
+    seen: list[float] = []
+    client = FakeBilling(sim, page_size=PAGE, on_skew=seen.append, clock=clock)
+    sync = UsageSync(client, clock, store, per_api_key=False, skew=lambda: seen[-1] if seen else None)
+    before, after = dt.date(2026, 11, 22), dt.date(2026, 11, 23)
+    frozen.set(dt.datetime(2026, 11, 22, 23, 50, tzinfo=SHANGHAI))
+    sim.add_usage(300, before)
+    assert sync.refresh().records == 300
+    frozen.set(dt.datetime(2026, 11, 23, 0, 0, 5, tzinfo=SHANGHAI))  # (the API's 23:59:55)
+    sim.add_usage(20, before)
+    snapshot = sync.refresh()
+    assert (snapshot.day, snapshot.records) == (before, 320)
+    frozen.set(dt.datetime(2026, 11, 23, 0, 5, tzinfo=SHANGHAI))
+    sim.add_usage(7, after)
+    snapshot = sync.refresh()
+    assert (snapshot.day, snapshot.records) == (after, 7)
+    assert snapshot.previous_day is not None
+    assert (snapshot.previous_day.day, snapshot.previous_day.records) == (before, 320)
+    assert as_truth(snapshot.previous_day) == sim.usage_totals(before)
 
 
 def test_a_process_that_stood_still_over_a_day_shows_no_day_before_yesterday_as_the_previous_day(

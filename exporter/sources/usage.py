@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from types import MappingProxyType
 from typing import Any
 
-from exporter.billing import BillingAPI, BillingError
+from exporter.billing import AskedToWait, BillingAPI, BillingError, ClientClosed
 from exporter.config.schema import PriceConfig
 from exporter.core.clock import Clock
 from exporter.core.logs import get_logger
@@ -75,7 +75,8 @@ def _went_down(before: Mapping[Any, Sequence[int]], now: Mapping[Any, Sequence[i
 
 
 FINALISE_ATTEMPTS = 10
-"""Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it."""
+"""Refreshes that may fail on yesterday's last pull before today's counting goes ahead without it
+(those that asked the API: not one held by its Retry-After, nor one a reload or a stop ended)."""
 
 
 class UsageSync(UsageReader):
@@ -89,9 +90,12 @@ class UsageSync(UsageReader):
         *,
         per_api_key: bool,
         prices: Iterable[PriceConfig] = (),
+        skew: Callable[[], float | None] = lambda: None,
     ) -> None:
         super().__init__(client, per_api_key=per_api_key)
         self.clock = clock
+        self.skew = skew
+        """The API's clock minus ours, in seconds, as last seen (None: not seen yet)."""
         self.state = state
         self.prices = {p.model: p for p in prices}
         self.resyncs = 0
@@ -276,14 +280,24 @@ class UsageSync(UsageReader):
         self._previous = (day, aggregate, self.clock.day_start(day).timestamp())
         log.info("finalised usage day", day=day, records=aggregate.records)
 
+    def _today(self) -> dt.date:
+        """The day to read: today, by the API's clock when it is behind ours, since the API refuses
+        a day it has not begun as in the future (just after our midnight, the day before is its
+        today still: read as such, then finalised at the first poll after its midnight)."""
+        now = self.clock.now()
+        behind = min(self.skew() or 0.0, 0.0)
+        return dt.datetime.fromtimestamp(now.timestamp() + behind, now.tzinfo).date() if behind else now.date()
+
     def refresh(self) -> UsageSnapshot:
-        today = self.clock.today()
+        today = self._today()
         if self._day is None:
             self._restore(today)
         if self._day is not None and self._day < today:
             if not (self._cursor and self._cursor.finalised):
                 try:
                     self._finalise(self._day)
+                except (AskedToWait, ClientClosed):  # (never asked: the API's hold, a reload or a stop)
+                    raise
                 except BillingError:
                     self._finalise_failures += 1
                     if self._finalise_failures < FINALISE_ATTEMPTS:
