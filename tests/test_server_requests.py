@@ -103,6 +103,26 @@ def test_an_absolute_target_is_served(server: ExporterServer) -> None:
     assert [status for status, _ in responses(answer)] == [200]
 
 
+def test_a_target_holding_a_password_is_refused_and_never_logged(
+    server: ExporterServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RFC 9110 §4.2.4: a user name or password in the target is an error; what a proxy forwarded as
+    it was never reaches the log (refused, or in the access line at debug)."""
+    caplog.set_level(logging.DEBUG)
+    for request in (
+        b"GET http://scraper:Sup3rSecretPw@127.0.0.1/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"POST http://scraper:Sup3rSecretPw@127.0.0.1/metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    ):
+        answer = exchange(server, request)
+        assert [status for status, _ in responses(answer)] == [400]
+    assert "Sup3rSecretPw" not in caplog.text
+    assert [r.fields["reason"] for r in refused(caplog)] == [
+        "bad request: a target holding a user name or password"
+    ] * 2  # type: ignore[attr-defined]
+    exchange(server, b"GET /healthz?u=http://scraper:Sup3rSecretPw@x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert "Sup3rSecretPw" not in caplog.text  # (the access line, at debug)
+
+
 def test_an_unexpected_exception_in_a_handler_is_a_500_and_one_log_line(
     caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:

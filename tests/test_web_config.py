@@ -451,6 +451,27 @@ def fetch(server: ExporterServer, context: ssl.SSLContext) -> tuple[int, str, tu
 
 
 @pytest.mark.integration
+def test_a_request_in_clear_to_the_tls_listener_is_told_so(
+    files: Files, clock: Clock, serving: list[ExporterServer], ca_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As Go's servers answer it: a 400 in clear that says what happened (a scrape config without
+    `scheme: https` would otherwise see only a dropped connection), one log line; TLS clients after
+    it are served as before."""
+    caplog.set_level(logging.INFO)
+    server = serve(serving, clock, files.web_config(tls_server_config=TLS))
+    with socket.create_connection(server.server_address[:2], timeout=10) as plain:
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while piece := plain.recv(65536):
+            answer += piece
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0] == b"HTTP/1.0 400 Bad Request"
+    assert body == b"Client sent an HTTP request to an HTTPS server.\n"
+    assert [r.fields["status"] for r in logged(caplog.records, "http request refused")] == [400]  # type: ignore[attr-defined]
+    assert fetch(server, client_tls(ca_file))[0] == 200
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("auth_type", "without_a_certificate"), [("RequireAndVerifyClientCert", False), ("VerifyClientCertIfGiven", True)]
 )

@@ -26,7 +26,8 @@ _ONCE = ("Content-Length", "Host")
 def target_path(command: str, target: str) -> str | None:
     """The path a request asks for: its target's in origin form (`/metrics?x`) or absolute form
     (`http://host/metrics`, which RFC 9112 §3.2.2 has a server accept), or `*` for `OPTIONS *`. None for any other
-    target, and for one that cannot be parsed (`http://[x/`)."""
+    target, for one that cannot be parsed (`http://[x/`), and for one with a user name or password, which RFC 9110
+    §4.2.4 has a recipient take as an error (`credentialed`)."""
     if target == "*" and command == "OPTIONS":
         return target
     try:
@@ -35,9 +36,23 @@ def target_path(command: str, target: str) -> str | None:
         return None
     if target.startswith("/"):
         return parts.path
-    if parts.scheme.lower() in ("http", "https") and parts.netloc:
+    if parts.scheme.lower() in ("http", "https") and parts.netloc and not credentialed(target):
         return parts.path or "/"
     return None
+
+
+_USERINFO = re.compile(r"(?<=//)[^/?#\s]*@")
+"""A URL's `user:password@`, written after `//` and before the host."""
+
+
+def credentialed(target: str) -> bool:
+    """Whether an absolute-form target holds a user name or password."""
+    return not target.startswith("/") and _USERINFO.search(target) is not None
+
+
+def without_credentials(line: str) -> str:
+    """`line` (a request line, as a log line quotes it) with any URL's `user:password@` masked."""
+    return _USERINFO.sub("***@", line)
 
 
 def header_problem(headers: Message) -> str | None:

@@ -30,7 +30,15 @@ from exporter.core.words import shortened
 from exporter.metrics.exposition import GZIP_LEVEL
 from exporter.web.connections import HEADER_DEADLINE, IDLE_DEADLINE, MAX_CONNECTIONS, Connections, Phase, connection_cap
 from exporter.web.credentials import Credentials
-from exporter.web.parsing import MAX_HEADER_BYTES, MAX_URL, accepts_gzip, header_problem, target_path
+from exporter.web.parsing import (
+    MAX_HEADER_BYTES,
+    MAX_URL,
+    accepts_gzip,
+    credentialed,
+    header_problem,
+    target_path,
+    without_credentials,
+)
 from exporter.web.routes import OPEN_PATHS, respond
 from exporter.web.views import View
 
@@ -42,6 +50,8 @@ ACCEPT_BACKOFF = 0.1
 """Pause after accept() fails for want of descriptors or memory: the pending connection keeps the listening socket
 readable, so retrying at once would spin."""
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+PLAIN_TO_TLS = "Client sent an HTTP request to an HTTPS server."
+"""The answer to a request in clear on the TLS listener (Go's words, which Prometheus users know)."""
 _CLIENT_GONE = (ConnectionError, ssl.SSLError, TimeoutError)
 """What a connection raises when its client hangs up, stalls or fails TLS: no fault of the server's."""
 
@@ -222,16 +232,40 @@ class _Handler(BaseHTTPRequestHandler):
         """The `Server` header: the program's name, not the interpreter's version (a scanner's finding)."""
         return self.server_version
 
+    plain_to_tls = False
+    """Whether the connection to the TLS listener began with an HTTP request in clear (answered in `setup`)."""
+
     def setup(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):
             self.request.settimeout(self.timeout)
-            self.request.do_handshake()
+            self.plain_to_tls = self._plain_to_tls()
+            if not self.plain_to_tls:
+                self.request.do_handshake()
         super().setup()
+
+    def _plain_to_tls(self) -> bool:
+        """Whether the client sent an HTTP request in clear to the TLS listener (its first byte a letter, where a
+        TLS handshake begins with 0x16): it is answered a 400 that says so in clear, as Go's servers do, rather
+        than a handshake failure the client reads as a dropped connection. (Peeked at under the TLS socket.)"""
+        try:
+            first = socket.socket.recv(self.request, 1, socket.MSG_PEEK)
+        except OSError:  # (timed out, reset: the handshake says so)
+            return False
+        if not first.isalpha():
+            return False
+        log.info("http request refused", status=400, reason=PLAIN_TO_TLS, address=self.client_address[0])
+        body = f"{PLAIN_TO_TLS}\n".encode()
+        head = f"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        with contextlib.suppress(OSError):
+            socket.socket.sendall(self.request, f"{head}Connection: close\r\n\r\n".encode() + body)
+        return True
 
     def handle(self) -> None:
         """The stdlib's keep-alive loop, with the connection idle between requests (see Connections.enter). A bug
         that escapes a request is a 500 and one log line (see _crashed), not the stdlib's traceback on stderr."""
         self.close_connection = True
+        if self.plain_to_tls:  # (answered in setup)
+            return
         try:
             self._handle_one()
             while not self.close_connection and self._next_request():
@@ -292,7 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not parsed:
             return False
         path = target_path(self.command, self.path)
-        problem = "a target that is neither a path nor a URL" if path is None else header_problem(self.headers)
+        problem = header_problem(self.headers) if path is not None else "a target that is neither a path nor a URL"
+        if path is None and credentialed(self.path):
+            problem = "a target holding a user name or password"
         if problem is None and self.request_version == "HTTP/1.1" and "Host" not in self.headers:
             problem = "no Host header (a version 1.1 request must have one)"  # (RFC 9112 §3.2, as Go answers it)
         if path is None or problem is not None:
@@ -311,7 +347,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._refuse(code, message or HTTPStatus(code).phrase)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("http request", line=format % args)
+        log.debug("http request", line=without_credentials(format % args))
 
     def _accepts_gzip(self) -> bool:
         headers = getattr(self, "headers", None)  # none yet when the request line itself is refused
@@ -372,7 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
         reason = shortened(reason, REASON)  # (the stdlib's echo the request line)
         log.info(
             "http request refused", status=status, reason=reason, address=self.client_address[0],
-            request=self.requestline[:200],
+            request=without_credentials(self.requestline)[:200],
         )  # fmt: skip
         self.close_connection = True
         body = f"{reason}\n".encode()
@@ -382,7 +418,9 @@ class _Handler(BaseHTTPRequestHandler):
         """A bug: one log line, at error, with the traceback as a field; a 500 unless the response has begun (then
         only cutting the connection can tell the client). The connection closes either way: how much of the
         request was read is unknown."""
-        log.exception("http request crashed", address=self.client_address[0], request=self.requestline[:200])
+        log.exception(
+            "http request crashed", address=self.client_address[0], request=without_credentials(self.requestline)[:200]
+        )
         self.close_connection = True
         if not self.answered:
             with contextlib.suppress(OSError):  # the client may be gone already
