@@ -296,6 +296,28 @@ def test_the_digest_counts_the_probe_runs_of_the_day(
     assert 0 < probe["time_to_first_token_p95_seconds"] < 30
 
 
+def test_the_digest_s_time_to_first_token_counts_the_runs_the_histogram_counts(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """A run that had its first token and then failed (a check, a stall) is in the probe's time to
+    first token histogram: its 95th percentile in the digest counts it too; a run with no first
+    token (an error status) is in neither."""
+    document = {
+        "billing": fake_billing_section(sim),
+        "inference": {"url": NOWHERE, "api_key": sim.api_key},
+        "probes": [{"name": "chat", "model": sim.endpoints[0].endpoint_id}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+    daemon = unit_daemon(validate(document, {}), sim, clock)
+    try:
+        runs = [("chat", True, 0.2), ("chat", False, 4.0), ("chat", False, None)]
+        (probe,) = daemon.sources.digest(clock.today(), "daily", "", runs=runs)["probes"]
+    finally:
+        daemon.stop()
+    assert (probe["runs"], probe["success_ratio"]) == (3, 0.3333)
+    assert probe["time_to_first_token_p95_seconds"] == 4.0
+
+
 @pytest.fixture
 def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
     """A simulator on the real clock: the command runs in a process of its own, on the real clock too."""

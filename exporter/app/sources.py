@@ -417,7 +417,7 @@ class Sources:
         for probe, success, ttft in runs:
             per_probe.setdefault(probe, []).append((success, ttft))
         probes = [
-            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for s, t in rs if s and t is not None])
+            ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for _, t in rs if t is not None])
             for name, rs in sorted(per_probe.items())
         ]
         firing = [

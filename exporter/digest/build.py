@@ -55,7 +55,9 @@ class ProbeStat:
     runs: int
     successes: int
     ttfts: Sequence[float]
-    """Time to first token of the successful runs that had one, in seconds."""
+    """Time to first token of the runs that had one, in seconds: those that failed after it too (a
+    check, a stall), as `inference_probe_time_to_first_token_seconds` counts them, so the digest's
+    95th percentile and a dashboard's agree."""
 
 
 @dataclass(frozen=True)
