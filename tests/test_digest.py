@@ -218,6 +218,20 @@ def test_a_weekly_digest_tells_how_the_month_its_week_ended_ended(sent_on: dt.da
         assert f"monthly ({ended}, ended, 4000): used {float(total / 4000):.0%}" in r
 
 
+@pytest.mark.parametrize(("schedule", "sent_on"), [("daily", dt.date(2026, 12, 1)), ("weekly", dt.date(2026, 12, 7))])
+def test_a_month_is_told_ended_only_once_the_next_month_s_bills_are_fetched(schedule: str, sent_on: dt.date) -> None:
+    """A digest that goes with what there is, the new month's bills not fetched yet (the API down
+    since before midnight): what is held of the month that ended may not be all of it, and is shown
+    as it stands, never as how the month ended."""
+    november = month(days=29)  # (the 30th never fetched)
+    budget = BudgetConfig(name="monthly", amount=Decimal(10000))
+    d = build(november, schedule=schedule, sent_on=sent_on, budgets=[budget])
+    assert [b for b in d["budgets"] if "of" in b] == []
+    assert "ended" not in d
+    assert [b["so_far"] for b in d["budgets"]] == ["2026-11"]
+    assert "ended" not in text(d)
+
+
 def test_on_the_first_the_month_that_ended_has_no_forecast_once_its_bills_are_no_longer_held() -> None:
     november = month(days=30)
     assert november.bills is not None

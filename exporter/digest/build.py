@@ -75,8 +75,9 @@ def span(schedule: str, sent_on: dt.date) -> tuple[dt.date, dt.date]:
 
 def ended_month(schedule: str, sent_on: dt.date) -> str | None:
     """The month whose last day the digest sent on `sent_on` summarises ("YYYY-MM"), told how it
-    ended: a daily digest's on the 1st, a weekly one's whose seven days end a month or run into the
-    next; None for the others (a span of seven days ends at most one month)."""
+    ended (once the next month's bills are fetched: `build`): a daily digest's on the 1st, a weekly
+    one's whose seven days end a month or run into the next; None for the others (a span of seven
+    days ends at most one month)."""
     first, day = span(schedule, sent_on)
     return f"{first:%Y-%m}" if f"{first:%Y-%m}" != f"{day + dt.timedelta(days=1):%Y-%m}" else None
 
@@ -266,6 +267,8 @@ def build(
         "url": url,
     }
     ended = ended_month(schedule, sent_on)
+    if ended is not None and (current is None or current.period <= ended):
+        ended = None  # (the new month's bills not fetched yet: what is held of the month may not be all of it)
     if ended is not None and ended != period:  # (a week that ran into a new month: the one it ended)
         digest["ended"] = {"period": ended, "total": _money(_month_total(latest, ended))}
     for budget in budgets:
