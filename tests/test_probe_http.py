@@ -639,20 +639,36 @@ def test_connecting_counts_toward_the_whole_request_s_deadline(
             tls.close()
 
 
-@pytest.mark.parametrize("where", ["TLS handshake", "proxy CONNECT"])
+@pytest.mark.parametrize("where", ["TLS handshake", "proxy CONNECT", "proxy CONNECT dripped"])
 def test_a_deadline_passed_while_connecting_is_a_timeout_connecting(
     ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """A TLS server that never answers the handshake, an HTTPS proxy that never answers CONNECT:
-    the run ends at its first-token or whole deadline, as `timeout_connect` (the request was never
-    sent), not as a wait for the answer's first token."""
+    """A TLS server that never answers the handshake, an HTTPS proxy that never answers CONNECT, or
+    answers it a byte at a time for 3 s (each read within its timeout): the run ends at its
+    first-token or whole deadline, as `timeout_connect` (the request was never sent), not as a wait
+    for the answer's first token."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("inference.example").configure_cert(context)
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tmp_path / "ca.pem"))
     monkeypatch.setattr(probe_module, "connect_timeout", lambda probe: 120.0)  # (the run's deadline ends it)
     held: list[socket.socket] = []
-    with each_connection(held.append) as address:
+
+    def serve(connection: socket.socket) -> None:
+        held.append(connection)
+        if where == "proxy CONNECT dripped":
+            with contextlib.suppress(OSError):
+                read_request(connection)
+                for byte in b"HTTP/1.1 200 Connection established\r\n\r\n":
+                    connection.sendall(bytes([byte]))
+                    time.sleep(0.08)
+                tls = context.wrap_socket(connection, server_side=True)
+                held.append(tls)
+                tls.recv(65536)  # (the request, were it sent: never answered)
+
+    with each_connection(serve) as address:
         url = f"https://{address}"
-        if where == "proxy CONNECT":
+        if where != "TLS handshake":
             monkeypatch.setenv("HTTPS_PROXY", f"http://{address}")
             monkeypatch.setenv("NO_PROXY", "")
             url = "https://inference.example"

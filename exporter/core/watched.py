@@ -140,9 +140,10 @@ class _Watched:
         self.kept = self.sock  # type: ignore[attr-defined]
 
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-        if (exchange := getattr(_WATCHING, "exchange", None)) is not None:
-            exchange.sent = True
         answer: tuple[Deadline, ...] = getattr(_WATCHING, "answer", ())
+        exchange = getattr(_WATCHING, "exchange", None)
+        if exchange is not None and not any(deadline.passed for deadline in answer):  # (else sent too late)
+            exchange.sent = True
         if answer and (sock := plain_socket(self.sock)) is not None:  # type: ignore[attr-defined]
             for deadline in answer:
                 self._watch(deadline, sock)

@@ -337,7 +337,7 @@ class HTTPChat:
             headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
             exchange = Exchange()
             try:
-                with watching((headers, cut), (cut,), copies) as exchange:
+                with watching((headers, cut), (headers, cut), copies) as exchange:
                     response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
             except requests.ConnectTimeout:
                 raise ProbeFailure("timeout_connect", CONNECTING) from None
