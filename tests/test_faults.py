@@ -234,3 +234,36 @@ def test_an_api_clock_behind_ours_is_no_refusal_at_midnight(
         assert sum(previous.values()) == 320 == sum(sums["requests"] for sums in sim.usage_totals(before).values())
     finally:
         daemon.stop()
+
+
+def test_a_start_just_after_midnight_with_the_api_s_clock_behind_never_counts_yesterday_as_today(
+    sim: Simulator, server: SimulatorServer, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """Started at the exporter's 00:00:10, the API's clock 30 s behind and not yet known to be: the
+    new day is begun by our clock and refused until the API's midnight; once the skew is known, the
+    day is not taken back to the one before (whose records would then be counted as today's)."""
+    ahead = Clock(SHANGHAI, lambda: frozen() + dt.timedelta(seconds=30))
+    before, after = dt.date(2026, 11, 22), dt.date(2026, 11, 23)
+    sim.add_usage(300, before)
+    frozen.set(dt.datetime(2026, 11, 22, 23, 59, 40, tzinfo=SHANGHAI))
+    document = {"billing": billing_section(sim, server), "state": {"path": str(tmp_path / "state.db")}}
+    daemon = Daemon(validate(document, {}), clock=ahead, listen="127.0.0.1:0", retry=FAST)
+    daemon.start(schedule=False)
+    try:
+        assert not daemon.refresh("usage")  # (the 23rd, in the API's future)
+        frozen.set(dt.datetime(2026, 11, 22, 23, 59, 50, tzinfo=SHANGHAI))
+        assert not daemon.refresh("usage")  # (still: the skew now known takes the day no further back)
+        for moment, count in (
+            (dt.datetime(2026, 11, 23, 0, 1, tzinfo=SHANGHAI), 7),
+            (dt.datetime(2026, 11, 23, 9, 0, tzinfo=SHANGHAI), 5),
+        ):
+            frozen.set(moment)
+            sim.add_usage(count, after)
+            assert daemon.refresh("usage")
+            series = scrape(daemon.server.url)
+            today = sum(sums["requests"] for sums in sim.usage_totals(after).values())
+            assert sum(named(series, "inference_usage_requests_total").values()) == today
+            previous = named(series, "inference_usage_previous_day_requests")
+            assert sum(previous.values()) in (0, 300)  # (not read in full before the start: not shown)
+    finally:
+        daemon.stop()

@@ -290,6 +290,11 @@ class UsageSync(UsageReader):
 
     def refresh(self) -> UsageSnapshot:
         today = self._today()
+        if self._day is not None and today < self._day:
+            # Never back to a day before the one begun (begun by our clock before the API's was
+            # known to be behind, or a skew seen larger since): that day is read on, refused as in
+            # the future until the API's midnight, never counted with the day before's records.
+            today = self._day
         if self._day is None:
             self._restore(today)
         if self._day is not None and self._day < today:
