@@ -26,6 +26,7 @@ from exporter.app.sources import Sources
 from exporter.config.load import validate
 from exporter.core.clock import Clock
 from exporter.sim import Fault, Simulator, SimulatorServer, SpendModel
+from exporter.state import StateError
 from tests.daemon_fakes import (
     NOWHERE,
     account_simulators,
@@ -277,6 +278,53 @@ def test_the_digest_counts_a_probe_s_runs_of_what_it_measures_now(
         daemon.stop()
 
 
+def test_runs_are_kept_only_once_the_state_file_knows_what_the_probe_measures(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload moves the probe while the state file refuses to note it: no run is kept until it
+    takes the note (asked again before each run), so a later reload never takes the new
+    endpoint's runs for the old one's, and forgets none of them."""
+    monkeypatch.setattr(account, "ProbeRunner", partial(chat_runner, sim))
+    alpha, beta = sim.endpoints[0].endpoint_id, sim.endpoints[1].endpoint_id
+    path = tmp_path / "config.yaml"
+
+    def document(model: str, interval: str = "1h") -> dict:
+        return {
+            "billing": fake_billing_section(sim),
+            "inference": {"url": NOWHERE, "api_key": sim.api_key},
+            "probes": [{"name": "x", "model": model, "interval": interval}],
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    def runs_told() -> int:
+        (line,) = daemon.sources.digest(clock.today() + dt.timedelta(days=1), "daily", "")["probes"]
+        return int(line["runs"])
+
+    daemon = reloadable(sim, clock, path, document(alpha))
+    try:
+        assert daemon.refresh("probe:x")
+        store = type(daemon.sources.one.state)
+        measuring = store.measuring
+
+        def refusing(*args: object) -> list[str]:
+            raise StateError("state.db", "disk full")
+
+        monkeypatch.setattr(store, "measuring", refusing)
+        write(path, document(beta))
+        assert daemon.reload()
+        assert daemon.refresh("probe:x")  # (shown; not kept: the note refused again)
+        assert runs_told() == 1  # (alpha's, not yet forgotten)
+        monkeypatch.setattr(store, "measuring", measuring)
+        assert daemon.refresh("probe:x")
+        assert daemon.refresh("probe:x")
+        assert runs_told() == 2  # beta's two; alpha's forgotten
+        write(path, document(beta, "5m"))
+        assert daemon.reload()
+        assert runs_told() == 2
+    finally:
+        daemon.stop()
+
+
 def test_a_reload_to_another_address_counts_the_history_fresh_only_once_fetched_there(
     sim: Simulator, clock: Clock, tmp_path: Path
 ) -> None:
@@ -311,6 +359,39 @@ def test_a_reload_to_another_address_counts_the_history_fresh_only_once_fetched_
         assert daemon.refresh("history")
         assert daemon.latest.history is not None
         assert list(history_success()) == ["history"]
+    finally:
+        daemon.stop()
+
+
+def test_a_fetch_at_the_address_before_a_reload_saves_no_month_as_the_new_address_s(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The history's fetch at the old `billing.url` ends after the reload (the new address's months
+    already looked for in the state file): its months are not saved there, where a restart would
+    take them for the new address's and not fetch them."""
+    path = tmp_path / "config.yaml"
+
+    def at(url: str) -> dict:
+        return {
+            "billing": fake_billing_section(sim, history_months=1, url=url),
+            "state": {"path": str(tmp_path / "state.db")},
+        }
+
+    write(path, at(f"{NOWHERE}/a"))
+    daemon = unit_daemon(
+        validate(at(f"{NOWHERE}/a"), {}), sim, clock, config_path=path, billing=AddressedBilling({"": sim})
+    )
+    try:
+
+        def meanwhile() -> None:
+            daemon.sources.one.history.held()  # (as the bills' forecast reads it before a first refresh)
+
+        reload_in_flight(daemon, "history", daemon.sources.one.history, "_save", path, at(f"{NOWHERE}/b"), meanwhile)
+        store = daemon.sources.one.state
+        assert store.history_source() == f"{NOWHERE}/b;"
+        assert store.load_history() == []
+        assert daemon.refresh("history")
+        assert store.load_history() != []  # (fetched at the new address, saved)
     finally:
         daemon.stop()
 

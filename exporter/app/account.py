@@ -188,6 +188,10 @@ class Account:
         self.probes = {probe.name: self._runner(probe, previous) for probe in config.probes}
         self._runs_refused = ""
         """The state file's refusal of the last probe run it was to keep (for the digest), if any."""
+        self._measured = False
+        """Whether the state file knows what each probe measures now (`_measuring`): until it does,
+        no run is kept, as a later start or reload would take those of a moved probe for its old
+        endpoint's and forget them."""
         self.refreshers: dict[str, Callable[[], None]] = {"bills": self._bills, "usage": self._usage}
         self.intervals = {"bills": config.billing.bills_interval, "usage": config.billing.usage_interval}
         if config.billing.history_months:
@@ -240,14 +244,18 @@ class Account:
 
     def _measuring(self) -> None:
         """The digest's runs of a probe moved to another endpoint or address (by a reload, or while
-        the exporter was down) are forgotten, as its metrics are (`forget_probes`)."""
+        the exporter was down) are forgotten, as its metrics are (`forget_probes`). A state file
+        that refuses is asked again before the next run is kept (`_measured`)."""
         if self.config.inference is None:
             return
         try:
             moved = self.state.measuring({n: measures(r.probe, self.config.inference) for n, r in self.probes.items()})
-        except StateError as error:  # (its runs stay, the digest counts them: said)
-            log.warning("the runs of moved probes not forgotten in the state file", error=str(error)[:200])
+        except StateError as error:  # (its runs stay, the digest counts them, until it takes it: said)
+            if not self._runs_refused:
+                log.warning("the runs of moved probes not forgotten in the state file", error=str(error)[:200])
+            self._runs_refused = str(error)
             return
+        self._measured = True
         if moved:
             log.info("probe runs forgotten: the probe measures another endpoint or address", probes=", ".join(moved))
 
@@ -377,6 +385,10 @@ class Account:
             # probe of now runs again at once, if there is one.
             raise ClientClosed(f"probe {runner.probe.name}: changed by a config reload while it ran")
         now = self.clock.now().timestamp()
+        if not self._measured:
+            self._measuring()
+            if not self._measured:  # (the state file refuses: said by `_measuring`)
+                return
         try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
             self.state.record_probe_run(
                 snapshot.probe, now, snapshot.last.success, snapshot.last.time_to_first_token,

@@ -318,9 +318,10 @@ class HistorySource:
         """Into the state file; if it refuses the write, the month is kept here (and used) anyway."""
         split = json.dumps({e: _rows(rows) for e, rows in month.items_by_endpoint.items()})
         try:
-            self.state.save_history(
+            if not self.state.save_history(
                 month.period, json.dumps(_rows(month.by_endpoint)), json.dumps(_rows(month.by_item)), split,
-                today.isoformat(), keep_from=keep_from,
-            )  # fmt: skip
+                today.isoformat(), keep_from=keep_from, source=self.source,
+            ):  # fmt: skip
+                log.info("history month of an address no longer configured not saved", period=month.period)
         except StateError as error:
             log.warning("history month not saved; kept in memory", period=month.period, error=str(error)[:200])

@@ -34,13 +34,20 @@ class HistoryTable(StateFile):
         return rows
 
     def save_history(
-        self, period: str, by_endpoint: str, by_item: str, items_by_endpoint: str, fetched: str, *, keep_from: str
-    ) -> None:
-        """Replace one month's bills; forget the months before `keep_from`."""
+        self, period: str, by_endpoint: str, by_item: str, items_by_endpoint: str, fetched: str, *, keep_from: str,
+        source: str,
+    ) -> bool:  # fmt: skip
+        """Replace one month's bills, fetched from `source`; forget the months before `keep_from`.
+        False, and nothing written, when the months held are another source's now (a fetch from
+        the address before a reload, ending after it)."""
         with self.transaction("history") as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'history_source'").fetchone()
+            if row is not None and row[0] != source:
+                return False
             db.execute(
                 "INSERT OR REPLACE INTO bill_history (period, by_endpoint, by_item, items_by_endpoint, fetched)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (period, by_endpoint, by_item, items_by_endpoint, fetched),
             )
             db.execute("DELETE FROM bill_history WHERE period < ?", (keep_from,))
+        return True
