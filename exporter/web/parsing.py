@@ -41,8 +41,8 @@ def target_path(command: str, target: str) -> str | None:
     return None
 
 
-_USERINFO = re.compile(r"(?<=//)[^/?#\s]*@")
-"""A URL's `user:password@`, written after `//` and before the host."""
+_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+"""A URL's `user:password@`, written after `//` and before the host (a space in it too, as a lax proxy forwards it)."""
 
 
 def credentialed(target: str) -> bool:

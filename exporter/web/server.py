@@ -405,7 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _refuse(self, status: int, reason: str, **headers: str) -> None:
         """Answer `status` and close the connection: what else the client sent is never read, so it cannot be
         taken for a request of its own. One log line, at info: a client's mistake, or someone probing."""
-        reason = shortened(reason, REASON)  # (the stdlib's echo the request line)
+        reason = shortened(without_credentials(reason), REASON)  # (the stdlib's echo the request line)
         log.info(
             "http request refused", status=status, reason=reason, address=self.client_address[0],
             request=without_credentials(self.requestline)[:200],
