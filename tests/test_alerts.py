@@ -300,6 +300,10 @@ def test_webhook_slack_and_pagerduty_payloads(
     assert slack[0]["text"].startswith(f"[FIRING] EndpointDailySpendHigh: {top} spent")
     assert slack[0]["blocks"][0]["type"] == "section"
     pager = receiver.bodies("/pd")
+    # Slack takes no id: the notification's, the same on each attempt, ends the context (a repeat shows).
+    ids = [m["blocks"][1]["elements"][0]["text"].rpartition(" · notification ")[2] for m in slack]
+    assert [i.rpartition("-")[0] for i in ids] == [pager[0]["dedup_key"]] * 2
+    assert len(set(ids)) == 2
     assert [(p["event_action"], p["routing_key"]) for p in pager] == [
         ("trigger", "R0UTINGKEY"),
         ("resolve", "R0UTINGKEY"),

@@ -105,6 +105,12 @@ class ResendKind(Generic[N]):
     """Why it takes no digest, after its name."""
 
 
+def notification_id(entry: OutboxEntry) -> str:
+    """The id of one queued notification, the same on every attempt (and across restarts): its
+    rule's incident (`dedup_key`), then the outbox row's number."""
+    return f"{entry.event['dedup_key']}-{entry.id}"
+
+
 def common(mappings: Sequence[Mapping[str, str]]) -> dict[str, str]:
     """The pairs every mapping shares (the group's common labels or annotations)."""
     first, *rest = mappings

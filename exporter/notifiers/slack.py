@@ -13,7 +13,7 @@ from exporter.core import mrkdwn
 from exporter.core.fields import SecretHttpUrl
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
-from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, common, more
+from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, common, more, notification_id
 
 if TYPE_CHECKING:
     from exporter.state import OutboxEntry
@@ -27,8 +27,10 @@ class SlackNotifier(NotifierModel):
 SLACK_ALERTS = 10
 
 
-def slack_payload(event: GroupEvent, external_url: str) -> dict[str, Any]:
-    """Slack's text and blocks for one group."""
+def slack_payload(event: GroupEvent, external_url: str, notification: str = "") -> dict[str, Any]:
+    """Slack's text and blocks for one group; its context ends with `notification`, the id that is
+    the same on every attempt of one notification (Slack takes no id of its own: a message answered
+    after the deadline is posted again, and the id shows it is the same one)."""
     status = event["status"].upper()
     name = mrkdwn.escape(event["alertname"])
     alerts, total = event["alerts"], event["total"]
@@ -43,7 +45,7 @@ def slack_payload(event: GroupEvent, external_url: str) -> dict[str, Any]:
         text = f"[{status}] {name}: {total} alerts"
         detail = f"*[{status}] {name}: {total} alerts*\n" + "\n".join(lines) + (f"\n…{rest}" if rest else "")
     labels = ", ".join(f"{mrkdwn.escape(k)}={mrkdwn.escape(v)}" for k, v in pairs if k != "alertname")
-    link = f" · <{external_url}/|exporter>"
+    link = f" · <{external_url}/|exporter>" + (f" · notification {mrkdwn.escape(notification)}" if notification else "")
     return {
         "text": mrkdwn.cap(text),
         "blocks": [
@@ -59,7 +61,7 @@ def slack_payload(event: GroupEvent, external_url: str) -> dict[str, Any]:
 
 
 def send(notifier: SlackNotifier, entry: OutboxEntry, via: Delivery) -> Attempt:
-    payload = slack_payload(entry.event, via.external_url)
+    payload = slack_payload(entry.event, via.external_url, notification_id(entry))
     return Attempt(via.post(notifier.name, notifier.url.get_secret_value(), payload))
 
 

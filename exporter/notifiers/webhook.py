@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from exporter.core.clock import iso
 from exporter.core.fields import HttpUrl
 from exporter.model.events import GroupEvent
-from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, common
+from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, common, notification_id
 
 if TYPE_CHECKING:
     from exporter.state import OutboxEntry
@@ -74,7 +74,7 @@ def webhook_payload(event: GroupEvent, receiver: str, external_url: str, notific
 
 def send(notifier: WebhookNotifier, entry: OutboxEntry, via: Delivery) -> Attempt:
     event = entry.event
-    payload = webhook_payload(event, notifier.name, via.external_url, f"{event['dedup_key']}-{entry.id}")
+    payload = webhook_payload(event, notifier.name, via.external_url, notification_id(entry))
     return Attempt(via.post(notifier.name, notifier.url, payload))
 
 
