@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -758,6 +758,27 @@ def test_a_file_written_by_a_newer_version_is_refused_naming_both_layouts(tmp_pa
     assert path.read_bytes() == written  # left as it was: not switched to WAL, nor anything else
 
 
+@pytest.mark.parametrize("reset", [False, True])
+def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(tmp_path: Path, reset: bool) -> None:
+    """A state.path that names another service's SQLite file (layout 0 to this exporter, as every
+    file without a layout is): refused, naming its tables, never migrated, switched to WAL, nor
+    moved aside by --reset-state."""
+    path = tmp_path / "grafana.db"
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+        db.execute("INSERT INTO users VALUES (1, 'admin')")
+        db.commit()
+    written = path.read_bytes()
+    with pytest.raises(StateError) as refused:
+        StateStore(path, reset=reset)
+    assert f"state file {path} is not this exporter's (its tables: users)" in str(refused.value)
+    assert path.read_bytes() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grafana.db", "grafana.db.lock"]  # (no -wal, moved aside)
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()  # (an empty database is a new state file)
+    StateStore(empty).close()
+
+
 def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_nothing(tmp_path: Path) -> None:
     """/proc refuses a directory whatever the permission bits say (root passes them all); a path whose
     directories are missing but could be made is fine, and nothing is left behind by finding out."""
@@ -770,6 +791,9 @@ def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_noth
     assert location_problem(tmp_path) == f"{tmp_path} is a directory"
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: no directory can be made there
     assert location_problem(tmp_path / "dangling" / "state.db") == f"{tmp_path / 'dangling'} is not a directory"
+    os.mkfifo(tmp_path / "fifo")
+    for special in (tmp_path / "fifo", Path("/dev/null")):
+        assert location_problem(special) == f"{special} is not a regular file (a device, a FIFO or a socket)"
 
 
 @pytest.mark.parametrize("kind", ["random", "truncated"])

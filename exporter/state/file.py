@@ -24,7 +24,7 @@ from pathlib import Path
 from exporter.core.logs import get_logger
 from exporter.state.errors import StateError, fault_of
 from exporter.state.lock import LockFile
-from exporter.state.migrations import LAYOUT, MIGRATIONS, SCHEMA, number_outboxes
+from exporter.state.migrations import LAYOUT, MIGRATIONS, OWN_TABLES, SCHEMA, number_outboxes
 
 log = get_logger(__name__)
 
@@ -76,6 +76,8 @@ def location_problem(path: str | Path) -> str:
     target = Path(path)
     if target.is_dir():
         return f"{target} is a directory"
+    if target.exists() and not target.is_file():
+        return f"{target} is not a regular file (a device, a FIFO or a socket)"
     existing = target.parent
     while not os.path.lexists(existing) and existing != existing.parent:  # (a dangling link is there: not made)
         existing = existing.parent
@@ -189,6 +191,8 @@ class StateFile:
                     f"state file {self.path} was written by a newer version (layout {version}; this one knows "
                     f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
                 )
+            if version == 0 and path != ":memory:":
+                self._refuse_another_programs(db)
             (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode == "wal"
             db.execute("PRAGMA synchronous=NORMAL")
@@ -215,6 +219,19 @@ class StateFile:
             db.close()
             raise
         return db
+
+    def _refuse_another_programs(self, db: sqlite3.Connection) -> None:
+        """StateError for a database of another program's at `state.path` (a path mistyped: another
+        service's file), before anything here changes it: a file of layout 0 is this exporter's
+        when it is new (no table) or holds a table every version made."""
+        tables = sorted(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        if tables and not set(tables) & OWN_TABLES:
+            shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+            raise StateError(
+                self.path,
+                f"state file {self.path} is not this exporter's (its tables: {shown}); check state.path, which"
+                " must name a file of its own",
+            )
 
     def _open(self) -> sqlite3.Connection:
         try:

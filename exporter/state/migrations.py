@@ -171,6 +171,11 @@ for a file of any layout (older versions keep it up to date without knowing it):
 `_delivered` one lets each delivery forget rows older than a week without reading the table."""
 
 
+OWN_TABLES = frozenset({"usage_cursor", "alert_state", "outbox"})
+"""Tables every layout has had: a database of layout 0 (`PRAGMA user_version`) that has tables but
+none of these is another program's, never taken for an earlier version's state file."""
+
+
 def _to_layout_1(db: sqlite3.Connection) -> None:
     """Layout 1. Outboxes get `recipients` (the email recipients still owed a message). Alerts
     saved until now belong to rules told apart by their place in the config: the file says so
