@@ -374,11 +374,13 @@ def test_bad_arguments_exit_2_with_one_line(
 @pytest.mark.parametrize(
     ("signum", "status", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
+@pytest.mark.parametrize("times", [1, 3])
 def test_ctrl_c_or_sigterm_is_one_line_and_leaves_no_file(
-    tmp_path: Path, spending: tuple[Simulator, SimulatorServer], signum: int, status: int, said: str
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer], signum: int, status: int, said: str, times: int
 ) -> None:
     """Interrupted while it fetches (answers take a second), by Ctrl-C or by SIGTERM (`kill`, a
-    timeout): its exit status, one line saying so, no traceback, and no output file, partial or not."""
+    timeout), once or again while it stops (Ctrl-C pressed again, a supervisor's SIGTERM sent
+    again): its exit status, one line saying so, no traceback, and no output file, partial or not."""
     sim, server = spending
     sim.latency = 1.0
     config = write_config(tmp_path, sim, server)
@@ -393,7 +395,9 @@ def test_ctrl_c_or_sigterm_is_one_line_and_leaves_no_file(
     try:
         wait_for(lambda: sum(sim.requests_served.values()) > 0, timeout=30)  # (fetching)
         assert (tmp_path / ".out.om.partial").exists()
-        process.send_signal(signum)
+        for _ in range(times):
+            process.send_signal(signum)
+            time.sleep(0.002)
         _, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
@@ -670,6 +674,28 @@ def test_an_output_that_is_a_link_to_a_regular_file_is_written_through_the_link(
     assert link.is_symlink()
     assert target.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.om", "real.om"]
+
+
+def test_a_file_replaced_keeps_its_permissions_and_a_read_only_one_is_left_as_it_is(tmp_path: Path) -> None:
+    """An export made private (0600) stays private once written again; a new file is made as any
+    file is (the umask's); one the user cannot write is refused, not replaced through its directory."""
+    private = tmp_path / "private.om"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    with replacing(private) as out:
+        out.write("new\n")
+    assert (private.read_text(), stat.S_IMODE(private.stat().st_mode)) == ("new\n", 0o600)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    with replacing(tmp_path / "new.om") as out:
+        out.write("new\n")
+    assert stat.S_IMODE((tmp_path / "new.om").stat().st_mode) == 0o666 & ~umask
+    if os.geteuid() != 0:  # (root writes whatever the bits say)
+        private.chmod(0o444)
+        with pytest.raises(PermissionError, match="read-only"), replacing(private) as out:
+            out.write("newer\n")
+        assert private.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.om", "private.om"]
 
 
 class Refusing:

@@ -9,6 +9,7 @@ import logging
 import os
 import platform
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -477,8 +478,43 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path, unbuff
     assert process.stdout is not None
     process.stdout.close()  # (before anything is written: the write fails, whatever the timing)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 1
+    assert process.returncode == 141  # (as SIGPIPE ends other tools; not 1, a bad config's)
     assert stderr == ""
+
+
+def test_yaml_aliases_that_expand_a_hundred_million_fold_cost_what_the_file_holds(tmp_path: Path) -> None:
+    """Ten aliases of ten aliases, eight deep (a config pasted together, or a ConfigMap reload): each
+    value is done once, as YAML shares it, not 10^8 times; under a memory limit that a copy of every
+    value would break long before the subprocess timeout."""
+    lines = [
+        'billing: {url: "http://127.0.0.1:1", access_key_id: AK, secret_access_key: s}',
+        "a: &a [" + ", ".join(["x"] * 10) + "]",
+    ]
+    for before, name in zip("abcdefg", "bcdefgh", strict=True):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{before}"] * 10) + "]")
+    config = tmp_path / "aliases.yaml"
+    config.write_text("\n".join(lines) + "\n")
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)], capture_output=True, text=True,
+        cwd=ROOT, timeout=120, preexec_fn=limited,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"{config}: {name}: unknown key" for name in "abcdefgh"]
+
+
+@pytest.mark.parametrize("command", ["check", "rules"])
+def test_a_command_started_without_a_standard_output_writes_nowhere(tmp_path: Path, command: str) -> None:
+    """`rules --config c.yaml >&-`: no traceback, the command's own status."""
+    check, env = check_command(tmp_path, "")
+    result = subprocess.run(
+        [*check[:3], command, *check[4:]], stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert (result.returncode, result.stderr) == (0, "")
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")

@@ -263,7 +263,21 @@ class Terminated(BaseException):
 
 
 def _terminate(signum: int, frame: object) -> None:
+    _stopping()
     raise Terminated
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    _stopping()
+    raise KeyboardInterrupt
+
+
+def _stopping() -> None:
+    """A stop was asked for: the signals after it are ignored (a second Ctrl-C, a supervisor's SIGTERM
+    sent again), so that what the stop does on its way out (a partial file removed, the requests in
+    flight cut) is not cut short, and it is said once, without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 _OUTPUT_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, errno.EDQUOT})
@@ -281,15 +295,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
     if args.command not in _SERVING:
         signal.signal(signal.SIGTERM, _terminate)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where Ctrl-C was set aside)
+            signal.signal(signal.SIGINT, _interrupt)
+    if sys.stdout is None:  # (started without one, `>&-`: what a command writes goes nowhere)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's, for its life
     said = f"inference-cost-exporter: {f'export {args.format}' if args.command == 'export' else args.command}:"
     try:
         status = int(command(args))
-        if sys.stdout is not None:  # (None when started without one: `>&-`)
-            sys.stdout.flush()  # (here, not at the exit: a write that fails is told as one)
+        sys.stdout.flush()  # (here, not at the exit: a write that fails is told as one)
         return status
     except BrokenPipeError:  # the reader went away (`check | head -1`): what is left goes nowhere, quietly
         _output_nowhere()
-        return 1
+        return 128 + signal.SIGPIPE  # (as SIGPIPE ends other tools: not the 1 of `check`'s bad config)
     except OSError as error:  # the output itself (a full disk): one line, not a traceback
         if error.filename is not None or error.errno not in _OUTPUT_FAULTS:
             raise

@@ -28,6 +28,7 @@ and their exact sums; Prometheus reads each as the same float the live expositio
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import os
@@ -403,8 +404,27 @@ def replacing(path: Path) -> Iterator[TextIO]:
     _refuse_unless_regular(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
+    try:
+        before: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        before = None
+    if before is not None and not os.access(path, os.W_OK):  # (a replace needs only the directory's leave)
+        raise PermissionError(errno.EACCES, "it is read-only (left as it is)", str(path))
     partial = path.with_name(f".{path.name}.partial")
-    out = partial.open("w", encoding="utf-8", newline="\n", buffering=1 << 20)
+    # The file replaced keeps its permissions (and, as root, its owner): a billing export made private
+    # stays private. A new one is made as any file (the umask's).
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if before is not None else 0o666)
+    try:
+        if before is not None:
+            os.fchmod(fd, stat.S_IMODE(before.st_mode))
+            if (before.st_uid, before.st_gid) != (os.geteuid(), os.getegid()):
+                with contextlib.suppress(PermissionError):
+                    os.fchown(fd, before.st_uid, before.st_gid)
+        out = open(fd, "w", encoding="utf-8", newline="\n", buffering=1 << 20)  # noqa: SIM115 - closed below
+    except BaseException:
+        os.close(fd)
+        partial.unlink(missing_ok=True)
+        raise
     try:
         with out:
             yield out
