@@ -327,6 +327,24 @@ def live() -> Iterator[tuple[Simulator, SimulatorServer]]:
     server.stop()
 
 
+def test_the_digest_command_tells_a_state_file_it_cannot_read_from_one_that_is_not_there(
+    live: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    """A damaged file, or another program's, at `state.path`: said so (and why, in the log line
+    before), not "no state file"; the digest is printed all the same, left as it was."""
+    doc = document(*live, tmp_path, [{"name": "hook", "type": "webhook", "url": NOWHERE}])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    state = Path(doc["state"]["path"])
+    state.write_bytes(b"not a database at all" * 100)
+    printed = subprocess.run([sys.executable, "-m", "exporter.cli", "digest", "--config", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert f"the state file {state} cannot be read (the warning above says why)" in printed.stderr
+    assert "state file not read" in printed.stderr
+    assert state.read_bytes() == b"not a database at all" * 100
+
+
 def test_the_digest_command_prints_it_and_sends_it_when_asked(
     live: tuple[Simulator, SimulatorServer], tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -344,7 +362,7 @@ def test_the_digest_command_prints_it_and_sends_it_when_asked(
     yesterday = today - dt.timedelta(days=1)
     assert printed.stdout.startswith(f"Daily inference spend {yesterday}: ")
     assert "Top endpoints (change against the day before)" in printed.stdout
-    assert "no state file" in printed.stderr  # no daemon ran here: no probe runs or alerts to tell
+    assert f"the state file {doc['state']['path']} is not there" in printed.stderr  # no daemon ran here
     assert digests(receiver) == []
 
     sent = subprocess.run([*command, "--send"], capture_output=True, text=True, timeout=60, check=False)

@@ -97,7 +97,9 @@ def cmd_digest(args: argparse.Namespace) -> int:
         held = peek(config.state.path, *sources.digest_span(today, schedule))
         own, alerts = [], []
         if held is None:
-            print(f"note: no state file at {config.state.path}: no probe runs or alerts to report", file=sys.stderr)
+            state = config.state.path
+            what = "cannot be read (the warning above says why)" if Path(state).exists() else "is not there"
+            print(f"note: the state file {state} {what}: no probe runs or alerts to report", file=sys.stderr)
         else:
             readable, unreadable = saved_alerts(held[1])
             own, alerts = held[0], list(readable.values())

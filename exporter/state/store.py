@@ -35,11 +35,22 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
     if not Path(path).is_file():
         return None
     try:
-        db = connect_existing(path, "ro")
         try:
-            return read(db)
-        finally:
-            db.close()
+            db = connect_existing(path, "ro")
+            try:
+                return read(db)
+            finally:
+                db.close()
+        except sqlite3.OperationalError as error:
+            if "readonly" not in str(error) and "unable to open" not in str(error):
+                raise
+            # Read only by its owner's leave (a directory the reader cannot write, where SQLite cannot
+            # make the files a WAL reader shares with a writer): read as a file no one writes now.
+            db = connect_existing(path, "ro&immutable=1")
+            try:
+                return read(db)
+            finally:
+                db.close()
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
         return None
