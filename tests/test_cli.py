@@ -623,6 +623,22 @@ def test_ctrl_c_names_the_command_it_stopped(
         assert (result.returncode, result.stderr) == (130, f"inference-cost-exporter: {said}: interrupted\n")
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "problem"),
+    [("--records", "-5", "must not be negative"), ("--records", "many", "not a whole number: 'many'"),
+     ("--latency", "-1", "must be 0 or more seconds"), ("--ttft", "nan", "must be 0 or more seconds"),
+     ("--chunk-delay", "soon", "not a number of seconds: 'soon'")],
+)  # fmt: skip
+def test_the_simulator_s_pace_is_refused_when_it_is_no_pace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, value: str, problem: str
+) -> None:
+    result = invoke(monkeypatch, capsys, "simulate", flag, value)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"inference-cost-exporter simulate: error: argument {flag}: {problem}"
+    )
+
+
 @pytest.mark.parametrize("command", ["check", "once", "run", "rules", "demo", "simulate"])
 def test_every_command_explains_itself(
     command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
