@@ -215,3 +215,20 @@ def test_contributors_shares_never_sum_above_one_and_a_new_part_carries_all_it_s
     assert [share for _, share in ranked] == sorted((share for _, share in ranked), reverse=True)
     assert sum(share for _, share in ranked) <= 1
     assert contributors(parts, day(6, 0)) == []  # a day no part knows
+
+
+def test_an_expected_amount_too_large_for_the_bill_s_places_is_judged_at_decimal_s_precision() -> None:
+    """A week of bills of 9 × 10^14 written to twelve places after quiet weeks: the expected amount
+    (the weekday's factor times the level) passes what 28 digits hold at those places; it is judged
+    as finely as they hold it, never refused (InvalidOperation), and so is a percent of 10^25."""
+    start = dt.date(2026, 8, 3)  # a Monday
+    series = {start + dt.timedelta(n): Decimal(10000 if n % 7 == 0 else "0.01") for n in range(56)}
+    huge = Decimal("900000000000000.000000000001")
+    series |= {start + dt.timedelta(n): huge for n in range(56, 64)}
+    found = judge(series, start + dt.timedelta(63), min_amount=Decimal(1), min_percent=Decimal(1))
+    assert found is not None
+    assert len(found.expected.as_tuple().digits) <= 28
+    tiny = {start + dt.timedelta(n): Decimal("0.000000000001") for n in range(63)} | {start + dt.timedelta(63): huge}
+    spike = judge(tiny, start + dt.timedelta(63), min_amount=Decimal(1), min_percent=Decimal(1))
+    assert spike is not None
+    assert spike.anomalous

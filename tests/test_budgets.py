@@ -522,3 +522,47 @@ def test_a_damaged_row_beside_a_tier_that_fires_makes_nothing_fire_again(
         assert [a.labels["tier"] for a in second.sources.engine.current() if a.state == "firing"] == ["0.5"]
     finally:
         second.stop()
+
+
+def test_a_spend_rule_reads_what_the_metrics_and_budgets_of_its_scope_read(
+    sim: Simulator, clock: Clock, tmp_path: Path
+) -> None:
+    """The account's `month_forecast` is the forecast `inference_bill_month_forecast_payable_amount`
+    shows (and the rule `rules` writes reads), not another projection; a project is read from the
+    lines by endpoint, as its budget reads it (the lines by item carry no project)."""
+    from exporter.model.signals import evaluate
+
+    rules = [
+        {"alert": "Forecast", "signal": "spend", "window": "month_forecast", "threshold": 1},
+        {"alert": "Lab", "signal": "spend", "window": "month", "where": {"project_id": "proj-lab"}, "threshold": 1},
+        {"alert": "Projects", "signal": "spend", "window": "today", "by": ["project_id"], "threshold": 1},
+    ]
+    doc = {
+        "billing": fake_billing_section(sim, history_months=3),
+        "alerts": {"rules": rules},
+        "budgets": [{"name": "lab", "amount": "1000", "where": {"project_id": "proj-lab"}}],
+        "state": {"path": str(tmp_path / "state.db")},
+    }
+    daemon = unit_daemon(validate(doc, {}), sim, clock)
+    try:
+        assert daemon.refresh("history")
+        assert daemon.refresh("bills")
+        series = metrics(daemon)
+        latest, sources = daemon.latest, ["bills", "usage", "history"]
+        forecast, lab, projects = (evaluate(rule, latest, clock, sources) for rule in daemon.config.alerts.rules)
+    finally:
+        daemon.stop()
+    assert forecast == {(): latest.bills.current.forecast}  # type: ignore[union-attr]
+    assert float(forecast[()]) == value(series, "inference_bill_month_forecast_payable_amount", period="2026-11")  # type: ignore[index]
+    truth = sim.bill_totals("2026-11")
+    spent = sum(truth[e.endpoint_id] for e in sim.endpoints if e.project_id == "proj-lab")
+    assert lab == {(): spent}
+    assert float(spent / 1000) == value(series, "inference_budget_used_ratio", budget="lab")
+    today = clock.today()
+    by_project: dict[str, Decimal] = {}
+    for e in sim.endpoints:
+        for item in ITEMS:
+            by_project[e.project_id] = (
+                by_project.get(e.project_id, Decimal(0)) + sim.charge("2026-11", today, e, item)[0]
+            )
+    assert projects == {(("project_id", p),): amount for p, amount in by_project.items()}

@@ -52,6 +52,8 @@ SPREAD_DAYS = 7 * WEEKS
 MAD_TO_SIGMA = Decimal("1.4826")
 """The median absolute deviation of normal noise × this is its standard deviation."""
 CENT = Decimal("0.01")
+DIGITS = 28
+"""Decimal's precision: a figure quantized to more digits than this is no figure (InvalidOperation)."""
 FINEST = Decimal("1e-12")
 """The finest an expected amount is written: a bill written finer (the API may) is judged to this."""
 SHARE = Decimal("0.0001")
@@ -171,12 +173,11 @@ class _History:
             return None
         actual = self.series[day]
         exponent = actual.as_tuple().exponent
-        # (as finely as the bill is written, to a cent at least and FINEST at most: within ±MAX_AMOUNT,
-        # Decimal's 28 digits always hold the figure so quantized)
+        # (as finely as the bill is written, to a cent at least and FINEST at most)
         precision = max(FINEST, min(CENT, Decimal(1).scaleb(exponent))) if isinstance(exponent, int) else CENT
-        expected = unrounded.quantize(precision)
+        expected = _quantized(unrounded, precision)
         impact = actual - expected
-        percent = (impact / expected * HUNDRED).quantize(CENT) if expected else None
+        percent = _quantized(impact / expected * HUNDRED, CENT) if expected else None
         anomalous = (
             impact >= min_amount
             and (percent is None or percent >= min_percent)
@@ -243,3 +244,11 @@ def contributors(
     total = sum(impacts.values(), Decimal(0))
     ranked = sorted(impacts.items(), key=lambda pair: (-pair[1], pair[0]))[:top]
     return [(name, (impact / total).quantize(SHARE, rounding=ROUND_DOWN)) for name, impact in ranked]
+
+
+def _quantized(value: Decimal, step: Decimal) -> Decimal:
+    """`value` to `step`, or as finely as DIGITS digits hold it when that is coarser (an expected
+    amount of 10^16 to the bill's twelve places, a percent of 10^25: each would be refused)."""
+    if value and value.adjusted() - step.adjusted() >= DIGITS:
+        step = Decimal(1).scaleb(value.adjusted() - DIGITS + 1)
+    return value.quantize(step)

@@ -2,7 +2,8 @@
 
 `forecast`, today's formula: the complete days, today at no less than the trailing week's daily
 average, and that average for each day left (the model falls back on it; the `spend` signal's
-`month_forecast` window and `backfill` still project with it).
+`month_forecast` window per group, or narrowed by `where`, and `backfill` still project with it;
+the account's is the model's).
 
 `month_forecast`: the month's total with a prediction interval, both learnt from the account's own
 daily bills (`docs/forecast.md` shows how well it does):

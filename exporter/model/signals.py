@@ -160,8 +160,10 @@ def _metric(name: str, op: str = "sum") -> Callable[[ThresholdRule], str]:
 
 
 def _bill_key(rule: ThresholdRule) -> str:
-    """Bills come by endpoint or by item: the rule's labels say which."""
-    return "endpoint_id" if "endpoint_id" in {*rule.by, *rule.where} else "item"
+    """Bills come by endpoint or by item: the rule's labels say which. A project is read from the
+    lines by endpoint, as a budget's is (the lines by item carry none where the API is asked for
+    every project)."""
+    return "endpoint_id" if {"endpoint_id", "project_id"} & {*rule.by, *rule.where} else "item"
 
 
 def _grouped(
@@ -206,6 +208,8 @@ def spend(rule: ThresholdRule, context: Context) -> Values | None:
                 for (k, product, project), amount in month.totals(key == "endpoint_id", day).items()
             ),
         )
+    if not rule.by and not rule.where:  # the account's: the bills' own forecast, as its metric and PromQL read it
+        return {(): bills.current.forecast}
     current: dict[Labels, list[DailyAmount]] = {} if rule.by else {(): []}
     for group, a in groups(0):
         if group is not None:
