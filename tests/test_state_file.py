@@ -759,19 +759,26 @@ def test_a_file_written_by_a_newer_version_is_refused_naming_both_layouts(tmp_pa
 
 
 @pytest.mark.parametrize("reset", [False, True])
-def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(tmp_path: Path, reset: bool) -> None:
-    """A state.path that names another service's SQLite file (layout 0 to this exporter, as every
-    file without a layout is): refused, naming its tables, never migrated, switched to WAL, nor
-    moved aside by --reset-state."""
+@pytest.mark.parametrize("user_version", [0, LAYOUT, LAYOUT + 5])
+@pytest.mark.parametrize("tables", [["users"], ["orders", "outbox"]])
+def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(
+    tmp_path: Path, reset: bool, user_version: int, tables: list[str]
+) -> None:
+    """A state.path that names another service's SQLite file, whatever layout its `user_version`
+    reads as (many programs set it), and one with a table of a name this exporter uses too (an
+    outbox): refused, naming its tables, never migrated, switched to WAL, nor moved aside by
+    --reset-state."""
     path = tmp_path / "grafana.db"
     with closing(sqlite3.connect(path)) as db:
-        db.execute("CREATE TABLE users (id INTEGER, name TEXT)")
-        db.execute("INSERT INTO users VALUES (1, 'admin')")
+        for table in tables:
+            db.execute(f"CREATE TABLE {table} (id INTEGER, name TEXT)")
+            db.execute(f"INSERT INTO {table} VALUES (1, 'admin')")  # noqa: S608 - the test's own names
+        db.execute(f"PRAGMA user_version = {user_version}")
         db.commit()
     written = path.read_bytes()
     with pytest.raises(StateError) as refused:
         StateStore(path, reset=reset)
-    assert f"state file {path} is not this exporter's (its tables: users)" in str(refused.value)
+    assert f"state file {path} is not this exporter's (its tables: {', '.join(tables)})" in str(refused.value)
     assert path.read_bytes() == written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grafana.db", "grafana.db.lock"]  # (no -wal, moved aside)
     empty = tmp_path / "empty.db"

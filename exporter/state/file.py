@@ -24,7 +24,7 @@ from pathlib import Path
 from exporter.core.logs import get_logger
 from exporter.state.errors import StateError, fault_of
 from exporter.state.lock import LockFile
-from exporter.state.migrations import LAYOUT, MIGRATIONS, OWN_TABLES, SCHEMA, number_outboxes
+from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, TABLES_EVER, number_outboxes
 
 log = get_logger(__name__)
 
@@ -185,14 +185,14 @@ class StateFile:
             # The layout first: a newer version's file is refused before anything here changes it
             # (switching it to WAL, for one).
             (version,) = db.execute("PRAGMA user_version").fetchone()
+            if path != ":memory:":
+                self._refuse_another_programs(db, version)
             if version > LAYOUT:
                 raise StateError(
                     self.path,
                     f"state file {self.path} was written by a newer version (layout {version}; this one knows "
                     f"layouts up to {LAYOUT}): run that version, or start afresh with another state.path",
                 )
-            if version == 0 and path != ":memory:":
-                self._refuse_another_programs(db)
             (mode,) = db.execute("PRAGMA journal_mode=WAL").fetchone()
             self._wal = mode == "wal"
             db.execute("PRAGMA synchronous=NORMAL")
@@ -220,12 +220,17 @@ class StateFile:
             raise
         return db
 
-    def _refuse_another_programs(self, db: sqlite3.Connection) -> None:
+    def _refuse_another_programs(self, db: sqlite3.Connection, version: int) -> None:
         """StateError for a database of another program's at `state.path` (a path mistyped: another
-        service's file), before anything here changes it: a file of layout 0 is this exporter's
-        when it is new (no table) or holds a table every version made."""
-        tables = sorted(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        if tables and not set(tables) & OWN_TABLES:
+        service's file), whatever its `user_version`, before anything here changes it: a file is
+        this exporter's when it is new (no table), or holds the table every version made first and,
+        at a layout this version knows, no table no version made (a newer one may make more)."""
+        tables = sorted(
+            row[0]
+            for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'")
+        )
+        foreign = FIRST_TABLE not in tables or (version <= LAYOUT and not set(tables) <= TABLES_EVER)
+        if tables and foreign:
             shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
             raise StateError(
                 self.path,
