@@ -698,6 +698,34 @@ def test_a_file_replaced_keeps_its_permissions_and_a_read_only_one_is_left_as_it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.om", "private.om"]
 
 
+def test_a_partial_left_or_planted_is_made_anew_never_written_through(tmp_path: Path) -> None:
+    """A partial an earlier run left, or a link to another file put where the partial goes (as root,
+    in a directory others write): the partial is made anew, the file the link names left as it is;
+    the extended attributes of the file replaced (an ACL's entries among them) are kept."""
+    output, partial, victim = tmp_path / "out.om", tmp_path / ".out.om.partial", tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    output.write_text("old\n")
+    try:
+        os.setxattr(output, "user.owner-team", b"finance")
+        attributes = True
+    except OSError:  # (a file system without them)
+        attributes = False
+    for planted in ("link", "leftover"):
+        if planted == "link":
+            partial.symlink_to(victim)
+        else:
+            partial.write_text("half of an earlier run\n")
+        with replacing(output) as out:
+            out.write(f"new {planted}\n")
+        assert output.read_text() == f"new {planted}\n"
+        assert (victim.read_text(), stat.S_IMODE(victim.stat().st_mode)) == ("precious\n", 0o600)
+        assert not partial.is_symlink()
+        assert not partial.exists()
+        if attributes:
+            assert os.getxattr(output, "user.owner-team") == b"finance"
+
+
 class Refusing:
     """The simulator's bills, in process, but for the months given, which the API refuses."""
 

@@ -411,15 +411,15 @@ def replacing(path: Path) -> Iterator[TextIO]:
     if before is not None and not os.access(path, os.W_OK):  # (a replace needs only the directory's leave)
         raise PermissionError(errno.EACCES, "it is read-only (left as it is)", str(path))
     partial = path.with_name(f".{path.name}.partial")
-    # The file replaced keeps its permissions (and, as root, its owner): a billing export made private
-    # stays private. A new one is made as any file (the umask's).
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if before is not None else 0o666)
+    # A partial an earlier run left (or a link put in its place) goes first: the file is made anew,
+    # never opened through a link to another.
+    with contextlib.suppress(FileNotFoundError):
+        partial.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    fd = os.open(partial, flags, 0o600 if before is not None else 0o666)
     try:
         if before is not None:
-            os.fchmod(fd, stat.S_IMODE(before.st_mode))
-            if (before.st_uid, before.st_gid) != (os.geteuid(), os.getegid()):
-                with contextlib.suppress(PermissionError):
-                    os.fchown(fd, before.st_uid, before.st_gid)
+            _take_on(fd, path, before)
         out = open(fd, "w", encoding="utf-8", newline="\n", buffering=1 << 20)  # noqa: SIM115 - closed below
     except BaseException:
         os.close(fd)
@@ -433,6 +433,24 @@ def replacing(path: Path) -> Iterator[TextIO]:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def _take_on(fd: int, path: Path, before: os.stat_result) -> None:
+    """The new file at `fd` as the one at `path` is (`before`): a billing export made private stays
+    private, one shared with a group stays shared. Its owner and group (the group alone where a
+    member may not give the file away), its extended attributes (an ACL's entries among them), then
+    its permission bits."""
+    if (before.st_uid, before.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, before.st_uid, before.st_gid)
+        except PermissionError:
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, -1, before.st_gid)
+    with contextlib.suppress(OSError):  # (a file system without them)
+        for name in os.listxattr(path):
+            with contextlib.suppress(OSError):
+                os.setxattr(fd, name, os.getxattr(path, name))
+    os.fchmod(fd, stat.S_IMODE(before.st_mode))
 
 
 def backfill(
