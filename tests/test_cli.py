@@ -623,6 +623,24 @@ def test_ctrl_c_names_the_command_it_stopped(
         assert (result.returncode, result.stderr) == (130, f"inference-cost-exporter: {said}: interrupted\n")
 
 
+def test_a_command_run_in_process_puts_the_signal_handlers_of_before_back(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`main` run by another program (the tests): its SIGTERM and Ctrl-C handlers last as long as
+    the command, not for the rest of the process (once a signal stopped it, the process is on its
+    way out: test_backfill's Ctrl-C pressed again)."""
+    from exporter.cli import config_commands
+
+    def checked(args: object) -> int:
+        assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]  # (its own, while it runs)
+        return 0
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(config_commands, "cmd_check", checked)
+    assert invoke(monkeypatch, capsys, "check", "--config", "c.yaml").returncode == 0
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "problem"),
     [("--records", "-5", "must not be negative"), ("--records", "many", "not a whole number: 'many'"),

@@ -827,3 +827,19 @@ def test_an_access_key_id_but_printable_ascii_is_refused(key_id: str) -> None:
     assert errors_of({"billing": BILLING | {"access_key_id": key_id}}) == [
         "billing.access_key_id: must be printable ASCII text (it goes into the request's signed header)"
     ]
+
+
+def test_a_variable_not_set_under_an_alias_is_told_at_every_place_the_alias_puts_it() -> None:
+    """YAML's aliases share one value (it is filled once): what could not be filled in it is still
+    told where each alias puts it, as if it were written there."""
+    text = """
+accounts:
+  - name: prod
+    billing: &b {url: "http://127.0.0.1:1", access_key_id: AK, secret_access_key: s, page_size: "${PAGE}"}
+  - name: staging
+    billing: *b
+"""
+    with pytest.raises(ConfigError) as refused:
+        validate(parse_yaml(text), {})
+    told = [d for d in refused.value.details if "PAGE" in d]
+    assert told == [f"accounts[{n}].billing.page_size: environment variable PAGE is not set" for n in (0, 1)]

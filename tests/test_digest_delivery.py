@@ -343,6 +343,12 @@ def test_the_digest_command_tells_a_state_file_it_cannot_read_from_one_that_is_n
     assert f"the state file {state} cannot be read (the warning above says why)" in printed.stderr
     assert "state file not read" in printed.stderr
     assert state.read_bytes() == b"not a database at all" * 100
+    state.unlink()
+    state.mkdir()
+    printed = subprocess.run([sys.executable, "-m", "exporter.cli", "digest", "--config", str(path)],
+                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert f"the state file {state} is not a file" in printed.stderr
 
 
 def test_the_digest_command_prints_it_and_sends_it_when_asked(

@@ -10,7 +10,7 @@ import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from exporter import __version__
 from exporter.core.clock import month_problem
@@ -295,9 +295,10 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _stopping() -> None:
-    """A stop was asked for: the signals after it are ignored (a second Ctrl-C, a supervisor's SIGTERM
-    sent again), so that what the stop does on its way out (a partial file removed, the requests in
-    flight cut) is not cut short, and it is said once, without a traceback."""
+    """A stop was asked for: the signals after it are ignored until the process ends (a second
+    Ctrl-C, a supervisor's SIGTERM sent again), so that what the stop does on its way out (a partial
+    file removed, the requests in flight cut) is not cut short, and it is said once, with its exit
+    status, without a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -315,12 +316,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
     module, name = args.func.split(":")
     command = getattr(importlib.import_module(f"exporter.cli.{module}"), name)
-    if args.command not in _SERVING:
-        signal.signal(signal.SIGTERM, _terminate)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not where Ctrl-C was set aside)
-            signal.signal(signal.SIGINT, _interrupt)
     if sys.stdout is None:  # (started without one, `>&-`: what a command writes goes nowhere)
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's, for its life
+    if args.command in _SERVING:  # (they take their signals themselves)
+        return _run_to_its_end(command, args)
+    # The handlers of before are put back once it has run (a process that runs `main` among other
+    # work), unless a signal stopped it: those after it are ignored till the process ends (`_stopping`).
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, _terminate)
+    if before[signal.SIGINT] is signal.default_int_handler:  # (not where Ctrl-C was set aside)
+        signal.signal(signal.SIGINT, _interrupt)
+    status = _run_to_its_end(command, args)
+    if signal.getsignal(signal.SIGTERM) is _terminate:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    return status
+
+
+def _run_to_its_end(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """The command's status, or one line for what stopped it: a reader gone, an output that cannot
+    be written, Ctrl-C or SIGTERM (of a command that runs to its end)."""
     said = f"inference-cost-exporter: {f'export {args.format}' if args.command == 'export' else args.command}:"
     try:
         status = int(command(args))

@@ -98,7 +98,11 @@ def cmd_digest(args: argparse.Namespace) -> int:
         own, alerts = [], []
         if held is None:
             state = config.state.path
-            what = "cannot be read (the warning above says why)" if Path(state).exists() else "is not there"
+            what = (
+                "is not there" if not Path(state).exists()
+                else "is not a file" if not Path(state).is_file()
+                else "cannot be read (the warning above says why)"
+            )  # fmt: skip
             print(f"note: the state file {state} {what}: no probe runs or alerts to report", file=sys.stderr)
         else:
             readable, unreadable = saved_alerts(held[1])

@@ -30,6 +30,8 @@ from exporter.core.fields import url_password
 from exporter.core.logs import MASK, get_logger
 from exporter.notifiers.webhook import webhook_secret
 
+MISSING_TOLD = 1000
+"""The most places a `${VAR}` or `${file:}` that cannot be filled is told at (an alias of it repeats it)."""
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
 RULE_KINDS = ("threshold-rule", "budget-rule", "anomaly-rule")
@@ -169,20 +171,27 @@ def substitute(
     environ: Mapping[str, str],
     path: tuple[int | str, ...],
     missing: dict[tuple[int | str, ...], str],
-    done: dict[int, Any] | None = None,
+    done: dict[int, tuple[Any, list[tuple[tuple[int | str, ...], str]]]] | None = None,
 ) -> Any:
     """Replace `${VAR}` and `${file:PATH}` in every string; note in `missing` why a path could not be
     filled. A mapping or list that YAML's aliases give in several places is done once and shared
     (`done`), as YAML shares it: ten aliases of ten aliases, nested eight deep, are 10^8 values."""
     done = {} if done is None else done
     if isinstance(node, dict | list):
-        if id(node) in done:
-            return done[id(node)]
+        if id(node) in done:  # (what could not be filled is told at this path too, up to MISSING_TOLD)
+            made, lacking = done[id(node)]
+            for inner, why in lacking:
+                if len(missing) >= MISSING_TOLD:
+                    break
+                missing.setdefault((*path, *inner), why)
+            return made
+        before = len(missing)
         if isinstance(node, dict):
-            made: Any = {key: substitute(value, environ, (*path, key), missing, done) for key, value in node.items()}
+            made = {key: substitute(value, environ, (*path, key), missing, done) for key, value in node.items()}
         else:
             made = [substitute(value, environ, (*path, i), missing, done) for i, value in enumerate(node)]
-        done[id(node)] = made
+        lacking = [(where[len(path) :], why) for where, why in list(missing.items())[before:]]
+        done[id(node)] = (made, lacking)
         return made
     if not isinstance(node, str):
         return node
