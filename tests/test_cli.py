@@ -643,8 +643,9 @@ def test_a_command_run_in_process_puts_the_signal_handlers_of_before_back(
 
 @pytest.mark.parametrize(
     ("flag", "value", "problem"),
-    [("--records", "-5", "must not be negative"), ("--records", "many", "not a whole number: 'many'"),
-     ("--latency", "-1", "must be 0 or more seconds"), ("--ttft", "nan", "must be 0 or more seconds"),
+    [("--records", "-5", "must be a whole number, 0 or more"), ("--records", "many", "not a whole number: 'many'"),
+     ("--latency", "-1", "must be a number of seconds, 0 or more"),
+     ("--ttft", "nan", "must be a number of seconds, 0 or more"),
      ("--chunk-delay", "soon", "not a number of seconds: 'soon'")],
 )  # fmt: skip
 def test_the_simulator_s_pace_is_refused_when_it_is_no_pace(

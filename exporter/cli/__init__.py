@@ -27,26 +27,22 @@ def _period(value: str) -> str:
     return value
 
 
-def _count(value: str) -> int:
-    """`--records`: a number of records, 0 or more."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return number
+def _none_or_more(cast: Callable[[str], float], what: str) -> Callable[[str], float]:
+    """An option's type: `what` (a whole number, seconds), 0 or more and finite."""
+
+    def parsed(value: str) -> float:
+        try:
+            number = cast(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {value!r}") from None
+        if not 0 <= number < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what}, 0 or more")
+        return number
+
+    return parsed
 
 
-def _seconds(value: str) -> float:
-    """`--latency`, `--ttft`, `--chunk-delay`: seconds, 0 or more."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError("must be 0 or more seconds")
-    return seconds
+SECONDS = _none_or_more(float, "a number of seconds")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -264,13 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--listen", default="127.0.0.1:9878", metavar="ADDR", help="where it listens")
     simulate.add_argument(
         "--records",
-        type=_count,
+        type=_none_or_more(int, "a whole number"),
         default=2000,
         help="usage records for today (a quarter as many on each of the 35 days before)",
     )
-    simulate.add_argument("--latency", type=_seconds, default=0.0, help="seconds added to every request")
-    simulate.add_argument("--ttft", type=_seconds, default=0.05, help="chat time to first token, seconds")
-    simulate.add_argument("--chunk-delay", type=_seconds, default=0.01, help="seconds between streamed chunks")
+    simulate.add_argument("--latency", type=SECONDS, default=0.0, help="seconds added to every request")
+    simulate.add_argument("--ttft", type=SECONDS, default=0.05, help="chat time to first token, seconds")
+    simulate.add_argument("--chunk-delay", type=SECONDS, default=0.01, help="seconds between streamed chunks")
     simulate.set_defaults(func="commands:cmd_simulate")
     return parser
 

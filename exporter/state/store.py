@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,21 +37,15 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
         return None
     try:
         try:
-            db = connect_existing(path, "ro")
-            try:
+            with closing(connect_existing(path, "ro")) as db:
                 return read(db)
-            finally:
-                db.close()
         except sqlite3.OperationalError as error:
             if "readonly" not in str(error) and "unable to open" not in str(error):
                 raise
             # Read only by its owner's leave (a directory the reader cannot write, where SQLite cannot
             # make the files a WAL reader shares with a writer): read as a file no one writes now.
-            db = connect_existing(path, "ro&immutable=1")
-            try:
+            with closing(connect_existing(path, "ro&immutable=1")) as db:
                 return read(db)
-            finally:
-                db.close()
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
         return None
