@@ -1022,6 +1022,64 @@ def test_an_account_renamed_onto_a_name_whose_account_the_same_reload_takes_out_
         daemon.stop()
 
 
+def test_an_account_a_reload_adds_or_renames_does_not_take_the_others_out_of_service(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """At start every account is tried before the exporter is ready; once it has been, an account a
+    reload adds (its API slow, hanging, or its key mistyped) or renames is not waited for: the others'
+    figures stay in service, and /readyz names the new one `not refreshed yet`."""
+    path = tmp_path / "config.yaml"
+    two = {name: sims[name] for name in ("prod", "staging")}
+    path.write_text(yaml.safe_dump(document(two, tmp_path, [])))
+    daemon = Daemon(validate(document(two, tmp_path, []), {}), config_path=path, clock=clock,
+                    billing=AccountsBilling(sims), serve=False)  # fmt: skip
+    try:
+        assert not readiness(daemon)[0]  # (nothing tried yet)
+        assert daemon.refresh("prod/bills")
+        assert daemon.refresh("prod/usage")
+        assert not readiness(daemon)[0]  # (staging not tried yet, at start)
+        assert all(daemon.refresh(key) for key in ("staging/bills", "staging/usage"))
+        assert readiness(daemon)[0]
+        renamed = {"prod": sims["prod"], "stg": sims["staging"], "lab": sims["lab"]}
+        path.write_text(yaml.safe_dump(document(renamed, tmp_path, [])))
+        assert daemon.reload()
+        ready, states = readiness(daemon)
+        assert ready
+        assert (states["lab/bills"], states["stg/bills"], states["prod/bills"]) == ("not refreshed yet",) * 2 + ("ok",)
+    finally:
+        daemon.stop()
+
+
+def test_an_account_s_digest_holds_the_alerts_of_rules_not_split_by_account_only_where_they_count_it(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """A rule narrowed to other accounts, or a budget rule whose budget spans other accounts, is not
+    the account's: its alert is left out of that account's digest (as the budgets section leaves the
+    budget out), and told in the digests of the accounts it counts."""
+    rules = [
+        {"alert": "ProdSpendHigh", "signal": "spend", "window": "month", "where": {"account": "prod"}, "threshold": 1},
+        {"alert": "Everywhere", "signal": "spend", "window": "month", "threshold": 1},
+        {"alert": "TwoBudget", "budget": "two", "tiers": [0.5]},
+    ]
+    two = {"name": "two", "amount": "100", "where": {"account": ["prod", "staging"]}}
+    daemon = daemon_on(sims, clock, document(sims, tmp_path, rules, budgets=[two]))
+    try:
+        assert refresh_all(daemon) == [True, True, True]
+        daemon.alert_cycle()
+        assert {a.labels["alertname"] for a in daemon.sources.engine.current() if a.state == "firing"} == {
+            "ProdSpendHigh", "Everywhere", "TwoBudget"
+        }  # fmt: skip
+        digests = {name: daemon.sources.digest(clock.today(), "daily", "", account=name) for name in NAMES}
+        told = {name: sorted(a["alertname"] for a in body["alerts"]) for name, body in digests.items()}
+    finally:
+        daemon.stop()
+    assert told == {
+        "prod": ["Everywhere", "ProdSpendHigh", "TwoBudget"],
+        "staging": ["Everywhere", "TwoBudget"],
+        "lab": ["Everywhere"],
+    }
+
+
 @pytest.mark.parametrize(("schedule", "sent_on"), [("daily", dt.date(2026, 12, 1)), ("weekly", dt.date(2026, 12, 7))])
 def test_each_account_s_digest_tells_how_the_organisation_budget_ended_the_month(
     sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path, schedule: str, sent_on: dt.date

@@ -24,9 +24,10 @@ from exporter.app.account import (
     collectors,
 )
 from exporter.billing import BillingError, RetryPolicy
-from exporter.config.rules import AnomalyRule
+from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
+from exporter.core.fields import in_scope
 from exporter.delivery.dispatcher import Dispatcher
 from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, ended_month, span
 from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
@@ -356,6 +357,22 @@ class Sources:
                 found.append((budget, shared_parts(budget, spans, today), names, spent))
         return found
 
+    def _spanning(self, account: str) -> Callable[[str], bool]:
+        """Whether a rule not split by account (its id) counts `account`: a threshold rule unless
+        its `where` names other accounts, a budget rule unless its budget spans other accounts."""
+        rules = dict(zip(rule_ids(self.config.alerts.rules), self.config.alerts.rules, strict=True))
+        shared = {budget.name: budget for budget in self.config.shared_budgets}
+
+        def spans(rule_id: str) -> bool:
+            rule = rules.get(rule_id)
+            if isinstance(rule, ThresholdRule):
+                return in_scope(rule.where.get(ACCOUNT), account)
+            if isinstance(rule, BudgetRule) and rule.budget in shared:
+                return shared[rule.budget].spans(account)
+            return True  # (a rule no longer configured: its alert is told where it was)
+
+        return spans
+
     def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
         """The timestamps the digest sent on `sent_on` covers: [start, end)."""
         first, day = span(schedule, sent_on)
@@ -407,9 +424,9 @@ class Sources:
         """The digest of one account (the only one without `accounts`) sent on `sent_on`, from what
         its sources hold now; the probe runs and alerts are this daemon's unless given (`digest`
         the command reads a daemon's file). With several accounts, it holds the alerts of that
-        account and of rules not split by account. `settled`: the settled days whose reconciliation
-        it tells (`digest_settled`: without the days told before, those that settled since the
-        digest before by the schedule)."""
+        account and of the rules not split by account that count it (`_spanning`). `settled`: the
+        settled days whose reconciliation it tells (`digest_settled`: without the days told before,
+        those that settled since the digest before by the schedule)."""
         one = self.accounts[account]
         if runs is None:
             runs = one.state.probe_runs(*self.digest_span(sent_on, schedule))
@@ -420,10 +437,11 @@ class Sources:
             ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for _, t in rs if t is not None])
             for name, rs in sorted(per_probe.items())
         ]
+        spans = self._spanning(account)
         firing = [
             FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
             for a in (self.engine.current() if alerts is None else alerts)
-            if a.state == "firing" and a.labels.get(ACCOUNT, account) == account
+            if a.state == "firing" and (a.labels[ACCOUNT] == account if ACCOUNT in a.labels else spans(a.rule))
         ]
         if settled is None:
             settled = self.digest_settled(sent_on, schedule, account)[0]

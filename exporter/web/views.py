@@ -4,9 +4,10 @@ bill's disagreements with the usage."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from exporter.alerts.alert import Alert
 from exporter.config.schema import BudgetConfig, PriceConfig
@@ -54,6 +55,9 @@ class View:
     """With several accounts, the budgets that span them."""
     awaited: Callable[[], Sequence[str]] | None = None
     """The sources readiness waits for (every one of `sources` when None)."""
+    served: threading.Event = field(default_factory=threading.Event)
+    """Set once ready: from then on, with several accounts, an account a reload adds (or renames)
+    is not waited for to be tried (`ready`)."""
 
     def sources_health(self) -> Mapping[str, SourceHealth]:
         return self.latest.health if self.health is None else self.health()
@@ -91,7 +95,11 @@ def ready(view: View) -> tuple[bool, dict[str, str]]:
         for sources in accounts.values()
     ]
     tried = all(source in health for sources in accounts.values() for source in sources)
-    is_ready = all(serving) if len(accounts) < 2 else any(serving) and tried
+    # With several accounts, each is tried before the first time in service (a pod starting); not an
+    # account a reload adds later: its API hanging would take the others' figures out of service.
+    is_ready = all(serving) if len(accounts) < 2 else any(serving) and (tried or view.served.is_set())
+    if is_ready:
+        view.served.set()
     return is_ready, states
 
 
