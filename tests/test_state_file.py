@@ -784,6 +784,12 @@ def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()  # (an empty database is a new state file)
     StateStore(empty).close()
+    later = tmp_path / "later.db"  # (a later version's, at the same layout with a table of its own: gone back to)
+    StateStore(later).close()
+    with closing(sqlite3.connect(later)) as db:
+        db.execute("CREATE TABLE kept_by_a_later_version (id INTEGER)")
+        db.commit()
+    StateStore(later).close()
 
 
 def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_nothing(tmp_path: Path) -> None:

@@ -322,11 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     if before[signal.SIGINT] is signal.default_int_handler:  # (not where Ctrl-C was set aside)
         signal.signal(signal.SIGINT, _interrupt)
-    status = _run_to_its_end(command, args)
-    if signal.getsignal(signal.SIGTERM) is _terminate:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-    return status
+    try:
+        return _run_to_its_end(command, args)
+    finally:  # (a bad config ends a command with SystemExit: they go back then too)
+        if signal.getsignal(signal.SIGTERM) is _terminate:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def _run_to_its_end(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

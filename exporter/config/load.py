@@ -166,55 +166,59 @@ def yaml_problem(error: yaml.YAMLError) -> str:
     return _QUOTED.sub("(its name not repeated here)", problem) if problem.startswith(_QUOTING) else problem
 
 
+Lacking = list[tuple[tuple[int | str, ...], str]]
+"""What could not be filled in a value: each place in it (a path from the value) and why."""
+
+
 def substitute(
-    node: Any,
-    environ: Mapping[str, str],
-    path: tuple[int | str, ...],
-    missing: dict[tuple[int | str, ...], str],
-    done: dict[int, tuple[Any, list[tuple[tuple[int | str, ...], str]]]] | None = None,
+    node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
 ) -> Any:
     """Replace `${VAR}` and `${file:PATH}` in every string; note in `missing` why a path could not be
-    filled. A mapping or list that YAML's aliases give in several places is done once and shared
-    (`done`), as YAML shares it: ten aliases of ten aliases, nested eight deep, are 10^8 values."""
-    done = {} if done is None else done
+    filled (at MISSING_TOLD places at most). A mapping or list that YAML's aliases give in several
+    places is done once and shared, as YAML shares it (ten aliases of ten aliases, nested eight deep,
+    are 10^8 values), and what could not be filled in it is told at each of its places."""
+    made, lacking = _substituted(node, environ, {})
+    for where, why in lacking:
+        missing.setdefault((*path, *where), why)
+    return made
+
+
+def _substituted(node: Any, environ: Mapping[str, str], done: dict[int, tuple[Any, Lacking]]) -> tuple[Any, Lacking]:
     if isinstance(node, dict | list):
-        if id(node) in done:  # (what could not be filled is told at this path too, up to MISSING_TOLD)
-            made, lacking = done[id(node)]
-            for inner, why in lacking:
-                if len(missing) >= MISSING_TOLD:
-                    break
-                missing.setdefault((*path, *inner), why)
-            return made
-        before = len(missing)
-        if isinstance(node, dict):
-            made = {key: substitute(value, environ, (*path, key), missing, done) for key, value in node.items()}
-        else:
-            made = [substitute(value, environ, (*path, i), missing, done) for i, value in enumerate(node)]
-        lacking = [(where[len(path) :], why) for where, why in list(missing.items())[before:]]
+        if id(node) in done:
+            return done[id(node)]
+        lacking: Lacking = []
+        made: Any = {} if isinstance(node, dict) else []
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            filled, inner = _substituted(value, environ, done)
+            if isinstance(made, dict):
+                made[key] = filled
+            else:
+                made.append(filled)
+            lacking.extend(((key, *where), why) for where, why in inner[: MISSING_TOLD - len(lacking)])
         done[id(node)] = (made, lacking)
-        return made
+        return made, lacking
     if not isinstance(node, str):
-        return node
+        return node, []
+    problems: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
         if match[1] is not None:
             try:
                 return Path(match[1]).read_text(encoding="utf-8").strip()
             except OSError as error:
-                missing.setdefault(path, f"cannot read secret file {match[1][:200]} ({error.strerror})")
-                return match[0]
+                problems.append(f"cannot read secret file {match[1][:200]} ({error.strerror})")
             except UnicodeDecodeError:
-                missing.setdefault(path, f"secret file {match[1]} is not UTF-8 text")
-                return match[0]
+                problems.append(f"secret file {match[1]} is not UTF-8 text")
             except ValueError:  # (a path holding a NUL)
-                missing.setdefault(path, f"cannot read secret file {match[1][:200]!r} (not a file name)")
-                return match[0]
+                problems.append(f"cannot read secret file {match[1][:200]!r} (not a file name)")
+            return match[0]
         if match[2] not in environ:
-            missing.setdefault(path, f"environment variable {match[2]} is not set")
+            problems.append(f"environment variable {match[2]} is not set")
             return match[0]
         return environ[match[2]].strip()  # (as a file's: a secret's trailing newline goes no further)
 
-    return REFERENCE.sub(replace, node)
+    return REFERENCE.sub(replace, node), [((), problems[0])] if problems else []
 
 
 def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:

@@ -97,6 +97,8 @@ class ThresholdRule(_Rule):
                 raise ValueError(f"signal {self.signal!r} has no label {name!r} (it has {', '.join(signal.labels)})")
         if self.signal == "spend" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
             raise ValueError("spend is billed by endpoint or by item, not both: use one of them")
+        if self.signal == "spend" and {"project_id", "item"} <= {*self.by, *self.where}:
+            raise ValueError("spend by project_id is read from the bills by endpoint, whose lines carry no item")
         if self.signal == "reconciliation_gap" and {"endpoint_id", "item"} <= {*self.by, *self.where}:
             raise ValueError("reconciliation_gap is by item (tokens) or by endpoint_id (amounts), not both")
         if self.window not in signal.windows:

@@ -24,7 +24,7 @@ from pathlib import Path
 from exporter.core.logs import get_logger
 from exporter.state.errors import StateError, fault_of
 from exporter.state.lock import LockFile
-from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, TABLES_EVER, number_outboxes
+from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, number_outboxes
 
 log = get_logger(__name__)
 
@@ -186,7 +186,7 @@ class StateFile:
             # (switching it to WAL, for one).
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if path != ":memory:":
-                self._refuse_another_programs(db, version)
+                self._refuse_another_programs(db)
             if version > LAYOUT:
                 raise StateError(
                     self.path,
@@ -220,17 +220,16 @@ class StateFile:
             raise
         return db
 
-    def _refuse_another_programs(self, db: sqlite3.Connection, version: int) -> None:
+    def _refuse_another_programs(self, db: sqlite3.Connection) -> None:
         """StateError for a database of another program's at `state.path` (a path mistyped: another
         service's file), whatever its `user_version`, before anything here changes it: a file is
-        this exporter's when it is new (no table), or holds the table every version made first and,
-        at a layout this version knows, no table no version made (a newer one may make more)."""
+        this exporter's when it is new (no table) or holds the table every version made first (a
+        later version adds tables, at the same layout too: a file it wrote is not refused)."""
         tables = sorted(
             row[0]
             for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'")
         )
-        foreign = FIRST_TABLE not in tables or (version <= LAYOUT and not set(tables) <= TABLES_EVER)
-        if tables and foreign:
+        if tables and FIRST_TABLE not in tables:
             shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
             raise StateError(
                 self.path,

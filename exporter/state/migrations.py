@@ -4,7 +4,6 @@ per step; both run when the file is opened (`StateFile`). Also where an outbox s
 
 from __future__ import annotations
 
-import re
 import secrets
 import sqlite3
 from collections.abc import Callable
@@ -175,9 +174,6 @@ for a file of any layout (older versions keep it up to date without knowing it):
 FIRST_TABLE = "usage_cursor"
 """The table every version's SCHEMA made first: a database with tables but not this one is another
 program's, never taken for a state file (a file whose making stopped part way has it)."""
-TABLES_EVER = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA)) | {"account_names", "digest_accounts"}
-"""Every table a version has made (those of earlier versions no longer made too): a database of
-a layout this version knows with any other table is another program's."""
 
 
 def _to_layout_1(db: sqlite3.Connection) -> None:
