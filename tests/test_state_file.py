@@ -780,7 +780,7 @@ def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(
         StateStore(path, reset=reset)
     assert f"state file {path} is not this exporter's (its tables: {', '.join(tables)})" in str(refused.value)
     assert path.read_bytes() == written
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["grafana.db", "grafana.db.lock"]  # (no -wal, moved aside)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grafana.db"]  # (no -wal, lock file, nor moved aside)
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()  # (an empty database is a new state file)
     StateStore(empty).close()
@@ -835,3 +835,18 @@ def test_reset_state_moves_aside_a_corrupt_file_of_an_account_too(tmp_path: Path
     [aside] = tmp_path.glob("state.prod.db.corrupt-*[0-9]")
     assert aside.read_bytes() == original
     StateStore(tmp_path / "state.prod.db").close()  # a fresh file now
+
+
+def test_a_run_of_what_a_probe_measured_before_it_moved_is_not_kept(tmp_path: Path) -> None:
+    """A run that ends as a reload moves its probe (the reload's note taken first): it is of the
+    endpoint before, and is not kept under the probe's name."""
+    store = StateStore(tmp_path / "state.db")
+    try:
+        assert store.measuring({"x": "alpha"}) == []
+        assert store.record_probe_run("x", 10.0, True, 0.1, keep_from=0.0, measured="alpha")
+        assert store.measuring({"x": "beta"}) == ["x"]
+        assert not store.record_probe_run("x", 20.0, True, 0.1, keep_from=0.0, measured="alpha")
+        assert store.record_probe_run("x", 30.0, False, None, keep_from=0.0, measured="beta")
+        assert store.probe_runs(0.0, 100.0) == [("x", False, None)]
+    finally:
+        store.close()

@@ -390,9 +390,10 @@ class Account:
             if not self._measured:  # (the state file refuses: said by `_measuring`)
                 return
         try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
+            assert self.config.inference is not None  # (there are probes)
             self.state.record_probe_run(
                 snapshot.probe, now, snapshot.last.success, snapshot.last.time_to_first_token,
-                keep_from=now - PROBE_RUNS_KEPT,
+                keep_from=now - PROBE_RUNS_KEPT, measured=measures(runner.probe, self.config.inference),
             )  # fmt: skip
         except StateError as error:
             if str(error) != self._runs_refused:  # (said once while the state file refuses, not every run)

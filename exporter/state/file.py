@@ -169,7 +169,7 @@ class StateFile:
                             path=self.path, fault=error.fault, moved_to=self.moved_aside)  # fmt: skip
                 self._db = self._open()
         except BaseException:
-            self._lock_file.release()
+            self._lock_file.abandon()
             raise
 
     # -- opening --

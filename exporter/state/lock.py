@@ -4,6 +4,7 @@ told which process holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -20,6 +21,8 @@ class LockFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.lock_path = f"{os.path.realpath(path)}.lock"  # (beside the file itself: one a symlink names too)
+        self.made = not os.path.lexists(self.lock_path)
+        """Whether there was no lock file before: `abandon` takes it away again."""
         self._fd: int | None = self._take()
 
     def _take(self) -> int:
@@ -64,6 +67,15 @@ class LockFile:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+    def abandon(self) -> None:
+        """Release the lock of a state file that could not be opened, and remove the lock file if
+        taking the lock made it: a path that names no state file of this exporter's (another
+        program's, a device, a directory) is left with nothing of it beside."""
+        if self._fd is not None and self.made:
+            with contextlib.suppress(OSError):
+                os.unlink(self.lock_path)  # (while still held: no other exporter takes it meanwhile)
+        self.release()
 
     def check(self) -> None:
         """Take the lock again if `<path>.lock` was deleted or replaced while running."""

@@ -21,11 +21,18 @@ def read_probe_runs(db: sqlite3.Connection, start: float, end: float) -> list[tu
 class ProbeTable(StateFile):
     """`probe_runs`."""
 
-    def record_probe_run(self, probe: str, at: float, success: bool, ttft: float | None, *, keep_from: float) -> None:
-        """One probe run (for the digest's success ratios and percentiles); forget runs before `keep_from`."""
+    def record_probe_run(
+        self, probe: str, at: float, success: bool, ttft: float | None, *, keep_from: float, measured: str | None = None
+    ) -> bool:
+        """One probe run (for the digest's success ratios and percentiles) of what the probe measured
+        (`measuring`, when given); forget runs before `keep_from`. False, and nothing kept, when the
+        probe measures something else now (a reload moved it while this run was on its way here)."""
         with self.transaction("probes") as db:
+            if measured is not None and _measured(db).get(probe, measured) != measured:
+                return False
             db.execute("INSERT INTO probe_runs VALUES (?, ?, ?, ?)", (probe, at, int(success), ttft))
             db.execute("DELETE FROM probe_runs WHERE at < ?", (keep_from,))
+        return True
 
     def measuring(self, measured: Mapping[str, str]) -> list[str]:
         """The probes measure `measured` (each probe's name: what it measures) from now on: the runs
@@ -34,12 +41,7 @@ class ProbeTable(StateFile):
         The probes whose runs it forgot. (Runs kept by an earlier version, which said nothing of
         what they measured, are taken as the config's.)"""
         with self.transaction("probes") as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'probes_measured'").fetchone()
-            try:
-                before = json.loads(row[0]) if row is not None else {}
-            except ValueError:  # (damaged: the runs held are taken as the config's)
-                before = {}
-            before = before if isinstance(before, dict) else {}
+            before = _measured(db)
             moved = sorted(name for name, what in measured.items() if before.get(name, what) != what)
             db.executemany("DELETE FROM probe_runs WHERE probe = ?", [(name,) for name in moved])
             held = {name for (name,) in db.execute("SELECT DISTINCT probe FROM probe_runs")}
@@ -53,3 +55,13 @@ class ProbeTable(StateFile):
         """(probe, success, time to first token) of the runs in [start, end)."""
         with self.reading() as db:
             return read_probe_runs(db, start, end)
+
+
+def _measured(db: sqlite3.Connection) -> dict[str, str]:
+    """What each probe measures, as `measuring` last noted it (nothing for a note damaged or none)."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'probes_measured'").fetchone()
+    try:
+        noted = json.loads(row[0]) if row is not None else {}
+    except ValueError:  # (damaged: the runs held are taken as the config's)
+        return {}
+    return noted if isinstance(noted, dict) else {}

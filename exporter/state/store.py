@@ -40,10 +40,11 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
             with closing(connect_existing(path, "ro")) as db:
                 return read(db)
         except sqlite3.OperationalError as error:
-            if "readonly" not in str(error) and "unable to open" not in str(error):
+            if ("readonly" not in str(error) and "unable to open" not in str(error)) or Path(f"{path}-wal").exists():
                 raise
-            # Read only by its owner's leave (a directory the reader cannot write, where SQLite cannot
-            # make the files a WAL reader shares with a writer): read as a file no one writes now.
+            # Read only by its owner's leave, its daemon stopped (no write-ahead log: a directory the
+            # reader cannot write, where SQLite cannot make the files a WAL reader shares with a
+            # writer): read as the file no one writes now. (With a log, what it holds would be missed.)
             with closing(connect_existing(path, "ro&immutable=1")) as db:
                 return read(db)
     except sqlite3.Error as error:
