@@ -627,17 +627,25 @@ def test_a_command_run_in_process_puts_the_signal_handlers_of_before_back(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`main` run by another program (the tests): its SIGTERM and Ctrl-C handlers last as long as
-    the command, not for the rest of the process (once a signal stopped it, the process is on its
-    way out: test_backfill's Ctrl-C pressed again)."""
+    the command, however it ends (its result, a bad config's SystemExit, a signal that stopped it),
+    not for the rest of the process (the program's `entry` keeps ignoring them after a stop, as it
+    exits: test_backfill's Ctrl-C pressed again)."""
     from exporter.cli import config_commands
 
     def checked(args: object) -> int:
         assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]  # (its own, while it runs)
         return 0
 
+    def stopped(args: object) -> int:
+        signal.raise_signal(signal.SIGTERM)
+        return 0
+
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    monkeypatch.setattr(config_commands, "cmd_check", checked)
-    assert invoke(monkeypatch, capsys, "check", "--config", "c.yaml").returncode == 0
+    for command, status in ((checked, 0), (stopped, 143)):
+        monkeypatch.setattr(config_commands, "cmd_check", command)
+        assert invoke(monkeypatch, capsys, "check", "--config", "c.yaml").returncode == status
+        assert {signum: signal.getsignal(signum) for signum in before} == before
+    assert invoke(monkeypatch, capsys, "once", "--config", "missing.yaml").returncode == 1  # (SystemExit)
     assert {signum: signal.getsignal(signum) for signum in before} == before
 
 

@@ -41,7 +41,7 @@ def test_dockerfile_passes_hadolint() -> None:
 def test_the_container_runs_the_console_script_as_a_non_root_user() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["inference-cost-exporter"] == "exporter.cli:main"
+    assert scripts["inference-cost-exporter"] == "exporter.cli:entry"
     entrypoint = next(line for line in dockerfile.splitlines() if line.startswith("ENTRYPOINT"))
     assert json.loads(entrypoint.removeprefix("ENTRYPOINT ")) == ["inference-cost-exporter", "run"]
     assert "USER 10001" in dockerfile

@@ -115,6 +115,10 @@ def test_a_target_holding_a_password_is_refused_and_never_logged(
     ):
         answer = exchange(server, request)
         assert [status for status, _ in responses(answer)] == [400]
+    # (A path that begins with `//`, which a URL parser would read as an authority: the stdlib takes
+    # it as the path it is, and no such path is served.)
+    answer = exchange(server, b"GET //scraper:Sup3rSecretPw@127.0.0.1/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert [status for status, _ in responses(answer)] == [404]
     assert "Sup3rSecretPw" not in caplog.text
     # A request line the stdlib cannot read (four words: a space in the password) is quoted in its reason.
     answer = exchange(server, b"GET http://scraper:Sup3r Secret@127.0.0.1/metrics HTTP/1.1\r\nHost: x\r\n\r\n")

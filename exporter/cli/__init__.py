@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from exporter import __version__
 from exporter.core.clock import month_problem
@@ -316,18 +317,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's, for its life
     if args.command in _SERVING:  # (they take their signals themselves)
         return _run_to_its_end(command, args)
-    # The handlers of before are put back once it has run (a process that runs `main` among other
-    # work), unless a signal stopped it: those after it are ignored till the process ends (`_stopping`).
+    # The handlers of before are put back once it has run, however it ended (a process that runs
+    # `main` among other work; `entry`, the program's, ignores the signals after a stop till it exits).
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _terminate)
     if before[signal.SIGINT] is signal.default_int_handler:  # (not where Ctrl-C was set aside)
         signal.signal(signal.SIGINT, _interrupt)
     try:
         return _run_to_its_end(command, args)
-    finally:  # (a bad config ends a command with SystemExit: they go back then too)
-        if signal.getsignal(signal.SIGTERM) is _terminate:
-            for signum, handler in before.items():
-                signal.signal(signum, handler)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def entry() -> NoReturn:
+    """The program (its console script, `python -m exporter.cli`): `main`, then its exit. Once a
+    signal stopped a command, the signals after it are ignored while the interpreter ends (its
+    threads joined), so that the stop is said once, with its own status."""
+    status = main()
+    if status in (130, 128 + signal.SIGTERM):
+        _stopping()
+    sys.exit(status)
 
 
 def _run_to_its_end(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

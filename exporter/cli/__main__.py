@@ -1,8 +1,6 @@
 """`python -m exporter.cli`."""
 
-import sys
-
-from exporter.cli import main
+from exporter.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

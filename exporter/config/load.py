@@ -31,7 +31,10 @@ from exporter.core.logs import MASK, get_logger
 from exporter.notifiers.webhook import webhook_secret
 
 MISSING_TOLD = 1000
-"""The most places a `${VAR}` or `${file:}` that cannot be filled is told at (an alias of it repeats it)."""
+"""The most places a `${VAR}` or `${file:}` that cannot be filled is told at where YAML's aliases
+repeat it (every place written in the file is told)."""
+MAX_NESTING = 100
+"""The deepest a config's mappings and lists may nest (no config needs a tenth of it)."""
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
 RULE_KINDS = ("threshold-rule", "budget-rule", "anomaly-rule")
@@ -174,28 +177,36 @@ def substitute(
     node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
 ) -> Any:
     """Replace `${VAR}` and `${file:PATH}` in every string; note in `missing` why a path could not be
-    filled (at MISSING_TOLD places at most). A mapping or list that YAML's aliases give in several
-    places is done once and shared, as YAML shares it (ten aliases of ten aliases, nested eight deep,
-    are 10^8 values), and what could not be filled in it is told at each of its places."""
+    filled. A mapping or list that YAML's aliases give in several places is done once and shared,
+    as YAML shares it (ten aliases of ten aliases, nested eight deep, are 10^8 values), and what
+    could not be filled in it is told at its places (MISSING_TOLD at most). RecursionError past
+    MAX_NESTING."""
     made, lacking = _substituted(node, environ, {})
     for where, why in lacking:
         missing.setdefault((*path, *where), why)
     return made
 
 
-def _substituted(node: Any, environ: Mapping[str, str], done: dict[int, tuple[Any, Lacking]]) -> tuple[Any, Lacking]:
+def _substituted(
+    node: Any, environ: Mapping[str, str], done: dict[int, tuple[Any, Lacking]], depth: int = 0
+) -> tuple[Any, Lacking]:
     if isinstance(node, dict | list):
+        if depth > MAX_NESTING:
+            raise RecursionError("nested too deeply")  # (told as such by `load_checked`)
         if id(node) in done:
             return done[id(node)]
         lacking: Lacking = []
         made: Any = {} if isinstance(node, dict) else []
         for key, value in node.items() if isinstance(node, dict) else enumerate(node):
-            filled, inner = _substituted(value, environ, done)
+            again = isinstance(value, dict | list) and id(value) in done  # (an alias of a value done before)
+            filled, inner = _substituted(value, environ, done, depth + 1)
             if isinstance(made, dict):
                 made[key] = filled
             else:
                 made.append(filled)
-            lacking.extend(((key, *where), why) for where, why in inner[: MISSING_TOLD - len(lacking)])
+            # What each place of the file lacks is told; at the places an alias repeats, up to MISSING_TOLD.
+            inner = inner[: max(0, MISSING_TOLD - len(lacking))] if again else inner
+            lacking.extend(((key, *where), why) for where, why in inner)
         done[id(node)] = (made, lacking)
         return made, lacking
     if not isinstance(node, str):

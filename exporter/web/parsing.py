@@ -34,9 +34,11 @@ def target_path(command: str, target: str) -> str | None:
         parts = urlsplit(target)
     except ValueError:
         return None
+    if credentialed(target):
+        return None
     if target.startswith("/"):
         return parts.path
-    if parts.scheme.lower() in ("http", "https") and parts.netloc and not credentialed(target):
+    if parts.scheme.lower() in ("http", "https") and parts.netloc:
         return parts.path or "/"
     return None
 
@@ -46,8 +48,12 @@ _USERINFO = re.compile(r"(?<=//)[^/?#]*@")
 
 
 def credentialed(target: str) -> bool:
-    """Whether an absolute-form target holds a user name or password."""
-    return not target.startswith("/") and _USERINFO.search(target) is not None
+    """Whether a target holds a user name or password: an absolute form's, or one written after
+    `//` where a path begins (which a URL parser reads as an authority)."""
+    try:
+        return "@" in urlsplit(target).netloc
+    except ValueError:
+        return False
 
 
 def without_credentials(line: str) -> str:
