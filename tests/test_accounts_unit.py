@@ -1022,6 +1022,24 @@ def test_an_account_renamed_onto_a_name_whose_account_the_same_reload_takes_out_
         daemon.stop()
 
 
+def test_with_one_account_the_digest_holds_every_alert_whatever_its_labels(
+    sims: dict[str, Simulator], clock: Clock, tmp_path: Path
+) -> None:
+    """Without `accounts`, an `account` label is one a rule's `labels` set (a team's name): the one
+    digest there is holds its alert, as the daemon's round of digests does."""
+    rule = {"alert": "Spend", "signal": "spend", "window": "month", "threshold": 1, "labels": {"account": "finance"}}
+    doc = {"billing": fake_billing_section(sims["prod"]), "alerts": {"rules": [rule]},
+           "state": {"path": str(tmp_path / "state.db")}}  # fmt: skip
+    daemon = Daemon(validate(doc, {}), clock=clock, billing=AccountsBilling(sims), serve=False)
+    try:
+        assert daemon.refresh("bills")
+        daemon.alert_cycle()
+        body = daemon.sources.digest(clock.today(), "daily", "")
+    finally:
+        daemon.stop()
+    assert [a["alertname"] for a in body["alerts"]] == ["Spend"]
+
+
 def test_an_account_a_reload_adds_or_renames_does_not_take_the_others_out_of_service(
     sims: dict[str, Simulator], clock: Clock, tmp_path: Path
 ) -> None:

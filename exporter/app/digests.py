@@ -75,20 +75,23 @@ class FiringByAccount:
     by account in one pass: each account's digest then reads its own alerts, not every one held
     (400 accounts' digests, each sorting and walking all 2,000 alerts held, took 0.9 s)."""
 
-    def __init__(self, current: Callable[[], Sequence[Alert]]) -> None:
+    def __init__(self, current: Callable[[], Sequence[Alert]], several: bool) -> None:
         """`current`: the alerts held, in the order a digest lists them; read at the first `of`, so
-        a round whose digests were all made before reads nothing."""
+        a round whose digests were all made before reads nothing. `several`: the config lists
+        accounts (without, an `account` label is one a rule's `labels` set: the one digest has it)."""
         self._current = current
+        self._several = several
 
     @functools.cached_property
     def _groups(self) -> tuple[dict[str, list[tuple[int, Alert]]], list[tuple[int, Alert]]]:
         """Each account's firing alerts, and those of rules not split by account (no `account`
-        label: in every account's digest), each with its place in the order held."""
+        label: each account's digest keeps those that count it, `Sources.digest`), each with its
+        place in the order held."""
         own: dict[str, list[tuple[int, Alert]]] = {}
         shared: list[tuple[int, Alert]] = []
         for place, alert in enumerate(self._current()):
             if alert.state == "firing":
-                name = alert.labels.get(ACCOUNT)
+                name = alert.labels.get(ACCOUNT) if self._several else None
                 (shared if name is None else own.setdefault(name, [])).append((place, alert))
         return own, shared
 
@@ -203,7 +206,7 @@ class DigestQueue:
         queued = False
         if (self._made_on, self._made_for) != (sent_on, sources):  # (a reload may give a name to another account)
             self._made, self._made_on, self._made_for = set(), sent_on, sources
-        firing = FiringByAccount(sources.engine.current)
+        firing = FiringByAccount(sources.engine.current, sources.config.several)
         self._appeared = {name: at for name, at in self._appeared.items() if name in sources.accounts}
         for name in list(sources.accounts):  # with several accounts, one digest each
             queued = self._account(sources, dispatcher, url, config, name, sent_on, now, firing) or queued

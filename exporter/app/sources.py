@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from pathlib import Path
@@ -24,7 +24,7 @@ from exporter.app.account import (
     collectors,
 )
 from exporter.billing import BillingError, RetryPolicy
-from exporter.config.rules import AnomalyRule, BudgetRule, ThresholdRule, rule_ids
+from exporter.config.rules import AnomalyRule, BudgetRule, RuleConfig, ThresholdRule, rule_ids
 from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope
@@ -139,6 +139,8 @@ class Sources:
         self.latest = latest
         self.clock = clock
         self.state = state
+        self._rule_index: tuple[object, Mapping[str, RuleConfig]] = (None, {})
+        """The rules `_rules_by_id` last indexed, and their index."""
         named = config.account_configs()
         held: dict[str, Latest] = previous.latests if previous is not None else {}
         self.latests: dict[str, Latest] = {
@@ -357,21 +359,34 @@ class Sources:
                 found.append((budget, shared_parts(budget, spans, today), names, spent))
         return found
 
-    def _spanning(self, account: str) -> Callable[[str], bool]:
-        """Whether a rule not split by account (its id) counts `account`: a threshold rule unless
-        its `where` names other accounts, a budget rule unless its budget spans other accounts."""
-        rules = dict(zip(rule_ids(self.config.alerts.rules), self.config.alerts.rules, strict=True))
+    def _counting(self, account: str) -> Callable[[Alert], bool]:
+        """Whether an alert is one `account`'s digest holds: with several accounts, its own (its
+        `account` label) and those of rules not split by account that count it (a threshold rule
+        unless its `where` names other accounts, a budget rule unless its budget spans others);
+        with one, every alert (an `account` label there is one a rule's `labels` set)."""
+        if not self.config.several:
+            return lambda alert: True
+        rules = self._rules_by_id()
         shared = {budget.name: budget for budget in self.config.shared_budgets}
 
-        def spans(rule_id: str) -> bool:
-            rule = rules.get(rule_id)
+        def counts(alert: Alert) -> bool:
+            if ACCOUNT in alert.labels:
+                return alert.labels[ACCOUNT] == account
+            rule = rules.get(alert.rule)
             if isinstance(rule, ThresholdRule):
                 return in_scope(rule.where.get(ACCOUNT), account)
             if isinstance(rule, BudgetRule) and rule.budget in shared:
                 return shared[rule.budget].spans(account)
             return True  # (a rule no longer configured: its alert is told where it was)
 
-        return spans
+        return counts
+
+    def _rules_by_id(self) -> Mapping[str, RuleConfig]:
+        """The config's rules by id, made once per config (a round of digests asks for every account)."""
+        rules = self.config.alerts.rules
+        if self._rule_index[0] is not rules:
+            self._rule_index = (rules, dict(zip(rule_ids(rules), rules, strict=True)))
+        return self._rule_index[1]
 
     def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
         """The timestamps the digest sent on `sent_on` covers: [start, end)."""
@@ -437,16 +452,16 @@ class Sources:
             ProbeStat(name, len(rs), sum(s for s, _ in rs), [t for _, t in rs if t is not None])
             for name, rs in sorted(per_probe.items())
         ]
-        spans = self._spanning(account)
+        counts = self._counting(account)
         firing = [
             FiringAlert(a.labels, a.annotations.get("summary", ""), a.fired_at)
             for a in (self.engine.current() if alerts is None else alerts)
-            if a.state == "firing" and (a.labels[ACCOUNT] == account if ACCOUNT in a.labels else spans(a.rule))
+            if a.state == "firing" and counts(a)
         ]
         if settled is None:
             settled = self.digest_settled(sent_on, schedule, account)[0]
         anomalies = [rule for rule in self.config.alerts.rules if isinstance(rule, AnomalyRule)]
-        shared = self._shared_budgets(account, ended_month(schedule, sent_on))
+        shared = self._shared_budgets(account, ended_month(schedule, sent_on, one.latest))
         body = build(
             one.latest, schedule=schedule, sent_on=sent_on, budgets=one.config.budgets, prices=one.config.prices,
             anomalies=anomalies, alerts=firing, probes=probes, settled=settled, url=url,

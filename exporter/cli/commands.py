@@ -110,7 +110,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
             if unreadable:
                 print(f"note: {len(unreadable)} saved alerts cannot be read, left out: {', '.join(unreadable[:5])}",
                       file=sys.stderr)  # fmt: skip
-        bodies, firing = [], FiringByAccount(lambda: alerts)
+        bodies, firing = [], FiringByAccount(lambda: alerts, config.several)
         files = files_for(account_ids(config), peek_account_files(config.state.path))
         for name, _ in chosen_ones:
             runs = own  # (the account whose file is the process's own)

@@ -73,13 +73,17 @@ def span(schedule: str, sent_on: dt.date) -> tuple[dt.date, dt.date]:
     return (day - dt.timedelta(days=6) if schedule == "weekly" else day), day
 
 
-def ended_month(schedule: str, sent_on: dt.date) -> str | None:
+def ended_month(schedule: str, sent_on: dt.date, latest: Latest) -> str | None:
     """The month whose last day the digest sent on `sent_on` summarises ("YYYY-MM"), told how it
-    ended (once the next month's bills are fetched: `build`): a daily digest's on the 1st, a weekly
-    one's whose seven days end a month or run into the next; None for the others (a span of seven
-    days ends at most one month)."""
+    ended: a daily digest's on the 1st, a weekly one's whose seven days end a month or run into the
+    next (a span of seven days ends at most one month); None for the others, and until the next
+    month's bills are fetched (what is held of the month may not be all of it then)."""
     first, day = span(schedule, sent_on)
-    return f"{first:%Y-%m}" if f"{first:%Y-%m}" != f"{day + dt.timedelta(days=1):%Y-%m}" else None
+    ended = f"{first:%Y-%m}"
+    current = latest.bills.current if latest.bills is not None else None
+    if ended == f"{day + dt.timedelta(days=1):%Y-%m}" or current is None or current.period <= ended:
+        return None
+    return ended
 
 
 def _money(amount: Decimal | None) -> str | None:
@@ -266,9 +270,7 @@ def build(
         "probes": [],
         "url": url,
     }
-    ended = ended_month(schedule, sent_on)
-    if ended is not None and (current is None or current.period <= ended):
-        ended = None  # (the new month's bills not fetched yet: what is held of the month may not be all of it)
+    ended = ended_month(schedule, sent_on, latest)
     if ended is not None and ended != period:  # (a week that ran into a new month: the one it ended)
         digest["ended"] = {"period": ended, "total": _money(_month_total(latest, ended))}
     for budget in budgets:
