@@ -26,6 +26,7 @@ import trustme
 import yaml
 
 from exporter import __version__
+from exporter.config.load import MISSING_TOLD
 from exporter.core.clock import Clock
 from exporter.metrics.runtime import REVISION_ENV
 from exporter.sim import DEFAULT_ENDPOINTS, Fault, Simulator, SimulatorServer
@@ -498,12 +499,29 @@ def test_yaml_aliases_that_expand_a_hundred_million_fold_cost_what_the_file_hold
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)], capture_output=True, text=True,
-        cwd=ROOT, timeout=120, preexec_fn=limited,
-    )  # fmt: skip
+    def checked() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "exporter.cli", "check", "--config", str(config)], capture_output=True, text=True,
+            cwd=ROOT, timeout=120, preexec_fn=limited,
+        )  # fmt: skip
+
+    result = checked()
     assert result.returncode == 1
     assert result.stderr.splitlines() == [f"{config}: {name}: unknown key" for name in "abcdefgh"]
+    # Each of its values a variable not set, and the aliases wrapped in lists of their own, 3,000 of
+    # them: the places written in the file are told, and at most MISSING_TOLD of those aliases repeat.
+    lines = ['billing: {url: "http://127.0.0.1:1", access_key_id: AK, secret_access_key: s}',
+             "a: &a [" + ", ".join(['"${NOPE}"'] * 10) + "]", "b: &b [" + ", ".join(["*a"] * 10) + "]",
+             "c: &c [" + ", ".join(["*b"] * 10) + "]", "d: [" + ", ".join(["[*c]"] * 3000) + "]"]  # fmt: skip
+    config.write_text("\n".join(lines) + "\n")
+    result = checked()
+    assert result.returncode == 1
+    told = result.stderr.splitlines()
+    assert [f"{config}: a[{n}]: environment variable NOPE is not set" for n in range(10)] == told[:10]
+    unknown = [f"{config}: {name}: unknown key" for name in "abcd"]
+    assert [line for line in told if line in unknown] == unknown
+    assert 10 + len(unknown) < len(told) <= 10 + len(unknown) + MISSING_TOLD
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("command", ["check", "rules"])

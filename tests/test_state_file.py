@@ -850,3 +850,31 @@ def test_a_run_of_what_a_probe_measured_before_it_moved_is_not_kept(tmp_path: Pa
         assert store.probe_runs(0.0, 100.0) == [("x", False, None)]
     finally:
         store.close()
+
+
+def test_a_lock_file_taken_away_while_it_is_locked_is_locked_again_at_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another exporter that made the lock file, and failed, takes it away between this one's open
+    and its lock: this one locks the file at the path (made anew), never the one taken away, so a
+    third is refused rather than sharing the state file."""
+    from exporter.state import lock as lock_module
+
+    path = str(tmp_path / "state.db")
+    Path(f"{path}.lock").write_text("")
+    flock, taken = lock_module.fcntl.flock, []
+
+    def taken_away_first(fd: int, operation: int) -> None:
+        if not taken:
+            taken.append(True)
+            os.unlink(f"{path}.lock")
+        flock(fd, operation)
+
+    monkeypatch.setattr(lock_module.fcntl, "flock", taken_away_first)
+    held = lock_module.LockFile(path)
+    monkeypatch.setattr(lock_module.fcntl, "flock", flock)
+    try:
+        with pytest.raises(StateError, match="in use by another exporter"):
+            lock_module.LockFile(path)
+    finally:
+        held.release()

@@ -305,7 +305,10 @@ _OUTPUT_FAULTS = frozenset({errno.ENOSPC, errno.EIO, errno.EBADF, errno.EFBIG, e
 opened by name carry its name, and are the commands' own to tell)."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
+    """Run the command `argv` names (sys.argv's by default), its exit status. `program`: run as
+    the program (`entry`), which exits after it: once a signal stopped the command, the signals
+    after it stay ignored (a process that runs `main` among other work gets its handlers back)."""
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # with the usage of the command it came after, not the program's
@@ -326,18 +329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_to_its_end(command, args)
     finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        if not (program and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN):  # (stopped: `_stopping`)
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def entry() -> NoReturn:
     """The program (its console script, `python -m exporter.cli`): `main`, then its exit. Once a
-    signal stopped a command, the signals after it are ignored while the interpreter ends (its
+    signal stopped a command, the signals after it stay ignored while the interpreter ends (its
     threads joined), so that the stop is said once, with its own status."""
-    status = main()
-    if status in (130, 128 + signal.SIGTERM):
-        _stopping()
-    sys.exit(status)
+    sys.exit(main(program=True))
 
 
 def _run_to_its_end(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -169,8 +169,9 @@ def yaml_problem(error: yaml.YAMLError) -> str:
     return _QUOTED.sub("(its name not repeated here)", problem) if problem.startswith(_QUOTING) else problem
 
 
-Lacking = list[tuple[tuple[int | str, ...], str]]
-"""What could not be filled in a value: each place in it (a path from the value) and why."""
+Lacking = list[tuple[tuple[int | str, ...], str, bool]]
+"""What could not be filled in a value: each place in it (a path from the value), why, and
+whether the place is one an alias repeats (not written there in the file)."""
 
 
 def substitute(
@@ -182,7 +183,7 @@ def substitute(
     could not be filled in it is told at its places (MISSING_TOLD at most). RecursionError past
     MAX_NESTING."""
     made, lacking = _substituted(node, environ, {})
-    for where, why in lacking:
+    for where, why, _ in lacking:
         missing.setdefault((*path, *where), why)
     return made
 
@@ -196,6 +197,7 @@ def _substituted(
         if id(node) in done:
             return done[id(node)]
         lacking: Lacking = []
+        repeats = 0
         made: Any = {} if isinstance(node, dict) else []
         for key, value in node.items() if isinstance(node, dict) else enumerate(node):
             again = isinstance(value, dict | list) and id(value) in done  # (an alias of a value done before)
@@ -204,9 +206,16 @@ def _substituted(
                 made[key] = filled
             else:
                 made.append(filled)
-            # What each place of the file lacks is told; at the places an alias repeats, up to MISSING_TOLD.
-            inner = inner[: max(0, MISSING_TOLD - len(lacking))] if again else inner
-            lacking.extend(((key, *where), why) for where, why in inner)
+            # What each place written in the file lacks is told; at the places aliases repeat (however
+            # deep, wrapped in lists of their own), MISSING_TOLD at most under each value.
+            if again and repeats >= MISSING_TOLD:
+                continue
+            for where, why, repeated in inner:
+                if again or repeated:
+                    if repeats >= MISSING_TOLD:
+                        continue
+                    repeats += 1
+                lacking.append(((key, *where), why, again or repeated))
         done[id(node)] = (made, lacking)
         return made, lacking
     if not isinstance(node, str):
@@ -229,7 +238,7 @@ def _substituted(
             return match[0]
         return environ[match[2]].strip()  # (as a file's: a secret's trailing newline goes no further)
 
-    return REFERENCE.sub(replace, node), [((), problems[0])] if problems else []
+    return REFERENCE.sub(replace, node), [((), problems[0], False)] if problems else []
 
 
 def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:

@@ -41,6 +41,9 @@ class LockFile:
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not self._still_there(fd):  # (taken away by one that made it, and failed, while this opened it)
+                os.close(fd)
+                return self._take()
         except OSError as error:
             try:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
@@ -63,6 +66,15 @@ class LockFile:
             pass  # the lock holds without the pid; only the message to a second exporter is poorer
         return fd
 
+    def _still_there(self, fd: int) -> bool:
+        """Whether the file locked at `fd` is the one at the lock's path."""
+        mine = os.fstat(fd)
+        try:
+            there = os.stat(self.lock_path)
+        except FileNotFoundError:
+            return False
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing releases the flock
@@ -79,14 +91,7 @@ class LockFile:
 
     def check(self) -> None:
         """Take the lock again if `<path>.lock` was deleted or replaced while running."""
-        if self._fd is None:
-            return
-        mine = os.fstat(self._fd)
-        try:
-            there = os.stat(self.lock_path)
-        except FileNotFoundError:
-            there = None
-        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+        if self._fd is None or self._still_there(self._fd):
             return
         fd = self._take()  # refused if another exporter took the new lock file meanwhile
         os.close(self._fd)

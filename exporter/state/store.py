@@ -40,7 +40,8 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
             with closing(connect_existing(path, "ro")) as db:
                 return read(db)
         except sqlite3.OperationalError as error:
-            if ("readonly" not in str(error) and "unable to open" not in str(error)) or Path(f"{path}-wal").exists():
+            refused = "readonly" in str(error) or "unable to open" in str(error)
+            if not refused or Path(f"{Path(path).resolve()}-wal").exists():
                 raise
             # Read only by its owner's leave, its daemon stopped (no write-ahead log: a directory the
             # reader cannot write, where SQLite cannot make the files a WAL reader shares with a
