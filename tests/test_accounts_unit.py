@@ -1098,6 +1098,33 @@ def test_an_account_s_digest_holds_the_alerts_of_rules_not_split_by_account_only
     }
 
 
+def test_the_organisation_budget_is_told_ended_only_once_every_account_s_new_month_is_fetched(
+    sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """lab's bills last fetched before midnight (its API down since): what it holds of November may
+    not be all of it, so the organisation's November is not told as ended in prod's digest; once
+    lab's December is fetched, it is, with the whole month."""
+    frozen.set(clock.at(dt.date(2026, 11, 30), 23, 0))
+    doc = document(sims, tmp_path, [], budgets=[{"name": "org", "amount": "100000"}])
+    daemon = daemon_on(sims, clock, doc)
+    try:
+        assert refresh_all(daemon) == [True, True, True]
+        frozen.set(clock.at(dt.date(2026, 12, 1), 10, 0))
+        assert [daemon.refresh(f"{name}/bills") for name in ("prod", "staging")] == [True, True]
+
+        def ended() -> list[dict]:
+            body = daemon.sources.digest(dt.date(2026, 12, 1), "daily", "", account="prod")
+            return [b for b in body["budgets"] if b["budget"] == "org" and "of" in b]
+
+        assert ended() == []
+        assert daemon.refresh("lab/bills")
+        (line,) = ended()
+        whole = sum((sim.bill_totals("2026-11")["total"] for sim in sims.values()), Decimal(0))
+        assert line["used_ratio"] == round(float(whole / 100000), 4)
+    finally:
+        daemon.stop()
+
+
 @pytest.mark.parametrize(("schedule", "sent_on"), [("daily", dt.date(2026, 12, 1)), ("weekly", dt.date(2026, 12, 7))])
 def test_each_account_s_digest_tells_how_the_organisation_budget_ended_the_month(
     sims: dict[str, Simulator], clock: Clock, frozen: FrozenClock, tmp_path: Path, schedule: str, sent_on: dt.date

@@ -110,6 +110,11 @@ def process_budgets(config: Config) -> tuple[BudgetConfig, ...]:
     return (*config.budgets, *own)
 
 
+def _past(latest: Latest, period: str) -> bool:
+    """Whether the bills of a month after `period` are fetched (`period` has ended in them)."""
+    return latest.bills is not None and latest.bills.current.period > period
+
+
 class Sources:
     """The accounts of a config, the engine that watches them, the dispatcher and the exposition.
 
@@ -345,7 +350,8 @@ class Sources:
     def _shared_budgets(self, account: str, ended: str | None) -> list[SharedBudget]:
         """The budgets spanning `account` and others, each with its figures in every account it spans
         (as `/metrics` has them), their names, and what they spent in `ended` (the month the digest's
-        span ended, None for none): for the account's digest."""
+        span ended, None for none; unknown until each account's bills of the month after it are
+        fetched: what one holds of the month may not be all of it): for the account's digest."""
         today = self.clock.today()
         found: list[SharedBudget] = []
         for budget in self.config.shared_budgets:
@@ -354,7 +360,10 @@ class Sources:
                 spans = [(self.accounts[n].latest, self.accounts[n].config.prices) for n in names]
                 spent: Decimal | None = None
                 if ended is not None:
-                    each = [month_spent(budget.in_account(), self.accounts[n].latest, ended) for n in names]
+                    each = [
+                        month_spent(budget.in_account(), latest, ended) if _past(latest, ended) else None
+                        for latest in (self.accounts[n].latest for n in names)
+                    ]
                     spent = None if None in each else sum((s for s in each if s is not None), Decimal(0))
                 found.append((budget, shared_parts(budget, spans, today), names, spent))
         return found
