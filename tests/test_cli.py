@@ -521,6 +521,15 @@ def test_yaml_aliases_that_expand_a_hundred_million_fold_cost_what_the_file_hold
     unknown = [f"{config}: {name}: unknown key" for name in "abcd"]
     assert [line for line in told if line in unknown] == unknown
     assert 10 + len(unknown) < len(told) <= 10 + len(unknown) + MISSING_TOLD
+    # And a merge (`<<`) of a mapping of such values into 3,000 mappings: its copies are repeats too.
+    values = ", ".join(f'k{n}: "${{NOPE}}"' for n in range(100))
+    lines[1:] = [f"m: &m {{{values}}}", "x: [" + ", ".join(["{<<: *m}"] * 3000) + "]"]
+    config.write_text("\n".join(lines) + "\n")
+    result = checked()
+    told = result.stderr.splitlines()
+    assert (result.returncode, told[:2]) == (1, [f"{config}: m.k0: environment variable NOPE is not set",
+                                               f"{config}: m.k1: environment variable NOPE is not set"])  # fmt: skip
+    assert 100 < len(told) <= 100 + 2 + MISSING_TOLD
     assert "Traceback" not in result.stderr
 
 

@@ -878,3 +878,17 @@ def test_a_lock_file_taken_away_while_it_is_locked_is_locked_again_at_its_path(
             lock_module.LockFile(path)
     finally:
         held.release()
+
+
+def test_a_lock_file_that_is_never_the_one_locked_is_one_error_not_a_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A file system that gives the lock file another number every time it is looked at, or one
+    replaced again and again:) a few tries, then one StateError naming it, and no descriptor left."""
+    from exporter.state import lock as lock_module
+
+    monkeypatch.setattr(lock_module.LockFile, "_still_there", lambda self, fd: False)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(StateError, match=r"its lock file .*state\.db\.lock keeps being replaced"):
+        lock_module.LockFile(str(tmp_path / "state.db"))
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -32,7 +32,7 @@ from exporter.notifiers.webhook import webhook_secret
 
 MISSING_TOLD = 1000
 """The most places a `${VAR}` or `${file:}` that cannot be filled is told at where YAML's aliases
-repeat it (every place written in the file is told)."""
+and merges repeat it, in a document (every place written in the file is told)."""
 MAX_NESTING = 100
 """The deepest a config's mappings and lists may nest (no config needs a tenth of it)."""
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -169,57 +169,80 @@ def yaml_problem(error: yaml.YAMLError) -> str:
     return _QUOTED.sub("(its name not repeated here)", problem) if problem.startswith(_QUOTING) else problem
 
 
-Lacking = list[tuple[tuple[int | str, ...], str, bool]]
-"""What could not be filled in a value: each place in it (a path from the value), why, and
-whether the place is one an alias repeats (not written there in the file)."""
-
-
 def substitute(
     node: Any, environ: Mapping[str, str], path: tuple[int | str, ...], missing: dict[tuple[int | str, ...], str]
 ) -> Any:
     """Replace `${VAR}` and `${file:PATH}` in every string; note in `missing` why a path could not be
-    filled. A mapping or list that YAML's aliases give in several places is done once and shared,
-    as YAML shares it (ten aliases of ten aliases, nested eight deep, are 10^8 values), and what
-    could not be filled in it is told at its places (MISSING_TOLD at most). RecursionError past
-    MAX_NESTING."""
-    made, lacking = _substituted(node, environ, {})
-    for where, why, _ in lacking:
-        missing.setdefault((*path, *where), why)
-    return made
+    filled. A mapping or list that YAML's aliases give in several places (and a value a merge key,
+    `<<`, copies) is done once and shared, as YAML shares it: ten aliases of ten aliases, nested
+    eight deep, are 10^8 values. What could not be filled is told at every place written in the
+    file, and at MISSING_TOLD places at most where aliases and merges repeat it. RecursionError
+    past MAX_NESTING."""
+    return _Filling(environ, missing).value(node, path, 0)
 
 
-def _substituted(
-    node: Any, environ: Mapping[str, str], done: dict[int, tuple[Any, Lacking]], depth: int = 0
-) -> tuple[Any, Lacking]:
-    if isinstance(node, dict | list):
-        if depth > MAX_NESTING:
-            raise RecursionError("nested too deeply")  # (told as such by `load_checked`)
-        if id(node) in done:
-            return done[id(node)]
-        lacking: Lacking = []
-        repeats = 0
-        made: Any = {} if isinstance(node, dict) else []
+class _Filling:
+    """One document's substitution (see `substitute`): each container and string done once, by id."""
+
+    def __init__(self, environ: Mapping[str, str], missing: dict[tuple[int | str, ...], str]) -> None:
+        self.environ, self.missing = environ, missing
+        self.made: dict[int, Any] = {}
+        self.lacking: dict[int, bool] = {}
+        """Per container done: whether something in it could not be filled."""
+        self.strings: dict[int, tuple[str, str | None]] = {}
+        """Per string done: what it was filled as, and why it could not be (None: it was)."""
+        self.repeats = 0
+
+    def value(self, node: Any, path: tuple[int | str, ...], depth: int) -> Any:
+        if isinstance(node, dict | list):
+            if depth > MAX_NESTING:
+                raise RecursionError("nested too deeply")  # (told as such by `load_checked`)
+            if id(node) in self.made:  # (an alias of it: what it lacks is told here too, as repeats allow)
+                if self.lacking[id(node)]:
+                    self._tell_again(node, path)
+                return self.made[id(node)]
+            pairs = list(node.items() if isinstance(node, dict) else enumerate(node))
+            filled = [(key, self.value(value, (*path, key), depth + 1)) for key, value in pairs]
+            self.made[id(node)] = dict(filled) if isinstance(node, dict) else [value for _, value in filled]
+            self.lacking[id(node)] = any(self._lacks(value) for _, value in pairs)
+            return self.made[id(node)]
+        if not isinstance(node, str):
+            return node
+        done = self.strings.get(id(node))
+        if done is None:
+            done = self.strings[id(node)] = _filled(node, self.environ)
+            if done[1] is not None:
+                self.missing.setdefault(path, done[1])
+        elif done[1] is not None:  # (a merge's copy of a value written elsewhere)
+            self._tell_repeat(path, done[1])
+        return done[0]
+
+    def _lacks(self, value: Any) -> bool:
+        if isinstance(value, dict | list):
+            return self.lacking.get(id(value), False)
+        return isinstance(value, str) and self.strings[id(value)][1] is not None
+
+    def _tell_again(self, node: dict[Any, Any] | list[Any], path: tuple[int | str, ...]) -> None:
+        """What could not be filled in a container met again, told at `path`, while repeats allow:
+        only the parts that lack something are walked (a repeat of 10^8 values that lack nothing
+        costs nothing)."""
         for key, value in node.items() if isinstance(node, dict) else enumerate(node):
-            again = isinstance(value, dict | list) and id(value) in done  # (an alias of a value done before)
-            filled, inner = _substituted(value, environ, done, depth + 1)
-            if isinstance(made, dict):
-                made[key] = filled
-            else:
-                made.append(filled)
-            # What each place written in the file lacks is told; at the places aliases repeat (however
-            # deep, wrapped in lists of their own), MISSING_TOLD at most under each value.
-            if again and repeats >= MISSING_TOLD:
-                continue
-            for where, why, repeated in inner:
-                if again or repeated:
-                    if repeats >= MISSING_TOLD:
-                        continue
-                    repeats += 1
-                lacking.append(((key, *where), why, again or repeated))
-        done[id(node)] = (made, lacking)
-        return made, lacking
-    if not isinstance(node, str):
-        return node, []
+            if self.repeats >= MISSING_TOLD:
+                return
+            if isinstance(value, dict | list):
+                if self.lacking.get(id(value)):
+                    self._tell_again(value, (*path, key))
+            elif isinstance(value, str) and (why := self.strings[id(value)][1]) is not None:
+                self._tell_repeat((*path, key), why)
+
+    def _tell_repeat(self, path: tuple[int | str, ...], why: str) -> None:
+        if self.repeats < MISSING_TOLD:
+            self.repeats += 1
+            self.missing.setdefault(path, why)
+
+
+def _filled(text: str, environ: Mapping[str, str]) -> tuple[str, str | None]:
+    """`text` with its references filled, and why one could not be (the first), or None."""
     problems: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
@@ -238,7 +261,7 @@ def _substituted(
             return match[0]
         return environ[match[2]].strip()  # (as a file's: a secret's trailing newline goes no further)
 
-    return REFERENCE.sub(replace, node), [((), problems[0], False)] if problems else []
+    return REFERENCE.sub(replace, text), problems[0] if problems else None
 
 
 def _at_path(node: Any, path: tuple[int | str, ...]) -> Any:

@@ -25,7 +25,7 @@ class LockFile:
         """Whether there was no lock file before: `abandon` takes it away again."""
         self._fd: int | None = self._take()
 
-    def _take(self) -> int:
+    def _take(self, attempts: int = 3) -> int:
         """Open and lock `<path>.lock`, write our pid into it; refuse if another holds it."""
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -43,7 +43,11 @@ class LockFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not self._still_there(fd):  # (taken away by one that made it, and failed, while this opened it)
                 os.close(fd)
-                return self._take()
+                if attempts <= 1:
+                    raise StateError(
+                        self.path, f"state file {self.path}: its lock file {self.lock_path} keeps being replaced"
+                    )
+                return self._take(attempts - 1)
         except OSError as error:
             try:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
@@ -67,13 +71,20 @@ class LockFile:
         return fd
 
     def _still_there(self, fd: int) -> bool:
-        """Whether the file locked at `fd` is the one at the lock's path."""
-        mine = os.fstat(fd)
+        """Whether the file locked at `fd` is the one at the lock's path (both read through a
+        descriptor, so that a file system that numbers them otherwise for a path agrees; True when
+        that cannot be told)."""
         try:
-            there = os.stat(self.lock_path)
+            there = os.open(self.lock_path, os.O_RDONLY)
         except FileNotFoundError:
             return False
-        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+        except OSError:
+            return True
+        try:
+            mine, theirs = os.fstat(fd), os.fstat(there)
+        finally:
+            os.close(there)
+        return (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino)
 
     def release(self) -> None:
         if self._fd is not None:
