@@ -417,6 +417,10 @@ def test_yaml_errors_name_the_line(tmp_path: Path) -> None:
         deep.write_text("billing: " + "[" * depth + "]" * depth + "\n" + "bad: [\n" * (not valid))
         with pytest.raises(ConfigError, match=r"deep.yaml(:\d+:\d+)?: invalid YAML: "):
             load(deep)  # (told, not a RecursionError)
+    # As deep through an alias: 90 levels put 90 levels down.
+    deep.write_text("p: &p " + "[" * 90 + "]" * 90 + "\nq: " + "[" * 90 + "*p" + "]" * 90 + "\n")
+    with pytest.raises(ConfigError, match=r"deep.yaml: invalid YAML: nested too deeply"):
+        load(deep)
     latin = tmp_path / "latin.yaml"
     latin.write_bytes("billing:\n  url: http://café\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text \(byte 27 cannot be read\)"):

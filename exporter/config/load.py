@@ -32,7 +32,8 @@ from exporter.notifiers.webhook import webhook_secret
 
 MISSING_TOLD = 1000
 """The most places a `${VAR}` or `${file:}` that cannot be filled is told at where YAML's aliases
-and merges repeat it, in a document (every place written in the file is told)."""
+and merges repeat it, in a document (every place written in the file is told; in a document built
+in code, one string object at many places counts as repeated there)."""
 MAX_NESTING = 100
 """The deepest a config's mappings and lists may nest (no config needs a tenth of it)."""
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
@@ -189,8 +190,11 @@ class _Filling:
         self.made: dict[int, Any] = {}
         self.lacking: dict[int, bool] = {}
         """Per container done: whether something in it could not be filled."""
-        self.strings: dict[int, tuple[str, str | None]] = {}
-        """Per string done: what it was filled as, and why it could not be (None: it was)."""
+        self.height: dict[int, int] = {}
+        """Per container done: how deep it nests (an alias of it, deep down, nests deeper)."""
+        self.strings: dict[int, tuple[str, str, str | None]] = {}
+        """Per string done: itself (held, so its id stays its own), what it was filled as, and why it
+        could not be (None: it was)."""
         self.repeats = 0
 
     def value(self, node: Any, path: tuple[int | str, ...], depth: int) -> Any:
@@ -198,6 +202,8 @@ class _Filling:
             if depth > MAX_NESTING:
                 raise RecursionError("nested too deeply")  # (told as such by `load_checked`)
             if id(node) in self.made:  # (an alias of it: what it lacks is told here too, as repeats allow)
+                if depth + self.height[id(node)] > MAX_NESTING:
+                    raise RecursionError("nested too deeply")
                 if self.lacking[id(node)]:
                     self._tell_again(node, path)
                 return self.made[id(node)]
@@ -205,22 +211,23 @@ class _Filling:
             filled = [(key, self.value(value, (*path, key), depth + 1)) for key, value in pairs]
             self.made[id(node)] = dict(filled) if isinstance(node, dict) else [value for _, value in filled]
             self.lacking[id(node)] = any(self._lacks(value) for _, value in pairs)
+            self.height[id(node)] = 1 + max((self.height.get(id(value), 0) for _, value in pairs), default=0)
             return self.made[id(node)]
         if not isinstance(node, str):
             return node
         done = self.strings.get(id(node))
         if done is None:
-            done = self.strings[id(node)] = _filled(node, self.environ)
-            if done[1] is not None:
-                self.missing.setdefault(path, done[1])
-        elif done[1] is not None:  # (a merge's copy of a value written elsewhere)
-            self._tell_repeat(path, done[1])
-        return done[0]
+            done = self.strings[id(node)] = (node, *_filled(node, self.environ))
+            if done[2] is not None:
+                self.missing.setdefault(path, done[2])
+        elif done[2] is not None:  # (a merge's copy of a value written elsewhere)
+            self._tell_repeat(path, done[2])
+        return done[1]
 
     def _lacks(self, value: Any) -> bool:
         if isinstance(value, dict | list):
             return self.lacking.get(id(value), False)
-        return isinstance(value, str) and self.strings[id(value)][1] is not None
+        return isinstance(value, str) and self.strings[id(value)][2] is not None
 
     def _tell_again(self, node: dict[Any, Any] | list[Any], path: tuple[int | str, ...]) -> None:
         """What could not be filled in a container met again, told at `path`, while repeats allow:
@@ -232,7 +239,7 @@ class _Filling:
             if isinstance(value, dict | list):
                 if self.lacking.get(id(value)):
                     self._tell_again(value, (*path, key))
-            elif isinstance(value, str) and (why := self.strings[id(value)][1]) is not None:
+            elif isinstance(value, str) and (why := self.strings[id(value)][2]) is not None:
                 self._tell_repeat((*path, key), why)
 
     def _tell_repeat(self, path: tuple[int | str, ...], why: str) -> None:
