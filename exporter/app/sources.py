@@ -29,7 +29,7 @@ from exporter.config.schema import ACCOUNT, BudgetConfig, Config
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope
 from exporter.delivery.dispatcher import Dispatcher
-from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, ended_month, span
+from exporter.digest.build import FiringAlert, ProbeStat, SharedBudget, build, ended_month, fetched_after, span
 from exporter.metrics.accounts import SharedBudgetCollector, shared_parts
 from exporter.metrics.alerts import AlertsCollector
 from exporter.metrics.assembled import AssembledExposition
@@ -108,11 +108,6 @@ def process_budgets(config: Config) -> tuple[BudgetConfig, ...]:
         for b in account.budgets
     )
     return (*config.budgets, *own)
-
-
-def _past(latest: Latest, period: str) -> bool:
-    """Whether the bills of a month after `period` are fetched (`period` has ended in them)."""
-    return latest.bills is not None and latest.bills.current.period > period
 
 
 class Sources:
@@ -361,7 +356,7 @@ class Sources:
                 spent: Decimal | None = None
                 if ended is not None:
                     each = [
-                        month_spent(budget.in_account(), latest, ended) if _past(latest, ended) else None
+                        month_spent(budget.in_account(), latest, ended) if fetched_after(latest, ended) else None
                         for latest in (self.accounts[n].latest for n in names)
                     ]
                     spent = None if None in each else sum((s for s in each if s is not None), Decimal(0))

@@ -80,10 +80,12 @@ def ended_month(schedule: str, sent_on: dt.date, latest: Latest) -> str | None:
     month's bills are fetched (what is held of the month may not be all of it then)."""
     first, day = span(schedule, sent_on)
     ended = f"{first:%Y-%m}"
-    current = latest.bills.current if latest.bills is not None else None
-    if ended == f"{day + dt.timedelta(days=1):%Y-%m}" or current is None or current.period <= ended:
-        return None
-    return ended
+    return ended if ended != f"{day + dt.timedelta(days=1):%Y-%m}" and fetched_after(latest, ended) else None
+
+
+def fetched_after(latest: Latest, period: str) -> bool:
+    """Whether the bills of a month after `period` are fetched (`period` has ended in them)."""
+    return latest.bills is not None and latest.bills.current.period > period
 
 
 def _money(amount: Decimal | None) -> str | None:
@@ -247,7 +249,7 @@ def build(
     month_days = {d: a for d, a in totals.items() if f"{d:%Y-%m}" == period and d <= day}
     current = latest.bills.current if latest.bills is not None else None
     forecast = current.forecast if current is not None and current.period == period else None
-    if current is not None and current.period > period:  # a month that has ended: its total, if still held
+    if fetched_after(latest, period):  # a month that has ended: its total, if still held
         forecast = _month_total(latest, period)
     digest: dict[str, Any] = {
         "kind": "digest",
