@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from decimal import Decimal
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,6 @@ class Sources:
         self.latest = latest
         self.clock = clock
         self.state = state
-        self._rule_index: tuple[object, Mapping[str, RuleConfig]] = (None, {})
-        """The rules `_rules_by_id` last indexed, and their index."""
         named = config.account_configs()
         held: dict[str, Latest] = previous.latests if previous is not None else {}
         self.latests: dict[str, Latest] = {
@@ -370,8 +369,7 @@ class Sources:
         with one, every alert (an `account` label there is one a rule's `labels` set)."""
         if not self.config.several:
             return lambda alert: True
-        rules = self._rules_by_id()
-        shared = {budget.name: budget for budget in self.config.shared_budgets}
+        rules, shared = self._rules_by_id, self._shared_by_name
 
         def counts(alert: Alert) -> bool:
             if ACCOUNT in alert.labels:
@@ -385,12 +383,16 @@ class Sources:
 
         return counts
 
+    @cached_property
     def _rules_by_id(self) -> Mapping[str, RuleConfig]:
-        """The config's rules by id, made once per config (a round of digests asks for every account)."""
+        """The config's rules by id (made once: a reload builds new sources, and a round of digests
+        asks for every account)."""
         rules = self.config.alerts.rules
-        if self._rule_index[0] is not rules:
-            self._rule_index = (rules, dict(zip(rule_ids(rules), rules, strict=True)))
-        return self._rule_index[1]
+        return dict(zip(rule_ids(rules), rules, strict=True))
+
+    @cached_property
+    def _shared_by_name(self) -> Mapping[str, BudgetConfig]:
+        return {budget.name: budget for budget in self.config.shared_budgets}
 
     def digest_span(self, sent_on: dt.date, schedule: str) -> tuple[float, float]:
         """The timestamps the digest sent on `sent_on` covers: [start, end)."""
