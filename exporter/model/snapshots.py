@@ -337,8 +337,7 @@ class Latest:
         with self._lock:
             self.bills = self.usage = self.history = self.reconciliation = None
             self.settled = MappingProxyType({})
-            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in BILLING_SOURCES})
-            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(BILLING_SOURCES, now))
+            self._awaited(BILLING_SOURCES, now)
 
     def forget_history(self, now: float) -> None:
         """The history's months come from another API from now on (a reload, or a start, with
@@ -347,8 +346,7 @@ class Latest:
         last good ones: the same account's, through another address it may be, a proxy's.)"""
         with self._lock:
             self.history = None
-            self._health = MappingProxyType({k: v for k, v in self._health.items() if k != "history"})
-            self._added = MappingProxyType(dict(self._added) | {"history": now})
+            self._awaited(("history",), now)
 
     def waiting_since(self, source: str) -> float:
         """Since when `source`, never refreshed successfully, has been waited for: the process's
@@ -366,8 +364,14 @@ class Latest:
                 {k for k in self._health if k.startswith(PROBE_PREFIX)} if names is None else set()
             )
             self.probes = MappingProxyType({k: v for k, v in self.probes.items() if k not in gone})
-            self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
-            self._added = MappingProxyType(dict(self._added) | dict.fromkeys(sources, now))
+            self._awaited(sources, now)
+
+    def _awaited(self, sources: Iterable[str], now: float) -> None:
+        """`sources` have no health from now on, and are waited for from `now` (`waiting_since`);
+        under the lock."""
+        sources = set(sources)
+        self._health = MappingProxyType({k: v for k, v in self._health.items() if k not in sources})
+        self._added = MappingProxyType(dict(self._added) | dict.fromkeys(sources, now))
 
     def _has(self, source: str) -> bool:
         return self._sources is None or source in self._sources
