@@ -4,6 +4,8 @@ that day fetches them no more)."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from exporter.state.file import StateFile
 
 
@@ -13,8 +15,7 @@ class HistoryTable(StateFile):
     def history_source(self) -> str | None:
         """What the months held were fetched from (None: not said, as an earlier version kept them)."""
         with self.reading() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'history_source'").fetchone()
-        return None if row is None else str(row[0])
+            return _source(db)
 
     def forget_history(self, source: str, *, keep: bool = False) -> None:
         """Drop every month held (unless `keep`): they were fetched from another source; the months
@@ -41,8 +42,7 @@ class HistoryTable(StateFile):
         False, and nothing written, when the months held are another source's now (a fetch from
         the address before a reload, ending after it)."""
         with self.transaction("history") as db:
-            row = db.execute("SELECT value FROM meta WHERE key = 'history_source'").fetchone()
-            if row is not None and row[0] != source:
+            if _source(db) not in (None, source):
                 return False
             db.execute(
                 "INSERT OR REPLACE INTO bill_history (period, by_endpoint, by_item, items_by_endpoint, fetched)"
@@ -51,3 +51,8 @@ class HistoryTable(StateFile):
             )
             db.execute("DELETE FROM bill_history WHERE period < ?", (keep_from,))
         return True
+
+
+def _source(db: sqlite3.Connection) -> str | None:
+    row = db.execute("SELECT value FROM meta WHERE key = 'history_source'").fetchone()
+    return None if row is None else str(row[0])
