@@ -29,7 +29,7 @@ from exporter.model.snapshots import Latest
 from exporter.model.source_names import PROBE_PREFIX, probe_source
 from exporter.sources.bills import BillsSource
 from exporter.sources.history import HistorySource
-from exporter.sources.probe import ProbeRunner, measures
+from exporter.sources.probe import ProbeRunner
 from exporter.sources.reconcile import SettledUsage, reconcile
 from exporter.sources.usage import UsageSync
 from exporter.state import StateError, StateStore
@@ -249,7 +249,7 @@ class Account:
         if self.config.inference is None:
             return
         try:
-            moved = self.state.measuring({n: measures(r.probe, self.config.inference) for n, r in self.probes.items()})
+            moved = self.state.measuring({name: runner.measures for name, runner in self.probes.items()})
         except StateError as error:  # (its runs stay, the digest counts them, until it takes it: said)
             if not self._runs_refused:
                 log.warning("the runs of moved probes not forgotten in the state file", error=str(error)[:200])
@@ -327,10 +327,10 @@ class Account:
         return source != name and self._current().probes.get(name) is not self.probes.get(name)
 
     def _publish(self, source: str = "", **figures: object) -> None:
-        """Show these figures, unless `replaced` (or, given the `source` refreshed, `overtaken`):
+        """Show these figures, unless `overtaken` (the `source` refreshed; `replaced` for none):
         ClientClosed then, the refresh publishes nothing, and runs again with the new client, if the
         account is still configured."""
-        if not self.latest.publish(lambda: self.overtaken(source) if source else self.replaced(), **figures):
+        if not self.latest.publish(lambda: self.overtaken(source), **figures):
             raise ClientClosed("the billing project or address was changed, or the account removed (config reload)")
 
     def _bills(self) -> None:
@@ -390,10 +390,9 @@ class Account:
             if not self._measured:  # (the state file refuses: said by `_measuring`)
                 return
         try:  # for the digest's ratios and percentiles over a day; the metrics do not need it
-            assert self.config.inference is not None  # (there are probes)
             self.state.record_probe_run(
                 snapshot.probe, now, snapshot.last.success, snapshot.last.time_to_first_token,
-                keep_from=now - PROBE_RUNS_KEPT, measured=measures(runner.probe, self.config.inference),
+                keep_from=now - PROBE_RUNS_KEPT, measured=runner.measures,
             )  # fmt: skip
         except StateError as error:
             if str(error) != self._runs_refused:  # (said once while the state file refuses, not every run)

@@ -270,12 +270,6 @@ def chat_url(inference: InferenceConfig) -> str:
     return f"{inference.url}{CHAT_PATH}"
 
 
-def measures(probe: ProbeConfig, inference: InferenceConfig) -> str:
-    """What a probe's runs are of: its endpoint, its request's kind and where it goes (the address
-    without credentials): its runs of another are not its (`ProbeTable.measuring`)."""
-    return json.dumps([shown_url(chat_url(inference)), probe.model, probe.scenario, probe.stream])
-
-
 def shown_url(url: str) -> str:
     """`url` as a message may show it: without a user name and password written into it."""
     parts = urlsplit(url)
@@ -439,6 +433,9 @@ class ProbeRunner:
         self.probe = probe
         self.url = shown_url(chat_url(inference))
         """Where its requests go, as its failures name it."""
+        self.measures = json.dumps([self.url, probe.model, probe.scenario, probe.stream])
+        """What its runs are of: the endpoint, the request's kind and where it goes (without
+        credentials); a probe's runs of another are not its (`ProbeTable.measuring`)."""
         self._key = inference.api_key.get_secret_value()
         self._clock = clock
         self._chat = chat if chat is not None else HTTPChat(probe, inference, clock)
