@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 from decimal import Decimal
 from itertools import accumulate
 
@@ -105,6 +106,44 @@ def test_after_a_pause_of_most_of_the_recent_days_the_forecast_is_unsure_not_cer
         f = month_forecast(MONTH, today, before(today), history)
         assert f.month_to_date < f.lower < f.point < f.upper, day
         assert f.chance_over(f.point) > 0.1
+
+
+def test_on_the_first_day_after_a_pause_the_pause_may_go_on_or_end_and_the_forecast_says_both() -> None:
+    """The last 12 days of May billed nothing, and June has billed nothing yet: the trailing week's
+    pace is 0, and the forecast was "nothing more, for sure" (a zero-wide interval, no chance of
+    any budget above the month to date) just as spending may resume."""
+    history = held("2026-02", "2026-03", "2026-04", "2026-05")
+    for day in range(20, 32):
+        history[dt.date(2026, 5, day)] = Decimal(0)
+    f = month_forecast(MONTH, FIRST, {}, history)
+    assert f.month_to_date == f.point == f.lower < f.upper  # (the pause may go on: nothing more is within)
+    tail = (1 - DEFAULT_LEVEL) / 2
+    assert f.chance_over(f.upper) == pytest.approx(tail, abs=0.01)
+    assert f.chance_over((f.lower + f.upper) / 2) > tail
+
+
+def _sparse_year(seed: int) -> dict[str, dict[dt.date, Decimal]]:
+    """An account that bills 1000 on about 40% of its days, whichever weekday they fall on."""
+    rng, months, day = random.Random(seed), {}, dt.date(2026, 1, 1)
+    while day.year == 2026:
+        months.setdefault(f"{day:%Y-%m}", {})[day] = Decimal(1000) if rng.random() < 0.4 else Decimal(0)
+        day += dt.timedelta(days=1)
+    return months
+
+
+@pytest.mark.timeout(300)
+def test_an_account_that_spends_on_few_days_gets_intervals_that_hold_its_total_as_often_as_they_say() -> None:
+    """Most of each weekday's days billed nothing: the weekday factors (medians) were 0 for most
+    weekdays, the days left forecast at nothing, and the interval zero-wide and missed."""
+    rows = [
+        r
+        for seed in (1, 2, 3)
+        for r in replay_forecasts(_sparse_year(seed), "2026-04", "2026-12", history_months=3, grace_days=3)
+        if r.days_left > 0
+    ]
+    assert all(r.model.lower < r.model.upper for r in rows)
+    inside = sum(r.inside for r in rows) / len(rows)
+    assert abs(inside - DEFAULT_LEVEL) <= 0.10, inside
 
 
 def test_the_previous_month_alone_at_the_start_of_a_month_in_its_grace_days() -> None:

@@ -9,7 +9,8 @@ the account's is the model's).
 daily bills (`docs/forecast.md` shows how well it does):
 - Weekday factors, from the latest `SHAPE_DAYS` known days: each day's amount ÷ the mean of a week
   of known days around it; a weekday's factor is the median of its days' (a spike is one sample of
-  a dozen), the seven scaled to average 1.
+  a dozen), or their mean when half of them or more billed nothing (`_weekday`), the seven scaled
+  to average 1.
 - Level: the median of the latest `LEVEL_DAYS` known days' amounts, each ÷ its weekday's factor (a
   spike is one value of 21).
 - Error: the same model, run from each past day with the factors it would have had then (fitted
@@ -28,7 +29,10 @@ daily bills (`docs/forecast.md` shows how well it does):
   it can. With fewer than `MIN_SHAPE_DAYS` known complete days there is no weekday rhythm to learn,
   and with a level of 0 (most of the recent days billed nothing: a pause, or spend on few days)
   the model would say nothing more will be spent, for sure: the point is today's formula, with the
-  prior's interval.
+  prior's interval. Falling back, the days left are also taken as draws of the latest
+  `LEVEL_DAYS` known days (`Draws`: their total's mean and spread, a normal), and the interval
+  and the chances are the more cautious of the two: a week that billed nothing says the pause may
+  go on, not that it will.
 
 Growth is left to the learnt median: a trend fitted on weekly sums (Theil–Sen) and extrapolated
 did worse on the simulator's history (`bench.forecast`) at growths of −5% to +10% a month.
@@ -148,6 +152,9 @@ class MonthForecast:
     """The standard deviation of the log error under the point (of the days left's total)."""
     above: float = 0.0
     """The same over the point: larger where spikes lift totals more than anything sinks them."""
+    draws: Draws | None = None
+    """Falling back on today's formula: the days left's total as draws of the recent known days,
+    whose chances count too (see the module's docstring)."""
 
     def crossing_day(self, amount: Decimal, spent: Decimal) -> dt.date | None:
         """The first day on which `spent` plus the expected days reach `amount` (today if it already
@@ -157,10 +164,15 @@ class MonthForecast:
         return crossing(sorted(self.daily.items()), amount, spent)
 
     def chance_over(self, amount: Decimal) -> float:
-        """The chance the month's total exceeds `amount`, by the interval's error model."""
-        left = self.point - self.month_to_date
+        """The chance the month's total exceeds `amount`, by the interval's error model (the larger
+        of its two chances, falling back: see `draws`)."""
         if amount < self.month_to_date:
             return 1.0
+        chance = self._chance_by_error(amount)
+        return chance if self.draws is None else max(chance, self.draws.chance_over(amount - self.month_to_date))
+
+    def _chance_by_error(self, amount: Decimal) -> float:
+        left = self.point - self.month_to_date
         if left <= 0 or amount == self.month_to_date:
             return 1.0 if self.point > amount else 0.0
         error = math.log(float(amount - self.month_to_date) / float(left))
@@ -168,6 +180,35 @@ class MonthForecast:
         if spread <= 0:
             return 1.0 if error < 0 else 0.0
         return 1.0 - NormalDist().cdf(error / spread)
+
+
+@dataclass(frozen=True)
+class Draws:
+    """The total of the days left when each is a draw of the recent known days: its mean and its
+    standard deviation (a normal, by the sum of many draws; never below nothing)."""
+
+    mean: float
+    spread: float
+
+    @classmethod
+    def of(cls, recent: Sequence[Decimal], days: int, so_far: Decimal) -> Draws:
+        """`days` left, today among them, which has billed `so_far` of its draw."""
+        values = [float(a) for a in recent]
+        mean = sum(values) / len(values)
+        variance = sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)
+        today_left = max(mean - max(float(so_far), 0.0), 0.0)
+        return cls(mean * (days - 1) + today_left, math.sqrt(variance * days))
+
+    def bounds(self, level: float) -> tuple[Decimal, Decimal]:
+        z = NormalDist().inv_cdf((1 + level) / 2)
+        lower, upper = max(self.mean - z * self.spread, 0.0), max(self.mean + z * self.spread, 0.0)
+        return Decimal(repr(lower)), Decimal(repr(upper))
+
+    def chance_over(self, left: Decimal) -> float:
+        """The chance the days left add more than `left`."""
+        if self.spread <= 0:
+            return 1.0 if self.mean > left else 0.0
+        return 1.0 - NormalDist(self.mean, self.spread).cdf(float(left))
 
 
 Factors = tuple[Decimal, ...]
@@ -213,9 +254,18 @@ def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors
             ratios[day.weekday()].append(amount / mean)
     if any(len(r) < MIN_SHAPE_DAYS // 7 for r in ratios):
         return None
-    medians = [_median(r) for r in ratios]
+    medians = [_weekday(r) for r in ratios]
     total = sum(medians, ZERO)
     return tuple(m * SEVEN / total for m in medians) if total > 0 else None
+
+
+def _weekday(ratios: Sequence[Decimal]) -> Decimal:
+    """A weekday's factor before scaling: the median of its days' ratios (a spike is one of a
+    dozen). When half its days or more billed nothing, their mean, unless none billed: its days that
+    billed are then what it bills, not spikes (an account that spends on few days, whichever they
+    are, would otherwise be expected to bill nothing on most weekdays, and for sure)."""
+    median = _median(ratios)
+    return median if median > 0 else sum(ratios, ZERO) / len(ratios)
 
 
 def _level(known: Mapping[dt.date, Decimal], factors: Factors, last: dt.date) -> Decimal | None:
@@ -385,12 +435,15 @@ def month_forecast(
         daily = dict.fromkeys(left, average)
         daily[today] = today_end - so_far
         errors = _Errors()
+        recent = [known[d] for d in sorted(known)[-LEVEL_DAYS:]]
+        draws = Draws.of(recent, len(left), so_far) if len(recent) >= TRAILING_DAYS else None
     else:
         errors = _errors(known, level)
         bias = Decimal(repr(math.exp(errors.at(len(left))[0])))
         daily = {d: base * factors[d.weekday()] * bias for d in left}
         daily[today] = max(daily[today] - max(so_far, ZERO), ZERO)  # (a credit today stays taken off)
         point = month_to_date + sum(daily.values(), ZERO)
+        draws = None
     _, below, above = errors.at(len(left))
     z = NormalDist().inv_cdf((1 + level) / 2)
     rest = point - month_to_date
@@ -398,6 +451,9 @@ def month_forecast(
     upper = month_to_date + rest * Decimal(repr(math.exp(z * above)))
     if upper < lower:  # credits outweighing charges: the days left take money off, and the bounds swap
         lower, upper = upper, lower
+    if draws is not None:
+        least, most = draws.bounds(level)
+        lower, upper = min(lower, month_to_date + least), max(upper, month_to_date + most)
     return MonthForecast(
-        period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above
+        period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above, draws
     )
