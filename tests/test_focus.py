@@ -184,18 +184,19 @@ def test_amounts_are_the_exact_decimals_in_positional_notation(amount: str, text
     assert number(Decimal(amount)) == text
 
 
-def test_money_given_back_is_a_credit_with_nothing_consumed() -> None:
-    """FOCUS 1.0: ChargeCategory `Credit` for a refund or credit, and ConsumedQuantity (and its
-    unit) null for any charge that is not usage; a charge is usage otherwise."""
+def test_money_given_back_on_a_line_is_usage_with_what_it_consumed() -> None:
+    """FOCUS 1.0's `Usage` holds positive or negative charges for what was consumed, refunds
+    included: a line revised below zero was written as `Credit` with its usage taken out of
+    ConsumedQuantity, which then no longer summed to the bills' usage."""
     clock = Clock(SHANGHAI)
     period = billing_period(clock, "2026-10")
     account = Account("prod", None, "CNY", "Acme")
-    for billed, category, consumed in ((Decimal("-12.5"), "Credit", None), (Decimal("12.5"), "Usage", "1000.0")):
+    for billed in (Decimal("-12.5"), Decimal("12.5")):
         charge = Charge(dt.date(2026, 10, 5), "ep", "ITEM_PROMPT_TOKEN", "PRODUCT_INFERENCE_ENDPOINT", "", billed,
                         Decimal(1000))  # fmt: skip
         values = row(charge, period, clock, account)
-        assert (values["ChargeCategory"], values["ConsumedQuantity"]) == (category, consumed)
-        assert (values["ConsumedUnit"] is None) == (consumed is None)
+        assert (values["ChargeCategory"], values["ConsumedQuantity"]) == ("Usage", number(charge.usage))
+        assert values["ConsumedUnit"] == values["PricingUnit"] == "Tokens"
         assert values["BilledCost"] == values["EffectiveCost"] == number(billed)
 
 

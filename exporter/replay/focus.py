@@ -241,7 +241,6 @@ def billing_period(clock: Clock, period: str) -> tuple[str, str]:
 def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account) -> Row:
     """The FOCUS 1.0 columns of one charge (None: null)."""
     billed, usage, service = number(charge.billed), number(charge.usage), _words(charge.product, "PRODUCT_")
-    credit = charge.billed < 0  # money given back (a refund, a credit): FOCUS's Credit, with nothing consumed
     return {
         "AvailabilityZone": None,
         "BilledCost": billed,
@@ -250,7 +249,7 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "BillingCurrency": account.currency,
         "BillingPeriodEnd": period[1],
         "BillingPeriodStart": period[0],
-        "ChargeCategory": "Credit" if credit else "Usage",
+        "ChargeCategory": "Usage",  # (every line is of an item consumed; money given back on it, a refund, too)
         "ChargeClass": None,
         "ChargeDescription": f"{_words(charge.item, 'ITEM_')} on {service}"
         + (f" {charge.endpoint_id}" if charge.endpoint_id else ", of no endpoint"),
@@ -262,8 +261,8 @@ def row(charge: Charge, period: tuple[str, str], clock: Clock, account: Account)
         "CommitmentDiscountName": None,
         "CommitmentDiscountStatus": None,
         "CommitmentDiscountType": None,
-        "ConsumedQuantity": None if credit else usage,
-        "ConsumedUnit": None if credit else unit(charge.item),
+        "ConsumedQuantity": usage,
+        "ConsumedUnit": unit(charge.item),
         "ContractedCost": billed,
         "ContractedUnitPrice": None,
         "EffectiveCost": billed,
