@@ -26,7 +26,7 @@ from exporter.config.rules import rule_key
 from exporter.core.clock import Clock, FrozenClock, iso
 from exporter.model.snapshots import Latest
 from exporter.notifiers.alertmanager import payload
-from exporter.sim import Endpoint, Simulator
+from exporter.sim import ITEMS, Endpoint, Simulator
 from exporter.state import AlertStore, StateStore
 from tests.daemon_fakes import NOWHERE, fake_billing_section, metrics, readiness, statuses, told, unit_daemon
 from tests.helpers import Receiver, logged, value
@@ -618,6 +618,29 @@ def test_a_notifier_routed_away_and_back_while_the_alert_fires_is_told_it_fires(
     assert delivering.statuses()["a"] == ["firing", "resolved", "firing"]
     last = delivering.receivers["a"].received[-1]["body"]
     assert len(last["alerts"]) + last["truncatedAlerts"] == 3  # every alert of the firing
+
+
+def test_a_firing_dropped_as_routed_away_is_not_resolved_to_its_notifier_when_the_bills_resolve_it(
+    delivering: Delivering,
+) -> None:
+    """a's firing waits (its receiver down); a reload routes the rule to b, which is told; a is
+    back and the firing, routed away, is dropped: a was never told. The alert then resolves on
+    revised bills, no reload between (the engine that queues the resolve is the one that saw the
+    firing queued for a): only b hears it."""
+    delivering.receivers["a"].refuse = 10**6
+    delivering.step(RULE | {"notifiers": ["a"]})
+    delivering.step(RULE | {"notifiers": ["b"]})  # routed away: b is told
+    delivering.receivers["a"].refuse = 0
+    delivering.later()  # a's firing, routed away, is dropped
+    assert delivering.daemon is not None
+    firing = {a.labels["endpoint_id"] for a in delivering.daemon.sources.engine.current() if a.state == "firing"}
+    assert firing
+    for endpoint in firing:
+        for item in ITEMS:
+            delivering.sim.revise_bill(delivering.clock.today(), endpoint, item, Decimal(0))
+    delivering.daemon.refresh("bills")
+    delivering.later()
+    assert delivering.statuses() == {"a": [], "b": ["firing", "resolved"]}
 
 
 def test_a_reminder_dropped_as_routed_away_leaves_the_notifier_told_of_the_firing(delivering: Delivering) -> None:

@@ -643,7 +643,13 @@ class Engine:
         the dispatcher's `_current`.)"""
         if status == "resolved":
             since = alert.fired_at if alert.fired_at is not None else -math.inf  # (fired, when not known)
-            notifiers = [n for n in self.notifiers if self._sent.get((alert.key, n), -math.inf) >= since]
+            # Who was told, as the state file has it: the dispatcher forgets a firing it dropped
+            # as routed away (never told), which this engine's marks, read at its start, still hold.
+            told = self.db.sent_of(db, alert.key)
+            for notifier in self.notifiers:
+                if notifier not in told:
+                    self._sent.pop((alert.key, notifier), None)
+            notifiers = [n for n in self.notifiers if told.get(n, -math.inf) >= since]
         else:
             notifiers = list(self.routed(alert.rule))
         for notifier in [only] if only else notifiers:

@@ -162,6 +162,12 @@ class AlertStore:
         db.execute("DELETE FROM alert_sent WHERE key = ?", (key,))
 
     @staticmethod
+    def sent_of(db: sqlite3.Connection, key: str) -> dict[str, float]:
+        """The notifiers told of `key`, and when (the marks as they stand: the dispatcher takes one
+        away, `forget_sent`, when it drops a firing it never delivered)."""
+        return dict(db.execute("SELECT notifier, sent FROM alert_sent WHERE key = ?", (key,)).fetchall())
+
+    @staticmethod
     def mark_sent(db: sqlite3.Connection, key: str, notifier: str, sent: float) -> None:
         db.execute("INSERT OR REPLACE INTO alert_sent VALUES (?, ?, ?)", (key, notifier, sent))
 
