@@ -159,7 +159,7 @@ def test_a_name_that_resolves_to_several_peers_has_the_alerts_posted_to_each(
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, at)) for address in got]
 
     peers = post.peers
-    monkeypatch.setattr(post, "peers", lambda url: peers(url, resolve))
+    monkeypatch.setattr(post, "peers", lambda url, within: peers(url, resolve))
     amounts = today_by_endpoint(sim, clock.today())
     rule = {"alert": "SpendHigh", "signal": "spend", "by": ["endpoint_id"], "threshold": str(min(amounts.values()))}
     alerts = {
@@ -248,7 +248,7 @@ def test_only_every_address_sends_to_each_address_and_each_url_is_resolved_on_it
     firing = Alert("j", "r", {"alertname": "B"}, {}, "firing", 900.0, "1", 900.0, 1000.0)
     slow = threading.Event()
 
-    def resolving(url: str) -> list[str | None]:
+    def resolving(url: str, within: float) -> list[str | None]:
         if "slow" in url:
             slow.wait(10)
         return ["10.0.0.1", "10.0.0.2"] if "peers" in url else [None]

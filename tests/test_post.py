@@ -50,6 +50,43 @@ def test_a_tls_handshake_that_dribbles_is_cut_at_the_deadline(dribbler: tuple[in
     assert time.monotonic() - started < 4  # 1 s, and a busy machine's slack; without the cut it never ends
 
 
+ANSWER_HEADS = {
+    "the connection's end": b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",
+    "a length": b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n",
+    "chunks": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n",
+}
+
+
+@pytest.mark.parametrize("delimited_by", ANSWER_HEADS)
+def test_an_answer_whose_body_dribbles_past_the_deadline_is_no_answer(delimited_by: str) -> None:
+    """However its body ends, a 2xx whose body was still coming when the deadline cut it is
+    `DeadlineExceeded` (one that ends with the connection looked whole once cut, and counted as
+    delivered, while the others were retried)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(ANSWER_HEADS[delimited_by])
+            while not stop.wait(0.2):
+                try:
+                    connection.sendall(b"x")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            post_json(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {"x": 1}, deadline=0.6, headers={})
+    finally:
+        stop.set()
+        listener.close()
+
+
 def test_credentials_in_the_url_are_sent_as_basic_auth(receiver: Receiver) -> None:
     url = receiver.url.replace("http://", "http://hook-user:s%3Acret@") + "/hook"
     assert post_json(url, {"x": 1}, deadline=5, headers={}).status == 200

@@ -3,8 +3,8 @@
 `requests` bounds each socket read, not the request: a receiver that sends its headers and then
 one byte every few seconds would hold a delivery for ever. Here a `Deadline` shuts the socket
 down when it passes, whatever phase the exchange is in (connect, TLS handshake, headers, body);
-each step also waits at most for the time left. (A host name that takes long to resolve
-is the one wait this cannot cut: the resolver does not let go of it.) A POST is never followed
+each step also waits at most for the time left, the host name's lookup too (`core.lookup`: it
+goes on in a thread of its own, which the deadline does not wait for). A POST is never followed
 to a 3xx's `Location` (that would turn it into a GET with no body): the answer's status is the
 caller's to judge. Credentials in the URL (`https://user:pass@host/…`), proxies from the
 environment (`HTTPS_PROXY`, `HTTP_PROXY`, `NO_PROXY`, with their credentials) and requests' CA
@@ -28,6 +28,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_environ_proxies
 
+from exporter.core import lookup
 from exporter.core.deadline import Deadline
 from exporter.core.fields import ascii_host
 from exporter.core.net import retry_after
@@ -77,7 +78,7 @@ class _HTTPConnection(http.client.HTTPConnection):
     def _watched(self, address: tuple[str, int], *options: Any) -> socket.socket:
         if self.address is not None:
             address = (self.address, address[1])
-        return self.timer.watch(socket.create_connection(address, *options))
+        return self.timer.watch(lookup.create_connection(address, *options, time_left=self.timer.remaining))
 
 
 class _HTTPSConnection(_HTTPConnection, http.client.HTTPSConnection):
@@ -143,11 +144,14 @@ def _connection(
     return _HTTPConnection(proxy_host, proxy_port, timer), written, headers | proxy_auth  # (credentials: a header)
 
 
-def peers(url: str, resolve: Callable[..., list[Any]] = socket.getaddrinfo) -> list[str | None]:
+def peers(
+    url: str, resolve: Callable[..., list[Any]] | None = None, *, within: float | None = None
+) -> list[str | None]:
     """The IP addresses `url`'s host name resolves to, each once (IPv4's, when it has some), to POST
     to each (the peers of a cluster behind one name: a Kubernetes headless Service); [None], to POST
     to the URL as it is, when its host is an address, is reached through a proxy, resolves to one
-    address, or does not resolve (the POST then fails, saying so)."""
+    address, or does not resolve (the POST then fails, saying so), nor within `within` seconds
+    (`core.lookup`; `resolve`, a `getaddrinfo` of a test's, has no time limit)."""
     try:
         _, host, port, _, proxy = _reached(url)
     except http.client.InvalidURL:
@@ -155,7 +159,10 @@ def peers(url: str, resolve: Callable[..., list[Any]] = socket.getaddrinfo) -> l
     if proxy or not host or ":" in host or host.replace(".", "").isdigit():
         return [None]
     try:
-        found = resolve(host, port, type=socket.SOCK_STREAM)
+        if resolve is None:
+            found = lookup.getaddrinfo(host, port, lookup.within(within))
+        else:
+            found = resolve(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return [None]
     v4 = [str(info[4][0]) for info in found if info[0] == socket.AF_INET]
@@ -188,6 +195,9 @@ def post_json(
         answer = response.read(MAX_ANSWER)
         if response.length and len(answer) < MAX_ANSWER:  # the connection ended before the answer did
             raise http.client.IncompleteRead(answer, response.length)
+        if response.length is None and not response.chunked and timer.fired:
+            # An answer whose end is the connection's: cut by the deadline, it only looks whole.
+            raise DeadlineExceeded(f"no complete answer within {deadline:g}s")
         asked = retry_after(response.getheader("Retry-After"), time.time()) if response.status in (429, 503) else None
         return Answer(response.status, response.getheader("Location") or "", asked)
     except (OSError, http.client.HTTPException):

@@ -18,7 +18,10 @@ from typing import Any
 import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import ConnectTimeoutError, LocationParseError, NameResolutionError, NewConnectionError
+from urllib3.util.connection import allowed_gai_family
 
+from exporter.core import lookup
 from exporter.core.deadline import Deadline
 
 _WATCHING = threading.local()
@@ -126,14 +129,42 @@ class _Watched:
         self.watched = None
 
     def _new_conn(self) -> Any:
-        sock = super()._new_conn()  # type: ignore[misc]
         connecting: tuple[Deadline, ...] = getattr(_WATCHING, "connecting", ())
+        sock = self._connected(connecting)
         if connecting:
             copy = sock.dup()
             _WATCHING.copies.append(copy)
             for deadline in connecting:
                 self._watch(deadline, copy)
         return sock
+
+    def _connected(self, connecting: tuple[Deadline, ...]) -> Any:
+        """urllib3's new connection, to each address of the host in turn, its name looked up within
+        the connect timeout and the time `connecting` leave (`core.lookup`): urllib3's own lookup
+        has no time limit, and no deadline can cut it, there being no socket yet."""
+        conn: Any = self  # (an urllib3 connection: this class is mixed into one)
+        name: str = conn._dns_host
+        limit = conn.timeout if isinstance(conn.timeout, int | float) else None
+        time_left = lookup.within(limit, deadlines=connecting)
+        try:
+            found = lookup.addresses(name.strip("[]"), conn.port, time_left, allowed_gai_family())
+        except lookup.LookupTimeout:
+            message = f"Connection to {conn.host} timed out. (its name's lookup did not end in time)"
+            raise ConnectTimeoutError(conn, message) from None
+        except socket.gaierror as error:
+            raise NameResolutionError(conn.host, conn, error) from error
+        except UnicodeError:  # (a label empty or too long: urllib3's words for it)
+            raise LocationParseError(f"'{name}', label empty or too long") from None
+        failed: Exception = NewConnectionError(conn, "Failed to establish a new connection: the name has no address")
+        for address in found:
+            conn._dns_host = address
+            try:
+                return super()._new_conn()  # type: ignore[misc]
+            except (ConnectTimeoutError, NewConnectionError) as error:
+                failed = error
+            finally:
+                conn._dns_host = name
+        raise failed
 
     def connect(self) -> None:
         super().connect()  # type: ignore[misc]

@@ -76,7 +76,7 @@ def send(notifier: AlertmanagerNotifier, alerts: Sequence[Alert], now: float, vi
         if notifier.every_address:
             from exporter.core.post import peers  # (here: `check` and `rules` load this module, not the HTTP client)
 
-            found = peers(url)
+            found = peers(url, within=via.deadline)
         named = f"urls[{n}]" if len(notifier.urls) > 1 or len(found) > 1 else ""
         api = f"{url}/api/v2/alerts"
         _at_once(

@@ -4,8 +4,8 @@
 or TLS from the start on port 465, login, the message, QUIT) under one `Deadline`, which shuts
 the connection down when it passes, whatever the exchange is waiting for (the greeting, a reply,
 the TLS handshake), since a socket's timeout bounds each read, not a server that answers one line
-every few seconds. (A host name that takes long to resolve is the one wait this cannot cut, as for
-the HTTP notifiers.) It never raises for a network, TLS or SMTP fault: it returns a short reason,
+every few seconds; the server's name, and this machine's for EHLO, are looked up within the time
+left too (`core.lookup`). It never raises for a network, TLS or SMTP fault: it returns a short reason,
 which names no credential and nothing of the message. A reason that starts with `SMTP 5` is the
 server refusing this message (its sender, its recipients or its content) for good; every other
 one (4xx, a refused login, a missing STARTTLS, a certificate, the network, the deadline) is worth
@@ -22,9 +22,9 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.utils import formatdate, parseaddr
-from functools import cache
 from typing import TYPE_CHECKING
 
+from exporter.core import lookup
 from exporter.core.deadline import Deadline
 from exporter.core.net import network_cause
 from exporter.core.words import line
@@ -53,10 +53,20 @@ def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, mess
     return message
 
 
-@cache
-def _local_hostname() -> str:
-    """The name given in EHLO (looked up once, not on every delivery)."""
-    return socket.getfqdn()
+_named: list[str] = []
+"""This machine's fully qualified name, once looked up."""
+
+
+def _local_hostname(time_left: lookup.TimeLeft) -> str:
+    """The name given in EHLO: this machine's fully qualified name, looked up once (a reverse
+    lookup) within the exchange's time; one that does not end in time gives the host name as it is
+    set, this once."""
+    if not _named:
+        try:
+            _named.append(lookup.fqdn(time_left))
+        except lookup.LookupTimeout:
+            return socket.gethostname()
+    return _named[0]
 
 
 def _context(notifier: EmailNotifier) -> ssl.SSLContext:
@@ -75,10 +85,13 @@ class _Client(smtplib.SMTP):
     def __init__(self, timer: Deadline, host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> None:
         self._timer = timer
         self._tls = tls
-        super().__init__(host, port, local_hostname=_local_hostname(), timeout=timeout)
+        super().__init__(host, port, local_hostname=_local_hostname(timer.remaining), timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        plain = self._timer.watch(socket.create_connection((host, port), timeout, self.source_address))
+        connected = lookup.create_connection(
+            (host, port), timeout, self.source_address, time_left=self._timer.remaining
+        )
+        plain = self._timer.watch(connected)
         if self._tls is None:
             return plain
         tls = self._timer.watch(self._tls.wrap_socket(plain, server_hostname=host, do_handshake_on_connect=False))

@@ -1,0 +1,157 @@
+"""Host name lookups end with the exchange's deadline (`core.lookup`): a resolver that does not
+answer held a probe run, a billing request, a POST or an SMTP session for as long as it hung, past
+every deadline, and held a reload's replacement probe back behind the run it replaced.
+
+The resolver is the one thing faked here (a name under `.hang.test` never answers until the test
+ends, one under `.loop.test` is 127.0.0.1): the servers are real, on loopback."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from exporter.billing.client import BillingClient, RetryPolicy
+from exporter.billing.errors import BillingUnavailable, ClientClosed
+from exporter.billing.signing import BillingSigner
+from exporter.core import lookup
+from exporter.core.deadline import Deadline
+from exporter.core.post import DeadlineExceeded, peers, post_json
+from exporter.notifiers import smtp
+from exporter.notifiers.email import EmailNotifier
+from exporter.sim import Simulator, SimulatorServer
+from tests.test_probe import assert_failed_once
+from tests.test_probe_http import runner, runner_for
+
+pytestmark = pytest.mark.integration
+
+
+class Resolver:
+    """`socket.getaddrinfo`, with a name under `.hang.test` that hangs until `release` and one
+    under `.loop.test` that is 127.0.0.1; how many lookups of each name were made."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.looked_up: dict[str, int] = {}
+        self._real = socket.getaddrinfo
+
+    def __call__(self, host: str, port: object, *args: object, **kwargs: object) -> list:
+        if host.endswith((".hang.test", ".loop.test")):
+            self.looked_up[host] = self.looked_up.get(host, 0) + 1
+        if host.endswith(".hang.test"):
+            self.release.wait()
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if host.endswith(".loop.test"):
+            host = "127.0.0.1"
+        return self._real(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Resolver]:
+    made = Resolver()
+    monkeypatch.setattr(socket, "getaddrinfo", made)
+    yield made
+    made.release.set()  # (the lookups still hanging end)
+
+
+def test_a_lookup_that_hangs_is_given_up_at_the_time_left_and_made_once_for_every_waiter(resolver: Resolver) -> None:
+    failed: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            lookup.getaddrinfo("api.hang.test", 443, lookup.within(0.3))
+        except BaseException as error:
+            failed.append(error)
+
+    threads = [threading.Thread(target=look) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [type(error) for error in failed] == [lookup.LookupTimeout] * 3
+    assert resolver.looked_up == {"api.hang.test": 1}  # (the one lookup, still under way)
+
+
+def test_a_deadline_fired_ends_the_wait_for_a_lookup_at_once(resolver: Resolver) -> None:
+    deadline = Deadline(3600)
+    threading.Timer(0.2, deadline.fire).start()
+    with pytest.raises(lookup.LookupTimeout):
+        lookup.getaddrinfo("api.hang.test", 443, lookup.within(deadlines=[deadline]))
+
+
+def test_a_probe_whose_host_name_does_not_resolve_in_time_fails_to_connect_by_its_deadline(resolver: Resolver) -> None:
+    snapshot = runner_for("http://api.hang.test:9", timeout="500ms").run()
+    assert_failed_once(snapshot, "timeout_connect")
+
+
+def test_a_probe_closed_while_its_host_name_is_looked_up_ends_at_once(resolver: Resolver) -> None:
+    """A reload replaced the probe: the run it replaced must not hold the source's lock until the
+    lookup ends (the replacement's runs would be skipped meanwhile)."""
+    probe = runner_for("http://api.hang.test:9", timeout="1h")
+    threading.Timer(0.3, probe.close).start()
+    with pytest.raises(ClientClosed):
+        probe.run()
+
+
+def test_a_name_that_resolves_is_reached_at_its_address_and_told_as_itself(
+    resolver: Resolver, sim: Simulator, server: SimulatorServer
+) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    last = runner(sim, server, url=f"http://sim.loop.test:{port}").run().last
+    assert (last.success, last.reason) == (True, None)
+    assert resolver.looked_up == {"sim.loop.test": 1}
+
+
+def test_a_billing_request_whose_host_name_hangs_is_unavailable_by_its_timeout(resolver: Resolver) -> None:
+    client = BillingClient(
+        "http://billing.hang.test:9",
+        BillingSigner("AK1", "secret"),
+        tz=dt.UTC,
+        timeout=0.5,
+        retry=RetryPolicy(attempts=2, backoff=0.01),
+    )
+    with client, pytest.raises(BillingUnavailable, match="timed out"):
+        client.bills("2026-11", "ITEM")
+
+
+class _Accepting(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_post_whose_host_name_hangs_ends_at_its_deadline_and_one_that_resolves_is_posted(resolver: Resolver) -> None:
+    with pytest.raises(DeadlineExceeded):
+        post_json("http://hook.hang.test:9/x", {}, deadline=0.5, headers={})
+    assert peers("http://am.hang.test:9093", within=0.2) == [None]  # (the POST says why it fails)
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        answer = post_json(f"http://hook.loop.test:{receiver.server_port}/x", {}, deadline=10, headers={})
+        assert answer.status == 204
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+
+
+def test_an_email_whose_server_name_hangs_ends_at_its_deadline(resolver: Resolver) -> None:
+    notifier = EmailNotifier.model_validate(
+        {
+            "name": "mail",
+            "type": "email",
+            "smtp": "mail.hang.test:2525",
+            "from": "a@example.com",
+            "to": ["b@example.com"],
+        }
+    )
+    sent = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<a@b>", deadline=0.5)
+    assert sent.reason is not None
+    assert "deadline" in sent.reason
