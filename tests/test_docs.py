@@ -232,3 +232,43 @@ def test_every_yaml_block_of_the_docs_is_yaml() -> None:
             except yaml.YAMLError as error:
                 pytest.fail(f"{page.name}: a YAML block is no YAML: {error}")
     assert blocks > 10
+
+
+def test_every_config_block_of_the_docs_is_a_config_check_accepts() -> None:
+    """A block of the config's own keys, put in a config with the billing API's address and keys and
+    the notifiers the blocks name (what a reader's config has already), is valid as it is written:
+    a reader copies it. Its `${VARIABLES}` set."""
+    import yaml
+
+    from exporter.config.load import REFERENCE, validate
+    from exporter.config.schema import Config
+
+    keys = {field.alias or name for name, field in Config.model_fields.items()}
+    base = {
+        "billing": {"url": "https://openapi.example.com", "access_key_id": "ak", "secret_access_key": "sk"},
+        "alerts": {"notifiers": [
+            {"name": "chat", "type": "slack", "url": "https://hooks.slack.com/services/T/B/x"},
+            {"name": "mail", "type": "email", "smtp": "smtp.example.com:587", "from": "a@example.com",
+             "to": ["b@example.com"]},
+        ]},
+    }  # fmt: skip
+    checked = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for found in re.finditer(r"```ya?ml\n(.*?)```", page.read_text(), re.S):
+            block = yaml.safe_load(found.group(1))
+            if not isinstance(block, dict) or not set(block) <= keys:
+                continue  # (a Prometheus, Kubernetes or web config; a list of rules)
+            environ = {name: "placeholder" for _, name in REFERENCE.findall(found.group(1)) if name}
+            document = block if "accounts" in block else _merged(base, block)
+            validate(document, environ)  # (raises, naming what it refuses)
+            checked += 1
+    assert checked >= 3
+
+
+def _merged(base: dict, block: dict) -> dict:
+    merged = dict(base)
+    for key, value in block.items():
+        merged[key] = (
+            _merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+        )
+    return merged
