@@ -5,6 +5,7 @@ notification outright has it dropped and counted as discarded."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Iterator
 from email.utils import format_datetime
@@ -74,6 +75,37 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     sent, failed, discarded = dispatcher.counts()
     assert (sent["hook"], failed["hook"], dispatcher.pending()) == (0, GIVE_UP_AFTER, {})
     assert discarded["refused"] == 1
+
+
+@pytest.mark.parametrize("answer", ["taken", "refused"])
+def test_a_notification_on_the_wire_as_a_reload_renames_its_notifier_is_counted_as_what_became_of_it(
+    receiver: Receiver, queued: tuple[Dispatcher, AlertStore], answer: str
+) -> None:
+    """Its POST is under way when a reload renames the notifier (the same URL): taken, it is
+    delivered, not dropped (it was logged and counted as dropped while the receiver had it);
+    refused, it is dropped then, and counted once."""
+    dispatcher, store = queued
+    arrived, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        arrived.set()
+        release.wait(10)
+
+    receiver.on_post, receiver.refuse = hold, int(answer == "refused")
+    sending = threading.Thread(target=dispatcher.deliver)
+    sending.start()
+    assert arrived.wait(10)
+    renamed = {"billing": fake_billing_section(Simulator(seed=1)),
+               "alerts": {"notifiers": [{"name": "renamed", "type": "webhook", "url": receiver.url}]}}  # fmt: skip
+    dispatcher.configure(validate(renamed, {}).alerts.notifiers, "")
+    release.set()
+    sending.join(10)
+    _, _, discarded = dispatcher.counts()
+    assert discarded["notifier_removed"] == int(answer == "refused")
+    assert dispatcher.pending() == {}
+    with store.store.reading() as db:
+        ((done, why),) = db.execute("SELECT delivered IS NOT NULL, last_error FROM outbox").fetchall()
+    assert (done, bool(why)) == (1, answer == "refused")
 
 
 @pytest.mark.parametrize(

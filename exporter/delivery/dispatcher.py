@@ -208,6 +208,10 @@ class Dispatcher:
         self._kinds: dict[str, type] = {}
         self._retired: list[_Worker] = []
         self._unsaved: dict[str, Callable[[], object]] = {}
+        self._on_the_wire: dict[str, tuple[str, int]] = {}
+        """Per notifier, the queued notification being sent (its table and id), until its outcome is
+        written: a reload that removes the notifier meanwhile leaves it to that outcome (delivered,
+        it was not dropped; failed, it is dropped then, `_drain`)."""
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
@@ -250,8 +254,10 @@ class Dispatcher:
         queue meanwhile, a digest its notifier takes no more is dropped when it comes to be sent,
         and the next reload tries again."""
         kept, now, wanted = [n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), self._digests_now()
+        with self._counts:
+            sending = list(self._on_the_wire.values())
         try:
-            dropped, given = self.store.discard(kept, now, REMOVED, wanted or ())
+            dropped, given = self.store.discard(kept, now, REMOVED, wanted or (), sending=sending)
         except StateError as error:
             log.error("could not drop the queues of removed notifiers", error=str(error))
             return
@@ -513,80 +519,93 @@ class Dispatcher:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
         the email recipients still owed one: that holds nothing back). While the state file refuses
         to record an outcome, nothing more is sent (it would be sent again)."""
-        delivered = 0
         with self._locks[name]:
             if name in self._unsaved:
                 self._record(name, self._unsaved[name])
-            while (
-                not self._closed
-                and (notifier := self._notifiers.get(name)) is not None
-                and (sender := outbox(notifier)) is not None
-            ):
-                now = self.clock.now().timestamp()
-                try:
-                    head = self.store.head(name, now)
-                except UnreadableEntry as unreadable:
-                    log.error("queued notification dropped: it cannot be read", notifier=name,
-                              state_file=str(self.store.store.path), error=str(unreadable))  # fmt: skip
-                    self._discard(name, unreadable.id, unreadable.table, now, UNREADABLE, "unreadable")
-                    continue
-                if head is None or head.next_attempt > now:
-                    break
-                if head.recipients and now - head.created > OWED_FOR:
-                    log.error("email recipients refused a notification for a day; it is dropped for them",
-                              notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
-                    self._discard(name, head.id, head.table, now, OWED, "refused")
-                    continue
-                if head.digest is not None and self._takes_no_digests(name):
-                    given = self._record(name, partial(self._drop_digest, head.id, now))
+            try:
+                delivered = self._drained(name)
+            finally:
+                with self._counts:
+                    sent = self._on_the_wire.pop(name, None)
+            if sent is not None and not self._closed and name not in {n.name for n in self.outbox_notifiers}:
+                self._drop_orphans()  # (a reload removed it as this was sent: dropped now, if it failed)
+            return delivered
+
+    def _drained(self, name: str) -> int:
+        """`_drain`'s loop, its notifier's lock held."""
+        delivered = 0
+        while (
+            not self._closed
+            and (notifier := self._notifiers.get(name)) is not None
+            and (sender := outbox(notifier)) is not None
+        ):
+            now = self.clock.now().timestamp()
+            try:
+                head = self.store.head(name, now)
+            except UnreadableEntry as unreadable:
+                log.error("queued notification dropped: it cannot be read", notifier=name,
+                          state_file=str(self.store.store.path), error=str(unreadable))  # fmt: skip
+                self._discard(name, unreadable.id, unreadable.table, now, UNREADABLE, "unreadable")
+                continue
+            if head is None or head.next_attempt > now:
+                break
+            if head.recipients and now - head.created > OWED_FOR:
+                log.error("email recipients refused a notification for a day; it is dropped for them",
+                          notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
+                self._discard(name, head.id, head.table, now, OWED, "refused")
+                continue
+            if head.digest is not None and self._takes_no_digests(name):
+                given = self._record(name, partial(self._drop_digest, head.id, now))
+                with self._counts:
+                    self.discarded["notifier_removed"] += 1
+                log.info("queued digest dropped: its notifier takes no digests any more", notifier=name,
+                         handed_on_to=",".join(given) or "none")  # fmt: skip
+                if given:
+                    self.poke()
+                continue
+            self._asked.pop(name, None)
+            try:
+                entry = head if head.digest is not None else self._current(head)
+                if entry is not None:
                     with self._counts:
-                        self.discarded["notifier_removed"] += 1
-                    log.info("queued digest dropped: its notifier takes no digests any more", notifier=name,
-                             handed_on_to=",".join(given) or "none")  # fmt: skip
-                    if given:
-                        self.poke()
-                    continue
-                self._asked.pop(name, None)
-                try:
-                    entry = head if head.digest is not None else self._current(head)
-                    if entry is not None:
-                        reason, owed = self._send(notifier, sender, entry)
-                except (KeyError, TypeError):
-                    if head.digest is None:  # (an alert group's fields are checked as it is read: a fault here is ours)
-                        raise
-                    # A digest read whole that lacks what its kind reads (`head` checks only that it is one).
-                    log.exception("queued notification dropped: it cannot be read", notifier=name,
-                                  state_file=str(self.store.store.path), id=head.id)  # fmt: skip
-                    self._discard(name, head.id, head.table, now, UNREADABLE, "unreadable")
-                    continue
-                if entry is None:
-                    self._discard(name, head.id, head.table, now, SUPERSEDED, "superseded")
-                    log.info("queued notification dropped: its alerts changed state again since",
-                             notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
-                    continue
-                now = self.clock.now().timestamp()
-                which = (entry.table, entry.id)
-                earlier = self._refusals.pop(which, 0)  # (any other outcome ends the row of refusals)
-                refusals = earlier + 1 if reason is not None and _refused(reason) else 0
-                if reason is not None and refusals >= GIVE_UP_AFTER:
-                    log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
-                    self._discard(name, entry.id, entry.table, now, reason, "refused")
-                    continue
-                if refusals:
-                    self._refusals[which] = refusals
-                # (a refusal's backoff counts the refusals: one after a long outage is not 5 minutes a try)
-                retry = now + max(_backoff(refusals - 1 if refusals else entry.attempts), self._asked.pop(name, 0.0))
-                if reason is not None and (owed or entry.recipients):
-                    # Owed to some recipients only (others took it): retried apart, holding nothing back.
-                    self._record(name, partial(self.store.failed, entry.id, retry, reason, recipients=owed,
-                                               table=entry.table))  # fmt: skip
-                    continue
-                if reason is not None:
-                    failed = partial(self.store.failed, entry.id, retry, reason, table=entry.table, recipients=owed)
-                    self._record(name, failed)
-                    break
-                self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
-                delivered += 1
+                        self._on_the_wire[name] = (entry.table, entry.id)
+                    reason, owed = self._send(notifier, sender, entry)
+            except (KeyError, TypeError):
+                if head.digest is None:  # (an alert group's fields are checked as it is read: a fault here is ours)
+                    raise
+                # A digest read whole that lacks what its kind reads (`head` checks only that it is one).
+                log.exception("queued notification dropped: it cannot be read", notifier=name,
+                              state_file=str(self.store.store.path), id=head.id)  # fmt: skip
+                self._discard(name, head.id, head.table, now, UNREADABLE, "unreadable")
+                continue
+            if entry is None:
+                self._discard(name, head.id, head.table, now, SUPERSEDED, "superseded")
+                log.info("queued notification dropped: its alerts changed state again since",
+                         notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
+                continue
+            now = self.clock.now().timestamp()
+            which = (entry.table, entry.id)
+            earlier = self._refusals.pop(which, 0)  # (any other outcome ends the row of refusals)
+            refusals = earlier + 1 if reason is not None and _refused(reason) else 0
+            if reason is not None and refusals >= GIVE_UP_AFTER:
+                log.error("notification dropped", notifier=name, reason=reason, attempts=entry.attempts + 1)
+                self._discard(name, entry.id, entry.table, now, reason, "refused")
+                continue
+            if refusals:
+                self._refusals[which] = refusals
+            # (a refusal's backoff counts the refusals: one after a long outage is not 5 minutes a try)
+            retry = now + max(_backoff(refusals - 1 if refusals else entry.attempts), self._asked.pop(name, 0.0))
+            if reason is not None and (owed or entry.recipients):
+                # Owed to some recipients only (others took it): retried apart, holding nothing back.
+                self._record(name, partial(self.store.failed, entry.id, retry, reason, recipients=owed,
+                                           table=entry.table))  # fmt: skip
+                continue
+            if reason is not None:
+                failed = partial(self.store.failed, entry.id, retry, reason, table=entry.table, recipients=owed)
+                self._record(name, failed)
+                break
+            self._record(name, partial(self.store.delivered, entry.id, now, table=entry.table))
+            delivered += 1
         return delivered
 
     def _discard(self, name: str, entry_id: int, table: str, now: float, dropped: str, why: str) -> None:

@@ -363,15 +363,23 @@ class AlertStore:
             )
 
     def discard(
-        self, keep: Iterable[str], now: float, reason: str, digests_to: Collection[str] = (), *, digests: bool = False
+        self,
+        keep: Iterable[str],
+        now: float,
+        reason: str,
+        digests_to: Collection[str] = (),
+        *,
+        digests: bool = False,
+        sending: Collection[tuple[str, int]] = (),
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
         reload removed, or that is no longer one with a queue), and forget what was sent to them (one
         added again under the same name is then told what fires, as a new one is). A digest dropped
         so goes to each of `digests_to` (of `keep`) that has not had it (`drop_digest`). `digests`:
         the digests only, of the notifiers that take none now (`keep`: those that do), whatever
-        waits before them in their queues. How many were waiting, per notifier; and how many
-        digests each of `digests_to` was given."""
+        waits before them in their queues. `sending`: the rows being sent (table, id), left to
+        their outcome. How many were waiting, per notifier; and how many digests each of
+        `digests_to` was given."""
         kept = sorted(set(keep))
         marks = ",".join("?" * len(kept))
         dropped: dict[str, int] = {}
@@ -379,7 +387,8 @@ class AlertStore:
         found: list[tuple[str, str | None]] = []
         with self.store.transaction("outbox") as db:
             for table in ("digest_outbox",) if digests else OUTBOXES:
-                where = f"delivered IS NULL AND notifier NOT IN ({marks})"
+                busy = [entry_id for at, entry_id in sending if at == table]
+                where = f"delivered IS NULL AND notifier NOT IN ({marks}) AND id NOT IN ({','.join(map(str, busy))})"
                 rows = db.execute(f"SELECT notifier, COUNT(*) FROM {table} WHERE {where} GROUP BY notifier", kept)  # noqa: S608
                 for name, count in rows.fetchall():
                     dropped[name] = dropped.get(name, 0) + count
