@@ -17,7 +17,7 @@ from exporter.app.daemon import Daemon
 from exporter.config.load import load
 from exporter.core.clock import Clock, FrozenClock
 from exporter.sim import Simulator, SimulatorServer
-from exporter.sim.model import MILLION
+from exporter.sim.model import MILLION, Fault
 from tests.conftest import billing_section
 from tests.daemon_fakes import fake_billing_section, metrics, unit_daemon
 from tests.helpers import Series, named, scrape
@@ -162,5 +162,73 @@ def test_a_restart_resumes_the_counter_where_it_stood_whatever_the_prices_are_no
         assert_counted(
             scrape(daemon.server.url), added(priced(first, DEAR), priced(second, CHEAP), priced(third, CHEAPER))
         )
+    finally:
+        daemon.stop()
+
+
+def test_a_price_taken_out_keeps_its_models_counter_as_it_stood_and_the_estimate_alerts_firing(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """A reload takes model-b's price out: its counter disappeared, and an `estimated_spend` rule
+    read the account's estimate without it (its alerts resolved; the price put back, they fired
+    again). It stands as it was; model-b's later records are priced by the price it gets next."""
+    path = tmp_path / "config.yaml"
+    rules = [{"alert": "EstimateHigh", "signal": "estimated_spend", "by": ["endpoint_id"], "threshold": "0.000001"}]
+
+    def config(table: list[dict[str, str]]) -> None:
+        document = {"billing": fake_billing_section(sim, history_months=0), "prices": table,
+                    "state": {"path": str(tmp_path / "state.db")}, "alerts": {"rules": rules}}  # fmt: skip
+        path.write_text(yaml.safe_dump(document))
+
+    def firing() -> set[str]:
+        return {a.key for a in daemon.sources.engine.current() if a.state == "firing"}
+
+    sim.add_usage(600)
+    config(DEAR)
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("usage")
+        daemon.alert_cycle()
+        fired, counted = firing(), by_key(metrics(daemon), COUNTER)
+        assert any(model == "model-b" for _, model in counted)
+        config([p for p in DEAR if p["model"] == "model-a"])
+        assert daemon.reload()
+        sim.add_usage(300)
+        frozen.advance(dt.timedelta(minutes=5))
+        assert daemon.refresh("usage")
+        daemon.alert_cycle()
+        now = by_key(metrics(daemon), COUNTER)
+        assert {k: v for k, v in now.items() if k[1] == "model-b"} == {
+            k: v for k, v in counted.items() if k[1] == "model-b"
+        }
+        assert firing() == fired
+        config(DEAR)  # put back: model-b's records since are priced by it
+        assert daemon.reload()
+        assert_counted(metrics(daemon), priced(sim.usage_records(clock.today()), DEAR))
+    finally:
+        daemon.stop()
+
+
+def test_new_prices_that_came_while_a_usage_refresh_ran_price_the_estimates_though_the_next_failed(
+    sim: Simulator, clock: Clock, frozen: FrozenClock, tmp_path: Path
+) -> None:
+    """A reload that re-prices while a usage refresh holds its lock leaves the pricing to a
+    refresh; that one failing (the API down), the estimates kept the old prices until the API
+    answered again."""
+    path = tmp_path / "config.yaml"
+    sim.add_usage(600)
+    write(path, sim, None, [p for p in DEAR if p["model"] == "model-a"])
+    daemon = unit_daemon(load(path), sim, clock, config_path=path)
+    try:
+        assert daemon.refresh("usage")
+        assert {model for _, model in by_key(metrics(daemon), COUNTER)} == {"model-a"}
+        lock = daemon._locks["usage"]
+        with lock:  # (a usage refresh in flight)
+            write(path, sim, None, DEAR)
+            assert daemon.reload()
+        sim.inject(Fault(kind="status", path="/api/v1/usages", status=400, times=50))
+        frozen.advance(dt.timedelta(minutes=5))
+        assert not daemon.refresh("usage")
+        assert_counted(metrics(daemon), priced(sim.usage_records(clock.today()), DEAR))
     finally:
         daemon.stop()

@@ -243,6 +243,9 @@ class Daemon:
             return True
         finally:
             lock.release()
+            account = self.sources.accounts.get(located[0].name)
+            if located[1] == "usage" and account is not None and account.usage.priced_before():
+                self._priced_anew(account.name, account)  # (new prices came while it ran, whatever its end)
             if source in self._again:
                 self._run_soon(source)
 
@@ -379,21 +382,28 @@ class Daemon:
             before = old.accounts.get(name)
             if before is None or before.config.prices == account.config.prices:
                 continue
-            key = source_key(name, "usage")
-            lock = self._locks.setdefault(key, threading.Lock())
-            if not lock.acquire(blocking=False):
-                account.usage.prices = {p.model: p for p in account.config.prices}
-                self._run_soon(key)  # (the refresh in flight may have priced with those before: it runs again)
-                continue
-            try:
-                snapshot = account.usage.reprice(account.config.prices)
-                if snapshot is not None:
-                    account.latest.usage = snapshot
-                    self.sources.exposition.prepare(name)
-            finally:
-                lock.release()
-                if key in self._again:  # a forced refresh found the lock taken here
-                    self._run_soon(key)
+            account.usage.prices = {p.model: p for p in account.config.prices}
+            if not self._priced_anew(name, account):
+                self._run_soon(source_key(name, "usage"))  # (the refresh in flight: new figures, at once)
+
+    def _priced_anew(self, name: str, account: Account) -> bool:
+        """Today's and yesterday's usage estimates priced with the account's prices now, with no
+        API call; False when a usage refresh is in flight (it prices its figures with them, or, if
+        it began before they came, `refresh` calls this again as it ends, failed or not)."""
+        key = source_key(name, "usage")
+        lock = self._locks.setdefault(key, threading.Lock())
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            snapshot = account.usage.reprice(account.config.prices)
+            if snapshot is not None:
+                account.latest.usage = snapshot
+                self.sources.exposition.prepare(name)
+        finally:
+            lock.release()
+            if key in self._again:  # a forced refresh found the lock taken here
+                self._run_soon(key)
+        return True
 
     def _rollover(self, source: str) -> None:
         """`source` of the only account now; with several accounts, each one's beside its schedule

@@ -137,12 +137,14 @@ class UsageSync(UsageReader):
         totals = {}
         for key, (r, p, c, k) in aggregate.sums.items():
             price = prices.get(key.model)
-            if price is None:
+            if counted is not None and (price is not None or key in counted):
+                # A counter: what it counted (a model whose price a reload took away keeps it, and
+                # its tokens from then on are priced by the price it gets next: `count`).
+                amount: Decimal | None = counted.get(key, NOTHING_COUNTED).amount
+            elif price is None:
                 amount = None
-            elif counted is None:
-                amount = cost(price, p, c, k)
             else:
-                amount = counted.get(key, NOTHING_COUNTED).amount
+                amount = cost(price, p, c, k)
             totals[key] = UsageTotals(r, p, c, k, amount)
         previous = self._previous if counted is not None else None
         return UsageSnapshot(
@@ -154,6 +156,11 @@ class UsageSync(UsageReader):
             previous_day=self._snapshot(*previous, prices) if previous else None,
             per_api_key=self.per_api_key,
         )
+
+    def priced_before(self) -> bool:
+        """Whether the figures last given were priced with another table than its prices now (new
+        prices came while a refresh ran)."""
+        return self._published is not None and self._published_prices is not self.prices
 
     def reprice(self, prices: Iterable[PriceConfig]) -> UsageSnapshot | None:
         """Take new prices; the figures with them (None before the first sync). No API call.

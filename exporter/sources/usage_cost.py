@@ -54,7 +54,8 @@ def count(
 
     A key whose model has no price is left as it was: its tokens are priced by the first price
     its model gets (a price added to the config covers the day so far; nothing went out at a
-    lower figure meanwhile, since a key without a price has no counter). An amount that covers
+    lower figure meanwhile, since a key that never had a price has no counter, and one whose
+    price a reload took away keeps its counter at what it counted). An amount that covers
     more tokens than the key holds (counted on a list read afresh that shows fewer) is not trusted:
     that key's tokens are priced afresh.
     """
