@@ -743,6 +743,47 @@ def test_a_file_of_every_earlier_layout_opens_migrated_with_nothing_lost(tmp_pat
     assert written == LAYOUT
 
 
+def columns(path: Path) -> dict[str, list[str]]:
+    with closing(sqlite3.connect(path)) as db:
+        names = [n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {name: [row[1] for row in db.execute(f"PRAGMA table_info({name})")] for name in names}
+
+
+def test_a_file_whose_tables_lack_columns_that_came_after_them_in_the_same_layout_gets_them(tmp_path: Path) -> None:
+    """Builds between two releases made tables that later gained columns, all in files of layout 1
+    (no migration step runs on them): the usage refreshes failed for good on `usage_created.updated`,
+    and the accounts' files on `account_files.used`. Each gets its columns, its rows kept."""
+    fresh, path = tmp_path / "fresh.db", tmp_path / "state.db"
+    StateStore(fresh).close()
+    StateStore(path).close()
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript("""
+            DROP TABLE usage_created; CREATE TABLE usage_created (day TEXT PRIMARY KEY, created REAL NOT NULL);
+            INSERT INTO usage_created VALUES ('2026-11-22', 1000.0);
+            DROP TABLE digest_spans; CREATE TABLE digest_spans (account_id TEXT NOT NULL, name TEXT NOT NULL,
+                first_day TEXT NOT NULL, last_day TEXT NOT NULL, PRIMARY KEY (account_id, name, last_day, first_day));
+            INSERT INTO digest_spans VALUES ('ak', '', '2026-11-20', '2026-11-21');
+            DROP TABLE account_files; CREATE TABLE account_files (file TEXT PRIMARY KEY, account_id TEXT NOT NULL,
+                name TEXT NOT NULL);
+            INSERT INTO account_files VALUES ('prod.db', 'ak', 'prod');
+        """)  # fmt: skip
+    store = StateStore(path)
+    try:
+        alerts = AlertStore(store)
+        assert alerts.digest_spans("ak", dt.date(2026, 11, 1), dt.date(2026, 11, 30)) == [
+            (dt.date(2026, 11, 20), dt.date(2026, 11, 21))
+        ]
+        day = dt.date(2026, 11, 22)
+        cursor = UsageCursor(day=day, settings="s", records=1, boundary_id="", page_fingerprint="", created=5.0)
+        store.save_usage(cursor, [("ep", "m", "", 1, 2, 3, 0)], 7.0, day)
+        loaded = store.load_usage(day)
+        assert loaded is not None
+        assert loaded[0].created == 5.0
+    finally:
+        store.close()
+    assert columns(path) == columns(fresh)
+
+
 def test_a_file_written_by_a_newer_version_is_refused_naming_both_layouts(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     StateStore(path).close()

@@ -24,7 +24,7 @@ from pathlib import Path
 from exporter.core.logs import get_logger
 from exporter.state.errors import StateError, fault_of
 from exporter.state.lock import LockFile
-from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, number_outboxes
+from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, complete, number_outboxes
 
 log = get_logger(__name__)
 
@@ -208,6 +208,7 @@ class StateFile:
             try:
                 for step in MIGRATIONS[version:]:
                     step(db)
+                complete(db)
                 db.execute(f"PRAGMA user_version = {LAYOUT}")
                 self.layout = version
                 number_outboxes(db)

@@ -198,6 +198,27 @@ Each released layout is kept in tests/data as a file that the tests open and che
 LAYOUT = len(MIGRATIONS)
 """The layout this version writes."""
 
+COLUMNS_ADDED = (
+    ("usage_created", "updated", "REAL NOT NULL DEFAULT -1"),  # (matches no cursor: `created` not trusted)
+    ("digest_spans", "project_id", "TEXT NOT NULL DEFAULT ''"),
+    ("digest_spans", "marked", "INTEGER NOT NULL DEFAULT 1"),  # (every span was a digest queued then)
+    ("account_files", "used", "INTEGER NOT NULL DEFAULT 0"),
+)
+"""Columns that came to a table of layout 1 after the table did: builds between releases made the
+table without them, in files that say layout 1 all the same (so no step of MIGRATIONS runs on
+them). Added where a file lacks them, at each opening (`complete`), with what an older row means."""
+
+
+def complete(db: sqlite3.Connection) -> None:
+    """Add each of COLUMNS_ADDED that its table lacks."""
+    found: dict[str, set[str]] = {}
+    for table, column, definition in COLUMNS_ADDED:
+        if table not in found:
+            found[table] = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in found[table]:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            found[table].add(column)
+
 
 def number_outboxes(db: sqlite3.Connection) -> None:
     """A new (empty, never used) outbox numbers its rows from a random point (FIRST_ID_RANGE)."""
