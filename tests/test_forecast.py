@@ -146,6 +146,44 @@ def test_an_account_that_spends_on_few_days_gets_intervals_that_hold_its_total_a
     assert abs(inside - DEFAULT_LEVEL) <= 0.10, inside
 
 
+def test_one_weekend_batch_job_does_not_make_every_weekend_expected_to_spend() -> None:
+    """A weekday-only account whose one Saturday of 13 weeks billed a batch job: a spike, one of a
+    dozen Saturdays, which leaves the weekend at nothing (as the medians say; only an account
+    whose weekdays mostly bill nothing is read by the days' means)."""
+    history: dict[dt.date, Decimal] = {}
+    day = dt.date(2026, 8, 1)
+    while day < dt.date(2026, 11, 1):
+        history[day] = Decimal(100) if day.weekday() < 5 else Decimal(0)
+        day += dt.timedelta(days=1)
+    history[dt.date(2026, 9, 12)] = Decimal(1000)  # (a Saturday)
+    today = dt.date(2026, 11, 4)
+    november = {d: Decimal(100) if d.weekday() < 5 else Decimal(0) for d in (dt.date(2026, 11, n) for n in (1, 2, 3))}
+    f = month_forecast("2026-11", today, november, history)
+    assert all(amount == 0 for d, amount in f.daily.items() if d.weekday() >= 5)
+    assert all(amount > 0 for d, amount in f.daily.items() if d.weekday() < 5 and d > today)
+
+
+def test_falling_back_on_two_views_the_bounds_and_the_point_are_their_mixtures() -> None:
+    """An account that bills on 40% of its days: the chance of going over the lower bound, the
+    point and the upper bound are those the interval's level and the median say (the two views'
+    chances were combined by their larger one: a budget at the lower bound read as nearly sure
+    to be crossed)."""
+    months = _sparse_year(1)
+    history = {d: a for p in ("2026-08", "2026-09", "2026-10") for d, a in months[p].items()}
+    mixed = 0
+    for day in range(2, 29):
+        today = dt.date(2026, 11, day)
+        f = month_forecast("2026-11", today, {d: a for d, a in months["2026-11"].items() if d < today}, history)
+        if f.draws is None:  # (the recent days' level above 0: the model's forecast)
+            continue
+        mixed += 1
+        assert f.month_to_date <= f.lower < f.point < f.upper, day
+        assert f.chance_over(f.lower) == pytest.approx((1 + DEFAULT_LEVEL) / 2, abs=1e-6)
+        assert f.chance_over(f.point) == pytest.approx(0.5, abs=1e-6)
+        assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-6)
+    assert mixed >= 5
+
+
 def test_the_previous_month_alone_at_the_start_of_a_month_in_its_grace_days() -> None:
     """History off, last month fetched in its grace days: the model learns from it."""
     today = FIRST.replace(day=2)

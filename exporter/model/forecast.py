@@ -9,8 +9,8 @@ the account's is the model's).
 daily bills (`docs/forecast.md` shows how well it does):
 - Weekday factors, from the latest `SHAPE_DAYS` known days: each day's amount ÷ the mean of a week
   of known days around it; a weekday's factor is the median of its days' (a spike is one sample of
-  a dozen), or their mean when half of them or more billed nothing (`_weekday`), the seven scaled
-  to average 1.
+  a dozen; their means when most weekdays' medians are 0: an account that spends on few days),
+  the seven scaled to average 1.
 - Level: the median of the latest `LEVEL_DAYS` known days' amounts, each ÷ its weekday's factor (a
   spike is one value of 21).
 - Error: the same model, run from each past day with the factors it would have had then (fitted
@@ -29,10 +29,11 @@ daily bills (`docs/forecast.md` shows how well it does):
   it can. With fewer than `MIN_SHAPE_DAYS` known complete days there is no weekday rhythm to learn,
   and with a level of 0 (most of the recent days billed nothing: a pause, or spend on few days)
   the model would say nothing more will be spent, for sure: the point is today's formula, with the
-  prior's interval. Falling back, the days left are also taken as draws of the latest
-  `LEVEL_DAYS` known days (`Draws`: their total's mean and spread, a normal), and the interval
-  and the chances are the more cautious of the two: a week that billed nothing says the pause may
-  go on, not that it will.
+  prior's interval. Where that formula expects nothing more (or the level is 0) though the latest
+  `LEVEL_DAYS` known days billed, the days left are also taken as draws of those days (`Draws`: a
+  normal of their total, about a mean the days only estimate), and the month's total is either
+  view's with even odds: the point, the bounds and the chances are the mixture's. A week that
+  billed nothing says the pause may go on, not that it will.
 
 Growth is left to the learnt median: a trend fitted on weekly sums (Theil–Sen) and extrapolated
 did worse on the simulator's history (`bench.forecast`) at growths of −5% to +10% a month.
@@ -41,6 +42,7 @@ Money is Decimal; floats only in the error model.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -153,8 +155,9 @@ class MonthForecast:
     above: float = 0.0
     """The same over the point: larger where spikes lift totals more than anything sinks them."""
     draws: Draws | None = None
-    """Falling back on today's formula: the days left's total as draws of the recent known days,
-    whose chances count too (see the module's docstring)."""
+    """Falling back on today's formula where it expects nothing more though the recent days billed
+    (a pause, spend on few days): the days left as draws of those days too, and the month's total
+    either view's with even odds (see the module's docstring)."""
 
     def crossing_day(self, amount: Decimal, spent: Decimal) -> dt.date | None:
         """The first day on which `spent` plus the expected days reach `amount` (today if it already
@@ -164,17 +167,20 @@ class MonthForecast:
         return crossing(sorted(self.daily.items()), amount, spent)
 
     def chance_over(self, amount: Decimal) -> float:
-        """The chance the month's total exceeds `amount`, by the interval's error model (the larger
-        of its two chances, falling back: see `draws`)."""
+        """The chance the month's total exceeds `amount`, by the interval's error model (with
+        `draws`, the mean of its chance and theirs)."""
         if amount < self.month_to_date:
             return 1.0
-        chance = self._chance_by_error(amount)
-        return chance if self.draws is None else max(chance, self.draws.chance_over(amount - self.month_to_date))
+        if self.draws is None:
+            return self._chance_by_error(amount, self.point - self.month_to_date)
+        return (
+            self._chance_by_error(amount, self.draws.formula) + self.draws.chance_over(amount - self.month_to_date)
+        ) / 2
 
-    def _chance_by_error(self, amount: Decimal) -> float:
-        left = self.point - self.month_to_date
+    def _chance_by_error(self, amount: Decimal, left: Decimal) -> float:
+        """The error model's chance, around `left` expected of the days left."""
         if left <= 0 or amount == self.month_to_date:
-            return 1.0 if self.point > amount else 0.0
+            return 1.0 if self.month_to_date + left > amount else 0.0
         error = math.log(float(amount - self.month_to_date) / float(left))
         spread = self.below if error < 0 else self.above
         if spread <= 0:
@@ -184,31 +190,35 @@ class MonthForecast:
 
 @dataclass(frozen=True)
 class Draws:
-    """The total of the days left when each is a draw of the recent known days: its mean and its
-    standard deviation (a normal, by the sum of many draws; never below nothing)."""
+    """What the days left add when each is a draw of the recent known days: a normal (the sum of
+    many draws) of `mean` and `spread`, about a mean those days only estimate (their number), and
+    never below `floor`; beside today's formula's expectation of them, `formula`."""
 
+    formula: Decimal
     mean: float
     spread: float
+    floor: float
+    """The least the days left can add: nothing, unless the recent days held credits."""
 
     @classmethod
-    def of(cls, recent: Sequence[Decimal], days: int, so_far: Decimal) -> Draws:
+    def of(cls, formula: Decimal, recent: Sequence[Decimal], days: int, so_far: Decimal) -> Draws:
         """`days` left, today among them, which has billed `so_far` of its draw."""
         values = [float(a) for a in recent]
         mean = sum(values) / len(values)
         variance = sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)
-        today_left = max(mean - max(float(so_far), 0.0), 0.0)
-        return cls(mean * (days - 1) + today_left, math.sqrt(variance * days))
-
-    def bounds(self, level: float) -> tuple[Decimal, Decimal]:
-        z = NormalDist().inv_cdf((1 + level) / 2)
-        lower, upper = max(self.mean - z * self.spread, 0.0), max(self.mean + z * self.spread, 0.0)
-        return Decimal(repr(lower)), Decimal(repr(upper))
+        billed = max(float(so_far), 0.0)
+        draws = days - 1 + (max(1.0 - billed / mean, 0.0) if mean > 0 else 1.0)  # (today's share still to come)
+        spread = math.sqrt(variance * draws * (1 + draws / len(values)))
+        return cls(formula, mean * draws, spread, min(0.0, min(values) * days))
 
     def chance_over(self, left: Decimal) -> float:
         """The chance the days left add more than `left`."""
+        x = float(left)
+        if x < self.floor:
+            return 1.0
         if self.spread <= 0:
-            return 1.0 if self.mean > left else 0.0
-        return 1.0 - NormalDist(self.mean, self.spread).cdf(float(left))
+            return 1.0 if self.mean > x else 0.0
+        return 1.0 - NormalDist(self.mean, self.spread).cdf(x)
 
 
 Factors = tuple[Decimal, ...]
@@ -245,7 +255,11 @@ def _factors(known: Mapping[dt.date, Decimal], last: dt.date) -> Factors | None:
 
 
 def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors | None:
-    """`_factors` of the known days `days` (in order, the window)."""
+    """`_factors` of the known days `days` (in order, the window). A weekday's factor is the
+    median of its days' ratios, so that a spike is one of a dozen: a weekend that bills nothing but
+    for one batch job stays at 0. When most weekdays' medians are 0, the account spends on few days,
+    whichever they are: the days that bill are what it bills, not spikes, and the factors are the
+    means (the medians would expect nothing on most days, and for sure)."""
     window = {d: known[d] for d in days}
     ratios: list[list[Decimal]] = [[] for _ in range(7)]
     for day, amount in window.items():
@@ -254,18 +268,11 @@ def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors
             ratios[day.weekday()].append(amount / mean)
     if any(len(r) < MIN_SHAPE_DAYS // 7 for r in ratios):
         return None
-    medians = [_weekday(r) for r in ratios]
+    medians = [_median(r) for r in ratios]
+    if sum(1 for m in medians if m <= 0) > 3:  # an account that spends on few days, whichever they are
+        medians = [sum(r, ZERO) / len(r) for r in ratios]
     total = sum(medians, ZERO)
     return tuple(m * SEVEN / total for m in medians) if total > 0 else None
-
-
-def _weekday(ratios: Sequence[Decimal]) -> Decimal:
-    """A weekday's factor before scaling: the median of its days' ratios (a spike is one of a
-    dozen). When half its days or more billed nothing, their mean, unless none billed: its days that
-    billed are then what it bills, not spikes (an account that spends on few days, whichever they
-    are, would otherwise be expected to bill nothing on most weekdays, and for sure)."""
-    median = _median(ratios)
-    return median if median > 0 else sum(ratios, ZERO) / len(ratios)
 
 
 def _level(known: Mapping[dt.date, Decimal], factors: Factors, last: dt.date) -> Decimal | None:
@@ -436,7 +443,11 @@ def month_forecast(
         daily[today] = today_end - so_far
         errors = _Errors()
         recent = [known[d] for d in sorted(known)[-LEVEL_DAYS:]]
-        draws = Draws.of(recent, len(left), so_far) if len(recent) >= TRAILING_DAYS else None
+        draws = None
+        # The formula expects nothing more, or the level is 0, while the recent days billed: the
+        # days left are their draws too (a pause may end; an account spending on few days will).
+        if len(recent) >= TRAILING_DAYS and any(recent) and (point == month_to_date or base is not None):
+            draws = Draws.of(point - month_to_date, recent, len(left), so_far)
     else:
         errors = _errors(known, level)
         bias = Decimal(repr(math.exp(errors.at(len(left))[0])))
@@ -451,9 +462,46 @@ def month_forecast(
     upper = month_to_date + rest * Decimal(repr(math.exp(z * above)))
     if upper < lower:  # credits outweighing charges: the days left take money off, and the bounds swap
         lower, upper = upper, lower
-    if draws is not None:
-        least, most = draws.bounds(level)
-        lower, upper = min(lower, month_to_date + least), max(upper, month_to_date + most)
-    return MonthForecast(
+    outlook = MonthForecast(
         period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above, draws
     )
+    if draws is None:
+        return outlook
+    # Either view with even odds: the point and the bounds are the mixture's median and quantiles.
+    ends = (lower - month_to_date, upper - month_to_date, Decimal(repr(draws.floor)), ZERO,
+            Decimal(repr(draws.mean - 4 * draws.spread)), Decimal(repr(draws.mean + 4 * draws.spread)))  # fmt: skip
+    low, high = min(ends), max(ends)
+    point, lower, upper = (
+        month_to_date + _exceeded_with(outlook, chance, low, high) for chance in (0.5, (1 + level) / 2, (1 - level) / 2)
+    )
+    return dataclasses.replace(
+        outlook, point=point, lower=lower, upper=upper, daily=MappingProxyType(_spread(daily, point - month_to_date))
+    )
+
+
+def _exceeded_with(outlook: MonthForecast, chance: float, low: Decimal, high: Decimal) -> Decimal:
+    """The least amount the days left may add that `outlook` gives `chance` or less of being
+    exceeded, between `low` and `high` (where it is), found by halving the span 64 times; one of
+    the views' point masses (nothing more, the least the draws add) when it is that one."""
+    mtd, span = outlook.month_to_date, high - low
+    if outlook.chance_over(mtd + low) <= chance:
+        return low
+    for _ in range(64):  # (the chance falls as the amount grows)
+        middle = (low + high) / 2
+        if outlook.chance_over(mtd + middle) <= chance:
+            high = middle
+        else:
+            low = middle
+    atoms = (ZERO, Decimal(repr(outlook.draws.floor))) if outlook.draws is not None else ()
+    for atom in atoms:
+        if abs(high - atom) <= span / 2**40 and outlook.chance_over(mtd + atom) <= chance:
+            return atom
+    return high
+
+
+def _spread(daily: Mapping[dt.date, Decimal], total: Decimal) -> dict[dt.date, Decimal]:
+    """`daily` scaled to add up to `total` (evenly spread when it adds up to nothing)."""
+    whole = sum(daily.values(), ZERO)
+    if whole > 0:
+        return {d: a * total / whole for d, a in daily.items()}
+    return dict.fromkeys(daily, total / len(daily)) if daily else {}
