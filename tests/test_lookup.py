@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -24,6 +25,7 @@ from exporter.core.post import DeadlineExceeded, peers, post_json
 from exporter.notifiers import smtp
 from exporter.notifiers.email import EmailNotifier
 from exporter.sim import Simulator, SimulatorServer
+from tests.smtp import Mailbox, Start
 from tests.test_probe import assert_failed_once
 from tests.test_probe_http import runner, runner_for
 
@@ -155,3 +157,31 @@ def test_an_email_whose_server_name_hangs_ends_at_its_deadline(resolver: Resolve
     sent = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<a@b>", deadline=0.5)
     assert sent.reason is not None
     assert "deadline" in sent.reason
+
+
+def test_an_email_goes_out_while_this_machines_name_takes_longer_than_its_deadline_to_look_up(
+    monkeypatch: pytest.MonkeyPatch, start_smtp: Start, mailbox: Mailbox
+) -> None:
+    """The reverse lookup of the name EHLO gives took 3 s, the exchange's deadline 1 s: every
+    email failed, each starting the lookup again. The first goes with the host name as it is set,
+    the lookup ends in its thread and is kept, and the others give it."""
+    looked_up = threading.Event()
+
+    def slow() -> str:
+        time.sleep(1.5)
+        looked_up.set()
+        return "mail-client.example"
+
+    monkeypatch.setattr(socket, "getfqdn", slow)
+    monkeypatch.setattr(lookup, "_named", [])
+    server = start_smtp(tls=None)
+    notifier = EmailNotifier.model_validate(
+        {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{server.port}", "from": "a@example.com",
+         "to": ["b@example.com"], "starttls": False}
+    )  # fmt: skip
+    first = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<1@x>", deadline=1.0)
+    assert first.reason is None
+    assert looked_up.wait(10)
+    second = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<2@x>", deadline=1.0)
+    assert second.reason is None
+    assert len(mailbox.messages) == 2

@@ -4,9 +4,9 @@
 as long as its own timeouts and retries say (often tens of seconds), and one that hangs for ever.
 No deadline over the exchange's sockets can cut it, for there is no socket yet. So a lookup runs in
 a thread of its own while its caller waits no longer than its time left (`TimeLeft`: a deadline's
-`remaining`, which is 0 once a client's close fires it). A lookup of the same name already under
-way is waited for, not started again: a resolver that hangs holds one thread per name, however
-many exchanges try it meanwhile.
+`remaining`, which is 0 once a client's close fires it). A lookup of the same name and port
+already under way is waited for, not started again: a resolver that hangs holds one thread per
+name and port, however many exchanges try it meanwhile.
 """
 
 from __future__ import annotations
@@ -83,10 +83,23 @@ def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind
     )
 
 
+_named: list[str] = []
+"""This machine's fully qualified name, once a lookup of it has ended (`fqdn`)."""
+
+
 def fqdn(time_left: TimeLeft) -> str:
-    """`socket.getfqdn()`, this machine's fully qualified name (a reverse lookup), or
-    `LookupTimeout`."""
-    return _answered(("getfqdn",), socket.getfqdn, time_left)
+    """`socket.getfqdn()`, this machine's fully qualified name (a reverse lookup), looked up once:
+    a lookup that outlasts its callers' waits is kept for the next caller. `LookupTimeout` while
+    none has ended."""
+    if _named:
+        return _named[0]
+    return _answered(("getfqdn",), _kept_fqdn, time_left)
+
+
+def _kept_fqdn() -> str:
+    name = socket.getfqdn()
+    _named.append(name)  # (in the lookup's thread: kept though nobody waits for it any more)
+    return name
 
 
 def create_connection(

@@ -53,20 +53,18 @@ def build(notifier: EmailNotifier, subject: str, text: str, html_body: str, mess
     return message
 
 
-_named: list[str] = []
-"""This machine's fully qualified name, once looked up."""
+EHLO_NAME_WAIT = 1.0
+"""The longest an exchange waits for this machine's name to give in EHLO (`_local_hostname`)."""
 
 
-def _local_hostname(time_left: lookup.TimeLeft) -> str:
-    """The name given in EHLO: this machine's fully qualified name, looked up once (a reverse
-    lookup) within the exchange's time; one that does not end in time gives the host name as it is
-    set, this once."""
-    if not _named:
-        try:
-            _named.append(lookup.fqdn(time_left))
-        except lookup.LookupTimeout:
-            return socket.gethostname()
-    return _named[0]
+def _local_hostname(timer: Deadline) -> str:
+    """The name given in EHLO: this machine's fully qualified name (a reverse lookup, made once),
+    waited for at most EHLO_NAME_WAIT, and a quarter of the exchange's time left (the rest is the
+    exchange's); till that lookup ends, the host name as it is set (no lookup)."""
+    try:
+        return lookup.fqdn(lookup.within(min(EHLO_NAME_WAIT, timer.remaining() / 4)))
+    except lookup.LookupTimeout:
+        return socket.gethostname()
 
 
 def _context(notifier: EmailNotifier) -> ssl.SSLContext:
@@ -85,7 +83,7 @@ class _Client(smtplib.SMTP):
     def __init__(self, timer: Deadline, host: str, port: int, timeout: float, tls: ssl.SSLContext | None) -> None:
         self._timer = timer
         self._tls = tls
-        super().__init__(host, port, local_hostname=_local_hostname(timer.remaining), timeout=timeout)
+        super().__init__(host, port, local_hostname=_local_hostname(timer), timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         connected = lookup.create_connection(

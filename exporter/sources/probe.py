@@ -277,7 +277,7 @@ def shown_url(url: str) -> str:
 
 
 CLOSED = "the probe's client was closed (config reload or shutdown)"
-CONNECTING = "connecting timed out (TCP, a proxy's CONNECT or the TLS handshake)"
+CONNECTING = "connecting timed out (the host name's lookup, TCP, a proxy's CONNECT or the TLS handshake)"
 
 
 class _Bearer(requests.auth.AuthBase):
