@@ -108,6 +108,75 @@ def test_a_notification_on_the_wire_as_a_reload_renames_its_notifier_is_counted_
     assert (done, bool(why)) == (1, answer == "refused")
 
 
+@pytest.mark.parametrize("answer", ["taken", "refused"])
+def test_a_reload_that_lands_as_the_worker_takes_a_notification_up_counts_it_as_what_became_of_it(
+    receiver: Receiver, queued: tuple[Dispatcher, AlertStore], answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reload comes after the worker read the queue's head, before it sent it (while it reads
+    the alerts' states): the head was counted as dropped, and sent all the same."""
+    dispatcher, store = queued
+    inside, release = threading.Event(), threading.Event()
+    states = store.alert_states
+
+    def held(keys: list[str]) -> object:
+        inside.set()
+        release.wait(10)
+        return states(keys)
+
+    monkeypatch.setattr(store, "alert_states", held)
+    receiver.refuse = int(answer == "refused")
+    sending = threading.Thread(target=dispatcher.deliver)
+    sending.start()
+    assert inside.wait(10)
+    renamed = {"billing": fake_billing_section(Simulator(seed=1)),
+               "alerts": {"notifiers": [{"name": "renamed", "type": "webhook", "url": receiver.url}]}}  # fmt: skip
+    dispatcher.configure(validate(renamed, {}).alerts.notifiers, "")
+    release.set()
+    sending.join(10)
+    _, _, discarded = dispatcher.counts()
+    assert discarded["notifier_removed"] == int(answer == "refused")
+    assert len(receiver.received) == int(answer == "taken")
+
+
+@pytest.mark.parametrize("reload", ["its notifier removed", "its notifier kept, digests sent to another"])
+def test_a_digest_on_the_wire_as_a_reload_takes_digests_from_its_notifier_is_delivered_not_dropped(
+    receiver: Receiver, frozen: FrozenClock, reload: str
+) -> None:
+    store = AlertStore(StateStore(":memory:"))
+    clock = Clock(SHANGHAI, frozen)
+
+    def hooks(*names: str) -> list:
+        listed = [{"name": n, "type": "webhook", "url": receiver.url if n == "hook" else f"{receiver.url}/{n}"}
+                  for n in names]  # fmt: skip
+        return list(validate({"billing": fake_billing_section(Simulator(seed=1)),
+                              "alerts": {"notifiers": listed}}, {}).alerts.notifiers)  # fmt: skip
+
+    wanted = ["hook"]
+    dispatcher = Dispatcher(hooks("hook", "other"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    try:
+        store.enqueue_digest("daily:2026-11-22", ["hook"], {"kind": "digest", "text": "x"}, clock.now().timestamp())
+        arrived, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            arrived.set()
+            release.wait(10)
+
+        receiver.on_post = hold
+        sending = threading.Thread(target=dispatcher.deliver)
+        sending.start()
+        assert arrived.wait(10)
+        wanted = ["other"]
+        dispatcher.configure(hooks("other") if reload == "its notifier removed" else hooks("hook", "other"), "")
+        release.set()
+        sending.join(10)
+        _, _, discarded = dispatcher.counts()
+        with store.store.reading() as db:
+            rows = db.execute("SELECT notifier, delivered IS NOT NULL, last_error FROM digest_outbox").fetchall()
+        assert (discarded["notifier_removed"], rows) == (0, [("hook", 1, "")])
+    finally:
+        dispatcher.close()
+
+
 @pytest.mark.parametrize(
     "damage",
     ["cut short", "an alert without its key", "an event without its status", "an alert without its labels",

@@ -209,9 +209,10 @@ class Dispatcher:
         self._retired: list[_Worker] = []
         self._unsaved: dict[str, Callable[[], object]] = {}
         self._on_the_wire: dict[str, tuple[str, int]] = {}
-        """Per notifier, the queued notification being sent (its table and id), until its outcome is
-        written: a reload that removes the notifier meanwhile leaves it to that outcome (delivered,
-        it was not dropped; failed, it is dropped then, `_drain`)."""
+        """Per notifier, the queued notification its worker has taken up (its table and id), until
+        its outcome is written: a reload that removes the notifier, or takes digests from it,
+        meanwhile leaves it to that outcome (delivered, it was not dropped; failed, it is dropped
+        then, `_drain`)."""
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
@@ -270,7 +271,7 @@ class Dispatcher:
             # Theirs go now, not once what waits before them is delivered: a receiver that is down
             # would hold them past when they can be handed on.
             try:
-                more, also = self.store.discard(wanted, now, NO_DIGESTS, wanted, digests=True)
+                more, also = self.store.discard(wanted, now, NO_DIGESTS, wanted, digests=True, sending=sending)
             except StateError as error:
                 log.error("could not drop the digests of notifiers that take none now", error=str(error))
         for name, count in sorted(more.items()):
@@ -549,6 +550,12 @@ class Dispatcher:
                 continue
             if head is None or head.next_attempt > now:
                 break
+            with (
+                self._counts
+            ):  # (a reload swaps the notifiers before it looks here: it sees this head, or this sees it)
+                if (current := self._notifiers.get(name)) is None or outbox(current) is None:
+                    break  # (removed: what waits is the reload's to drop)
+                self._on_the_wire[name] = (head.table, head.id)
             if head.recipients and now - head.created > OWED_FOR:
                 log.error("email recipients refused a notification for a day; it is dropped for them",
                           notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
@@ -567,8 +574,6 @@ class Dispatcher:
             try:
                 entry = head if head.digest is not None else self._current(head)
                 if entry is not None:
-                    with self._counts:
-                        self._on_the_wire[name] = (entry.table, entry.id)
                     reason, owed = self._send(notifier, sender, entry)
             except (KeyError, TypeError):
                 if head.digest is None:  # (an alert group's fields are checked as it is read: a fault here is ours)
