@@ -25,6 +25,7 @@ from exporter.core.post import DeadlineExceeded, peers, post_json
 from exporter.notifiers import smtp
 from exporter.notifiers.email import EmailNotifier
 from exporter.sim import Simulator, SimulatorServer
+from tests.helpers import wait_for
 from tests.smtp import Mailbox, Start
 from tests.test_probe import assert_failed_once
 from tests.test_probe_http import runner, runner_for
@@ -56,6 +57,8 @@ class Resolver:
 def resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Resolver]:
     made = Resolver()
     monkeypatch.setattr(socket, "getaddrinfo", made)
+    monkeypatch.setattr(lookup, "_under_way", {})  # (no answer of another test's kept)
+    monkeypatch.setattr(lookup, "_ended", {})
     yield made
     made.release.set()  # (the lookups still hanging end)
 
@@ -76,6 +79,42 @@ def test_a_lookup_that_hangs_is_given_up_at_the_time_left_and_made_once_for_ever
         thread.join(30)
     assert [type(error) for error in failed] == [lookup.LookupTimeout] * 3
     assert resolver.looked_up == {"api.hang.test": 1}  # (the one lookup, still under way)
+
+
+def test_a_lookup_slower_than_every_deadline_is_kept_for_the_next_exchange(
+    resolver: Resolver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resolver that answers after each exchange has given up: its answer, thrown away, left every
+    exchange failing, each starting the lookup again."""
+    answered = threading.Event()
+
+    def slow(host: str, port: object, *args: object, **kwargs: object) -> list:
+        time.sleep(0.5)
+        answered.set()
+        return resolver("api.loop.test", port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    with pytest.raises(lookup.LookupTimeout):
+        lookup.getaddrinfo("api.slow.test", 443, lookup.within(0.1))
+    assert answered.wait(10)
+    wait_for(lambda: not lookup._under_way)  # (the lookup has ended: nobody waits for it)
+    found = lookup.getaddrinfo("api.slow.test", 443, lookup.within(0.1))
+    assert {info[4][0] for info in found} == {"127.0.0.1"}
+    assert resolver.looked_up == {"api.loop.test": 1}
+
+
+def test_a_lookup_whose_thread_cannot_start_fails_and_leaves_nothing_under_way(
+    resolver: Resolver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refused)
+        with pytest.raises(OSError, match="could not start"):
+            lookup.getaddrinfo("api.loop.test", 443, lookup.within(1))
+    assert lookup._under_way == {}
+    assert {info[4][0] for info in lookup.getaddrinfo("api.loop.test", 443, lookup.within(10))} == {"127.0.0.1"}
 
 
 def test_a_deadline_fired_ends_the_wait_for_a_lookup_at_once(resolver: Resolver) -> None:

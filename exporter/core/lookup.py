@@ -6,7 +6,9 @@ No deadline over the exchange's sockets can cut it, for there is no socket yet. 
 a thread of its own while its caller waits no longer than its time left (`TimeLeft`: a deadline's
 `remaining`, which is 0 once a client's close fires it). A lookup of the same name and port
 already under way is waited for, not started again: a resolver that hangs holds one thread per
-name and port, however many exchanges try it meanwhile.
+name and port, however many exchanges try it meanwhile. Its answer is kept for `KEPT` seconds
+after it ends, for the next exchanges: a resolver slower than every deadline would otherwise fail
+each of them, each starting the lookup again.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ T = TypeVar("T")
 
 WAKE = 0.05
 """How often a wait looks at its time left again (a deadline fired by a client's close is seen)."""
+KEPT = 30.0
+"""How long a lookup's answer (or its failure) is taken again once it has ended."""
 
 
 class LookupTimeout(TimeoutError):
@@ -42,6 +46,8 @@ class LookupTimeout(TimeoutError):
 
 _lock = threading.Lock()
 _under_way: dict[tuple[object, ...], Future[Any]] = {}
+_ended: dict[tuple[object, ...], tuple[float, Future[Any]]] = {}
+"""The lookups that have ended, each with when (on the monotonic clock), while KEPT."""
 
 
 def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLeft) -> T:
@@ -49,16 +55,23 @@ def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLef
     `LookupTimeout`; run in a thread of its own, shared by the callers of the same `key` while it
     lasts (it goes on after a caller stops waiting, for the next to take)."""
     with _lock:
-        future = _under_way.get(key)
-        if future is None:
-            future = _under_way[key] = Future()
-            threading.Thread(target=_run, args=(key, call, future), name="lookup", daemon=True).start()
+        ended = _ended.get(key)
+        found = ended[1] if ended is not None and time.monotonic() - ended[0] <= KEPT else _under_way.get(key)
+        if found is None:
+            found = Future()
+            try:
+                threading.Thread(target=_run, args=(key, call, found), name="lookup", daemon=True).start()
+            except RuntimeError as error:  # (no thread to be had: nothing is left under way)
+                raise OSError(f"the lookup could not start ({error})") from None
+            _under_way[key] = found
     while True:
+        if found.done():
+            return cast(T, found.result())
         left = time_left()
         if left <= 0:
             raise LookupTimeout("the lookup did not end in time")
         try:
-            return cast(T, future.result(timeout=min(left, WAKE)))
+            return cast(T, found.result(timeout=min(left, WAKE)))
         except FutureTimeout:
             continue
 
@@ -71,6 +84,10 @@ def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any
     finally:
         with _lock:
             _under_way.pop(key, None)
+            now = time.monotonic()
+            for old in [k for k, (at, _) in _ended.items() if now - at > KEPT]:
+                del _ended[old]
+            _ended[key] = (now, future)
 
 
 def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind: int = socket.SOCK_STREAM) -> Found:
