@@ -146,21 +146,38 @@ def test_an_account_that_spends_on_few_days_gets_intervals_that_hold_its_total_a
     assert abs(inside - DEFAULT_LEVEL) <= 0.10, inside
 
 
-def test_one_weekend_batch_job_does_not_make_every_weekend_expected_to_spend() -> None:
-    """A weekday-only account whose one Saturday of 13 weeks billed a batch job: a spike, one of a
-    dozen Saturdays, which leaves the weekend at nothing (as the medians say; only an account
-    whose weekdays mostly bill nothing is read by the days' means)."""
+@pytest.mark.parametrize("weekdays", [(0, 1, 2, 3, 4), (0, 2, 4)], ids=["Monday to Friday", "Mon, Wed, Fri"])
+def test_one_weekend_batch_job_does_not_make_every_weekend_expected_to_spend(weekdays: tuple[int, ...]) -> None:
+    """An account that bills on fixed weekdays, and on one Saturday of 13 a batch job: a spike,
+    one of a dozen Saturdays, which leaves the weekend at nothing (a weekday's mean stands for its
+    median of 0 only when a quarter of its days billed: an account that spends on few days,
+    whichever they are)."""
     history: dict[dt.date, Decimal] = {}
     day = dt.date(2026, 8, 1)
     while day < dt.date(2026, 11, 1):
-        history[day] = Decimal(100) if day.weekday() < 5 else Decimal(0)
+        history[day] = Decimal(100) if day.weekday() in weekdays else Decimal(0)
         day += dt.timedelta(days=1)
     history[dt.date(2026, 9, 12)] = Decimal(1000)  # (a Saturday)
     today = dt.date(2026, 11, 4)
-    november = {d: Decimal(100) if d.weekday() < 5 else Decimal(0) for d in (dt.date(2026, 11, n) for n in (1, 2, 3))}
+    november = {
+        d: Decimal(100) if d.weekday() in weekdays else Decimal(0) for d in (dt.date(2026, 11, n) for n in (1, 2, 3))
+    }
     f = month_forecast("2026-11", today, november, history)
-    assert all(amount == 0 for d, amount in f.daily.items() if d.weekday() >= 5)
-    assert all(amount > 0 for d, amount in f.daily.items() if d.weekday() < 5 and d > today)
+    assert all(amount == 0 for d, amount in f.daily.items() if d.weekday() not in weekdays)
+    assert all(amount > 0 for d, amount in f.daily.items() if d.weekday() in weekdays and d > today)
+
+
+def test_falling_back_with_credits_expected_the_point_and_lower_bound_may_go_below_the_month_to_date() -> None:
+    """A refund in the trailing week: today's formula expects the days left to take money off,
+    and the mixture's point and lower bound stood at the month to date (a chance of 1 below it)."""
+    months = _sparse_year(3)
+    history = {d: a for p in ("2026-08", "2026-09", "2026-10") for d, a in months[p].items()}
+    november = {dt.date(2026, 11, n): Decimal(0) for n in range(1, 9)}
+    november[dt.date(2026, 11, 6)] = Decimal(-5000)
+    f = month_forecast("2026-11", dt.date(2026, 11, 9), november, history)
+    assert f.draws is not None
+    assert f.lower <= f.point < f.month_to_date < f.upper
+    assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-6)
 
 
 def test_falling_back_on_two_views_the_bounds_and_the_point_are_their_mixtures() -> None:

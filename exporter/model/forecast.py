@@ -9,8 +9,8 @@ the account's is the model's).
 daily bills (`docs/forecast.md` shows how well it does):
 - Weekday factors, from the latest `SHAPE_DAYS` known days: each day's amount ÷ the mean of a week
   of known days around it; a weekday's factor is the median of its days' (a spike is one sample of
-  a dozen; their means when most weekdays' medians are 0: an account that spends on few days),
-  the seven scaled to average 1.
+  a dozen; their mean when that is 0 though a quarter of its days billed: an account that spends
+  on few days, `_weekday`), the seven scaled to average 1.
 - Level: the median of the latest `LEVEL_DAYS` known days' amounts, each ÷ its weekday's factor (a
   spike is one value of 21).
 - Error: the same model, run from each past day with the factors it would have had then (fitted
@@ -29,7 +29,7 @@ daily bills (`docs/forecast.md` shows how well it does):
   it can. With fewer than `MIN_SHAPE_DAYS` known complete days there is no weekday rhythm to learn,
   and with a level of 0 (most of the recent days billed nothing: a pause, or spend on few days)
   the model would say nothing more will be spent, for sure: the point is today's formula, with the
-  prior's interval. Where that formula expects nothing more (or the level is 0) though the latest
+  prior's interval. Where a forecast expects nothing more (or the level is 0) though the latest
   `LEVEL_DAYS` known days billed, the days left are also taken as draws of those days (`Draws`: a
   normal of their total, about a mean the days only estimate), and the month's total is either
   view's with even odds: the point, the bounds and the chances are the mixture's. A week that
@@ -155,9 +155,10 @@ class MonthForecast:
     above: float = 0.0
     """The same over the point: larger where spikes lift totals more than anything sinks them."""
     draws: Draws | None = None
-    """Falling back on today's formula where it expects nothing more though the recent days billed
-    (a pause, spend on few days): the days left as draws of those days too, and the month's total
-    either view's with even odds (see the module's docstring)."""
+    """Where the forecast expects nothing more, or the level is 0, though the recent days billed (a
+    pause, spend on few days): the days left as draws of those days too, and the month's total
+    either view's with even odds (see the module's docstring). `formula` is then the first view's
+    expectation of the days left (the point is the mixture's median)."""
 
     def crossing_day(self, amount: Decimal, spent: Decimal) -> dt.date | None:
         """The first day on which `spent` plus the expected days reach `amount` (today if it already
@@ -169,17 +170,18 @@ class MonthForecast:
     def chance_over(self, amount: Decimal) -> float:
         """The chance the month's total exceeds `amount`, by the interval's error model (with
         `draws`, the mean of its chance and theirs)."""
-        if amount < self.month_to_date:
-            return 1.0
         if self.draws is None:
+            if amount < self.month_to_date:
+                return 1.0
             return self._chance_by_error(amount, self.point - self.month_to_date)
         return (
             self._chance_by_error(amount, self.draws.formula) + self.draws.chance_over(amount - self.month_to_date)
         ) / 2
 
     def _chance_by_error(self, amount: Decimal, left: Decimal) -> float:
-        """The error model's chance, around `left` expected of the days left."""
-        if left <= 0 or amount == self.month_to_date:
+        """The error model's chance, around `left` expected of the days left (credits expected:
+        all of it at `left`)."""
+        if left <= 0 or amount <= self.month_to_date:
             return 1.0 if self.month_to_date + left > amount else 0.0
         error = math.log(float(amount - self.month_to_date) / float(left))
         spread = self.below if error < 0 else self.above
@@ -255,11 +257,7 @@ def _factors(known: Mapping[dt.date, Decimal], last: dt.date) -> Factors | None:
 
 
 def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors | None:
-    """`_factors` of the known days `days` (in order, the window). A weekday's factor is the
-    median of its days' ratios, so that a spike is one of a dozen: a weekend that bills nothing but
-    for one batch job stays at 0. When most weekdays' medians are 0, the account spends on few days,
-    whichever they are: the days that bill are what it bills, not spikes, and the factors are the
-    means (the medians would expect nothing on most days, and for sure)."""
+    """`_factors` of the known days `days` (in order, the window), each weekday's `_weekday`."""
     window = {d: known[d] for d in days}
     ratios: list[list[Decimal]] = [[] for _ in range(7)]
     for day, amount in window.items():
@@ -268,11 +266,21 @@ def _shape(known: Mapping[dt.date, Decimal], days: Sequence[dt.date]) -> Factors
             ratios[day.weekday()].append(amount / mean)
     if any(len(r) < MIN_SHAPE_DAYS // 7 for r in ratios):
         return None
-    medians = [_median(r) for r in ratios]
-    if sum(1 for m in medians if m <= 0) > 3:  # an account that spends on few days, whichever they are
-        medians = [sum(r, ZERO) / len(r) for r in ratios]
+    medians = [_weekday(r) for r in ratios]
     total = sum(medians, ZERO)
     return tuple(m * SEVEN / total for m in medians) if total > 0 else None
+
+
+def _weekday(ratios: Sequence[Decimal]) -> Decimal:
+    """A weekday's factor, before the seven are scaled: the median of its days' ratios, so that a
+    spike is one of a dozen (a weekend that bills nothing but for one batch job stays at 0). When
+    that median is 0 though a quarter of its days or more billed, their mean: the account spends on
+    few days, whichever they are, and the days that bill are what it bills, not spikes (the median
+    would expect nothing on that weekday, and for sure)."""
+    median = _median(ratios)
+    if median != 0 or 4 * sum(1 for r in ratios if r != 0) < len(ratios):
+        return median
+    return sum(ratios, ZERO) / len(ratios)
 
 
 def _level(known: Mapping[dt.date, Decimal], factors: Factors, last: dt.date) -> Decimal | None:
@@ -442,19 +450,19 @@ def month_forecast(
         daily = dict.fromkeys(left, average)
         daily[today] = today_end - so_far
         errors = _Errors()
-        recent = [known[d] for d in sorted(known)[-LEVEL_DAYS:]]
-        draws = None
-        # The formula expects nothing more, or the level is 0, while the recent days billed: the
-        # days left are their draws too (a pause may end; an account spending on few days will).
-        if len(recent) >= TRAILING_DAYS and any(recent) and (point == month_to_date or base is not None):
-            draws = Draws.of(point - month_to_date, recent, len(left), so_far)
     else:
         errors = _errors(known, level)
         bias = Decimal(repr(math.exp(errors.at(len(left))[0])))
         daily = {d: base * factors[d.weekday()] * bias for d in left}
         daily[today] = max(daily[today] - max(so_far, ZERO), ZERO)  # (a credit today stays taken off)
         point = month_to_date + sum(daily.values(), ZERO)
-        draws = None
+    # Nothing more expected, or a level of 0, while the recent days billed: the days left are their
+    # draws too (a pause may end; an account that spends on few days will).
+    recent = [known[d] for d in sorted(known)[-LEVEL_DAYS:]]
+    level_zero = base is not None and base <= 0
+    draws = None
+    if len(recent) >= TRAILING_DAYS and any(recent) and (point == month_to_date or level_zero):
+        draws = Draws.of(point - month_to_date, recent, len(left), so_far)
     _, below, above = errors.at(len(left))
     z = NormalDist().inv_cdf((1 + level) / 2)
     rest = point - month_to_date
@@ -468,8 +476,9 @@ def month_forecast(
     if draws is None:
         return outlook
     # Either view with even odds: the point and the bounds are the mixture's median and quantiles.
+    reach = draws.spread * (4 + z)  # (past the draws' quantile the mixture's tail needs, at any level)
     ends = (lower - month_to_date, upper - month_to_date, Decimal(repr(draws.floor)), ZERO,
-            Decimal(repr(draws.mean - 4 * draws.spread)), Decimal(repr(draws.mean + 4 * draws.spread)))  # fmt: skip
+            Decimal(repr(draws.mean - reach)), Decimal(repr(draws.mean + reach)))  # fmt: skip
     low, high = min(ends), max(ends)
     point, lower, upper = (
         month_to_date + _exceeded_with(outlook, chance, low, high) for chance in (0.5, (1 + level) / 2, (1 - level) / 2)
@@ -482,7 +491,8 @@ def month_forecast(
 def _exceeded_with(outlook: MonthForecast, chance: float, low: Decimal, high: Decimal) -> Decimal:
     """The least amount the days left may add that `outlook` gives `chance` or less of being
     exceeded, between `low` and `high` (where it is), found by halving the span 64 times; one of
-    the views' point masses (nothing more, the least the draws add) when it is that one."""
+    the views' point masses (nothing more, the formula's credits, the least the draws add) when it
+    is that one."""
     mtd, span = outlook.month_to_date, high - low
     if outlook.chance_over(mtd + low) <= chance:
         return low
@@ -492,7 +502,8 @@ def _exceeded_with(outlook: MonthForecast, chance: float, low: Decimal, high: De
             high = middle
         else:
             low = middle
-    atoms = (ZERO, Decimal(repr(outlook.draws.floor))) if outlook.draws is not None else ()
+    draws = outlook.draws
+    atoms = (ZERO, draws.formula, Decimal(repr(draws.floor))) if draws is not None else ()
     for atom in atoms:
         if abs(high - atom) <= span / 2**40 and outlook.chance_over(mtd + atom) <= chance:
             return atom
