@@ -23,6 +23,8 @@ import pytest
 from exporter.sim import Simulator, SimulatorServer
 from exporter.state import LAYOUT, AlertStore, StateError, StateStore, UsageCursor
 from exporter.state import file as state_file
+from exporter.state.accounts import AccountFile
+from exporter.state.store import peek_account_files
 from tests.conftest import DATA
 from tests.helpers import free_port, logged, wait_for
 from tests.test_cli import ready, run, spawn, write_config
@@ -767,6 +769,8 @@ def test_a_file_whose_tables_lack_columns_that_came_after_them_in_the_same_layou
                 name TEXT NOT NULL);
             INSERT INTO account_files VALUES ('prod.db', 'ak', 'prod');
         """)  # fmt: skip
+    # Read beside a stopped daemon first (`digest`): opened read only, nothing can be added to it.
+    assert peek_account_files(path) == [AccountFile("prod.db", "ak", "prod", 0)]
     store = StateStore(path)
     try:
         alerts = AlertStore(store)

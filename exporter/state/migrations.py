@@ -199,25 +199,41 @@ LAYOUT = len(MIGRATIONS)
 """The layout this version writes."""
 
 COLUMNS_ADDED = (
-    ("usage_created", "updated", "REAL NOT NULL DEFAULT -1"),  # (matches no cursor: `created` not trusted)
-    ("digest_spans", "project_id", "TEXT NOT NULL DEFAULT ''"),
-    ("digest_spans", "marked", "INTEGER NOT NULL DEFAULT 1"),  # (every span was a digest queued then)
-    ("account_files", "used", "INTEGER NOT NULL DEFAULT 0"),
+    ("usage_created", "updated", "REAL NOT NULL", "-1"),  # (matches no cursor: `created` not trusted)
+    ("digest_spans", "project_id", "TEXT NOT NULL", "''"),
+    ("digest_spans", "marked", "INTEGER NOT NULL", "1"),  # (every span was a digest queued then)
+    ("account_files", "used", "INTEGER NOT NULL", "0"),
 )
 """Columns that came to a table of layout 1 after the table did: builds between releases made the
 table without them, in files that say layout 1 all the same (so no step of MIGRATIONS runs on
-them). Added where a file lacks them, at each opening (`complete`), with what an older row means."""
+them). Each is (table, column, type, the value an older row means): added where a file lacks them,
+at each opening (`complete`), or read so on a file opened read only (`complete_read_only`)."""
+
+
+def _lacking(db: sqlite3.Connection) -> dict[str, tuple[list[str], list[tuple[str, str, str]]]]:
+    """Per table the file has that lacks some of COLUMNS_ADDED: its columns, and those it lacks."""
+    lacking: dict[str, tuple[list[str], list[tuple[str, str, str]]]] = {}
+    for table, column, kind, default in COLUMNS_ADDED:
+        present = [row[1] for row in db.execute(f"PRAGMA main.table_info({table})")]
+        if present and column not in present:
+            lacking.setdefault(table, (present, []))[1].append((column, kind, default))
+    return lacking
 
 
 def complete(db: sqlite3.Connection) -> None:
     """Add each of COLUMNS_ADDED that its table lacks."""
-    found: dict[str, set[str]] = {}
-    for table, column, definition in COLUMNS_ADDED:
-        if table not in found:
-            found[table] = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        if column not in found[table]:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
-            found[table].add(column)
+    for table, (_, missing) in _lacking(db).items():
+        for column, kind, default in missing:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind} DEFAULT {default}")
+
+
+def complete_read_only(db: sqlite3.Connection) -> None:
+    """On a file opened read only, where no column can be added: each table that lacks some of
+    COLUMNS_ADDED is read through a temporary view of its name (found before the file's table)
+    that has them, with the value an older row means."""
+    for table, (present, missing) in _lacking(db).items():
+        columns = ", ".join([*present, *(f"{default} AS {column}" for column, _, default in missing)])
+        db.execute(f"CREATE TEMP VIEW {table} AS SELECT {columns} FROM main.{table}")  # noqa: S608 (names of ours)
 
 
 def number_outboxes(db: sqlite3.Connection) -> None:

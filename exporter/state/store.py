@@ -16,6 +16,7 @@ from exporter.state.accounts import AccountFile, AccountTables, read_account_fil
 from exporter.state.alerts import read_alert_states
 from exporter.state.file import connect_existing
 from exporter.state.history import HistoryTable
+from exporter.state.migrations import complete_read_only
 from exporter.state.probes import ProbeTable, read_probe_runs
 from exporter.state.settled import SettledTables
 from exporter.state.usage import UsageTables
@@ -38,6 +39,7 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
     try:
         try:
             with closing(connect_existing(path, "ro")) as db:
+                complete_read_only(db)
                 return read(db)
         except sqlite3.OperationalError as error:
             refused = "readonly" in str(error) or "unable to open" in str(error)
@@ -47,6 +49,7 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
             # reader cannot write, where SQLite cannot make the files a WAL reader shares with a
             # writer): read as the file no one writes now. (With a log, what it holds would be missed.)
             with closing(connect_existing(path, "ro&immutable=1")) as db:
+                complete_read_only(db)
                 return read(db)
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
