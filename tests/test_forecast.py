@@ -167,6 +167,31 @@ def test_one_weekend_batch_job_does_not_make_every_weekend_expected_to_spend(wee
     assert all(amount > 0 for d, amount in f.daily.items() if d.weekday() in weekdays and d > today)
 
 
+def test_a_weekday_account_on_the_months_last_weekend_is_expected_to_bill_nothing_more_for_sure() -> None:
+    """Its model expects nothing more (the weekend's factors are 0): the days left were taken as
+    draws of the last three weeks, weekdays among them, and a budget just above the month to date
+    had a chance of 0.45 on a weekend like the 17 before it that billed nothing."""
+    history = {d: Decimal(100) if d.weekday() < 5 else Decimal(0)
+               for d in (dt.date(2026, 2, 1) + dt.timedelta(days=n) for n in range(118))}  # fmt: skip
+    for today in (dt.date(2026, 5, 30), dt.date(2026, 5, 31)):  # (a Saturday, a Sunday)
+        days = {d: a for d, a in history.items() if d.month == 5 and d < today}
+        f = month_forecast("2026-05", today, days, {d: a for d, a in history.items() if d.month < 5})
+        assert f.lower == f.point == f.upper == f.month_to_date
+        assert f.chance_over(f.month_to_date + 50) == 0.0
+
+
+def test_credits_to_come_have_the_chances_the_interval_says() -> None:
+    """A refund in the trailing week: the days left take money off, the interval lies below the
+    month to date, and the chance of going over its bounds was 1 (every amount below the month to
+    date was "sure" to be exceeded)."""
+    days = {dt.date(2026, 5, n): Decimal(100) for n in range(1, 9)} | {dt.date(2026, 5, 9): Decimal(-1500)}
+    f = month_forecast("2026-05", dt.date(2026, 5, 10), days, {})
+    assert f.lower < f.point < f.upper < f.month_to_date
+    assert f.chance_over(f.lower) == pytest.approx((1 + DEFAULT_LEVEL) / 2, abs=1e-9)
+    assert f.chance_over(f.point) == pytest.approx(0.5, abs=1e-9)
+    assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-9)
+
+
 def test_falling_back_with_credits_expected_the_point_and_lower_bound_may_go_below_the_month_to_date() -> None:
     """A refund in the trailing week: today's formula expects the days left to take money off,
     and the mixture's point and lower bound stood at the month to date (a chance of 1 below it)."""

@@ -171,23 +171,22 @@ class MonthForecast:
         """The chance the month's total exceeds `amount`, by the interval's error model (with
         `draws`, the mean of its chance and theirs)."""
         if self.draws is None:
-            if amount < self.month_to_date:
-                return 1.0
             return self._chance_by_error(amount, self.point - self.month_to_date)
         return (
             self._chance_by_error(amount, self.draws.formula) + self.draws.chance_over(amount - self.month_to_date)
         ) / 2
 
     def _chance_by_error(self, amount: Decimal, left: Decimal) -> float:
-        """The error model's chance, around `left` expected of the days left (credits expected:
-        all of it at `left`)."""
-        if left <= 0 or amount <= self.month_to_date:
-            return 1.0 if self.month_to_date + left > amount else 0.0
-        error = math.log(float(amount - self.month_to_date) / float(left))
+        """The error model's chance, around `left` expected of the days left: their total is
+        `left` × e^error, a credit taken off the month when `left` is below 0 (a larger credit
+        leaves a lower total)."""
+        mtd = self.month_to_date
+        if left == 0 or (amount <= mtd if left > 0 else amount >= mtd):
+            return 1.0 if mtd + left > amount else 0.0
+        error = math.log(float(amount - mtd) / float(left))  # (the error at which the total is `amount`)
         spread = self.below if error < 0 else self.above
-        if spread <= 0:
-            return 1.0 if error < 0 else 0.0
-        return 1.0 - NormalDist().cdf(error / spread)
+        above = (1.0 if error < 0 else 0.0) if spread <= 0 else 1.0 - NormalDist().cdf(error / spread)
+        return above if left > 0 else 1.0 - above
 
 
 @dataclass(frozen=True)
@@ -458,8 +457,11 @@ def month_forecast(
         point = month_to_date + sum(daily.values(), ZERO)
     # Nothing more expected, or a level of 0, while the recent days billed: the days left are their
     # draws too (a pause may end; an account that spends on few days will).
-    recent = [known[d] for d in sorted(known)[-LEVEL_DAYS:]]
+    # (Of the model's weekdays, only those left: a weekend it knows bills nothing is not a pause.)
     level_zero = base is not None and base <= 0
+    weekdays = {d.weekday() for d in left} if factors is not None and not level_zero else set(range(7))
+    window = sorted(known)[-(LEVEL_DAYS if len(weekdays) == 7 else SHAPE_DAYS) :]
+    recent = [known[d] for d in window if d.weekday() in weekdays]
     draws = None
     if len(recent) >= TRAILING_DAYS and any(recent) and (point == month_to_date or level_zero):
         draws = Draws.of(point - month_to_date, recent, len(left), so_far)
