@@ -213,6 +213,10 @@ class Dispatcher:
         its outcome is written: a reload that removes the notifier, or takes digests from it,
         meanwhile leaves it to that outcome (delivered, it was not dropped; failed, it is dropped
         then, `_drain`)."""
+        self._spared: dict[tuple[str, int], str] = {}
+        """Of those, the ones a reload left to their outcome, and why it would have dropped each
+        (REMOVED, NO_DIGESTS): failed, it is dropped as it ends, though a later reload added its
+        notifier back, whose queue starts empty."""
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
         self._counts = threading.Lock()
@@ -257,6 +261,11 @@ class Dispatcher:
         kept, now, wanted = [n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), self._digests_now()
         with self._counts:
             sending = list(self._on_the_wire.values())
+            for name, row in self._on_the_wire.items():  # (left to their worker, which drops each if it failed)
+                if name not in kept:
+                    self._spared[row] = REMOVED
+                elif wanted is not None and row[0] == "digest_outbox" and name not in wanted:
+                    self._spared[row] = NO_DIGESTS
         try:
             dropped, given = self.store.discard(kept, now, REMOVED, wanted or (), sending=sending)
         except StateError as error:
@@ -528,9 +537,29 @@ class Dispatcher:
             finally:
                 with self._counts:
                     sent = self._on_the_wire.pop(name, None)
-            if sent is not None and not self._closed and name not in {n.name for n in self.outbox_notifiers}:
-                self._drop_orphans()  # (a reload removed it as this was sent: dropped now, if it failed)
+                    spared = self._spared.pop(sent, None) if sent is not None else None
+                if sent is not None and spared is not None and not self._closed:
+                    self._drop_spared(name, sent, spared)
             return delivered
+
+    def _drop_spared(self, name: str, row: tuple[str, int], reason: str) -> None:
+        """Drop a row a reload left to its worker, if it still waits (its send failed): its
+        notifier was removed, or takes digests no more (a digest goes to those that do now)."""
+        table, entry_id = row
+        try:
+            given = self.store.drop_waiting(table, entry_id, self.clock.now().timestamp(), reason,
+                                            self._digests_now() or ())  # fmt: skip
+        except StateError as error:
+            log.error("could not drop a notification its notifier no longer takes", notifier=name, error=str(error))
+            return
+        if given is None:
+            return
+        with self._counts:
+            self.discarded["notifier_removed"] += 1
+        log.warning("queued notification dropped: the config changed as it was sent", notifier=name,
+                    handed_on_to=",".join(given) or "none")  # fmt: skip
+        if given:
+            self.poke()
 
     def _drained(self, name: str) -> int:
         """`_drain`'s loop, its notifier's lock held."""

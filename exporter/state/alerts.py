@@ -350,6 +350,21 @@ class AlertStore:
             _done(db, "digest_outbox", entry_id, now, reason)
             return [] if row is None else _hand_on(db, row, to, now)
 
+    def drop_waiting(self, table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
+        """Drop one queued row with `reason` if it still waits (None when it does not: delivered,
+        or dropped already); a digest so dropped is queued for each notifier of `to` that has not
+        had it. Those it was queued for."""
+        assert table in OUTBOXES
+        with self.store.transaction("outbox") as db:
+            row = db.execute(
+                f"SELECT event, json_extract(event, '$.id') FROM {table} WHERE id = ? AND delivered IS NULL",  # noqa: S608
+                (entry_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            _done(db, table, entry_id, now, reason)
+            return _hand_on(db, row, to, now) if table == "digest_outbox" else []
+
     def failed(
         self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox", recipients: Sequence[str] = ()
     ) -> None:
