@@ -224,3 +224,20 @@ def test_an_email_goes_out_while_this_machines_name_takes_longer_than_its_deadli
     second = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<2@x>", deadline=1.0)
     assert second.reason is None
     assert len(mailbox.messages) == 2
+
+
+def test_a_kept_failure_is_raised_afresh_to_each_caller(resolver: Resolver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one failure kept for KEPT seconds was raised itself to every caller, its traceback
+    (and the frames it holds) growing with each raise."""
+
+    def failing(host: str, port: object, *args: object, **kwargs: object) -> list:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", failing)
+    raised = []
+    for _ in range(50):
+        with pytest.raises(socket.gaierror) as caught:
+            lookup.getaddrinfo("nowhere.test", 80, lookup.within(5))
+        raised.append(caught.value)
+    assert len({id(error) for error in raised}) == len(raised)
+    assert all(error.args == (socket.EAI_NONAME, "Name or service not known") for error in raised)

@@ -18,8 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -66,14 +65,24 @@ def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLef
             _under_way[key] = found
     while True:
         if found.done():
-            return cast(T, found.result())
+            return cast(T, _taken(found))
         left = time_left()
         if left <= 0:
             raise LookupTimeout("the lookup did not end in time")
-        try:
-            return cast(T, found.result(timeout=min(left, WAKE)))
-        except FutureTimeout:
-            continue
+        wait([found], timeout=min(left, WAKE))
+
+
+def _taken(found: Future[Any]) -> Any:
+    """An ended lookup's answer, or its failure raised afresh: the one kept is raised by every
+    caller for KEPT seconds, and each raise would add to its traceback (and to the frames it holds)."""
+    error = found.exception()
+    if error is None:
+        return found.result()
+    try:
+        fresh = type(error)(*error.args)
+    except Exception:  # (an exception that cannot be made from its args: raised without its traceback)
+        fresh = error.with_traceback(None)
+    raise fresh from None
 
 
 def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any]) -> None:
