@@ -77,6 +77,27 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     assert discarded["refused"] == 1
 
 
+def renamed_mid_delivery(
+    dispatcher: Dispatcher, receiver: Receiver, started: threading.Event, release: threading.Event
+) -> int:
+    """`deliver` in a thread until `started`; a reload renaming its notifier; `release`, and the
+    delivery's end: how many notifications were counted as dropped for a removed notifier."""
+    sending = threading.Thread(target=dispatcher.deliver)
+    sending.start()
+    assert started.wait(10)
+    configure(dispatcher, receiver, "renamed")
+    release.set()
+    sending.join(10)
+    return dispatcher.counts()[2]["notifier_removed"]
+
+
+def configure(dispatcher: Dispatcher, receiver: Receiver, name: str) -> None:
+    """A reload that leaves one webhook notifier, `name`, posting to `receiver`."""
+    document = {"billing": fake_billing_section(Simulator(seed=1)),
+                "alerts": {"notifiers": [{"name": name, "type": "webhook", "url": receiver.url}]}}  # fmt: skip
+    dispatcher.configure(validate(document, {}).alerts.notifiers, "")
+
+
 @pytest.mark.parametrize("answer", ["taken", "refused"])
 def test_a_notification_on_the_wire_as_a_reload_renames_its_notifier_is_counted_as_what_became_of_it(
     receiver: Receiver, queued: tuple[Dispatcher, AlertStore], answer: str
@@ -92,16 +113,7 @@ def test_a_notification_on_the_wire_as_a_reload_renames_its_notifier_is_counted_
         release.wait(10)
 
     receiver.on_post, receiver.refuse = hold, int(answer == "refused")
-    sending = threading.Thread(target=dispatcher.deliver)
-    sending.start()
-    assert arrived.wait(10)
-    renamed = {"billing": fake_billing_section(Simulator(seed=1)),
-               "alerts": {"notifiers": [{"name": "renamed", "type": "webhook", "url": receiver.url}]}}  # fmt: skip
-    dispatcher.configure(validate(renamed, {}).alerts.notifiers, "")
-    release.set()
-    sending.join(10)
-    _, _, discarded = dispatcher.counts()
-    assert discarded["notifier_removed"] == int(answer == "refused")
+    assert renamed_mid_delivery(dispatcher, receiver, arrived, release) == int(answer == "refused")
     assert dispatcher.pending() == {}
     with store.store.reading() as db:
         ((done, why),) = db.execute("SELECT delivered IS NOT NULL, last_error FROM outbox").fetchall()
@@ -125,16 +137,7 @@ def test_a_reload_that_lands_as_the_worker_takes_a_notification_up_counts_it_as_
 
     monkeypatch.setattr(store, "alert_states", held)
     receiver.refuse = int(answer == "refused")
-    sending = threading.Thread(target=dispatcher.deliver)
-    sending.start()
-    assert inside.wait(10)
-    renamed = {"billing": fake_billing_section(Simulator(seed=1)),
-               "alerts": {"notifiers": [{"name": "renamed", "type": "webhook", "url": receiver.url}]}}  # fmt: skip
-    dispatcher.configure(validate(renamed, {}).alerts.notifiers, "")
-    release.set()
-    sending.join(10)
-    _, _, discarded = dispatcher.counts()
-    assert discarded["notifier_removed"] == int(answer == "refused")
+    assert renamed_mid_delivery(dispatcher, receiver, inside, release) == int(answer == "refused")
     assert len(receiver.received) == int(answer == "taken")
 
 
@@ -155,9 +158,7 @@ def test_a_notification_refused_on_the_wire_as_reloads_remove_its_notifier_and_a
     sending.start()
     assert arrived.wait(10)
     for name in ("renamed", "hook"):
-        listed = {"billing": fake_billing_section(Simulator(seed=1)),
-                  "alerts": {"notifiers": [{"name": name, "type": "webhook", "url": receiver.url}]}}  # fmt: skip
-        dispatcher.configure(validate(listed, {}).alerts.notifiers, "")
+        configure(dispatcher, receiver, name)
     release.set()
     sending.join(10)
     assert dispatcher.pending() == {}

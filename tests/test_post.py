@@ -17,33 +17,44 @@ from exporter.core.post import DeadlineExceeded, peers, post_json
 from tests.helpers import Receiver
 
 
-@pytest.fixture
-def dribbler() -> Iterator[tuple[int, threading.Event]]:
-    """A listener that, once connected, sends the start of a TLS record announcing 16 KiB, then one
-    byte every 0.3 s: a TLS handshake that never ends, though no read ever waits long."""
-    listener = socket.socket()
+@contextmanager
+def dribbling(opening: bytes, byte: bytes, every: float, *, reads_request: bool) -> Iterator[int]:
+    """A listener on loopback (its port) that, once connected (and, with `reads_request`, once the
+    request arrives), sends `opening`, then `byte` every `every` seconds, until the block ends."""
+    listener, stop = socket.socket(), threading.Event()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
-    stop = threading.Event()
 
     def serve() -> None:
         connection, _ = listener.accept()
         with connection:
-            connection.sendall(bytes([0x16, 0x03, 0x03, 0x40, 0x00]))
-            while not stop.wait(0.3):
+            if reads_request:
+                connection.recv(65536)
+            connection.sendall(opening)
+            while not stop.wait(every):
                 try:
-                    connection.sendall(b"\x00")
+                    connection.sendall(byte)
                 except OSError:
                     return
 
     threading.Thread(target=serve, daemon=True).start()
-    yield listener.getsockname()[1], stop
-    stop.set()
-    listener.close()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
 
 
-def test_a_tls_handshake_that_dribbles_is_cut_at_the_deadline(dribbler: tuple[int, threading.Event]) -> None:
-    port, _ = dribbler
+@pytest.fixture
+def dribbler() -> Iterator[int]:
+    """A listener that, once connected, sends the start of a TLS record announcing 16 KiB, then one
+    byte every 0.3 s: a TLS handshake that never ends, though no read ever waits long."""
+    with dribbling(bytes([0x16, 0x03, 0x03, 0x40, 0x00]), b"\x00", 0.3, reads_request=False) as port:
+        yield port
+
+
+def test_a_tls_handshake_that_dribbles_is_cut_at_the_deadline(dribbler: int) -> None:
+    port = dribbler
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded):
         post_json(f"https://127.0.0.1:{port}/hook", {"x": 1}, deadline=1.0, headers={})
@@ -62,29 +73,8 @@ def test_an_answer_whose_body_dribbles_past_the_deadline_is_no_answer(delimited_
     """However its body ends, a 2xx whose body was still coming when the deadline cut it is
     `DeadlineExceeded` (one that ends with the connection looked whole once cut, and counted as
     delivered, while the others were retried)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    stop = threading.Event()
-
-    def serve() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            connection.recv(65536)
-            connection.sendall(ANSWER_HEADS[delimited_by])
-            while not stop.wait(0.2):
-                try:
-                    connection.sendall(b"x")
-                except OSError:
-                    return
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        with pytest.raises(DeadlineExceeded):
-            post_json(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {"x": 1}, deadline=0.6, headers={})
-    finally:
-        stop.set()
-        listener.close()
+    with dribbling(ANSWER_HEADS[delimited_by], b"x", 0.2, reads_request=True) as port, pytest.raises(DeadlineExceeded):
+        post_json(f"http://127.0.0.1:{port}/hook", {"x": 1}, deadline=0.6, headers={})
 
 
 def test_credentials_in_the_url_are_sent_as_basic_auth(receiver: Receiver) -> None:

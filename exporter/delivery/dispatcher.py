@@ -552,12 +552,14 @@ class Dispatcher:
         except StateError as error:
             log.error("could not drop a notification its notifier no longer takes", notifier=name, error=str(error))
             return
-        if given is None:
-            return
+        if given is not None:
+            self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
+
+    def _dropped_as_removed(self, name: str, given: list[str], message: str) -> None:
+        """Count, log and hand on a notification dropped as its notifier takes it no more."""
         with self._counts:
             self.discarded["notifier_removed"] += 1
-        log.warning("queued notification dropped: the config changed as it was sent", notifier=name,
-                    handed_on_to=",".join(given) or "none")  # fmt: skip
+        log.info(message, notifier=name, handed_on_to=",".join(given) or "none")
         if given:
             self.poke()
 
@@ -579,9 +581,8 @@ class Dispatcher:
                 continue
             if head is None or head.next_attempt > now:
                 break
-            with (
-                self._counts
-            ):  # (a reload swaps the notifiers before it looks here: it sees this head, or this sees it)
+            # (A reload swaps the notifiers before it looks here: it sees this head, or this sees it.)
+            with self._counts:
                 if (current := self._notifiers.get(name)) is None or outbox(current) is None:
                     break  # (removed: what waits is the reload's to drop)
                 self._on_the_wire[name] = (head.table, head.id)
@@ -592,12 +593,7 @@ class Dispatcher:
                 continue
             if head.digest is not None and self._takes_no_digests(name):
                 given = self._record(name, partial(self._drop_digest, head.id, now))
-                with self._counts:
-                    self.discarded["notifier_removed"] += 1
-                log.info("queued digest dropped: its notifier takes no digests any more", notifier=name,
-                         handed_on_to=",".join(given) or "none")  # fmt: skip
-                if given:
-                    self.poke()
+                self._dropped_as_removed(name, given, "queued digest dropped: its notifier takes no digests any more")
                 continue
             self._asked.pop(name, None)
             try:
