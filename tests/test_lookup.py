@@ -60,7 +60,8 @@ def resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Resolver]:
     monkeypatch.setattr(lookup, "_under_way", {})  # (no answer of another test's kept)
     monkeypatch.setattr(lookup, "_ended", {})
     yield made
-    made.release.set()  # (the lookups still hanging end)
+    made.release.set()  # (the lookups still hanging end, here: not in the next test's tables)
+    wait_for(lambda: not lookup._under_way)
 
 
 def test_a_lookup_that_hangs_is_given_up_at_the_time_left_and_made_once_for_every_waiter(resolver: Resolver) -> None:
@@ -212,7 +213,8 @@ def test_an_email_goes_out_while_this_machines_name_takes_longer_than_its_deadli
         return "mail-client.example"
 
     monkeypatch.setattr(socket, "getfqdn", slow)
-    monkeypatch.setattr(lookup, "_named", [])
+    for kept in ("_named", "_ended", "_under_way"):  # (an answer of another test's: none)
+        monkeypatch.setattr(lookup, kept, type(getattr(lookup, kept))())
     server = start_smtp(tls=None)
     notifier = EmailNotifier.model_validate(
         {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{server.port}", "from": "a@example.com",
