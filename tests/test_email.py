@@ -17,6 +17,7 @@ from email.message import EmailMessage
 from email.parser import BytesParser
 from email.policy import default
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -713,3 +714,34 @@ def test_a_server_that_stalls_holds_a_delivery_no_longer_than_the_deadline(
     ((_, attempts, delivered, reason),) = outbox(tmp_path)
     assert (attempts, delivered) == (1, None)  # kept, to be tried again
     assert reason == "deadline exceeded (no complete exchange within 1s)"
+
+
+@pytest.mark.parametrize("queued_meanwhile", [False, True])
+def test_an_email_owed_to_some_as_reloads_remove_its_notifier_and_add_it_back_is_dropped(
+    outgoing: Outgoing, alert_store: AlertStore, clock: Clock, tmp_path: Path, queued_meanwhile: bool
+) -> None:
+    """While it is sent, reloads remove the notifier and add it back (whose queue starts empty);
+    oncall takes it, ops is still owed it. With another notification queued meanwhile, the worker
+    went on to that one, and the row owed to ops stayed in the queue of the notifier added back."""
+    mail = notifier(1, to=["ops@example.com", "oncall@example.com"])
+    dispatcher = dispatcher_for(mail, alert_store, clock)
+    queue(alert_store, clock, group("firing"))
+    sent = []
+
+    def reloads_as_it_is_sent(*args: Any, **kwargs: Any) -> Sent:
+        answer = outgoing(*args, **kwargs)
+        sent.append(answer)
+        if len(sent) == 1:
+            dispatcher.configure([], "")
+            dispatcher.configure([mail], "")
+            if queued_meanwhile:
+                queue(alert_store, clock, group("firing", endpoint_id="ep-other"))
+            return Sent(None, {"ops@example.com": 450})
+        return answer
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(smtp, "send", reloads_as_it_is_sent)
+        dispatcher.deliver()
+    first = outbox(tmp_path)[0]
+    assert first[2] is not None  # (done with: dropped for the notifier that went)
+    assert dispatcher.counts()[2]["notifier_removed"] == 1

@@ -264,8 +264,11 @@ class Dispatcher:
             for name, row in self._on_the_wire.items():  # (left to their worker, which drops each if it failed)
                 if name not in kept:
                     self._spared[row] = REMOVED
-                elif wanted is not None and row[0] == "digest_outbox" and name not in wanted:
-                    self._spared[row] = NO_DIGESTS
+                elif row[0] == "digest_outbox":  # (a digest its notifier takes again is its to retry)
+                    if wanted is not None and name not in wanted:
+                        self._spared[row] = NO_DIGESTS
+                    else:
+                        self._spared.pop(row, None)
         try:
             dropped, given = self.store.discard(kept, now, REMOVED, wanted or (), sending=sending)
         except StateError as error:
@@ -585,7 +588,11 @@ class Dispatcher:
             with self._counts:
                 if (current := self._notifiers.get(name)) is None or outbox(current) is None:
                     break  # (removed: what waits is the reload's to drop)
+                taken_up = self._on_the_wire.get(name)
+                spared = self._spared.pop(taken_up, None) if taken_up is not None else None
                 self._on_the_wire[name] = (head.table, head.id)
+            if taken_up is not None and spared is not None:  # (the one before, the loop gone on after it)
+                self._drop_spared(name, taken_up, spared)
             if head.recipients and now - head.created > OWED_FOR:
                 log.error("email recipients refused a notification for a day; it is dropped for them",
                           notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
