@@ -6,9 +6,9 @@ No deadline over the exchange's sockets can cut it, for there is no socket yet. 
 a thread of its own while its caller waits no longer than its time left (`TimeLeft`: a deadline's
 `remaining`, which is 0 once a client's close fires it). A lookup of the same name and port
 already under way is waited for, not started again: a resolver that hangs holds one thread per
-name and port, however many exchanges try it meanwhile. Its answer is kept for `KEPT` seconds
-after it ends, for the next exchanges: a resolver slower than every deadline would otherwise fail
-each of them, each starting the lookup again.
+name and port, however many exchanges try it meanwhile. Its answer (not a failure) is kept for
+`KEPT` seconds after it ends, for the next exchanges: a resolver slower than every deadline would
+otherwise fail each of them, each starting the lookup again.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ T = TypeVar("T")
 WAKE = 0.05
 """How often a wait looks at its time left again (a deadline fired by a client's close is seen)."""
 KEPT = 30.0
-"""How long a lookup's answer (or its failure) is taken again once it has ended."""
+"""How long a lookup's answer is taken again once it has ended (a failure is not: a retry asks the
+resolver again, as a transient fault may be over)."""
 
 
 class LookupTimeout(TimeoutError):
@@ -73,8 +74,8 @@ def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLef
 
 
 def _taken(found: Future[Any]) -> Any:
-    """An ended lookup's answer, or its failure raised afresh: the one kept is raised by every
-    caller for KEPT seconds, and each raise would add to its traceback (and to the frames it holds)."""
+    """An ended lookup's answer, or its failure raised afresh: every caller waiting for it raises
+    it, and each raise would add to the one exception's traceback (and to the frames it holds)."""
     error = found.exception()
     if error is None:
         return found.result()
@@ -86,17 +87,23 @@ def _taken(found: Future[Any]) -> Any:
 
 
 def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any]) -> None:
+    """Make the lookup; no longer under way before its waiters hear of it (a caller after a failure
+    asks again), its answer kept while KEPT."""
     try:
-        future.set_result(call())
-    except BaseException as error:  # (a gaierror, a UnicodeError: the waiters' to raise)
-        future.set_exception(error)
-    finally:
-        with _lock:
-            _under_way.pop(key, None)
-            now = time.monotonic()
-            for old in [k for k, (at, _) in _ended.items() if now - at > KEPT]:
-                del _ended[old]
+        answer, error = call(), None
+    except BaseException as failed:  # (a gaierror, a UnicodeError: the waiters' to raise)
+        answer, error = None, failed
+    with _lock:
+        _under_way.pop(key, None)
+        now = time.monotonic()
+        for old in [k for k, (at, _) in _ended.items() if now - at > KEPT]:
+            del _ended[old]
+        if error is None:
             _ended[key] = (now, future)
+    if error is None:
+        future.set_result(answer)
+    else:
+        future.set_exception(error)
 
 
 def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind: int = socket.SOCK_STREAM) -> Found:

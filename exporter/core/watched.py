@@ -9,6 +9,7 @@ fired by the client's close) shuts the socket down and the request ends at once.
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -156,14 +157,16 @@ class _Watched:
         except UnicodeError:  # (a label empty or too long: urllib3's words for it)
             raise LocationParseError(f"'{name}', label empty or too long") from None
         failed: Exception = NewConnectionError(conn, "Failed to establish a new connection: the name has no address")
+        timeout = conn.timeout
         for address in found:
-            conn._dns_host = address
+            left = time_left()  # (the lookup took its share: connecting has what is left)
+            conn._dns_host, conn.timeout = address, timeout if left == math.inf else max(left, 0.001)
             try:
                 return super()._new_conn()  # type: ignore[misc]
             except (ConnectTimeoutError, NewConnectionError) as error:
                 failed = error
             finally:
-                conn._dns_host = name
+                conn._dns_host, conn.timeout = name, timeout
         raise failed
 
     def connect(self) -> None:

@@ -76,7 +76,9 @@ def send(notifier: AlertmanagerNotifier, alerts: Sequence[Alert], now: float, vi
         if notifier.every_address:
             from exporter.core.post import peers  # (here: `check` and `rules` load this module, not the HTTP client)
 
-            found = peers(url, within=via.deadline)
+            found = peers(
+                url, within=via.deadline / 4
+            )  # (then the POST's own deadline, which waits for the same lookup)
         named = f"urls[{n}]" if len(notifier.urls) > 1 or len(found) > 1 else ""
         api = f"{url}/api/v2/alerts"
         _at_once(
