@@ -4,11 +4,13 @@ notification outright has it dropped and counted as discarded."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from email.utils import format_datetime
+from functools import partial
 
 import pytest
 
@@ -16,7 +18,7 @@ from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock
 from exporter.delivery.dispatcher import BACKOFF_MAX, GIVE_UP_AFTER, WAIT_ASKED_MAX, Dispatcher
 from exporter.sim import Simulator
-from exporter.state import AlertStore, StateStore
+from exporter.state import AlertStore, StateError, StateStore
 from tests.conftest import SHANGHAI
 from tests.daemon_fakes import fake_billing_section
 from tests.helpers import Receiver
@@ -75,6 +77,40 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     sent, failed, discarded = dispatcher.counts()
     assert (sent["hook"], failed["hook"], dispatcher.pending()) == (0, GIVE_UP_AFTER, {})
     assert discarded["refused"] == 1
+
+
+def test_a_notification_taken_as_a_reload_renames_its_notifier_is_not_dropped_when_its_delivery_is_unsaved(
+    receiver: Receiver, queued: tuple[Dispatcher, AlertStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver took it; the state file refused to write so once: it still waited, and was
+    dropped as its notifier's, counted and logged so, though delivered (a digest, handed on: sent
+    twice)."""
+    dispatcher, store = queued
+    arrived, release = threading.Event(), threading.Event()
+    delivered, refused = store.delivered, []
+
+    def hold() -> None:
+        arrived.set()
+        release.wait(10)
+
+    def refusing_once(entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
+        if not dropped and not refused:
+            refused.append(entry_id)
+            raise StateError(":memory:", "database is locked")
+        delivered(entry_id, now, dropped, table=table)
+
+    receiver.on_post = hold
+    monkeypatch.setattr(store, "delivered", refusing_once)
+    monkeypatch.setattr(dispatcher, "deliver", partial(suppress_state_errors, dispatcher.deliver))
+    assert renamed_mid_delivery(dispatcher, receiver, arrived, release) == 0
+    assert refused
+    with store.store.reading() as db:
+        assert db.execute("SELECT last_error FROM outbox").fetchall() == [("",)]  # (not dropped)
+
+
+def suppress_state_errors(call: Callable[[], object]) -> None:
+    with contextlib.suppress(StateError):
+        call()
 
 
 def renamed_mid_delivery(

@@ -208,17 +208,17 @@ class Dispatcher:
         self._kinds: dict[str, type] = {}
         self._retired: list[_Worker] = []
         self._unsaved: dict[str, Callable[[], object]] = {}
+        """Per notifier, the outcome of its last delivery that the state file refused to record:
+        written first when delivery resumes, so nothing is sent again meanwhile."""
         self._on_the_wire: dict[str, tuple[str, int]] = {}
         """Per notifier, the queued notification its worker has taken up (its table and id), until
         its outcome is written: a reload that removes the notifier, or takes digests from it,
-        meanwhile leaves it to that outcome (delivered, it was not dropped; failed, it is dropped
-        then, `_drain`)."""
+        meanwhile leaves it to that outcome (delivered, it was not dropped; its send failed, it is
+        dropped then: `_spared_as_sent`)."""
         self._spared: dict[tuple[str, int], str] = {}
         """Of those, the ones a reload left to their outcome, and why it would have dropped each
-        (REMOVED, NO_DIGESTS): failed, it is dropped as it ends, though a later reload added its
-        notifier back, whose queue starts empty."""
-        """Per notifier, the outcome of its last delivery that the state file refused to record:
-        written first when delivery resumes, so nothing is sent again meanwhile."""
+        (REMOVED, NO_DIGESTS): an alert's is dropped though a later reload added its notifier back
+        (whose queue starts empty); a digest's notifier that takes digests again keeps it to retry."""
         self._counts = threading.Lock()
         self._failing: set[tuple[str, str]] = set()
         """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
@@ -508,6 +508,9 @@ class Dispatcher:
             self._unsaved[name] = write
             raise
         self._unsaved.pop(name, None)
+        with self._counts:  # (written: a reload from now on takes the row as it stands)
+            if (row := self._on_the_wire.pop(name, None)) is not None:
+                self._spared.pop(row, None)
         return written
 
     def _digests_now(self) -> list[str] | None:
@@ -536,27 +539,24 @@ class Dispatcher:
             if name in self._unsaved:
                 self._record(name, self._unsaved[name])
             try:
-                delivered = self._drained(name)
+                return self._drained(name)
             finally:
-                with self._counts:
-                    sent = self._on_the_wire.pop(name, None)
-                    spared = self._spared.pop(sent, None) if sent is not None else None
-                if sent is not None and spared is not None and not self._closed:
-                    self._drop_spared(name, sent, spared)
-            return delivered
+                with self._counts:  # (no outcome written: an error, or none to write; the row stands)
+                    if (row := self._on_the_wire.pop(name, None)) is not None:
+                        self._spared.pop(row, None)
 
-    def _drop_spared(self, name: str, row: tuple[str, int], reason: str) -> None:
-        """Drop a row a reload left to its worker, if it still waits (its send failed): its
-        notifier was removed, or takes digests no more (a digest goes to those that do now)."""
-        table, entry_id = row
-        try:
-            given = self.store.drop_waiting(table, entry_id, self.clock.now().timestamp(), reason,
-                                            self._digests_now() or ())  # fmt: skip
-        except StateError as error:
-            log.error("could not drop a notification its notifier no longer takes", notifier=name, error=str(error))
-            return
-        if given is not None:
+    def _spared_as_sent(self, name: str, row: tuple[str, int], now: float) -> bool:
+        """Whether a reload left the row its worker sent, and failed, to that outcome: then it is
+        dropped instead (its notifier was removed, or takes digests no more: a digest goes to those
+        that do now)."""
+        with self._counts:
+            reason = self._spared.pop(row, None)
+        if reason is None:
+            return False
+        drop = partial(self.store.drop_waiting, row[0], row[1], now, reason, self._digests_now() or ())
+        if (given := self._record(name, drop)) is not None:
             self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
+        return True
 
     def _dropped_as_removed(self, name: str, given: list[str], message: str) -> None:
         """Count, log and hand on a notification dropped as its notifier takes it no more."""
@@ -588,11 +588,7 @@ class Dispatcher:
             with self._counts:
                 if (current := self._notifiers.get(name)) is None or outbox(current) is None:
                     break  # (removed: what waits is the reload's to drop)
-                taken_up = self._on_the_wire.get(name)
-                spared = self._spared.pop(taken_up, None) if taken_up is not None else None
                 self._on_the_wire[name] = (head.table, head.id)
-            if taken_up is not None and spared is not None:  # (the one before, the loop gone on after it)
-                self._drop_spared(name, taken_up, spared)
             if head.recipients and now - head.created > OWED_FOR:
                 log.error("email recipients refused a notification for a day; it is dropped for them",
                           notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
@@ -632,6 +628,8 @@ class Dispatcher:
                 self._refusals[which] = refusals
             # (a refusal's backoff counts the refusals: one after a long outage is not 5 minutes a try)
             retry = now + max(_backoff(refusals - 1 if refusals else entry.attempts), self._asked.pop(name, 0.0))
+            if reason is not None and self._spared_as_sent(name, which, now):
+                continue  # (dropped: it holds nothing back)
             if reason is not None and (owed or entry.recipients):
                 # Owed to some recipients only (others took it): retried apart, holding nothing back.
                 self._record(name, partial(self.store.failed, entry.id, retry, reason, recipients=owed,
