@@ -30,7 +30,8 @@ daily bills (`docs/forecast.md` shows how well it does):
   and with a level of 0 (most of the recent days billed nothing: a pause, or spend on few days)
   the model would say nothing more will be spent, for sure: the point is today's formula, with the
   prior's interval. Where a forecast expects nothing more (or the level is 0) though the latest
-  `LEVEL_DAYS` known days billed, the days left are also taken as draws of those days (`Draws`: a
+  `LEVEL_DAYS` known days billed, the days left are also taken as draws of those days (of the
+  latest `SHAPE_DAYS` days of the weekdays left, where the model expects nothing more; `Draws`: a
   normal of their total, about a mean the days only estimate), and the month's total is either
   view's with even odds: the point, the bounds and the chances are the mixture's. A week that
   billed nothing says the pause may go on, not that it will.
