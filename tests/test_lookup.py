@@ -57,11 +57,10 @@ class Resolver:
 def resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Resolver]:
     made = Resolver()
     monkeypatch.setattr(socket, "getaddrinfo", made)
-    monkeypatch.setattr(lookup, "_under_way", {})  # (no answer of another test's kept)
-    monkeypatch.setattr(lookup, "_ended", {})
+    monkeypatch.setattr(lookup, "_lookups", {})  # (no answer of another test's kept)
     yield made
     made.release.set()  # (the lookups still hanging end, here: not in the next test's tables)
-    wait_for(lambda: not lookup._under_way)
+    wait_for(lambda: not lookup.under_way())
 
 
 def test_a_lookup_that_hangs_is_given_up_at_the_time_left_and_made_once_for_every_waiter(resolver: Resolver) -> None:
@@ -98,7 +97,7 @@ def test_a_lookup_slower_than_every_deadline_is_kept_for_the_next_exchange(
     with pytest.raises(lookup.LookupTimeout):
         lookup.getaddrinfo("api.slow.test", 443, lookup.within(0.1))
     assert answered.wait(10)
-    wait_for(lambda: not lookup._under_way)  # (the lookup has ended: nobody waits for it)
+    wait_for(lambda: not lookup.under_way())  # (the lookup has ended: nobody waits for it)
     found = lookup.getaddrinfo("api.slow.test", 443, lookup.within(0.1))
     assert {info[4][0] for info in found} == {"127.0.0.1"}
     assert resolver.looked_up == {"api.loop.test": 1}
@@ -114,7 +113,7 @@ def test_a_lookup_whose_thread_cannot_start_fails_and_leaves_nothing_under_way(
         patched.setattr(threading.Thread, "start", refused)
         with pytest.raises(OSError, match="could not start"):
             lookup.getaddrinfo("api.loop.test", 443, lookup.within(1))
-    assert lookup._under_way == {}
+    assert lookup.under_way() == []
     assert {info[4][0] for info in lookup.getaddrinfo("api.loop.test", 443, lookup.within(10))} == {"127.0.0.1"}
 
 
@@ -213,8 +212,7 @@ def test_an_email_goes_out_while_this_machines_name_takes_longer_than_its_deadli
         return "mail-client.example"
 
     monkeypatch.setattr(socket, "getfqdn", slow)
-    for kept in ("_named", "_ended", "_under_way"):  # (an answer of another test's: none)
-        monkeypatch.setattr(lookup, kept, type(getattr(lookup, kept))())
+    monkeypatch.setattr(lookup, "_lookups", {})  # (an answer of another test's: none)
     server = start_smtp(tls=None)
     notifier = EmailNotifier.model_validate(
         {"name": "mail", "type": "email", "smtp": f"127.0.0.1:{server.port}", "from": "a@example.com",

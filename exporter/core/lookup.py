@@ -45,25 +45,27 @@ class LookupTimeout(TimeoutError):
 
 
 _lock = threading.Lock()
-_under_way: dict[tuple[object, ...], Future[Any]] = {}
-_ended: dict[tuple[object, ...], tuple[float, Future[Any]]] = {}
-"""The lookups that have ended, each with when (on the monotonic clock), while KEPT."""
+_lookups: dict[tuple[object, ...], tuple[Future[Any], float, float]] = {}
+"""Each lookup under way (ended: infinity), or ended with an answer: its future, when it ended (on
+the monotonic clock) and how long its answer is taken again."""
 
 
-def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLeft) -> T:
+def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLeft, kept: float = KEPT) -> T:
     """What `call` returns (or raises), waited for while `time_left()` is above 0, else
     `LookupTimeout`; run in a thread of its own, shared by the callers of the same `key` while it
-    lasts (it goes on after a caller stops waiting, for the next to take)."""
+    lasts (it goes on after a caller stops waiting, for the next to take), its answer taken again
+    for `kept` seconds after it ends."""
     with _lock:
-        ended = _ended.get(key)
-        found = ended[1] if ended is not None and time.monotonic() - ended[0] <= KEPT else _under_way.get(key)
-        if found is None:
+        entry = _lookups.get(key)
+        if entry is not None and time.monotonic() - entry[1] <= entry[2]:  # (under way, or kept)
+            found = entry[0]
+        else:
             found = Future()
             try:
-                threading.Thread(target=_run, args=(key, call, found), name="lookup", daemon=True).start()
+                threading.Thread(target=_run, args=(key, call, found, kept), name="lookup", daemon=True).start()
             except RuntimeError as error:  # (no thread to be had: nothing is left under way)
                 raise OSError(f"the lookup could not start ({error})") from None
-            _under_way[key] = found
+            _lookups[key] = (found, math.inf, kept)
     while True:
         if found.done():
             return cast(T, _taken(found))
@@ -86,24 +88,31 @@ def _taken(found: Future[Any]) -> Any:
     raise fresh from None
 
 
-def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any]) -> None:
+def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any], kept: float) -> None:
     """Make the lookup; no longer under way before its waiters hear of it (a caller after a failure
-    asks again), its answer kept while KEPT."""
+    asks again), its answer kept while `kept`."""
     try:
         answer, error = call(), None
     except BaseException as failed:  # (a gaierror, a UnicodeError: the waiters' to raise)
         answer, error = None, failed
     with _lock:
-        _under_way.pop(key, None)
         now = time.monotonic()
-        for old in [k for k, (at, _) in _ended.items() if now - at > KEPT]:
-            del _ended[old]
+        for old in [k for k, (_, at, keep) in _lookups.items() if now - at > keep]:
+            del _lookups[old]
         if error is None:
-            _ended[key] = (now, future)
+            _lookups[key] = (future, now, kept)
+        else:
+            _lookups.pop(key, None)
     if error is None:
         future.set_result(answer)
     else:
         future.set_exception(error)
+
+
+def under_way() -> list[tuple[object, ...]]:
+    """The lookups under way now."""
+    with _lock:
+        return [key for key, (_, ended, _) in _lookups.items() if ended == math.inf]
 
 
 def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind: int = socket.SOCK_STREAM) -> Found:
@@ -116,50 +125,26 @@ def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind
     )
 
 
-_named: list[str] = []
-"""This machine's fully qualified name, once a lookup of it has ended (`fqdn`)."""
-
-
 def fqdn(time_left: TimeLeft) -> str:
-    """`socket.getfqdn()`, this machine's fully qualified name (a reverse lookup), looked up once:
-    a lookup that outlasts its callers' waits is kept for the next caller. `LookupTimeout` while
-    none has ended."""
-    if _named:
-        return _named[0]
-    return _answered(("getfqdn",), _kept_fqdn, time_left)
-
-
-def _kept_fqdn() -> str:
-    name = socket.getfqdn()
-    _named.append(name)  # (in the lookup's thread: kept though nobody waits for it any more)
-    return name
+    """`socket.getfqdn()`, this machine's fully qualified name (a reverse lookup), looked up once
+    and kept for good (a lookup that outlasts its callers' waits too). `LookupTimeout` while none
+    has ended."""
+    return _answered(("getfqdn",), socket.getfqdn, time_left, kept=math.inf)
 
 
 def create_connection(
-    address: tuple[str, int],
-    timeout: object,
-    source_address: Any = None,
-    *,
-    time_left: TimeLeft,
+    address: tuple[str, int], timeout: Any, source_address: Any = None, *, time_left: TimeLeft
 ) -> socket.socket:
-    """`socket.create_connection`, its host name looked up within `time_left` (`getaddrinfo`);
-    each address it has tried in turn, as that does (a `timeout` that is no number nor None is
-    http.client's "the default": left as it is)."""
+    """`socket.create_connection`, to each address of the host in turn, its name looked up within
+    `time_left` (`addresses`)."""
     host, port = address
-    error: OSError | None = None
-    for family, kind, proto, _, sockaddr in getaddrinfo(host, port, time_left):
-        sock = socket.socket(family, kind, proto)
+    error: OSError = OSError("the host name has no address")
+    for found in addresses(host, port, time_left):
         try:
-            if timeout is None or isinstance(timeout, int | float):
-                sock.settimeout(timeout)
-            if source_address:
-                sock.bind(source_address)
-            sock.connect(sockaddr)
-            return sock
+            return socket.create_connection((found, port), timeout, source_address)
         except OSError as failed:
-            sock.close()
             error = failed
-    raise error if error is not None else OSError("the host name has no address")
+    raise error
 
 
 def addresses(host: str, port: int, time_left: TimeLeft, family: int = 0) -> list[str]:
