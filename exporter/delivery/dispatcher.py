@@ -27,7 +27,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -106,6 +106,17 @@ def _refused(reason: str) -> bool:
     if reason.startswith("SMTP 5"):
         return True
     return reason.startswith(("HTTP 3", "HTTP 4")) and reason not in ("HTTP 408", "HTTP 429")
+
+
+@dataclass
+class _TakenUp:
+    """A queued notification a worker has taken up (its table and id), and why a reload would have
+    dropped it meanwhile (REMOVED, NO_DIGESTS), had the worker not had it: an alert's is dropped as
+    its send fails though a later reload added its notifier back (whose queue starts empty); a
+    digest's notifier that takes digests again keeps it to retry."""
+
+    row: tuple[str, int]
+    spared: str | None = None
 
 
 class _Worker:
@@ -210,15 +221,11 @@ class Dispatcher:
         self._unsaved: dict[str, Callable[[], object]] = {}
         """Per notifier, the outcome of its last delivery that the state file refused to record:
         written first when delivery resumes, so nothing is sent again meanwhile."""
-        self._on_the_wire: dict[str, tuple[str, int]] = {}
-        """Per notifier, the queued notification its worker has taken up (its table and id), until
-        its outcome is written: a reload that removes the notifier, or takes digests from it,
-        meanwhile leaves it to that outcome (delivered, it was not dropped; its send failed, it is
-        dropped then: `_spared_as_sent`)."""
-        self._spared: dict[tuple[str, int], str] = {}
-        """Of those, the ones a reload left to their outcome, and why it would have dropped each
-        (REMOVED, NO_DIGESTS): an alert's is dropped though a later reload added its notifier back
-        (whose queue starts empty); a digest's notifier that takes digests again keeps it to retry."""
+        self._on_the_wire: dict[str, _TakenUp] = {}
+        """Per notifier, the queued notification its worker has taken up, until its outcome is
+        written: a reload that removes the notifier, or takes digests from it, meanwhile leaves it
+        to that outcome (delivered, it was not dropped; its send failed, it is dropped then:
+        `_spared_as_sent`)."""
         self._counts = threading.Lock()
         self._failing: set[tuple[str, str]] = set()
         """(notifier, target) pairs whose last delivery failed: each failure and recovery is logged once."""
@@ -260,15 +267,12 @@ class Dispatcher:
         and the next reload tries again."""
         kept, now, wanted = [n.name for n in self.outbox_notifiers], self.clock.now().timestamp(), self._digests_now()
         with self._counts:
-            sending = list(self._on_the_wire.values())
-            for name, row in self._on_the_wire.items():  # (left to their worker, which drops each if it failed)
+            sending = [taken.row for taken in self._on_the_wire.values()]
+            for name, taken in self._on_the_wire.items():  # (left to their worker, which drops each if it failed)
                 if name not in kept:
-                    self._spared[row] = REMOVED
-                elif row[0] == "digest_outbox":  # (a digest its notifier takes again is its to retry)
-                    if wanted is not None and name not in wanted:
-                        self._spared[row] = NO_DIGESTS
-                    else:
-                        self._spared.pop(row, None)
+                    taken.spared = REMOVED
+                elif taken.row[0] == "digest_outbox":  # (a digest its notifier takes again is its to retry)
+                    taken.spared = NO_DIGESTS if wanted is not None and name not in wanted else None
         try:
             dropped, given = self.store.discard(kept, now, REMOVED, wanted or (), sending=sending)
         except StateError as error:
@@ -509,8 +513,7 @@ class Dispatcher:
             raise
         self._unsaved.pop(name, None)
         with self._counts:  # (written: a reload from now on takes the row as it stands)
-            if (row := self._on_the_wire.pop(name, None)) is not None:
-                self._spared.pop(row, None)
+            self._on_the_wire.pop(name, None)
         return written
 
     def _digests_now(self) -> list[str] | None:
@@ -542,15 +545,15 @@ class Dispatcher:
                 return self._drained(name)
             finally:
                 with self._counts:  # (no outcome written: an error, or none to write; the row stands)
-                    if (row := self._on_the_wire.pop(name, None)) is not None:
-                        self._spared.pop(row, None)
+                    self._on_the_wire.pop(name, None)
 
     def _spared_as_sent(self, name: str, row: tuple[str, int], now: float) -> bool:
         """Whether a reload left the row its worker sent, and failed, to that outcome: then it is
         dropped instead (its notifier was removed, or takes digests no more: a digest goes to those
         that do now)."""
         with self._counts:
-            reason = self._spared.pop(row, None)
+            taken = self._on_the_wire.get(name)
+            reason = taken.spared if taken is not None and taken.row == row else None
         if reason is None:
             return False
         drop = partial(self.store.drop_waiting, row[0], row[1], now, reason, self._digests_now() or ())
@@ -588,7 +591,7 @@ class Dispatcher:
             with self._counts:
                 if (current := self._notifiers.get(name)) is None or outbox(current) is None:
                     break  # (removed: what waits is the reload's to drop)
-                self._on_the_wire[name] = (head.table, head.id)
+                self._on_the_wire[name] = _TakenUp((head.table, head.id))
             if head.recipients and now - head.created > OWED_FOR:
                 log.error("email recipients refused a notification for a day; it is dropped for them",
                           notifier=name, recipients=", ".join(head.recipients))  # fmt: skip
