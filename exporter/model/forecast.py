@@ -158,8 +158,10 @@ class MonthForecast:
     draws: Draws | None = None
     """Where the forecast expects nothing more, or the level is 0, though the recent days billed (a
     pause, spend on few days): the days left as draws of those days too, and the month's total
-    either view's with even odds (see the module's docstring). `formula` is then the first view's
-    expectation of the days left (the point is the mixture's median)."""
+    either view's with even odds (see the module's docstring)."""
+    expected: Decimal = ZERO
+    """What the error model expects the days left to add (`point` less the month to date, but with
+    `draws`, whose point is the mixture's median)."""
 
     def crossing_day(self, amount: Decimal, spent: Decimal) -> dt.date | None:
         """The first day on which `spent` plus the expected days reach `amount` (today if it already
@@ -171,17 +173,14 @@ class MonthForecast:
     def chance_over(self, amount: Decimal) -> float:
         """The chance the month's total exceeds `amount`, by the interval's error model (with
         `draws`, the mean of its chance and theirs)."""
-        if self.draws is None:
-            return self._chance_by_error(amount, self.point - self.month_to_date)
-        return (
-            self._chance_by_error(amount, self.draws.formula) + self.draws.chance_over(amount - self.month_to_date)
-        ) / 2
+        chance = self._chance_by_error(amount)
+        return chance if self.draws is None else (chance + self.draws.chance_over(amount - self.month_to_date)) / 2
 
-    def _chance_by_error(self, amount: Decimal, left: Decimal) -> float:
-        """The error model's chance, around `left` expected of the days left: their total is
+    def _chance_by_error(self, amount: Decimal) -> float:
+        """The error model's chance, around `expected` (`left`) of the days left: their total is
         `left` × e^error, a credit taken off the month when `left` is below 0 (a larger credit
         leaves a lower total)."""
-        mtd = self.month_to_date
+        mtd, left = self.month_to_date, self.expected
         if left == 0 or (amount <= mtd if left > 0 else amount >= mtd):
             return 1.0 if mtd + left > amount else 0.0
         error = math.log(float(amount - mtd) / float(left))  # (the error at which the total is `amount`)
@@ -194,16 +193,15 @@ class MonthForecast:
 class Draws:
     """What the days left add when each is a draw of the recent known days: a normal (the sum of
     many draws) of `mean` and `spread`, about a mean those days only estimate (their number), and
-    never below `floor`; beside today's formula's expectation of them, `formula`."""
+    never below `floor`."""
 
-    formula: Decimal
     mean: float
     spread: float
     floor: float
     """The least the days left can add: nothing, unless the recent days held credits."""
 
     @classmethod
-    def of(cls, formula: Decimal, recent: Sequence[Decimal], days: int, so_far: Decimal) -> Draws:
+    def of(cls, recent: Sequence[Decimal], days: int, so_far: Decimal) -> Draws:
         """`days` left, today among them, which has billed `so_far` of its draw."""
         values = [float(a) for a in recent]
         mean = sum(values) / len(values)
@@ -211,7 +209,7 @@ class Draws:
         billed = max(float(so_far), 0.0)
         draws = days - 1 + (max(1.0 - billed / mean, 0.0) if mean > 0 else 1.0)  # (today's share still to come)
         spread = math.sqrt(variance * draws * (1 + draws / len(values)))
-        return cls(formula, mean * draws, spread, min(0.0, min(values) * days))
+        return cls(mean * draws, spread, min(0.0, min(values) * days))
 
     def chance_over(self, left: Decimal) -> float:
         """The chance the days left add more than `left`."""
@@ -465,7 +463,7 @@ def month_forecast(
     recent = [known[d] for d in window if d.weekday() in weekdays]
     draws = None
     if len(recent) >= TRAILING_DAYS and any(recent) and (point == month_to_date or level_zero):
-        draws = Draws.of(point - month_to_date, recent, len(left), so_far)
+        draws = Draws.of(recent, len(left), so_far)
     _, below, above = errors.at(len(left))
     z = NormalDist().inv_cdf((1 + level) / 2)
     rest = point - month_to_date
@@ -474,7 +472,7 @@ def month_forecast(
     if upper < lower:  # credits outweighing charges: the days left take money off, and the bounds swap
         lower, upper = upper, lower
     outlook = MonthForecast(
-        period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above, draws
+        period, today, month_to_date, point, lower, upper, level, MappingProxyType(daily), below, above, draws, rest
     )
     if draws is None:
         return outlook
@@ -506,7 +504,7 @@ def _exceeded_with(outlook: MonthForecast, chance: float, low: Decimal, high: De
         else:
             low = middle
     draws = outlook.draws
-    atoms = (ZERO, draws.formula, Decimal(repr(draws.floor))) if draws is not None else ()
+    atoms = (ZERO, outlook.expected, Decimal(repr(draws.floor))) if draws is not None else ()
     for atom in atoms:
         if abs(high - atom) <= span / 2**40 and outlook.chance_over(mtd + atom) <= chance:
             return atom
