@@ -13,8 +13,10 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
+import requests
 
 from exporter.billing.client import BillingClient, RetryPolicy
 from exporter.billing.errors import BillingUnavailable, ClientClosed
@@ -22,6 +24,7 @@ from exporter.billing.signing import BillingSigner
 from exporter.core import lookup
 from exporter.core.deadline import Deadline
 from exporter.core.post import DeadlineExceeded, peers, post_json
+from exporter.core.watched import WatchedAdapter
 from exporter.notifiers import smtp
 from exporter.notifiers.email import EmailNotifier
 from exporter.sim import Simulator, SimulatorServer
@@ -138,7 +141,7 @@ def test_a_probe_closed_while_its_host_name_is_looked_up_ends_at_once(resolver: 
         probe.run()
 
 
-def test_a_name_that_resolves_is_reached_at_its_address_and_told_as_itself(
+def test_a_probe_reaches_a_name_that_resolves_at_its_address(
     resolver: Resolver, sim: Simulator, server: SimulatorServer
 ) -> None:
     port = server.url.rsplit(":", 1)[1]
@@ -160,10 +163,17 @@ def test_a_billing_request_whose_host_name_hangs_is_unavailable_by_its_timeout(r
 
 
 class _Accepting(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+    hosts: ClassVar[list[str]] = []
+    """The `Host` of each request, in turn."""
+
+    def do_GET(self) -> None:
+        self.hosts.append(self.headers["Host"])
         self.send_response(204)
         self.end_headers()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.do_GET()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -178,7 +188,28 @@ def test_a_post_whose_host_name_hangs_ends_at_its_deadline_and_one_that_resolves
     try:
         answer = post_json(f"http://hook.loop.test:{receiver.server_port}/x", {}, deadline=10, headers={})
         assert answer.status == 204
+        assert _Accepting.hosts[-1] == f"hook.loop.test:{receiver.server_port}"  # (told as itself, not its address)
     finally:
+        receiver.shutdown()
+        receiver.server_close()
+
+
+def test_a_connection_made_to_a_names_address_is_told_the_name(resolver: Resolver) -> None:
+    """urllib3's connections (the billing client's, the probe's) connect to the address the
+    lookup gave, and send the host's name: the `Host` header, and TLS's server name (its
+    certificate checked against it: tests/test_probe_http.py's TLS runs)."""
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    session = requests.Session()
+    session.mount("http://", WatchedAdapter())
+    try:
+        url = f"http://api.loop.test:{receiver.server_port}/"
+        for _ in range(2):  # (the second on the connection kept alive)
+            assert session.get(url, timeout=10).status_code == 204
+        assert _Accepting.hosts[-2:] == [f"api.loop.test:{receiver.server_port}"] * 2
+        assert resolver.looked_up == {"api.loop.test": 1}
+    finally:
+        session.close()
         receiver.shutdown()
         receiver.server_close()
 
