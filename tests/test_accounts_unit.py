@@ -16,6 +16,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from exporter.alerts.engine import Engine, Watched
 from exporter.app.daemon import Daemon
+from exporter.app.digests import FiringByAccount
 from exporter.app.sources import account_state_path
 from exporter.config.load import validate
 from exporter.config.schema import BillingConfig
@@ -1034,10 +1035,17 @@ def test_with_one_account_the_digest_holds_every_alert_whatever_its_labels(
     try:
         assert daemon.refresh("bills")
         daemon.alert_cycle()
-        body = daemon.sources.digest(clock.today(), "daily", "")
+        sources = daemon.sources
+        (name,) = sources.accounts
+        bodies = [
+            sources.digest(clock.today(), "daily", ""),
+            # (the round's: the alerts grouped by account, as `DigestQueue` and the `digest` command give them)
+            sources.digest(clock.today(), "daily", "", account=name,
+                           alerts=FiringByAccount(sources.engine.current, sources.config.several).of(name)),
+        ]  # fmt: skip
     finally:
         daemon.stop()
-    assert [a["alertname"] for a in body["alerts"]] == ["Spend"]
+    assert [[a["alertname"] for a in body["alerts"]] for body in bodies] == [["Spend"], ["Spend"]]
 
 
 def test_an_account_a_reload_adds_or_renames_does_not_take_the_others_out_of_service(
