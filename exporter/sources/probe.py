@@ -329,7 +329,6 @@ class HTTPChat:
         cut = Deadline()
         with self._cuts.over(cut) as copies, self._cut_ends_it(cut):
             headers = Deadline(wait)  # (the headers' whole wait: a server may drip them a byte at a time)
-            exchange = Exchange()
             try:
                 with watching((headers, cut), (headers, cut), copies) as exchange:
                     response = self._session.post(self.url, json=body, stream=True, timeout=timeout)
