@@ -30,10 +30,7 @@ def _commands() -> dict[str, list[str]]:
         "--version": [*exporter, "--version"],
         "check": [*exporter, "check", "--config", str(EXAMPLE)],
         "rules": [*exporter, "rules", "--config", str(EXAMPLE)],
-        "python -c (pydantic and a model of one field, validated: what `check` and `rules` cannot start under)": [
-            sys.executable, "-c", "import pydantic\nclass M(pydantic.BaseModel):\n    x: int\nM(x=1)",
-        ],
-    }  # fmt: skip
+    }
 
 
 def _example_env(env: dict[str, str]) -> dict[str, str]:
@@ -65,8 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  python -c pass: {bare * 1000:.0f} ms")
     for name in list(commands)[1:]:
         median = statistics.median(times[name])
-        target = f"  (target ≤ {TARGET:g})" if not name.startswith("python") else ""
-        print(f"  {name}: {median * 1000:.0f} ms; ÷ bare interpreter {median / bare:.1f}{target}")
+        print(f"  {name}: {median * 1000:.0f} ms; ÷ bare interpreter {median / bare:.1f}  (target ≤ {TARGET:g})")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ import threading
 from decimal import Decimal
 from pathlib import Path
 
-import pydantic
 import pytest
 
 from exporter.config.load import ConfigError, load, parse_yaml, validate
 from exporter.core.fields import parse_duration
+from exporter.core.typed import ValidationError
 
 ROOT = Path(__file__).parent.parent
 BILLING = {"url": "https://openapi.example.com", "access_key_id": "AK1", "secret_access_key": "${SECRET}"}
@@ -37,7 +37,7 @@ def test_minimal_config_gets_the_documented_defaults() -> None:
 
 def test_config_is_frozen() -> None:
     config = validate({"billing": BILLING}, ENV)
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(ValidationError):
         config.billing.page_size = 5  # type: ignore[misc]
 
 

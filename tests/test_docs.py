@@ -21,9 +21,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel
 
 from exporter.core.clock import Clock, FrozenClock
+from exporter.core.typed import Model
 from exporter.notifiers.digest import text as digest_text
 from exporter.sim import Simulator
 from tests.test_exposition import full_exposition
@@ -69,11 +69,11 @@ def test_the_metrics_reference_lists_exactly_the_metrics_the_code_exposes(
     assert documented == table, "the metrics reference is stale: rerun with UPDATE_DOCS=1"
 
 
-def _models_in(annotation: object) -> tuple[list[type[BaseModel]], bool]:
+def _models_in(annotation: object) -> tuple[list[type[Model]], bool]:
     """The config models inside a field's type, and whether they come in a list."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, Model):
         return [annotation], False
-    models: list[type[BaseModel]] = []
+    models: list[type[Model]] = []
     listed = typing.get_origin(annotation) is tuple
     for arg in typing.get_args(annotation):
         inner, inner_listed = _models_in(arg)
@@ -86,7 +86,7 @@ ACCOUNT_SECTIONS = ("billing", "inference", "probes", "prices", "budgets")
 """An account's sections: the top-level ones', documented once there."""
 
 
-def config_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+def config_keys(model: type[Model], prefix: str = "") -> set[str]:
     """Every key path a config may hold, from the config models themselves (an account's sections
     as the key itself: their keys are the top-level sections')."""
     keys = set()

@@ -840,7 +840,7 @@ def test_another_program_s_database_at_state_path_is_refused_and_left_as_it_was(
 def test_where_no_state_file_could_be_kept_is_found_even_as_root_and_leaves_nothing(tmp_path: Path) -> None:
     """/proc refuses a directory whatever the permission bits say (root passes them all); a path whose
     directories are missing but could be made is fine, and nothing is left behind by finding out."""
-    from exporter.state.file import location_problem
+    from exporter.state.location import location_problem
 
     assert location_problem("/proc/nope/state.db") == "the directory /proc is not writable"
     assert location_problem(tmp_path / "a" / "b" / "state.db") == ""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import SecretStr
+from exporter.core.typed import SecretStr
 
 from exporter.core.fields import HttpUrl
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind

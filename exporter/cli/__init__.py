@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from exporter import __version__
-from exporter.core.clock import month_problem
-from exporter.core.logs import FORMATS, LEVELS
+from exporter.core.lognames import FORMATS, LEVELS
 from exporter.replay import MAX_MONTHS
 
 CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
@@ -23,6 +22,8 @@ CONFIG_ENV = "INFERENCE_COST_EXPORTER_CONFIG"
 
 def _period(value: str) -> str:
     """`--from` / `--to`: a billing month, YYYY-MM."""
+    from exporter.core.clock import month_problem  # (here: `--version` and `--help` start without it)
+
     if problem := month_problem(value):
         raise argparse.ArgumentTypeError(problem)
     return value
@@ -49,6 +50,22 @@ SECONDS = _none_or_more(float, "a number of seconds")
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Says an option's default where it has one: not on a required option, a switch, or an option that is unset
     unless given (None, or an empty list), where argparse's own would say `(default: None)`."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        # The terminal's width as argparse's own reads it (`COLUMNS`, else the terminal's, else 80), without
+        # importing shutil for it: argparse makes a formatter for every option it adds (`bench.startup`).
+        if width is None:
+            try:
+                columns = int(os.environ.get("COLUMNS", ""))
+            except ValueError:
+                columns = 0
+            if columns <= 0:
+                try:
+                    columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+                except (AttributeError, ValueError, OSError):
+                    columns = 0
+            width = (columns or 80) - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         default = action.default
@@ -109,14 +126,23 @@ def _web_options(command: argparse.ArgumentParser, listen: str, default: str | N
     )  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The program's parser; with `only`, one whose sole command is that one (what parsing its command
+    line needs, for a quicker start: `bench.startup`)."""
     parser = argparse.ArgumentParser(
         prog="inference-cost-exporter",
         description="Prometheus exporter for an LLM inference account's bills, token usage and endpoints.",
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, add in _BUILDERS.items():
+        if only in (None, name):
+            add(commands)
+    return parser
 
+
+def _check_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = _command(
         commands, "check", "validate a config: every problem with its location (exit 1), or a summary (exit 0)",
         "Validate a config file without contacting any API. Prints every problem, one per line, with its "
@@ -126,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(check)
     check.set_defaults(func="config_commands:cmd_check")
 
+
+def _once_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     once = _command(
         commands, "once", "refresh every source once and print the exposition on stdout",
         "Refresh every source once (bills, usage, each probe) and print the metrics exposition on stdout. "
@@ -136,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(once)
     once.set_defaults(func="commands:cmd_once")
 
+
+def _run_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = _command(
         commands, "run", "the daemon: scheduled refreshes, /metrics, alerts",
         "Run the exporter: refresh every source on its interval, serve /metrics, the landing page and health, "
@@ -151,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func="commands:cmd_run")
 
+
+def _digest_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     digest = _command(
         commands, "digest", "print the digest of the day before (or send it now)",
         "Fetch the bills (and history and usage) now and print the digest the daemon sends at `digest.at`: "
@@ -166,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(digest)
     digest.set_defaults(func="commands:cmd_digest")
 
+
+def _rules_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rules = _command(
         commands, "rules", "the YAML alert rules as a Prometheus alerting-rule file",
         "Print the config's alert rules as a Prometheus alerting-rule file over this exporter's metrics, for "
@@ -174,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(rules)
     rules.set_defaults(func="config_commands:cmd_rules")
 
+
+def _backtest_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = _command(
         commands, "backtest", "replay the bill-based alert rules over past months: what would have fired, when",
         "Fetch the months' daily bills (and the history months before them) and replay every rule judged from "
@@ -196,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(replay)
     replay.set_defaults(func="commands:cmd_backtest")
 
+
+def _backfill_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     backfill_command = _command(
         commands, "backfill", "past months' bill series as OpenMetrics, for promtool to load into Prometheus",
         "Fetch the daily bills of the months --from ... --to and write the series the exporter exposes from them, "
@@ -224,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(backfill_command)
     backfill_command.set_defaults(func="commands:cmd_backfill")
 
+
+def _export_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export = _command(
         commands, "export", "the bills in another format", "Write past months' billed charges in another format.",
     )  # fmt: skip
@@ -244,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(focus)
     focus.set_defaults(func="commands:cmd_export_focus", command_parser=focus)
 
+
+def _demo_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = _command(
         commands, "demo", "the embedded simulator and the daemon, no credentials needed",
         "Start the stand-in billing and chat service on loopback and the exporter against it, with growing "
@@ -253,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     _log_options(demo, config=False)
     demo.set_defaults(func="commands:cmd_demo")
 
+
+def _simulate_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = _command(
         commands, "simulate", "run the stand-in service alone",
         "Run the stand-in billing and chat service alone, to point an exporter or a dashboard at it. Its "
@@ -269,11 +313,27 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--ttft", type=SECONDS, default=0.05, help="chat time to first token, seconds")
     simulate.add_argument("--chunk-delay", type=SECONDS, default=0.01, help="seconds between streamed chunks")
     simulate.set_defaults(func="commands:cmd_simulate")
-    return parser
+
+
+_BUILDERS = {
+    "check": _check_command,
+    "once": _once_command,
+    "run": _run_command,
+    "digest": _digest_command,
+    "rules": _rules_command,
+    "backtest": _backtest_command,
+    "backfill": _backfill_command,
+    "export": _export_command,
+    "demo": _demo_command,
+    "simulate": _simulate_command,
+}
 
 
 _SERVING = frozenset({"run", "demo", "simulate"})
 """The commands that serve until stopped, and take their signals themselves."""
+_READING_ONLY = frozenset({"check", "rules"})
+"""The commands that read their config and print what they found, and nothing else (no thread, no file
+left open, nothing registered to run at exit): the program ends once their output is out (`_exit_now`)."""
 
 
 class Terminated(BaseException):
@@ -309,8 +369,9 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     """Run the command `argv` names (sys.argv's by default), its exit status. `program`: run as
     the program (`entry`), which exits after it: once a signal stopped the command, the signals
     after it stay ignored (a process that runs `main` among other work gets its handlers back)."""
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(given[0] if given and given[0] in _BUILDERS else None)
+    args, unknown = parser.parse_known_args(given)
     if unknown:  # with the usage of the command it came after, not the program's
         getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     # The commands, and all they import, load only once one runs: `--version` and `--help` start at once.
@@ -327,11 +388,14 @@ def main(argv: Sequence[str] | None = None, *, program: bool = False) -> int:
     if before[signal.SIGINT] is signal.default_int_handler:  # (not where Ctrl-C was set aside)
         signal.signal(signal.SIGINT, _interrupt)
     try:
-        return _run_to_its_end(command, args)
+        status = _run_to_its_end(command, args)
     finally:
         if not (program and signal.getsignal(signal.SIGTERM) is signal.SIG_IGN):  # (stopped: `_stopping`)
             for signum, handler in before.items():
                 signal.signal(signum, handler)
+    if program and args.command in _READING_ONLY:
+        _exit_now(status)
+    return status
 
 
 def entry() -> NoReturn:
@@ -364,6 +428,15 @@ def _run_to_its_end(command: Callable[[argparse.Namespace], int], args: argparse
     except Terminated:  # the same for SIGTERM (a timeout, `kill`): a partial output file is removed too
         print(f"{said} terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
+
+
+def _exit_now(status: int) -> NoReturn:
+    """End the process with `status` once the standard streams are flushed, without the interpreter's
+    teardown of every module and object: a tenth of `check`'s and `rules`' run (`bench.startup`)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # (a reader gone: what is left goes nowhere)
+            stream.flush()
+    os._exit(status)
 
 
 def _output_nowhere() -> None:

@@ -9,10 +9,9 @@ import sys
 
 from exporter.alerts.promrules import rule_file
 from exporter.config.load import ConfigError, load_checked
-from exporter.config.rules import rule_ids
 from exporter.config.schema import Config
 from exporter.core.words import counted
-from exporter.state.file import location_problem
+from exporter.state.location import location_problem
 
 EXIT_CONFIG = 1
 EXIT_SOURCE = 2
@@ -77,9 +76,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"  account {name}: {account.billing.url}, {counted(len(account.probes), 'probe')}, "
             f"{counted(len(account.budgets), 'budget')}; {_currency(account.billing.currency)}"
         )
-    routed = config.alert_routes()
-    for rule, rid in zip(config.alerts.rules, rule_ids(config.alerts.rules), strict=True):
-        print(f"  rule {rule.alert}: to {', '.join(routed[rid]) or 'no notifier'}")
+    for rule, routed in zip(config.alerts.rules, config.rule_routes(), strict=True):
+        print(f"  rule {rule.alert}: to {', '.join(routed) or 'no notifier'}")
     return 0
 
 

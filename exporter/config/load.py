@@ -7,8 +7,6 @@ place spelt most like it); secrets are `SecretStr` and never appear in a message
 
 from __future__ import annotations
 
-import ast
-import difflib
 import json
 import os
 import re
@@ -18,16 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import (
-    ValidationError,
-)
 
 from exporter.config.checks import cross_check, items, location, rule_name
-from exporter.config.rules import label_twins, rule_ids, twin_rules
+from exporter.config.rules import label_twins, twin_rules
 from exporter.config.schema import Config, keys_at, secret_fields
 from exporter.core.decimals import WrittenFloat
 from exporter.core.fields import url_password
-from exporter.core.logs import MASK, get_logger
+from exporter.core.lognames import MASK
+from exporter.core.typed import ValidationError
 from exporter.notifiers.webhook import webhook_secret
 
 MISSING_TOLD = 1000
@@ -39,14 +35,11 @@ MAX_NESTING = 100
 REFERENCE = re.compile(r"\$\{(?:file:([^}]+)|([A-Za-z_][A-Za-z0-9_]*))\}")
 """`${VAR}` (an environment variable) or `${file:PATH}` (a file's content, e.g. a mounted secret)."""
 RULE_KINDS = ("threshold-rule", "budget-rule", "anomaly-rule")
-"""The tags of a rule's types, which pydantic puts in an error's location."""
+"""The tags of a rule's types, which a validation error's location holds."""
 LIKE = 0.6
 """How alike (difflib's ratio) an unknown key and a known one must be for "did you mean"."""
 NEAR_TIE = 0.05
 """Known keys this close to the likest one are offered with it."""
-
-
-log = get_logger(__name__)
 
 
 class ConfigError(Exception):
@@ -64,7 +57,7 @@ _NOT_FOR_KIND = {
     "anomaly-rule": "does not apply to a spend_anomaly rule (it has `by`, `min_amount`, `min_percent` and "
     "`sensitivity`: see the README)",
 }
-"""Messages for a key of the other kind of rule (pydantic puts the kind after the rule's index)."""
+"""Messages for a key of the other kind of rule (an error's location has the kind after the rule's index)."""
 
 
 # --- checks across sections (on the document, so they run whatever else is wrong) ------------
@@ -355,6 +348,8 @@ def _unknown_key(document: dict[str, Any], loc: tuple[int | str, ...], path: tup
     except (KeyError, IndexError, TypeError):
         given = None
     given = given if isinstance(given, dict) else {}
+    import difflib  # (here, as `ast` below: only a config with problems needs them)
+
     likeness = {k: difflib.SequenceMatcher(None, key, k).ratio() for k in keys_at(place) if k not in given}
     best = max(likeness.values(), default=0.0)
     if best < LIKE:
@@ -406,12 +401,11 @@ def _alike_to_alertmanager(config: Config, document: dict[str, Any]) -> list[str
     """Rules whose alerts can have the same labels (`label_twins`) and go to one `alertmanager`
     notifier: it would take the one's alert for the other's, and never notify the second."""
     rules = config.alerts.rules
-    routed = config.alert_routes()
-    ids = rule_ids(rules)
+    routed = config.rule_routes()
     managers = {n.name for n in config.alerts.notifiers if n.type == "alertmanager"}
     errors = []
     for earlier, later in label_twins(rules):
-        shared = managers & set(routed[ids[earlier]]) & set(routed[ids[later]])
+        shared = managers & set(routed[earlier]) & set(routed[later])
         if shared:
             path = ("alerts", "rules", later)
             errors.append(
@@ -443,6 +437,8 @@ def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
     def quoted(match: re.Match[str]) -> str:
         value = match[1]
         try:
+            import ast
+
             unescaped = ast.literal_eval(match[0])  # (as repr wrote it)
         except (ValueError, SyntaxError):
             unescaped = value
@@ -467,9 +463,11 @@ def _masked(errors: list[str], document: dict[str, Any]) -> list[str]:
 
 def load(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     """Load and validate a config file; warnings about secrets written in it go to the log."""
+    from exporter.core.logs import get_logger  # (here: `check` and `rules` start without logging)
+
     config, warnings = load_checked(path, environ)
     for warning in warnings:
-        log.warning("config warning", path=str(path), detail=warning)
+        get_logger(__name__).warning("config warning", path=str(path), detail=warning)
     return config
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -11,15 +10,8 @@ from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
-
 from exporter.core.fields import Amount, Duration, Name, ScopeValue, Strict, scope_values
+from exporter.core.typed import Discriminator, Field, Tag, field_validator, model_validator
 from exporter.model.signals import SIGNALS
 
 OPERATORS = (">", ">=", "<", "<=", "==", "!=")
@@ -174,22 +166,38 @@ RuleConfig = Annotated[
 anomaly rule (`signal: spend_anomaly`): the keys it has say which."""
 
 
-def rule_id(rule: RuleConfig, *, as_written: bool = False) -> str:
-    """What a rule watches, under its alert name: the same across restarts and reloads while that
-    stays (its threshold, tiers, `for` and annotations may change, and the order of its `by`).
-    `as_written`: the id versions before gave it, with `by` in the config's order (read only to
-    move the alerts they saved: `written_moves`)."""
+def _watched(rule: RuleConfig, as_written: bool) -> str:
+    """What a rule watches, under its alert name, as the text its id is the hash of."""
     if isinstance(rule, BudgetRule):  # in the shape rules had before they had two types, so ids stay
         identity: list[object] = [rule.alert, None, "today", [], [], rule.budget]
         if rule.basis != "actual":  # (a rule on the forecast is another rule than one on what was spent)
             identity.append(rule.basis)
-        return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+        return json.dumps(identity)
     by = list(rule.by) if as_written else sorted(rule.by)
     if isinstance(rule, AnomalyRule):
         identity = [rule.alert, rule.signal, "day", by, [], None]
     else:  # (a `where` list is held sorted: `_scope_value`)
         identity = [rule.alert, rule.signal, rule.window, by, sorted(rule.where.items()), None]
-    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:16]
+    return json.dumps(identity)
+
+
+def _labelled(rule: RuleConfig) -> str:
+    """A rule's labels as the text its key's second part is the hash of ("" without labels)."""
+    return json.dumps([json.dumps(sorted(rule.labels.items()))]) if rule.labels else ""
+
+
+def _sha256(text: str) -> str:
+    import hashlib  # (here: `check` and `rules` compare rules by their texts, and start without it)
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rule_id(rule: RuleConfig, *, as_written: bool = False) -> str:
+    """What a rule watches, under its alert name: the same across restarts and reloads while that
+    stays (its threshold, tiers, `for` and annotations may change, and the order of its `by`).
+    `as_written`: the id versions before gave it, with `by` in the config's order (read only to
+    move the alerts they saved: `written_moves`)."""
+    return _sha256(_watched(rule, as_written))[:16]
 
 
 def rule_key(rule: RuleConfig, *, as_written: bool = False) -> str:
@@ -201,8 +209,12 @@ def rule_key(rule: RuleConfig, *, as_written: bool = False) -> str:
     base = rule_id(rule, as_written=as_written)
     if not rule.labels:
         return base  # the id every earlier version gave such a rule
-    labels = json.dumps([json.dumps(sorted(rule.labels.items()))])  # (the shape ids have had since layout 1)
-    return f"{base}-{hashlib.sha256(labels.encode()).hexdigest()[:8]}"
+    return f"{base}-{_sha256(_labelled(rule))[:8]}"  # (the shape ids have had since layout 1)
+
+
+def _unhashed_key(rule: RuleConfig) -> tuple[str, str]:
+    """What `rule_key` is made of: two rules have one key when they have one of these."""
+    return _watched(rule, False), _labelled(rule)
 
 
 def rule_ids(rules: Sequence[RuleConfig]) -> list[str]:
@@ -224,10 +236,10 @@ def written_moves(rules: Sequence[RuleConfig], saved: Callable[[], AbstractSet[s
 
 def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
     """(earlier, later) positions of rules that would make the same alerts."""
-    first: dict[str, int] = {}
+    first: dict[tuple[str, str], int] = {}
     twins = []
     for n, rule in enumerate(rules):
-        key = rule_key(rule)
+        key = _unhashed_key(rule)
         if key in first:
             twins.append((first[key], n))
         else:
@@ -254,7 +266,7 @@ def label_twins(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
                     and not set(scope_values(a.where[name])) & set(scope_values(b.where[name]))
                     for name in a.by
                 )  # fmt: skip
-                if not apart and rule_key(a) != rule_key(b):  # (the same key: `twin_rules`)
+                if not apart and _unhashed_key(a) != _unhashed_key(b):  # (the same key: `twin_rules`)
                     twins.append((earlier, later))
                     break
     return twins

@@ -1,4 +1,4 @@
-"""The config's schema: typed, validated, frozen models (pydantic), and what each key may hold.
+"""The config's schema: typed, validated, frozen models (`exporter.core.typed`), and what each key may hold.
 
 Loading a file (YAML, `${VAR}` and `${file:PATH}`, messages, warnings, checks across sections)
 is `exporter.config.load`'s. The secrets are the `SecretStr` fields: `secret_fields` finds them in a
@@ -16,17 +16,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    Field,
-    SecretStr,
-    Tag,
-    field_validator,
-    model_validator,
-)
-
 from exporter.config.rules import RuleConfig, rule_ids
 from exporter.core.fields import (
     Amount,
@@ -41,7 +30,17 @@ from exporter.core.fields import (
     parse_amount,
     scope_values,
 )
-from exporter.core.logs import FORMATS, LEVELS
+from exporter.core.lognames import FORMATS, LEVELS
+from exporter.core.typed import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    Model,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from exporter.notifiers.kind import NotifierModel
 from exporter.notifiers.registry import KINDS
 
@@ -452,6 +451,10 @@ class Config(Strict):
         """Per rule id, the notifiers its alerts go to (`routes`, the digest's notifiers taken out)."""
         return routes(self.alerts, self.digest.notifiers if self.digest is not None else ())
 
+    def rule_routes(self) -> list[tuple[str, ...]]:
+        """`alert_routes` per rule in the config's order: no rule id made (`check` reads them so)."""
+        return routes_in_order(self.alerts, self.digest.notifiers if self.digest is not None else ())
+
     def account_configs(self) -> tuple[tuple[str, Config], ...]:
         """Each account's name and its config as one account's (`billing`, `inference`, `probes`,
         `prices`, and the budgets it alone is measured on); the name is empty without `accounts`."""
@@ -501,7 +504,7 @@ class Config(Strict):
                 path = urlsplit(value).path
                 if value.startswith(("http://", "https://")) and len(path) > 1:
                     found.append(path)
-            elif isinstance(node, BaseModel):
+            elif isinstance(node, Model):
                 for name in type(node).model_fields:
                     walk(getattr(node, name))
             elif isinstance(node, tuple):
@@ -517,7 +520,7 @@ class Config(Strict):
 Found = Iterator[tuple[tuple[int | str, ...], Any]]
 
 
-def secret_fields(model: type[BaseModel], raw: Any, path: tuple[int | str, ...] = ()) -> Found:
+def secret_fields(model: type[Model], raw: Any, path: tuple[int | str, ...] = ()) -> Found:
     """The values a document holds at the schema's secret keys (its `SecretStr` fields), with their
     locations; a list of notifiers is read by each item's `type`."""
     if not isinstance(raw, dict):
@@ -531,7 +534,7 @@ def secret_fields(model: type[BaseModel], raw: Any, path: tuple[int | str, ...] 
 def _secrets_in(annotation: Any, raw: Any, path: tuple[int | str, ...]) -> Found:
     if annotation is SecretStr:
         yield path, raw
-    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    elif isinstance(annotation, type) and issubclass(annotation, Model):
         yield from secret_fields(annotation, raw, path)
     elif get_origin(annotation) is Annotated:
         yield from _secrets_in(get_args(annotation)[0], raw, path)
@@ -550,7 +553,7 @@ def _secrets_in(annotation: Any, raw: Any, path: tuple[int | str, ...]) -> Found
 
 
 def keys_at(location: Sequence[int | str], annotation: Any = Config) -> tuple[str, ...]:
-    """The keys the mapping at `location` may hold (a pydantic error's location: list indexes, and
+    """The keys the mapping at `location` may hold (a validation error's location: list indexes, and
     the tag of the type an item was read as); none where it leads to no model."""
     if get_origin(annotation) is Annotated:
         return keys_at(location, get_args(annotation)[0])
@@ -564,7 +567,7 @@ def keys_at(location: Sequence[int | str], annotation: Any = Config) -> tuple[st
         return keys_at(location[1:], get_args(annotation)[0])
     if get_origin(annotation) is dict and location:
         return keys_at(location[1:], get_args(annotation)[1])
-    if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+    if not (isinstance(annotation, type) and issubclass(annotation, Model)):
         return ()
     fields = {field.alias or name: field for name, field in annotation.model_fields.items()}
     if not location:
@@ -584,7 +587,13 @@ def _tags(annotation: Any) -> tuple[object, ...]:
 
 
 def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
-    """Per rule id, the notifiers its alerts go to: those it names, else every notifier but those
-    the digest names (a digest's notifier takes the alerts of the rules that name it, no others)."""
+    """Per rule id, the notifiers its alerts go to (`routes_in_order`)."""
+    return dict(zip(rule_ids(config.rules), routes_in_order(config, digest), strict=True))
+
+
+def routes_in_order(config: AlertsConfig, digest: Iterable[str] = ()) -> list[tuple[str, ...]]:
+    """Per rule, in the config's order, the notifiers its alerts go to: those it names, else every
+    notifier but those the digest names (a digest's notifier takes the alerts of the rules that
+    name it, no others)."""
     default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
-    return {rid: rule.notifiers or default for rule, rid in zip(config.rules, rule_ids(config.rules), strict=True)}
+    return [rule.notifiers or default for rule in config.rules]

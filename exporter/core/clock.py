@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 DEFAULT_TIMEZONE = "Asia/Shanghai"
@@ -19,9 +19,8 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-@dataclass(frozen=True)
-class Clock:
-    tz: ZoneInfo = field(default_factory=lambda: ZoneInfo(DEFAULT_TIMEZONE))
+class Clock(NamedTuple):  # (a record, not a dataclass: the CLI starts without importing dataclasses)
+    tz: ZoneInfo = ZoneInfo(DEFAULT_TIMEZONE)
     now_fn: Callable[[], dt.datetime] = _utc_now
 
     def now(self) -> dt.datetime:

@@ -9,9 +9,8 @@ from decimal import Decimal
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
-
 from exporter.core.decimals import parse_decimal
+from exporter.core.typed import AfterValidator, BeforeValidator, Field, Model, SecretStr
 
 DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -70,8 +69,8 @@ Name = Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Text = Annotated[str, Field(min_length=1)]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+class Strict(Model):
+    """A section of the config: frozen, refusing keys it does not know, never quoting its input."""
 
 
 def _http_url(url: str) -> str:

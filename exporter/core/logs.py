@@ -14,11 +14,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-MASK = "***"
-LEVELS = {"debug": "debug", "info": "info", "warn": "warning", "warning": "warning", "error": "error"}
-"""Log levels as `--log.level` (promlog's spelling: `warn`) and the config's `log.level` (`warning`) name them."""
-FORMATS = {"logfmt": "text", "text": "text", "json": "json"}
-"""Log formats as `--log.format` (`logfmt`) and the config's `log.format` (`text`) name them."""
+from exporter.core.lognames import FORMATS, LEVELS, MASK
+
 _RECORD_KEYWORDS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
 _NEEDS_QUOTES = re.compile(r'[\s"=\\\x00-\x1f\x7f\u2028\u2029]|^$')
 _OWN_KEYS = ("ts", "level", "component", "msg", "exc")

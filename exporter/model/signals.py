@@ -15,9 +15,8 @@ import datetime as dt
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from exporter.core.clock import Clock
 from exporter.core.fields import in_scope, scope_values
@@ -40,8 +39,7 @@ class NotExpressible(Exception):
     """A rule that only the exporter can evaluate."""
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     """What an evaluator reads: the snapshots, the billing calendar, the configured sources."""
 
     latest: Latest
@@ -49,8 +47,7 @@ class Context:
     sources: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Signal:
+class Signal(NamedTuple):
     labels: tuple[str, ...]
     """What `by` and `where` may name."""
     evaluate: Callable[[ThresholdRule, Context], Values | None]
@@ -408,8 +405,7 @@ def evaluate(rule: ThresholdRule, latest: Latest, clock: Clock, sources: Iterabl
     return SIGNALS[rule.signal].evaluate(rule, Context(latest, clock, tuple(sources)))
 
 
-@dataclass(frozen=True)
-class Account:
+class Account(NamedTuple):
     """What a rule is evaluated on in one account: its name (the `account` label; empty for the one
     account of a config without `accounts`), its snapshots and its configured sources."""
 

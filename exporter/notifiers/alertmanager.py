@@ -12,10 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
-
 from exporter.core.clock import iso
 from exporter.core.fields import HttpUrl
+from exporter.core.typed import Field
 from exporter.notifiers.kind import Delivery, NotifierModel, ResendKind
 
 if TYPE_CHECKING:

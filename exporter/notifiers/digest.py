@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import html as _html
 from collections.abc import Mapping
 from typing import Any
 
@@ -147,7 +146,8 @@ def text(d: Mapping[str, Any]) -> str:
 
 
 def html(d: Mapping[str, Any]) -> str:
-    e = _html.escape
+    from html import escape as e  # (here: `check` reads the config without it)
+
     parts = [f"<h2>{e(subject(d))}</h2>"]
     for title, lines in _sections(d):
         parts.append(f"<h3>{e(title)}</h3><ul>" + "".join(f"<li>{e(line)}</li>" for line in lines) + "</ul>")

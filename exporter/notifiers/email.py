@@ -10,17 +10,13 @@ takes the message for others is logged, counted and never tried again; one it re
 from __future__ import annotations
 
 import datetime as dt
-import html
 import os
 import re
 from collections.abc import Mapping
-from email.utils import parseaddr
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, model_validator
-
 from exporter.core.fields import Text
-from exporter.core.logs import get_logger
+from exporter.core.typed import AfterValidator, Field, SecretStr, model_validator
 from exporter.core.words import counted, line, shortened
 from exporter.model.events import GroupEvent
 from exporter.notifiers import digest as digests
@@ -37,6 +33,8 @@ the handshake before the greeting, no STARTTLS."""
 
 def _email_address(value: str) -> str:
     """`someone@example.com` or `Someone <someone@example.com>`."""
+    from email.utils import parseaddr  # (here: `check` reads the config without the email package)
+
     _, address = parseaddr(value)
     if not re.fullmatch(r"[^@\s<>,;]+@[^@\s<>,;]+\.[^@\s<>,;.]+", address):
         raise ValueError(f"{value!r} is not an email address")
@@ -94,8 +92,6 @@ class EmailNotifier(NotifierModel):
         return self.port == IMPLICIT_TLS_PORT
 
 
-log = get_logger(__name__)
-
 ALERTS = 20
 """Alerts a message lists in full; the rest are counted ("and N more")."""
 SUBJECT = 200
@@ -119,6 +115,8 @@ def alert_message(event: GroupEvent, external_url: str) -> tuple[str, str, str]:
     summary, labels and start (at most ALERTS of them, and how many more), and a link to the
     exporter. Everything from the alerts is escaped in the HTML: labels and annotations may hold
     anything."""
+    import html  # (here: `check` reads the config without it)
+
     status, name = event["status"].upper(), event["alertname"]
     alerts, total = event["alerts"], event["total"]
     if total == 1 and alerts:
@@ -172,7 +170,10 @@ def _deliver(
     recipients = [r for r in entry.recipients if r in notifier.to] if entry.recipients else list(notifier.to)
     if not recipients:
         return Attempt(None)  # those it was still owed to have left `to` since
-    from exporter.notifiers import smtp  # (smtplib and ssl load with the first email, not with the config)
+    from exporter.core.logs import get_logger  # (logging, smtplib and ssl load with the first email, not with
+    from exporter.notifiers import smtp  # the config)
+
+    log = get_logger(__name__)
 
     sent = smtp.send(
         notifier,

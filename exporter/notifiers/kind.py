@@ -17,7 +17,6 @@ several recipients needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from exporter.core.fields import Name, Strict, url_password
@@ -82,8 +81,7 @@ class Delivery(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class OutboxKind(Generic[N]):
+class OutboxKind(NamedTuple, Generic[N]):  # (records, not dataclasses: `check` starts without them)
     model: type[NotifierModel]
     """The kind's config (its `type` literal is the kind's key in the registry)."""
     send: Callable[[N, OutboxEntry, Delivery], Attempt]
@@ -94,8 +92,7 @@ class OutboxKind(Generic[N]):
     """Why it takes no digest, after its name (`check` says it for `digest.notifiers`)."""
 
 
-@dataclass(frozen=True)
-class ResendKind(Generic[N]):
+class ResendKind(NamedTuple, Generic[N]):
     model: type[NotifierModel]
     send: Callable[[N, Sequence[Alert], float, Delivery], None]
     """Send every firing and recently resolved alert (not pending ones) as of a time."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import SecretStr
-
 from exporter.core.clock import iso
 from exporter.core.fields import HttpUrl
+from exporter.core.typed import SecretStr
 from exporter.core.words import shortened
 from exporter.model.events import GroupEvent
 from exporter.notifiers.kind import Attempt, Delivery, NotifierModel, OutboxKind, more

@@ -31,7 +31,8 @@ from exporter import __version__
 from exporter.billing.errors import ClientClosed
 from exporter.config.schema import InferenceConfig, ProbeConfig
 from exporter.core.deadline import Deadline
-from exporter.core.logs import MASK, get_logger
+from exporter.core.lognames import MASK
+from exporter.core.logs import get_logger
 from exporter.core.net import network_cause
 from exporter.core.watched import Cuts, Exchange, WatchedAdapter, watching
 from exporter.model.snapshots import Histogram, ProbeRun, ProbeSnapshot

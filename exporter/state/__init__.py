@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from exporter.state.alerts import AlertStore, OutboxEntry
     from exporter.state.errors import StateError
-    from exporter.state.file import location_problem
+    from exporter.state.location import location_problem
     from exporter.state.migrations import LAYOUT
     from exporter.state.store import StateStore, peek, peek_account_files
     from exporter.state.usage import UsageCursor
@@ -25,7 +25,7 @@ _MODULES = {
     "AlertStore": "alerts",
     "OutboxEntry": "alerts",
     "StateError": "errors",
-    "location_problem": "file",
+    "location_problem": "location",
     "LAYOUT": "migrations",
     "StateStore": "store",
     "peek": "store",
@@ -36,7 +36,7 @@ _MODULES = {
 
 def __getattr__(name: str) -> Any:
     """Each name is imported from its module when first asked for, so that importing one module of the
-    package (`check` reads `file.location_problem`) does not load every owner's tables."""
+    package (`check` reads `location.location_problem`) does not load every owner's tables."""
     if name not in _MODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)

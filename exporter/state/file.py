@@ -14,7 +14,6 @@ import contextlib
 import errno
 import os
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,31 +22,11 @@ from pathlib import Path
 
 from exporter.core.logs import get_logger
 from exporter.state.errors import StateError, fault_of
+from exporter.state.location import directory_writable
 from exporter.state.lock import LockFile
 from exporter.state.migrations import FIRST_TABLE, LAYOUT, MIGRATIONS, SCHEMA, complete, number_outboxes
 
 log = get_logger(__name__)
-
-
-def _directory_writable(directory: Path) -> bool:
-    """Whether a file can be created in `directory` (tried, since root ignores the permission bits)."""
-    try:
-        with tempfile.TemporaryFile(dir=directory):
-            return True
-    except OSError:
-        return False
-
-
-def _can_make_in(parent: Path, *, directory: bool) -> bool:
-    """Whether a `directory` (else a file) can be made in `parent`: made, then removed."""
-    try:
-        if directory:
-            with tempfile.TemporaryDirectory(dir=parent):
-                return True
-        with tempfile.TemporaryFile(dir=parent):
-            return True
-    except OSError:
-        return False
 
 
 def _identity_of(path: str) -> tuple[int, int] | None:
@@ -64,30 +43,6 @@ def connect_existing(path: str | Path, mode: str) -> sqlite3.Connection:
     read-only (`mode` "ro") or read-write ("rw")."""
     uri = f"{Path(path).resolve().as_uri()}?mode={mode}"
     return sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-
-
-def location_problem(path: str | Path) -> str:
-    """Why no state file could be kept at `path` ("" if one could), found leaving nothing behind:
-    what is missing of its directory is tried by making a directory there, a file in one that is
-    there by making a temporary one (root passes every permission check, not /proc's or a
-    read-only mount's refusal)."""
-    if str(path) == ":memory:":
-        return ""
-    target = Path(path)
-    if target.is_dir():
-        return f"{target} is a directory"
-    if target.exists() and not target.is_file():
-        return f"{target} is not a regular file (a device, a FIFO or a socket)"
-    existing = target.parent
-    while not os.path.lexists(existing) and existing != existing.parent:  # (a dangling link is there: not made)
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK) or not _can_make_in(existing, directory=existing != target.parent):
-        return f"the directory {existing} is not writable"
-    if target.exists() and not os.access(target, os.R_OK | os.W_OK):
-        return f"{target} is not readable and writable"
-    return ""
 
 
 def move_aside(path: str | Path) -> str:
@@ -244,7 +199,7 @@ class StateFile:
         except sqlite3.Error as error:
             name = getattr(error, "sqlite_errorname", "") or ""
             directory = Path(self.path).parent
-            if name.startswith("SQLITE_CANTOPEN") and not _directory_writable(directory):
+            if name.startswith("SQLITE_CANTOPEN") and not directory_writable(directory):
                 raise StateError(
                     self.path,
                     f"state file {self.path} cannot be opened: its directory {directory} is read-only ({error})",
