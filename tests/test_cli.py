@@ -544,6 +544,22 @@ def test_a_command_started_without_a_standard_output_writes_nowhere(tmp_path: Pa
     assert (result.returncode, result.stderr) == (0, "")
 
 
+@pytest.mark.parametrize("command", ["check", "rules"])
+def test_a_command_started_without_a_standard_error_says_all_and_succeeds(tmp_path: Path, command: str) -> None:
+    """`check --config c.yaml 2>&-`: its whole output, and the exit status of a valid config (the
+    program ends without the interpreter's teardown once its streams, those it has, are flushed)."""
+    check, env = check_command(tmp_path, "")
+    result = subprocess.run(
+        [*check[:3], command, *check[4:]], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env, timeout=60,
+        preexec_fn=lambda: os.close(2),
+    )  # fmt: skip
+    written = subprocess.run(
+        [*check[:3], command, *check[4:]], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60
+    )
+    assert (result.returncode, written.returncode) == (0, 0)
+    assert result.stdout == written.stdout != ""
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
 @pytest.mark.parametrize("unbuffered", ["1", ""])
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, unbuffered: str) -> None:

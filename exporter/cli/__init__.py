@@ -434,8 +434,9 @@ def _exit_now(status: int) -> NoReturn:
     """End the process with `status` once the standard streams are flushed, without the interpreter's
     teardown of every module and object: a tenth of `check`'s and `rules`' run (`bench.startup`)."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # (a reader gone: what is left goes nowhere)
-            stream.flush()
+        if stream is not None:  # (None: started without it, `2>&-`)
+            with contextlib.suppress(OSError, ValueError):  # (a reader gone: what is left goes nowhere)
+                stream.flush()
     os._exit(status)
 
 
