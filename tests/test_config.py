@@ -770,6 +770,12 @@ def test_rules_whose_alerts_alertmanager_could_not_tell_apart_are_refused_when_i
         validate(fine, ENV)
     (error,) = errors_of(document([rule("ep-a", by=["project_id"]), rule("ep-b", by=["project_id"])], [am]))
     assert "alerts.rules[0]" in error  # (both may alert on one project)
+    # The first of three goes elsewhere: the other two still collide in Alertmanager, and are told once.
+    three = [rule("ep-a", notifiers=["hook"]), rule("ep-b", notifiers=["am"]), rule("ep-c", notifiers=["am"])]
+    (error,) = errors_of(document(three, [am, hook]))
+    assert error.startswith(
+        "alerts.rules[2] (alert EndpointSpendHigh): its alerts can have the same labels as those of alerts.rules[1]"
+    )
 
 
 def test_a_spend_rule_adding_up_accounts_of_different_currencies_is_refused_unless_split_by_account() -> None:

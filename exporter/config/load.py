@@ -403,10 +403,11 @@ def _alike_to_alertmanager(config: Config, document: dict[str, Any]) -> list[str
     rules = config.alerts.rules
     routed = config.rule_routes()
     managers = {n.name for n in config.alerts.notifiers if n.type == "alertmanager"}
-    errors = []
+    errors, told = [], set()
     for earlier, later in label_twins(rules):
         shared = managers & set(routed[earlier]) & set(routed[later])
-        if shared:
+        if shared and later not in told:  # (a rule is told once, with the first it clashes with)
+            told.add(later)
             path = ("alerts", "rules", later)
             errors.append(
                 f"{location(path)}{rule_name(document, path)}: its alerts can have the same labels as those of"

@@ -249,9 +249,9 @@ def twin_rules(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
 
 def label_twins(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
     """(earlier, later) positions of threshold rules that watch different things yet whose alerts
-    can have the same labels: the same alert name, `labels` and `by` names (`where`, `signal` and
-    `window` make no label), unless a `where` on a name of `by` keeps their groups apart. The
-    engine tells such alerts apart by their rules; Alertmanager, by their labels only."""
+    can have the same labels, every such pair: the same alert name, `labels` and `by` names (`where`,
+    `signal` and `window` make no label), unless a `where` on a name of `by` keeps their groups
+    apart. The engine tells such alerts apart by their rules; Alertmanager, by their labels only."""
     alike: dict[str, list[tuple[int, ThresholdRule]]] = {}
     for n, rule in enumerate(rules):
         if isinstance(rule, ThresholdRule):
@@ -268,5 +268,4 @@ def label_twins(rules: Sequence[RuleConfig]) -> list[tuple[int, int]]:
                 )  # fmt: skip
                 if not apart and _unhashed_key(a) != _unhashed_key(b):  # (the same key: `twin_rules`)
                     twins.append((earlier, later))
-                    break
     return twins
