@@ -12,9 +12,10 @@ def directory_writable(directory: Path) -> bool:
 
 
 def _can_make_in(parent: Path, *, directory: bool) -> bool:
-    """Whether a `directory` (else a file) can be made in `parent`: made under a name no other has,
-    then removed. (By hand, as `tempfile` does it: importing that alone costs `check` a twentieth
-    of its start-up.)"""
+    """Whether a `directory` (else a file) can be made in `parent`, and removed: made under a name no
+    other has, then removed (by hand, as `tempfile` does it: importing that alone costs `check` a
+    twentieth of its start-up). A directory that takes new names but lets none go (append-only) keeps
+    the one made, and is refused: SQLite removes its journal files beside the state file."""
     for _ in range(16):
         trial = parent / f".inference-cost-exporter-{os.urandom(8).hex()}"
         try:
