@@ -73,6 +73,16 @@ def problems(model: type[Model], data: Any) -> list[tuple[str, tuple[int | str, 
         ("kind", "w", None),
         ("few", ["p"], ("p",)),
         ("few", "p", None),
+        ("few", {"q"}, ("q",)),
+        ("count", "٣", None),  # (digits of other scripts, which int() reads)
+        ("share", "٠٫٥", None),
+        ("count", "3.", None),
+        ("count", "9" * 5000, None),  # (past the digits int() takes)
+        ("share", 10**400, None),  # (past any float)
+        ("count", 1e20, None),
+        ("count", float("nan"), None),
+        ("name", b"abc", "abc"),  # (YAML's !!binary)
+        ("count", b"2", 2),
     ],
 )
 def test_a_value_is_read_as_its_type_takes_it_written(key: str, written: object, read: object) -> None:
@@ -104,6 +114,18 @@ def test_every_problem_is_told_at_once_with_its_location() -> None:
     ]
     assert problems(Outer, {}) == [("missing", ("inner",))]
     assert problems(Outer, []) == [("model_type", ())]
+
+
+def test_what_is_refused_is_told_as_pydantic_tells_it() -> None:
+    """The error types `check`'s messages are chosen by, for the readings pydantic refuses apart."""
+    assert problems(Inner, {"count": "9" * 5000})[0][0] == "int_parsing_size"
+    assert problems(Inner, {"count": 1e20})[0][0] == "int_parsing_size"
+    assert problems(Inner, {"count": float("inf")})[0][0] == "finite_number"
+    assert problems(Inner, {"share": 10**400})[0][0] == "float_type"
+    assert problems(Inner, {"share": float("nan")}) == [("less_than", ("share",))]  # (the upper bound first)
+    assert problems(Inner, {1: "x"}) == [("invalid_key", (1,))]
+    assert problems(Inner, {True: "y"}) == [("invalid_key", (1,))]  # (as pydantic tells it)
+    assert problems(Inner, {"name": b"\xff"})[0][0] == "string_unicode"
 
 
 def test_messages_say_the_bound_and_the_choices() -> None:
@@ -166,25 +188,37 @@ class Dog(Model):
 
 
 class Pets(Model):
-    pets: tuple[Annotated[Cat | Dog, Field(discriminator="type")], ...] = ()
+    pets: Annotated[tuple[Annotated[Cat | Dog, Field(discriminator="type")], ...], Field(min_length=2)] = ()
     rule: Annotated[
         Annotated[Cat, Tag("feline")] | Annotated[Dog, Tag("canine")],
         Discriminator(lambda v: "feline" if isinstance(v, dict) and "lives" in v else "canine"),
     ] = Dog(type="dog")
 
 
+class Tagless(float):
+    """A number that is an object with attributes (the config's YAML reads floats as such)."""
+
+
 def test_a_tagged_union_reads_each_item_as_its_tag_says_and_names_the_tag_where_it_fails() -> None:
     pets = Pets.model_validate({"pets": [{"type": "cat"}, {"type": "dog", "good": "no"}]}).pets
     assert pets == (Cat(type="cat", lives=9), Dog(type="dog", good=False))
-    assert problems(Pets, {"pets": [{"type": "dog", "lives": 3}, {"type": "cow"}, {}, "cat"]}) == [
+    assert Pets(pets=pets).pets == pets  # (items made already are taken as they are)
+    assert problems(Pets, {"pets": [{"type": "dog", "lives": 3}, {"type": "cow"}, {}, "cat", Tagless()]}) == [
         ("extra_forbidden", ("pets", 0, "dog", "lives")),
         ("union_tag_invalid", ("pets", 1)),
         ("union_tag_not_found", ("pets", 2)),
         ("model_attributes_type", ("pets", 3)),
+        ("union_tag_not_found", ("pets", 4)),  # (an object, as a YAML float is here: its tag not found)
+        ("too_short", ("pets",)),
+    ]
+    # The length is judged on the items that hold: one of two holding is too short.
+    assert problems(Pets, {"pets": [{"type": "cat"}, {"type": "cow"}]}) == [
+        ("union_tag_invalid", ("pets", 1)),
+        ("too_short", ("pets",)),
     ]
     assert problems(Pets, {"rule": {"type": "cat", "lives": "many"}}) == [("int_parsing", ("rule", "feline", "lives"))]
     with pytest.raises(ValidationError) as raised:
-        Pets.model_validate({"pets": [{"type": "cow"}]})
+        Pets.model_validate({"pets": [{"type": "cow"}, {"type": "cat"}, {"type": "dog"}]})
     (error,) = raised.value.errors()
     assert error["ctx"] == {"discriminator": "'type'", "tag": "cow", "expected_tags": "'cat', 'dog'"}
 

@@ -15,6 +15,7 @@ and `Annotated` with `BeforeValidator`, `AfterValidator`, `Field` constraints an
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import typing
@@ -202,11 +203,11 @@ class FieldInfo:
                     actual_length=len(value),
                 )
         else:
-            bounds = (
-                ("gt", self.gt, "greater_than", "greater than", operator.gt),
-                ("ge", self.ge, "greater_than_equal", "greater than or equal to", operator.ge),
-                ("lt", self.lt, "less_than", "less than", operator.lt),
+            bounds = (  # (the upper bounds first, as pydantic: a NaN fails the first)
                 ("le", self.le, "less_than_equal", "less than or equal to", operator.le),
+                ("lt", self.lt, "less_than", "less than", operator.lt),
+                ("ge", self.ge, "greater_than_equal", "greater than or equal to", operator.ge),
+                ("gt", self.gt, "greater_than", "greater than", operator.gt),
             )
             for name, bound, kind, words, holds in bounds:
                 if bound is not None and not holds(value, bound):
@@ -422,7 +423,9 @@ def _fill(cls: _ModelType, data: Mapping[Any, Any], loc: Loc, errors: list[dict[
             else:
                 values[name] = value
     for key in data:
-        if key not in known:
+        if not isinstance(key, str):  # (YAML's `1:` or `true:`)
+            _error(errors, (*loc, int(key) if isinstance(key, bool) else key), "invalid_key", "Keys should be strings")
+        elif key not in known:
             _error(errors, (*loc, key), "extra_forbidden", "Extra inputs are not permitted")
     return values
 
@@ -448,8 +451,7 @@ def _checked(annotation: Any, metadata: tuple[Any, ...], value: Any, loc: Loc, e
             except ValueError as error:
                 errors.append(_value_error(loc, error))
                 return _BAD
-    picks = next((m for m in metadata if isinstance(m, Discriminator | FieldInfo) and _picks(m)), None)
-    value = _typed(annotation, value, loc, errors, picks)
+    value = _typed(annotation, value, loc, errors, metadata)
     for step in metadata:
         if value is _BAD:
             return _BAD
@@ -470,10 +472,24 @@ def _picks(step: Discriminator | FieldInfo) -> bool:
 
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-_WHOLE = re.compile(r"([+-]?\d+(?:_\d+)*)(?:\.0*)?")
+_WHOLE = re.compile(r"([+-]?[0-9]+(?:_[0-9]+)*)(?:\.0+)?")
+"""A whole number as text (`5`, `+5`, `1_000`, `5.0`); ASCII digits only, as pydantic reads them."""
+_INT_RANGE = 2**63
+"""Past it, a float is no integer pydantic reads (it says the number is too large)."""
+_SCALARS = (str, int, float, bool, SecretStr)
 
 
-def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], picks: Any = None) -> Any:
+def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], metadata: tuple[Any, ...] = ()) -> Any:
+    if isinstance(value, bytes) and annotation in _SCALARS:  # (YAML's `!!binary`, read as its text)
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            return _error(
+                errors,
+                loc,
+                "string_unicode",
+                "Input should be a valid string, unable to parse raw data as a unicode string",
+            )
     if annotation is str:
         if isinstance(value, str):
             return value
@@ -512,11 +528,17 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
     if origin is Literal:
         return _literal(get_args(annotation), value, loc, errors)
     if origin is tuple:
-        if not isinstance(value, list | tuple):
+        if not isinstance(value, list | tuple | set | frozenset):
             return _error(errors, loc, "tuple_type", "Input should be a valid tuple")
         item = get_args(annotation)[0]
         items = [_check(item, each, (*loc, n), errors) for n, each in enumerate(value)]
-        return _BAD if any(each is _BAD for each in items) else tuple(items)
+        held = tuple(each for each in items if each is not _BAD)
+        if len(held) < len(items):  # (the length is judged on the items that hold, as pydantic does)
+            for step in metadata:
+                if isinstance(step, FieldInfo) and step.min_length is not None and len(held) < step.min_length:
+                    step.constrained(held, loc, errors)
+            return _BAD
+        return held
     if origin is dict:
         if not isinstance(value, dict):
             return _error(errors, loc, "dict_type", "Input should be a valid dictionary")
@@ -530,6 +552,7 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
         members = [m for m in get_args(annotation) if m is not type(None)]
         if value is None and len(members) < len(get_args(annotation)):
             return None
+        picks = next((m for m in metadata if isinstance(m, Discriminator | FieldInfo) and _picks(m)), None)
         if picks is not None:
             return _picked(members, picks, value, loc, errors)
         if len(members) == 1:
@@ -571,17 +594,17 @@ def _picked(members: list[Any], picks: Any, value: Any, loc: Loc, errors: list[d
         return _check(tags[tag], value, (*loc, tag), errors)
     key = picks.discriminator
     tags = {tag: member for member in members for tag in get_args(member.model_fields[key].annotation)}
-    if not isinstance(value, dict):
-        return _error(
-            errors,
-            loc,
-            "model_attributes_type",
-            "Input should be a valid dictionary or object to extract fields from",
-        )
-    if key not in value:
+    if isinstance(value, tuple(members)):  # (one made already)
+        return value
+    # (an object without the key, as pydantic reads one: a YAML float, which has attributes, is one)
+    if (isinstance(value, dict) and key not in value) or (hasattr(value, "__dict__") and not hasattr(value, key)):
         told = f"'{key}'"
         return _error(
             errors, loc, "union_tag_not_found", f"Unable to extract tag using discriminator {told}", discriminator=told
+        )
+    if not isinstance(value, dict):
+        return _error(
+            errors, loc, "model_attributes_type", "Input should be a valid dictionary or object to extract fields from"
         )
     tag = value[key]
     expected = ", ".join(repr(each) for each in tags)
@@ -614,9 +637,14 @@ def _literal(expected: tuple[Any, ...], value: Any, loc: Loc, errors: list[dict[
 
 
 def _integer(value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
+    too_large = "Unable to parse input string as an integer, exceeded maximum size"
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return _error(errors, loc, "finite_number", "Input should be a finite number")
+        if abs(value) >= _INT_RANGE:
+            return _error(errors, loc, "int_parsing_size", too_large)
         if value.is_integer():
             return int(value)
         return _error(
@@ -624,7 +652,10 @@ def _integer(value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
         )
     if isinstance(value, str):
         if whole := _WHOLE.fullmatch(value.strip()):
-            return int(whole[1])
+            try:
+                return int(whole[1])
+            except ValueError:  # (past the digits Python reads into an int)
+                return _error(errors, loc, "int_parsing_size", too_large)
         return _error(
             errors, loc, "int_parsing", "Input should be a valid integer, unable to parse string as an integer"
         )
@@ -633,9 +664,14 @@ def _integer(value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
 
 def _number(value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # (an integer past any float)
+            return _error(errors, loc, "float_type", "Input should be a valid number")
     if isinstance(value, str):
         try:
+            if not value.isascii():  # (digits of other scripts, which `float` reads and pydantic does not)
+                raise ValueError(value)
             return float(value.strip())
         except ValueError:
             return _error(
