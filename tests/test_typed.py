@@ -5,6 +5,8 @@ copyable results that never show a secret."""
 from __future__ import annotations
 
 import pickle
+import sys
+import threading
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -256,3 +258,47 @@ def test_a_secret_is_kept_out_of_its_model_and_of_every_error() -> None:
         ("string_pattern_mismatch", ("inner", "name")),
         ("string_type", ("secret",)),
     ]
+
+
+def test_threads_using_a_model_first_at_once_each_get_it_whole() -> None:
+    """A model resolves its fields at first use; threads racing to it (the switch interval made
+    tiny, so that they interleave) each validate as one thread alone would, in every round."""
+
+    def fresh() -> type[Model]:
+        class Part(Model):
+            n: int = 0
+            parts: tuple[int, ...] = ()
+
+            @field_validator("n")
+            @classmethod
+            def _even(cls, value: int) -> int:
+                if value % 2:
+                    raise ValueError("odd")
+                return value
+
+        return Part
+
+    told: list[object] = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(200):
+            whole = fresh()
+            start = threading.Barrier(8)
+
+            def use(n: int, whole: type[Model] = whole, start: threading.Barrier = start) -> None:
+                start.wait()
+                try:
+                    told.append(len(whole.model_validate({"n": 2 * n, "parts": [n]}).parts))
+                except Exception as error:  # (any failure is what the test counts)
+                    told.append(repr(error))
+
+            threads = [threading.Thread(target=use, args=(n,)) for n in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(told) == {1}
+    assert len(told) == 200 * 8

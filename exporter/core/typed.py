@@ -335,6 +335,8 @@ class Model(metaclass=_ModelType):
         self.__setattr__(name, None)
 
     def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Model):
+            return NotImplemented
         return type(other) is type(self) and other.__dict__ == self.__dict__
 
     def __hash__(self) -> int:
@@ -368,7 +370,8 @@ def _resolve(cls: _ModelType) -> dict[str, FieldInfo]:
     field_checks: dict[str, dict[str, Any]] = {}
     model_checks: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):  # (a check a subclass defines again under its name replaces it)
-        for name, member in vars(klass).items():
+        # (a copy: another thread resolving the class at once adds its names to that namespace)
+        for name, member in list(vars(klass).items()):
             if isinstance(member, _FieldCheck):
                 for field in member.names:
                     field_checks.setdefault(field, {})[name] = member.func.__get__(None, cls)
