@@ -215,34 +215,11 @@ class FieldInfo:
         return value
 
 
-def Field(  # noqa: N802 (pydantic's name, which readers know)
-    default: Any = _UNSET,
-    *,
-    alias: str | None = None,
-    default_factory: Callable[[], Any] | None = None,
-    discriminator: str | None = None,
-    ge: Any = None,
-    gt: Any = None,
-    le: Any = None,
-    lt: Any = None,
-    min_length: int | None = None,
-    max_length: int | None = None,
-    pattern: str | None = None,
-) -> Any:
-    """A field's default and alias (as its value in the class), or constraints (in `Annotated`)."""
-    return FieldInfo(
-        default,
-        alias=alias,
-        default_factory=default_factory,
-        discriminator=discriminator,
-        ge=ge,
-        gt=gt,
-        le=le,
-        lt=lt,
-        min_length=min_length,
-        max_length=max_length,
-        pattern=pattern,
-    )
+def Field(default: Any = _UNSET, **given: Any) -> Any:  # noqa: N802 (pydantic's name, which readers know)
+    """A field's default and alias (as its value in the class), or constraints (in `Annotated`): a
+    `FieldInfo` of `given` (an argument it does not take is a TypeError), typed as any value so
+    that `x: int = Field(...)` reads as the field's default."""
+    return FieldInfo(default, **given)
 
 
 def _s(count: int) -> str:
