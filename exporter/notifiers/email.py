@@ -170,8 +170,9 @@ def _deliver(
     recipients = [r for r in entry.recipients if r in notifier.to] if entry.recipients else list(notifier.to)
     if not recipients:
         return Attempt(None)  # those it was still owed to have left `to` since
-    from exporter.core.logs import get_logger  # (logging, smtplib and ssl load with the first email, not with
-    from exporter.notifiers import smtp  # the config)
+    # (logging, smtplib and ssl load with the first email, not with the config: `check` starts without them)
+    from exporter.core.logs import get_logger
+    from exporter.notifiers import smtp
 
     log = get_logger(__name__)
 
