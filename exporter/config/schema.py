@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from types import UnionType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
@@ -448,12 +448,16 @@ class Config(Strict):
         return bool(self.accounts)
 
     def alert_routes(self) -> dict[str, tuple[str, ...]]:
-        """Per rule id, the notifiers its alerts go to (`routes`, the digest's notifiers taken out)."""
-        return routes(self.alerts, self.digest.notifiers if self.digest is not None else ())
+        """Per rule id, the notifiers its alerts go to (`rule_routes`)."""
+        return dict(zip(rule_ids(self.alerts.rules), self.rule_routes(), strict=True))
 
     def rule_routes(self) -> list[tuple[str, ...]]:
-        """`alert_routes` per rule in the config's order: no rule id made (`check` reads them so)."""
-        return routes_in_order(self.alerts, self.digest.notifiers if self.digest is not None else ())
+        """Per rule, in the config's order (no rule id made: `check` reads them so), the notifiers its
+        alerts go to: those it names, else every notifier but those the digest names (a digest's
+        notifier takes the alerts of the rules that name it, no others)."""
+        digest = set(self.digest.notifiers) if self.digest is not None else set()
+        default = tuple(n.name for n in self.alerts.notifiers if n.name not in digest)
+        return [rule.notifiers or default for rule in self.alerts.rules]
 
     def account_configs(self) -> tuple[tuple[str, Config], ...]:
         """Each account's name and its config as one account's (`billing`, `inference`, `probes`,
@@ -584,16 +588,3 @@ def _tags(annotation: Any) -> tuple[object, ...]:
         return (*(m.tag for m in metadata if isinstance(m, Tag)), *_tags(model))
     fields = getattr(annotation, "model_fields", {})
     return get_args(fields["type"].annotation) if "type" in fields else ()
-
-
-def routes(config: AlertsConfig, digest: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
-    """Per rule id, the notifiers its alerts go to (`routes_in_order`)."""
-    return dict(zip(rule_ids(config.rules), routes_in_order(config, digest), strict=True))
-
-
-def routes_in_order(config: AlertsConfig, digest: Iterable[str] = ()) -> list[tuple[str, ...]]:
-    """Per rule, in the config's order, the notifiers its alerts go to: those it names, else every
-    notifier but those the digest names (a digest's notifier takes the alerts of the rules that
-    name it, no others)."""
-    default = tuple(n.name for n in config.notifiers if n.name not in set(digest))
-    return [rule.notifiers or default for rule in config.rules]
