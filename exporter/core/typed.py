@@ -180,28 +180,16 @@ class FieldInfo:
                     pattern=self.pattern,
                 )
         elif isinstance(value, tuple):
-            if self.min_length is not None and len(value) < self.min_length:
-                return _error(
-                    errors,
-                    loc,
-                    "too_short",
-                    f"Tuple should have at least {self.min_length} item{_s(self.min_length)} after validation,"
-                    f" not {len(value)}",
-                    field_type="Tuple",
-                    min_length=self.min_length,
-                    actual_length=len(value),
-                )
-            if self.max_length is not None and len(value) > self.max_length:
-                return _error(
-                    errors,
-                    loc,
-                    "too_long",
-                    f"Tuple should have at most {self.max_length} item{_s(self.max_length)} after validation,"
-                    f" not {len(value)}",
-                    field_type="Tuple",
-                    max_length=self.max_length,
-                    actual_length=len(value),
-                )
+            lengths = (
+                ("min_length", self.min_length, "too_short", "at least", operator.ge),
+                ("max_length", self.max_length, "too_long", "at most", operator.le),
+            )
+            for name, bound, kind, words, holds in lengths:
+                if bound is not None and not holds(len(value), bound):
+                    told = f"Tuple should have {words} {bound} item{_s(bound)} after validation, not {len(value)}"
+                    return _error(
+                        errors, loc, kind, told, field_type="Tuple", **{name: bound}, actual_length=len(value)
+                    )
         else:
             bounds = (  # (the upper bounds first, as pydantic: a NaN fails the first)
                 ("le", self.le, "less_than_equal", "less than or equal to", operator.le),
@@ -272,11 +260,8 @@ class Model(metaclass=_ModelType):
         if errors:
             raise ValidationError(type(self).__name__, errors)
         object.__setattr__(self, "__dict__", values)
-        for check in type(self)._model_checks:
-            try:
-                check(self)
-            except ValueError as error:
-                raise ValidationError(type(self).__name__, [_value_error((), error)]) from None
+        if not _checks_hold(self, (), errors):
+            raise ValidationError(type(self).__name__, errors)
 
     @classmethod
     def model_validate(cls, data: Any) -> Self:
@@ -393,15 +378,11 @@ def _fill(cls: _ModelType, data: Mapping[Any, Any], loc: Loc, errors: list[dict[
                 values[name] = info.get_default()
             continue
         value = _checked(info.annotation, info.metadata, data[key], (*loc, key), errors)
+        for check in cls._field_checks.get(name, ()):
+            if value is not _BAD:
+                value = _ran(check, value, (*loc, key), errors)
         if value is not _BAD:
-            for check in cls._field_checks.get(name, ()):
-                try:
-                    value = check(value)
-                except ValueError as error:
-                    errors.append(_value_error((*loc, key), error))
-                    break
-            else:
-                values[name] = value
+            values[name] = value
     for key in data:
         if not isinstance(key, str):  # (YAML's `1:` or `true:`)
             _error(errors, (*loc, int(key) if isinstance(key, bool) else key), "invalid_key", "Keys should be strings")
@@ -425,25 +406,32 @@ def _checked(annotation: Any, metadata: tuple[Any, ...], value: Any, loc: Loc, e
     """`value` as `annotation` takes it: the `BeforeValidator`s (the last first), the type, then the
     constraints and `AfterValidator`s in their order."""
     for step in reversed(metadata):
-        if isinstance(step, BeforeValidator):
-            try:
-                value = step.func(value)
-            except ValueError as error:
-                errors.append(_value_error(loc, error))
-                return _BAD
-    value = _typed(annotation, value, loc, errors, metadata)
+        if isinstance(step, BeforeValidator) and value is not _BAD:
+            value = _ran(step.func, value, loc, errors)
+    if value is not _BAD:
+        value = _typed(annotation, value, loc, errors, metadata)
     for step in metadata:
         if value is _BAD:
             return _BAD
         if isinstance(step, FieldInfo):
             value = step.constrained(value, loc, errors)
         elif isinstance(step, AfterValidator):
-            try:
-                value = step.func(value)
-            except ValueError as error:
-                errors.append(_value_error(loc, error))
-                return _BAD
+            value = _ran(step.func, value, loc, errors)
     return value
+
+
+def _ran(func: Callable[[Any], Any], value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
+    """What a validator makes of `value`; `_BAD` where it raises ValueError, told at `loc`."""
+    try:
+        return func(value)
+    except ValueError as error:
+        errors.append(_value_error(loc, error))
+        return _BAD
+
+
+def _checks_hold(made: Model, loc: Loc, errors: list[dict[str, Any]]) -> bool:
+    """Whether the model's own checks (`model_validator`) hold, the first that fails told at `loc`."""
+    return all(_ran(check, made, loc, errors) is not _BAD for check in type(made)._model_checks)
 
 
 def _picks(step: Discriminator | FieldInfo) -> bool:
@@ -555,13 +543,7 @@ def _made(cls: _ModelType, data: dict[Any, Any], loc: Loc, errors: list[dict[str
     if len(errors) > before:
         return _BAD
     made = _rebuilt(cls, values)
-    for check in cls._model_checks:
-        try:
-            check(made)
-        except ValueError as error:
-            errors.append(_value_error(loc, error))
-            return _BAD
-    return made
+    return made if _checks_hold(made, loc, errors) else _BAD
 
 
 def _picked(members: list[Any], picks: Any, value: Any, loc: Loc, errors: list[dict[str, Any]]) -> Any:
