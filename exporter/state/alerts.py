@@ -342,13 +342,8 @@ class AlertStore:
         """Drop a queued digest (`delivered` with `reason`: its notifier takes digests no more) and
         queue it for each notifier of `to`, those that take digests now, that has not had it (its
         receivers drop a repeat by its `id` all the same): what a reload took from one goes to those
-        that replaced it. Those it was queued for, in their order."""
-        with self.store.transaction("outbox") as db:
-            row = db.execute(
-                "SELECT event, json_extract(event, '$.id') FROM digest_outbox WHERE id = ?", (entry_id,)
-            ).fetchone()
-            _done(db, "digest_outbox", entry_id, now, reason)
-            return [] if row is None else _hand_on(db, row, to, now)
+        that replaced it. Those it was queued for, in their order (none when it no longer waits)."""
+        return self.drop_waiting("digest_outbox", entry_id, now, reason, to) or []
 
     def drop_waiting(self, table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
         """Drop one queued row with `reason` if it still waits (None when it does not: delivered,
