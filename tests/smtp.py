@@ -48,6 +48,8 @@ class Mailbox:
         self.refuse: dict[str, str] = {}
         """Recipients answered this reply at RCPT, every time, instead of being accepted."""
         self.data_replies: list[str] = []
+        self.names: list[str] = []
+        """The name each message taken was sent from (the client's EHLO)."""
 
     async def handle_MAIL(self, server: Any, session: Any, envelope: Any, address: str, options: list[str]) -> str:  # noqa: N802
         self.mails.append(session.ssl is not None)
@@ -73,6 +75,7 @@ class Mailbox:
         self.messages.append(
             Received(message, envelope.mail_from, list(envelope.rcpt_tos), session.ssl is not None, login)
         )
+        self.names.append(session.host_name)
         return "250 OK"
 
     def authenticate(self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import requests
@@ -255,6 +255,8 @@ def test_an_email_goes_out_while_this_machines_name_takes_longer_than_its_deadli
     second = smtp.send(notifier, "s", "t", "<p>h</p>", message_id="<2@x>", deadline=1.0)
     assert second.reason is None
     assert len(mailbox.messages) == 2
+    assert mailbox.names[0] != "mail-client.example"  # (the first did not wait for it)
+    assert mailbox.names[1] == "mail-client.example"  # (kept, and given)
 
 
 def test_a_failed_lookup_is_asked_again_at_the_next_try(resolver: Resolver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,3 +274,40 @@ def test_a_failed_lookup_is_asked_again_at_the_next_try(resolver: Resolver, monk
     with pytest.raises(socket.gaierror):
         lookup.getaddrinfo("api.flaky.test", 443, lookup.within(5))
     assert {info[4][0] for info in lookup.getaddrinfo("api.flaky.test", 443, lookup.within(5))} == {"127.0.0.1"}
+
+
+def test_a_failed_lookup_is_raised_afresh_to_each_of_its_waiters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers wait for one lookup, which fails: each raises an exception of its own (the one
+    exception raised in turn to each kept every waiter's frames in its traceback)."""
+    waiting, fail = threading.Semaphore(0), threading.Event()
+    real_wait = lookup.wait
+
+    def waited(*args: Any, **kwargs: Any) -> Any:
+        waiting.release()
+        return real_wait(*args, **kwargs)
+
+    def failing(*args: object, **kwargs: object) -> list:
+        fail.wait(10)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", failing)
+    monkeypatch.setattr(lookup, "_lookups", {})
+    monkeypatch.setattr(lookup, "wait", waited)
+    raised: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            lookup.getaddrinfo("api.twice.test", 443, lookup.within(5))
+        except socket.gaierror as error:
+            raised.append(error)
+
+    callers = [threading.Thread(target=look) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    assert waiting.acquire(timeout=10)
+    assert waiting.acquire(timeout=10)  # (both wait for the one lookup)
+    fail.set()
+    for caller in callers:
+        caller.join(10)
+    assert len(raised) == 2
+    assert raised[0] is not raised[1]
