@@ -237,7 +237,8 @@ def test_every_yaml_block_of_the_docs_is_yaml() -> None:
 def test_every_config_block_of_the_docs_is_a_config_check_accepts() -> None:
     """A block of the config's own keys, put in a config with the billing API's address and keys and
     the notifiers the blocks name (what a reader's config has already), is valid as it is written:
-    a reader copies it. Its `${VARIABLES}` set."""
+    a reader copies it. So is a list of rules, as `alerts.rules` beside the budget they name. Its
+    `${VARIABLES}` set."""
     import yaml
 
     from exporter.config.load import REFERENCE, validate
@@ -252,17 +253,23 @@ def test_every_config_block_of_the_docs_is_a_config_check_accepts() -> None:
              "to": ["b@example.com"]},
         ]},
     }  # fmt: skip
-    checked = 0
+    checked = rule_lists = 0
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for found in re.finditer(r"```ya?ml\n(.*?)```", page.read_text(), re.S):
             block = yaml.safe_load(found.group(1))
-            if not isinstance(block, dict) or not set(block) <= keys:
-                continue  # (a Prometheus, Kubernetes or web config; a list of rules)
             environ = {name: "placeholder" for _, name in REFERENCE.findall(found.group(1)) if name}
+            if isinstance(block, list) and block and all(isinstance(r, dict) and "alert" in r for r in block):
+                budget = {"name": "monthly", "period": "month", "amount": "1000"}
+                validate(_merged(base, {"budgets": [budget], "alerts": {"rules": block}}), environ)
+                rule_lists += 1
+                continue
+            if not isinstance(block, dict) or not set(block) <= keys:
+                continue  # (a Prometheus, Kubernetes or web config)
             document = block if "accounts" in block else _merged(base, block)
             validate(document, environ)  # (raises, naming what it refuses)
             checked += 1
     assert checked >= 3
+    assert rule_lists >= 4
 
 
 def _merged(base: dict, block: dict) -> dict:
