@@ -28,6 +28,7 @@ from exporter.billing import (
     RecordError,
     RetryPolicy,
     SignatureRejected,
+    api,
     parse_bill,
     parse_usage,
 )
@@ -109,6 +110,26 @@ def test_usage_pages_until_a_short_page(sim: Simulator, client: BillingClient) -
     assert [len(p.records) for p in pages] == [500, 500, 234]
     assert {p.total for p in pages} == {1234}
     assert len({r.request_id for p in pages for r in p.records}) == 1234
+
+
+def test_pages_are_parsed_by_their_reader_and_the_page_threads_only_fetch(
+    sim: Simulator, client: BillingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page thread goes straight on to its next request once it has an answer: the records are
+    made in the thread that reads the pages (and counts them), every page of the day's list read."""
+    sim.add_usage(2345)
+    decoded_in: list[int] = []
+    decode = api.decode_usage_page
+
+    def recorded(body: bytes) -> object:
+        decoded_in.append(threading.get_ident())
+        return decode(body)
+
+    monkeypatch.setattr(api, "decode_usage_page", recorded)
+    pages = list(client.usage_pages(sim.clock.today()))
+    assert sorted(p.page_num for p in pages) == [1, 2, 3, 4, 5]
+    assert sum(len(p.records) for p in pages) == 2345
+    assert decoded_in == [threading.get_ident()] * 5
 
 
 def test_usage_with_an_exact_multiple_stops_when_total_is_reached(sim: Simulator, client: BillingClient) -> None:
@@ -556,6 +577,21 @@ def test_a_skewed_clock_is_corrected_from_the_servers_date(
     assert client.clock_skew == -minutes * 60
     assert skews == [-minutes * 60] * 3
     assert sum("clock skew" in r.getMessage() for r in caplog.records) == 1  # logged once, not per request
+
+
+def test_a_date_the_server_says_again_is_measured_against_our_clock_as_it_is_then(
+    config: Config, sim: Simulator, sleeps: Sleeps
+) -> None:
+    """The server's clock stands still (its `Date` the same in every answer) while ours moves on:
+    the skew follows ours, though the header was read once."""
+    ahead = [0]
+    ours = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(seconds=ahead[0]))
+    skews: list[float] = []
+    client = BillingClient.from_config(config.billing, ours, retry=RetryPolicy(sleep=sleeps), on_skew=skews.append)
+    with client:
+        for ahead[0] in (0, 5, 20):
+            assert len(client.bills("2026-11", GROUP_TERM_ITEM)) == 66
+    assert skews == [0, -5, -20]
 
 
 def test_a_wrong_secret_is_not_retried_when_the_clocks_agree(

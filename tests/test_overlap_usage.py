@@ -337,13 +337,16 @@ def test_closing_the_client_ends_a_wait_on_queued_pages_at_once(clock: Clock) ->
     cancels the queued ones and must end the wait on the running ones too."""
     release = threading.Event()
 
-    def fetch(page_num: int, page_size: int) -> tuple[tuple[int, ...], int]:
+    def ask(page_num: int, page_size: int) -> tuple[int, bytes]:
         if page_num > 1:
             release.wait(10)  # pages 2 and 3 hold both workers; 4 to 6 stay queued
+        return 200, b""
+
+    def read(page_num: int, page_size: int, answer: tuple[int, bytes]) -> tuple[tuple[int, ...], int]:
         return (page_num,) * 2, 12
 
     client = BillingClient("http://127.0.0.1:9", AuthBase(), tz=clock.tz, page_size=2, concurrency=1)
-    ends_when_closed(client, lambda: client._pages(fetch, 1, 2), release)
+    ends_when_closed(client, lambda: client._pages(ask, read, 1, 2), release)
 
 
 def test_a_repeat_within_one_page_costs_no_full_read(

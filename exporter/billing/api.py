@@ -3,6 +3,11 @@ through its two listings (daily bills, per-request usage) over any way of answer
 
 `Listings` is shared by the HTTP client (`client.BillingClient`) and the tests' in-process fake,
 so that both send the same queries and read, parse and check the same pages the same way.
+
+A page is asked for in one step and read in another: the threads that fetch pages only make the
+request and take its answer (`_answer`), and the reader of the pages parses and checks each one as
+it comes (`_pages`). So a fetching thread goes straight on to its next request, and a page's
+records are made by the thread that counts them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ MAX_USAGE_PAGE_SIZE = 500
 MAX_TOTAL = 10**10
 """A `total` beyond this is refused: it would mean reading more pages than any day holds."""
 R = TypeVar("R")
+Answer = tuple[int, bytes]
+"""An answer to one request: its HTTP status and body."""
+Ask = Callable[[int, int], Answer]
+"""Asks for one page, (page_num, page_size), in a fetching thread."""
+Read = Callable[[int, int, Answer], tuple[tuple[R, ...], int]]
+"""Reads one page's answer, (page_num, page_size, answer): its records and `total`."""
 
 
 def _list(data: dict[str, Any], what: str) -> list[Any]:
@@ -124,10 +135,6 @@ class Listings(abc.ABC):
         """One request's final answer, its HTTP status and body (what cannot be answered raises:
         retries run out, the signature refused)."""
 
-    def _get(self, api: str, path: str, params: dict[str, str | int]) -> dict[str, Any]:
-        """The `data` of one successful answer (see `parse_envelope`)."""
-        return parse_envelope(*self._answer(api, path, params), self._request(path))
-
     def _request(self, path: str) -> str:
         """How errors name a request to `path`."""
         return f"GET {self.base_url}{path}"
@@ -142,13 +149,15 @@ class Listings(abc.ABC):
 
     def _pages(
         self,
-        fetch: Callable[[int, int], tuple[tuple[R, ...], int]],
+        ask: Ask,
+        read: Read[R],
         first_page: int,
         page_size: int,
         last_page: int | None = None,
         on_cap: Callable[[int], None] = lambda size: None,
     ) -> Iterator[tuple[int, tuple[R, ...], int]]:
-        """Yield (page_num, records, total) for every page.
+        """Yield (page_num, records, total) for every page, each asked for with `ask` (in the
+        threads that fetch pages) and read with `read` (here, as it comes).
 
         `first_page` comes first and tells `total`; the pages it implies (up to `last_page`, if
         given) come from `_many`, in the order they arrive. Without `last_page`, pages then
@@ -158,10 +167,10 @@ class Listings(abc.ABC):
         `on_cap` is told.
         """
 
-        def sized(page_num: int) -> tuple[tuple[R, ...], int]:
-            return fetch(page_num, page_size)
+        def sized(page_num: int) -> Answer:
+            return ask(page_num, page_size)
 
-        records, total = self._one(sized, first_page)
+        records, total = read(first_page, page_size, self._one(sized, first_page))
         yield first_page, records, total
         if capped(first_page, len(records), page_size, total):
             page_size = len(records)
@@ -174,7 +183,8 @@ class Listings(abc.ABC):
         tail = (first_page, len(records))
         following = self._many(sized, range(first_page + 1, last + 1))
         try:
-            for page_num, (records, page_total) in following:
+            for page_num, answer in following:
+                records, page_total = read(page_num, page_size, answer)
                 total = max(total, page_total)
                 tail = max(tail, (page_num, len(records)))
                 yield page_num, records, page_total
@@ -183,7 +193,7 @@ class Listings(abc.ABC):
         page_num, size = tail
         while last_page is None and size >= page_size and page_num * page_size < total:
             page_num += 1
-            records, total = self._one(sized, page_num)
+            records, total = read(page_num, page_size, self._one(sized, page_num))
             size = len(records)
             yield page_num, records, total
 
@@ -197,8 +207,11 @@ class Listings(abc.ABC):
         if instance_id:
             params["instance_id"] = instance_id
 
-        def fetch(page_num: int, page_size: int) -> tuple[tuple[BillRecord, ...], int]:
-            data = self._get("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": page_size})
+        def ask(page_num: int, page_size: int) -> Answer:
+            return self._answer("bills", BILLS_PATH, params | {"page_num": page_num, "page_size": page_size})
+
+        def read(page_num: int, page_size: int, answer: Answer) -> tuple[tuple[BillRecord, ...], int]:
+            data = parse_envelope(*answer, self._request(BILLS_PATH))
             offset = (page_num - 1) * page_size
             records = _list(data, what)
             bills = tuple(parse_bill(raw, f"{what}: record {offset + i}", self.tz) for i, raw in enumerate(records))
@@ -208,7 +221,7 @@ class Listings(abc.ABC):
             bills: list[BillRecord] = []
             first: tuple[BillRecord, ...] = ()
             totals = set()
-            pages = self._pages(fetch, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
+            pages = self._pages(ask, read, 1, BILLS_PAGE_SIZE, on_cap=lambda size: self._capped("bills", size))
             for page_num, records, page_total in pages:
                 first = records if page_num == 1 else first
                 totals.add(page_total)
@@ -219,7 +232,7 @@ class Listings(abc.ABC):
             # rows, not their amounts: an amount revised meanwhile moves no row).
             if len(totals) == 1 and (
                 len(bills) <= len(first)
-                or list(map(_row, self._first_again(fetch, len(first)))) == list(map(_row, first))
+                or list(map(_row, self._first_again(ask, read, len(first)))) == list(map(_row, first))
             ):
                 (total,) = totals
                 if len(bills) != total:
@@ -228,18 +241,22 @@ class Listings(abc.ABC):
             log.info("the bills changed while they were read; reading them again", listing=what)
         raise RecordError(f"{what}: the list changed while it was read, {LISTING_READS} times running")
 
-    def _first_again(self, fetch: Callable[[int, int], tuple[tuple[R, ...], int]], size: int) -> tuple[R, ...]:
+    def _first_again(self, ask: Ask, read: Read[R], size: int) -> tuple[R, ...]:
         """Page 1 read again, at the `size` its pages were read at."""
-        return self._one(lambda page_num: fetch(page_num, size), 1)[0]
+        return read(1, size, self._one(lambda page_num: ask(page_num, size), 1))[0]
 
-    def _usage_fetch(self, day: dt.date) -> Callable[[int, int], tuple[tuple[UsageRecord, ...], int]]:
+    def _usage_listing(self, day: dt.date) -> tuple[Ask, Read[UsageRecord]]:
+        """How a page of the day's usage is asked for, and how its answer is read."""
         what = f"usage {day.isoformat()}"
         params: dict[str, str | int] = {"date": day.isoformat()}
         if self.project_id:
             params["project_id"] = self.project_id
 
-        def fetch(page_num: int, page_size: int) -> tuple[tuple[UsageRecord, ...], int]:
-            status, body = self._answer("usages", USAGES_PATH, params | {"page_num": page_num, "page_size": page_size})
+        def ask(page_num: int, page_size: int) -> Answer:
+            return self._answer("usages", USAGES_PATH, params | {"page_num": page_num, "page_size": page_size})
+
+        def read(page_num: int, page_size: int, answer: Answer) -> tuple[tuple[UsageRecord, ...], int]:
+            status, body = answer
             fast = decode_usage_page(body) if status == 200 else None
             if fast is not None:
                 usage, total, echoed = fast
@@ -254,7 +271,7 @@ class Listings(abc.ABC):
                 usage = tuple(parse_usage(raw, f"{what}: record {offset + i}") for i, raw in enumerate(records))
             return usage, _total(total, what)
 
-        return fetch
+        return ask, read
 
     def adopt_cap(self, size: int) -> None:
         """The service lists at most `size` usage records a page (seen now, or saved when it was
@@ -273,14 +290,15 @@ class Listings(abc.ABC):
     def usage_pages(self, day: dt.date, first_page: int = 1, last_page: int | None = None) -> Iterator[UsagePage]:
         """The pages of one day's usage records, from `first_page` to the end or to `last_page`
         (the first one first, the others as they arrive)."""
-        pages = self._pages(self._usage_fetch(day), first_page, self.page_size, last_page, self.adopt_cap)
+        ask, read = self._usage_listing(day)
+        pages = self._pages(ask, read, first_page, self.page_size, last_page, self.adopt_cap)
         for page_num, records, total in pages:
             yield UsagePage(page_num=page_num, records=records, total=total)
 
     def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
         """One page of a day's usage records (page 1 also tells whether the service caps pages)."""
-        fetch, page_size = self._usage_fetch(day), self.page_size
-        records, total = self._one(lambda n: fetch(n, page_size), page_num)
+        (ask, read), page_size = self._usage_listing(day), self.page_size
+        records, total = read(page_num, page_size, self._one(lambda n: ask(n, page_size), page_num))
         if capped(page_num, len(records), page_size, total):
             self.adopt_cap(len(records))
         return UsagePage(page_num=page_num, records=records, total=total)

@@ -123,6 +123,8 @@ class BillingClient(Listings):
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self.clock_skew: float | None = None
         """The server's clock minus ours, from its last `Date` header."""
+        self._date_read = ("", 0.0)
+        """The last `Date` header read, and the time it says."""
         self._closed = threading.Event()
         self._not_before: dict[str, float] = {}
         """Per listing (`bills`, `usages`), when the API said it may be asked again (monotonic
@@ -316,10 +318,13 @@ class BillingClient(Listings):
         """Skew = the server's `Date` minus our signing clock (1 s resolution)."""
         if not date_header:
             return
-        try:
-            server = email.utils.parsedate_to_datetime(date_header).timestamp()
-        except (TypeError, ValueError):
-            return
+        header, server = self._date_read  # (one read: page threads replace it)
+        if date_header != header:  # (pages come several a second: one parse a second)
+            try:
+                server = email.utils.parsedate_to_datetime(date_header).timestamp()
+            except (TypeError, ValueError):
+                return
+            self._date_read = (date_header, server)
         skew = server - self._local_time()
         previous, self.clock_skew = self.clock_skew, skew
         self._on_skew(skew)
