@@ -95,7 +95,10 @@ class FakeBilling(Listings):
 
     def _many(self, fetch: Callable[[int], R], pages: range) -> Generator[tuple[int, R], None, None]:
         """The pages last first: a parallel read may deliver them in any order after the first, and
-        over HTTP they come nearly in order, so the fake takes the order furthest from that."""
+        over HTTP they come nearly in order, so the fake takes the order furthest from that. Every
+        page is asked for before the first comes, as if all were in flight at once (over HTTP, up
+        to `LOOKAHEAD` × `concurrency` are), so a page that fails to read stops none of the others
+        from being asked for."""
         yield from reversed([(page_num, self._one(fetch, page_num)) for page_num in pages])
 
 

@@ -33,6 +33,7 @@ from exporter.billing import (
     parse_usage,
 )
 from exporter.billing.client import _retry_after
+from exporter.billing.signing import BillingSigner
 from exporter.config.load import validate
 from exporter.config.schema import Config
 from exporter.core.clock import Clock, FrozenClock
@@ -579,19 +580,24 @@ def test_a_skewed_clock_is_corrected_from_the_servers_date(
     assert sum("clock skew" in r.getMessage() for r in caplog.records) == 1  # logged once, not per request
 
 
-def test_a_date_the_server_says_again_is_measured_against_our_clock_as_it_is_then(
-    config: Config, sim: Simulator, sleeps: Sleeps
-) -> None:
-    """The server's clock stands still (its `Date` the same in every answer) while ours moves on:
-    the skew follows ours, though the header was read once."""
-    ahead = [0]
-    ours = Clock(SHANGHAI, lambda: sim.clock.now() + dt.timedelta(seconds=ahead[0]))
+def test_the_skew_follows_each_date_the_server_gives_against_our_clock_as_it_is_then() -> None:
+    """A `Date` said again is read once and measured against our clock as it is when it comes;
+    a new one is read afresh; one that is no date tells nothing, however often it comes."""
+    ours = [1_800_000_000.0]
+    signer = BillingSigner("AKID", "secret", time_fn=lambda: ours[0])
     skews: list[float] = []
-    client = BillingClient.from_config(config.billing, ours, retry=RetryPolicy(sleep=sleeps), on_skew=skews.append)
+    client = BillingClient("http://127.0.0.1:9", signer, tz=SHANGHAI, on_skew=skews.append)
+    at = email.utils.formatdate(ours[0], usegmt=True)
     with client:
-        for ahead[0] in (0, 5, 20):
-            assert len(client.bills("2026-11", GROUP_TERM_ITEM)) == 66
-    assert skews == [0, -5, -20]
+        client._observe_clock(at)
+        ours[0] += 7
+        client._observe_clock(at)
+        client._observe_clock("not a date")
+        client._observe_clock("not a date")
+        client._observe_clock(email.utils.formatdate(ours[0] + 3, usegmt=True))
+        client._observe_clock(at)
+    assert skews == [0, -7, 3, -7]
+    assert client.clock_skew == -7
 
 
 def test_a_wrong_secret_is_not_retried_when_the_clocks_agree(

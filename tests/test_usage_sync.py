@@ -23,12 +23,14 @@ import pytest
 from exporter.billing import (
     GROUP_TERM_INSTANCE,
     GROUP_TERM_ITEM,
+    USAGES_PATH,
     AskedToWait,
     BillingAPI,
     BillingAPIError,
     BillingClient,
     BillingError,
     ClientClosed,
+    RecordError,
     UsagePage,
 )
 from exporter.config.schema import PriceConfig
@@ -985,6 +987,24 @@ def test_a_service_that_caps_its_pages_loses_nothing(
         polled = sync.refresh()
         assert as_truth(polled) == sim.usage_totals()
         assert counter.pages <= math.ceil(new / 40) + 3
+
+
+def test_a_bad_record_after_the_service_capped_its_pages_is_named_by_its_place_in_the_day(
+    sim: Simulator, clock: Clock
+) -> None:
+    """The pages after the first are asked for, and read, at the size the service caps them at:
+    the bad record first on page 3 of 100 is the day's record 200."""
+
+    class BadThird(FakeBilling):
+        def _answer(self, api: str, path: str, params: dict[str, str | int]) -> tuple[int, bytes]:
+            if params.get("page_num") == 3:
+                self.sim.inject(Fault("bad_value", USAGES_PATH, field="promptTokens", value="x"))
+            return super()._answer(api, path, params)
+
+    sim.usage_page_cap = 100
+    sim.add_usage(1000)
+    with pytest.raises(RecordError, match=r": record 200: field 'promptTokens'"):
+        list(BadThird(sim, page_size=500).usage_pages(clock.today()))
 
 
 def test_a_capped_page_size_survives_a_restart(
