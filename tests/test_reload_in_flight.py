@@ -488,6 +488,39 @@ def test_new_prices_that_a_usage_refresh_in_flight_priced_without_price_its_figu
         daemon.stop()
 
 
+def test_prices_a_second_reload_brings_as_a_refresh_in_flight_ends_are_the_ones_kept(
+    priced: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New prices come while a usage refresh runs; as it ends, about to price its figures with
+    them, a second reload brings others (nothing at all): those are the prices kept, and the
+    tokens of the next refresh add nothing. The refresh must not price with the prices of the
+    account it looked up before the second reload came."""
+    document = {"billing": fake_billing_section(priced, history_months=0), "state": {"path": str(tmp_path / "s.db")}}
+    path = tmp_path / "config.yaml"
+    priced.add_usage(200)
+    daemon = reloadable(priced, clock, path, document | {"prices": priced_at(1)})
+    monkeypatch.setattr(daemon, "_run_soon", lambda source: None)
+    priced_anew, second = daemon._priced_anew, threading.Event()
+
+    def second_reload_first(name: str, one: account.Account) -> bool:
+        if threading.current_thread() is not threading.main_thread() and not second.is_set():
+            second.set()  # (the refresh's own, as it ends)
+            write(path, document | {"prices": priced_at(0)})
+            assert daemon.reload()
+        return priced_anew(name, one)
+
+    monkeypatch.setattr(daemon, "_priced_anew", second_reload_first)
+    try:
+        reload_in_flight(daemon, "usage", daemon.sources.one.usage, "_save", path, document | {"prices": priced_at(2)})
+        assert second.is_set()
+        spent = named(metrics(daemon), "inference_usage_estimated_payable_amount_total")
+        priced.add_usage(300)
+        assert daemon.refresh("usage")
+        assert named(metrics(daemon), "inference_usage_estimated_payable_amount_total") == spent
+    finally:
+        daemon.stop()
+
+
 def estimated_models(daemon: Daemon) -> set[str]:
     """The models of today's estimated spend series."""
     return {

@@ -387,15 +387,19 @@ class Daemon:
                 self._run_soon(source_key(name, "usage"))  # (the refresh in flight: new figures, at once)
 
     def _priced_anew(self, name: str, account: Account) -> bool:
-        """Today's and yesterday's usage estimates priced with the account's prices now, with no
-        API call; False when a usage refresh is in flight (it prices its figures with them, or, if
-        it began before they came, `refresh` calls this again as it ends, failed or not)."""
+        """Today's and yesterday's usage estimates priced with the prices the last reload set on
+        its usage, with no API call; False when a usage refresh is in flight (it prices its figures
+        with them, or, if it began before they came, `refresh` calls this again as it ends, failed
+        or not). Nothing for an account a reload has replaced since it was looked up: that reload
+        prices the one it made, and the prices of this one's config are no longer the config's."""
         key = source_key(name, "usage")
         lock = self._locks.setdefault(key, threading.Lock())
         if not lock.acquire(blocking=False):
             return False
         try:
-            snapshot = account.usage.reprice(account.config.prices)
+            if self.sources.accounts.get(name) is not account:
+                return True
+            snapshot = account.usage.reprice()
             if snapshot is not None:
                 account.latest.usage = snapshot
                 self.sources.exposition.prepare(name)

@@ -162,14 +162,16 @@ class UsageSync(UsageReader):
         prices came while a refresh ran)."""
         return self._published is not None and self._published_prices is not self.prices
 
-    def reprice(self, prices: Iterable[PriceConfig]) -> UsageSnapshot | None:
-        """Take new prices; the figures with them (None before the first sync). No API call.
+    def reprice(self, prices: Iterable[PriceConfig] | None = None) -> UsageSnapshot | None:
+        """Take new prices (None: the ones set on it last, `prices`); the figures with them (None
+        before the first sync). No API call.
 
         Today's estimates are counters: they keep what they counted, and the new prices price the
         tokens counted from now on (and those of a model that had no price). The finalised day
         before is priced anew whole. What this counted is saved by the next poll.
         """
-        self.prices = {p.model: p for p in prices}
+        if prices is not None:
+            self.prices = {p.model: p for p in prices}
         if self._day is None or self._cursor is None:
             return None
         self._counted = count(self._counted, self._aggregate, self.prices)
