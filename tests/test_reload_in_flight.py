@@ -521,6 +521,38 @@ def test_prices_a_second_reload_brings_as_a_refresh_in_flight_ends_are_the_ones_
         daemon.stop()
 
 
+def test_a_reload_to_another_project_as_the_figures_are_priced_anew_leaves_them_forgotten(
+    priced: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A usage refresh ends and prices its figures with new prices; while it does, a reload moves
+    the account to another project, which forgets the figures: the old project's are not shown
+    again under the new one."""
+    document = {"billing": fake_billing_section(priced, history_months=0), "state": {"path": str(tmp_path / "s.db")}}
+    path = tmp_path / "config.yaml"
+    priced.add_usage(200)
+    daemon = reloadable(priced, clock, path, document | {"prices": priced_at(1)})
+    monkeypatch.setattr(daemon, "_run_soon", lambda source: None)
+    usage = daemon.sources.one.usage
+    reprice, moved = usage.reprice, threading.Event()
+
+    def project_changes_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread() and not moved.is_set():
+            moved.set()  # (the refresh's own repricing, as it ends)
+            elsewhere = document["billing"] | {"project_id": "proj-other"}
+            write(path, document | {"prices": priced_at(2), "billing": elsewhere})
+            assert daemon.reload()
+            assert daemon.latest.usage is None
+        return reprice(*args, **kwargs)
+
+    monkeypatch.setattr(usage, "reprice", project_changes_meanwhile)
+    try:
+        reload_in_flight(daemon, "usage", usage, "_save", path, document | {"prices": priced_at(2)})
+        assert moved.is_set()
+        assert daemon.latest.usage is None
+    finally:
+        daemon.stop()
+
+
 def estimated_models(daemon: Daemon) -> set[str]:
     """The models of today's estimated spend series."""
     return {

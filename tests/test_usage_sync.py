@@ -17,6 +17,7 @@ from contextlib import closing
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -776,6 +777,34 @@ def tokens_since(now: UsageTotals, then: UsageTotals | None) -> UsageTotals:
         prompt_tokens=now.prompt_tokens - then.prompt_tokens,
         completion_tokens=now.completion_tokens - then.completion_tokens,
     )
+
+
+def test_prices_set_while_the_figures_are_priced_anew_are_not_taken_for_those_they_were_priced_with(
+    sim: Simulator, fake_pages: FakeBilling, clock: Clock, store: StateStore, frozen: FrozenClock
+) -> None:
+    """A reload sets new prices while the figures are being priced with the ones before (in another
+    thread): the figures say so, and the next refresh, with nothing new to read, prices them anew.
+    Yesterday's figures, priced whole, show it."""
+    sim.add_usage(150)
+    sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=CHEAP)
+    sync.refresh()
+    frozen.advance(dt.timedelta(days=1))
+    sim.add_usage(80, clock.today())
+    sync.refresh()
+    snapshot = sync._snapshot
+
+    def reload_lands(*args: Any, **kwargs: Any) -> UsageSnapshot:
+        sync.prices = {p.model: p for p in DEAR}
+        return snapshot(*args, **kwargs)
+
+    sync._snapshot = reload_lands  # type: ignore[method-assign]
+    sync.reprice()
+    sync._snapshot = snapshot  # type: ignore[method-assign]
+    assert sync.priced_before()
+    later = sync.refresh()
+    assert later.previous_day is not None
+    for key, totals in later.previous_day.totals.items():
+        assert totals.estimated_payable == by_hand(1000, 2000, totals), key
 
 
 def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_from_zero(

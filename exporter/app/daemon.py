@@ -400,8 +400,8 @@ class Daemon:
             if self.sources.accounts.get(name) is not account:
                 return True
             snapshot = account.usage.reprice()
-            if snapshot is not None:
-                account.latest.usage = snapshot
+            # (shown unless a reload to another project took the account's figures meanwhile)
+            if snapshot is not None and account.latest.publish(lambda: account.overtaken("usage"), usage=snapshot):
                 self.sources.exposition.prepare(name)
         finally:
             lock.release()

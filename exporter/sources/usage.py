@@ -172,11 +172,12 @@ class UsageSync(UsageReader):
         """
         if prices is not None:
             self.prices = {p.model: p for p in prices}
+        table = self.prices  # once: a reload may set new ones while this runs (it then runs again)
         if self._day is None or self._cursor is None:
             return None
-        self._counted = count(self._counted, self._aggregate, self.prices)
-        self._published = self._snapshot(self._day, self._aggregate, self._created, self.prices, self._counted)
-        self._published_prices = self.prices
+        self._counted = count(self._counted, self._aggregate, table)
+        self._published = self._snapshot(self._day, self._aggregate, self._created, table, self._counted)
+        self._published_prices = table
         return self._published
 
     # -- the state store --
