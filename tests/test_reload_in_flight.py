@@ -502,12 +502,12 @@ def test_prices_a_second_reload_brings_as_a_refresh_in_flight_ends_are_the_ones_
     monkeypatch.setattr(daemon, "_run_soon", lambda source: None)
     priced_anew, second = daemon._priced_anew, threading.Event()
 
-    def second_reload_first(name: str, one: account.Account) -> bool:
+    def second_reload_first(name: str) -> bool:
         if threading.current_thread() is not threading.main_thread() and not second.is_set():
             second.set()  # (the refresh's own, as it ends)
             write(path, document | {"prices": priced_at(0)})
             assert daemon.reload()
-        return priced_anew(name, one)
+        return priced_anew(name)
 
     monkeypatch.setattr(daemon, "_priced_anew", second_reload_first)
     try:

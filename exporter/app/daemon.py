@@ -245,7 +245,7 @@ class Daemon:
             lock.release()
             account = self.sources.accounts.get(located[0].name)
             if located[1] == "usage" and account is not None and account.usage.priced_before():
-                self._priced_anew(account.name, account)  # (new prices came while it ran, whatever its end)
+                self._priced_anew(account.name)  # (new prices came while it ran, whatever its end)
             if source in self._again:
                 self._run_soon(source)
 
@@ -383,25 +383,28 @@ class Daemon:
             if before is None or before.config.prices == account.config.prices:
                 continue
             account.usage.prices = {p.model: p for p in account.config.prices}
-            if not self._priced_anew(name, account):
+            if not self._priced_anew(name):
                 self._run_soon(source_key(name, "usage"))  # (the refresh in flight: new figures, at once)
 
-    def _priced_anew(self, name: str, account: Account) -> bool:
-        """Today's and yesterday's usage estimates priced with the prices the last reload set on
-        its usage, with no API call; False when a usage refresh is in flight (it prices its figures
-        with them, or, if it began before they came, `refresh` calls this again as it ends, failed
-        or not). Nothing for an account a reload has replaced since it was looked up: that reload
-        prices the one it made, and the prices of this one's config are no longer the config's."""
+    def _priced_anew(self, name: str) -> bool:
+        """Today's and yesterday's usage estimates of the account `name` is now priced with the
+        prices the last reload set on its usage, with no API call; False when a usage refresh is in
+        flight (it prices its figures with them, or, if it began before they came, `refresh` calls
+        this again as it ends, failed or not). The account is looked up here, under the lock: one a
+        caller looked up before may have been replaced by a reload since."""
         key = source_key(name, "usage")
         lock = self._locks.setdefault(key, threading.Lock())
         if not lock.acquire(blocking=False):
             return False
         try:
-            if self.sources.accounts.get(name) is not account:
-                return True
-            snapshot = account.usage.reprice()
+            account = self.sources.accounts.get(name)
+            snapshot = account.usage.reprice() if account is not None else None
             # (shown unless a reload to another project took the account's figures meanwhile)
-            if snapshot is not None and account.latest.publish(lambda: account.overtaken("usage"), usage=snapshot):
+            if (
+                account is not None
+                and snapshot is not None
+                and account.latest.publish(lambda: account.overtaken("usage"), usage=snapshot)
+            ):
                 self.sources.exposition.prepare(name)
         finally:
             lock.release()
