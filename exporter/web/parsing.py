@@ -34,7 +34,7 @@ def target_path(command: str, target: str) -> str | None:
         parts = urlsplit(target)
     except ValueError:
         return None
-    if "@" in parts.netloc:  # (`credentialed`, its target parsed once)
+    if credentialed(target):
         return None
     if target.startswith("/"):
         return parts.path
