@@ -36,11 +36,15 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
     no such file or it cannot be read (said in the log)."""
     if not Path(path).is_file():
         return None
+
+    def opened(mode: str) -> T:
+        with closing(connect_existing(path, mode)) as db:
+            complete_read_only(db)
+            return read(db)
+
     try:
         try:
-            with closing(connect_existing(path, "ro")) as db:
-                complete_read_only(db)
-                return read(db)
+            return opened("ro")
         except sqlite3.OperationalError as error:
             refused = "readonly" in str(error) or "unable to open" in str(error)
             if not refused or Path(f"{Path(path).resolve()}-wal").exists():
@@ -48,9 +52,7 @@ def _beside(path: str | Path, read: Callable[[sqlite3.Connection], T]) -> T | No
             # Read only by its owner's leave, its daemon stopped (no write-ahead log: a directory the
             # reader cannot write, where SQLite cannot make the files a WAL reader shares with a
             # writer): read as the file no one writes now. (With a log, what it holds would be missed.)
-            with closing(connect_existing(path, "ro&immutable=1")) as db:
-                complete_read_only(db)
-                return read(db)
+            return opened("ro&immutable=1")
     except sqlite3.Error as error:
         log.warning("state file not read", path=str(path), error=str(error))
         return None
