@@ -1048,14 +1048,14 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
     dispatcher = Dispatcher(webhooks("mail", "chat", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
     store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
     refuse = [True]
-    drop = store.drop_digest
+    drop = store.drop_waiting
 
-    def refusing(*args: Any) -> list[str]:
+    def refusing(*args: Any) -> list[str] | None:
         if refuse and refuse.pop():
             raise StateError("state.db", "disk full")
         return drop(*args)
 
-    store.drop_digest = refusing  # type: ignore[method-assign]
+    store.drop_waiting = refusing  # type: ignore[method-assign]
     with pytest.raises(StateError):
         dispatcher.deliver()
     wanted = ["hook"]

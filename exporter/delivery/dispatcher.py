@@ -529,10 +529,11 @@ class Dispatcher:
         wanted = self._digests_now()
         return wanted is not None and name not in wanted
 
-    def _drop_digest(self, entry_id: int, now: float) -> list[str]:
-        """Drop a queued digest its notifier takes no more, for those that take digests now (as
-        they are when this is written: again after the state file refused it, maybe after a reload)."""
-        return self.store.drop_digest(entry_id, now, NO_DIGESTS, self._digests_now() or ())
+    def _drop_waiting(self, table: str, entry_id: int, now: float, reason: str) -> list[str] | None:
+        """Drop a queued row its notifier takes no more, if it still waits (None when it does not);
+        a digest so dropped goes to those that take digests now (as they are when this is written:
+        again after the state file refused it, maybe after a reload). Those it went to."""
+        return self.store.drop_waiting(table, entry_id, now, reason, self._digests_now() or ())
 
     def _drain(self, name: str) -> int:
         """Send a notifier's due notifications in order; stop at the first failure (but for a retry to
@@ -556,8 +557,7 @@ class Dispatcher:
             reason = taken.spared if taken is not None and taken.row == row else None
         if reason is None:
             return False
-        drop = partial(self.store.drop_waiting, row[0], row[1], now, reason, self._digests_now() or ())
-        if (given := self._record(name, drop)) is not None:
+        if (given := self._record(name, partial(self._drop_waiting, row[0], row[1], now, reason))) is not None:
             self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
         return True
 
@@ -598,8 +598,10 @@ class Dispatcher:
                 self._discard(name, head.id, head.table, now, OWED, "refused")
                 continue
             if head.digest is not None and self._takes_no_digests(name):
-                given = self._record(name, partial(self._drop_digest, head.id, now))
-                self._dropped_as_removed(name, given, "queued digest dropped: its notifier takes no digests any more")
+                given = self._record(name, partial(self._drop_waiting, "digest_outbox", head.id, now, NO_DIGESTS))
+                self._dropped_as_removed(
+                    name, given or [], "queued digest dropped: its notifier takes no digests any more"
+                )
                 continue
             self._asked.pop(name, None)
             try:

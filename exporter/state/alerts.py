@@ -338,17 +338,12 @@ class AlertStore:
         with self.store.transaction("outbox") as db:
             _done(db, table, entry_id, now, dropped)
 
-    def drop_digest(self, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str]:
-        """Drop a queued digest (`delivered` with `reason`: its notifier takes digests no more) and
-        queue it for each notifier of `to`, those that take digests now, that has not had it (its
-        receivers drop a repeat by its `id` all the same): what a reload took from one goes to those
-        that replaced it. Those it was queued for, in their order (none when it no longer waits)."""
-        return self.drop_waiting("digest_outbox", entry_id, now, reason, to) or []
-
     def drop_waiting(self, table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
         """Drop one queued row with `reason` if it still waits (None when it does not: delivered,
-        or dropped already); a digest so dropped is queued for each notifier of `to` that has not
-        had it. Those it was queued for."""
+        or dropped already); a digest so dropped is queued for each notifier of `to`, those that
+        take digests now, that has not had it (its receivers drop a repeat by its `id` all the
+        same): what a reload took from one goes to those that replaced it. Those it was queued for,
+        in their order."""
         assert table in OUTBOXES
         with self.store.transaction("outbox") as db:
             row = db.execute(
@@ -385,7 +380,7 @@ class AlertStore:
         """Mark done, with `reason`, what waits for any notifier but those in `keep` (a notifier a
         reload removed, or that is no longer one with a queue), and forget what was sent to them (one
         added again under the same name is then told what fires, as a new one is). A digest dropped
-        so goes to each of `digests_to` (of `keep`) that has not had it (`drop_digest`). `digests`:
+        so goes to each of `digests_to` (of `keep`) that has not had it (`drop_waiting`). `digests`:
         the digests only, of the notifiers that take none now (`keep`: those that do), whatever
         waits before them in their queues. `sending`: the rows being sent (table, id), left to
         their outcome. How many were waiting, per notifier; and how many digests each of
