@@ -256,12 +256,10 @@ class Model(metaclass=_ModelType):
 
     def __init__(self, **data: Any) -> None:
         errors: list[dict[str, Any]] = []
-        values = _fill(type(self), data, (), errors)
+        made = _made(type(self), data, (), errors)
         if errors:
             raise ValidationError(type(self).__name__, errors)
-        object.__setattr__(self, "__dict__", values)
-        if not _checks_hold(self, (), errors):
-            raise ValidationError(type(self).__name__, errors)
+        object.__setattr__(self, "__dict__", made.__dict__)
 
     @classmethod
     def model_validate(cls, data: Any) -> Self:
@@ -491,8 +489,6 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
             )
         return _made(annotation, value, loc, errors)
     origin = get_origin(annotation)
-    if origin is Annotated:
-        return _check(annotation, value, loc, errors)
     if origin is Literal:
         return _literal(get_args(annotation), value, loc, errors)
     if origin is tuple:
