@@ -164,6 +164,14 @@ class Checked(Model):
         return self
 
 
+class Stacked(Model):
+    name: Annotated[str, BeforeValidator(lambda v: f"{v}1"), BeforeValidator(lambda v: f"{v}2")]
+
+
+def test_before_validators_take_the_value_the_last_written_first() -> None:
+    assert Stacked(name="x").name == "x21"
+
+
 def test_validators_run_in_their_order_and_the_models_only_once_its_fields_hold() -> None:
     assert Checked.model_validate({"low": " 2 ", "high": 4}).low == 2
     with pytest.raises(ValidationError) as raised:
