@@ -776,6 +776,13 @@ def test_rules_whose_alerts_alertmanager_could_not_tell_apart_are_refused_when_i
     assert error.startswith(
         "alerts.rules[2] (alert EndpointSpendHigh): its alerts can have the same labels as those of alerts.rules[1]"
     )
+    # All three to Alertmanager: each later rule is told once, beside the first it is alike.
+    told = errors_of(document([rule("ep-a"), rule("ep-b"), rule("ep-c")], [am]))
+    assert [error.split(":")[0] for error in told] == [
+        "alerts.rules[1] (alert EndpointSpendHigh)",
+        "alerts.rules[2] (alert EndpointSpendHigh)",
+    ]
+    assert all("the same labels as those of alerts.rules[0]" in error for error in told)
 
 
 def test_a_spend_rule_adding_up_accounts_of_different_currencies_is_refused_unless_split_by_account() -> None:
