@@ -45,9 +45,9 @@ class LookupTimeout(TimeoutError):
 
 
 _lock = threading.Lock()
-_lookups: dict[tuple[object, ...], tuple[Future[Any], float, float]] = {}
-"""Each lookup under way (ended: infinity), or ended with an answer: its future, when it ended (on
-the monotonic clock) and how long its answer is taken again."""
+_lookups: dict[tuple[object, ...], tuple[Future[Any], float]] = {}
+"""Each lookup under way, or ended with an answer: its future, and until when (on the monotonic
+clock) it is taken again: infinity while it is under way."""
 
 
 def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLeft, kept: float = KEPT) -> T:
@@ -57,7 +57,7 @@ def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLef
     for `kept` seconds after it ends."""
     with _lock:
         entry = _lookups.get(key)
-        if entry is not None and time.monotonic() - entry[1] <= entry[2]:  # (under way, or kept)
+        if entry is not None and time.monotonic() <= entry[1]:  # (under way, or kept)
             found = entry[0]
         else:
             found = Future()
@@ -65,7 +65,7 @@ def _answered(key: tuple[object, ...], call: Callable[[], T], time_left: TimeLef
                 threading.Thread(target=_run, args=(key, call, found, kept), name="lookup", daemon=True).start()
             except RuntimeError as error:  # (no thread to be had: nothing is left under way)
                 raise OSError(f"the lookup could not start ({error})") from None
-            _lookups[key] = (found, math.inf, kept)
+            _lookups[key] = (found, math.inf)
     while True:
         if found.done():
             return cast(T, _taken(found))
@@ -97,10 +97,10 @@ def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any
         answer, error = None, failed
     with _lock:
         now = time.monotonic()
-        for old in [k for k, (_, at, keep) in _lookups.items() if now - at > keep]:
+        for old in [k for k, (_, until) in _lookups.items() if now > until]:
             del _lookups[old]
         if error is None:
-            _lookups[key] = (future, now, kept)
+            _lookups[key] = (future, now + kept)
         else:
             _lookups.pop(key, None)
     if error is None:
@@ -112,7 +112,7 @@ def _run(key: tuple[object, ...], call: Callable[[], object], future: Future[Any
 def under_way() -> list[tuple[object, ...]]:
     """The lookups under way now."""
     with _lock:
-        return [key for key, (_, ended, _) in _lookups.items() if ended == math.inf]
+        return [key for key, (found, _) in _lookups.items() if not found.done()]
 
 
 def getaddrinfo(host: str, port: int, time_left: TimeLeft, family: int = 0, kind: int = socket.SOCK_STREAM) -> Found:
