@@ -279,11 +279,12 @@ def test_a_failed_lookup_is_asked_again_at_the_next_try(resolver: Resolver, monk
 def test_a_failed_lookup_is_raised_afresh_to_each_of_its_waiters(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two callers wait for one lookup, which fails: each raises an exception of its own (the one
     exception raised in turn to each kept every waiter's frames in its traceback)."""
-    waiting, fail = threading.Semaphore(0), threading.Event()
+    waiters: set[int] = set()
+    fail = threading.Event()
     real_wait = lookup.wait
 
     def waited(*args: Any, **kwargs: Any) -> Any:
-        waiting.release()
+        waiters.add(threading.get_ident())
         return real_wait(*args, **kwargs)
 
     def failing(*args: object, **kwargs: object) -> list:
@@ -304,8 +305,8 @@ def test_a_failed_lookup_is_raised_afresh_to_each_of_its_waiters(monkeypatch: py
     callers = [threading.Thread(target=look) for _ in range(2)]
     for caller in callers:
         caller.start()
-    assert waiting.acquire(timeout=10)
-    assert waiting.acquire(timeout=10)  # (both wait for the one lookup)
+    wait_for(lambda: len(waiters) == 2)  # (both wait for the one lookup)
+    assert len(lookup._lookups) == 1
     fail.set()
     for caller in callers:
         caller.join(10)
