@@ -203,6 +203,9 @@ def test_falling_back_with_credits_expected_the_point_and_lower_bound_may_go_bel
     assert f.draws is not None
     assert f.lower <= f.point < f.month_to_date < f.upper
     assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-6)
+    # Both views expect the days left to take money off (the draws from the recent days' refund,
+    # the formula by its own reckoning): the point is nearer the formula's than the month to date.
+    assert f.point - f.month_to_date < (f.expected - f.month_to_date) / 2
 
 
 def test_falling_back_on_two_views_the_bounds_and_the_point_are_their_mixtures() -> None:
@@ -223,6 +226,7 @@ def test_falling_back_on_two_views_the_bounds_and_the_point_are_their_mixtures()
         assert f.chance_over(f.lower) == pytest.approx((1 + DEFAULT_LEVEL) / 2, abs=1e-6)
         assert f.chance_over(f.point) == pytest.approx(0.5, abs=1e-6)
         assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-6)
+        assert sum(f.daily.values()) == pytest.approx(f.point - f.month_to_date)  # (the days left share the point)
     assert mixed >= 5
 
 
