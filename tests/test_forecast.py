@@ -180,6 +180,21 @@ def test_a_weekday_account_on_the_months_last_weekend_is_expected_to_bill_nothin
         assert f.chance_over(f.month_to_date + 50) == 0.0
 
 
+def test_with_a_level_of_0_the_days_left_are_draws_of_all_the_recent_days_not_of_their_weekdays() -> None:
+    """An account that bills on Mondays, two of the last three of them nothing: the level is 0 and
+    the point is today's formula, which knows no weekdays. The days left (Tuesday to Sunday) are
+    then draws of all the last 21 days, as the formula's pace is, not of the last 13 weeks' days of
+    their own weekdays, which never billed."""
+    history = {d: Decimal(700) if d.weekday() == 0 else Decimal(0)
+               for d in (dt.date(2026, 2, 1) + dt.timedelta(days=n) for n in range(114))}  # fmt: skip
+    history[dt.date(2026, 5, 18)] = history[dt.date(2026, 5, 25)] = Decimal(0)
+    today = dt.date(2026, 5, 26)  # (a Tuesday: six days left, no Monday among them)
+    f = month_forecast("2026-05", today, {d: a for d, a in history.items() if d.month == 5},
+                       {d: a for d, a in history.items() if d.month < 5})  # fmt: skip
+    assert f.draws is not None
+    assert f.draws.mean == pytest.approx(700 / 21 * 6)
+
+
 def test_credits_to_come_have_the_chances_the_interval_says() -> None:
     """A refund in the trailing week: the days left take money off, the interval lies below the
     month to date, and the chance of going over its bounds was 1 (every amount below the month to

@@ -31,10 +31,10 @@ daily bills (`docs/forecast.md` shows how well it does):
   the model would say nothing more will be spent, for sure: the point is today's formula, with the
   prior's interval. Where a forecast expects nothing more (or the level is 0) though the latest
   `LEVEL_DAYS` known days billed, the days left are also taken as draws of those days (of the
-  latest `SHAPE_DAYS` days of the weekdays left, where the model expects nothing more; `Draws`: a
-  normal of their total, about a mean the days only estimate), and the month's total is either
-  view's with even odds: the point, the bounds and the chances are the mixture's. A week that
-  billed nothing says the pause may go on, not that it will.
+  latest `SHAPE_DAYS` days of the weekdays left, where the model's weekdays expect nothing more
+  with a level above 0; `Draws`: a normal of their total, about a mean the days only estimate),
+  and the month's total is either view's with even odds: the point, the bounds and the chances
+  are the mixture's. A week that billed nothing says the pause may go on, not that it will.
 
 Growth is left to the learnt median: a trend fitted on weekly sums (Theil–Sen) and extrapolated
 did worse on the simulator's history (`bench.forecast`) at growths of −5% to +10% a month.
