@@ -11,7 +11,8 @@ python -m bench.evaluation [--endpoints 500] [--rules 10] [--repeat 5] [--rounds
 The sizes are measured in turn, `--rounds` times, and each ratio is the median of the rounds' (on
 a shared machine a slower spell falls on every size). 10 × N ÷ N is over 10 where N's alerts and
 bills fit the processor's caches and 10 × N's do not; 20 × N ÷ 10 × N, both out of them, shows
-how the work grows.
+how the work grows, and so do the function calls an evaluation makes at each size (`calls_made`,
+counted in the first round).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import NamedTuple
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from bench.common import median_seconds
+from bench.common import calls_made, median_seconds
 from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord, UsagePage
 from exporter.config.load import validate
@@ -99,9 +100,11 @@ class Measured(NamedTuple):
     """A scrape of /metrics with the alerts unchanged since the last."""
     rebuild: float
     """The alerts' block rendered afresh and compressed."""
+    calls: int | None = None
+    """The function calls an evaluation makes (counted when asked)."""
 
 
-def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s") -> Measured:
+def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s", count: bool = False) -> Measured:
     """With `keep_firing_for` as short as 1s, every alert still true is due to be saved again at
     each evaluation (`engine.TRUE_LAG`): the evaluation that writes them all, which a longer one
     has once in a tenth of it."""
@@ -124,6 +127,7 @@ def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s"
             daemon.alert_cycle()  # everything fires
             firing = sum(a.state == "firing" for a in daemon.sources.engine.current())
             evaluation = median_seconds(daemon.alert_cycle, repeat)
+            calls = calls_made(daemon.alert_cycle) if count else None
             exposition = daemon.sources.exposition
             assert isinstance(exposition, Exposition)
             exposition.render(OPENMETRICS_ACCEPT, gzipped=True)  # the first scrape since the alerts fired
@@ -134,7 +138,7 @@ def measure(endpoints: int, rules: int, repeat: int, keep_firing_for: str = "0s"
             rebuild = median_seconds(lambda: deflate(render(registry)), repeat)
         finally:
             daemon.stop()
-    return Measured(evaluation, firing, scrape, rebuild)
+    return Measured(evaluation, firing, scrape, rebuild, calls)
 
 
 def print_ratios(what: str, sizes: tuple[int, int, int], seconds: dict[int, list[float]]) -> None:
@@ -162,9 +166,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{today.day} (the work grows with the day of the month); {args.rounds} rounds of {listed} endpoints in "
           f"turn, each the median of {args.repeat} evaluations")  # fmt: skip
     rounds: dict[int, list[Measured]] = {n: [] for n in sizes}
-    for _ in range(args.rounds):  # (in turn, so that a slower spell of a shared machine falls on every size)
+    for round_num in range(args.rounds):  # (in turn, so that a slower spell of a shared machine falls on every size)
         for endpoints in sizes:
-            rounds[endpoints].append(measure(endpoints, args.rules, args.repeat))
+            rounds[endpoints].append(measure(endpoints, args.rules, args.repeat, count=round_num == 0))
     results = {n: [m.evaluation for m in measured] for n, measured in rounds.items()}
     for endpoints in sizes:
         runs = ", ".join(f"{s * 1000:.0f}" for s in results[endpoints])
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> None:
         f"  {large:,} endpoints, every alert saved again (keep_firing_for: 1s): {writing * 1000:.0f} ms an evaluation"
     )
     print_ratios("", sizes, results)
+    calls = [rounds[n][0].calls or 0 for n in sizes]
+    print(f"  the calls an evaluation makes: {', '.join(f'{c:,}' for c in calls)}; ratios {calls[1] / calls[0]:.1f} "
+          f"and {calls[2] / calls[1]:.1f} (linear: 10 and 2)")  # fmt: skip
     scrapes = {n: [m.scrape for m in measured] for n, measured in rounds.items()}
     for endpoints in sizes:
         shares = [m.scrape / m.rebuild for m in rounds[endpoints]]

@@ -1,5 +1,8 @@
 """Work that grew faster than what it is given, each at a size and ten times it: the ratio of the
-two times, median of `--rounds` rounds taken in turn (linear: 10).
+two times, median of `--rounds` rounds taken in turn (linear: 10); and the ratio of the function
+calls the work makes at each (`calls_made`: a count, so a time ratio over 10 beside a count ratio
+of 10 is the processor's caches, not more calls; the state file's queries count once each, and
+there the time tells).
 
 python -m bench.growth [--rounds 3] [--notifications 1000] [--endpoints 500] [--accounts 100] [--digests 40]
                        [--history 200]
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import median_seconds
+from bench.common import calls_made, median_seconds
 from bench.evaluation import Billed
 from exporter.app.daemon import Daemon
 from exporter.billing import BillRecord
@@ -40,11 +43,22 @@ from exporter.model.events import GroupEvent
 from exporter.sources.history import HistorySource
 from exporter.state import AlertStore, StateStore
 
+Gauge = Callable[[Callable[[], object]], float]
+"""What a case's work is measured with: seconds, or the calls it makes."""
+
+
+def gauge(count: bool, repeat: int = 3) -> Gauge:
+    """The calls the work makes (`count`), else the median seconds of `repeat` runs of it."""
+    if count:
+        return lambda work: float(calls_made(work))
+    return lambda work: median_seconds(work, repeat)
+
+
 BILLING = {"url": "https://billing.invalid", "access_key_id": "AK", "secret_access_key": "secret", "history_months": 0}
 
 
-def drain(waiting: int) -> float:
-    """Seconds to deliver `waiting` notifications of one notifier, one after another."""
+def drain(waiting: int, count: bool = False) -> float:
+    """Seconds (or calls) to deliver `waiting` notifications of one notifier, one after another."""
     event: GroupEvent = {
         "status": "firing", "alertname": "Spend", "dedup_key": "k", "alerts": [], "total": 1, "still_firing": 1,
     }  # fmt: skip
@@ -55,12 +69,14 @@ def drain(waiting: int) -> float:
         with store.transaction() as db:
             for _ in range(waiting):
                 AlertStore.enqueue(db, "hook", event, now)
-        started = time.perf_counter()
-        while (head := alerts.head("hook")) is not None:
-            alerts.delivered(head.id, now)
-        elapsed = time.perf_counter() - started
+
+        def deliver() -> None:
+            while (head := alerts.head("hook")) is not None:
+                alerts.delivered(head.id, now)
+
+        measured = gauge(count, 1)(deliver)
         store.close()
-    return elapsed
+    return measured
 
 
 def daemon_of(document: dict[str, Any], endpoints: int, workdir: str, clock: Clock | None = None) -> Daemon:
@@ -75,7 +91,7 @@ def daemon_of(document: dict[str, Any], endpoints: int, workdir: str, clock: Clo
     return daemon
 
 
-def budgets(endpoints: int) -> tuple[float, float]:
+def budgets(endpoints: int, count: bool = False) -> tuple[float, float]:
     """(an evaluation, the budgets' render), with a budget on every tenth endpoint and a rule on each."""
     named = [
         {"name": f"ep-{n:05d}", "amount": "100", "where": {"endpoint_id": f"ep-{n:05d}"}}
@@ -88,7 +104,8 @@ def budgets(endpoints: int) -> tuple[float, float]:
             exposition = daemon.sources.exposition
             assert isinstance(exposition, Exposition)  # (one account)
             collector = next(c for c in exposition.collectors if isinstance(c, BudgetCollector))
-            return median_seconds(daemon.alert_cycle), median_seconds(lambda: list(collector.collect()))
+            measure = gauge(count)
+            return measure(daemon.alert_cycle), measure(lambda: list(collector.collect()))
         finally:
             daemon.stop()
 
@@ -99,10 +116,10 @@ SPEND_BY_ACCOUNT = {
 """Every endpoint is over it (`Billed`): an alert each, firing."""
 
 
-def accounts(count: int) -> float:
-    """An evaluation over `count` accounts of 5 endpoints, a spend rule by account and endpoint firing."""
+def accounts(accounts: int, count: bool = False) -> float:
+    """An evaluation over `accounts` accounts of 5 endpoints, a spend rule by account and endpoint firing."""
     document = {
-        "accounts": [{"name": f"a{n:04d}", "billing": BILLING} for n in range(count)],
+        "accounts": [{"name": f"a{n:04d}", "billing": BILLING} for n in range(accounts)],
         "alerts": {"rules": [
             SPEND_BY_ACCOUNT,
             {"alert": "Anomaly", "signal": "spend_anomaly", "by": ["endpoint_id"], "min_amount": "0",
@@ -112,20 +129,22 @@ def accounts(count: int) -> float:
     with tempfile.TemporaryDirectory() as workdir:
         daemon = daemon_of(document, 5, workdir)
         try:
-            return median_seconds(daemon.alert_cycle)
+            return gauge(count)(daemon.alert_cycle)
         finally:
             daemon.stop()
 
 
-def digests(count: int) -> float:
-    """Seconds to make and queue the digests of `count` accounts of 5 endpoints (each its own
+def digests(accounts: int, count: bool = False) -> float:
+    """Seconds (or calls) to make and queue the digests of `accounts` accounts of 5 endpoints (each its own
     billing account: each digest's days are looked up among those its account's digests told), a
     spend rule by account and endpoint firing: the daemon is made an hour before the digests'
     time, then its clock is moved to it (each daemon makes its digests once)."""
     zone = Clock().tz
     frozen = FrozenClock(dt.datetime.combine(dt.datetime.now(zone).date(), dt.time(10), zone))
     document = {
-        "accounts": [{"name": f"a{n:04d}", "billing": BILLING | {"access_key_id": f"AK{n:04d}"}} for n in range(count)],
+        "accounts": [
+            {"name": f"a{n:04d}", "billing": BILLING | {"access_key_id": f"AK{n:04d}"}} for n in range(accounts)
+        ],
         "alerts": {"rules": [SPEND_BY_ACCOUNT], "notifiers": [{"name": "finance", "type": "webhook",
                                                             "url": "https://hook.invalid"}]},
         "digest": {"notifiers": ["finance"], "at": "11:00"},
@@ -134,11 +153,9 @@ def digests(count: int) -> float:
         daemon = daemon_of(document, 5, workdir, Clock(zone, frozen))
         try:
             frozen.advance(dt.timedelta(hours=1))
-            started = time.perf_counter()
-            daemon.digest_cycle()
-            elapsed = time.perf_counter() - started
-            assert daemon.dispatcher.pending() == {"finance": count}, "a digest per account, and nothing else"
-            return elapsed
+            measured = gauge(count, 1)(daemon.digest_cycle)
+            assert daemon.dispatcher.pending() == {"finance": accounts}, "a digest per account, and nothing else"
+            return measured
         finally:
             daemon.stop()
 
@@ -153,18 +170,18 @@ class BilledBefore(Billed):
         return Billed(len(self.names), Clock(now_fn=FrozenClock(last))).bills(period, group_term, instance_id)
 
 
-def history(endpoints: int, months: int = 4) -> float:
-    """Seconds to read back `months` months and the current one of `endpoints` endpoints."""
+def history(endpoints: int, count: bool = False, months: int = 4) -> float:
+    """Seconds (or calls) to read back `months` months and the current one of `endpoints` endpoints."""
     clock = Clock()
     with tempfile.TemporaryDirectory() as workdir:
         store = StateStore(Path(workdir) / "state.db")
         HistorySource(BilledBefore(endpoints, clock), clock, store, months).refresh()
         again = HistorySource(BilledBefore(endpoints, clock), clock, store, months)
-        elapsed = median_seconds(again._stored, 1)
+        measured = gauge(count, 1)(again._stored)
         held = len(again._stored())
         store.close()
     assert held == months + 1, (held, months)  # (the ledger bills every month: each is held, and the current one)
-    return elapsed
+    return measured
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -177,19 +194,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--digests", type=int, default=40, help="accounts, for the digests")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
-    cases: list[tuple[str, int, Callable[[int], tuple[float, ...]]]] = [
-        ("draining the outbox, notifications", args.notifications, lambda n: (drain(n),)),
+    cases: list[tuple[str, int, Callable[[int, bool], tuple[float, ...]]]] = [
+        ("draining the outbox, notifications", args.notifications, lambda n, count: (drain(n, count),)),
         ("budgets on an endpoint each (evaluation; render), endpoints", args.endpoints, budgets),
-        ("spend and anomaly rules over accounts (evaluation), accounts", args.accounts, lambda n: (accounts(n),)),
-        ("digests over accounts (a round of digests), accounts", args.digests, lambda n: (digests(n),)),
-        ("history read back at start-up, endpoints", args.history, lambda n: (history(n),)),
-    ]
+        ("spend and anomaly rules over accounts (evaluation), accounts", args.accounts,
+         lambda n, count: (accounts(n, count),)),
+        ("digests over accounts (a round of digests), accounts", args.digests, lambda n, count: (digests(n, count),)),
+        ("history read back at start-up, endpoints", args.history, lambda n, count: (history(n, count),)),
+    ]  # fmt: skip
     print(f"growth: each at N and 10 × N, {args.rounds} rounds in turn; ratio 10 × N ÷ N, median of the rounds'")
     for what, size, measure in cases:
         results: dict[int, list[tuple[float, ...]]] = {size: [], 10 * size: []}
         for _ in range(args.rounds):
             for n in results:
-                results[n].append(measure(n))
+                results[n].append(measure(n, False))
         parts = len(results[size][0])
         times = "; ".join(
             " and ".join(f"{statistics.median(r[i] for r in results[n]) * 1000:.0f} ms" for i in range(parts))
@@ -200,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
             for i in range(parts)
         )
         print(f"  {what} {size:,} → {10 * size:,}: {times}; ratio {ratios}  (linear: 10)")
+        calls = [measure(n, True) for n in results]
+        print(f"    the calls it makes: {'; '.join(' and '.join(f'{c:,.0f}' for c in made) for made in calls)};"
+              f" ratio {'; '.join(f'{b / a:.1f}' for a, b in zip(*calls, strict=True))}  (linear: 10)")  # fmt: skip
 
 
 if __name__ == "__main__":

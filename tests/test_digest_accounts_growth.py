@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from bench.common import calls_made
 from bench.evaluation import Billed
 from exporter.app.daemon import Daemon
 from exporter.config.load import validate
 from exporter.config.schema import ACCOUNT
 from exporter.core.clock import Clock, FrozenClock
 from tests.daemon_fakes import NOWHERE, digests_told
-from tests.test_growth import python_calls
 
 BILLING = {"url": NOWHERE, "access_key_id": "AK", "secret_access_key": "secret", "history_months": 0}
 SPEND = {"signal": "spend", "window": "month", "threshold": "0.5"}
@@ -77,7 +77,7 @@ def test_each_accounts_digest_tells_its_own_alerts_and_the_unsplit_ones_in_the_e
         daemon.stop()
 
 
-def python_calls_of_the_digests(state: Path, accounts: int) -> int:
+def calls_of_the_digests(state: Path, accounts: int) -> int:
     """The Python and built-in functions called while each of `accounts` accounts' digests is made
     (20 endpoints each, a spend rule by account and endpoint, every alert firing)."""
     clock, frozen = before_the_digest()
@@ -85,7 +85,7 @@ def python_calls_of_the_digests(state: Path, accounts: int) -> int:
     try:
         assert sum(a.state == "firing" for a in daemon.sources.engine.current()) == 20 * accounts
         frozen.advance(dt.timedelta(hours=1))
-        calls = python_calls(daemon.digest_cycle)
+        calls = calls_made(daemon.digest_cycle)
         assert len(digests_told(daemon, "finance")) == accounts
         return calls
     finally:
@@ -95,7 +95,7 @@ def python_calls_of_the_digests(state: Path, accounts: int) -> int:
 def test_the_digests_of_all_accounts_read_the_alerts_held_once(tmp_path: Path) -> None:
     (tmp_path / "small").mkdir()
     (tmp_path / "large").mkdir()
-    small = python_calls_of_the_digests(tmp_path / "small", 10)
-    large = python_calls_of_the_digests(tmp_path / "large", 100)
+    small = calls_of_the_digests(tmp_path / "small", 10)
+    large = calls_of_the_digests(tmp_path / "large", 100)
     # Each digest reading its own alerts: 10 times the calls; each reading every alert held: 21 times.
     assert large < 15 * small, (small, large)

@@ -8,13 +8,13 @@ import datetime as dt
 import gc
 import json
 import sqlite3
-import sys
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from bench.common import calls_made
 from exporter.config.load import validate
 from exporter.config.schema import BudgetConfig
 from exporter.model.events import GroupEvent
@@ -44,23 +44,6 @@ def sqlite_steps(store: StateStore, action: Callable[[], object]) -> int:
     finally:
         connection.set_progress_handler(None, 0)
     return steps
-
-
-def python_calls(action: Callable[[], object]) -> int:
-    """The Python and built-in functions called while `action` runs."""
-    calls = 0
-
-    def profile(frame: object, event: str, arg: object) -> None:
-        nonlocal calls
-        if event in ("call", "c_call"):
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        action()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 # -- the outbox --
@@ -151,7 +134,7 @@ def test_budgets_scoped_on_endpoints_read_their_own_lines_of_the_bills() -> None
     calls = {}
     for endpoints in (40, 400):
         latest, budgets = month_of_bills(endpoints), budgets_of(endpoints)
-        calls[endpoints] = python_calls(lambda: current_figures(latest, budgets))  # noqa: B023 (called at once)
+        calls[endpoints] = calls_made(lambda: current_figures(latest, budgets))  # noqa: B023 (called at once)
     assert calls[400] < 15 * calls[40], calls
 
 
