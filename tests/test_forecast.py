@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import statistics
 from decimal import Decimal
 from itertools import accumulate
 
@@ -14,7 +15,7 @@ import pytest
 from bench.forecast import account_days
 from exporter.config.load import validate
 from exporter.core.clock import Clock, FrozenClock, days_in_period, periods_between
-from exporter.model.forecast import DEFAULT_LEVEL, MonthForecast, filled, forecast, month_forecast
+from exporter.model.forecast import DEFAULT_LEVEL, Draws, MonthForecast, filled, forecast, month_forecast
 from exporter.model.snapshots import MonthBills, per_day
 from exporter.replay.forecast_backtest import by_day_of_month, errors, forecast_backtest, render, replay_forecasts
 from exporter.sim import ITEMS, Simulator, SpendModel
@@ -193,6 +194,44 @@ def test_with_a_level_of_0_the_days_left_are_draws_of_all_the_recent_days_not_of
                        {d: a for d, a in history.items() if d.month < 5})  # fmt: skip
     assert f.draws is not None
     assert f.draws.mean == pytest.approx(700 / 21 * 6)
+
+
+WEEK_OF_DAYS = [Decimal(v) for v in (80, 120, 100, 90, 110, 100, 100)]
+"""Seven recent days, 100 a day on average."""
+
+
+def test_the_draws_take_off_what_today_billed_of_its_own_draw_and_no_more() -> None:
+    """Today is one of the days left, and one draw: what it billed so far is part of that draw."""
+    assert Draws.of(WEEK_OF_DAYS, 5, Decimal(0)).mean == pytest.approx(500)
+    assert Draws.of(WEEK_OF_DAYS, 5, Decimal(50)).mean == pytest.approx(450)  # (half of today's draw to come)
+    assert Draws.of(WEEK_OF_DAYS, 5, Decimal(250)).mean == pytest.approx(400)  # (more than a day's: none of it)
+    assert Draws.of(WEEK_OF_DAYS, 5, Decimal(-30)).mean == pytest.approx(500)  # (a credit today: all of it)
+
+
+def test_the_draws_spread_is_the_sum_of_the_days_about_a_mean_the_recent_days_only_estimate() -> None:
+    """Five draws of days whose variance is v: 5 v for their sum, and 5² v ÷ n more for a mean that
+    n recent days estimate, so fewer recent days give a wider spread about the same mean."""
+    few, many = Draws.of(WEEK_OF_DAYS, 5, Decimal(0)), Draws.of(WEEK_OF_DAYS * 10, 5, Decimal(0))
+    assert few.mean == pytest.approx(many.mean)
+    for draws, values in ((few, WEEK_OF_DAYS), (many, WEEK_OF_DAYS * 10)):
+        v = statistics.variance(float(a) for a in values)
+        assert draws.spread**2 == pytest.approx(5 * v + 25 * v / len(values))
+    assert few.spread > many.spread
+
+
+def test_the_draws_go_no_lower_than_the_recent_days_largest_credit_on_every_day_left() -> None:
+    assert Draws.of(WEEK_OF_DAYS, 5, Decimal(0)).floor == 0
+    credited = Draws.of([*WEEK_OF_DAYS, Decimal(-700)], 5, Decimal(0))
+    assert credited.floor == -3500
+    assert credited.chance_over(Decimal(-3501)) == 1.0
+    assert 0.5 < credited.chance_over(Decimal(-3500)) < 1.0  # (the normal's own tail, above its floor)
+
+
+def test_days_that_never_vary_make_draws_that_are_sure() -> None:
+    steady = Draws.of([Decimal(100)] * 21, 5, Decimal(0))
+    assert steady.spread == 0
+    assert steady.chance_over(Decimal(499)) == 1.0
+    assert steady.chance_over(Decimal(500)) == 0.0
 
 
 def test_credits_to_come_have_the_chances_the_interval_says() -> None:
