@@ -118,6 +118,15 @@ def test_every_problem_is_told_at_once_with_its_location() -> None:
     assert problems(Outer, []) == [("model_type", ())]
 
 
+def test_a_list_held_past_its_length_is_told_too_long_alone() -> None:
+    """Its items are read in order, and the first one held past `max_length` ends the reading: the
+    items before it that failed are not told (a user who mends them learns next that it is too long)."""
+    assert problems(Inner, {"few": ["p", "r", "q"]}) == [("too_long", ("few",))]
+    assert problems(Inner, {"few": ["p", "q", "r"]}) == [("too_long", ("few",))]
+    assert problems(Inner, {"few": ["r", "p"]}) == [("literal_error", ("few", 0))]
+    assert problems(Inner, {"few": ["r", "s"]}) == [("literal_error", ("few", 0)), ("literal_error", ("few", 1))]
+
+
 def test_what_is_refused_is_told_as_pydantic_tells_it() -> None:
     """The error types `check`'s messages are chosen by, for the readings pydantic refuses apart."""
     assert problems(Inner, {"count": "9" * 5000})[0][0] == "int_parsing_size"

@@ -494,13 +494,22 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
     if origin is tuple:
         if not isinstance(value, list | tuple | set | frozenset):
             return _error(errors, loc, "tuple_type", "Input should be a valid tuple")
-        item = get_args(annotation)[0]
-        items = [_check(item, each, (*loc, n), errors) for n, each in enumerate(value)]
-        held = tuple(each for each in items if each is not _BAD)
-        if len(held) < len(items):  # (the length is judged on the items that hold, as pydantic does)
-            for step in metadata:
-                if isinstance(step, FieldInfo) and step.min_length is not None and len(held) < step.min_length:
-                    step.constrained(held, loc, errors)
+        item, before, kept = get_args(annotation)[0], len(errors), []
+        bounds = [step for step in metadata if isinstance(step, FieldInfo)]
+        for n, each in enumerate(value):  # (the length is judged on the items that hold, as pydantic does)
+            if (made := _check(item, each, (*loc, n), errors)) is _BAD:
+                continue
+            kept.append(made)
+            if any(bound.max_length is not None and len(kept) > bound.max_length for bound in bounds):
+                del errors[before:]  # (the first item held past the bound ends the reading: too long, alone)
+                for bound in bounds:
+                    bound.constrained(tuple(value), loc, errors)
+                return _BAD
+        held = tuple(kept)
+        if len(held) < len(value):
+            for bound in bounds:
+                if bound.min_length is not None and len(held) < bound.min_length:
+                    bound.constrained(held, loc, errors)
             return _BAD
         return held
     if origin is dict:
