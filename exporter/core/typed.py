@@ -432,8 +432,9 @@ def _checks_hold(made: Model, loc: Loc, errors: list[dict[str, Any]]) -> bool:
     return all(_ran(check, made, loc, errors) is not _BAD for check in type(made)._model_checks)
 
 
-def _picks(step: Discriminator | FieldInfo) -> bool:
-    return isinstance(step, Discriminator) or step.discriminator is not None
+def _picks(step: Any) -> bool:
+    """Whether `step`, a piece of a union's metadata, says which member a value is."""
+    return isinstance(step, Discriminator) or (isinstance(step, FieldInfo) and step.discriminator is not None)
 
 
 _TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
@@ -445,7 +446,7 @@ _INT_RANGE = 2**63
 _SCALARS = (str, int, float, bool, SecretStr)
 
 
-def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], metadata: tuple[Any, ...] = ()) -> Any:
+def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], metadata: tuple[Any, ...]) -> Any:
     if isinstance(value, bytes) and annotation in _SCALARS:  # (YAML's `!!binary`, read as its text)
         try:
             value = value.decode()
@@ -474,8 +475,6 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
         if isinstance(value, str):
             return SecretStr(value)
         return _error(errors, loc, "string_type", "Input should be a valid string")
-    if annotation is Any:
-        return value
     if isinstance(annotation, _ModelType):
         if isinstance(value, annotation):
             return value
@@ -525,7 +524,7 @@ def _typed(annotation: Any, value: Any, loc: Loc, errors: list[dict[str, Any]], 
         members = [m for m in get_args(annotation) if m is not type(None)]
         if value is None and len(members) < len(get_args(annotation)):
             return None
-        picks = next((m for m in metadata if isinstance(m, Discriminator | FieldInfo) and _picks(m)), None)
+        picks = next((m for m in metadata if _picks(m)), None)
         if picks is not None:
             return _picked(members, picks, value, loc, errors)
         if len(members) == 1:
