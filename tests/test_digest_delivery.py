@@ -1041,25 +1041,32 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
     clock: Clock,
 ) -> None:
     """Dropped for `chat` while the state file refused to write it, then written after a reload that
-    names `hook` instead: `hook` gets it, not the `chat` that reload removed. Dropped between the
-    reload's new config and its notifiers reaching the dispatcher: it waits for the one named then."""
+    names `hook` instead (the file refusing the reload's own drop too): `hook` gets it, not the
+    `chat` that reload removed. Dropped between the reload's new config and its notifiers reaching
+    the dispatcher: it waits for the one named then."""
     store = AlertStore(StateStore(":memory:"))
     wanted = ["chat"]
     dispatcher = Dispatcher(webhooks("mail", "chat", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
     store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
-    refuse = [True]
-    drop = store.drop_waiting
+    refuse = {"drop_waiting": True, "discard": True}
 
-    def refusing(*args: Any) -> list[str] | None:
-        if refuse and refuse.pop():
-            raise StateError("state.db", "disk full")
-        return drop(*args)
+    def refusing(name: str) -> Any:
+        write = getattr(store, name)
 
-    store.drop_waiting = refusing  # type: ignore[method-assign]
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if refuse.pop(name, False):
+                raise StateError("state.db", "disk full")
+            return write(*args, **kwargs)
+
+        return refused
+
+    store.drop_waiting = refusing("drop_waiting")  # type: ignore[method-assign]
+    store.discard = refusing("discard")  # type: ignore[method-assign]
     with pytest.raises(StateError):
         dispatcher.deliver()
     wanted = ["hook"]
-    dispatcher.configure(webhooks("mail", "hook"), "")
+    dispatcher.configure(webhooks("mail", "hook"), "")  # (its drop refused: the digest is still `mail`'s)
+    assert waiting(store) == [("mail", "daily:2026-11-22")]
     dispatcher.deliver()  # (nothing listens: it stays queued)
     assert waiting(store) == [("hook", "daily:2026-11-22")]
 
@@ -1071,6 +1078,30 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
     dispatcher.deliver()
     dispatcher.configure(webhooks("mail", "chat"), "")
     assert waiting(store) == [("chat", "daily:2026-11-22")]
+
+
+def test_a_digest_a_reload_hands_on_as_its_worker_takes_it_up_is_dropped_once(clock: Clock) -> None:
+    """The reload that sends digests to `hook` comes as `mail`'s worker has read the digest at the
+    head of its queue: the reload hands it on and counts it dropped; the worker, finding it
+    `mail`'s no more, neither counts it again nor logs it handed on to no one."""
+    store = AlertStore(StateStore(":memory:"))
+    wanted = ["mail"]
+    dispatcher = Dispatcher(webhooks("mail", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
+    head = store.head
+
+    def read_then_reloaded(name: str, now: float) -> Any:
+        nonlocal wanted
+        found = head(name, now)
+        if name == "mail" and wanted == ["mail"]:
+            wanted = ["hook"]
+            dispatcher.configure(webhooks("mail", "hook"), "")
+        return found
+
+    store.head = read_then_reloaded  # type: ignore[method-assign]
+    dispatcher._drain("mail")
+    assert waiting(store) == [("hook", "daily:2026-11-22")]
+    assert dispatcher.discarded["notifier_removed"] == 1
 
 
 def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_path: Path) -> None:

@@ -557,12 +557,15 @@ class Dispatcher:
             reason = taken.spared if taken is not None and taken.row == row else None
         if reason is None:
             return False
-        if (given := self._record(name, partial(self._drop_waiting, row[0], row[1], now, reason))) is not None:
-            self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
+        given = self._record(name, partial(self._drop_waiting, row[0], row[1], now, reason))
+        self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
         return True
 
-    def _dropped_as_removed(self, name: str, given: list[str], message: str) -> None:
-        """Count, log and hand on a notification dropped as its notifier takes it no more."""
+    def _dropped_as_removed(self, name: str, given: list[str] | None, message: str) -> None:
+        """Count, log and hand on a notification dropped as its notifier takes it no more (`given`:
+        those a digest went to; None: it waited no more, dropped already, by a reload)."""
+        if given is None:
+            return
         with self._counts:
             self.discarded["notifier_removed"] += 1
         log.info(message, notifier=name, handed_on_to=",".join(given) or "none")
@@ -599,9 +602,7 @@ class Dispatcher:
                 continue
             if head.digest is not None and self._takes_no_digests(name):
                 given = self._record(name, partial(self._drop_waiting, "digest_outbox", head.id, now, NO_DIGESTS))
-                self._dropped_as_removed(
-                    name, given or [], "queued digest dropped: its notifier takes no digests any more"
-                )
+                self._dropped_as_removed(name, given, "queued digest dropped: its notifier takes no digests any more")
                 continue
             self._asked.pop(name, None)
             try:
