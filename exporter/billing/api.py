@@ -170,7 +170,7 @@ class Listings(abc.ABC):
         def sized(page_num: int) -> Answer:
             return ask(page_num, page_size)
 
-        records, total = read(first_page, page_size, self._one(sized, first_page))
+        records, total = self._read_one(ask, read, first_page, page_size)
         yield first_page, records, total
         if capped(first_page, len(records), page_size, total):
             page_size = len(records)
@@ -193,7 +193,7 @@ class Listings(abc.ABC):
         page_num, size = tail
         while last_page is None and size >= page_size and page_num * page_size < total:
             page_num += 1
-            records, total = read(page_num, page_size, self._one(sized, page_num))
+            records, total = self._read_one(ask, read, page_num, page_size)
             size = len(records)
             yield page_num, records, total
 
@@ -232,7 +232,7 @@ class Listings(abc.ABC):
             # rows, not their amounts: an amount revised meanwhile moves no row).
             if len(totals) == 1 and (
                 len(bills) <= len(first)
-                or list(map(_row, self._first_again(ask, read, len(first)))) == list(map(_row, first))
+                or list(map(_row, self._read_one(ask, read, 1, len(first))[0])) == list(map(_row, first))
             ):
                 (total,) = totals
                 if len(bills) != total:
@@ -241,9 +241,9 @@ class Listings(abc.ABC):
             log.info("the bills changed while they were read; reading them again", listing=what)
         raise RecordError(f"{what}: the list changed while it was read, {LISTING_READS} times running")
 
-    def _first_again(self, ask: Ask, read: Read[R], size: int) -> tuple[R, ...]:
-        """Page 1 read again, at the `size` its pages were read at."""
-        return read(1, size, self._one(lambda page_num: ask(page_num, size), 1))[0]
+    def _read_one(self, ask: Ask, read: Read[R], page_num: int, page_size: int) -> tuple[tuple[R, ...], int]:
+        """One page, asked for with `ask` (by `_one`) and read here with `read`: (records, total)."""
+        return read(page_num, page_size, self._one(lambda n: ask(n, page_size), page_num))
 
     def _usage_listing(self, day: dt.date) -> tuple[Ask, Read[UsageRecord]]:
         """How a page of the day's usage is asked for, and how its answer is read."""
@@ -298,7 +298,7 @@ class Listings(abc.ABC):
     def usage_page(self, day: dt.date, page_num: int) -> UsagePage:
         """One page of a day's usage records (page 1 also tells whether the service caps pages)."""
         (ask, read), page_size = self._usage_listing(day), self.page_size
-        records, total = read(page_num, page_size, self._one(lambda n: ask(n, page_size), page_num))
+        records, total = self._read_one(ask, read, page_num, page_size)
         if capped(page_num, len(records), page_size, total):
             self.adopt_cap(len(records))
         return UsagePage(page_num=page_num, records=records, total=total)
