@@ -302,7 +302,8 @@ def test_a_reset_the_state_file_refuses_to_keep_moves_nothing(
     monkeypatch.setattr(store, "save_usage", refused)
     with pytest.raises(StateError):
         sync.refresh()
-    repriced = sync.reprice([])
+    sync.set_prices([])
+    repriced = sync.reprice()
     assert repriced is not None
     assert (repriced.records, repriced.created) == (first.records, first.created)
     monkeypatch.setattr(store, "save_usage", save)
@@ -794,7 +795,7 @@ def test_prices_set_while_the_figures_are_priced_anew_are_not_taken_for_those_th
     snapshot = sync._snapshot
 
     def reload_lands(*args: Any, **kwargs: Any) -> UsageSnapshot:
-        sync.prices = {p.model: p for p in DEAR}
+        sync.set_prices(DEAR)
         return snapshot(*args, **kwargs)
 
     sync._snapshot = reload_lands  # type: ignore[method-assign]
@@ -815,7 +816,8 @@ def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_f
     sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=a_only)
     first = sync.refresh()
     assert {k.model for k in first.totals} == {"model-a", "model-b"}
-    again = sync.reprice(DEAR)
+    sync.set_prices(DEAR)
+    again = sync.reprice()
     assert again is not None
     assert again.created == first.created
     for key, totals in first.totals.items():
@@ -842,7 +844,8 @@ def test_new_prices_price_what_is_counted_from_then_on_and_the_next_day_counts_f
     assert today.previous_day is not None  # a gauge: the whole day at the prices of now
     for totals in today.previous_day.totals.values():
         assert totals.estimated_payable == by_hand(1000, 2000, totals)
-    repriced = sync.reprice(a_only)
+    sync.set_prices(a_only)
+    repriced = sync.reprice()
     assert repriced is not None
     assert repriced.previous_day is not None
     for key, totals in today.previous_day.totals.items():
@@ -864,8 +867,7 @@ def test_prices_taken_while_a_poll_ran_price_what_it_counts_and_reprice_the_day_
     first = sync.refresh()
     assert first.previous_day is not None
     # What a reload does when a usage refresh holds the lock: the prices only (see Daemon._reprice).
-    sync.prices = {p.model: p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000})
-                   for p in CHEAP}  # fmt: skip
+    sync.set_prices(p.model_copy(update={"prompt_per_million": 1000, "completion_per_million": 2000}) for p in CHEAP)
     later = sync.refresh()  # nothing new upstream: the day before is priced anew all the same
     assert later.previous_day is not None
     for key, totals in first.previous_day.totals.items():
@@ -887,7 +889,8 @@ def test_records_removed_after_a_price_change_restart_the_counter_at_the_prices_
     sim.add_usage(400)
     sync = UsageSync(fake_pages, clock, store, per_api_key=False, prices=CHEAP)
     first = sync.refresh()
-    sync.reprice(DEAR)
+    sync.set_prices(DEAR)
+    sync.reprice()
     sim.remove_usage([3, 250])
     frozen.advance(dt.timedelta(minutes=5))
     after = sync.refresh()

@@ -382,7 +382,7 @@ class Daemon:
             before = old.accounts.get(name)
             if before is None or before.config.prices == account.config.prices:
                 continue
-            account.usage.prices = {p.model: p for p in account.config.prices}
+            account.usage.set_prices(account.config.prices)
             if not self._priced_anew(name):
                 self._run_soon(source_key(name, "usage"))  # (the refresh in flight: new figures, at once)
 
@@ -390,8 +390,9 @@ class Daemon:
         """Today's and yesterday's usage estimates of the account `name` is now priced with the
         prices the last reload set on its usage, with no API call; False when a usage refresh is in
         flight (it prices its figures with them, or, if it began before they came, `refresh` calls
-        this again as it ends, failed or not). The account is looked up here, under the lock: one a
-        caller looked up before may have been replaced by a reload since."""
+        this again as it ends, failed or not). The account is looked up here, as it is now: one a
+        caller looked up before may have been replaced by a reload since (the usage lock keeps
+        refreshes out, not reloads: a reload that comes after is caught as the figures are shown)."""
         key = source_key(name, "usage")
         lock = self._locks.setdefault(key, threading.Lock())
         if not lock.acquire(blocking=False):

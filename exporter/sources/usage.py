@@ -97,7 +97,8 @@ class UsageSync(UsageReader):
         self.skew = skew
         """The API's clock minus ours, in seconds, as last seen (None: not seen yet)."""
         self.state = state
-        self.prices = {p.model: p for p in prices}
+        self.prices: dict[str, PriceConfig] = {}
+        self.set_prices(prices)
         self.resyncs = 0
         self._day: dt.date | None = None
         self._aggregate = Aggregate(per_api_key)
@@ -162,16 +163,18 @@ class UsageSync(UsageReader):
         prices came while a refresh ran)."""
         return self._published is not None and self._published_prices is not self.prices
 
-    def reprice(self, prices: Iterable[PriceConfig] | None = None) -> UsageSnapshot | None:
-        """Take new prices (None: the ones set on it last, `prices`); the figures with them (None
-        before the first sync). No API call.
+    def set_prices(self, prices: Iterable[PriceConfig]) -> None:
+        """Price with `prices` from now on: the next refresh, or `reprice`, takes them."""
+        self.prices = {p.model: p for p in prices}
+
+    def reprice(self) -> UsageSnapshot | None:
+        """The figures priced anew with the prices set last (None before the first sync). No API
+        call.
 
         Today's estimates are counters: they keep what they counted, and the new prices price the
         tokens counted from now on (and those of a model that had no price). The finalised day
         before is priced anew whole. What this counted is saved by the next poll.
         """
-        if prices is not None:
-            self.prices = {p.model: p for p in prices}
         table = self.prices  # once: a reload may set new ones while this runs (it then runs again)
         if self._day is None or self._cursor is None:
             return None
