@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -24,6 +25,7 @@ from exporter.billing import (
     BillingClient,
     BillingError,
     BillingUnavailable,
+    BillRecord,
     ClientClosed,
     RecordError,
     RetryPolicy,
@@ -131,6 +133,24 @@ def test_pages_are_parsed_by_their_reader_and_the_page_threads_only_fetch(
     assert sorted(p.page_num for p in pages) == [1, 2, 3, 4, 5]
     assert sum(len(p.records) for p in pages) == 2345
     assert decoded_in == [threading.get_ident()] * 5
+
+
+def test_bill_pages_are_parsed_by_their_reader_too(
+    sim: Simulator, client: BillingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bill is made once, in the thread that reads the pages (page 1 read again at the end is
+    read again: its 100 bills twice)."""
+    sim.endpoints = tuple(Endpoint(f"ep-{n:02d}", "model-a", "proj-main") for n in range(10))
+    parsed_in: list[int] = []
+    parse = api.parse_bill
+
+    def recorded(*args: Any) -> BillRecord:
+        parsed_in.append(threading.get_ident())
+        return parse(*args)
+
+    monkeypatch.setattr(api, "parse_bill", recorded)
+    assert len(client.bills("2026-11", GROUP_TERM_INSTANCE)) == 22 * 10  # three pages of 100
+    assert parsed_in == [threading.get_ident()] * (22 * 10 + 100)
 
 
 def test_usage_with_an_exact_multiple_stops_when_total_is_reached(sim: Simulator, client: BillingClient) -> None:
@@ -580,9 +600,19 @@ def test_a_skewed_clock_is_corrected_from_the_servers_date(
     assert sum("clock skew" in r.getMessage() for r in caplog.records) == 1  # logged once, not per request
 
 
-def test_the_skew_follows_each_date_the_server_gives_against_our_clock_as_it_is_then() -> None:
+def test_the_skew_follows_each_date_the_server_gives_against_our_clock_as_it_is_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A `Date` said again is read once and measured against our clock as it is when it comes;
     a new one is read afresh; one that is no date tells nothing, however often it comes."""
+    read: list[str] = []
+    parse = email.utils.parsedate_to_datetime
+
+    def counted(header: str) -> dt.datetime:
+        read.append(header)
+        return parse(header)
+
+    monkeypatch.setattr(email.utils, "parsedate_to_datetime", counted)
     ours = [1_800_000_000.0]
     signer = BillingSigner("AKID", "secret", time_fn=lambda: ours[0])
     skews: list[float] = []
@@ -594,10 +624,11 @@ def test_the_skew_follows_each_date_the_server_gives_against_our_clock_as_it_is_
         client._observe_clock(at)
         client._observe_clock("not a date")
         client._observe_clock("not a date")
-        client._observe_clock(email.utils.formatdate(ours[0] + 3, usegmt=True))
+        client._observe_clock(later := email.utils.formatdate(ours[0] + 3, usegmt=True))
         client._observe_clock(at)
     assert skews == [0, -7, 3, -7]
     assert client.clock_skew == -7
+    assert read == [at, "not a date", "not a date", later, at]
 
 
 def test_a_wrong_secret_is_not_retried_when_the_clocks_agree(

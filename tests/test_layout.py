@@ -43,8 +43,9 @@ CONFIG_ONLY = (
     # what the daemon's work needs and a config does not: mail, snapshots, alerts, the state's tables
     *("smtplib", "ssl", "msgspec", "exporter.model.snapshots", "exporter.alerts.alert", "exporter.state.store"),
     # what would take the start-up past three times a bare interpreter's (`bench.startup`): a validation
-    # library, logging, dataclasses (with `inspect`), the email package, the database
-    *("pydantic", "logging", "dataclasses", "inspect", "email", "sqlite3", "exporter.state.file"),
+    # library, logging, dataclasses (with `inspect`), the email package, the database, `tempfile` (the
+    # state file's location is tried by hand)
+    *("pydantic", "logging", "dataclasses", "inspect", "email", "sqlite3", "exporter.state.file", "tempfile"),
 )
 
 
