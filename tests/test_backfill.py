@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import itertools
+import json
+import math
 import os
 import re
 import signal
@@ -19,6 +22,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -34,6 +38,7 @@ from exporter.core.clock import Clock, FrozenClock, previous_period
 from exporter.metrics.collectors import BillsCollector, ExporterCollector
 from exporter.model.snapshots import DailyAmount, Latest
 from exporter.replay.backfill import (
+    BLOCK,
     CALENDAR_STEP,
     MAX_MONTHS,
     STEP,
@@ -42,7 +47,9 @@ from exporter.replay.backfill import (
     Month,
     _Calendar,
     backfill,
+    block_cuts,
     fetch,
+    file_name,
     months,
     render,
     replacing,
@@ -282,6 +289,81 @@ def test_a_month_refused_or_empty_is_left_out_never_zeros(clock: Clock, tmp_path
         backfill(Answers({"2026-07": signature}), clock, ["2026-07", "2026-08"], output, grace_days=3, history=True)  # type: ignore[arg-type]  # fmt: skip
 
 
+def samples_of(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+
+
+@pytest.mark.parametrize("zone", ["Asia/Shanghai", "Etc/GMT+1"])
+def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
+    frozen: FrozenClock, tmp_path: Path, output: Path, zone: str
+) -> None:
+    """`--output-dir`: each file's samples lie in one of promtool's blocks, a block no other file
+    reaches, and together the files hold the one file's samples, each once. At UTC-1 a day starts
+    at 01:00 UTC, so a day series' last sample (a millisecond before the hour before its end) falls
+    just before a cut (00:00 UTC) on some days: it stays in the earlier file."""
+    clock = Clock(ZoneInfo(zone), frozen)
+    sim = Simulator(clock=clock, spend=SpendModel(start=dt.date(2026, 6, 1)))
+    periods = months("2026-08", None, "2026-11")
+    whole = backfill(FakeBilling(sim), clock, periods, output, grace_days=3, history=True)
+    directory = tmp_path / "files"
+    split = backfill(FakeBilling(sim), clock, periods, directory, grace_days=3, history=True, directory=True)
+    assert (split.written, split.series, split.samples, split.start, split.end) == (
+        whole.written, whole.series, whole.samples, whole.start, whole.end
+    )  # fmt: skip
+    start, end = int(split.start.timestamp()), int(split.end.timestamp())
+    names = [file_name(at) for at in (start, *block_cuts(start, end))]
+    assert [p.name for p in split.files] == sorted(p.name for p in directory.iterdir()) == names  # (in time order)
+    assert len(names) >= 5
+
+    blocks, together, cut_edges = [], Counter[str](), 0
+    families = [line for line in output.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+    for path in split.files:
+        scan(path, set())  # (each file as promtool and OpenMetrics need it)
+        assert [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")] == families
+        lines = samples_of(path)
+        times = [float(line.rsplit(" ", 1)[1]) for line in lines]
+        (block,) = {math.floor(t) // BLOCK for t in times}
+        blocks.append(block)
+        together.update(lines)
+        cut_edges += sum(1 for t in times if (math.floor(t) + 1) % BLOCK == 0 and t % 1)
+    assert blocks == sorted(set(blocks))  # (one block a file, never another's)
+    assert together == Counter(samples_of(output))
+    assert cut_edges > 0 if zone == "Etc/GMT+1" else cut_edges == 0
+
+
+def test_an_output_directory_keeps_to_its_own_files(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
+    """The same command again replaces its own files; a directory holding another `.om` file (which
+    would be loaded with them) or a file in its place is refused; a run that fails leaves the
+    files as they were, and no partial one."""
+    sim.spend = SpendModel(start=dt.date(2026, 8, 1))
+    directory = tmp_path / "made" / "files"
+    write = lambda client: backfill(client, clock, ["2026-10"], directory, grace_days=3, history=False, directory=True)  # noqa: E731
+    first = write(FakeBilling(sim))
+    written = {path: path.read_bytes() for path in first.files}
+    first.files[0].write_text("an earlier run's\n")
+    assert write(FakeBilling(sim)).files == first.files
+    assert {path: path.read_bytes() for path in first.files} == written
+
+    refused = BillingAPIError("bills 2026-10: code 100500", status=200, code=100500, message="internal")
+    with pytest.raises(BackfillError, match="nothing written"):
+        write(Answers({"2026-10": refused}))
+    (directory / "backfill-20260101T0000Z.om").write_text("another run's\n")
+    (directory / "notes.txt").write_text("not OpenMetrics: left alone\n")
+    with pytest.raises(FileExistsError, match=r"it holds backfill-20260101T0000Z\.om, which this run does not write"):
+        write(FakeBilling(sim))
+    (directory / "z.om").write_text("another\n")
+    with pytest.raises(FileExistsError, match=r"it holds backfill-20260101T0000Z\.om and 1 more, which"):
+        write(FakeBilling(sim))
+    assert {path: path.read_bytes() for path in first.files} == written
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [*(p.name for p in first.files), "backfill-20260101T0000Z.om", "notes.txt", "z.om"]
+    )
+    (tmp_path / "a-file").write_text("kept\n")
+    with pytest.raises(FileExistsError, match="it is not a directory"):
+        backfill(FakeBilling(sim), clock, ["2026-10"], tmp_path / "a-file", grace_days=3, history=False, directory=True)
+    assert (tmp_path / "a-file").read_text() == "kept\n"
+
+
 @pytest.mark.parametrize(
     ("first", "last", "error"),
     [
@@ -495,6 +577,47 @@ def test_refused_credentials_write_nothing_and_name_no_secret(
     assert (tmp_path / "out.om").read_text() == "kept\n"
 
 
+@pytest.mark.integration  # the command as a process, against a simulator on loopback
+def test_output_dir_writes_a_file_a_block_and_says_how_to_load_them(
+    tmp_path: Path, spending: tuple[Simulator, SimulatorServer]
+) -> None:
+    sim, server = spending
+    config = write_config(tmp_path, sim, server)
+    env = {"TEST_BILLING_SECRET": sim.secret_access_key}
+    first, *_, last = billing_months(3)
+    directory = tmp_path / "a dir"
+    result = run("backfill", "--config", str(config), "--from", first, "--to", last, "--output-dir", str(directory),
+                 "--label", "=".join(JOB), "--label", "=".join(INSTANCE), env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    files = sorted(directory.iterdir())
+    assert len(files) >= 4
+    assert all(p.name.startswith("backfill-") and p.suffix == ".om" for p in files)
+    assert result.stdout.startswith(f"wrote {directory} ({len(files)} files): {first}, ")
+    load = "promtool tsdb create-blocks-from openmetrics --max-block-duration=486h"
+    assert f"load them with: for file in '{directory}'/*.om; do {load} \"$file\" DIR; done" in result.stdout
+    assert subprocess.run(["grep", "-rqF", sim.secret_access_key, str(directory)]).returncode == 1
+
+    served = dict(sim.requests_served)
+    for args, said in (
+        (["--output", str(tmp_path / "out.om"), "--output-dir", str(directory)], "not allowed with argument"),
+        (["--output-dir", ""], "backfill: error: --output-dir names no directory"),
+        ([], "one of the arguments --output --output-dir is required"),
+    ):
+        refused = run("backfill", "--config", str(config), "--from", first, *args, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert said in refused.stderr
+    (directory / "another.om").write_text("another run's\n")
+    refused = run("backfill", "--config", str(config), "--from", first, "--output-dir", str(directory), env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"inference-cost-exporter backfill: cannot write {directory}: it holds another.om, which this run does not"
+        " write; loaded with these, another run's files would repeat or mix samples (remove them, or choose another"
+        " directory)"
+    ]
+    assert sorted(directory.iterdir()) == sorted([*files, directory / "another.om"])
+    assert sim.requests_served == served  # (refused before any request)
+
+
 def query(url: str, expr: str, at: float) -> list[dict]:
     body = requests.get(f"{url}/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}, timeout=10).json()
     assert body["status"] == "success", f"{expr}: {body.get('error')}"
@@ -624,32 +747,41 @@ def check_edges(url: str, sim: Simulator, refused: str, last: str) -> None:
 
 @pytest.mark.integration  # promtool and Prometheus, twice
 @pytest.mark.timeout(360)
-def test_months_backfilled_one_file_each_answer_as_one_file_of_them_all(
+def test_files_a_block_each_load_into_blocks_apart_that_answer_as_the_one_file(
     sim: Simulator, clock: Clock, tmp_path: Path, output: Path
 ) -> None:
-    """docs/backfill.md's loop for long ranges: a month's series run into the next month's grace days,
-    so two files' blocks overlap there; Prometheus answers the dashboard's queries over them as
-    over one file of both months, in the grace days too."""
+    """`--output-dir`, as docs/backfill.md loads it: promtool makes one block of each file, no two
+    overlapping, and Prometheus answers the dashboard's queries over them as over the one file,
+    at the cuts and in the grace days too."""
     promtool, prometheus = require_binary("promtool"), require_binary("prometheus")
     sim.spend = SpendModel(start=dt.date(2026, 8, 1))
-    files = {"whole": [("2026-09", "2026-10")], "split": [("2026-09", "2026-09"), ("2026-10", "2026-10")]}
-    for name, ranges in files.items():
-        for first, last in ranges:
-            backfill(FakeBilling(sim), clock, months(first, last, "2026-11"), output, grace_days=3, history=False)
-            load = ["tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=486h", str(output)]
+    periods = months("2026-09", "2026-10", "2026-11")
+    whole = backfill(FakeBilling(sim), clock, periods, output, grace_days=3, history=False)
+    split = backfill(FakeBilling(sim), clock, periods, tmp_path / "files", grace_days=3, history=False, directory=True)
+    load = ["tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=486h"]
+    for name, files in (("whole", whole.files), ("split", split.files)):
+        for path in files:
             created = subprocess.run(
-                [promtool, *load, str(tmp_path / name)], capture_output=True, text=True, timeout=300
+                [promtool, *load, str(path), str(tmp_path / name)], capture_output=True, text=True, timeout=300
             )
             assert created.returncode == 0, created.stderr
+    spans = sorted(
+        (meta["minTime"], meta["maxTime"])
+        for meta in (json.loads(p.read_text()) for p in (tmp_path / "split").glob("*/meta.json"))
+    )
+    assert len(spans) == len(split.files) >= 3
+    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans))  # (never overlapping)
+
     (tmp_path / "prometheus.yml").write_text("scrape_configs: []\n")
     panels = [expr for _, expr in panel_queries() if "inference_billing_today_info" in expr]
+    cuts = block_cuts(int(whole.start.timestamp()), int(whole.end.timestamp()))
     instants = [
         clock.day_start(dt.date(2026, 10, day)).timestamp() + seconds
         for day in (1, 2, 3, 4, 15)
         for seconds in (0, 1800, 43200, 86399)
-    ]
+    ] + [cut + offset for cut in cuts for offset in (-1, 0, 1, 3599)]
     answers = {}
-    for name in files:
+    for name in ("whole", "split"):
         port = free_port()
         command = [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / name}",
                    "--storage.tsdb.retention.time=10y", f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip

@@ -241,15 +241,20 @@ def _backfill_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "does), as OpenMetrics text for `promtool tsdb create-blocks-from openmetrics FILE DIR`. Only complete days "
         "(of this month: before today). "
         "A month the API refuses or lists nothing for is skipped and said. Exits 2 for a bad --from, --to, --label "
-        "or --output, and when nothing could be written.",
+        "or --output (--output-dir), and when nothing could be written.",
     )  # fmt: skip
     _config_option(backfill_command)
     backfill_command.add_argument("--from", dest="first", required=True, metavar="YYYY-MM", help="the first month")
     backfill_command.add_argument(
         "--to", dest="last", metavar="YYYY-MM", help="the last month (when not given: this month, its complete days)"
     )
-    backfill_command.add_argument(
-        "--output", required=True, metavar="FILE", help="the file to write (replaced when complete)"
+    written = backfill_command.add_mutually_exclusive_group(required=True)
+    written.add_argument("--output", metavar="FILE", help="the file to write (replaced when complete)")
+    written.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="a directory (made if need be) for one file per block of promtool's (486 h): for more than a few "
+        "months, which promtool then loads in time linear in them, each file once, into blocks that never overlap",
     )
     backfill_command.add_argument(
         "--label",

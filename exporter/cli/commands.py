@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -216,7 +217,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    output = _output("backfill", args.output)
+    directory = args.output_dir is not None
+    if args.output_dir == "":
+        print("inference-cost-exporter backfill: error: --output-dir names no directory", file=sys.stderr)
+        return EXIT_USAGE
+    output = Path(args.output_dir) if directory else _output("backfill", args.output)
     if output is None:
         return EXIT_USAGE
     with BillingClient.from_config(account.billing, clock) as client:
@@ -232,6 +237,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 account=name,  # as the live series of the account are labelled
                 history_months=account.billing.history_months,
                 level=account.forecast.interval,
+                directory=directory,
             )
         except BackfillError as error:
             print(f"inference-cost-exporter backfill: {error}", file=sys.stderr)
@@ -243,12 +249,17 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         print("inference-cost-exporter backfill: note: Prometheus adds `job` and `instance` to the live series; "
               "without --label job=... --label instance=... as your scrape config sets them, the backfilled "
               "series stay apart from the live ones", file=sys.stderr)  # fmt: skip
+    size = sum(path.stat().st_size for path in result.files) / 1e6
     print(
-        f"wrote {output}: {', '.join(result.written)}: {result.series:,} series, {result.samples:,} samples "
-        f"from {result.start:%Y-%m-%d %H:%M} to {result.end:%Y-%m-%d %H:%M} ({config.billing.timezone}), "
-        f"{output.stat().st_size / 1e6:,.1f} MB"
+        f"wrote {output}{f' ({len(result.files)} files)' if directory else ''}: {', '.join(result.written)}: "
+        f"{result.series:,} series, {result.samples:,} samples from {result.start:%Y-%m-%d %H:%M} to "
+        f"{result.end:%Y-%m-%d %H:%M} ({config.billing.timezone}), {size:,.1f} MB"
     )
-    print(f"load it with: promtool tsdb create-blocks-from openmetrics --max-block-duration=486h {output} DIR")
+    load = "promtool tsdb create-blocks-from openmetrics --max-block-duration=486h"
+    if directory:
+        print(f'load them with: for file in {shlex.quote(str(output))}/*.om; do {load} "$file" DIR; done')
+    else:
+        print(f"load it with: {load} {shlex.quote(str(output))} DIR")
     print(
         "query its bill series through last_over_time(...[1h]), as the dashboard does: their samples are an hour apart"
     )

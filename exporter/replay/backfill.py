@@ -34,6 +34,7 @@ import errno
 import os
 import re
 import stat
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,6 +76,12 @@ match yesterday's and today's at once for an hour after midnight). One series a 
 of the file."""
 WINDOW = "1h"
 """The range over which queries read a backfilled bill series (`last_over_time`): `STEP`."""
+BLOCK = 486 * 3600
+"""The blocks `promtool tsdb create-blocks-from openmetrics --max-block-duration=486h` writes:
+486 hours (the longest of its ranges, 2 hours times powers of 3, within that), each from a multiple
+of it since the Unix epoch. It reads the whole file again for each block, so a file of many blocks
+costs it the file's size times their number: `--output-dir` writes a file for each, which it reads
+once, and whose blocks never overlap another file's."""
 HEAD_BLOCK = dt.timedelta(hours=3)
 """Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -119,6 +126,8 @@ class Result:
     start: dt.datetime
     end: dt.datetime
     """The samples lie in [start, end)."""
+    files: tuple[Path, ...] = ()
+    """The files written, in time order."""
 
 
 # --- the command's arguments ----------------------------------------------------------------
@@ -238,10 +247,14 @@ class _Calendar:
 
 class _Writer:
     """OpenMetrics text: each family once, each series' samples together and in time order, every
-    sample within [start, end)."""
+    sample within [start, end). With several outputs, each takes the samples from its cut on (the
+    first from `start`): each output is a file of its own, every family in it."""
 
-    def __init__(self, out: TextIO, target: Labels, start: int, end: int) -> None:
-        self.out = out
+    def __init__(self, outs: Sequence[TextIO], target: Labels, start: int, end: int, cuts: Sequence[int] = ()) -> None:
+        if len(cuts) != len(outs) - 1 or list(cuts) != sorted(cuts) or not all(start < c < end for c in cuts):
+            raise ValueError(f"{len(outs)} outputs need as many cuts, less one, ascending within [{start}, {end})")
+        self.outs = outs
+        self.cuts = cuts
         self.target = target
         self.start = start
         self.end = end
@@ -249,7 +262,12 @@ class _Writer:
         self.samples = 0
 
     def family(self, family: Metric) -> None:
-        self.out.write(f"# TYPE {family.name} {family.type}\n# HELP {family.name} {_escape(family.documentation)}\n")
+        for out in self.outs:
+            out.write(f"# TYPE {family.name} {family.type}\n# HELP {family.name} {_escape(family.documentation)}\n")
+
+    def close(self) -> None:
+        for out in self.outs:
+            out.write("# EOF\n")
 
     def write(
         self,
@@ -268,17 +286,24 @@ class _Writer:
         for value, since, until in segments:
             first = since + max(0, -(-(self.start - since) // step)) * step
             stop = min(until, self.end)
-            times: list[int | str] = list(range(first, stop, step))
-            if len(times) > 1 and times[-1] != stop - step:
-                times[-1] = stop - step  # seen until `stop`: a day of 23.5 hours, an end off the hour
-            if times and times[-1] == stop - step:
+            stamps = list(range(first, stop, step))
+            if len(stamps) > 1 and stamps[-1] != stop - step:
+                stamps[-1] = stop - step  # seen until `stop`: a day of 23.5 hours, an end off the hour
+            if not stamps:
+                continue
+            times: list[int | str] = list(stamps)
+            begins = [bisect_left(stamps, cut) for cut in self.cuts]  # (where each output's samples begin)
+            if stamps[-1] == stop - step:
                 # A millisecond earlier: seen until just before `stop`, never at it (Prometheus 2
                 # takes both ends of a window: yesterday's series and today's would be found at once).
+                # On a cut, it is the earlier output's.
                 times[-1] = f"{stop - step - 1}.999"
-            if times:
-                prefix = f"{name}{{{text}}} {value} "
-                self.out.write("".join(f"{prefix}{t}\n" for t in times))
-                written += len(times)
+                begins = [len(stamps) if cut == stamps[-1] else at for cut, at in zip(self.cuts, begins, strict=True)]
+            prefix = f"{name}{{{text}}} {value} "
+            for out, low, high in zip(self.outs, [0, *begins], [*begins, len(times)], strict=True):
+                if low < high:
+                    out.write("".join(f"{prefix}{t}\n" for t in times[low:high]))
+            written += len(times)
         if written:
             self.series += 1
             self.samples += written
@@ -340,15 +365,19 @@ def render(
     step: int = STEP,
     history_months: int = 3,
     level: float = DEFAULT_LEVEL,
+    cuts: Sequence[tuple[int, TextIO]] = (),
 ) -> tuple[int, int]:
-    """Write the months' series over `span` (Unix seconds, [start, end)). `before`: the account's
+    """Write the months' series over `span` (Unix seconds, [start, end)) to `out`, or, with `cuts`
+    ((time, output) by time, within the span), the samples from each cut's time on to its output
+    instead, each output a whole file. `before`: the account's
     days of the months before the first month, by period; `account`: the `account` label of an
     account of several, on its series (`inference_billing_today_info`, the process's own, has none);
     `step`: seconds between a bill series' samples (`CALENDAR_STEP` writes them as a Prometheus
     scraping every 5 minutes stores them, for queries without `last_over_time`). Returns the number
     of series and of samples."""
     families = _families(calendar.clock)
-    writer = _Writer(out, (*target, *([("account", account)] if account else [])), *span)
+    labels = (*target, *([("account", account)] if account else []))
+    writer = _Writer([out, *(o for _, o in cuts)], labels, *span, [t for t, _ in cuts])
     ordered = [months[period] for period in sorted(months)]
     account_days = {**(before or {}), **{m.period: per_day(m.by_item) for m in ordered}}
     for name, key, amounts in (
@@ -375,7 +404,7 @@ def render(
         info = (("day", day.isoformat()), ("period", calendar.clock.period(day)))
         writer.write(TODAY_INFO, info, [("1", calendar.at(day), calendar.at(following))], CALENDAR_STEP, target)
         day = following
-    out.write("# EOF\n")
+    writer.close()
     return writer.series, writer.samples
 
 
@@ -453,6 +482,38 @@ def _take_on(fd: int, path: Path, before: os.stat_result) -> None:
     os.fchmod(fd, stat.S_IMODE(before.st_mode))
 
 
+def block_cuts(start: int, end: int) -> list[int]:
+    """promtool's block boundaries within (start, end): where `--output-dir`'s files are cut."""
+    return list(range((start // BLOCK + 1) * BLOCK, end, BLOCK))
+
+
+def file_name(start: int) -> str:
+    """The name of `--output-dir`'s file of samples from `start` on: its UTC time, so that the
+    names sort as the files' times do (`backfill-20261008T0600Z.om`)."""
+    return f"backfill-{dt.datetime.fromtimestamp(start, dt.UTC):%Y%m%dT%H%MZ}.om"
+
+
+def _prepare(directory: Path, names: Iterable[str]) -> None:
+    """`directory`, made if it is not there; FileExistsError when it is something else, or holds a
+    `.om` file this run does not write (`names`): loaded with these, another run's file would
+    repeat their samples, or mix an earlier day's figures with them. Files of these names are
+    replaced, so the same command run again replaces its own files."""
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(errno.EEXIST, "it is not a directory (left as it is)", str(directory))
+    directory.mkdir(parents=True, exist_ok=True)
+    others = sorted(
+        entry.name for entry in directory.iterdir() if entry.name.endswith(".om") and entry.name not in names
+    )
+    if others:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"it holds {others[0]}{f' and {len(others) - 1} more' if len(others) > 1 else ''}, which this run"
+            " does not write; loaded with these, another run's files would repeat or mix samples (remove them,"
+            " or choose another directory)",
+            str(directory),
+        )
+
+
 def backfill(
     client: BillingAPI,
     clock: Clock,
@@ -465,14 +526,18 @@ def backfill(
     account: str = "",
     history_months: int = 3,
     level: float = DEFAULT_LEVEL,
+    directory: bool = False,
 ) -> Result:
-    """Fetch `periods` (consecutive, oldest first) and write their series to `output`.
+    """Fetch `periods` (consecutive, oldest first) and write their series to `output`: a file, or,
+    with `directory`, a directory of files cut where promtool cuts its blocks (`BLOCK`), named by
+    `file_name`.
 
     `grace_days`, `history` and `history_months` as the exporter's `billing.previous_month_grace_days`,
     `billing.history_months > 0` and `billing.history_months`; `account` as `render` takes it.
     BackfillError when nothing could be written (`output` is then left as it was); OSError when
-    `output` cannot be written, FileExistsError when it is there and is not a regular file (it is
-    left as it is too).
+    `output` cannot be written, FileExistsError when it is there and is not a regular file, or
+    not a directory, or a directory holding other `.om` files (it is left as it is too). The files
+    replace their namesakes only once every one is complete.
     """
     calendar = _Calendar(clock, grace_days)
     now = clock.now()
@@ -484,14 +549,20 @@ def backfill(
     )
     if end <= start:
         raise BackfillError(f"nothing to backfill yet: {periods[0]} has no complete day")
-    with replacing(output) as out:
+    cuts = block_cuts(start, end) if directory else []
+    files = [output / file_name(at) for at in (start, *cuts)] if directory else [output]
+    if directory:
+        _prepare(output, {path.name for path in files})
+    with contextlib.ExitStack() as stack:
+        out, *more = [stack.enter_context(replacing(path)) for path in files]
         found, skipped = fetch(client, periods)
         if not found:
             raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
         count = history_months if history else 1 if grace_days else 0
         before = _months_before(client, periods[0], count)  # (whether --from's own month was found or not)
         series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target,
-                                 account=account, history_months=history_months, level=level)  # fmt: skip
+                                 account=account, history_months=history_months, level=level,
+                                 cuts=list(zip(cuts, more, strict=True)))  # fmt: skip
     return Result(
         written=tuple(sorted(found)),
         skipped=tuple(skipped),
@@ -499,4 +570,5 @@ def backfill(
         samples=samples,
         start=dt.datetime.fromtimestamp(start, clock.tz),
         end=dt.datetime.fromtimestamp(end, clock.tz),
+        files=tuple(files),
     )
