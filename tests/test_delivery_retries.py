@@ -79,6 +79,33 @@ def test_a_notification_refused_outright_is_dropped_and_counted_as_discarded(
     assert discarded["refused"] == 1
 
 
+def test_a_drop_the_state_file_refused_is_counted_once_it_is_written(
+    frozen: FrozenClock, receiver: Receiver, queued: tuple[Dispatcher, AlertStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused outright for the last time, the notification is dropped; the state file refuses to
+    write so once, and the drop is written when delivery resumes: counted then, once."""
+    dispatcher, store = queued
+    receiver.redirect_to = "https://elsewhere.example/"  # (a redirect is never followed: refused)
+    delivered, refused = store.delivered, []
+
+    def refusing_once(entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
+        if dropped and not refused:
+            refused.append(entry_id)
+            raise StateError(":memory:", "database is locked")
+        delivered(entry_id, now, dropped, table=table)
+
+    monkeypatch.setattr(store, "delivered", refusing_once)
+    for _ in range(GIVE_UP_AFTER):
+        frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
+        suppress_state_errors(dispatcher.deliver)
+    assert refused
+    assert (dispatcher.counts()[2]["refused"], dispatcher.pending()) == (0, {"hook": 1})  # (not written: waits)
+    for _ in range(2):
+        dispatcher.deliver()
+        assert (dispatcher.counts()[2]["refused"], dispatcher.pending()) == (1, {})
+    assert receiver.attempts == GIVE_UP_AFTER
+
+
 def test_a_notification_taken_as_a_reload_renames_its_notifier_is_not_dropped_when_its_delivery_is_unsaved(
     receiver: Receiver, queued: tuple[Dispatcher, AlertStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1042,8 +1042,8 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
 ) -> None:
     """Dropped for `chat` while the state file refused to write it, then written after a reload that
     names `hook` instead (the file refusing the reload's own drop too): `hook` gets it, not the
-    `chat` that reload removed. Dropped between the reload's new config and its notifiers reaching
-    the dispatcher: it waits for the one named then."""
+    `chat` that reload removed, and it is counted dropped once written. Dropped between the
+    reload's new config and its notifiers reaching the dispatcher: it waits for the one named then."""
     store = AlertStore(StateStore(":memory:"))
     wanted = ["chat"]
     dispatcher = Dispatcher(webhooks("mail", "chat", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
@@ -1067,8 +1067,10 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
     wanted = ["hook"]
     dispatcher.configure(webhooks("mail", "hook"), "")  # (its drop refused: the digest is still `mail`'s)
     assert waiting(store) == [("mail", "daily:2026-11-22")]
+    assert dispatcher.discarded["notifier_removed"] == 0  # (not written yet)
     dispatcher.deliver()  # (nothing listens: it stays queued)
     assert waiting(store) == [("hook", "daily:2026-11-22")]
+    assert dispatcher.discarded["notifier_removed"] == 1  # (counted once written)
 
     store = AlertStore(StateStore(":memory:"))
     wanted = ["mail"]

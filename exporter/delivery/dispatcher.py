@@ -218,9 +218,10 @@ class Dispatcher:
         self._workers: dict[str, _Worker] = {}
         self._kinds: dict[str, type] = {}
         self._retired: list[_Worker] = []
-        self._unsaved: dict[str, Callable[[], object]] = {}
-        """Per notifier, the outcome of its last delivery that the state file refused to record:
-        written first when delivery resumes, so nothing is sent again meanwhile."""
+        self._unsaved: dict[str, tuple[Callable[[], Any], Callable[[Any], object] | None]] = {}
+        """Per notifier, the outcome of its last delivery that the state file refused to record, and
+        what is done once it is written (`_record`): written first when delivery resumes, so nothing
+        is sent again meanwhile."""
         self._on_the_wire: dict[str, _TakenUp] = {}
         """Per notifier, the queued notification its worker has taken up, until its outcome is
         written: a reload that removes the notifier, or takes digests from it, meanwhile leaves it
@@ -504,16 +505,20 @@ class Dispatcher:
         or nothing to tell that notifier)."""
         return sum(self._drain(notifier.name) for notifier in self.outbox_notifiers)
 
-    def _record(self, name: str, write: Callable[[], T]) -> T:
-        """Write a delivery's outcome; if the state file refuses, keep it to write first next time."""
+    def _record(self, name: str, write: Callable[[], T], then: Callable[[T], object] | None = None) -> T:
+        """Write a delivery's outcome, then do `then` with what the write returned (count a drop, say
+        it); if the state file refuses, keep both to do first next time: a drop is counted once it is
+        written, never before, and never not at all."""
         try:
             written = write()
         except StateError:
-            self._unsaved[name] = write
+            self._unsaved[name] = (write, then)
             raise
         self._unsaved.pop(name, None)
         with self._counts:  # (written: a reload from now on takes the row as it stands)
             self._on_the_wire.pop(name, None)
+        if then is not None:
+            then(written)
         return written
 
     def _digests_now(self) -> list[str] | None:
@@ -541,7 +546,7 @@ class Dispatcher:
         to record an outcome, nothing more is sent (it would be sent again)."""
         with self._locks[name]:
             if name in self._unsaved:
-                self._record(name, self._unsaved[name])
+                self._record(name, *self._unsaved[name])
             try:
                 return self._drained(name)
             finally:
@@ -557,11 +562,13 @@ class Dispatcher:
             reason = taken.spared if taken is not None and taken.row == row else None
         if reason is None:
             return False
-        given = self._record(name, partial(self._drop_waiting, row[0], row[1], now, reason))
-        self._dropped_as_removed(name, given, "queued notification dropped: the config changed as it was sent")
+        told = "queued notification dropped: the config changed as it was sent"
+        self._record(
+            name, partial(self._drop_waiting, *row, now, reason), partial(self._dropped_as_removed, name, told)
+        )
         return True
 
-    def _dropped_as_removed(self, name: str, given: list[str] | None, message: str) -> None:
+    def _dropped_as_removed(self, name: str, message: str, given: list[str] | None) -> None:
         """Count, log and hand on a notification dropped as its notifier takes it no more (`given`:
         those a digest went to; None: it waited no more, dropped already, by a reload)."""
         if given is None:
@@ -601,8 +608,9 @@ class Dispatcher:
                 self._discard(name, head.id, head.table, now, OWED, "refused")
                 continue
             if head.digest is not None and self._takes_no_digests(name):
-                given = self._record(name, partial(self._drop_waiting, "digest_outbox", head.id, now, NO_DIGESTS))
-                self._dropped_as_removed(name, given, "queued digest dropped: its notifier takes no digests any more")
+                told = "queued digest dropped: its notifier takes no digests any more"
+                drop = partial(self._drop_waiting, "digest_outbox", head.id, now, NO_DIGESTS)
+                self._record(name, drop, partial(self._dropped_as_removed, name, told))
                 continue
             self._asked.pop(name, None)
             try:
@@ -653,7 +661,10 @@ class Dispatcher:
         """Drop a queued notification, saying `dropped` in the state file, counted under `why` (a
         DISCARDED reason): the queue goes on behind it, and its refusals in a row are forgotten."""
         self._refusals.pop((table, entry_id), None)
-        self._record(name, partial(self.store.delivered, entry_id, now, dropped=dropped, table=table))
+        self._record(name, partial(self.store.delivered, entry_id, now, dropped=dropped, table=table),
+                     partial(self._count_discarded, why))  # fmt: skip
+
+    def _count_discarded(self, why: str, _written: object) -> None:
         with self._counts:
             self.discarded[why] += 1
 
