@@ -20,7 +20,6 @@ read once.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from exporter.core.clock import Clock, FrozenClock, first_day, periods_between
-from exporter.replay.backfill import CALENDAR_STEP, STEP, _Calendar, block_cuts, fetch, file_name, render
+from exporter.replay.backfill import CALENDAR_STEP, STEP, _Calendar, fetch, outputs, render, replacing_all
 from exporter.sim import Endpoint, Simulator, SpendModel
 from tests.fakes import FakeBilling
 
@@ -62,12 +61,10 @@ def _write(path: Path, months: int, endpoints: int, step: int, split: bool = Fal
     found, _ = fetch(FakeBilling(sim), periods)
     calendar = _Calendar(clock, 3)
     span = (calendar.at(first), calendar.at(first_day(clock.period(today))))
-    cuts = block_cuts(*span) if split else []
-    paths = [path / file_name(at) for at in (span[0], *cuts)] if split else [path]
+    paths, cuts = outputs(path, *span, directory=split)
     if split:
         path.mkdir()
-    with contextlib.ExitStack() as stack:
-        out, *more = [stack.enter_context(p.open("w", encoding="utf-8")) for p in paths]
+    with replacing_all(paths) as (out, *more):
         cut = list(zip(cuts, more, strict=True))
         return paths, *render(out, found, calendar, span, history=False, target=LABELS, step=step, cuts=cut)
 

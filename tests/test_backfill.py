@@ -293,17 +293,27 @@ def samples_of(path: Path) -> list[str]:
     return [line for line in path.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
 
 
-@pytest.mark.parametrize("zone", ["Asia/Shanghai", "Etc/GMT+1"])
+@pytest.mark.parametrize(
+    ("zone", "now", "first"),
+    [
+        ("Asia/Shanghai", dt.datetime(2026, 11, 22, 10, 0), "2026-08"),
+        ("Etc/GMT+1", dt.datetime(2026, 11, 22, 10, 0), "2026-08"),
+        ("Etc/GMT-4", dt.datetime(2026, 9, 20, 1, 2), "2026-06"),
+    ],
+)
 def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
-    frozen: FrozenClock, tmp_path: Path, output: Path, zone: str
+    frozen: FrozenClock, tmp_path: Path, output: Path, zone: str, now: dt.datetime, first: str
 ) -> None:
     """`--output-dir`: each file's samples lie in one of promtool's blocks, a block no other file
-    reaches, and together the files hold the one file's samples, each once. At UTC-1 a day starts
-    at 01:00 UTC, so a day series' last sample (a millisecond before the hour before its end) falls
-    just before a cut (00:00 UTC) on some days: it stays in the earlier file."""
+    reaches, and together the files hold the one file's samples, each once; no file is empty. At
+    UTC-1 a day starts at 01:00 UTC, so a day series' last sample (a millisecond before the hour
+    before its end) falls just before a cut (00:00 UTC) on some days: it stays in the earlier file.
+    At UTC+4, at 01:02, what is written ends 2 minutes after a block begins (18:00 UTC, 3 hours
+    before): the samples there are all the last of their series, the earlier file's."""
     clock = Clock(ZoneInfo(zone), frozen)
-    sim = Simulator(clock=clock, spend=SpendModel(start=dt.date(2026, 6, 1)))
-    periods = months("2026-08", None, "2026-11")
+    frozen.set(now.replace(tzinfo=clock.tz))
+    sim = Simulator(clock=clock, spend=SpendModel(start=dt.date(2026, 5, 1)))
+    periods = months(first, None, clock.period())
     whole = backfill(FakeBilling(sim), clock, periods, output, grace_days=3, history=True)
     directory = tmp_path / "files"
     split = backfill(FakeBilling(sim), clock, periods, directory, grace_days=3, history=True, directory=True)
@@ -322,7 +332,7 @@ def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
         assert [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("#")] == families
         lines = samples_of(path)
         times = [float(line.rsplit(" ", 1)[1]) for line in lines]
-        (block,) = {math.floor(t) // BLOCK for t in times}
+        (block,) = {math.floor(t) // BLOCK for t in times}  # (one, and not none)
         blocks.append(block)
         together.update(lines)
         cut_edges += sum(1 for t in times if (math.floor(t) + 1) % BLOCK == 0 and t % 1)
@@ -334,17 +344,25 @@ def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
 def test_an_output_directory_keeps_to_its_own_files(sim: Simulator, clock: Clock, tmp_path: Path) -> None:
     """The same command again replaces its own files; a directory holding another `.om` file (which
     would be loaded with them) or a file in its place is refused; a run that fails leaves the
-    files as they were, and no partial one."""
+    files as they were, and no partial one; a directory it made, it removes."""
     sim.spend = SpendModel(start=dt.date(2026, 8, 1))
-    directory = tmp_path / "made" / "files"
+    directory = tmp_path / "files"
     write = lambda client: backfill(client, clock, ["2026-10"], directory, grace_days=3, history=False, directory=True)  # noqa: E731
+    refused = BillingAPIError("bills 2026-10: code 100500", status=200, code=100500, message="internal")
+    with pytest.raises(BackfillError, match="nothing written"):
+        write(Answers({"2026-10": refused}))
+    assert not directory.exists()
+    with pytest.raises(FileNotFoundError):
+        backfill(FakeBilling(sim), clock, ["2026-10"], tmp_path / "no" / "such", grace_days=3, history=False,
+                 directory=True)  # fmt: skip
+    assert not (tmp_path / "no").exists()
+
     first = write(FakeBilling(sim))
     written = {path: path.read_bytes() for path in first.files}
     first.files[0].write_text("an earlier run's\n")
     assert write(FakeBilling(sim)).files == first.files
     assert {path: path.read_bytes() for path in first.files} == written
 
-    refused = BillingAPIError("bills 2026-10: code 100500", status=200, code=100500, message="internal")
     with pytest.raises(BackfillError, match="nothing written"):
         write(Answers({"2026-10": refused}))
     (directory / "backfill-20260101T0000Z.om").write_text("another run's\n")
@@ -362,6 +380,60 @@ def test_an_output_directory_keeps_to_its_own_files(sim: Simulator, clock: Clock
     with pytest.raises(FileExistsError, match="it is not a directory"):
         backfill(FakeBilling(sim), clock, ["2026-10"], tmp_path / "a-file", grace_days=3, history=False, directory=True)
     assert (tmp_path / "a-file").read_text() == "kept\n"
+
+
+class Meddling(FakeBilling):
+    """The fake billing API, doing `meddle` as the first bills are asked for (while a run is under way)."""
+
+    def __init__(self, sim: Simulator, meddle: Callable[[], object]) -> None:
+        super().__init__(sim)
+        self.meddle: Callable[[], object] | None = meddle
+
+    def bills(self, period: str, group_term: str) -> list[BillRecord]:
+        if self.meddle is not None:
+            self.meddle, meddle = None, self.meddle
+            meddle()
+        return super().bills(period, group_term)
+
+
+def test_a_run_that_fails_as_its_files_are_finished_replaces_none_of_them(
+    sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory put in place of the first file while the run fetches: every file is finished
+    and checked before any replaces an earlier one, so none does. A Ctrl-C among the replaces
+    waits until they are all done."""
+    sim.spend = SpendModel(start=dt.date(2026, 8, 1))
+    directory = tmp_path / "files"
+    write = lambda client: backfill(client, clock, ["2026-09", "2026-10"], directory, grace_days=3, history=False,  # noqa: E731
+                                    directory=True)  # fmt: skip
+    files = write(FakeBilling(sim)).files
+    assert len(files) >= 3
+    for path in files:
+        path.write_text("an earlier run's\n")
+
+    def a_directory_in_place_of_the_first() -> None:
+        files[0].unlink()
+        files[0].mkdir()
+
+    with pytest.raises(FileExistsError, match="it is a directory, not a regular file"):
+        write(Meddling(sim, a_directory_in_place_of_the_first))
+    assert [path.read_text() for path in files[1:]] == ["an earlier run's\n"] * (len(files) - 1)
+    assert not list(directory.glob(".*.partial"))
+
+    files[0].rmdir()
+    replace, calls = os.replace, []
+
+    def interrupted_once(source: Path, target: Path) -> None:
+        calls.append(target)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        write(FakeBilling(sim))
+    assert all(path.read_text().startswith("# TYPE ") for path in files)
+    assert not list(directory.glob(".*.partial"))
 
 
 @pytest.mark.parametrize(
@@ -751,8 +823,8 @@ def test_files_a_block_each_load_into_blocks_apart_that_answer_as_the_one_file(
     sim: Simulator, clock: Clock, tmp_path: Path, output: Path
 ) -> None:
     """`--output-dir`, as docs/backfill.md loads it: promtool makes one block of each file, no two
-    overlapping, and Prometheus answers the dashboard's queries over them as over the one file,
-    at the cuts and in the grace days too."""
+    overlapping, the blocks it makes of the one file, and Prometheus answers the dashboard's
+    queries over them as over the one file, at the cuts and in the grace days too."""
     promtool, prometheus = require_binary("promtool"), require_binary("prometheus")
     sim.spend = SpendModel(start=dt.date(2026, 8, 1))
     periods = months("2026-09", "2026-10", "2026-11")
@@ -765,12 +837,16 @@ def test_files_a_block_each_load_into_blocks_apart_that_answer_as_the_one_file(
                 [promtool, *load, str(path), str(tmp_path / name)], capture_output=True, text=True, timeout=300
             )
             assert created.returncode == 0, created.stderr
-    spans = sorted(
-        (meta["minTime"], meta["maxTime"])
-        for meta in (json.loads(p.read_text()) for p in (tmp_path / "split").glob("*/meta.json"))
-    )
-    assert len(spans) == len(split.files) >= 3
-    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans))  # (never overlapping)
+    spans = {
+        name: sorted(
+            (meta["minTime"], meta["maxTime"])
+            for meta in (json.loads(p.read_text()) for p in (tmp_path / name).glob("*/meta.json"))
+        )
+        for name in ("whole", "split")
+    }
+    assert len(spans["split"]) == len(split.files) >= 3
+    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans["split"]))  # (never overlapping)
+    assert spans["split"] == spans["whole"]  # (the blocks promtool makes of the one file)
 
     (tmp_path / "prometheus.yml").write_text("scrape_configs: []\n")
     panels = [expr for _, expr in panel_queries() if "inference_billing_today_info" in expr]

@@ -253,8 +253,8 @@ def _backfill_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
     written.add_argument(
         "--output-dir",
         metavar="DIR",
-        help="a directory (made if need be) for one file per block of promtool's (486 h): for more than a few "
-        "months, which promtool then loads in time linear in them, each file once, into blocks that never overlap",
+        help="a directory (made if it is not there) for a file per block promtool makes (486 h): for more than a "
+        "few months, which promtool then loads in a time that grows as they do, into blocks that never overlap",
     )
     backfill_command.add_argument(
         "--label",

@@ -79,9 +79,9 @@ WINDOW = "1h"
 BLOCK = 486 * 3600
 """The blocks `promtool tsdb create-blocks-from openmetrics --max-block-duration=486h` writes:
 486 hours (the longest of its ranges, 2 hours times powers of 3, within that), each from a multiple
-of it since the Unix epoch. It reads the whole file again for each block, so a file of many blocks
-costs it the file's size times their number: `--output-dir` writes a file for each, which it reads
-once, and whose blocks never overlap another file's."""
+of it since the Unix epoch. It reads a file once for its times, then again for each block, so a
+file of many blocks costs it the file's size times their number: `--output-dir` writes a file for
+each, which it reads twice whatever the range, and whose block no other file's overlaps."""
 HEAD_BLOCK = dt.timedelta(hours=3)
 """Nothing this recent: promtool's advice, as a running Prometheus may still be writing that time."""
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -126,7 +126,7 @@ class Result:
     start: dt.datetime
     end: dt.datetime
     """The samples lie in [start, end)."""
-    files: tuple[Path, ...] = ()
+    files: tuple[Path, ...]
     """The files written, in time order."""
 
 
@@ -424,44 +424,87 @@ def _refuse_unless_regular(path: Path) -> None:
     raise FileExistsError(errno.EEXIST, f"it is {kind}, not a regular file (left as it is)", str(path))
 
 
+class _Partial:
+    """A new file beside `path`, written to replace it (see `replacing`). What is at `path` is
+    checked as it is opened. A symbolic link is written through: the file it points to is replaced,
+    the link left as it is."""
+
+    def __init__(self, path: Path) -> None:
+        _refuse_unless_regular(path)
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))
+        try:
+            before: os.stat_result | None = path.stat()
+        except FileNotFoundError:
+            before = None
+        if before is not None and not os.access(path, os.W_OK):  # (a replace needs only the directory's leave)
+            raise PermissionError(errno.EACCES, "it is read-only (left as it is)", str(path))
+        partial = path.with_name(f".{path.name}.partial")
+        # A partial an earlier run left (or a link put in its place) goes first: the file is made anew,
+        # never opened through a link to another.
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(partial, flags, 0o600 if before is not None else 0o666)
+        try:
+            if before is not None:
+                _take_on(fd, path, before)
+            self.out = open(fd, "w", encoding="utf-8", newline="\n", buffering=1 << 20)  # noqa: SIM115 - closed below
+        except BaseException:
+            os.close(fd)
+            partial.unlink(missing_ok=True)
+            raise
+        self.path = path
+        self.partial = partial
+
+    def abandon(self) -> None:
+        with contextlib.suppress(OSError):  # (its last write may be what failed: a full disk)
+            self.out.close()
+        self.partial.unlink(missing_ok=True)
+
+
 @contextmanager
 def replacing(path: Path) -> Iterator[TextIO]:
     """A file beside `path` that replaces it once complete, and is removed if anything fails: a
-    failed run leaves an earlier file as it was. Opened at once, so a bad --output fails first.
-    What is at `path` is checked then and again just before the replace, as a run takes minutes. A
-    symbolic link is written through: the file it points to is replaced, the link left as it is."""
-    _refuse_unless_regular(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+    failed run leaves an earlier file as it was (`replacing_all` of one)."""
+    with replacing_all([path]) as (out,):
+        yield out
+
+
+@contextmanager
+def replacing_all(paths: Sequence[Path]) -> Iterator[list[TextIO]]:
+    """Files beside `paths` that replace them once every one is complete, removed if anything
+    fails: a failed run leaves the earlier files as they were, never some new and some old. All
+    are opened at once, so a bad output fails first; what is at each path is checked then, and
+    again once every file is written whole (flushed: a full disk fails there) before any is
+    replaced, as a run takes minutes. A signal among the replaces waits until they are done."""
+    made: list[_Partial] = []
     try:
-        before: os.stat_result | None = path.stat()
-    except FileNotFoundError:
-        before = None
-    if before is not None and not os.access(path, os.W_OK):  # (a replace needs only the directory's leave)
-        raise PermissionError(errno.EACCES, "it is read-only (left as it is)", str(path))
-    partial = path.with_name(f".{path.name}.partial")
-    # A partial an earlier run left (or a link put in its place) goes first: the file is made anew,
-    # never opened through a link to another.
-    with contextlib.suppress(FileNotFoundError):
-        partial.unlink()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    fd = os.open(partial, flags, 0o600 if before is not None else 0o666)
-    try:
-        if before is not None:
-            _take_on(fd, path, before)
-        out = open(fd, "w", encoding="utf-8", newline="\n", buffering=1 << 20)  # noqa: SIM115 - closed below
+        for path in paths:
+            made.append(_Partial(path))
+        yield [partial.out for partial in made]
+        for partial in made:
+            partial.out.close()
+            _refuse_unless_regular(partial.path)
     except BaseException:
-        os.close(fd)
-        partial.unlink(missing_ok=True)
+        for partial in made:
+            partial.abandon()
         raise
-    try:
-        with out:
-            yield out
-        _refuse_unless_regular(path)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    interrupted: BaseException | None = None
+    for at, partial in enumerate(made):
+        while True:
+            try:
+                if partial.partial.exists():  # (not when the signal came just after its replace)
+                    os.replace(partial.partial, partial.path)
+                break
+            except OSError:  # (refused by the file system: the files before it are replaced already)
+                for later in made[at:]:
+                    later.partial.unlink(missing_ok=True)
+                raise
+            except BaseException as error:  # (Ctrl-C, SIGTERM: the rest take a moment, and go first)
+                interrupted = error
+    if interrupted is not None:
+        raise interrupted
 
 
 def _take_on(fd: int, path: Path, before: os.stat_result) -> None:
@@ -483,8 +526,10 @@ def _take_on(fd: int, path: Path, before: os.stat_result) -> None:
 
 
 def block_cuts(start: int, end: int) -> list[int]:
-    """promtool's block boundaries within (start, end): where `--output-dir`'s files are cut."""
-    return list(range((start // BLOCK + 1) * BLOCK, end, BLOCK))
+    """promtool's block boundaries within (start, end), where `--output-dir`'s files are cut; none
+    in the last `CALENDAR_STEP` before `end`, where every sample might be the last of its series,
+    written a millisecond before the boundary (a file there could be empty)."""
+    return list(range((start // BLOCK + 1) * BLOCK, end - CALENDAR_STEP, BLOCK))
 
 
 def file_name(start: int) -> str:
@@ -493,14 +538,27 @@ def file_name(start: int) -> str:
     return f"backfill-{dt.datetime.fromtimestamp(start, dt.UTC):%Y%m%dT%H%MZ}.om"
 
 
-def _prepare(directory: Path, names: Iterable[str]) -> None:
-    """`directory`, made if it is not there; FileExistsError when it is something else, or holds a
-    `.om` file this run does not write (`names`): loaded with these, another run's file would
-    repeat their samples, or mix an earlier day's figures with them. Files of these names are
-    replaced, so the same command run again replaces its own files."""
+def outputs(output: Path, start: int, end: int, directory: bool) -> tuple[list[Path], list[int]]:
+    """The files a run over [start, end) writes to `output` (a file, or with `directory` a
+    directory's files, `block_cuts` apart), and the time each after the first begins at."""
+    if not directory:
+        return [output], []
+    cuts = block_cuts(start, end)
+    return [output / file_name(at) for at in (start, *cuts)], cuts
+
+
+def _prepare(directory: Path, names: Iterable[str]) -> bool:
+    """`directory`, made if it is not there (True then: a run that fails removes it); FileExistsError
+    when it is something else, or holds a `.om` file this run does not write (`names`): loaded with
+    these, another run's file would repeat their samples, or mix an earlier day's figures with
+    them. Files of these names are replaced, so the same command run again replaces its own files."""
     if directory.exists() and not directory.is_dir():
         raise FileExistsError(errno.EEXIST, "it is not a directory (left as it is)", str(directory))
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir()
+        return True
+    except FileExistsError:
+        pass
     others = sorted(
         entry.name for entry in directory.iterdir() if entry.name.endswith(".om") and entry.name not in names
     )
@@ -512,6 +570,7 @@ def _prepare(directory: Path, names: Iterable[str]) -> None:
             " or choose another directory)",
             str(directory),
         )
+    return False
 
 
 def backfill(
@@ -549,20 +608,23 @@ def backfill(
     )
     if end <= start:
         raise BackfillError(f"nothing to backfill yet: {periods[0]} has no complete day")
-    cuts = block_cuts(start, end) if directory else []
-    files = [output / file_name(at) for at in (start, *cuts)] if directory else [output]
-    if directory:
-        _prepare(output, {path.name for path in files})
-    with contextlib.ExitStack() as stack:
-        out, *more = [stack.enter_context(replacing(path)) for path in files]
-        found, skipped = fetch(client, periods)
-        if not found:
-            raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
-        count = history_months if history else 1 if grace_days else 0
-        before = _months_before(client, periods[0], count)  # (whether --from's own month was found or not)
-        series, samples = render(out, found, calendar, (start, end), history=history, before=before, target=target,
-                                 account=account, history_months=history_months, level=level,
-                                 cuts=list(zip(cuts, more, strict=True)))  # fmt: skip
+    files, cuts = outputs(output, start, end, directory)
+    made = _prepare(output, {path.name for path in files}) if directory else False
+    try:
+        with replacing_all(files) as (out, *more):
+            found, skipped = fetch(client, periods)
+            if not found:
+                raise BackfillError(f"nothing written: no month of {periods[0]} … {periods[-1]} could be fetched")
+            count = history_months if history else 1 if grace_days else 0
+            before = _months_before(client, periods[0], count)  # (whether --from's own month was found or not)
+            series, samples = render(out, found, calendar, (start, end), history=history, before=before,
+                                     target=target, account=account, history_months=history_months, level=level,
+                                     cuts=list(zip(cuts, more, strict=True)))  # fmt: skip
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                output.rmdir()
+        raise
     return Result(
         written=tuple(sorted(found)),
         skipped=tuple(skipped),
