@@ -40,9 +40,8 @@ from exporter.model.snapshots import (
 from exporter.web import View, landing_page
 
 DAYS = 29
-"""November 2026 billed through the 29th; the weekly digest is sent on Monday the 30th."""
-SETTLED = 27
-"""The days reconciled: all but the two newest."""
+"""November 2026 billed through the 29th (with more days, October's too); the weekly digest is sent
+on Monday the 30th. The days reconciled: all but the two newest."""
 SENT_ON = dt.date(2026, 11, 30)
 ITEMS = ("ITEM_PROMPT_TOKEN", "ITEM_COMPLETION_TOKEN", "ITEM_CACHED_PROMPT_TOKEN")
 PROBES = ("chat-stream", "json-mode", "thinking", "tools")
@@ -54,24 +53,28 @@ ANOMALIES = (
 """Every endpoint's last day is an anomaly, and the account's."""
 
 
-def _latest(names: list[str]) -> Latest:
-    days = [dt.date(2026, 11, d) for d in range(1, DAYS + 1)]
+def _latest(names: list[str], billed: int) -> Latest:
+    days = [SENT_ON - dt.timedelta(days=d) for d in range(billed, 0, -1)]
     usual = {e: Decimal(1 + n % 7) for n, e in enumerate(names)}
-    by_endpoint = tuple(
-        DailyAmount("2026-11", d, e, "inference", "proj", usual[e] * (3 if d == days[-1] else 1), Decimal(0))
-        for d in days
-        for e in names
-    )
-    total = per_day(by_endpoint)
-    by_item = tuple(
-        DailyAmount("2026-11", d, i, "inference", "proj", total[d] / 3, Decimal(1000 * len(names)))
-        for d in days
-        for i in ITEMS
-    )
-    spent = sum(total.values(), Decimal(0))
+    months = []
+    for period in sorted({f"{d:%Y-%m}" for d in days}):
+        month = [d for d in days if f"{d:%Y-%m}" == period]
+        by_endpoint = tuple(
+            DailyAmount(period, d, e, "inference", "proj", usual[e] * (3 if d == days[-1] else 1), Decimal(0))
+            for d in month
+            for e in names
+        )
+        total = per_day(by_endpoint)
+        by_item = tuple(
+            DailyAmount(period, d, i, "inference", "proj", total[d] / 3, Decimal(1000 * len(names)))
+            for d in month
+            for i in ITEMS
+        )
+        spent = sum(total.values(), Decimal(0))
+        months.append(MonthBills(period, by_endpoint, by_item, spent, spent, total[month[-1]]))
     latest = Latest()
-    latest.bills = BillsSnapshot((MonthBills("2026-11", by_endpoint, by_item, spent, spent, total[days[-1]]),), SENT_ON)
-    settled = days[:SETTLED]
+    latest.bills = BillsSnapshot(tuple(months), SENT_ON)
+    settled = days[:-2]
     latest.reconciliation = Reconciliation(
         tokens=tuple(
             TokenGap(d, i, Decimal(1050), 1000 - d.day, Decimal(50 + d.day) / 1000) for d in settled for i in ITEMS
@@ -110,23 +113,25 @@ def _fastest(run: Callable[[], bytes], repeat: int) -> tuple[float, int]:
     return seconds, len(made)
 
 
-def measure(endpoints: int, rules: int, repeat: int) -> dict[str, tuple[float, int]]:
-    """Each of the page and the digest: (seconds to build, its bytes)."""
+def measure(endpoints: int, rules: int, repeat: int, billed: int = DAYS) -> dict[str, tuple[float, int]]:
+    """Each of the page and the digest: (seconds to build, its bytes), the month billed through
+    day `billed`."""
     names = [f"ep-{n:05d}" for n in range(endpoints)]
-    now = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC).timestamp()
-    latest, alerts = _latest(names), _alerts(names, rules, now)
-    budgets = [BudgetConfig(name="monthly", amount=Decimal(10 * endpoints * DAYS)),
+    sent_on = SENT_ON
+    now = dt.datetime.combine(sent_on, dt.time(9), dt.UTC).timestamp()
+    latest, alerts = _latest(names, billed), _alerts(names, rules, now)
+    budgets = [BudgetConfig(name="monthly", amount=Decimal(10 * endpoints * billed)),
                BudgetConfig(name="first", amount=Decimal(100), where={"endpoint_id": names[0]})]  # fmt: skip
     view = View(
         latest, lambda accept: (b"", ""), lambda: ["bills", "usage", "history"], alerts=lambda: alerts,
-        budgets=lambda: budgets, today=lambda: SENT_ON, now=lambda: now,
+        budgets=lambda: budgets, today=lambda: sent_on, now=lambda: now,
     )  # fmt: skip
     firing = [FiringAlert(a.labels, a.annotations["summary"], a.fired_at) for a in alerts]
     probes = [ProbeStat(name, 288, 286, [0.3] * 286) for name in PROBES]
-    settled = (SENT_ON - dt.timedelta(days=9), SENT_ON - dt.timedelta(days=3))
+    settled = (sent_on - dt.timedelta(days=9), sent_on - dt.timedelta(days=3))
 
     def digest() -> bytes:
-        body = build(latest, schedule="weekly", sent_on=SENT_ON, budgets=budgets, anomalies=ANOMALIES,
+        body = build(latest, schedule="weekly", sent_on=sent_on, budgets=budgets, anomalies=ANOMALIES,
                      alerts=firing, probes=probes, settled=settled, url="http://exporter:9877")  # fmt: skip
         return json.dumps(body).encode()
 
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.disable(logging.WARNING)
     small, large = args.endpoints, 10 * args.endpoints
     print(f"landing page and weekly digest, everything firing ({args.rules} rules by endpoint), {DAYS} days billed, "
-          f"{SETTLED} settled days disagreeing for every endpoint; fastest of {args.repeat}")  # fmt: skip
+          f"{DAYS - 2} settled days disagreeing for every endpoint; fastest of {args.repeat}")  # fmt: skip
     results = {}
     for endpoints in (small, large):
         results[endpoints] = measure(endpoints, args.rules, args.repeat)
@@ -153,6 +158,12 @@ def main(argv: list[str] | None = None) -> None:
         (t_small, b_small), (t_large, b_large) = results[small][what], results[large][what]
         print(f"  {what}, {large:,} ÷ {small:,}: bytes {b_large / b_small:.2f} (bounded: 1), "
               f"time {t_large / t_small:.1f} (linear: 10)")  # fmt: skip
+    more = 2 * DAYS
+    held = measure(small, args.rules, args.repeat, billed=more)
+    for what in ("page", "digest"):
+        (t_more, b_more), (t_month, b_month) = held[what], results[small][what]
+        print(f"  {what} at {small:,} endpoints, {more} days billed (October's too) ÷ {DAYS}:"
+              f" bytes {b_more / b_month:.2f}, time {t_more / t_month:.1f} (linear: at most 2)")  # fmt: skip
 
 
 if __name__ == "__main__":

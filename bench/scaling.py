@@ -1,10 +1,11 @@
-"""Work that must grow linearly with endpoints and days: each measured at N and at 2N endpoints in
-one run; the ratio of the times is 2 for linear work (4 for quadratic).
+"""Work that must grow linearly with endpoints and days: each measured at N and at 2N endpoints, and
+at D and D/2 days, in one run; the ratio of the times is 2 for linear work (4 for quadratic).
 
 python -m bench.scaling [--endpoints 1000] [--days 30] [--repeat 5]
 
 - reconciliation: every settled day of the month's bills against its counted usage (run after
-  every bills refresh), `days` days × N endpoints, 2 models, 3 items.
+  every bills refresh), `days` days × N endpoints, 2 models, 3 items; and the function calls it
+  makes at each size (`calls_made`), which a busy machine or the caches do not move.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import datetime as dt
 from collections.abc import Callable
 from decimal import Decimal
 
-from bench.common import median_seconds
+from bench.common import calls_made, median_seconds
 from exporter.config.schema import DEFAULT_RECONCILED_ITEMS, PriceConfig
 from exporter.model.snapshots import BillsSnapshot, DailyAmount, MonthBills, UsageRow
 from exporter.sources.reconcile import reconcile
@@ -59,6 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     large = median_seconds(_reconcile_inputs(2 * n, args.days), args.repeat)
     print(f"  reconciliation: {small * 1000:.0f} ms → {large * 1000:.0f} ms; ratio {large / small:.2f}  "
           f"(linear 2, quadratic 4; target ≤ 2.5)")  # fmt: skip
+    half, days = args.days // 2, args.days
+    fewer = median_seconds(_reconcile_inputs(n, half), args.repeat)
+    print(f"  reconciliation at {n:,} endpoints, {half} days → {days}: {fewer * 1000:.0f} ms → {small * 1000:.0f} ms;"
+          f" ratio {small / fewer:.2f}  (linear {days / half:g}; target ≤ 2.5)")  # fmt: skip
+    calls = {size: calls_made(_reconcile_inputs(*size)) for size in ((n, half), (n, days), (2 * n, days))}
+    print(f"  the calls it makes: {', '.join(f'{c:,}' for c in calls.values())} (at {n:,} × {half}, {n:,} × {days},"
+          f" {2 * n:,} × {days}); ratios {calls[n, days] / calls[n, half]:.2f} for the days,"
+          f" {calls[2 * n, days] / calls[n, days]:.2f} for the endpoints (linear 2: a time ratio over it"
+          f" is the processor's caches' and the garbage collector's)")  # fmt: skip
 
 
 if __name__ == "__main__":
