@@ -86,15 +86,15 @@ def test_a_drop_the_state_file_refused_is_counted_once_it_is_written(
     write so once, and the drop is written when delivery resumes: counted then, once."""
     dispatcher, store = queued
     receiver.redirect_to = "https://elsewhere.example/"  # (a redirect is never followed: refused)
-    delivered, refused = store.delivered, []
+    drop, refused = store.drop, []
 
-    def refusing_once(entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
-        if dropped and not refused:
+    def refusing_once(entry_id: int, now: float, reason: str, *, table: str = "outbox") -> bool:
+        if not refused:
             refused.append(entry_id)
             raise StateError(":memory:", "database is locked")
-        delivered(entry_id, now, dropped, table=table)
+        return drop(entry_id, now, reason, table=table)
 
-    monkeypatch.setattr(store, "delivered", refusing_once)
+    monkeypatch.setattr(store, "drop", refusing_once)
     for _ in range(GIVE_UP_AFTER):
         frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
         suppress_state_errors(dispatcher.deliver)

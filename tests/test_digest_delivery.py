@@ -31,7 +31,7 @@ from exporter.delivery.dispatcher import Dispatcher
 from exporter.model.events import GroupEvent
 from exporter.sim import ITEMS, Fault, Simulator, SimulatorServer, prices_from_config
 from exporter.state import AlertStore, StateError, StateStore
-from exporter.state.alerts import REMOVED
+from exporter.state.alerts import NO_DIGESTS, REMOVED
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, digests_told, fake_billing_section, unit_daemon
 from tests.helpers import Receiver, wait_for
@@ -1080,6 +1080,38 @@ def test_a_queued_digest_dropped_across_a_reload_goes_to_the_digest_notifiers_of
     dispatcher.deliver()
     dispatcher.configure(webhooks("mail", "chat"), "")
     assert waiting(store) == [("chat", "daily:2026-11-22")]
+
+
+def test_a_digest_dropped_unread_while_the_state_file_refused_and_then_by_a_reload_is_counted_once(
+    clock: Clock,
+) -> None:
+    """A digest `mail` cannot read is dropped; the state file refuses to write so. A reload then
+    sends digests to `hook` and drops it as `mail`'s no more, counted so. The refused drop, written
+    when `mail` delivers again, finds it dropped: not counted a second time, nor its reason changed."""
+    store = AlertStore(StateStore(":memory:"))
+    wanted = ["mail"]
+    dispatcher = Dispatcher(webhooks("mail", "hook"), store, clock, lambda _: [], "", digests_to=lambda: wanted)
+    store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
+    with store.store.transaction("outbox") as db:
+        db.execute("UPDATE digest_outbox SET event = '[1]'")  # (not a digest: unreadable)
+    drop, refused = store.drop, []
+
+    def refusing_once(*args: Any, **kwargs: Any) -> bool:
+        if not refused:
+            refused.append(args)
+            raise StateError("state.db", "disk full")
+        return drop(*args, **kwargs)
+
+    store.drop = refusing_once  # type: ignore[method-assign]
+    with pytest.raises(StateError):
+        dispatcher.deliver()
+    wanted = ["hook"]
+    dispatcher.configure(webhooks("mail", "hook"), "")
+    dispatcher.deliver()
+    assert refused
+    assert (dispatcher.discarded["notifier_removed"], dispatcher.discarded["unreadable"]) == (1, 0)
+    with store.store.reading() as db:
+        assert db.execute("SELECT notifier, last_error FROM digest_outbox").fetchall() == [("mail", NO_DIGESTS)]
 
 
 def test_a_digest_a_reload_hands_on_as_its_worker_takes_it_up_is_dropped_once(clock: Clock) -> None:

@@ -626,9 +626,9 @@ class Dispatcher:
                 self._discard(name, head.id, head.table, now, UNREADABLE, "unreadable")
                 continue
             if entry is None:
-                self._discard(name, head.id, head.table, now, SUPERSEDED, "superseded")
                 log.info("queued notification dropped: its alerts changed state again since",
                          notifier=name, alertname=head.event["alertname"], status=head.event["status"])  # fmt: skip
+                self._discard(name, head.id, head.table, now, SUPERSEDED, "superseded")
                 continue
             now = self.clock.now().timestamp()
             which = (entry.table, entry.id)
@@ -661,10 +661,14 @@ class Dispatcher:
         """Drop a queued notification, saying `dropped` in the state file, counted under `why` (a
         DISCARDED reason): the queue goes on behind it, and its refusals in a row are forgotten."""
         self._refusals.pop((table, entry_id), None)
-        self._record(name, partial(self.store.delivered, entry_id, now, dropped=dropped, table=table),
+        self._record(name, partial(self.store.drop, entry_id, now, dropped, table=table),
                      partial(self._count_discarded, why))  # fmt: skip
 
-    def _count_discarded(self, why: str, _written: object) -> None:
+    def _count_discarded(self, why: str, dropped: bool) -> None:
+        """Count a drop `_discard` wrote; none when the row waited no more (a reload dropped it while
+        the state file refused this drop, and counted it)."""
+        if not dropped:
+            return
         with self._counts:
             self.discarded[why] += 1
 

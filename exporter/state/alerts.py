@@ -87,14 +87,16 @@ class OutboxEntry:
 NO_EVENT: GroupEvent = {"status": "", "alertname": "", "dedup_key": "", "alerts": [], "total": 0, "still_firing": 0}
 
 
-def _done(db: sqlite3.Connection, table: str, entry_id: int, now: float, dropped: str) -> None:
-    """An outbox's row done with (`dropped`: why, when it was not delivered); rows done with more
-    than DONE_KEPT ago are forgotten."""
-    db.execute(
-        f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?",  # noqa: S608
+def _done(db: sqlite3.Connection, table: str, entry_id: int, now: float, dropped: str, waiting: bool = False) -> bool:
+    """An outbox's row done with (`dropped`: why, when it was not delivered), with `waiting` only
+    if it still waits; whether it was. Rows done with more than DONE_KEPT ago are forgotten."""
+    done = db.execute(
+        f"UPDATE {table} SET delivered = ?, attempts = attempts + 1, last_error = ? WHERE id = ?"  # noqa: S608
+        + (" AND delivered IS NULL" if waiting else ""),
         (now, dropped, entry_id),
-    )
+    ).rowcount
     db.execute(f"DELETE FROM {table} WHERE delivered IS NOT NULL AND delivered < ?", (now - DONE_KEPT,))  # noqa: S608
+    return done > 0
 
 
 def _hand_on(db: sqlite3.Connection, digest: tuple[str, str | None], to: Collection[str], now: float) -> list[str]:
@@ -337,6 +339,14 @@ class AlertStore:
         assert table in OUTBOXES
         with self.store.transaction("outbox") as db:
             _done(db, table, entry_id, now, dropped)
+
+    def drop(self, entry_id: int, now: float, reason: str, *, table: str = "outbox") -> bool:
+        """Drop a queued row the receiver will never take, with `reason`, if it still waits (False
+        when it does not: a reload dropped it already). Read or not: a row that cannot be read goes
+        too. A digest so dropped is handed on to none."""
+        assert table in OUTBOXES
+        with self.store.transaction("outbox") as db:
+            return _done(db, table, entry_id, now, reason, waiting=True)
 
     def drop_waiting(self, table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
         """Drop one queued row with `reason` if it still waits (None when it does not: delivered,
