@@ -120,7 +120,7 @@ def measure(endpoints: int, rules: int, repeat: int, billed: int = DAYS) -> dict
     sent_on = SENT_ON
     now = dt.datetime.combine(sent_on, dt.time(9), dt.UTC).timestamp()
     latest, alerts = _latest(names, billed), _alerts(names, rules, now)
-    budgets = [BudgetConfig(name="monthly", amount=Decimal(10 * endpoints * billed)),
+    budgets = [BudgetConfig(name="monthly", amount=Decimal(10 * endpoints * DAYS)),
                BudgetConfig(name="first", amount=Decimal(100), where={"endpoint_id": names[0]})]  # fmt: skip
     view = View(
         latest, lambda accept: (b"", ""), lambda: ["bills", "usage", "history"], alerts=lambda: alerts,

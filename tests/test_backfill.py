@@ -299,6 +299,7 @@ def samples_of(path: Path) -> list[str]:
         ("Asia/Shanghai", dt.datetime(2026, 11, 22, 10, 0), "2026-08"),
         ("Etc/GMT+1", dt.datetime(2026, 11, 22, 10, 0), "2026-08"),
         ("Etc/GMT-4", dt.datetime(2026, 9, 20, 1, 2), "2026-06"),
+        ("Etc/GMT-4", dt.datetime(2026, 9, 20, 1, 40), "2026-06"),
     ],
 )
 def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
@@ -309,7 +310,8 @@ def test_files_cut_where_promtool_cuts_its_blocks_hold_the_one_files_samples(
     UTC-1 a day starts at 01:00 UTC, so a day series' last sample (a millisecond before the hour
     before its end) falls just before a cut (00:00 UTC) on some days: it stays in the earlier file.
     At UTC+4, at 01:02, what is written ends 2 minutes after a block begins (18:00 UTC, 3 hours
-    before): the samples there are all the last of their series, the earlier file's."""
+    before): the samples there are all the last of their series, the earlier file's; at 01:40, 40
+    minutes after, a file of its own."""
     clock = Clock(ZoneInfo(zone), frozen)
     frozen.set(now.replace(tzinfo=clock.tz))
     sim = Simulator(clock=clock, spend=SpendModel(start=dt.date(2026, 5, 1)))
@@ -365,6 +367,12 @@ def test_an_output_directory_keeps_to_its_own_files(sim: Simulator, clock: Clock
 
     with pytest.raises(BackfillError, match="nothing written"):
         write(Answers({"2026-10": refused}))
+    assert {path: path.read_bytes() for path in first.files} == written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BackfillError, match="nothing written"):  # (a directory it did not make stays)
+        backfill(Answers({"2026-10": refused}), clock, ["2026-10"], empty, grace_days=3, history=False, directory=True)  # type: ignore[arg-type]  # fmt: skip
+    assert empty.is_dir()
     (directory / "backfill-20260101T0000Z.om").write_text("another run's\n")
     (directory / "notes.txt").write_text("not OpenMetrics: left alone\n")
     with pytest.raises(FileExistsError, match=r"it holds backfill-20260101T0000Z\.om, which this run does not write"):
@@ -399,9 +407,9 @@ class Meddling(FakeBilling):
 def test_a_run_that_fails_as_its_files_are_finished_replaces_none_of_them(
     sim: Simulator, clock: Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A directory put in place of the first file while the run fetches: every file is finished
+    """A directory put in place of the second file while the run fetches: every file is finished
     and checked before any replaces an earlier one, so none does. A Ctrl-C among the replaces
-    waits until they are all done."""
+    waits until they are all done; an error among them (not a signal) is raised at once."""
     sim.spend = SpendModel(start=dt.date(2026, 8, 1))
     directory = tmp_path / "files"
     write = lambda client: backfill(client, clock, ["2026-09", "2026-10"], directory, grace_days=3, history=False,  # noqa: E731
@@ -411,16 +419,16 @@ def test_a_run_that_fails_as_its_files_are_finished_replaces_none_of_them(
     for path in files:
         path.write_text("an earlier run's\n")
 
-    def a_directory_in_place_of_the_first() -> None:
-        files[0].unlink()
-        files[0].mkdir()
+    def a_directory_in_place_of_the_second() -> None:  # (one before it and one after: in neither order)
+        files[1].unlink()
+        files[1].mkdir()
 
     with pytest.raises(FileExistsError, match="it is a directory, not a regular file"):
-        write(Meddling(sim, a_directory_in_place_of_the_first))
-    assert [path.read_text() for path in files[1:]] == ["an earlier run's\n"] * (len(files) - 1)
+        write(Meddling(sim, a_directory_in_place_of_the_second))
+    assert [path.read_text() for path in files if path != files[1]] == ["an earlier run's\n"] * (len(files) - 1)
     assert not list(directory.glob(".*.partial"))
 
-    files[0].rmdir()
+    files[1].rmdir()
     replace, calls = os.replace, []
 
     def interrupted_once(source: Path, target: Path) -> None:
@@ -433,6 +441,19 @@ def test_a_run_that_fails_as_its_files_are_finished_replaces_none_of_them(
     with pytest.raises(KeyboardInterrupt):
         write(FakeBilling(sim))
     assert all(path.read_text().startswith("# TYPE ") for path in files)
+    assert not list(directory.glob(".*.partial"))
+
+    def failing_once(source: Path, target: Path) -> None:  # (an error, not a signal: raised, not tried again)
+        calls.append(target)
+        if len(calls) == 2:
+            raise ValueError("a fault of ours")
+        replace(source, target)
+
+    calls.clear()
+    monkeypatch.setattr(os, "replace", failing_once)
+    with pytest.raises(ValueError, match="a fault of ours"):
+        write(FakeBilling(sim))
+    assert len(calls) == 2
     assert not list(directory.glob(".*.partial"))
 
 

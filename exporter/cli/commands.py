@@ -250,8 +250,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
               "without --label job=... --label instance=... as your scrape config sets them, the backfilled "
               "series stay apart from the live ones", file=sys.stderr)  # fmt: skip
     size = sum(path.stat().st_size for path in result.files) / 1e6
+    count = len(result.files)
+    files = f" ({count} file{'s' if count > 1 else ''})" if directory else ""
     print(
-        f"wrote {output}{f' ({len(result.files)} files)' if directory else ''}: {', '.join(result.written)}: "
+        f"wrote {output}{files}: {', '.join(result.written)}: "
         f"{result.series:,} series, {result.samples:,} samples from {result.start:%Y-%m-%d %H:%M} to "
         f"{result.end:%Y-%m-%d %H:%M} ({config.billing.timezone}), {size:,.1f} MB"
     )

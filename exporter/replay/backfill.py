@@ -497,7 +497,7 @@ def replacing_all(paths: Sequence[Path]) -> Iterator[list[TextIO]]:
                 if partial.partial.exists():  # (not when the signal came just after its replace)
                     os.replace(partial.partial, partial.path)
                 break
-            except OSError:  # (refused by the file system: the files before it are replaced already)
+            except Exception:  # (refused by the file system: the files before it are replaced already)
                 for later in made[at:]:
                     later.partial.unlink(missing_ok=True)
                 raise
