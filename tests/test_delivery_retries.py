@@ -8,7 +8,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from email.utils import format_datetime
 from functools import partial
 
@@ -86,15 +86,15 @@ def test_a_drop_the_state_file_refused_is_counted_once_it_is_written(
     write so once, and the drop is written when delivery resumes: counted then, once."""
     dispatcher, store = queued
     receiver.redirect_to = "https://elsewhere.example/"  # (a redirect is never followed: refused)
-    drop, refused = store.drop, []
+    drop_waiting, refused = store.drop_waiting, []
 
-    def refusing_once(entry_id: int, now: float, reason: str, *, table: str = "outbox") -> bool:
+    def refusing_once(table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
         if not refused:
             refused.append(entry_id)
             raise StateError(":memory:", "database is locked")
-        return drop(entry_id, now, reason, table=table)
+        return drop_waiting(table, entry_id, now, reason, to)
 
-    monkeypatch.setattr(store, "drop", refusing_once)
+    monkeypatch.setattr(store, "drop_waiting", refusing_once)
     for _ in range(GIVE_UP_AFTER):
         frozen.advance(dt.timedelta(seconds=BACKOFF_MAX * 1.2))
         suppress_state_errors(dispatcher.deliver)
@@ -120,11 +120,11 @@ def test_a_notification_taken_as_a_reload_renames_its_notifier_is_not_dropped_wh
         arrived.set()
         release.wait(10)
 
-    def refusing_once(entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
-        if not dropped and not refused:
+    def refusing_once(entry_id: int, now: float, *, table: str = "outbox") -> None:
+        if not refused:
             refused.append(entry_id)
             raise StateError(":memory:", "database is locked")
-        delivered(entry_id, now, dropped, table=table)
+        delivered(entry_id, now, table=table)
 
     receiver.on_post = hold
     monkeypatch.setattr(store, "delivered", refusing_once)

@@ -34,7 +34,7 @@ from exporter.state import AlertStore, StateError, StateStore
 from exporter.state.alerts import NO_DIGESTS, REMOVED
 from tests.conftest import billing_section
 from tests.daemon_fakes import NOWHERE, digests_told, fake_billing_section, unit_daemon
-from tests.helpers import Receiver, wait_for
+from tests.helpers import Receiver, logged, wait_for
 from tests.smtp import FROM, PASSWORD, TO, USER, Mailbox, Start
 from tests.test_budgets import PRICES
 from tests.test_reconcile import USAGES
@@ -1094,15 +1094,15 @@ def test_a_digest_dropped_unread_while_the_state_file_refused_and_then_by_a_relo
     store.enqueue_digest("daily:2026-11-22", ["mail"], {"kind": "digest"}, clock.now().timestamp())
     with store.store.transaction("outbox") as db:
         db.execute("UPDATE digest_outbox SET event = '[1]'")  # (not a digest: unreadable)
-    drop, refused = store.drop, []
+    drop_waiting, refused = store.drop_waiting, []
 
-    def refusing_once(*args: Any, **kwargs: Any) -> bool:
+    def refusing_once(*args: Any, **kwargs: Any) -> list[str] | None:
         if not refused:
             refused.append(args)
             raise StateError("state.db", "disk full")
-        return drop(*args, **kwargs)
+        return drop_waiting(*args, **kwargs)
 
-    store.drop = refusing_once  # type: ignore[method-assign]
+    store.drop_waiting = refusing_once  # type: ignore[method-assign]
     with pytest.raises(StateError):
         dispatcher.deliver()
     wanted = ["hook"]
@@ -1114,7 +1114,9 @@ def test_a_digest_dropped_unread_while_the_state_file_refused_and_then_by_a_relo
         assert db.execute("SELECT notifier, last_error FROM digest_outbox").fetchall() == [("mail", NO_DIGESTS)]
 
 
-def test_a_digest_a_reload_hands_on_as_its_worker_takes_it_up_is_dropped_once(clock: Clock) -> None:
+def test_a_digest_a_reload_hands_on_as_its_worker_takes_it_up_is_dropped_once(
+    clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
     """The reload that sends digests to `hook` comes as `mail`'s worker has read the digest at the
     head of its queue: the reload hands it on and counts it dropped; the worker, finding it
     `mail`'s no more, neither counts it again nor logs it handed on to no one."""
@@ -1133,9 +1135,11 @@ def test_a_digest_a_reload_hands_on_as_its_worker_takes_it_up_is_dropped_once(cl
         return found
 
     store.head = read_then_reloaded  # type: ignore[method-assign]
+    caplog.set_level("INFO")
     dispatcher._drain("mail")
     assert waiting(store) == [("hook", "daily:2026-11-22")]
     assert dispatcher.discarded["notifier_removed"] == 1
+    assert not logged(caplog.records, "queued digest dropped: its notifier takes no digests any more")
 
 
 def test_a_digest_made_after_its_month_ended_tells_the_month_s_whole_total(tmp_path: Path) -> None:

@@ -661,13 +661,13 @@ class Dispatcher:
         """Drop a queued notification, saying `dropped` in the state file, counted under `why` (a
         DISCARDED reason): the queue goes on behind it, and its refusals in a row are forgotten."""
         self._refusals.pop((table, entry_id), None)
-        self._record(name, partial(self.store.drop, entry_id, now, dropped, table=table),
+        self._record(name, partial(self.store.drop_waiting, table, entry_id, now, dropped, ()),
                      partial(self._count_discarded, why))  # fmt: skip
 
-    def _count_discarded(self, why: str, dropped: bool) -> None:
+    def _count_discarded(self, why: str, given: list[str] | None) -> None:
         """Count a drop `_discard` wrote; none when the row waited no more (a reload dropped it while
         the state file refused this drop, and counted it)."""
-        if not dropped:
+        if given is None:
             return
         with self._counts:
             self.discarded[why] += 1

@@ -334,36 +334,28 @@ class AlertStore:
         except (ValueError, KeyError, TypeError, msgspec.ValidationError) as error:
             raise UnreadableEntry(entry_id, table, error) from None
 
-    def delivered(self, entry_id: int, now: float, dropped: str = "", *, table: str = "outbox") -> None:
-        """Done with: delivered, or `dropped` (the reason) when the receiver will never take it."""
+    def delivered(self, entry_id: int, now: float, *, table: str = "outbox") -> None:
+        """Done with: delivered."""
         assert table in OUTBOXES
         with self.store.transaction("outbox") as db:
-            _done(db, table, entry_id, now, dropped)
-
-    def drop(self, entry_id: int, now: float, reason: str, *, table: str = "outbox") -> bool:
-        """Drop a queued row the receiver will never take, with `reason`, if it still waits (False
-        when it does not: a reload dropped it already). Read or not: a row that cannot be read goes
-        too. A digest so dropped is handed on to none."""
-        assert table in OUTBOXES
-        with self.store.transaction("outbox") as db:
-            return _done(db, table, entry_id, now, reason, waiting=True)
+            _done(db, table, entry_id, now, "")
 
     def drop_waiting(self, table: str, entry_id: int, now: float, reason: str, to: Collection[str]) -> list[str] | None:
         """Drop one queued row with `reason` if it still waits (None when it does not: delivered,
-        or dropped already); a digest so dropped is queued for each notifier of `to`, those that
-        take digests now, that has not had it (its receivers drop a repeat by its `id` all the
-        same): what a reload took from one goes to those that replaced it. Those it was queued for,
-        in their order."""
+        or dropped already), read or not (a row that cannot be read goes too); a digest so dropped
+        is queued for each notifier of `to`, those that take digests now, that has not had it (its
+        receivers drop a repeat by its `id` all the same): what a reload took from one goes to
+        those that replaced it. Those it was queued for, in their order."""
         assert table in OUTBOXES
         with self.store.transaction("outbox") as db:
-            row = db.execute(
-                f"SELECT event, json_extract(event, '$.id') FROM {table} WHERE id = ? AND delivered IS NULL",  # noqa: S608
-                (entry_id,),
-            ).fetchone()
-            if row is None:
+            if not _done(db, table, entry_id, now, reason, waiting=True):
                 return None
-            _done(db, table, entry_id, now, reason)
-            return _hand_on(db, row, to, now) if table == "digest_outbox" else []
+            if table != "digest_outbox" or not to:
+                return []
+            row = db.execute(
+                "SELECT event, json_extract(event, '$.id') FROM digest_outbox WHERE id = ?", (entry_id,)
+            ).fetchone()
+            return _hand_on(db, row, to, now)
 
     def failed(
         self, entry_id: int, next_attempt: float, error: str, *, table: str = "outbox", recipients: Sequence[str] = ()
