@@ -259,7 +259,7 @@ def test_falling_back_with_credits_expected_the_point_and_lower_bound_may_go_bel
     assert f.chance_over(f.upper) == pytest.approx((1 - DEFAULT_LEVEL) / 2, abs=1e-6)
     # Both views expect the days left to take money off (the draws from the recent days' refund,
     # the formula by its own reckoning): the point is nearer the formula's than the month to date.
-    assert f.point - f.month_to_date < (f.expected - f.month_to_date) / 2
+    assert f.point - f.month_to_date < f.expected / 2  # (`expected`: what the formula's days left add)
 
 
 def test_falling_back_on_two_views_the_bounds_and_the_point_are_their_mixtures() -> None:
