@@ -11,10 +11,11 @@ and written with `job` and `instance` labels, as docs/backfill.md's example. For
 bytes and samples, and, when `promtool` is on the PATH, its `tsdb create-blocks-from openmetrics
 --max-block-duration=486h` wall time and peak memory (for a directory: the sum of its files' times,
 the largest of their peaks). Ratios: before ÷ now at the smallest size (the target is ≥ 10 for the
-file), and each size's output against the smallest's beside the ratio of their series (linear:
-the two agree; a day's series holds the same samples at any size). One file is read again for
-each block promtool makes of it, so its time grows faster than the series; a file a block is
-read once.
+file), and each size's output against the smallest's beside the ratios of their series and
+samples (linear: no more than those; a month's day series hold more samples the longer the month,
+so bytes follow the samples). promtool reads one file once for its times and again for each
+block it makes of it, so its time grows faster than the series; a file a block it reads twice,
+whatever the range.
 """
 
 from __future__ import annotations
@@ -99,18 +100,19 @@ def main(argv: list[str] | None = None) -> None:
         f"{'layout':<15} {'months':>6} {'endpoints':>9} {'series':>7} {'files':>5} {'MB':>9} {'samples':>11} "
         f"{'promtool s':>10} {'peak MB':>8}"
     )
-    results: dict[tuple[str, int, int], tuple[int, float, int, int]] = {}
+    results: dict[tuple[str, int, int], tuple[int, float, int, int, int]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, (step, split) in layouts.items():
             for months, endpoints in sizes if not name.startswith("before") else sizes[:1]:
                 paths, series, samples = _write(Path(scratch) / "backfill", months, endpoints, step, split)
                 size, seconds, peak = sum(p.stat().st_size for p in paths), 0.0, 0
-                for path in paths if promtool else []:
-                    took, most = _promtool(promtool, path, Path(scratch) / "blocks")  # type: ignore[arg-type]
-                    seconds, peak = seconds + took, max(peak, most)
+                if promtool:
+                    for path in paths:
+                        took, most = _promtool(promtool, path, Path(scratch) / "blocks")
+                        seconds, peak = seconds + took, max(peak, most)
                 shutil.rmtree(Path(scratch) / "blocks", ignore_errors=True)
                 shutil.rmtree(Path(scratch) / "backfill") if split else paths[0].unlink()
-                results[name, months, endpoints] = (size, seconds, peak, series)
+                results[name, months, endpoints] = (size, seconds, peak, series, samples)
                 shown = f"{seconds:>10.1f} {peak / 1024:>8.0f}" if promtool else f"{'—':>10} {'—':>8}"
                 print(
                     f"{name:<15} {months:>6} {endpoints:>9} {series:>7,} {len(paths):>5} {size / 1e6:>9.1f}"
@@ -126,13 +128,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("now (1 h)", "a file a block"):
         smallest = results[name, months, endpoints]
         for m, e in sizes[1:]:
-            size, seconds, peak, series = results[name, m, e]
+            size, seconds, peak, series, samples = results[name, m, e]
             timing = (
                 f", promtool time {seconds / smallest[1]:.2f}, peak memory {peak / smallest[2]:.2f}" if promtool else ""
             )
             print(
                 f"{name} at {m} month(s) × {e} endpoints ÷ the smallest: bytes {size / smallest[0]:.2f}{timing}"
-                f" (series {series / smallest[3]:.2f}: linear is no more than that)"
+                f" (series {series / smallest[3]:.2f}, samples {samples / smallest[4]:.2f}: linear is no more)"
             )
 
 

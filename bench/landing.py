@@ -117,21 +117,20 @@ def measure(endpoints: int, rules: int, repeat: int, billed: int = DAYS) -> dict
     """Each of the page and the digest: (seconds to build, its bytes), the month billed through
     day `billed`."""
     names = [f"ep-{n:05d}" for n in range(endpoints)]
-    sent_on = SENT_ON
-    now = dt.datetime.combine(sent_on, dt.time(9), dt.UTC).timestamp()
+    now = dt.datetime.combine(SENT_ON, dt.time(9), dt.UTC).timestamp()
     latest, alerts = _latest(names, billed), _alerts(names, rules, now)
     budgets = [BudgetConfig(name="monthly", amount=Decimal(10 * endpoints * DAYS)),
                BudgetConfig(name="first", amount=Decimal(100), where={"endpoint_id": names[0]})]  # fmt: skip
     view = View(
         latest, lambda accept: (b"", ""), lambda: ["bills", "usage", "history"], alerts=lambda: alerts,
-        budgets=lambda: budgets, today=lambda: sent_on, now=lambda: now,
+        budgets=lambda: budgets, today=lambda: SENT_ON, now=lambda: now,
     )  # fmt: skip
     firing = [FiringAlert(a.labels, a.annotations["summary"], a.fired_at) for a in alerts]
     probes = [ProbeStat(name, 288, 286, [0.3] * 286) for name in PROBES]
-    settled = (sent_on - dt.timedelta(days=9), sent_on - dt.timedelta(days=3))
+    settled = (SENT_ON - dt.timedelta(days=9), SENT_ON - dt.timedelta(days=3))
 
     def digest() -> bytes:
-        body = build(latest, schedule="weekly", sent_on=sent_on, budgets=budgets, anomalies=ANOMALIES,
+        body = build(latest, schedule="weekly", sent_on=SENT_ON, budgets=budgets, anomalies=ANOMALIES,
                      alerts=firing, probes=probes, settled=settled, url="http://exporter:9877")  # fmt: skip
         return json.dumps(body).encode()
 

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     calls = {size: calls_made(_reconcile_inputs(*size)) for size in ((n, half), (n, days), (2 * n, days))}
     print(f"  the calls it makes: {', '.join(f'{c:,}' for c in calls.values())} (at {n:,} × {half}, {n:,} × {days},"
           f" {2 * n:,} × {days}); ratios {calls[n, days] / calls[n, half]:.2f} for the days,"
-          f" {calls[2 * n, days] / calls[n, days]:.2f} for the endpoints (linear 2: a time ratio over it"
-          f" is the processor's caches' and the garbage collector's)")  # fmt: skip
+          f" {calls[2 * n, days] / calls[n, days]:.2f} for the endpoints (linear {days / half:g} and 2: a count,"
+          f" which a busy machine, the caches or the garbage collector do not move)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -534,7 +534,7 @@ def block_cuts(start: int, end: int) -> list[int]:
 
 def file_name(start: int) -> str:
     """The name of `--output-dir`'s file of samples from `start` on: its UTC time, so that the
-    names sort as the files' times do (`backfill-20261008T0600Z.om`)."""
+    names sort as the files' times do (`backfill-20261010T0000Z.om`)."""
     return f"backfill-{dt.datetime.fromtimestamp(start, dt.UTC):%Y%m%dT%H%MZ}.om"
 
 
